@@ -1,0 +1,68 @@
+package shard
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/bits"
+)
+
+// ErrStripes reports a stripe count that is not a power of two in [1, 1<<16].
+var ErrStripes = errors.New("shard: stripes must be a power of two in [1, 65536]")
+
+// MaxStripes bounds the stripe count: beyond it the per-stripe overhead
+// dominates and no 2-core machine gains from more locks.
+const MaxStripes = 1 << 16
+
+// Secret keys the stripe choice of one store. It is chosen at random when a
+// store opens and never needs to be persisted: stripes live only in memory.
+type Secret [16]byte
+
+// NewSecret returns a random Secret from crypto/rand.
+func NewSecret() Secret {
+	var s Secret
+	_, _ = rand.Read(s[:]) // crypto/rand.Read never fails on supported platforms.
+	return s
+}
+
+// Router maps fingerprints onto stripes. The zero value maps everything to
+// stripe 0; use NewRouter.
+type Router struct {
+	k0, k1 uint64
+	mask   uint64
+}
+
+// NewRouter returns a Router over n stripes keyed by secret.
+func NewRouter(secret Secret, n int) (Router, error) {
+	if n < 1 || n > MaxStripes || n&(n-1) != 0 {
+		return Router{}, fmt.Errorf("%w: got %d", ErrStripes, n)
+	}
+	return Router{
+		k0:   binary.LittleEndian.Uint64(secret[:8]),
+		k1:   binary.LittleEndian.Uint64(secret[8:]),
+		mask: uint64(n - 1),
+	}, nil
+}
+
+// Stripes returns the number of stripes.
+func (r Router) Stripes() int { return int(r.mask) + 1 }
+
+// Stripe returns the stripe of f, in [0, Stripes()). Both fingerprint lanes
+// pass through a keyed multiply-xorshift, so an attacker who can make keys
+// agree in some bits of the unkeyed hash, without knowing the secret, cannot
+// predict which stripe they land on.
+func (r Router) Stripe(f Fingerprint) int {
+	hi, lo := bits.Mul64(f.Hi^r.k0, f.Lo^r.k1|1)
+	return int(mix(hi^lo^r.k0) & r.mask)
+}
+
+// mix is the splitmix64 finaliser: every input bit affects every output bit.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
