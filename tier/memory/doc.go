@@ -1,0 +1,25 @@
+// Package memory is the in-process exact tier: a lock-striped table of
+// 128-bit fingerprints that holds every claim in flight and an LRU with TTL
+// of recently committed keys.
+//
+// It owns the answer to "is this key claimed right now?" for one process and
+// is the lock that makes a claim atomic across tiers: the engine acquires a
+// claim here first, and only then consults slower tiers while the entry keeps
+// every other caller out. It must never decide that a key is new on its own
+// behalf (only the engine, knowing the configuration, may), never evict a
+// claim, and never import another tier.
+//
+// # Concurrency
+//
+// A Table is safe for concurrent use. Each stripe has its own mutex; a batch
+// call takes each stripe's mutex at most once, in stripe order, and never
+// holds two at a time.
+//
+// # Invariants
+//
+//  1. A claim stays until it is committed, released, abandoned or replaced
+//     after its lease expired; capacity pressure evicts committed entries only.
+//  2. A committed entry is never reported after its expiry.
+//  3. Within one batch, keys are applied in batch order, so a repeated key
+//     sees the effect of its earlier occurrence.
+package memory

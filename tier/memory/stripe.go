@@ -1,0 +1,308 @@
+package memory
+
+import (
+	"sync"
+
+	"github.com/tierdedup/tierdedup/shard"
+)
+
+// entry states.
+const (
+	free uint8 = iota
+	claimed
+	committing // a claim being made durable: pinned, cannot expire
+	committed
+)
+
+// entry is one key. Its size (48 B) is pinned by a test: it is most of the
+// tier's memory. References between entries are indices into stripe.entries;
+// index 0 is the LRU sentinel, so 0 also means "none".
+type entry struct {
+	fp shard.Fingerprint
+	// word is the owner token of a claim, or the payload digest of a
+	// committed entry.
+	word uint64
+	// until is the lease end of a claim, or the expiry of a committed entry,
+	// in nanoseconds of the caller's clock.
+	until int64
+	// prev and next link committed entries in LRU order (sentinel.next is the
+	// most recent) and free entries in a free list.
+	prev, next uint32
+	state      uint8
+}
+
+// stripe is one lock domain: an open-addressing index over a slab of entries.
+type stripe struct {
+	mu sync.Mutex // protects every field below
+	// slots maps a fingerprint's home position to an entry index, with linear
+	// probing and backward-shift deletion; 0 is empty.
+	slots     []uint32
+	entries   []entry // entries[0] is the LRU sentinel
+	freeList  uint32
+	limit     int // committed entries kept before evicting
+	claims    int
+	committed int
+	seed      uint64
+	_         [32]byte // pad to two cache lines: stripes sit side by side
+}
+
+func (s *stripe) init(limit int, seed uint64) {
+	s.limit, s.seed = limit, seed
+	s.claims, s.committed, s.freeList = 0, 0, 0
+	s.slots = make([]uint32, slotsFor(limit))
+	// Room for the committed limit plus a few outstanding claims; more
+	// claims than that grow the slab.
+	s.entries = make([]entry, 1, 1+limit+limit/32+8)
+}
+
+// slotsFor returns a power of two at least n/0.75, minimum 8.
+func slotsFor(n int) int {
+	want := n + n/3 + 1
+	size := 8
+	for size < want {
+		size <<= 1
+	}
+	return size
+}
+
+func (s *stripe) home(f shard.Fingerprint) uint32 {
+	return uint32(mix(f.Lo^f.Hi^s.seed)) & uint32(len(s.slots)-1)
+}
+
+// findLocked returns the slot and entry index of f, or the empty slot where f
+// would go and entry 0.
+func (s *stripe) findLocked(f shard.Fingerprint) (slot, idx uint32) {
+	mask := uint32(len(s.slots) - 1)
+	for slot = s.home(f); ; slot = (slot + 1) & mask {
+		idx = s.slots[slot]
+		if idx == 0 || s.entries[idx].fp == f {
+			return slot, idx
+		}
+	}
+}
+
+// insertLocked adds f at the empty slot found by findLocked and returns its
+// entry index. It may grow the index, so slot is only valid until then.
+func (s *stripe) insertLocked(slot uint32, f shard.Fingerprint) uint32 {
+	var idx uint32
+	if s.freeList != 0 {
+		idx = s.freeList
+		s.freeList = s.entries[idx].next
+	} else {
+		s.entries = append(s.entries, entry{})
+		idx = uint32(len(s.entries) - 1)
+	}
+	s.entries[idx] = entry{fp: f}
+	s.slots[slot] = idx
+	if used := s.claims + s.committed + 1; used*4 > len(s.slots)*3 {
+		s.growLocked()
+	}
+	return idx
+}
+
+func (s *stripe) growLocked() {
+	old := s.slots
+	s.slots = make([]uint32, len(old)*2)
+	mask := uint32(len(s.slots) - 1)
+	for _, idx := range old {
+		if idx == 0 {
+			continue
+		}
+		slot := s.home(s.entries[idx].fp)
+		for s.slots[slot] != 0 {
+			slot = (slot + 1) & mask
+		}
+		s.slots[slot] = idx
+	}
+}
+
+// removeLocked deletes the entry at slot, keeping every probe chain intact.
+func (s *stripe) removeLocked(slot uint32) {
+	idx := s.slots[slot]
+	e := &s.entries[idx]
+	switch e.state {
+	case committed:
+		s.unlinkLocked(idx)
+		s.committed--
+	case claimed, committing:
+		s.claims--
+	}
+	*e = entry{next: s.freeList}
+	s.freeList = idx
+
+	mask := uint32(len(s.slots) - 1)
+	i := slot
+	s.slots[i] = 0
+	for j := (i + 1) & mask; s.slots[j] != 0; j = (j + 1) & mask {
+		k := s.home(s.entries[s.slots[j]].fp)
+		// The entry at j may move to i unless its home lies cyclically in (i, j].
+		if (i <= j && i < k && k <= j) || (i > j && (i < k || k <= j)) {
+			continue
+		}
+		s.slots[i], s.slots[j] = s.slots[j], 0
+		i = j
+	}
+}
+
+func (s *stripe) unlinkLocked(idx uint32) {
+	e := &s.entries[idx]
+	s.entries[e.prev].next = e.next
+	s.entries[e.next].prev = e.prev
+}
+
+func (s *stripe) pushFrontLocked(idx uint32) {
+	head := &s.entries[0]
+	e := &s.entries[idx]
+	e.prev, e.next = 0, head.next
+	s.entries[head.next].prev = idx
+	head.next = idx
+}
+
+// claimLocked turns entry idx (fresh or stale) into a claim.
+func (s *stripe) claimLocked(idx uint32, token uint64, leaseUntil int64) {
+	e := &s.entries[idx]
+	if e.state == committed {
+		s.unlinkLocked(idx)
+		s.committed--
+	}
+	if e.state != claimed && e.state != committing {
+		s.claims++
+	}
+	e.state, e.word, e.until = claimed, token, leaseUntil
+}
+
+// commitLocked turns entry idx into a committed entry, evicting the least
+// recently used committed entries beyond the limit.
+func (s *stripe) commitLocked(idx uint32, expires int64, digest uint64) {
+	if s.limit == 0 {
+		s.removeLocked(s.slotOfLocked(idx))
+		return
+	}
+	e := &s.entries[idx]
+	switch e.state {
+	case committed:
+		s.unlinkLocked(idx)
+	case claimed, committing:
+		s.claims--
+		s.committed++
+	default:
+		s.committed++
+	}
+	e.state, e.word, e.until = committed, digest, expires
+	s.pushFrontLocked(idx)
+	for s.committed > s.limit {
+		tail := s.entries[0].prev
+		s.removeLocked(s.slotOfLocked(tail))
+	}
+}
+
+func (s *stripe) slotOfLocked(idx uint32) uint32 {
+	slot, _ := s.findLocked(s.entries[idx].fp)
+	return slot
+}
+
+func (s *stripe) acquireLocked(f shard.Fingerprint, token uint64, now, leaseUntil int64) Result {
+	slot, idx := s.findLocked(f)
+	if idx == 0 {
+		idx = s.insertLocked(slot, f)
+		s.claimLocked(idx, token, leaseUntil)
+		return Result{Status: Acquired}
+	}
+	e := &s.entries[idx]
+	switch e.state {
+	case committing:
+		return Result{Status: Held}
+	case claimed:
+		if e.until > now {
+			return Result{Status: Held}
+		}
+		s.claimLocked(idx, token, leaseUntil)
+		return Result{Status: TakenOver}
+	default: // committed
+		if e.until > now {
+			s.unlinkLocked(idx)
+			s.pushFrontLocked(idx)
+			return Result{Status: Committed, Digest: e.word}
+		}
+		s.claimLocked(idx, token, leaseUntil)
+		return Result{Status: Acquired}
+	}
+}
+
+// ownLocked returns the slot and index of f if token holds it as a claim.
+func (s *stripe) ownLocked(f shard.Fingerprint, token uint64, state uint8) (uint32, uint32, bool) {
+	slot, idx := s.findLocked(f)
+	if idx == 0 {
+		return 0, 0, false
+	}
+	e := &s.entries[idx]
+	return slot, idx, e.state == state && e.word == token
+}
+
+func (s *stripe) beginLocked(f shard.Fingerprint, token uint64, now int64) Status {
+	_, idx, ok := s.ownLocked(f, token, claimed)
+	if !ok || s.entries[idx].until <= now {
+		return Lost
+	}
+	s.entries[idx].state = committing
+	return OK
+}
+
+func (s *stripe) finishLocked(f shard.Fingerprint, token uint64, ok bool, expires int64, digest uint64) {
+	_, idx, own := s.ownLocked(f, token, committing)
+	if !own {
+		return
+	}
+	if ok {
+		s.commitLocked(idx, expires, digest)
+		return
+	}
+	s.entries[idx].state = claimed
+}
+
+func (s *stripe) releaseLocked(f shard.Fingerprint, token uint64, now int64) Status {
+	slot, idx, ok := s.ownLocked(f, token, claimed)
+	if !ok || s.entries[idx].until <= now {
+		return Lost
+	}
+	s.removeLocked(slot)
+	return OK
+}
+
+func (s *stripe) settleLocked(f shard.Fingerprint, token uint64, found bool, expires int64, digest uint64, abandon bool) {
+	slot, idx, ok := s.ownLocked(f, token, claimed)
+	switch {
+	case !ok:
+	case found:
+		s.commitLocked(idx, expires, digest)
+	case abandon:
+		s.removeLocked(slot)
+	}
+}
+
+func (s *stripe) putLocked(f shard.Fingerprint, expires int64, digest uint64) {
+	if s.limit == 0 {
+		return
+	}
+	slot, idx := s.findLocked(f)
+	if idx == 0 {
+		if s.committed >= s.limit { // make room first, so the slab need not grow
+			s.removeLocked(s.slotOfLocked(s.entries[0].prev))
+			slot, _ = s.findLocked(f)
+		}
+		idx = s.insertLocked(slot, f)
+	} else if st := s.entries[idx].state; st == claimed || st == committing {
+		return
+	}
+	s.commitLocked(idx, expires, digest)
+}
+
+// mix is the splitmix64 finaliser.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}

@@ -1,0 +1,298 @@
+package memory
+
+import (
+	"errors"
+	"math/rand/v2"
+	"runtime"
+	"strconv"
+	"testing"
+	"unsafe"
+
+	"github.com/tierdedup/tierdedup/shard"
+)
+
+func fp(i int) shard.Fingerprint { return shard.Sum("", strconv.AppendInt(nil, int64(i), 10)) }
+
+func newTable(t testing.TB, o *Options) *Table {
+	t.Helper()
+	tb, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tb
+}
+
+func acquire(tb *Table, f shard.Fingerprint, token uint64, now, lease int64) Result {
+	out := make([]Result, 1)
+	tb.Acquire([]shard.Fingerprint{f}, []uint64{token}, now, now+lease, out)
+	return out[0]
+}
+
+func one[T any](fn func([]shard.Fingerprint, []uint64, int64, []T), f shard.Fingerprint, token uint64, now int64) T {
+	out := make([]T, 1)
+	fn([]shard.Fingerprint{f}, []uint64{token}, now, out)
+	return out[0]
+}
+
+func TestSizes(t *testing.T) {
+	if got := unsafe.Sizeof(entry{}); got != 48 {
+		t.Errorf("entry is %d bytes, want 48: it is most of the tier's memory", got)
+	}
+	if got := unsafe.Sizeof(stripe{}); got%64 != 0 {
+		t.Errorf("stripe is %d bytes, want a multiple of 64 so stripes do not share cache lines", got)
+	}
+}
+
+func TestOptionsValidateListsEveryProblem(t *testing.T) {
+	err := (&Options{Capacity: -1, Stripes: 3, NoCommitted: true}).Validate()
+	if !errors.Is(err, ErrOptions) {
+		t.Fatalf("err = %v, want ErrOptions", err)
+	}
+	for _, want := range []string{"Capacity -1", "NoCommitted", "Stripes 3"} {
+		if !contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	if _, err := New(&Options{Stripes: 5}); !errors.Is(err, ErrOptions) {
+		t.Errorf("New with bad stripes: %v", err)
+	}
+}
+
+func contains(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return true
+		}
+	}
+	return false
+}
+
+func TestClaimLifecycle(t *testing.T) {
+	tb := newTable(t, nil)
+	k := fp(1)
+	const lease = 10
+	if r := acquire(tb, k, 1, 0, lease); r.Status != Acquired {
+		t.Fatalf("first acquire = %v", r.Status)
+	}
+	if r := acquire(tb, k, 2, 5, lease); r.Status != Held {
+		t.Fatalf("second acquire inside lease = %v, want held", r.Status)
+	}
+	if s := one(tb.Begin, k, 2, 5); s != Lost {
+		t.Fatalf("begin by non-owner = %v, want lost", s)
+	}
+	if s := one(tb.Release, k, 2, 5); s != Lost {
+		t.Fatalf("release by non-owner = %v, want lost", s)
+	}
+	// Lease expires: another owner takes over, the first is fenced out.
+	if r := acquire(tb, k, 3, 10, lease); r.Status != TakenOver {
+		t.Fatalf("acquire after lease = %v, want taken-over", r.Status)
+	}
+	if s := one(tb.Begin, k, 1, 11); s != Lost {
+		t.Fatalf("begin by expired owner = %v, want lost", s)
+	}
+	if s := one(tb.Begin, k, 3, 11); s != OK {
+		t.Fatalf("begin by owner = %v", s)
+	}
+	// A committing claim cannot expire or be released.
+	if r := acquire(tb, k, 4, 100, lease); r.Status != Held {
+		t.Fatalf("acquire while committing = %v, want held", r.Status)
+	}
+	if s := one(tb.Release, k, 3, 12); s != Lost {
+		t.Fatalf("release while committing = %v, want lost", s)
+	}
+	tb.Finish([]shard.Fingerprint{k}, []uint64{3}, []bool{true}, 50, []uint64{77})
+	if r := acquire(tb, k, 5, 20, lease); r.Status != Committed || r.Digest != 77 {
+		t.Fatalf("acquire after commit = %+v, want committed/77", r)
+	}
+	if r := acquire(tb, k, 6, 50, lease); r.Status != Acquired {
+		t.Fatalf("acquire after expiry = %v, want acquired", r.Status)
+	}
+	if s := one(tb.Release, k, 6, 51); s != OK {
+		t.Fatalf("release by owner = %v", s)
+	}
+	if s := one(tb.Release, k, 6, 51); s != Lost {
+		t.Fatalf("second release = %v, want lost", s)
+	}
+	if c, m := tb.Len(); c != 0 || m != 0 {
+		t.Fatalf("Len = %d, %d after release", c, m)
+	}
+}
+
+func TestFailedCommitRestoresClaim(t *testing.T) {
+	tb := newTable(t, nil)
+	k := fp(1)
+	acquire(tb, k, 1, 0, 10)
+	one(tb.Begin, k, 1, 1)
+	tb.Finish([]shard.Fingerprint{k}, []uint64{1}, []bool{false}, 0, []uint64{0})
+	if s := one(tb.Release, k, 1, 2); s != OK {
+		t.Fatalf("release after failed commit = %v, want ok", s)
+	}
+}
+
+func TestBatchRepeatsSeeEarlierOccurrence(t *testing.T) {
+	tb := newTable(t, &Options{Stripes: 4})
+	fps := []shard.Fingerprint{fp(1), fp(2), fp(1), fp(3), fp(2), fp(1)}
+	out := make([]Result, len(fps))
+	tb.Acquire(fps, []uint64{1, 2, 3, 4, 5, 6}, 0, 10, out)
+	want := []Status{Acquired, Acquired, Held, Acquired, Held, Held}
+	for i := range want {
+		if out[i].Status != want[i] {
+			t.Errorf("key %d: %v, want %v", i, out[i].Status, want[i])
+		}
+	}
+}
+
+func TestLRUEvictsLeastRecentlyUsedCommitted(t *testing.T) {
+	tb := newTable(t, &Options{Capacity: 3, Stripes: 1})
+	commit := func(i int) {
+		acquire(tb, fp(i), uint64(i), 0, 10)
+		one(tb.Begin, fp(i), uint64(i), 0)
+		tb.Finish([]shard.Fingerprint{fp(i)}, []uint64{uint64(i)}, []bool{true}, 100, []uint64{0})
+	}
+	commit(1)
+	commit(2)
+	commit(3)
+	acquire(tb, fp(1), 99, 1, 10) // touch 1: 2 is now least recent
+	// An outstanding claim is never evicted, whatever the pressure.
+	acquire(tb, fp(50), 50, 1, 1000)
+	commit(4)
+	if r := acquire(tb, fp(2), 98, 1, 10); r.Status != Acquired {
+		t.Fatalf("key 2 = %v, want evicted (acquired)", r.Status)
+	}
+	for _, i := range []int{1, 3, 4} {
+		if r := acquire(tb, fp(i), 97, 1, 10); r.Status != Committed {
+			t.Errorf("key %d = %v, want committed", i, r.Status)
+		}
+	}
+	if r := acquire(tb, fp(50), 96, 2, 10); r.Status != Held {
+		t.Errorf("claim = %v, want held", r.Status)
+	}
+}
+
+func TestNoCommittedKeepsClaimsOnly(t *testing.T) {
+	tb := newTable(t, &Options{NoCommitted: true})
+	k := fp(1)
+	acquire(tb, k, 1, 0, 10)
+	one(tb.Begin, k, 1, 0)
+	tb.Finish([]shard.Fingerprint{k}, []uint64{1}, []bool{true}, 100, []uint64{0})
+	if r := acquire(tb, k, 2, 1, 10); r.Status != Acquired {
+		t.Fatalf("acquire after commit with NoCommitted = %v, want acquired", r.Status)
+	}
+}
+
+// TestAgainstModel drives random operations over a small key space, so that
+// deletions, growth and eviction interleave, and compares every answer with
+// a plain map.
+func TestAgainstModel(t *testing.T) {
+	type state struct {
+		claimed  bool
+		token    uint64
+		until    int64
+		digest   uint64
+		inflight bool // committing
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	tb := newTable(t, &Options{Capacity: 1 << 20, Stripes: 2})
+	model := map[int]*state{}
+	var now int64
+	var token uint64
+	for op := range 200_000 {
+		k := rng.IntN(3000)
+		f := fp(k)
+		m := model[k]
+		now += int64(rng.IntN(3))
+		token++
+		switch rng.IntN(4) {
+		case 0, 1:
+			r := acquire(tb, f, token, now, 50)
+			var want Status
+			switch {
+			case m == nil || (!m.claimed && m.until <= now):
+				want = Acquired
+			case m.claimed && (m.inflight || m.until > now):
+				want = Held
+			case m.claimed:
+				want = TakenOver
+			default:
+				want = Committed
+			}
+			if r.Status != want || (want == Committed && r.Digest != m.digest) {
+				t.Fatalf("op %d key %d: acquire = %+v, want %v (model %+v)", op, k, r, want, m)
+			}
+			if want == Acquired || want == TakenOver {
+				model[k] = &state{claimed: true, token: token, until: now + 50}
+			}
+		case 2:
+			if m == nil || !m.claimed || m.inflight {
+				continue
+			}
+			s := one(tb.Begin, f, m.token, now)
+			if (s == OK) != (m.until > now) {
+				t.Fatalf("op %d key %d: begin = %v, model %+v now %d", op, k, s, m, now)
+			}
+			if s != OK {
+				continue
+			}
+			ok := rng.IntN(4) != 0
+			tb.Finish([]shard.Fingerprint{f}, []uint64{m.token}, []bool{ok}, now+200, []uint64{token})
+			if ok {
+				model[k] = &state{until: now + 200, digest: token}
+			}
+		case 3:
+			tok := token
+			if m != nil && m.claimed && rng.IntN(2) == 0 {
+				tok = m.token
+			}
+			s := one(tb.Release, f, tok, now)
+			want := Lost
+			if m != nil && m.claimed && !m.inflight && m.token == tok && m.until > now {
+				want = OK
+				delete(model, k)
+			}
+			if s != want {
+				t.Fatalf("op %d key %d: release = %v, want %v", op, k, s, want)
+			}
+		}
+	}
+}
+
+// TestHeapBytesPerEntry measures the heap that 1M committed entries take,
+// the budget being 64 B per entry beyond the key (the table stores no
+// key bytes at all, only the 128-bit fingerprint).
+func TestHeapBytesPerEntry(t *testing.T) {
+	const n = 1 << 20
+	fps := make([]shard.Fingerprint, n)
+	for i := range fps {
+		fps[i] = shard.Fingerprint{Hi: rand.Uint64(), Lo: rand.Uint64()}
+	}
+	expires := make([]int64, n)
+	for i := range expires {
+		expires[i] = 1 << 60
+	}
+	digests := make([]uint64, n)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	tb := newTable(t, &Options{Capacity: n})
+	for i := 0; i < n; i += 256 {
+		tb.Put(fps[i:i+256], expires[i:i+256], digests[i:i+256])
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	// Each stripe keeps Capacity/Stripes, so a random spread fills slightly
+	// less than Capacity before the fullest stripes start evicting.
+	_, c := tb.Len()
+	if c < n*98/100 {
+		t.Fatalf("holds %d committed entries, want ≥ 98%% of %d", c, n)
+	}
+	perEntry := float64(after.HeapAlloc-before.HeapAlloc) / float64(c)
+	t.Logf("heap bytes per entry at %d entries: %.1f", c, perEntry)
+	if perEntry > 64 {
+		t.Errorf("%.1f heap bytes per entry, want ≤ 64", perEntry)
+	}
+	runtime.KeepAlive(tb)
+	runtime.KeepAlive(fps)
+	runtime.KeepAlive(expires)
+	runtime.KeepAlive(digests)
+}
+
