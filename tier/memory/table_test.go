@@ -295,4 +295,3 @@ func TestHeapBytesPerEntry(t *testing.T) {
 	runtime.KeepAlive(expires)
 	runtime.KeepAlive(digests)
 }
-
