@@ -3,3 +3,8 @@ module github.com/tierdedup/tierdedup
 go 1.26
 
 require github.com/cespare/xxhash/v2 v2.3.0
+
+require (
+	github.com/bits-and-blooms/bitset v1.24.2 // indirect
+	github.com/bits-and-blooms/bloom/v3 v3.7.1 // indirect
+)

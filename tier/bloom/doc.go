@@ -1,0 +1,25 @@
+// Package bloom is the probabilistic tier: one bits-and-blooms filter per
+// retention partition, probed with locations computed once per key from its
+// fingerprint, so a key that no filter may hold can skip the durable tier.
+//
+// It owns the filters, their rotation and their snapshot file. It must never
+// answer "seen": a probe says which partitions may hold a key, and only an
+// exact tier may turn that into Duplicate. Whether a "no" may be trusted (the
+// filters saw every key the durable tier holds) is the engine's decision, not
+// this package's.
+//
+// # Concurrency
+//
+// Filters is safe for concurrent use. Probes and adds share a read lock and
+// set or test bits with atomic operations; rotation, restore and snapshot
+// take the write lock.
+//
+// # Invariants
+//
+//  1. All live filters have the same size and hash count, so one set of
+//     locations serves every partition.
+//  2. Rotation only moves forward: a partition number lower than the newest
+//     seen never drops a filter.
+//  3. A snapshot is loaded whole or not at all: its size, parameters and
+//     checksum are verified before any filter is allocated.
+package bloom

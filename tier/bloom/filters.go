@@ -1,0 +1,312 @@
+package bloom
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+
+	bitsbloom "github.com/bits-and-blooms/bloom/v3"
+
+	"github.com/tierdedup/tierdedup/shard"
+	"github.com/tierdedup/tierdedup/tier"
+)
+
+// ErrOptions reports invalid Options.
+var ErrOptions = errors.New("bloom: invalid options")
+
+// MaxK bounds the hash count; a target false-positive rate of 10⁻⁹ per filter
+// needs 30.
+const MaxK = 32
+
+// DefaultExpectedKeys is the per-partition key count filters are sized for
+// when Options leave it zero.
+const DefaultExpectedKeys = 10_000_000
+
+// DefaultFalsePositive is the whole-window false-positive target when
+// Options leave it zero. In the default configuration a false positive costs
+// one disk read, not a wrong answer.
+const DefaultFalsePositive = 0.01
+
+// Options size the filters.
+type Options struct {
+	// Partitions is the retention partitioning; required.
+	Partitions tier.Partitions
+	// ExpectedKeys is the number of keys one partition is expected to hold.
+	// Zero means DefaultExpectedKeys.
+	ExpectedKeys int
+	// FalsePositive is the target probability that a key absent from the
+	// whole window is reported as maybe present by any live filter, in
+	// (0, 1). Zero means DefaultFalsePositive. Each of the Live filters is
+	// sized for 1-(1-FalsePositive)^(1/Live), about FalsePositive/Live.
+	FalsePositive float64
+}
+
+// Validate reports every invalid field at once.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.Partitions.Length <= 0 || o.Partitions.Live < 1 || o.Partitions.Live > tier.MaxLive {
+		errs = append(errs, fmt.Errorf("%w: Partitions %+v", ErrOptions, o.Partitions))
+	}
+	if o.ExpectedKeys < 0 {
+		errs = append(errs, fmt.Errorf("%w: ExpectedKeys %d is negative", ErrOptions, o.ExpectedKeys))
+	}
+	if fp := o.FalsePositive; fp != 0 && !(fp > 0 && fp < 1) {
+		errs = append(errs, fmt.Errorf("%w: FalsePositive %v is outside (0, 1)", ErrOptions, fp))
+	}
+	return errors.Join(errs...)
+}
+
+// Probe is the answer for one key: bit i of Maybe set means partition
+// Oldest+i may hold it. Zero Maybe means no live filter holds it.
+type Probe struct {
+	Maybe uint64
+}
+
+// Filters is a ring of per-partition Bloom filters. It is safe for concurrent
+// use.
+type Filters struct {
+	parts  tier.Partitions
+	m      uint64 // bits per filter, a multiple of 64
+	k      int
+	perFP  float64 // per-filter false-positive target
+	expect int
+
+	mu struct {
+		sync.RWMutex
+		newest int64     // newest partition; the ring covers Oldest(newest)..newest
+		ring   []*filter // ring[p mod Live]; nil until first written
+	}
+}
+
+type filter struct {
+	part  int64
+	bf    *bitsbloom.BloomFilter
+	words []uint64 // bf's bits, accessed atomically
+	adds  atomic.Int64
+}
+
+// New returns empty Filters whose newest partition is newest.
+func New(opts *Options, newest int64) (*Filters, error) {
+	if opts == nil {
+		return nil, fmt.Errorf("%w: nil options", ErrOptions)
+	}
+	o := *opts
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if o.ExpectedKeys == 0 {
+		o.ExpectedKeys = DefaultExpectedKeys
+	}
+	if o.FalsePositive == 0 {
+		o.FalsePositive = DefaultFalsePositive
+	}
+	per := PerFilter(o.FalsePositive, o.Partitions.Live)
+	m, k := bitsbloom.EstimateParameters(uint(o.ExpectedKeys), per)
+	m = (m + 63) &^ 63
+	if k > MaxK {
+		return nil, fmt.Errorf("%w: FalsePositive %v needs %d hashes per key, max %d", ErrOptions, o.FalsePositive, k, MaxK)
+	}
+	f := &Filters{parts: o.Partitions, m: uint64(m), k: int(k), perFP: per, expect: o.ExpectedKeys}
+	f.mu.newest = newest
+	f.mu.ring = make([]*filter, o.Partitions.Live)
+	return f, nil
+}
+
+// PerFilter returns the false-positive target of each of live filters so
+// that their union meets window.
+func PerFilter(window float64, live int) float64 {
+	return -math.Expm1(math.Log1p(-window) / float64(live))
+}
+
+// Params returns bits per filter, hashes per key and the per-filter
+// false-positive target.
+func (f *Filters) Params() (m uint64, k int, perFilter float64) { return f.m, f.k, f.perFP }
+
+// Bytes returns the memory held by the allocated filters.
+func (f *Filters) Bytes() int64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	var n int64
+	for _, fl := range f.mu.ring {
+		if fl != nil {
+			n += int64(len(fl.words)) * 8
+		}
+	}
+	return n
+}
+
+// Newest returns the newest partition.
+func (f *Filters) Newest() int64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.mu.newest
+}
+
+// Rotate makes p the newest partition, dropping the filters that fall out of
+// the window. A p at or below the newest partition changes nothing, so a
+// clock that steps back never drops a filter early. It returns the number of
+// filters dropped.
+func (f *Filters) Rotate(p int64) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.rotateLocked(p)
+}
+
+func (f *Filters) rotateLocked(p int64) int {
+	if p <= f.mu.newest {
+		return 0
+	}
+	f.mu.newest = p
+	oldest := f.parts.Oldest(p)
+	dropped := 0
+	for i, fl := range f.mu.ring {
+		if fl != nil && fl.part < oldest {
+			f.mu.ring[i] = nil
+			dropped++
+		}
+	}
+	return dropped
+}
+
+// locations holds the k bit positions of one key, computed once and tested
+// against every partition.
+type locations struct {
+	n   int
+	pos [MaxK]uint64
+}
+
+// locate derives k positions in [0, m) from the fingerprint by double hashing
+// (Kirsch and Mitzenmacher, 2006), reduced with a multiply-shift instead of a
+// division.
+func (f *Filters) locate(fp shard.Fingerprint, l *locations) {
+	h, step := fp.Hi, fp.Lo|1
+	l.n = f.k
+	for i := 0; i < f.k; i++ {
+		l.pos[i], _ = bits.Mul64(h, f.m)
+		h += step
+	}
+}
+
+func (fl *filter) test(l *locations) bool {
+	for _, p := range l.pos[:l.n] {
+		if atomic.LoadUint64(&fl.words[p>>6])&(1<<(p&63)) == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (fl *filter) add(l *locations) {
+	for _, p := range l.pos[:l.n] {
+		w := &fl.words[p>>6]
+		if bit := uint64(1) << (p & 63); atomic.LoadUint64(w)&bit == 0 {
+			atomic.OrUint64(w, bit)
+		}
+	}
+}
+
+// Test probes each key against every live filter; out must have len(fps).
+// It does not allocate.
+func (f *Filters) Test(fps []shard.Fingerprint, out []Probe) (oldest int64) {
+	var l locations
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	oldest = f.parts.Oldest(f.mu.newest)
+	live := len(f.mu.ring)
+	for i := range fps {
+		f.locate(fps[i], &l)
+		var maybe uint64
+		for j := 0; j < live; j++ {
+			fl := f.mu.ring[f.slot(oldest+int64(j))]
+			if fl != nil && fl.part == oldest+int64(j) && fl.test(&l) {
+				maybe |= 1 << j
+			}
+		}
+		out[i] = Probe{Maybe: maybe}
+	}
+	return oldest
+}
+
+// Add records keys in partition p. A p older than the window is ignored; a p
+// newer than the newest rotates first.
+func (f *Filters) Add(fps []shard.Fingerprint, p int64) {
+	f.mu.RLock()
+	fl := f.filterRLocked(p)
+	if fl == nil {
+		f.mu.RUnlock()
+		f.mu.Lock()
+		f.rotateLocked(p)
+		if p >= f.parts.Oldest(f.mu.newest) {
+			f.allocLocked(p)
+		}
+		f.mu.Unlock()
+		f.mu.RLock()
+		if fl = f.filterRLocked(p); fl == nil {
+			f.mu.RUnlock()
+			return
+		}
+	}
+	var l locations
+	for i := range fps {
+		f.locate(fps[i], &l)
+		fl.add(&l)
+	}
+	fl.adds.Add(int64(len(fps)))
+	f.mu.RUnlock()
+}
+
+func (f *Filters) filterRLocked(p int64) *filter {
+	if p > f.mu.newest || p < f.parts.Oldest(f.mu.newest) {
+		return nil
+	}
+	fl := f.mu.ring[f.slot(p)]
+	if fl == nil || fl.part != p {
+		return nil
+	}
+	return fl
+}
+
+func (f *Filters) slot(p int64) int64 {
+	live := int64(f.parts.Live)
+	return (p%live + live) % live
+}
+
+func (f *Filters) allocLocked(p int64) *filter {
+	slot := f.slot(p)
+	if fl := f.mu.ring[slot]; fl != nil && fl.part == p {
+		return fl
+	}
+	words := make([]uint64, f.m/64)
+	fl := &filter{part: p, bf: bitsbloom.FromWithM(words, uint(f.m), uint(f.k)), words: words}
+	f.mu.ring[slot] = fl
+	return fl
+}
+
+// Reset drops every filter; the engine calls it before rebuilding from the
+// durable tier.
+func (f *Filters) Reset() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	clear(f.mu.ring)
+}
+
+// EstimatedFalsePositive returns the theoretical whole-window false-positive
+// rate of the filters as filled now: each filter's (1-e^(-kn/m))^k from the
+// keys added to it, combined over the live filters.
+func (f *Filters) EstimatedFalsePositive() float64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	none := 1.0
+	for _, fl := range f.mu.ring {
+		if fl == nil {
+			continue
+		}
+		n := float64(fl.adds.Load())
+		p := math.Pow(-math.Expm1(-float64(f.k)*n/float64(f.m)), float64(f.k))
+		none *= 1 - p
+	}
+	return 1 - none
+}

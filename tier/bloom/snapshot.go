@@ -1,0 +1,236 @@
+package bloom
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+
+	bitsbloom "github.com/bits-and-blooms/bloom/v3"
+)
+
+// ErrSnapshot reports a snapshot that is corrupt, truncated, oversized or
+// written for other parameters. Nothing is loaded when it is returned.
+var ErrSnapshot = errors.New("bloom: unusable snapshot")
+
+// Snapshot layout, little endian unless noted:
+//
+//	header  [56]byte: magic "tdbloom\x00", version u32, k u32, m u64,
+//	        partition length i64, live u32, count u32, newest i64, reserved u64
+//	count × record: partition i64, adds i64, then the bits-and-blooms
+//	        encoding (m, k and bit length as big-endian u64, then m/64
+//	        big-endian words)
+//	trailer crc32c u32 of everything before it
+//
+// bits-and-blooms' own encoding has no magic, version or checksum, so it is
+// only ever read inside this envelope, after the envelope is verified.
+const (
+	snapshotMagic   = "tdbloom\x00"
+	snapshotVersion = 1
+	headerSize      = 56
+	recordHead      = 16 + 24
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func (f *Filters) recordSize() int64 { return recordHead + int64(f.m/8) }
+
+// WriteSnapshot writes every allocated filter to w. Probes and adds wait
+// while it runs.
+func (f *Filters) WriteSnapshot(w io.Writer) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	crc := crc32.New(castagnoli)
+	bw := bufio.NewWriterSize(io.MultiWriter(w, crc), 1<<16)
+	var live []*filter
+	for _, fl := range f.mu.ring {
+		if fl != nil {
+			live = append(live, fl)
+		}
+	}
+	var h [headerSize]byte
+	copy(h[:8], snapshotMagic)
+	binary.LittleEndian.PutUint32(h[8:], snapshotVersion)
+	binary.LittleEndian.PutUint32(h[12:], uint32(f.k))
+	binary.LittleEndian.PutUint64(h[16:], f.m)
+	binary.LittleEndian.PutUint64(h[24:], uint64(f.parts.Length))
+	binary.LittleEndian.PutUint32(h[32:], uint32(f.parts.Live))
+	binary.LittleEndian.PutUint32(h[36:], uint32(len(live)))
+	binary.LittleEndian.PutUint64(h[40:], uint64(f.mu.newest))
+	if _, err := bw.Write(h[:]); err != nil {
+		return err
+	}
+	for _, fl := range live {
+		var r [16]byte
+		binary.LittleEndian.PutUint64(r[:], uint64(fl.part))
+		binary.LittleEndian.PutUint64(r[8:], uint64(fl.adds.Load()))
+		if _, err := bw.Write(r[:]); err != nil {
+			return err
+		}
+		if _, err := fl.bf.WriteTo(bw); err != nil {
+			return err
+		}
+	}
+	if err := bw.Flush(); err != nil {
+		return err
+	}
+	var t [4]byte
+	binary.LittleEndian.PutUint32(t[:], crc.Sum32())
+	_, err := w.Write(t[:])
+	return err
+}
+
+// ReadSnapshot replaces the filters with those in r (size bytes long). It
+// verifies size, parameters and checksum before allocating any filter, and
+// changes nothing on error. The newest partition becomes the later of the
+// current one and the snapshot's.
+func (f *Filters) ReadSnapshot(r io.ReaderAt, size int64) error {
+	var h [headerSize]byte
+	if size < headerSize+4 {
+		return fmt.Errorf("%w: %d bytes is shorter than a header", ErrSnapshot, size)
+	}
+	if _, err := r.ReadAt(h[:], 0); err != nil {
+		return fmt.Errorf("%w: header: %w", ErrSnapshot, err)
+	}
+	if string(h[:8]) != snapshotMagic {
+		return fmt.Errorf("%w: bad magic", ErrSnapshot)
+	}
+	if v := binary.LittleEndian.Uint32(h[8:]); v != snapshotVersion {
+		return fmt.Errorf("%w: version %d, want %d", ErrSnapshot, v, snapshotVersion)
+	}
+	k := binary.LittleEndian.Uint32(h[12:])
+	m := binary.LittleEndian.Uint64(h[16:])
+	length := int64(binary.LittleEndian.Uint64(h[24:]))
+	live := binary.LittleEndian.Uint32(h[32:])
+	count := binary.LittleEndian.Uint32(h[36:])
+	newest := int64(binary.LittleEndian.Uint64(h[40:]))
+	if int(k) != f.k || m != f.m || length != f.parts.Length || int(live) != f.parts.Live {
+		return fmt.Errorf("%w: written for m=%d k=%d partition=%d live=%d, want m=%d k=%d partition=%d live=%d",
+			ErrSnapshot, m, k, length, live, f.m, f.k, f.parts.Length, f.parts.Live)
+	}
+	if count > live {
+		return fmt.Errorf("%w: %d filters for %d live partitions", ErrSnapshot, count, live)
+	}
+	if want := headerSize + int64(count)*f.recordSize() + 4; size != want {
+		return fmt.Errorf("%w: %d bytes, want %d for %d filters", ErrSnapshot, size, want, count)
+	}
+	if err := verifyChecksum(r, size); err != nil {
+		return err
+	}
+
+	ring := make([]*filter, f.parts.Live)
+	for i := int64(0); i < int64(count); i++ {
+		off := headerSize + i*f.recordSize()
+		fl, err := f.readRecord(io.NewSectionReader(r, off, f.recordSize()))
+		if err != nil {
+			return err
+		}
+		if fl.part > newest || fl.part < f.parts.Oldest(newest) || ring[f.slot(fl.part)] != nil {
+			return fmt.Errorf("%w: partition %d outside the window or repeated", ErrSnapshot, fl.part)
+		}
+		ring[f.slot(fl.part)] = fl
+	}
+
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	cur := f.mu.newest
+	f.mu.ring, f.mu.newest = ring, newest
+	f.rotateLocked(cur)
+	return nil
+}
+
+func verifyChecksum(r io.ReaderAt, size int64) error {
+	crc := crc32.New(castagnoli)
+	if _, err := io.Copy(crc, io.NewSectionReader(r, 0, size-4)); err != nil {
+		return fmt.Errorf("%w: %w", ErrSnapshot, err)
+	}
+	var t [4]byte
+	if _, err := r.ReadAt(t[:], size-4); err != nil {
+		return fmt.Errorf("%w: trailer: %w", ErrSnapshot, err)
+	}
+	if got, want := crc.Sum32(), binary.LittleEndian.Uint32(t[:]); got != want {
+		return fmt.Errorf("%w: checksum %08x, want %08x", ErrSnapshot, got, want)
+	}
+	return nil
+}
+
+func (f *Filters) readRecord(r *io.SectionReader) (*filter, error) {
+	var head [recordHead]byte
+	if _, err := io.ReadFull(r, head[:]); err != nil {
+		return nil, fmt.Errorf("%w: record: %w", ErrSnapshot, err)
+	}
+	// The inner bits-and-blooms header must agree with the envelope before
+	// its decoder allocates anything.
+	if m, k, n := binary.BigEndian.Uint64(head[16:]), binary.BigEndian.Uint64(head[24:]), binary.BigEndian.Uint64(head[32:]); m != f.m || k != uint64(f.k) || n != f.m {
+		return nil, fmt.Errorf("%w: filter header m=%d k=%d bits=%d", ErrSnapshot, m, k, n)
+	}
+	bf := &bitsbloom.BloomFilter{}
+	if _, err := bf.ReadFrom(io.MultiReader(bytes.NewReader(head[16:]), r)); err != nil {
+		return nil, fmt.Errorf("%w: filter: %w", ErrSnapshot, err)
+	}
+	fl := &filter{part: int64(binary.LittleEndian.Uint64(head[:])), bf: bf, words: bf.BitSet().Words()}
+	if uint64(len(fl.words))*64 != f.m {
+		return nil, fmt.Errorf("%w: filter has %d words", ErrSnapshot, len(fl.words))
+	}
+	fl.adds.Store(int64(binary.LittleEndian.Uint64(head[8:])))
+	return fl, nil
+}
+
+// SaveFile writes a snapshot to path atomically: to a temporary file in the
+// same directory, fsynced, renamed over path, and the directory fsynced, so a
+// crash leaves either the old file or the new one.
+func (f *Filters) SaveFile(path string) (err error) {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	if err = f.WriteSnapshot(tmp); err != nil {
+		return err
+	}
+	if err = tmp.Sync(); err != nil {
+		return err
+	}
+	if err = tmp.Close(); err != nil {
+		return err
+	}
+	if err = os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	return syncDir(dir)
+}
+
+// LoadFile restores a snapshot written by SaveFile. A missing file returns an
+// error matching fs.ErrNotExist; anything unusable, ErrSnapshot.
+func (f *Filters) LoadFile(path string) error {
+	fh, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer fh.Close()
+	st, err := fh.Stat()
+	if err != nil {
+		return err
+	}
+	return f.ReadSnapshot(fh, st.Size())
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
