@@ -1,0 +1,28 @@
+// Package pebble is the durable, exact tier of one process: committed keys
+// in a Pebble database that the process opens exclusively.
+//
+// It owns the on-disk layout (partition ‖ namespace ‖ key, so retention is
+// one range deletion per expired span of partitions), the versioned value
+// encoding, WAL durability and the translation of every Pebble failure into
+// ErrStorage. It must never hold claims in flight (the engine's memory tier
+// does, and an exclusive directory makes them void at the next open anyway),
+// never compare fingerprints instead of key bytes, and never exit the
+// process: a Pebble fatal error in a foreground call becomes ErrStorage and
+// the Store refuses writes from then on.
+//
+// # Concurrency
+//
+// A Store is safe for concurrent use. Concurrent synced writes share WAL
+// fsyncs through Pebble's commit pipeline (group commit). Close must not
+// race with other calls.
+//
+// # Invariants
+//
+//  1. Write returns nil only after the records are in the WAL and, unless
+//     Options.NoSync, the WAL is fsynced.
+//  2. Lookup compares full key bytes; a record whose state is not committed
+//     is treated as absent.
+//  3. Drop removes whole partitions with one range deletion; it never
+//     removes a partition at or after the one it is given.
+//  4. After the first storage error every write fails with ErrStorage.
+package pebble

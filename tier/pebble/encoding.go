@@ -1,0 +1,139 @@
+package pebble
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Key layout. The first byte names a keyspace:
+//
+//	0x00 meta: store-wide values such as the high-water clock
+//	0x01 records: partition (u64 big endian) ‖ len(ns) (u8) ‖ ns ‖ key
+//
+// Big-endian partitions sort in time order, so every record of partitions
+// [a, b) lies between recordPrefix(a) and recordPrefix(b).
+const (
+	spaceMeta    byte = 0x00
+	spaceRecords byte = 0x01
+)
+
+var keyHighWater = []byte{spaceMeta, 'h', 'w'}
+
+// appendRecordKey appends the storage key of (partition, ns, key) to dst.
+func appendRecordKey(dst []byte, partition int64, ns string, key []byte) []byte {
+	dst = append(dst, spaceRecords)
+	dst = binary.BigEndian.AppendUint64(dst, uint64(partition))
+	dst = append(dst, byte(len(ns)))
+	dst = append(dst, ns...)
+	return append(dst, key...)
+}
+
+func recordPrefix(partition int64) []byte {
+	return binary.BigEndian.AppendUint64([]byte{spaceRecords}, uint64(partition))
+}
+
+// ErrCorrupt reports a stored key or value this version cannot decode.
+var ErrCorrupt = errors.New("pebble: corrupt record")
+
+// parseRecordKey splits a storage key; ns and key alias k.
+func parseRecordKey(k []byte) (partition int64, ns, key []byte, err error) {
+	if len(k) < 10 || k[0] != spaceRecords {
+		return 0, nil, nil, fmt.Errorf("%w: key of %d bytes", ErrCorrupt, len(k))
+	}
+	n := int(k[9])
+	if len(k) < 10+n {
+		return 0, nil, nil, fmt.Errorf("%w: namespace overruns key", ErrCorrupt)
+	}
+	return int64(binary.BigEndian.Uint64(k[1:9])), k[10 : 10+n], k[10+n:], nil
+}
+
+// State is the state of a stored record.
+type State uint8
+
+// Record states. Claims are part of the format so a shared or replicated
+// store can use it; the exclusive engine writes committed records only.
+const (
+	StateClaimed   State = 1
+	StateCommitted State = 2
+)
+
+// Digest is an optional 128-bit payload digest; the zero value means none.
+type Digest [16]byte
+
+// Value is the decoded form of a stored value.
+type Value struct {
+	State State
+	// At is the commit time (committed) or the lease end (claimed), in Unix
+	// nanoseconds.
+	At int64
+	// Token is the owner token of a claim.
+	Token uint64
+	// Digest is the payload digest, zero if none was given.
+	Digest Digest
+}
+
+// Value encoding, version 1:
+//
+//	[0] version = 1
+//	[1] state
+//	[2] flags: bit 0 = digest present
+//	[3:11]  At, u64 little endian
+//	[11:19] Token, u64 little endian (claimed only)
+//	then the 16-byte digest when flagged
+const (
+	valueVersion  = 1
+	flagDigest    = 1
+	valueFixedLen = 11
+)
+
+func appendValue(dst []byte, v Value) []byte {
+	flags := byte(0)
+	if v.Digest != (Digest{}) {
+		flags |= flagDigest
+	}
+	dst = append(dst, valueVersion, byte(v.State), flags)
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(v.At))
+	if v.State == StateClaimed {
+		dst = binary.LittleEndian.AppendUint64(dst, v.Token)
+	}
+	if flags&flagDigest != 0 {
+		dst = append(dst, v.Digest[:]...)
+	}
+	return dst
+}
+
+func decodeValue(b []byte) (Value, error) {
+	if len(b) < valueFixedLen {
+		return Value{}, fmt.Errorf("%w: value of %d bytes", ErrCorrupt, len(b))
+	}
+	if b[0] != valueVersion {
+		return Value{}, fmt.Errorf("%w: value version %d", ErrCorrupt, b[0])
+	}
+	v := Value{State: State(b[1]), At: int64(binary.LittleEndian.Uint64(b[3:11]))}
+	flags, rest := b[2], b[valueFixedLen:]
+	if flags&^flagDigest != 0 {
+		return Value{}, fmt.Errorf("%w: unknown flags %#x", ErrCorrupt, flags)
+	}
+	switch v.State {
+	case StateCommitted:
+	case StateClaimed:
+		if len(rest) < 8 {
+			return Value{}, fmt.Errorf("%w: claim without token", ErrCorrupt)
+		}
+		v.Token, rest = binary.LittleEndian.Uint64(rest), rest[8:]
+	default:
+		return Value{}, fmt.Errorf("%w: state %d", ErrCorrupt, v.State)
+	}
+	if flags&flagDigest != 0 {
+		if len(rest) < len(v.Digest) {
+			return Value{}, fmt.Errorf("%w: truncated digest", ErrCorrupt)
+		}
+		copy(v.Digest[:], rest)
+		rest = rest[len(v.Digest):]
+	}
+	if len(rest) != 0 {
+		return Value{}, fmt.Errorf("%w: %d trailing bytes", ErrCorrupt, len(rest))
+	}
+	return v, nil
+}

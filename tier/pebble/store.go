@@ -1,0 +1,479 @@
+package pebble
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cockroachdb/pebble/v2"
+	pebblebloom "github.com/cockroachdb/pebble/v2/bloom"
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// Errors returned by a Store; match them with errors.Is.
+var (
+	// ErrStorage wraps every failure of the underlying database: a write,
+	// sync or read error, or a Pebble fatal error. After the first write
+	// failure the Store refuses all writes.
+	ErrStorage = errors.New("pebble: storage failure")
+	// ErrLocked reports a directory another Store (in this or another
+	// process) has open.
+	ErrLocked = errors.New("pebble: directory is in use")
+	// ErrOptions reports invalid Options.
+	ErrOptions = errors.New("pebble: invalid options")
+	// ErrClosed reports a call on a closed Store.
+	ErrClosed = errors.New("pebble: store closed")
+)
+
+// Defaults for Options fields left zero.
+const (
+	// DefaultMemTableSize matches the measured setup: large enough that a
+	// flush happens every ~3M keys, small enough to replay quickly.
+	DefaultMemTableSize = 64 << 20
+	// DefaultCacheSize is the block cache for reads of duplicates.
+	DefaultCacheSize = 64 << 20
+	// filterBitsPerKey gives Pebble's SST filters a ~1 % false-positive rate,
+	// so an absent key costs about one block read in a hundred.
+	filterBitsPerKey = 10
+)
+
+// Options configure a Store.
+type Options struct {
+	// Dir is the database directory; required. One Store at a time may open
+	// it.
+	Dir string
+	// FS is the filesystem; nil means the operating system's. Tests pass
+	// in-memory or fault-injecting filesystems.
+	FS vfs.FS
+	// NoSync makes Write return once records reach the operating system,
+	// without fsync: a process crash loses nothing, a machine crash may lose
+	// the last acknowledged writes. The zero value syncs.
+	NoSync bool
+	// MemTableSize in bytes; zero means DefaultMemTableSize.
+	MemTableSize int
+	// CacheSize is the block cache in bytes; zero means DefaultCacheSize.
+	CacheSize int
+	// Logger receives Pebble's error logs; nil means the standard logger.
+	// Informational logs are discarded.
+	Logger *log.Logger
+}
+
+// Validate reports every invalid field at once.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.Dir == "" {
+		errs = append(errs, fmt.Errorf("%w: Dir is empty", ErrOptions))
+	}
+	if o.MemTableSize < 0 {
+		errs = append(errs, fmt.Errorf("%w: MemTableSize %d is negative", ErrOptions, o.MemTableSize))
+	}
+	if o.CacheSize < 0 {
+		errs = append(errs, fmt.Errorf("%w: CacheSize %d is negative", ErrOptions, o.CacheSize))
+	}
+	return errors.Join(errs...)
+}
+
+// Store is an exclusively opened Pebble database of committed keys. It is
+// safe for concurrent use; Close must not race with other calls.
+type Store struct {
+	db        *pebble.DB
+	writeOpts *pebble.WriteOptions
+	broken    atomic.Pointer[error] // first write failure; set once
+	closed    atomic.Bool
+	buffers   sync.Pool // *[]byte key buffers
+
+	compactions chan [2][]byte // ranges to compact after a drop
+	stop        context.CancelFunc
+	done        chan struct{}
+}
+
+// fatal is what the Logger's Fatalf panics with, so that a Pebble fatal
+// error inside a foreground call can be recovered into ErrStorage instead of
+// exiting the process.
+type fatal struct{ msg string }
+
+type logger struct {
+	l *log.Logger
+}
+
+func (logger) Infof(string, ...any) {}
+func (l logger) Errorf(format string, args ...any) {
+	l.l.Printf("tierdedup/pebble: "+format, args...)
+}
+func (l logger) Fatalf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	l.l.Printf("tierdedup/pebble: fatal: %s", msg)
+	panic(fatal{msg})
+}
+
+// Open opens or creates the store in opts.Dir.
+func Open(opts *Options) (*Store, error) {
+	if opts == nil {
+		return nil, fmt.Errorf("%w: nil options", ErrOptions)
+	}
+	o := *opts
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if o.MemTableSize == 0 {
+		o.MemTableSize = DefaultMemTableSize
+	}
+	if o.CacheSize == 0 {
+		o.CacheSize = DefaultCacheSize
+	}
+	if o.Logger == nil {
+		o.Logger = log.Default()
+	}
+	cache := pebble.NewCache(int64(o.CacheSize))
+	defer cache.Unref()
+	popts := &pebble.Options{
+		FS:           o.FS,
+		Cache:        cache,
+		MemTableSize: uint64(o.MemTableSize),
+		Logger:       logger{o.Logger},
+	}
+	for i := range popts.Levels {
+		popts.Levels[i].FilterPolicy = pebblebloom.FilterPolicy(filterBitsPerKey)
+	}
+	db, err := openDB(o.Dir, popts)
+	if err != nil {
+		if isLockError(err) {
+			return nil, fmt.Errorf("%w: %s: %w", ErrLocked, o.Dir, err)
+		}
+		return nil, fmt.Errorf("%w: open %s: %w", ErrStorage, o.Dir, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Store{
+		db:          db,
+		writeOpts:   pebble.Sync,
+		compactions: make(chan [2][]byte, 16),
+		stop:        cancel,
+		done:        make(chan struct{}),
+	}
+	if o.NoSync {
+		s.writeOpts = pebble.NoSync
+	}
+	go s.compactLoop(ctx)
+	return s, nil
+}
+
+func openDB(dir string, popts *pebble.Options) (db *pebble.DB, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			f, ok := r.(fatal)
+			if !ok {
+				panic(r)
+			}
+			err = errors.New(f.msg)
+		}
+	}()
+	return pebble.Open(dir, popts)
+}
+
+func isLockError(err error) bool {
+	msg := err.Error()
+	return bytes.Contains([]byte(msg), []byte("lock held by current process")) ||
+		bytes.Contains([]byte(msg), []byte("resource temporarily unavailable")) ||
+		bytes.Contains([]byte(msg), []byte("LOCK"))
+}
+
+// guard converts a Pebble fatal panic in the calling goroutine into
+// ErrStorage and marks the store broken.
+func (s *Store) guard(err *error) {
+	if r := recover(); r != nil {
+		f, ok := r.(fatal)
+		if !ok {
+			panic(r)
+		}
+		*err = s.fail(errors.New(f.msg))
+	}
+}
+
+func (s *Store) fail(err error) error {
+	wrapped := fmt.Errorf("%w: %w", ErrStorage, err)
+	s.broken.CompareAndSwap(nil, &wrapped)
+	return wrapped
+}
+
+func (s *Store) usable() error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	if p := s.broken.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Broken returns the first write failure, or nil.
+func (s *Store) Broken() error {
+	if p := s.broken.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (s *Store) buffer() *[]byte {
+	if b, ok := s.buffers.Get().(*[]byte); ok {
+		return b
+	}
+	b := make([]byte, 0, 256)
+	return &b
+}
+
+// Query asks whether a key is committed in any partition Oldest+i for which
+// bit i of Mask is set.
+type Query struct {
+	NS     string
+	Key    []byte
+	Oldest int64
+	Mask   uint64
+}
+
+// Hit is the answer to a Query.
+type Hit struct {
+	Found     bool
+	Partition int64
+	Value     Value
+}
+
+// Lookup answers each query with full key comparisons, newest partition
+// first; out must have len(qs). Records that are not committed count as
+// absent (claims left by a previous process are void).
+func (s *Store) Lookup(qs []Query, out []Hit) (err error) {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	defer s.guard(&err)
+	// UseL6Filters: most keys live in L6, whose filters db.Get skips
+	// (measured: 815k vs 197k absent lookups/s).
+	it, err := s.db.NewIter(&pebble.IterOptions{UseL6Filters: true})
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	defer it.Close()
+	bp := s.buffer()
+	defer s.buffers.Put(bp)
+	for i, q := range qs {
+		out[i] = Hit{}
+		for m := q.Mask; m != 0; m &^= 1 << (63 - bits.LeadingZeros64(m)) {
+			part := q.Oldest + int64(63-bits.LeadingZeros64(m))
+			k := appendRecordKey((*bp)[:0], part, q.NS, q.Key)
+			*bp = k
+			if !it.SeekPrefixGE(k) || !bytes.Equal(it.Key(), k) {
+				continue
+			}
+			raw, err := it.ValueAndErr()
+			if err != nil {
+				return fmt.Errorf("%w: %w", ErrStorage, err)
+			}
+			v, err := decodeValue(raw)
+			if err != nil {
+				return err
+			}
+			if v.State == StateCommitted {
+				out[i] = Hit{Found: true, Partition: part, Value: v}
+				break
+			}
+		}
+	}
+	if err := it.Error(); err != nil {
+		return fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	return nil
+}
+
+// Record is one committed key to write.
+type Record struct {
+	Partition int64
+	NS        string
+	Key       []byte
+	Value     Value
+}
+
+// Write stores records in one batch and returns once it is durable as
+// configured. On failure nothing is acknowledged and the Store refuses
+// further writes.
+func (s *Store) Write(recs []Record) (err error) {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	defer s.guard(&err)
+	b := s.db.NewBatch()
+	defer b.Close()
+	bp := s.buffer()
+	defer s.buffers.Put(bp)
+	for i := range recs {
+		r := &recs[i]
+		buf := appendRecordKey((*bp)[:0], r.Partition, r.NS, r.Key)
+		n := len(buf)
+		buf = appendValue(buf, r.Value)
+		*bp = buf[:0]
+		if err := b.Set(buf[:n], buf[n:], nil); err != nil {
+			return s.fail(err)
+		}
+	}
+	if err := b.Commit(s.writeOpts); err != nil {
+		return s.fail(err)
+	}
+	return nil
+}
+
+// HighWater returns the latest clock reading persisted by Drop, in Unix
+// nanoseconds (zero for a new store).
+func (s *Store) HighWater() (int64, error) {
+	v, closer, err := s.db.Get(keyHighWater)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	defer closer.Close()
+	if len(v) != 8 {
+		return 0, fmt.Errorf("%w: high-water value of %d bytes", ErrCorrupt, len(v))
+	}
+	return int64(binary.LittleEndian.Uint64(v)), nil
+}
+
+// Drop deletes every record in partitions before `before` with one range
+// deletion and records highWater, synced, in the same batch. The space is
+// reclaimed by a compaction the Store schedules in the background.
+func (s *Store) Drop(before, highWater int64) (err error) {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	defer s.guard(&err)
+	start, end := recordPrefix(0), recordPrefix(before)
+	b := s.db.NewBatch()
+	defer b.Close()
+	if before > 0 {
+		if err := b.DeleteRange(start, end, nil); err != nil {
+			return s.fail(err)
+		}
+	}
+	if err := b.Set(keyHighWater, binary.LittleEndian.AppendUint64(nil, uint64(highWater)), nil); err != nil {
+		return s.fail(err)
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		return s.fail(err)
+	}
+	if before > 0 {
+		select {
+		case s.compactions <- [2][]byte{start, end}:
+		default: // a compaction is queued already; the next drop will cover this range too
+		}
+	}
+	return nil
+}
+
+func (s *Store) compactLoop(ctx context.Context) {
+	defer close(s.done)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case r := <-s.compactions:
+			s.compact(ctx, r[0], r[1])
+		}
+	}
+}
+
+func (s *Store) compact(ctx context.Context, start, end []byte) {
+	defer func() {
+		if r := recover(); r != nil {
+			if f, ok := r.(fatal); ok {
+				s.fail(errors.New(f.msg))
+				return
+			}
+			panic(r)
+		}
+	}()
+	if err := s.db.Compact(ctx, start, end, false); err != nil && ctx.Err() == nil {
+		s.fail(err)
+	}
+}
+
+// Compact compacts the whole record keyspace now, so dropped partitions'
+// bytes leave the disk; tests and benchmarks use it to measure.
+func (s *Store) Compact(ctx context.Context) (err error) {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	defer s.guard(&err)
+	if err := s.db.Compact(ctx, []byte{spaceRecords}, []byte{spaceRecords + 1}, false); err != nil {
+		return fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	return nil
+}
+
+// Flush writes the memtable to an SST.
+func (s *Store) Flush() (err error) {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	defer s.guard(&err)
+	if err := s.db.Flush(); err != nil {
+		return fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	return nil
+}
+
+// DiskUsage returns the bytes the database occupies on disk, WAL included.
+func (s *Store) DiskUsage() uint64 { return s.db.Metrics().DiskSpaceUsage() }
+
+// Scan calls fn for every committed record in partitions at or after from,
+// in key order. ns and key alias Pebble's buffers and are valid only during
+// the call. It stops at the first error fn returns, or when ctx ends.
+func (s *Store) Scan(ctx context.Context, from int64, fn func(partition int64, ns, key []byte) error) (err error) {
+	defer s.guard(&err)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: recordPrefix(from), UpperBound: []byte{spaceRecords + 1}})
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	defer it.Close()
+	n := 0
+	for ok := it.First(); ok; ok = it.Next() {
+		if n++; n%1024 == 0 && ctx.Err() != nil {
+			return ctx.Err()
+		}
+		part, ns, key, err := parseRecordKey(it.Key())
+		if err != nil {
+			return err
+		}
+		if err := fn(part, ns, key); err != nil {
+			return err
+		}
+	}
+	if err := it.Error(); err != nil {
+		return fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	return nil
+}
+
+// Close stops background work and closes the database. It is idempotent.
+// After a storage failure the database may be unable to close cleanly; the
+// error is returned and the directory is released when the process exits.
+func (s *Store) Close() (err error) {
+	if !s.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	s.stop()
+	<-s.done
+	if s.Broken() != nil {
+		// Pebble's commit pipeline is unusable after a failed WAL write;
+		// closing it may block, so the handle is abandoned.
+		return s.Broken()
+	}
+	defer s.guard(&err)
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("%w: close: %w", ErrStorage, err)
+	}
+	return nil
+}

@@ -1,0 +1,293 @@
+package pebble
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+)
+
+var quiet = log.New(io.Discard, "", 0)
+
+func open(t testing.TB, o Options) *Store {
+	t.Helper()
+	if o.Logger == nil {
+		o.Logger = quiet
+	}
+	s, err := Open(&o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestEncodingGolden freezes the on-disk key and value formats: changing
+// them silently would make every existing store unreadable.
+func TestEncodingGolden(t *testing.T) {
+	k := appendRecordKey(nil, 20423, "orders", []byte("order:42"))
+	if got, want := hex.EncodeToString(k), "010000000000004fc7066f72646572736f726465723a3432"; got != want {
+		t.Errorf("record key = %s, want %s", got, want)
+	}
+	d := Digest{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
+	tests := []struct {
+		v    Value
+		want string
+	}{
+		{Value{State: StateCommitted, At: 1764460800000000000}, "01020000001ac4bf9f7c18"},
+		{Value{State: StateCommitted, At: 1, Digest: d}, "01020101000000000000000102030405060708090a0b0c0d0e0f10"},
+		{Value{State: StateClaimed, At: 2, Token: 0xabcdef}, "0101000200000000000000efcdab0000000000"},
+	}
+	for _, tt := range tests {
+		got := appendValue(nil, tt.v)
+		if hex.EncodeToString(got) != tt.want {
+			t.Errorf("value %+v = %x, want %s", tt.v, got, tt.want)
+		}
+		back, err := decodeValue(got)
+		if err != nil || back != tt.v {
+			t.Errorf("decode(%x) = %+v, %v", got, back, err)
+		}
+	}
+}
+
+func FuzzDecodeValue(f *testing.F) {
+	f.Add(appendValue(nil, Value{State: StateCommitted, At: 5}))
+	f.Add(appendValue(nil, Value{State: StateClaimed, Token: 9, Digest: Digest{1}}))
+	f.Add([]byte{1, 2, 1})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		v, err := decodeValue(b)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("untyped error %v", err)
+			}
+			return
+		}
+		if again := appendValue(nil, v); !bytes.Equal(again, b) {
+			t.Fatalf("decode is not the inverse of encode: %x -> %+v -> %x", b, v, again)
+		}
+	})
+}
+
+func FuzzParseRecordKey(f *testing.F) {
+	f.Add(appendRecordKey(nil, 3, "ns", []byte("k")))
+	f.Add([]byte{1, 0, 0, 0, 0, 0, 0, 0, 0, 9})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		part, ns, key, err := parseRecordKey(b)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("untyped error %v", err)
+			}
+			return
+		}
+		if again := appendRecordKey(nil, part, string(ns), key); !bytes.Equal(again, b) {
+			t.Fatalf("parse is not the inverse of append: %x", b)
+		}
+	})
+}
+
+func TestSecondOpenIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, Options{Dir: dir})
+	defer s.Close()
+	_, err := Open(&Options{Dir: dir, Logger: quiet})
+	if !errors.Is(err, ErrLocked) {
+		t.Fatalf("second Open: %v, want ErrLocked", err)
+	}
+	if !strings.Contains(err.Error(), dir) {
+		t.Errorf("error %q does not name the directory", err)
+	}
+}
+
+func TestOptionsValidate(t *testing.T) {
+	err := (&Options{MemTableSize: -1, CacheSize: -1}).Validate()
+	for _, want := range []string{"Dir", "MemTableSize", "CacheSize"} {
+		if !errors.Is(err, ErrOptions) || !strings.Contains(err.Error(), want) {
+			t.Errorf("err %v does not report %s", err, want)
+		}
+	}
+}
+
+func lookup(t *testing.T, s *Store, ns, key string, oldest int64, mask uint64) Hit {
+	t.Helper()
+	out := make([]Hit, 1)
+	if err := s.Lookup([]Query{{NS: ns, Key: []byte(key), Oldest: oldest, Mask: mask}}, out); err != nil {
+		t.Fatal(err)
+	}
+	return out[0]
+}
+
+func TestWriteLookupDropReopen(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, Options{Dir: dir})
+	recs := []Record{
+		{Partition: 10, Key: []byte("a"), Value: Value{State: StateCommitted, At: 100}},
+		{Partition: 11, NS: "biz", Key: []byte("a"), Value: Value{State: StateCommitted, At: 110, Digest: Digest{7}}},
+		{Partition: 12, Key: []byte("claimed"), Value: Value{State: StateClaimed, At: 120, Token: 3}},
+	}
+	if err := s.Write(recs); err != nil {
+		t.Fatal(err)
+	}
+	if h := lookup(t, s, "", "a", 10, 0b111); !h.Found || h.Partition != 10 || h.Value.At != 100 {
+		t.Errorf("a = %+v", h)
+	}
+	if h := lookup(t, s, "", "a", 10, 0b110); h.Found {
+		t.Errorf("a found outside the partitions asked: %+v", h)
+	}
+	if h := lookup(t, s, "biz", "a", 10, 0b111); !h.Found || h.Value.Digest != (Digest{7}) {
+		t.Errorf("biz/a = %+v", h)
+	}
+	if h := lookup(t, s, "", "ab", 10, 0b111); h.Found {
+		t.Errorf("a prefix of a stored key was found: %+v", h)
+	}
+	if h := lookup(t, s, "", "claimed", 10, 0b111); h.Found {
+		t.Errorf("a stored claim counts as committed: %+v", h)
+	}
+	if err := s.Drop(11, 12345); err != nil {
+		t.Fatal(err)
+	}
+	if h := lookup(t, s, "", "a", 10, 0b111); h.Found {
+		t.Errorf("a survived the drop of its partition")
+	}
+	if h := lookup(t, s, "biz", "a", 10, 0b111); !h.Found {
+		t.Errorf("biz/a (partition 11) was dropped early")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if err := s.Write(recs); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Write after Close: %v", err)
+	}
+	s = open(t, Options{Dir: dir})
+	defer s.Close()
+	if hw, err := s.HighWater(); err != nil || hw != 12345 {
+		t.Fatalf("HighWater = %d, %v", hw, err)
+	}
+	if h := lookup(t, s, "biz", "a", 10, 0b111); !h.Found {
+		t.Errorf("biz/a lost across reopen")
+	}
+	var seen []string
+	if err := s.Scan(context.Background(), 0, func(p int64, ns, key []byte) error {
+		seen = append(seen, fmt.Sprintf("%d/%s/%s", p, ns, key))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(seen, ","); got != "11/biz/a,12//claimed" {
+		t.Errorf("Scan = %s", got)
+	}
+}
+
+// TestDroppedPartitionLeavesDisk writes a partition large enough to reach
+// SSTs, drops it and checks that compaction returns its bytes.
+func TestDroppedPartitionLeavesDisk(t *testing.T) {
+	s := open(t, Options{Dir: t.TempDir(), MemTableSize: 4 << 20})
+	defer s.Close()
+	const n = 200_000
+	recs := make([]Record, 0, 1000)
+	for i := 0; i < n; i++ {
+		recs = append(recs, Record{Partition: 1, Key: fmt.Appendf(nil, "%08d-6ba7b810-9dad-11d1-80b4", i), Value: Value{State: StateCommitted, At: int64(i)}})
+		if len(recs) == cap(recs) {
+			if err := s.Write(recs); err != nil {
+				t.Fatal(err)
+			}
+			recs = recs[:0]
+		}
+	}
+	if err := s.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Compact(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	full := sstBytes(s)
+	if err := s.Drop(2, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Compact(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	after := sstBytes(s)
+	t.Logf("SST bytes: %d with partition 1, %d after dropping it", full, after)
+	if full < n*5 || after > full/100 {
+		t.Fatalf("SST bytes %d -> %d: the dropped partition is still on disk", full, after)
+	}
+}
+
+func sstBytes(s *Store) int64 {
+	m := s.db.Metrics()
+	var total int64
+	for _, l := range m.Levels {
+		total += l.TablesSize
+	}
+	return total
+}
+
+// TestWriteFailureIsTypedAndSticky injects a WAL sync failure: the write
+// must fail with ErrStorage (not exit), later writes must be refused, and
+// the records acknowledged before must survive a reopen.
+func TestWriteFailureIsTypedAndSticky(t *testing.T) {
+	faults := map[string][]errorfs.OpKind{
+		"sync":  {errorfs.OpFileSync, errorfs.OpFileSyncData, errorfs.OpFileSyncTo},
+		"write": {errorfs.OpFileWrite, errorfs.OpFileWriteAt},
+	}
+	for name, kinds := range faults {
+		t.Run(name, func(t *testing.T) {
+			mem := vfs.NewMem()
+			var on atomic.Bool
+			fs := errorfs.Wrap(mem, errorfs.InjectorFunc(func(op errorfs.Op) error {
+				if on.Load() && slices.Contains(kinds, op.Kind) && strings.HasSuffix(op.Path, ".log") {
+					return errorfs.ErrInjected
+				}
+				return nil
+			}))
+			s := open(t, Options{Dir: "db", FS: fs})
+			ok := Record{Partition: 1, Key: []byte("acked"), Value: Value{State: StateCommitted, At: 1}}
+			if err := s.Write([]Record{ok}); err != nil {
+				t.Fatal(err)
+			}
+			on.Store(true)
+			err := s.Write([]Record{{Partition: 1, Key: []byte("lost"), Value: Value{State: StateCommitted}}})
+			if !errors.Is(err, ErrStorage) {
+				t.Fatalf("Write under a failing WAL = %v, want ErrStorage", err)
+			}
+			on.Store(false)
+			if err := s.Write([]Record{ok}); !errors.Is(err, ErrStorage) {
+				t.Fatalf("Write after a failure = %v, want ErrStorage (the store must stay failed)", err)
+			}
+			if s.Broken() == nil {
+				t.Fatal("Broken() is nil after a failure")
+			}
+			_ = s.Close()
+			// A new process would open the same files; the lock belongs to
+			// the abandoned handle, so reopen from a copy of the filesystem.
+			s2 := open(t, Options{Dir: "db", FS: cloneMem(t, mem)})
+			defer s2.Close()
+			if h := lookup(t, s2, "", "acked", 1, 1); !h.Found {
+				t.Fatal("an acknowledged record is missing after the failure")
+			}
+		})
+	}
+}
+
+func cloneMem(t *testing.T, src *vfs.MemFS) vfs.FS {
+	t.Helper()
+	dst := vfs.NewMem()
+	if _, err := vfs.Clone(src, dst, "db", "db"); err != nil {
+		t.Fatal(err)
+	}
+	_ = dst.Remove(filepath.Join("db", "LOCK"))
+	return dst
+}
