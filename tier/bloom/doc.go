@@ -2,7 +2,7 @@
 // retention partition, probed with locations computed once per key from its
 // fingerprint, so a key that no filter may hold can skip the durable tier.
 //
-// It owns the filters, their rotation and their snapshot file. It must never
+// It owns the filters, their rotation and their snapshot encoding. It must never
 // answer "seen": a probe says which partitions may hold a key, and only an
 // exact tier may turn that into Duplicate. Whether a "no" may be trusted (the
 // filters saw every key the durable tier holds) is the engine's decision, not

@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
-	"os"
-	"path/filepath"
 
 	bitsbloom "github.com/bits-and-blooms/bloom/v3"
 )
@@ -179,58 +177,4 @@ func (f *Filters) readRecord(r *io.SectionReader) (*filter, error) {
 	}
 	fl.adds.Store(int64(binary.LittleEndian.Uint64(head[8:])))
 	return fl, nil
-}
-
-// SaveFile writes a snapshot to path atomically: to a temporary file in the
-// same directory, fsynced, renamed over path, and the directory fsynced, so a
-// crash leaves either the old file or the new one.
-func (f *Filters) SaveFile(path string) (err error) {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if err = f.WriteSnapshot(tmp); err != nil {
-		return err
-	}
-	if err = tmp.Sync(); err != nil {
-		return err
-	}
-	if err = tmp.Close(); err != nil {
-		return err
-	}
-	if err = os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	return syncDir(dir)
-}
-
-// LoadFile restores a snapshot written by SaveFile. A missing file returns an
-// error matching fs.ErrNotExist; anything unusable, ErrSnapshot.
-func (f *Filters) LoadFile(path string) error {
-	fh, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer fh.Close()
-	st, err := fh.Stat()
-	if err != nil {
-		return err
-	}
-	return f.ReadSnapshot(fh, st.Size())
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
