@@ -21,8 +21,8 @@ const stackKey = 128
 // Sum returns the fingerprint of key in namespace ns: with p = len(ns) ‖ ns ‖
 // key, Hi = xxh64(p) and Lo = xxh64(p ‖ 0xff). ns may be empty (the default
 // namespace) and must be at most 255 bytes; callers validate it. Sum does not
-// allocate.
-func Sum(ns string, key []byte) Fingerprint {
+// allocate when ns is a string or the key is short.
+func Sum[NS ~string | ~[]byte](ns NS, key []byte) Fingerprint {
 	n := 1 + len(ns) + len(key)
 	if n < stackKey {
 		var buf [stackKey]byte
@@ -36,7 +36,7 @@ func Sum(ns string, key []byte) Fingerprint {
 	var d xxhash.Digest
 	d.Reset()
 	_, _ = d.Write(pre[:])
-	_, _ = d.WriteString(ns)
+	_, _ = d.WriteString(string(ns))
 	_, _ = d.Write(key)
 	hi := d.Sum64()
 	pre[0] = 0xff

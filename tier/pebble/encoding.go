@@ -18,7 +18,10 @@ const (
 	spaceRecords byte = 0x01
 )
 
-var keyHighWater = []byte{spaceMeta, 'h', 'w'}
+var (
+	keyHighWater = []byte{spaceMeta, 'h', 'w'}
+	keyCreated   = []byte{spaceMeta, 'c', 't'}
+)
 
 // appendRecordKey appends the storage key of (partition, ns, key) to dst.
 func appendRecordKey(dst []byte, partition int64, ns string, key []byte) []byte {

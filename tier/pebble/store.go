@@ -10,6 +10,7 @@ import (
 	"math/bits"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	pebblebloom "github.com/cockroachdb/pebble/v2/bloom"
@@ -158,6 +159,11 @@ func Open(opts *Options) (*Store, error) {
 	}
 	if o.NoSync {
 		s.writeOpts = pebble.NoSync
+	}
+	if err := s.initCreated(); err != nil {
+		cancel()
+		_ = db.Close()
+		return nil, err
 	}
 	go s.compactLoop(ctx)
 	return s, nil
@@ -325,21 +331,47 @@ func (s *Store) Write(recs []Record) (err error) {
 	return nil
 }
 
-// HighWater returns the latest clock reading persisted by Drop, in Unix
-// nanoseconds (zero for a new store).
-func (s *Store) HighWater() (int64, error) {
-	v, closer, err := s.db.Get(keyHighWater)
+// initCreated records the store's creation time on its first open.
+func (s *Store) initCreated() error {
+	if _, err := s.meta(keyCreated); err == nil {
+		return nil
+	} else if !errors.Is(err, pebble.ErrNotFound) {
+		return err
+	}
+	v := binary.LittleEndian.AppendUint64(nil, uint64(time.Now().UnixNano()))
+	if err := s.db.Set(keyCreated, v, pebble.Sync); err != nil {
+		return fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	return nil
+}
+
+// Created returns when the store was first opened, in Unix nanoseconds of
+// the system clock.
+func (s *Store) Created() (int64, error) { return s.meta(keyCreated) }
+
+func (s *Store) meta(key []byte) (int64, error) {
+	v, closer, err := s.db.Get(key)
 	if errors.Is(err, pebble.ErrNotFound) {
-		return 0, nil
+		return 0, err
 	}
 	if err != nil {
 		return 0, fmt.Errorf("%w: %w", ErrStorage, err)
 	}
 	defer closer.Close()
 	if len(v) != 8 {
-		return 0, fmt.Errorf("%w: high-water value of %d bytes", ErrCorrupt, len(v))
+		return 0, fmt.Errorf("%w: meta value of %d bytes", ErrCorrupt, len(v))
 	}
 	return int64(binary.LittleEndian.Uint64(v)), nil
+}
+
+// HighWater returns the latest clock reading persisted by Drop, in Unix
+// nanoseconds (zero for a new store).
+func (s *Store) HighWater() (int64, error) {
+	v, err := s.meta(keyHighWater)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, nil
+	}
+	return v, err
 }
 
 // Drop deletes every record in partitions before `before` with one range

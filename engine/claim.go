@@ -1,0 +1,79 @@
+package engine
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+
+	"github.com/tierdedup/tierdedup/shard"
+)
+
+// Outcome is the answer for one key.
+type Outcome uint8
+
+// Outcomes. The zero value is not an outcome: a Claim left zero by an error
+// has none.
+const (
+	// New: first time inside the window. The caller owns the key under a
+	// lease and must Commit or Release it.
+	New Outcome = iota + 1
+	// Duplicate: committed inside the window. Skip it (and ack it).
+	Duplicate
+	// InFlight: another claim holds the key now, perhaps an earlier copy in
+	// the same batch. Do not ack; the redelivery will find it committed, or
+	// free again if that worker fails.
+	InFlight
+	// Conflict: committed inside the window with a different payload
+	// digest. The same key carried other content: report it rather than
+	// skip it silently.
+	Conflict
+)
+
+var outcomeNames = [...]string{"", "new", "duplicate", "in-flight", "conflict"}
+
+func (o Outcome) String() string {
+	if int(o) < len(outcomeNames) {
+		return outcomeNames[o]
+	}
+	return fmt.Sprintf("Outcome(%d)", o)
+}
+
+// Digest is an optional 128-bit digest of a message's payload, stored with
+// its commit; the zero value means none. Make one with DigestOf or from a
+// hash the producer already sends.
+type Digest [16]byte
+
+// DigestOf returns the first 128 bits of the SHA-256 of payload.
+func DigestOf(payload []byte) Digest {
+	sum := sha256.Sum256(payload)
+	return Digest(sum[:16])
+}
+
+// short is the 64-bit form kept in memory; the full digest is on disk.
+func (d Digest) short() uint64 { return binary.LittleEndian.Uint64(d[:8]) }
+
+// conflicts reports whether a stored digest contradicts a requested one;
+// either being absent means no conflict can be told.
+func conflicts(requested Digest, stored uint64) bool {
+	r := requested.short()
+	return r != 0 && stored != 0 && r != stored
+}
+
+// Claim is the answer to a claim for one key and, when Outcome is New, the
+// handle that commits or releases it. The caller owns it; Key aliases the
+// caller's key bytes, which must stay unchanged until Commit or Release.
+type Claim struct {
+	Outcome Outcome
+	Key     []byte
+	// LeaseUntil is when the claim stops excluding other workers, in Unix
+	// nanoseconds of the engine's clock (New only).
+	LeaseUntil int64
+
+	ns     *Namespace
+	fp     shard.Fingerprint
+	token  uint64
+	digest Digest
+}
+
+// Owned reports whether the caller holds the key and must Commit or Release.
+func (c *Claim) Owned() bool { return c.Outcome == New }

@@ -1,0 +1,36 @@
+// Package engine is the public API of tierdedup and the only place that
+// orders tiers: for every message key it answers, atomically, whether this
+// is the first time inside the retention window (New: process it), a
+// Duplicate (skip it), InFlight (another worker holds it now) or a Conflict
+// (the key was committed with a different payload).
+//
+// It owns claims, leases and owner tokens, the clock, partition rotation,
+// the warm or cold state of the Bloom filters, and Stats. It must never let
+// a probabilistic tier decide Duplicate in a configuration that promises
+// exactness, never decide New from the Bloom filters unless they have seen
+// every key the durable tier holds, and never acknowledge a commit before
+// the durable tier has.
+//
+// # Concurrency
+//
+// An Engine and its Namespaces are safe for concurrent use. A Claim is a
+// value owned by the caller that received it.
+//
+// # Invariants
+//
+//  1. Check-and-set is atomic: the memory tier's stripe lock installs a
+//     claim before any slower tier is consulted, so of N concurrent claims
+//     of a key exactly one is New.
+//  2. Commit and Release succeed only for the current owner of an unexpired
+//     lease; otherwise they return ErrLeaseLost and change nothing.
+//  3. Duplicate comes from an exact source: a 128-bit fingerprint in memory
+//     or full key bytes in Pebble. Only the bloom-only configuration, which
+//     says so, answers Duplicate from a filter.
+//  4. The Bloom filters answer New only while warm: restored from a clean
+//     shutdown's snapshot, or rebuilt from Pebble after a crash. While cold
+//     every key that memory does not know is read from Pebble.
+//  5. Time never runs backwards inside an engine: it uses the highest clock
+//     reading seen (persisted with each partition drop), so a clock step
+//     back neither expires leases late nor drops partitions early.
+//  6. After a storage failure the engine answers ErrStorage and never New.
+package engine

@@ -1,0 +1,307 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tierdedup/tierdedup/shard"
+	"github.com/tierdedup/tierdedup/tier"
+	"github.com/tierdedup/tierdedup/tier/bloom"
+	"github.com/tierdedup/tierdedup/tier/memory"
+	"github.com/tierdedup/tierdedup/tier/pebble"
+)
+
+// Engine answers claims for keys in one or more namespaces. It is safe for
+// concurrent use.
+type Engine struct {
+	tiers     Tiers
+	window    int64 // nanoseconds
+	lease     int64
+	maxKey    int
+	parts     tier.Partitions
+	clock     Clock
+	logger    *log.Logger
+	snapshots *snapshotFile // nil when the Bloom filters are not persisted
+
+	mem   *memory.Table
+	bloom *bloom.Filters // nil in MemoryOnly
+	store *pebble.Store  // nil unless Default
+
+	// warm is true while the Bloom filters have seen every key the store
+	// holds, so a "no" may skip the store.
+	warm       atomic.Bool
+	rebuilding atomic.Bool
+
+	highWater atomic.Int64 // highest clock reading seen, Unix ns
+	current   atomic.Int64 // current partition
+	openedAt  int64        // first clock reading, for Stats.Coverage
+	rotateMu  sync.Mutex   // serialises rotation
+	tokens    atomic.Uint64
+
+	life struct {
+		sync.RWMutex // read-held by every call; write-held by Close
+		closed       bool
+	}
+	stop    context.CancelFunc
+	workers sync.WaitGroup // background rebuild
+
+	scratch sync.Pool // *batch
+	stats   counters
+	def     Namespace
+}
+
+// Open returns an Engine configured by opts. In Default it opens (or
+// creates) the Pebble directory exclusively: ErrLocked if another engine
+// has it.
+func Open(opts *Options) (*Engine, error) {
+	if opts == nil {
+		opts = &Options{}
+	}
+	o := *opts
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	window, partition, lease := o.withDefaults()
+	parts, _ := tier.NewPartitions(window, partition)
+	e := &Engine{
+		tiers:  o.Tiers,
+		window: int64(window),
+		lease:  int64(lease),
+		maxKey: o.MaxKeySize,
+		parts:  parts,
+		clock:  o.Clock,
+		logger: o.Logger,
+	}
+	if e.maxKey == 0 {
+		e.maxKey = DefaultMaxKeySize
+	}
+	if e.clock == nil {
+		e.clock = systemClock{}
+	}
+	if e.logger == nil {
+		e.logger = log.Default()
+	}
+	e.def = Namespace{e: e}
+	e.tokens.Store(uint64(time.Now().UnixNano()))
+
+	mopts := &memory.Options{Capacity: o.MemoryCapacity, Stripes: o.Stripes}
+	if o.Tiers == BloomOnly {
+		mopts.Capacity, mopts.NoCommitted = 0, true
+	}
+	var err error
+	if e.mem, err = memory.New(mopts); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrOptions, err)
+	}
+
+	now := e.clock.Now().UnixNano()
+	if o.Tiers == Default {
+		e.store, err = pebble.Open(&pebble.Options{Dir: o.Dir, FS: o.FS, NoSync: o.NoSync, Logger: o.Logger})
+		switch {
+		case errors.Is(err, pebble.ErrLocked):
+			return nil, fmt.Errorf("%w: %w", ErrLocked, err)
+		case err != nil:
+			return nil, fmt.Errorf("%w: %w", ErrStorage, err)
+		}
+		hw, err := e.store.HighWater()
+		if err != nil {
+			e.store.Close()
+			return nil, fmt.Errorf("%w: %w", ErrStorage, err)
+		}
+		now = max(now, hw)
+		if created, err := e.store.Created(); err == nil && created < now {
+			e.openedAt = created
+		}
+	}
+	e.highWater.Store(now)
+	if e.openedAt == 0 {
+		e.openedAt = now
+	}
+	e.current.Store(parts.Of(now))
+
+	if o.Tiers != MemoryOnly {
+		bopts := &bloom.Options{Partitions: parts, ExpectedKeys: o.ExpectedKeys, FalsePositive: o.FalsePositive}
+		if e.bloom, err = bloom.New(bopts, parts.Of(now)); err != nil {
+			e.closeStore()
+			return nil, fmt.Errorf("%w: %w", ErrOptions, err)
+		}
+		if o.Dir != "" {
+			e.snapshots = newSnapshotFile(o.FS, o.Dir)
+		}
+	}
+	if e.store != nil {
+		// Drop what expired while the store was closed, and persist the
+		// high-water clock before answering anything.
+		if err := e.store.Drop(parts.Oldest(parts.Of(now)), now); err != nil {
+			e.closeStore()
+			return nil, fmt.Errorf("%w: %w", ErrStorage, err)
+		}
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	e.stop = cancel
+	switch o.Tiers {
+	case BloomOnly:
+		if e.snapshots != nil {
+			if err := e.snapshots.load(e.bloom, false); err != nil {
+				e.logger.Printf("tierdedup: bloom snapshot not used: %v", err)
+			}
+		}
+		e.warm.Store(true)
+	case Default:
+		// A snapshot exists only between a clean Close and the next Open:
+		// load consumes it, so a crash after this point leaves none and
+		// the next Open rebuilds.
+		if err := e.snapshots.load(e.bloom, true); err == nil {
+			e.warm.Store(true)
+		} else {
+			if !isNotExist(err) {
+				e.logger.Printf("tierdedup: bloom snapshot not used, rebuilding from Pebble: %v", err)
+			}
+			e.rebuilding.Store(true)
+			e.workers.Add(1)
+			go e.rebuild(ctx)
+		}
+	}
+	return e, nil
+}
+
+func (e *Engine) closeStore() {
+	if e.store != nil {
+		_ = e.store.Close()
+	}
+}
+
+// now returns the engine's time: the highest clock reading seen, so it never
+// runs backwards. It rotates partitions when a new one begins.
+func (e *Engine) now() (int64, error) {
+	t := e.clock.Now().UnixNano()
+	for {
+		hw := e.highWater.Load()
+		if t <= hw {
+			t = hw
+			break
+		}
+		if e.highWater.CompareAndSwap(hw, t) {
+			break
+		}
+	}
+	if p := e.parts.Of(t); p > e.current.Load() {
+		if err := e.rotate(p, t); err != nil {
+			return 0, err
+		}
+	}
+	return t, nil
+}
+
+// rotate makes p the current partition: the Bloom filters and the store
+// drop whatever fell out of the window.
+func (e *Engine) rotate(p, t int64) error {
+	e.rotateMu.Lock()
+	defer e.rotateMu.Unlock()
+	if p <= e.current.Load() {
+		return nil
+	}
+	if e.store != nil {
+		if err := e.store.Drop(e.parts.Oldest(p), t); err != nil {
+			e.stats.errors.Add(1)
+			return fmt.Errorf("%w: %w", ErrStorage, err)
+		}
+	}
+	if e.bloom != nil {
+		e.stats.partitionsDropped.Add(uint64(e.bloom.Rotate(p)))
+	}
+	e.current.Store(p)
+	return nil
+}
+
+// enter starts a call: it fails once the engine is closed, and, for calls
+// that may answer New or write, once the store has failed.
+func (e *Engine) enter(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	e.life.RLock()
+	if e.life.closed {
+		e.life.RUnlock()
+		return ErrClosed
+	}
+	if e.store != nil {
+		if err := e.store.Broken(); err != nil {
+			e.life.RUnlock()
+			return fmt.Errorf("%w: %w", ErrStorage, err)
+		}
+	}
+	return nil
+}
+
+func (e *Engine) leave() { e.life.RUnlock() }
+
+// Close stops background work, saves the Bloom filters (so the next Open is
+// warm) and closes the store. It is idempotent; calls after it return
+// ErrClosed.
+func (e *Engine) Close() error {
+	e.life.Lock()
+	if e.life.closed {
+		e.life.Unlock()
+		return nil
+	}
+	e.life.closed = true
+	e.life.Unlock()
+	e.stop()
+	e.workers.Wait()
+	var errs []error
+	healthy := e.store == nil || e.store.Broken() == nil
+	if e.snapshots != nil && e.warm.Load() && healthy {
+		if err := e.snapshots.save(e.bloom); err != nil {
+			errs = append(errs, fmt.Errorf("tierdedup: saving bloom snapshot: %w", err))
+		}
+	}
+	if e.store != nil {
+		if err := e.store.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("%w: %w", ErrStorage, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// rebuild refills the Bloom filters from Pebble after an unclean shutdown.
+// Commits made meanwhile add to the filters themselves, and records written
+// before the scan began are all visible to it, so when it ends the filters
+// cover the store and become warm.
+func (e *Engine) rebuild(ctx context.Context) {
+	defer e.workers.Done()
+	defer e.rebuilding.Store(false)
+	const chunk = 256
+	fps := make([]shard.Fingerprint, 0, chunk)
+	var part int64 = -1 << 63
+	flush := func() {
+		if len(fps) > 0 {
+			e.bloom.Add(fps, part)
+			e.stats.rebuilt.Add(uint64(len(fps)))
+			fps = fps[:0]
+		}
+	}
+	err := e.store.Scan(ctx, e.parts.Oldest(e.current.Load()), func(p int64, ns, key []byte) error {
+		if p != part || len(fps) == chunk {
+			flush()
+			part = p
+		}
+		fps = append(fps, shard.Sum(ns, key))
+		return nil
+	})
+	flush()
+	if err != nil {
+		if ctx.Err() == nil {
+			e.logger.Printf("tierdedup: bloom rebuild failed, staying on Pebble reads: %v", err)
+		}
+		return
+	}
+	e.warm.Store(true)
+}
+
+func isNotExist(err error) bool { return errors.Is(err, errNoSnapshot) }

@@ -1,0 +1,50 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Errors returned by the engine; match them with errors.Is.
+var (
+	// ErrOptions reports invalid Options.
+	ErrOptions = errors.New("tierdedup: invalid options")
+	// ErrEmptyKey reports a zero-length key.
+	ErrEmptyKey = errors.New("tierdedup: empty key")
+	// ErrKeyTooLong reports a key longer than Options.MaxKeySize.
+	ErrKeyTooLong = errors.New("tierdedup: key too long")
+	// ErrNamespace reports a namespace name longer than MaxNamespace bytes.
+	ErrNamespace = errors.New("tierdedup: invalid namespace")
+	// ErrLeaseLost reports a Commit or Release by a claim that no longer
+	// owns its key: its lease expired, another worker took it over, or it
+	// was already committed or released. Nothing was changed.
+	ErrLeaseLost = errors.New("tierdedup: claim lease lost")
+	// ErrNotClaimed reports a Commit or Release of a Claim whose Outcome is
+	// not New: there is nothing to commit.
+	ErrNotClaimed = errors.New("tierdedup: not a claim")
+	// ErrStorage reports a failure of the durable tier. The engine answers
+	// it for every later claim and commit (fail closed): the consumer must
+	// not ack, and the process should reopen the engine once the cause is
+	// fixed.
+	ErrStorage = errors.New("tierdedup: storage failure")
+	// ErrLocked reports a Dir that another engine holds.
+	ErrLocked = errors.New("tierdedup: directory in use")
+	// ErrClosed reports a call on a closed Engine.
+	ErrClosed = errors.New("tierdedup: engine closed")
+	// ErrBatch reports batch arguments of mismatched lengths.
+	ErrBatch = errors.New("tierdedup: mismatched batch arguments")
+)
+
+// KeyError names the key of a batch that was rejected; it wraps ErrEmptyKey
+// or ErrKeyTooLong.
+type KeyError struct {
+	Index int
+	Len   int
+	Err   error
+}
+
+func (e *KeyError) Error() string {
+	return fmt.Sprintf("%v: key %d (%d bytes)", e.Err, e.Index, e.Len)
+}
+
+func (e *KeyError) Unwrap() error { return e.Err }

@@ -1,0 +1,516 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/tierdedup/tierdedup/shard"
+	"github.com/tierdedup/tierdedup/tier/bloom"
+	"github.com/tierdedup/tierdedup/tier/memory"
+	"github.com/tierdedup/tierdedup/tier/pebble"
+)
+
+// Namespace is one key space of an Engine: the same key bytes in two
+// namespaces are two keys. Consumers commonly dedup message IDs in one and
+// business keys (order:42) in another. The Engine's own methods use the
+// default namespace, named "". A Namespace is safe for concurrent use.
+type Namespace struct {
+	e    *Engine
+	name string
+}
+
+// Namespace returns the namespace called name (at most MaxNamespace bytes,
+// any bytes); "" is the default namespace.
+func (e *Engine) Namespace(name string) (*Namespace, error) {
+	if len(name) > MaxNamespace {
+		return nil, fmt.Errorf("%w: name of %d bytes, max %d", ErrNamespace, len(name), MaxNamespace)
+	}
+	if name == "" {
+		return &e.def, nil
+	}
+	return &Namespace{e: e, name: name}, nil
+}
+
+// Name returns the namespace's name.
+func (n *Namespace) Name() string { return n.name }
+
+// Claim claims key in the default namespace; see Namespace.Claim.
+func (e *Engine) Claim(ctx context.Context, key []byte) (Claim, error) {
+	return e.def.Claim(ctx, key)
+}
+
+// ClaimBatch claims keys in the default namespace; see Namespace.ClaimBatch.
+func (e *Engine) ClaimBatch(ctx context.Context, keys [][]byte, digests []Digest, out []Claim) error {
+	return e.def.ClaimBatch(ctx, keys, digests, out)
+}
+
+// MarkIfAbsent marks key in the default namespace; see
+// Namespace.MarkIfAbsent.
+func (e *Engine) MarkIfAbsent(ctx context.Context, key []byte) (Outcome, error) {
+	return e.def.MarkIfAbsent(ctx, key)
+}
+
+// MarkBatch marks keys in the default namespace; see Namespace.MarkBatch.
+func (e *Engine) MarkBatch(ctx context.Context, keys [][]byte, digests []Digest, out []Outcome) error {
+	return e.def.MarkBatch(ctx, keys, digests, out)
+}
+
+// Do runs fn once for key in the default namespace; see Namespace.Do.
+func (e *Engine) Do(ctx context.Context, key []byte, fn func(context.Context) error) (Outcome, error) {
+	return e.def.Do(ctx, key, fn)
+}
+
+// Claim asks whether key is new. New grants a claim leased for
+// Options.Lease: the caller must Commit it after processing or Release it
+// after a failure. Any other outcome grants nothing.
+func (n *Namespace) Claim(ctx context.Context, key []byte) (Claim, error) {
+	return n.ClaimDigest(ctx, key, Digest{})
+}
+
+// ClaimDigest is Claim with the payload's digest: a key committed with a
+// different digest answers Conflict, and a New claim stores d on Commit.
+func (n *Namespace) ClaimDigest(ctx context.Context, key []byte, d Digest) (Claim, error) {
+	keys := [1][]byte{key}
+	digests := [1]Digest{d}
+	var out [1]Claim
+	err := n.e.claim(ctx, n, keys[:], digests[:], out[:])
+	return out[0], err
+}
+
+// ClaimBatch claims every key at once, one Claim per key in out (which must
+// have len(keys)); digests is nil or one per key. A key repeated in the
+// batch is New at most once, its repeats InFlight. On error no claim is
+// held and out is unspecified.
+func (n *Namespace) ClaimBatch(ctx context.Context, keys [][]byte, digests []Digest, out []Claim) error {
+	return n.e.claim(ctx, n, keys, digests, out)
+}
+
+// MarkIfAbsent claims and commits key in one step: New means it was absent
+// and is now marked (durably, as configured), Duplicate or Conflict that it
+// was marked before, InFlight that a two-phase claim holds it.
+func (n *Namespace) MarkIfAbsent(ctx context.Context, key []byte) (Outcome, error) {
+	keys := [1][]byte{key}
+	var out [1]Outcome
+	err := n.MarkBatch(ctx, keys[:], nil, out[:])
+	return out[0], err
+}
+
+// MarkBatch is MarkIfAbsent for a batch, one Outcome per key in out (which
+// must have len(keys)), with one durable write for the whole batch. A key
+// repeated in the batch is New once and Duplicate after.
+func (n *Namespace) MarkBatch(ctx context.Context, keys [][]byte, digests []Digest, out []Outcome) error {
+	if len(out) != len(keys) {
+		return fmt.Errorf("%w: %d keys, %d outcomes", ErrBatch, len(keys), len(out))
+	}
+	b := n.e.getBatch(len(keys))
+	defer n.e.putBatch(b)
+	claims := b.claims[:len(keys)]
+	if err := n.e.claim(ctx, n, keys, digests, claims); err != nil {
+		return err
+	}
+	if err := n.e.commit(ctx, claims, nil); err != nil {
+		// Nothing was made durable: give the claims back.
+		_ = n.e.release(context.WithoutCancel(ctx), claims, nil)
+		return err
+	}
+	for i := range claims {
+		out[i] = claims[i].Outcome
+		if out[i] == InFlight {
+			// A repeat of a key marked earlier in this batch is a duplicate
+			// of it, now that it is committed.
+			for j := range i {
+				if claims[j].Outcome == New && claims[j].fp == claims[i].fp {
+					out[i] = Duplicate
+					break
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// Do runs fn for key exactly once inside the window: it claims the key,
+// runs fn if the claim is New, then commits (fn returned nil) or releases
+// (fn failed or panicked, so a redelivery can run it). It returns the claim's
+// outcome and fn's error or the engine's. Ack the message when the error is
+// nil, whatever the outcome, except InFlight: leave that one for redelivery.
+func (n *Namespace) Do(ctx context.Context, key []byte, fn func(context.Context) error) (o Outcome, err error) {
+	c, err := n.Claim(ctx, key)
+	if err != nil || c.Outcome != New {
+		return c.Outcome, err
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			if rerr := n.e.Release(context.WithoutCancel(ctx), c); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}
+	}()
+	if err := fn(ctx); err != nil {
+		return New, err
+	}
+	committed = true
+	return New, n.e.Commit(ctx, c)
+}
+
+// Commit makes a New claim's key a Duplicate for the rest of the window. It
+// returns once the commit is durable as configured; ack the message after
+// it. A claim that lost its lease gets ErrLeaseLost and changes nothing.
+func (e *Engine) Commit(ctx context.Context, c Claim) error {
+	if c.Outcome != New {
+		return fmt.Errorf("%w: outcome %v", ErrNotClaimed, c.Outcome)
+	}
+	claims := [1]Claim{c}
+	var errs [1]error
+	if err := e.commit(ctx, claims[:], errs[:]); err != nil {
+		return err
+	}
+	return errs[0]
+}
+
+// CommitBatch commits every New claim in claims with one durable write
+// (claims of other outcomes are skipped). errs is nil or one per claim. It
+// returns nil when every New claim committed; otherwise an error matching
+// ErrLeaseLost or ErrStorage, and errs says which.
+func (e *Engine) CommitBatch(ctx context.Context, claims []Claim, errs []error) error {
+	return e.commit(ctx, claims, errs)
+}
+
+// Release gives a New claim back, so a redelivery of its key can claim it
+// again. Only the current owner may: a claim that lost its lease gets
+// ErrLeaseLost and changes nothing.
+func (e *Engine) Release(ctx context.Context, c Claim) error {
+	if c.Outcome != New {
+		return fmt.Errorf("%w: outcome %v", ErrNotClaimed, c.Outcome)
+	}
+	claims := [1]Claim{c}
+	var errs [1]error
+	if err := e.release(ctx, claims[:], errs[:]); err != nil {
+		return err
+	}
+	return errs[0]
+}
+
+// ReleaseBatch releases every New claim in claims; errs is nil or one per
+// claim.
+func (e *Engine) ReleaseBatch(ctx context.Context, claims []Claim, errs []error) error {
+	return e.release(ctx, claims, errs)
+}
+
+func (e *Engine) checkKeys(keys [][]byte) error {
+	for i, k := range keys {
+		switch {
+		case len(k) == 0:
+			return &KeyError{Index: i, Len: 0, Err: ErrEmptyKey}
+		case len(k) > e.maxKey:
+			return &KeyError{Index: i, Len: len(k), Err: ErrKeyTooLong}
+		}
+	}
+	return nil
+}
+
+func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digests []Digest, out []Claim) error {
+	n := len(keys)
+	if len(out) != n || (digests != nil && len(digests) != n) {
+		return fmt.Errorf("%w: %d keys, %d digests, %d claims", ErrBatch, n, len(digests), len(out))
+	}
+	if err := e.checkKeys(keys); err != nil {
+		return err
+	}
+	if err := e.enter(ctx); err != nil {
+		return err
+	}
+	defer e.leave()
+	now, err := e.now()
+	if err != nil {
+		return err
+	}
+	b := e.getBatch(n)
+	defer e.putBatch(b)
+	first := e.tokens.Add(uint64(n)) - uint64(n) + 1
+	for i, k := range keys {
+		b.fps[i] = shard.Sum(ns.name, k)
+		b.tokens[i] = first + uint64(i)
+	}
+	leaseUntil := now + e.lease
+	e.mem.Acquire(b.fps, b.tokens, now, leaseUntil, b.res)
+
+	cand := b.cand[:0]
+	var c tally
+	for i := range keys {
+		var d Digest
+		if digests != nil {
+			d = digests[i]
+		}
+		out[i] = Claim{Key: keys[i], ns: ns, fp: b.fps[i], digest: d}
+		switch r := b.res[i]; r.Status {
+		case memory.Committed:
+			c.memHits++
+			out[i].Outcome = Duplicate
+			if conflicts(d, r.Digest) {
+				out[i].Outcome = Conflict
+			}
+		case memory.Held:
+			out[i].Outcome = InFlight
+		case memory.TakenOver:
+			c.leaseExpiries++
+			fallthrough
+		default: // Acquired
+			out[i].token, out[i].LeaseUntil = b.tokens[i], leaseUntil
+			cand = append(cand, i)
+		}
+	}
+	c.memMisses = uint64(len(cand))
+	b.cand = cand
+	if len(cand) > 0 {
+		if err := e.resolve(b, ns, out, &c); err != nil {
+			c.errors++
+			e.stats.add(&c)
+			return err
+		}
+	}
+	for i := range out {
+		c.count(out[i].Outcome)
+	}
+	c.claims = uint64(n)
+	e.stats.add(&c)
+	return nil
+}
+
+// resolve decides the keys that memory acquired (b.cand) from the slower
+// tiers. Memory holds a claim on each while this runs, so no other caller
+// can decide them meanwhile.
+func (e *Engine) resolve(b *batch, ns *Namespace, out []Claim, c *tally) error {
+	cand := b.cand
+	if e.tiers == MemoryOnly {
+		for _, i := range cand {
+			out[i].Outcome = New
+		}
+		return nil
+	}
+	cfps := b.cfps[:len(cand)]
+	ctokens := b.ctokens[:len(cand)]
+	for j, i := range cand {
+		cfps[j], ctokens[j] = out[i].fp, out[i].token
+	}
+	warm := e.warm.Load()
+	probes := b.probes[:len(cand)]
+	oldest := e.parts.Oldest(e.current.Load())
+	allLive := uint64(1)<<e.parts.Live - 1
+	if warm {
+		oldest = e.bloom.Test(cfps, probes)
+	} else {
+		for j := range probes {
+			probes[j] = bloom.Probe{Maybe: allLive}
+		}
+	}
+	found, expires, digests := b.found[:len(cand)], b.expires[:len(cand)], b.digests[:len(cand)]
+	clear(found)
+
+	if e.tiers == BloomOnly {
+		// The filter is the only source: a maybe is answered Duplicate, at
+		// the configured false-positive rate.
+		for j, i := range cand {
+			if probes[j].Maybe != 0 {
+				out[i].Outcome = Duplicate
+				found[j] = true
+			} else {
+				out[i].Outcome = New
+			}
+		}
+		e.mem.Settle(cfps, ctokens, found, expires, digests, true)
+		return nil
+	}
+
+	// Default: a warm "no" is final; everything else is read from Pebble,
+	// in the partitions the filters name.
+	queries := b.queries[:0]
+	qidx := b.qidx[:0]
+	for j, i := range cand {
+		if probes[j].Maybe == 0 {
+			out[i].Outcome = New
+			c.bloomNegatives++
+			continue
+		}
+		queries = append(queries, pebble.Query{NS: ns.name, Key: out[i].Key, Oldest: oldest, Mask: probes[j].Maybe})
+		qidx = append(qidx, j)
+	}
+	b.queries, b.qidx = queries, qidx
+	if len(queries) == 0 {
+		return nil
+	}
+	hits := b.hits[:len(queries)]
+	c.storeReads += uint64(len(queries))
+	if err := e.store.Lookup(queries, hits); err != nil {
+		// Give every acquired claim back: nothing was decided.
+		clear(found)
+		e.mem.Settle(cfps, ctokens, found, expires, digests, true)
+		return fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	for q, j := range qidx {
+		i := cand[j]
+		h := hits[q]
+		if !h.Found {
+			out[i].Outcome = New
+			if warm {
+				c.bloomFalsePositives++
+			}
+			continue
+		}
+		c.storeHits++
+		found[j] = true
+		expires[j] = e.parts.Expiry(h.Partition)
+		digests[j] = Digest(h.Value.Digest).short()
+		out[i].Outcome = Duplicate
+		if d := out[i].digest; d != (Digest{}) && h.Value.Digest != (pebble.Digest{}) && pebble.Digest(d) != h.Value.Digest {
+			out[i].Outcome = Conflict
+		}
+	}
+	// Found keys become committed entries in memory; the rest stay claimed.
+	e.mem.Settle(cfps, ctokens, found, expires, digests, false)
+	return nil
+}
+
+// owned gathers the New claims of a batch into b.cand, b.cfps and b.ctokens.
+func (b *batch) owned(claims []Claim) {
+	cand := b.cand[:0]
+	for i := range claims {
+		if claims[i].Outcome == New {
+			b.cfps[len(cand)], b.ctokens[len(cand)] = claims[i].fp, claims[i].token
+			cand = append(cand, i)
+		}
+	}
+	b.cand = cand
+}
+
+func (e *Engine) commit(ctx context.Context, claims []Claim, errs []error) error {
+	if errs != nil && len(errs) != len(claims) {
+		return fmt.Errorf("%w: %d claims, %d errors", ErrBatch, len(claims), len(errs))
+	}
+	clear(errs)
+	if err := e.enter(ctx); err != nil {
+		return err
+	}
+	defer e.leave()
+	now, err := e.now()
+	if err != nil {
+		return err
+	}
+	b := e.getBatch(len(claims))
+	defer e.putBatch(b)
+	b.owned(claims)
+	m := len(b.cand)
+	if m == 0 {
+		return nil
+	}
+	cfps, ctokens, st := b.cfps[:m], b.ctokens[:m], b.st[:m]
+	e.mem.Begin(cfps, ctokens, now, st)
+
+	// Compact the batch to the claims that still own their keys.
+	lost := 0
+	k := 0
+	for j := range m {
+		i := b.cand[j]
+		if st[j] != memory.OK {
+			lost++
+			if errs != nil {
+				errs[i] = ErrLeaseLost
+			}
+			continue
+		}
+		cfps[k], ctokens[k], b.cand[k] = cfps[j], ctokens[j], i
+		b.digests[k] = claims[i].digest.short()
+		k++
+	}
+	ok := b.ok[:k]
+	for j := range ok {
+		ok[j] = true
+	}
+	if k > 0 {
+		part := e.parts.Of(now)
+		if e.bloom != nil {
+			// Before the durable write: the filters must have seen every key
+			// the store holds.
+			e.bloom.Add(cfps[:k], part)
+		}
+		if e.store != nil {
+			recs := b.recs[:k]
+			for j := range recs {
+				c := &claims[b.cand[j]]
+				recs[j] = pebble.Record{Partition: part, NS: c.ns.name, Key: c.Key,
+					Value: pebble.Value{State: pebble.StateCommitted, At: now, Digest: pebble.Digest(c.digest)}}
+			}
+			if err := e.store.Write(recs); err != nil {
+				clear(ok)
+				e.mem.Finish(cfps[:k], ctokens[:k], ok, 0, b.digests[:k])
+				clear(recs)
+				e.stats.errors.Add(1)
+				err = fmt.Errorf("%w: %w", ErrStorage, err)
+				for j := range k {
+					if errs != nil {
+						errs[b.cand[j]] = err
+					}
+				}
+				return err
+			}
+			clear(recs) // drop references to the caller's keys
+		}
+		e.mem.Finish(cfps[:k], ctokens[:k], ok, now+e.window, b.digests[:k])
+	}
+	e.stats.commits.Add(uint64(k))
+	if lost > 0 {
+		e.stats.leaseLost.Add(uint64(lost))
+		return fmt.Errorf("%w: %d of %d claims", ErrLeaseLost, lost, m)
+	}
+	return nil
+}
+
+func (e *Engine) release(ctx context.Context, claims []Claim, errs []error) error {
+	if errs != nil && len(errs) != len(claims) {
+		return fmt.Errorf("%w: %d claims, %d errors", ErrBatch, len(claims), len(errs))
+	}
+	clear(errs)
+	// Release does not need a working store, so it is allowed after a
+	// storage failure: it only frees memory claims.
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	e.life.RLock()
+	defer e.life.RUnlock()
+	if e.life.closed {
+		return ErrClosed
+	}
+	now, _ := e.nowNoRotate()
+	b := e.getBatch(len(claims))
+	defer e.putBatch(b)
+	b.owned(claims)
+	m := len(b.cand)
+	if m == 0 {
+		return nil
+	}
+	st := b.st[:m]
+	e.mem.Release(b.cfps[:m], b.ctokens[:m], now, st)
+	lost := 0
+	for j, s := range st {
+		if s != memory.OK {
+			lost++
+			if errs != nil {
+				errs[b.cand[j]] = ErrLeaseLost
+			}
+		}
+	}
+	e.stats.releases.Add(uint64(m - lost))
+	if lost > 0 {
+		e.stats.leaseLost.Add(uint64(lost))
+		return fmt.Errorf("%w: %d of %d claims", ErrLeaseLost, lost, m)
+	}
+	return nil
+}
+
+// nowNoRotate is now without rotation, for calls that write nothing.
+func (e *Engine) nowNoRotate() (int64, error) {
+	t := e.clock.Now().UnixNano()
+	return max(t, e.highWater.Load()), nil
+}

@@ -1,0 +1,206 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"log"
+	"math"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/tierdedup/tierdedup/shard"
+	"github.com/tierdedup/tierdedup/tier"
+	"github.com/tierdedup/tierdedup/tier/bloom"
+)
+
+// Tiers selects which tiers an Engine stacks.
+type Tiers uint8
+
+// Configurations. Their guarantees are in the README's table.
+const (
+	// Default is memory + bloom + Pebble: exact, durable, one process per
+	// directory.
+	Default Tiers = iota
+	// MemoryOnly keeps claims and recent commits in memory: never drops a
+	// new message, lets duplicates through after eviction or restart.
+	MemoryOnly
+	// BloomOnly answers from Bloom filters: never lets a duplicate through
+	// inside the window, drops new messages at the false-positive rate.
+	// With Dir set, the filters survive a clean restart through a snapshot.
+	BloomOnly
+)
+
+func (t Tiers) String() string {
+	switch t {
+	case Default:
+		return "memory+bloom+pebble"
+	case MemoryOnly:
+		return "memory"
+	case BloomOnly:
+		return "bloom"
+	}
+	return fmt.Sprintf("Tiers(%d)", uint8(t))
+}
+
+// Clock tells the time. Tests inject one; nil means the system clock.
+type Clock interface {
+	Now() time.Time
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// Defaults for Options fields left zero.
+const (
+	DefaultWindow    = 7 * 24 * time.Hour
+	DefaultPartition = 24 * time.Hour
+	// DefaultLease is how long a claim excludes other workers: long enough
+	// for a handler with a few retries, short enough that a crashed
+	// worker's messages are redelivered within a minute.
+	DefaultLease = 30 * time.Second
+	// DefaultMaxKeySize covers UUIDs, numeric IDs and business keys with
+	// room to spare; longer keys are usually a bug upstream.
+	DefaultMaxKeySize = 1024
+	// MaxKeySize is the largest MaxKeySize accepted.
+	MaxKeySize = 64 << 10
+	// MaxNamespace is the longest namespace name, in bytes.
+	MaxNamespace = 255
+)
+
+// Options configure an Engine. The zero value of every field is a
+// documented default; Validate reports every invalid field at once.
+type Options struct {
+	// Tiers is the configuration; the zero value is Default.
+	Tiers Tiers
+	// Dir is the Pebble directory (Default, required) or the directory of
+	// the Bloom snapshot (BloomOnly, optional). MemoryOnly rejects it.
+	Dir string
+	// FS is the filesystem under Dir; nil means the operating system's.
+	FS vfs.FS
+	// NoSync makes Commit return once the WAL write reaches the operating
+	// system, without fsync: safe against process crashes, not against
+	// machine crashes. The zero value syncs (group-committed).
+	NoSync bool
+	// Window is how long a committed key stays a duplicate, at least; keys
+	// are kept for up to Window + Partition. Zero means DefaultWindow.
+	Window time.Duration
+	// Partition is the retention granule: expiry drops one partition at a
+	// time, and each partition has its own Bloom filter. Zero means
+	// DefaultPartition; Window/Partition must not exceed 63.
+	Partition time.Duration
+	// Lease is how long a claim excludes other workers. It must be shorter
+	// than Window. Zero means DefaultLease.
+	Lease time.Duration
+	// MemoryCapacity is the number of committed keys cached in memory.
+	// Zero means 1<<20 (≈ 58 MiB). Claims in flight are not counted.
+	MemoryCapacity int
+	// Stripes is the number of lock stripes, a power of two. Zero means 256.
+	Stripes int
+	// ExpectedKeys is the number of keys one partition is sized for in the
+	// Bloom filters. Zero means 10M.
+	ExpectedKeys int
+	// FalsePositive is the Bloom false-positive target over the whole
+	// window, in (0, 1). Zero means 0.01. In Default it costs a disk read;
+	// in BloomOnly it is the rate of wrongly dropped messages.
+	FalsePositive float64
+	// MaxKeySize is the longest key accepted, in bytes, at most MaxKeySize.
+	// Zero means DefaultMaxKeySize.
+	MaxKeySize int
+	// Clock tells the time; nil means the system clock.
+	Clock Clock
+	// Logger receives storage error logs; nil means the standard logger.
+	Logger *log.Logger
+}
+
+// Validate reports every invalid field at once; each error matches
+// ErrOptions.
+func (o *Options) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrOptions}, args...)...))
+	}
+	switch o.Tiers {
+	case Default:
+		if o.Dir == "" {
+			bad("Dir is required for %v", o.Tiers)
+		}
+	case MemoryOnly:
+		if o.Dir != "" {
+			bad("Dir %q is not used by %v", o.Dir, o.Tiers)
+		}
+	case BloomOnly:
+	default:
+		bad("Tiers %d is not a configuration", o.Tiers)
+	}
+	if o.Window < 0 {
+		bad("Window %v is negative", o.Window)
+	}
+	if o.Partition < 0 {
+		bad("Partition %v is negative", o.Partition)
+	}
+	if o.Lease < 0 {
+		bad("Lease %v is negative", o.Lease)
+	}
+	window, partition, lease := o.withDefaults()
+	if window > 0 && partition > 0 {
+		if _, err := tier.NewPartitions(window, partition); err != nil {
+			bad("Window %v / Partition %v: %v", window, partition, err)
+		}
+	}
+	if lease > 0 && window > 0 && lease >= window {
+		bad("Lease %v must be shorter than Window %v", lease, window)
+	}
+	if o.MemoryCapacity < 0 {
+		bad("MemoryCapacity %d is negative", o.MemoryCapacity)
+	}
+	if s := o.Stripes; s < 0 || s > shard.MaxStripes || (s != 0 && s&(s-1) != 0) {
+		bad("Stripes %d is not a power of two in [1, %d]", s, shard.MaxStripes)
+	}
+	if o.ExpectedKeys < 0 {
+		bad("ExpectedKeys %d is negative", o.ExpectedKeys)
+	}
+	if fp := o.FalsePositive; fp != 0 && (!(fp > 0 && fp < 1) || math.IsNaN(fp)) {
+		bad("FalsePositive %v is outside (0, 1)", fp)
+	} else if fp != 0 {
+		if _, k := bloomK(fp, window, partition); k > bloom.MaxK {
+			bad("FalsePositive %v needs %d hashes per key, max %d", fp, k, bloom.MaxK)
+		}
+	}
+	if o.MaxKeySize < 0 || o.MaxKeySize > MaxKeySize {
+		bad("MaxKeySize %d is outside [1, %d]", o.MaxKeySize, MaxKeySize)
+	}
+	return errors.Join(errs...)
+}
+
+func (o *Options) withDefaults() (window, partition, lease time.Duration) {
+	window, partition, lease = o.Window, o.Partition, o.Lease
+	if window == 0 {
+		window = DefaultWindow
+	}
+	if partition == 0 {
+		partition = DefaultPartition
+	}
+	if lease == 0 {
+		lease = DefaultLease
+	}
+	return window, partition, lease
+}
+
+func (o *Options) expectedKeys() int {
+	if o.ExpectedKeys == 0 {
+		return bloom.DefaultExpectedKeys
+	}
+	return o.ExpectedKeys
+}
+
+// bloomK returns the per-filter rate and hash count the options imply.
+func bloomK(fp float64, window, partition time.Duration) (float64, int) {
+	parts, err := tier.NewPartitions(window, partition)
+	if err != nil {
+		return 0, 0
+	}
+	per := bloom.PerFilter(fp, parts.Live)
+	return per, int(math.Ceil(math.Log(1/per) / math.Ln2))
+}

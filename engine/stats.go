@@ -1,0 +1,144 @@
+package engine
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// Stats is a snapshot of an Engine's counters since Open.
+type Stats struct {
+	// Tiers is the configuration.
+	Tiers Tiers
+	// BloomMode is "warm" (a "no" skips the disk), "rebuilding" (every
+	// check reads Pebble while the filters refill) or "cold" (rebuild
+	// failed: every check reads Pebble), or "" without filters.
+	BloomMode string
+
+	Claims, New, Duplicates, InFlight, Conflicts uint64
+	Commits, Releases                            uint64
+	// LeaseExpiries counts claims taken over after their lease ended;
+	// LeaseLost counts Commit and Release calls refused for that reason.
+	LeaseExpiries, LeaseLost uint64
+	// Errors counts calls that failed in a tier.
+	Errors uint64
+
+	// MemoryHits counts keys answered from memory as committed;
+	// MemoryMisses, keys that memory did not know.
+	MemoryHits, MemoryMisses uint64
+	// MemoryClaims and MemoryEntries are the claims in flight and the
+	// committed keys cached now.
+	MemoryClaims, MemoryEntries int
+
+	// BloomNegatives counts keys the filters proved new (no disk read).
+	// BloomFalsePositives counts filter "maybe" answers that Pebble
+	// overturned: the measured false positives.
+	BloomNegatives, BloomFalsePositives uint64
+	// BloomBytes is the memory of the filters; BloomTargetFP the configured
+	// whole-window rate and BloomEstimatedFP the rate at the current fill.
+	BloomBytes                         int64
+	BloomTargetFP, BloomEstimatedFP    float64
+	BloomRebuiltKeys, PartitionDropped uint64
+
+	// StoreReads counts keys looked up in Pebble; StoreHits, those found.
+	StoreReads, StoreHits uint64
+	// DiskBytes is Pebble's size on disk, WAL included.
+	DiskBytes uint64
+
+	// Window is the retention window; Coverage how much of it the engine
+	// holds: since the store was created (Default) or the engine opened.
+	Window, Coverage time.Duration
+}
+
+// counters are the engine's live counters, added once per batch.
+type counters struct {
+	claims, fresh, dups, inflight, conflicts atomic.Uint64
+	commits, releases                        atomic.Uint64
+	leaseExpiries, leaseLost, errors         atomic.Uint64
+	memHits, memMisses                       atomic.Uint64
+	bloomNegatives, bloomFalsePositives      atomic.Uint64
+	storeReads, storeHits                    atomic.Uint64
+	rebuilt, partitionsDropped               atomic.Uint64
+}
+
+// tally counts one call's events before they are added to the counters.
+type tally struct {
+	claims, fresh, dups, inflight, conflicts uint64
+	leaseExpiries, errors                    uint64
+	memHits, memMisses                       uint64
+	bloomNegatives, bloomFalsePositives      uint64
+	storeReads, storeHits                    uint64
+}
+
+func (t *tally) count(o Outcome) {
+	switch o {
+	case New:
+		t.fresh++
+	case Duplicate:
+		t.dups++
+	case InFlight:
+		t.inflight++
+	case Conflict:
+		t.conflicts++
+	}
+}
+
+func (c *counters) add(t *tally) {
+	for _, p := range [...]struct {
+		dst *atomic.Uint64
+		n   uint64
+	}{
+		{&c.claims, t.claims}, {&c.fresh, t.fresh}, {&c.dups, t.dups}, {&c.inflight, t.inflight},
+		{&c.conflicts, t.conflicts}, {&c.leaseExpiries, t.leaseExpiries}, {&c.errors, t.errors},
+		{&c.memHits, t.memHits}, {&c.memMisses, t.memMisses}, {&c.bloomNegatives, t.bloomNegatives},
+		{&c.bloomFalsePositives, t.bloomFalsePositives}, {&c.storeReads, t.storeReads}, {&c.storeHits, t.storeHits},
+	} {
+		if p.n != 0 {
+			p.dst.Add(p.n)
+		}
+	}
+}
+
+// Stats returns the current counters.
+func (e *Engine) Stats() Stats {
+	c := &e.stats
+	s := Stats{
+		Tiers:  e.tiers,
+		Claims: c.claims.Load(), New: c.fresh.Load(), Duplicates: c.dups.Load(),
+		InFlight: c.inflight.Load(), Conflicts: c.conflicts.Load(),
+		Commits: c.commits.Load(), Releases: c.releases.Load(),
+		LeaseExpiries: c.leaseExpiries.Load(), LeaseLost: c.leaseLost.Load(), Errors: c.errors.Load(),
+		MemoryHits: c.memHits.Load(), MemoryMisses: c.memMisses.Load(),
+		BloomNegatives: c.bloomNegatives.Load(), BloomFalsePositives: c.bloomFalsePositives.Load(),
+		BloomRebuiltKeys: c.rebuilt.Load(), PartitionDropped: c.partitionsDropped.Load(),
+		StoreReads: c.storeReads.Load(), StoreHits: c.storeHits.Load(),
+		Window: time.Duration(e.window),
+	}
+	s.MemoryClaims, s.MemoryEntries = e.mem.Len()
+	if e.bloom != nil {
+		switch {
+		case e.warm.Load():
+			s.BloomMode = "warm"
+		case e.rebuilding.Load():
+			s.BloomMode = "rebuilding"
+		default:
+			s.BloomMode = "cold"
+		}
+		s.BloomBytes = e.bloom.Bytes()
+		_, _, per := e.bloom.Params()
+		s.BloomTargetFP = 1 - pow(1-per, e.parts.Live)
+		s.BloomEstimatedFP = e.bloom.EstimatedFalsePositive()
+	}
+	if e.store != nil {
+		s.DiskBytes = e.store.DiskUsage()
+	}
+	s.Coverage = min(time.Duration(e.highWater.Load()-e.openedAt), s.Window)
+	return s
+}
+
+func pow(x float64, n int) float64 {
+	r := 1.0
+	for range n {
+		r *= x
+	}
+	return r
+}
