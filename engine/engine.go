@@ -256,6 +256,15 @@ func (e *Engine) Close() error {
 	e.workers.Wait()
 	var errs []error
 	healthy := e.store == nil || e.store.Broken() == nil
+	if e.store != nil && healthy {
+		// Persist the high-water clock, so time does not run back across a
+		// clean restart.
+		hw := e.highWater.Load()
+		if err := e.store.Drop(e.parts.Oldest(e.current.Load()), hw); err != nil {
+			errs = append(errs, fmt.Errorf("%w: %w", ErrStorage, err))
+			healthy = false
+		}
+	}
 	if e.snapshots != nil && e.warm.Load() && healthy {
 		if err := e.snapshots.save(e.bloom); err != nil {
 			errs = append(errs, fmt.Errorf("tierdedup: saving bloom snapshot: %w", err))

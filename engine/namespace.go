@@ -122,6 +122,9 @@ func (n *Namespace) MarkBatch(ctx context.Context, keys [][]byte, digests []Dige
 			for j := range i {
 				if claims[j].Outcome == New && claims[j].fp == claims[i].fp {
 					out[i] = Duplicate
+					if conflicts(claims[i].digest, claims[j].digest.short()) {
+						out[i] = Conflict
+					}
 					break
 				}
 			}
@@ -270,6 +273,9 @@ func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digest
 			e.stats.add(&c)
 			return err
 		}
+		if len(cand) < n {
+			repeatsFollow(b, out)
+		}
 	}
 	for i := range out {
 		c.count(out[i].Outcome)
@@ -277,6 +283,34 @@ func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digest
 	c.claims = uint64(n)
 	e.stats.add(&c)
 	return nil
+}
+
+// repeatsFollow gives a key repeated in a batch the answer its first
+// occurrence got from a slower tier: while that occurrence was being decided
+// memory held its claim, so the repeats saw InFlight. A first occurrence
+// that turned out New keeps its repeats InFlight: it holds the claim.
+func repeatsFollow(b *batch, out []Claim) {
+	for i := range out {
+		if out[i].Outcome != InFlight || b.res[i].Status != memory.Held {
+			continue
+		}
+		for j, first := range b.cand {
+			if first >= i {
+				break
+			}
+			if out[first].fp != out[i].fp {
+				continue
+			}
+			switch out[first].Outcome {
+			case Duplicate, Conflict:
+				out[i].Outcome = Duplicate
+				if conflicts(out[i].digest, b.digests[j]) {
+					out[i].Outcome = Conflict
+				}
+			}
+			break
+		}
+	}
 }
 
 // resolve decides the keys that memory acquired (b.cand) from the slower
@@ -308,6 +342,7 @@ func (e *Engine) resolve(b *batch, ns *Namespace, out []Claim, c *tally) error {
 	}
 	found, expires, digests := b.found[:len(cand)], b.expires[:len(cand)], b.digests[:len(cand)]
 	clear(found)
+	clear(digests)
 
 	if e.tiers == BloomOnly {
 		// The filter is the only source: a maybe is answered Duplicate, at
@@ -320,7 +355,9 @@ func (e *Engine) resolve(b *batch, ns *Namespace, out []Claim, c *tally) error {
 				out[i].Outcome = New
 			}
 		}
-		e.mem.Settle(cfps, ctokens, found, expires, digests, true)
+		// Found claims become committed entries, which a claims-only
+		// table drops: the duplicates give their claims back.
+		e.mem.Settle(cfps, ctokens, found, expires, digests, false)
 		return nil
 	}
 
@@ -374,13 +411,21 @@ func (e *Engine) resolve(b *batch, ns *Namespace, out []Claim, c *tally) error {
 }
 
 // owned gathers the New claims of a batch into b.cand, b.cfps and b.ctokens.
-func (b *batch) owned(claims []Claim) {
+// A claim made by another Engine (one closed since, or another process's)
+// gets token 0, which is never issued, so memory reports it lost.
+func (b *batch) owned(e *Engine, claims []Claim) {
 	cand := b.cand[:0]
 	for i := range claims {
-		if claims[i].Outcome == New {
-			b.cfps[len(cand)], b.ctokens[len(cand)] = claims[i].fp, claims[i].token
-			cand = append(cand, i)
+		c := &claims[i]
+		if c.Outcome != New {
+			continue
 		}
+		token := c.token
+		if c.ns == nil || c.ns.e != e {
+			token = 0
+		}
+		b.cfps[len(cand)], b.ctokens[len(cand)] = c.fp, token
+		cand = append(cand, i)
 	}
 	b.cand = cand
 }
@@ -400,7 +445,7 @@ func (e *Engine) commit(ctx context.Context, claims []Claim, errs []error) error
 	}
 	b := e.getBatch(len(claims))
 	defer e.putBatch(b)
-	b.owned(claims)
+	b.owned(e, claims)
 	m := len(b.cand)
 	if m == 0 {
 		return nil
@@ -485,7 +530,7 @@ func (e *Engine) release(ctx context.Context, claims []Claim, errs []error) erro
 	now, _ := e.nowNoRotate()
 	b := e.getBatch(len(claims))
 	defer e.putBatch(b)
-	b.owned(claims)
+	b.owned(e, claims)
 	m := len(b.cand)
 	if m == 0 {
 		return nil

@@ -44,7 +44,10 @@ func (f *Filters) WriteSnapshot(w io.Writer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	crc := crc32.New(castagnoli)
-	bw := bufio.NewWriterSize(io.MultiWriter(w, crc), 1<<16)
+	// The checksum sees each buffer before w does: a writer may reuse or
+	// scribble on a buffer once Write returns (Pebble's MemFS does so in
+	// race builds, to catch callers that rely on it).
+	bw := bufio.NewWriterSize(io.MultiWriter(crc, w), 1<<16)
 	var live []*filter
 	for _, fl := range f.mu.ring {
 		if fl != nil {

@@ -1,0 +1,98 @@
+package memory
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/tierdedup/tierdedup/shard"
+)
+
+// check verifies a stripe's structure: every indexed entry is reachable by
+// its fingerprint, free entries are not indexed, the LRU holds exactly the
+// committed entries, and the counters agree.
+func (s *stripe) check(t *testing.T) {
+	t.Helper()
+	indexed := map[uint32]bool{}
+	nClaims, nCommitted := 0, 0
+	for _, idx := range s.slots {
+		if idx == 0 {
+			continue
+		}
+		if indexed[idx] {
+			t.Fatalf("entry %d indexed twice", idx)
+		}
+		indexed[idx] = true
+		e := s.entries[idx]
+		if _, got := s.findLocked(e.fp); got != idx {
+			t.Fatalf("entry %d unreachable: find returns %d", idx, got)
+		}
+		switch e.state {
+		case claimed, committing:
+			nClaims++
+		case committed:
+			nCommitted++
+		default:
+			t.Fatalf("indexed entry %d is free", idx)
+		}
+	}
+	for idx := s.freeList; idx != 0; idx = s.entries[idx].next {
+		if indexed[idx] {
+			t.Fatalf("entry %d is both free and indexed", idx)
+		}
+	}
+	n := 0
+	for idx := s.entries[0].next; idx != 0; idx = s.entries[idx].next {
+		if s.entries[idx].state != committed {
+			t.Fatalf("LRU holds entry %d in state %d", idx, s.entries[idx].state)
+		}
+		n++
+	}
+	if nClaims != s.claims || nCommitted != s.committed || n != nCommitted {
+		t.Fatalf("counts: claims %d/%d committed %d/%d lru %d", nClaims, s.claims, nCommitted, s.committed, n)
+	}
+}
+
+// TestStructureUnderEveryOperation runs every operation, Settle and Put
+// included, on one small stripe, so that probing, backward-shift deletion,
+// growth, eviction and free-list reuse interleave, and checks the structure
+// after each step.
+func TestStructureUnderEveryOperation(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	tb := newTable(t, &Options{Capacity: 24, Stripes: 1})
+	s := &tb.stripes[0]
+	var now int64
+	tokens := map[int]uint64{}
+	one1 := func(i int) ([]shard.Fingerprint, []uint64) {
+		return []shard.Fingerprint{fp(i)}, []uint64{tokens[i]}
+	}
+	for op := range 100_000 {
+		k := rng.IntN(60)
+		now += int64(rng.IntN(3))
+		f, tok := one1(k)
+		switch rng.IntN(7) {
+		case 0:
+			tokens[k] = uint64(op + 1)
+			f, tok = one1(k)
+			tb.Acquire(f, tok, now, now+20, make([]Result, 1))
+		case 1:
+			tb.Begin(f, tok, now, make([]Status, 1))
+		case 2:
+			tb.Finish(f, tok, []bool{rng.IntN(2) == 0}, now+100, []uint64{1})
+		case 3:
+			tb.Release(f, tok, now, make([]Status, 1))
+		case 4:
+			tb.Settle(f, tok, []bool{rng.IntN(2) == 0}, []int64{now + 50}, []uint64{2}, rng.IntN(2) == 0)
+		case 5:
+			tb.Put(f, []int64{now + 80}, []uint64{3})
+		case 6:
+			tokens[k] = uint64(op + 1)
+			f, tok = one1(k)
+			tb.Acquire(f, tok, now, now+20, make([]Result, 1))
+			tb.Begin(f, tok, now, make([]Status, 1))
+			tb.Finish(f, tok, []bool{true}, now+100, []uint64{4})
+		}
+		s.mu.Lock()
+		s.check(t)
+		s.mu.Unlock()
+	}
+}
