@@ -285,6 +285,13 @@ func (e *Engine) Close() error {
 func (e *Engine) rebuild(ctx context.Context) {
 	defer e.workers.Done()
 	defer e.rebuilding.Store(false)
+	if gate := rebuildGate; gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return
+		}
+	}
 	const chunk = 256
 	fps := make([]shard.Fingerprint, 0, chunk)
 	var part int64 = -1 << 63
@@ -312,5 +319,8 @@ func (e *Engine) rebuild(ctx context.Context) {
 	}
 	e.warm.Store(true)
 }
+
+// rebuildGate, when set by tests, holds rebuilds back until it is closed.
+var rebuildGate chan struct{}
 
 func isNotExist(err error) bool { return errors.Is(err, errNoSnapshot) }
