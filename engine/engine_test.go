@@ -32,9 +32,9 @@ func TestOptionsValidateReportsEveryField(t *testing.T) {
 		}
 	}
 	bad := []engine.Options{
-		{},                                    // Default needs Dir
-		{Tiers: engine.MemoryOnly, Dir: "x"},  // memory-only has no Dir
-		{Tiers: engine.MemoryOnly, Window: time.Hour, Lease: time.Hour}, // lease ≥ window
+		{},                                   // Default needs Dir
+		{Tiers: engine.MemoryOnly, Dir: "x"}, // memory-only has no Dir
+		{Tiers: engine.MemoryOnly, Window: time.Hour, Lease: time.Hour},           // lease ≥ window
 		{Tiers: engine.MemoryOnly, Window: 100 * time.Hour, Partition: time.Hour}, // too many partitions
 		{Tiers: engine.BloomOnly, FalsePositive: 1e-12},                           // too many hashes
 		{Tiers: engine.MemoryOnly, MaxKeySize: engine.MaxKeySize + 1},

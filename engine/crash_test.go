@@ -1,0 +1,149 @@
+package engine_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tierdedup/tierdedup/engine"
+)
+
+// The crash test runs the engine in a child process (this test binary,
+// re-executed) that claims and commits batches on a real directory and
+// reports every New answer and every acknowledged commit on stdout. The
+// parent SIGKILLs it at a random moment, several rounds over the same
+// directory, then checks: every acknowledged key is a Duplicate after
+// reopening, and no key was ever answered New after its commit was
+// acknowledged.
+
+const crashChildEnv = "TIERDEDUP_CRASH_CHILD"
+
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(crashChildEnv); spec != "" {
+		os.Exit(crashChild(spec))
+	}
+	os.Exit(m.Run())
+}
+
+// crashChild runs round r over dir until killed: each batch mixes fresh keys
+// with keys of earlier rounds, acknowledged or not.
+func crashChild(spec string) int {
+	dir, round, _ := strings.Cut(spec, "|")
+	r, _ := strconv.Atoi(round)
+	e, err := engine.Open(&engine.Options{Dir: dir, ExpectedKeys: 100_000})
+	if err != nil {
+		fmt.Println("ERR", err)
+		return 1
+	}
+	out := bufio.NewWriter(os.Stdout)
+	rng := rand.New(rand.NewPCG(uint64(r), 7))
+	ctx := context.Background()
+	for i := 0; ; i++ {
+		n := 1 + rng.IntN(64)
+		keys := make([][]byte, n)
+		for j := range keys {
+			if r > 0 && rng.IntN(3) == 0 {
+				keys[j] = fmt.Appendf(nil, "r%d-%d", rng.IntN(r), rng.IntN(2000))
+			} else {
+				keys[j] = fmt.Appendf(nil, "r%d-%d", r, i*64+j)
+			}
+		}
+		claims := make([]engine.Claim, n)
+		if err := e.ClaimBatch(ctx, keys, nil, claims); err != nil {
+			fmt.Fprintln(out, "ERR", err)
+			out.Flush()
+			return 1
+		}
+		for _, c := range claims {
+			if c.Outcome == engine.New {
+				fmt.Fprintln(out, "N", string(c.Key))
+			}
+		}
+		out.Flush()
+		if err := e.CommitBatch(ctx, claims, nil); err != nil {
+			fmt.Fprintln(out, "ERR", err)
+			out.Flush()
+			return 1
+		}
+		for _, c := range claims {
+			if c.Outcome == engine.New {
+				fmt.Fprintln(out, "A", string(c.Key))
+			}
+		}
+		out.Flush()
+	}
+}
+
+func TestCrashRecovery(t *testing.T) {
+	dir := t.TempDir()
+	acked := map[string]bool{}
+	rng := rand.New(rand.NewPCG(42, 1))
+	const rounds = 6
+	for r := range rounds {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), crashChildEnv+"="+dir+"|"+strconv.Itoa(r))
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		kill := time.Duration(200+rng.IntN(600)) * time.Millisecond
+		timer := time.AfterFunc(kill, func() { _ = cmd.Process.Signal(syscall.SIGKILL) })
+		news, acks := 0, 0
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			kind, key, ok := strings.Cut(sc.Text(), " ")
+			if !ok {
+				continue // a line cut by the kill
+			}
+			switch kind {
+			case "N":
+				news++
+				if acked[key] {
+					t.Fatalf("round %d: key %s answered New after its commit was acknowledged", r, key)
+				}
+			case "A":
+				acks++
+				acked[key] = true
+			case "ERR":
+				t.Fatalf("round %d: child failed: %s", r, key)
+			}
+		}
+		timer.Stop()
+		_ = cmd.Wait()
+		t.Logf("round %d: killed after %v, %d New, %d acknowledged", r, kill, news, acks)
+		if acks == 0 {
+			t.Fatalf("round %d acknowledged nothing before the kill", r)
+		}
+	}
+	e := open(t, engine.Options{Dir: dir, ExpectedKeys: 100_000})
+	defer e.Close()
+	keys := make([][]byte, 0, len(acked))
+	for k := range acked {
+		keys = append(keys, []byte(k))
+	}
+	for i := 0; i < len(keys); i += 256 {
+		batch := keys[i:min(i+256, len(keys))]
+		out := make([]engine.Claim, len(batch))
+		if err := e.ClaimBatch(context.Background(), batch, nil, out); err != nil {
+			t.Fatal(err)
+		}
+		for j, c := range out {
+			if c.Outcome != engine.Duplicate {
+				t.Fatalf("acknowledged key %s is %v after the crashes", batch[j], c.Outcome)
+			}
+		}
+	}
+	t.Logf("%d acknowledged keys all Duplicate after %d kills", len(acked), rounds)
+}
