@@ -1,0 +1,222 @@
+package bench_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2"
+	lru "github.com/hashicorp/golang-lru/v2"
+
+	"github.com/tierdedup/tierdedup/bench"
+	"github.com/tierdedup/tierdedup/engine"
+)
+
+// The benchmarks push one key stream (36-byte UUIDv4 strings, 90 % new, 10 %
+// duplicates of the last 1000 keys, generated before the timer) through each
+// engine configuration and, in the same run, through the naive structures
+// they replace. Every sub-benchmark reports keys/s; compare them with
+// benchstat, slicing on tier= and batch=.
+//
+//	go test -run '^$' -bench . -cpu 1,2 ./bench/
+
+var (
+	streamMu sync.Mutex
+	stream   *bench.Workload
+)
+
+// keys returns the first n keys of the shared stream, generating it once.
+func keys(b *testing.B, n int) [][]byte {
+	streamMu.Lock()
+	defer streamMu.Unlock()
+	if stream == nil || len(stream.Keys) < n {
+		b.StopTimer()
+		w, err := bench.Generate(bench.WorkloadConfig{Keys: max(n, 1<<16), DupRatio: 0.1, DupDistance: 1000, Seed: 1})
+		if err != nil {
+			b.Fatal(err)
+		}
+		stream = w
+		b.StartTimer()
+	}
+	return stream.Keys[:n]
+}
+
+// deduper is what a benchmark drives: mark a batch of keys, one outcome each.
+type deduper interface {
+	mark(keys [][]byte, out []engine.Outcome) error
+	close()
+}
+
+type target struct {
+	name string
+	open func(b *testing.B) deduper
+}
+
+var quiet = log.New(io.Discard, "", 0)
+
+func engineTarget(name string, o engine.Options) target {
+	return target{name, func(b *testing.B) deduper {
+		o := o
+		o.Logger = quiet
+		if o.Tiers == engine.Default {
+			o.Dir = b.TempDir()
+		}
+		e, err := engine.Open(&o)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return engineDeduper{e}
+	}}
+}
+
+type engineDeduper struct{ e *engine.Engine }
+
+func (d engineDeduper) mark(keys [][]byte, out []engine.Outcome) error {
+	return d.e.MarkBatch(context.Background(), keys, nil, out)
+}
+func (d engineDeduper) close() { _ = d.e.Close() }
+
+// mapMutex is the simplest exact set: a map under one mutex, never expiring.
+type mapMutex struct {
+	mu sync.Mutex
+	m  map[string]struct{}
+}
+
+func (d *mapMutex) mark(keys [][]byte, out []engine.Outcome) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i, k := range keys {
+		if _, ok := d.m[string(k)]; ok {
+			out[i] = engine.Duplicate
+			continue
+		}
+		d.m[string(k)] = struct{}{}
+		out[i] = engine.New
+	}
+	return nil
+}
+func (d *mapMutex) close() {}
+
+// lruSet is hashicorp/golang-lru/v2 holding as many keys as the memory tier.
+type lruSet struct{ c *lru.Cache[string, struct{}] }
+
+func (d lruSet) mark(keys [][]byte, out []engine.Outcome) error {
+	for i, k := range keys {
+		if ok, _ := d.c.ContainsOrAdd(string(k), struct{}{}); ok {
+			out[i] = engine.Duplicate
+		} else {
+			out[i] = engine.New
+		}
+	}
+	return nil
+}
+func (d lruSet) close() {}
+
+// pebbleGetSet is the durable recipe the default configuration replaces:
+// one Pebble Get per key, a Set for each absent key, one synced batch per
+// call.
+type pebbleGetSet struct{ db *pebble.DB }
+
+func (d pebbleGetSet) mark(keys [][]byte, out []engine.Outcome) error {
+	batch := d.db.NewBatch()
+	defer batch.Close()
+	for i, k := range keys {
+		v, closer, err := d.db.Get(k)
+		switch {
+		case err == nil:
+			_ = v
+			closer.Close()
+			out[i] = engine.Duplicate
+		case errors.Is(err, pebble.ErrNotFound):
+			if err := batch.Set(k, []byte{1}, nil); err != nil {
+				return err
+			}
+			out[i] = engine.New
+		default:
+			return err
+		}
+	}
+	return batch.Commit(pebble.Sync)
+}
+func (d pebbleGetSet) close() { _ = d.db.Close() }
+
+var targets = []target{
+	engineTarget("memory", engine.Options{Tiers: engine.MemoryOnly}),
+	{"baseline-map", func(*testing.B) deduper { return &mapMutex{m: map[string]struct{}{}} }},
+	{"baseline-golang-lru", func(b *testing.B) deduper {
+		c, err := lru.New[string, struct{}](1 << 20)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return lruSet{c}
+	}},
+	engineTarget("bloom", engine.Options{Tiers: engine.BloomOnly}),
+	engineTarget("default", engine.Options{}),
+	{"baseline-pebble-get-set", func(b *testing.B) deduper {
+		db, err := pebble.Open(b.TempDir(), &pebble.Options{Logger: quietPebble{}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return pebbleGetSet{db}
+	}},
+}
+
+type quietPebble struct{}
+
+func (quietPebble) Infof(string, ...any)         {}
+func (quietPebble) Errorf(string, ...any)        {}
+func (quietPebble) Fatalf(f string, args ...any) { panic(fmt.Sprintf(f, args...)) }
+
+func BenchmarkMark(b *testing.B) {
+	for _, batch := range []int{1, 256} {
+		for _, tg := range targets {
+			b.Run(fmt.Sprintf("tier=%s/batch=%d", tg.name, batch), func(b *testing.B) {
+				runMark(b, tg, batch)
+			})
+		}
+	}
+}
+
+func runMark(b *testing.B, tg target, batch int) {
+	stream := keys(b, b.N)
+	d := tg.open(b)
+	defer d.close()
+	var next atomic.Int64
+	var news atomic.Int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		buf := make([][]byte, 0, batch)
+		out := make([]engine.Outcome, batch)
+		var fresh int64
+		flush := func() {
+			if err := d.mark(buf, out[:len(buf)]); err != nil {
+				b.Error(err)
+			}
+			for _, o := range out[:len(buf)] {
+				if o == engine.New {
+					fresh++
+				}
+			}
+			buf = buf[:0]
+		}
+		for pb.Next() {
+			buf = append(buf, stream[next.Add(1)-1])
+			if len(buf) == batch {
+				flush()
+			}
+		}
+		if len(buf) > 0 {
+			flush()
+		}
+		news.Add(fresh)
+	})
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "keys/s")
+	b.ReportMetric(float64(news.Load())/float64(b.N), "new-ratio")
+}
