@@ -485,7 +485,7 @@ func (e *Engine) commit(ctx context.Context, claims []Claim, errs []error) error
 			for j := range recs {
 				c := &claims[b.cand[j]]
 				recs[j] = pebble.Record{Partition: part, NS: c.ns.name, Key: c.Key,
-					Value: pebble.Value{State: pebble.StateCommitted, At: now, Digest: pebble.Digest(c.digest)}}
+					Value: pebble.Value{State: pebble.StateCommitted, Digest: pebble.Digest(c.digest)}}
 			}
 			if err := e.store.Write(recs); err != nil {
 				clear(ok)

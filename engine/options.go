@@ -65,6 +65,9 @@ const (
 	DefaultMaxKeySize = 1024
 	// MaxKeySize is the largest MaxKeySize accepted.
 	MaxKeySize = 64 << 10
+	// MinPartition is the shortest partition: the on-disk layout numbers
+	// partitions in 32 bits from the Unix epoch.
+	MinPartition = time.Second
 	// MaxNamespace is the longest namespace name, in bytes.
 	MaxNamespace = 255
 )
@@ -88,7 +91,8 @@ type Options struct {
 	Window time.Duration
 	// Partition is the retention granule: expiry drops one partition at a
 	// time, and each partition has its own Bloom filter. Zero means
-	// DefaultPartition; Window/Partition must not exceed 63.
+	// DefaultPartition; at least MinPartition; Window/Partition must not
+	// exceed 63.
 	Partition time.Duration
 	// Lease is how long a claim excludes other workers. It must be shorter
 	// than Window. Zero means DefaultLease.
@@ -137,8 +141,8 @@ func (o *Options) Validate() error {
 	if o.Window < 0 {
 		bad("Window %v is negative", o.Window)
 	}
-	if o.Partition < 0 {
-		bad("Partition %v is negative", o.Partition)
+	if o.Partition < 0 || (o.Partition > 0 && o.Partition < MinPartition) {
+		bad("Partition %v is below %v", o.Partition, MinPartition)
 	}
 	if o.Lease < 0 {
 		bad("Lease %v is negative", o.Lease)

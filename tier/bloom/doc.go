@@ -10,9 +10,10 @@
 //
 // # Concurrency
 //
-// Filters is safe for concurrent use. Probes and adds share a read lock and
-// set or test bits with atomic operations; rotation, restore and snapshot
-// take the write lock.
+// Filters is safe for concurrent use. Probes and adds read an immutable ring
+// of filters without locking and test or set bits with atomic operations;
+// rotation, a new partition's filter and restore publish a new ring under a
+// mutex.
 //
 // # Invariants
 //

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -66,7 +67,8 @@ type Probe struct {
 }
 
 // Filters is a ring of per-partition Bloom filters. It is safe for concurrent
-// use.
+// use: probes and adds read the current ring without locking, and writers
+// (rotation, a new partition's filter, restore) publish a new ring.
 type Filters struct {
 	parts  tier.Partitions
 	m      uint64 // bits per filter, a multiple of 64
@@ -74,11 +76,17 @@ type Filters struct {
 	perFP  float64 // per-filter false-positive target
 	expect int
 
-	mu struct {
-		sync.RWMutex
-		newest int64     // newest partition; the ring covers Oldest(newest)..newest
-		ring   []*filter // ring[p mod Live]; nil until first written
-	}
+	mu   sync.Mutex           // serialises writers of cur
+	cur  atomic.Pointer[ring] // read without mu; replaced, never modified, under mu
+	_pad [64]byte             // keep writers' cache line away from readers'
+}
+
+// ring is an immutable view of the live filters. Measured: a RWMutex here
+// cost 7 % of the default configuration's CPU on two cores, its reader count
+// bouncing between them.
+type ring struct {
+	newest  int64     // newest partition; the ring covers Oldest(newest)..newest
+	filters []*filter // filters[slot(p)]; nil until first written
 }
 
 type filter struct {
@@ -110,8 +118,7 @@ func New(opts *Options, newest int64) (*Filters, error) {
 		return nil, fmt.Errorf("%w: FalsePositive %v needs %d hashes per key, max %d", ErrOptions, o.FalsePositive, k, MaxK)
 	}
 	f := &Filters{parts: o.Partitions, m: uint64(m), k: int(k), perFP: per, expect: o.ExpectedKeys}
-	f.mu.newest = newest
-	f.mu.ring = make([]*filter, o.Partitions.Live)
+	f.cur.Store(&ring{newest: newest, filters: make([]*filter, o.Partitions.Live)})
 	return f, nil
 }
 
@@ -127,10 +134,8 @@ func (f *Filters) Params() (m uint64, k int, perFilter float64) { return f.m, f.
 
 // Bytes returns the memory held by the allocated filters.
 func (f *Filters) Bytes() int64 {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
 	var n int64
-	for _, fl := range f.mu.ring {
+	for _, fl := range f.cur.Load().filters {
 		if fl != nil {
 			n += int64(len(fl.words)) * 8
 		}
@@ -139,11 +144,7 @@ func (f *Filters) Bytes() int64 {
 }
 
 // Newest returns the newest partition.
-func (f *Filters) Newest() int64 {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	return f.mu.newest
-}
+func (f *Filters) Newest() int64 { return f.cur.Load().newest }
 
 // Rotate makes p the newest partition, dropping the filters that fall out of
 // the window. A p at or below the newest partition changes nothing, so a
@@ -156,18 +157,20 @@ func (f *Filters) Rotate(p int64) int {
 }
 
 func (f *Filters) rotateLocked(p int64) int {
-	if p <= f.mu.newest {
+	r := f.cur.Load()
+	if p <= r.newest {
 		return 0
 	}
-	f.mu.newest = p
+	next := &ring{newest: p, filters: slices.Clone(r.filters)}
 	oldest := f.parts.Oldest(p)
 	dropped := 0
-	for i, fl := range f.mu.ring {
+	for i, fl := range next.filters {
 		if fl != nil && fl.part < oldest {
-			f.mu.ring[i] = nil
+			next.filters[i] = nil
 			dropped++
 		}
 	}
+	f.cur.Store(next)
 	return dropped
 }
 
@@ -212,15 +215,14 @@ func (fl *filter) add(l *locations) {
 // It does not allocate.
 func (f *Filters) Test(fps []shard.Fingerprint, out []Probe) (oldest int64) {
 	var l locations
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	oldest = f.parts.Oldest(f.mu.newest)
-	live := len(f.mu.ring)
+	r := f.cur.Load()
+	oldest = f.parts.Oldest(r.newest)
+	live := len(r.filters)
 	for i := range fps {
 		f.locate(fps[i], &l)
 		var maybe uint64
 		for j := 0; j < live; j++ {
-			fl := f.mu.ring[f.slot(oldest+int64(j))]
+			fl := r.filters[f.slot(oldest+int64(j))]
 			if fl != nil && fl.part == oldest+int64(j) && fl.test(&l) {
 				maybe |= 1 << j
 			}
@@ -233,19 +235,9 @@ func (f *Filters) Test(fps []shard.Fingerprint, out []Probe) (oldest int64) {
 // Add records keys in partition p. A p older than the window is ignored; a p
 // newer than the newest rotates first.
 func (f *Filters) Add(fps []shard.Fingerprint, p int64) {
-	f.mu.RLock()
-	fl := f.filterRLocked(p)
+	fl := f.cur.Load().filter(f, p)
 	if fl == nil {
-		f.mu.RUnlock()
-		f.mu.Lock()
-		f.rotateLocked(p)
-		if p >= f.parts.Oldest(f.mu.newest) {
-			f.allocLocked(p)
-		}
-		f.mu.Unlock()
-		f.mu.RLock()
-		if fl = f.filterRLocked(p); fl == nil {
-			f.mu.RUnlock()
+		if fl = f.create(p); fl == nil {
 			return
 		}
 	}
@@ -255,17 +247,39 @@ func (f *Filters) Add(fps []shard.Fingerprint, p int64) {
 		fl.add(&l)
 	}
 	fl.adds.Add(int64(len(fps)))
-	f.mu.RUnlock()
 }
 
-func (f *Filters) filterRLocked(p int64) *filter {
-	if p > f.mu.newest || p < f.parts.Oldest(f.mu.newest) {
+// filter returns partition p's filter, or nil if it is not live or not yet
+// allocated.
+func (r *ring) filter(f *Filters, p int64) *filter {
+	if p > r.newest || p < f.parts.Oldest(r.newest) {
 		return nil
 	}
-	fl := f.mu.ring[f.slot(p)]
+	fl := r.filters[f.slot(p)]
 	if fl == nil || fl.part != p {
 		return nil
 	}
+	return fl
+}
+
+// create rotates to p if it is newer and allocates its filter if it is
+// live, publishing a new ring.
+func (f *Filters) create(p int64) *filter {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rotateLocked(p)
+	r := f.cur.Load()
+	if fl := r.filter(f, p); fl != nil {
+		return fl
+	}
+	if p < f.parts.Oldest(r.newest) {
+		return nil
+	}
+	words := make([]uint64, f.m/64)
+	fl := &filter{part: p, bf: bitsbloom.FromWithM(words, uint(f.m), uint(f.k)), words: words}
+	next := &ring{newest: r.newest, filters: slices.Clone(r.filters)}
+	next.filters[f.slot(p)] = fl
+	f.cur.Store(next)
 	return fl
 }
 
@@ -274,33 +288,21 @@ func (f *Filters) slot(p int64) int64 {
 	return (p%live + live) % live
 }
 
-func (f *Filters) allocLocked(p int64) *filter {
-	slot := f.slot(p)
-	if fl := f.mu.ring[slot]; fl != nil && fl.part == p {
-		return fl
-	}
-	words := make([]uint64, f.m/64)
-	fl := &filter{part: p, bf: bitsbloom.FromWithM(words, uint(f.m), uint(f.k)), words: words}
-	f.mu.ring[slot] = fl
-	return fl
-}
-
 // Reset drops every filter; the engine calls it before rebuilding from the
 // durable tier.
 func (f *Filters) Reset() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	clear(f.mu.ring)
+	r := f.cur.Load()
+	f.cur.Store(&ring{newest: r.newest, filters: make([]*filter, len(r.filters))})
 }
 
 // EstimatedFalsePositive returns the theoretical whole-window false-positive
 // rate of the filters as filled now: each filter's (1-e^(-kn/m))^k from the
 // keys added to it, combined over the live filters.
 func (f *Filters) EstimatedFalsePositive() float64 {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
 	none := 1.0
-	for _, fl := range f.mu.ring {
+	for _, fl := range f.cur.Load().filters {
 		if fl == nil {
 			continue
 		}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"sync/atomic"
 
 	bitsbloom "github.com/bits-and-blooms/bloom/v3"
 )
@@ -38,18 +39,20 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 func (f *Filters) recordSize() int64 { return recordHead + int64(f.m/8) }
 
-// WriteSnapshot writes every allocated filter to w. Probes and adds wait
-// while it runs.
+// WriteSnapshot writes every allocated filter to w. Rotation waits while it
+// runs; keys added concurrently may or may not be in the snapshot, so the
+// engine takes it when no more keys can arrive.
 func (f *Filters) WriteSnapshot(w io.Writer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	r := f.cur.Load()
 	crc := crc32.New(castagnoli)
 	// The checksum sees each buffer before w does: a writer may reuse or
 	// scribble on a buffer once Write returns (Pebble's MemFS does so in
 	// race builds, to catch callers that rely on it).
 	bw := bufio.NewWriterSize(io.MultiWriter(crc, w), 1<<16)
 	var live []*filter
-	for _, fl := range f.mu.ring {
+	for _, fl := range r.filters {
 		if fl != nil {
 			live = append(live, fl)
 		}
@@ -62,7 +65,7 @@ func (f *Filters) WriteSnapshot(w io.Writer) error {
 	binary.LittleEndian.PutUint64(h[24:], uint64(f.parts.Length))
 	binary.LittleEndian.PutUint32(h[32:], uint32(f.parts.Live))
 	binary.LittleEndian.PutUint32(h[36:], uint32(len(live)))
-	binary.LittleEndian.PutUint64(h[40:], uint64(f.mu.newest))
+	binary.LittleEndian.PutUint64(h[40:], uint64(r.newest))
 	if _, err := bw.Write(h[:]); err != nil {
 		return err
 	}
@@ -73,7 +76,13 @@ func (f *Filters) WriteSnapshot(w io.Writer) error {
 		if _, err := bw.Write(r[:]); err != nil {
 			return err
 		}
-		if _, err := fl.bf.WriteTo(bw); err != nil {
+		// Adds set bits atomically, so the words are copied with atomic
+		// loads into a bits-and-blooms filter of their own for encoding.
+		words := make([]uint64, len(fl.words))
+		for i := range words {
+			words[i] = atomic.LoadUint64(&fl.words[i])
+		}
+		if _, err := bitsbloom.FromWithM(words, uint(f.m), uint(f.k)).WriteTo(bw); err != nil {
 			return err
 		}
 	}
@@ -124,23 +133,23 @@ func (f *Filters) ReadSnapshot(r io.ReaderAt, size int64) error {
 		return err
 	}
 
-	ring := make([]*filter, f.parts.Live)
+	filters := make([]*filter, f.parts.Live)
 	for i := int64(0); i < int64(count); i++ {
 		off := headerSize + i*f.recordSize()
 		fl, err := f.readRecord(io.NewSectionReader(r, off, f.recordSize()))
 		if err != nil {
 			return err
 		}
-		if fl.part > newest || fl.part < f.parts.Oldest(newest) || ring[f.slot(fl.part)] != nil {
+		if fl.part > newest || fl.part < f.parts.Oldest(newest) || filters[f.slot(fl.part)] != nil {
 			return fmt.Errorf("%w: partition %d outside the window or repeated", ErrSnapshot, fl.part)
 		}
-		ring[f.slot(fl.part)] = fl
+		filters[f.slot(fl.part)] = fl
 	}
 
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	cur := f.mu.newest
-	f.mu.ring, f.mu.newest = ring, newest
+	cur := f.cur.Load().newest
+	f.cur.Store(&ring{newest: newest, filters: filters})
 	f.rotateLocked(cur)
 	return nil
 }

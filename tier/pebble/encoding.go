@@ -9,10 +9,13 @@ import (
 // Key layout. The first byte names a keyspace:
 //
 //	0x00 meta: store-wide values such as the high-water clock
-//	0x01 records: partition (u64 big endian) ‖ len(ns) (u8) ‖ ns ‖ key
+//	0x01 records: partition (u32 big endian) ‖ len(ns) (u8) ‖ ns ‖ key
 //
 // Big-endian partitions sort in time order, so every record of partitions
-// [a, b) lies between recordPrefix(a) and recordPrefix(b).
+// [a, b) lies between recordPrefix(a) and recordPrefix(b). Partitions are
+// numbered from the Unix epoch; with partitions of at least a second, 32 bits
+// last until 2106. Every byte here is paid for at each compaction, which is
+// why the layout is this tight.
 const (
 	spaceMeta    byte = 0x00
 	spaceRecords byte = 0x01
@@ -26,14 +29,20 @@ var (
 // appendRecordKey appends the storage key of (partition, ns, key) to dst.
 func appendRecordKey(dst []byte, partition int64, ns string, key []byte) []byte {
 	dst = append(dst, spaceRecords)
-	dst = binary.BigEndian.AppendUint64(dst, uint64(partition))
+	dst = binary.BigEndian.AppendUint32(dst, uint32(partition))
 	dst = append(dst, byte(len(ns)))
 	dst = append(dst, ns...)
 	return append(dst, key...)
 }
 
+// MaxPartition is the highest partition number the key layout holds.
+const MaxPartition = 1<<32 - 1
+
 func recordPrefix(partition int64) []byte {
-	return binary.BigEndian.AppendUint64([]byte{spaceRecords}, uint64(partition))
+	if partition > MaxPartition {
+		return []byte{spaceRecords + 1}
+	}
+	return binary.BigEndian.AppendUint32([]byte{spaceRecords}, uint32(max(partition, 0)))
 }
 
 // ErrCorrupt reports a stored key or value this version cannot decode.
@@ -41,14 +50,14 @@ var ErrCorrupt = errors.New("pebble: corrupt record")
 
 // parseRecordKey splits a storage key; ns and key alias k.
 func parseRecordKey(k []byte) (partition int64, ns, key []byte, err error) {
-	if len(k) < 10 || k[0] != spaceRecords {
+	if len(k) < 6 || k[0] != spaceRecords {
 		return 0, nil, nil, fmt.Errorf("%w: key of %d bytes", ErrCorrupt, len(k))
 	}
-	n := int(k[9])
-	if len(k) < 10+n {
+	n := int(k[5])
+	if len(k) < 6+n {
 		return 0, nil, nil, fmt.Errorf("%w: namespace overruns key", ErrCorrupt)
 	}
-	return int64(binary.BigEndian.Uint64(k[1:9])), k[10 : 10+n], k[10+n:], nil
+	return int64(binary.BigEndian.Uint32(k[1:5])), k[6 : 6+n], k[6+n:], nil
 }
 
 // State is the state of a stored record.
@@ -67,9 +76,9 @@ type Digest [16]byte
 // Value is the decoded form of a stored value.
 type Value struct {
 	State State
-	// At is the commit time (committed) or the lease end (claimed), in Unix
-	// nanoseconds.
-	At int64
+	// LeaseUntil is the lease end of a claim, in Unix nanoseconds. A
+	// committed record needs no time: its partition dates it.
+	LeaseUntil int64
 	// Token is the owner token of a claim.
 	Token uint64
 	// Digest is the payload digest, zero if none was given.
@@ -81,13 +90,14 @@ type Value struct {
 //	[0] version = 1
 //	[1] state
 //	[2] flags: bit 0 = digest present
-//	[3:11]  At, u64 little endian
-//	[11:19] Token, u64 little endian (claimed only)
+//	claimed only: LeaseUntil u64 little endian, Token u64 little endian
 //	then the 16-byte digest when flagged
+//
+// A committed record without digest is 3 bytes.
 const (
 	valueVersion  = 1
 	flagDigest    = 1
-	valueFixedLen = 11
+	valueFixedLen = 3
 )
 
 func appendValue(dst []byte, v Value) []byte {
@@ -96,8 +106,8 @@ func appendValue(dst []byte, v Value) []byte {
 		flags |= flagDigest
 	}
 	dst = append(dst, valueVersion, byte(v.State), flags)
-	dst = binary.LittleEndian.AppendUint64(dst, uint64(v.At))
 	if v.State == StateClaimed {
+		dst = binary.LittleEndian.AppendUint64(dst, uint64(v.LeaseUntil))
 		dst = binary.LittleEndian.AppendUint64(dst, v.Token)
 	}
 	if flags&flagDigest != 0 {
@@ -113,7 +123,7 @@ func decodeValue(b []byte) (Value, error) {
 	if b[0] != valueVersion {
 		return Value{}, fmt.Errorf("%w: value version %d", ErrCorrupt, b[0])
 	}
-	v := Value{State: State(b[1]), At: int64(binary.LittleEndian.Uint64(b[3:11]))}
+	v := Value{State: State(b[1])}
 	flags, rest := b[2], b[valueFixedLen:]
 	if flags&^flagDigest != 0 {
 		return Value{}, fmt.Errorf("%w: unknown flags %#x", ErrCorrupt, flags)
@@ -121,10 +131,11 @@ func decodeValue(b []byte) (Value, error) {
 	switch v.State {
 	case StateCommitted:
 	case StateClaimed:
-		if len(rest) < 8 {
-			return Value{}, fmt.Errorf("%w: claim without token", ErrCorrupt)
+		if len(rest) < 16 {
+			return Value{}, fmt.Errorf("%w: claim without lease and token", ErrCorrupt)
 		}
-		v.Token, rest = binary.LittleEndian.Uint64(rest), rest[8:]
+		v.LeaseUntil = int64(binary.LittleEndian.Uint64(rest))
+		v.Token, rest = binary.LittleEndian.Uint64(rest[8:]), rest[16:]
 	default:
 		return Value{}, fmt.Errorf("%w: state %d", ErrCorrupt, v.State)
 	}
