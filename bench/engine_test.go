@@ -59,6 +59,11 @@ type target struct {
 
 var quiet = log.New(io.Discard, "", 0)
 
+// parallelism is goroutines per CPU. A consumer runs several workers per
+// core (one per broker partition) so that one batch's fsync overlaps another
+// batch's work; with one goroutine per core the CPU idles during every fsync.
+const parallelism = 4
+
 func engineTarget(name string, o engine.Options) target {
 	return target{name, func(b *testing.B) deduper {
 		o := o
@@ -189,6 +194,7 @@ func runMark(b *testing.B, tg target, batch int) {
 	var next atomic.Int64
 	var news atomic.Int64
 	b.ReportAllocs()
+	b.SetParallelism(parallelism)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		buf := make([][]byte, 0, batch)
