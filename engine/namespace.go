@@ -162,12 +162,17 @@ func (n *Namespace) Do(ctx context.Context, key []byte, fn func(context.Context)
 // returns once the commit is durable as configured; ack the message after
 // it. A claim that lost its lease gets ErrLeaseLost and changes nothing.
 func (e *Engine) Commit(ctx context.Context, c Claim) error {
+	return e.single(ctx, c, e.commit)
+}
+
+// single runs a batch operation on one claim and returns its error.
+func (e *Engine) single(ctx context.Context, c Claim, op func(context.Context, []Claim, []error) error) error {
 	if c.Outcome != New {
 		return fmt.Errorf("%w: outcome %v", ErrNotClaimed, c.Outcome)
 	}
 	claims := [1]Claim{c}
 	var errs [1]error
-	if err := e.commit(ctx, claims[:], errs[:]); err != nil {
+	if err := op(ctx, claims[:], errs[:]); err != nil {
 		return err
 	}
 	return errs[0]
@@ -185,15 +190,7 @@ func (e *Engine) CommitBatch(ctx context.Context, claims []Claim, errs []error) 
 // again. Only the current owner may: a claim that lost its lease gets
 // ErrLeaseLost and changes nothing.
 func (e *Engine) Release(ctx context.Context, c Claim) error {
-	if c.Outcome != New {
-		return fmt.Errorf("%w: outcome %v", ErrNotClaimed, c.Outcome)
-	}
-	claims := [1]Claim{c}
-	var errs [1]error
-	if err := e.release(ctx, claims[:], errs[:]); err != nil {
-		return err
-	}
-	return errs[0]
+	return e.single(ctx, c, e.release)
 }
 
 // ReleaseBatch releases every New claim in claims; errs is nil or one per

@@ -54,11 +54,13 @@ func (r Router) Stripes() int { return int(r.mask) + 1 }
 // predict which stripe they land on.
 func (r Router) Stripe(f Fingerprint) int {
 	hi, lo := bits.Mul64(f.Hi^r.k0, f.Lo^r.k1|1)
-	return int(mix(hi^lo^r.k0) & r.mask)
+	return int(Mix(hi^lo^r.k0) & r.mask)
 }
 
-// mix is the splitmix64 finaliser: every input bit affects every output bit.
-func mix(x uint64) uint64 {
+// Mix is the splitmix64 finaliser: every input bit affects every output bit.
+// Tiers use it to derive positions (hash-table slots) from fingerprint bits
+// mixed with a secret, so they need no hash of their own.
+func Mix(x uint64) uint64 {
 	x ^= x >> 30
 	x *= 0xbf58476d1ce4e5b9
 	x ^= x >> 27

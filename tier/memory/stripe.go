@@ -66,7 +66,7 @@ func slotsFor(n int) int {
 }
 
 func (s *stripe) home(f shard.Fingerprint) uint32 {
-	return uint32(mix(f.Lo^f.Hi^s.seed)) & uint32(len(s.slots)-1)
+	return uint32(shard.Mix(f.Lo^f.Hi^s.seed)) & uint32(len(s.slots)-1)
 }
 
 // findLocked returns the slot and entry index of f, or the empty slot where f
@@ -295,14 +295,4 @@ func (s *stripe) putLocked(f shard.Fingerprint, expires int64, digest uint64) {
 		return
 	}
 	s.commitLocked(idx, expires, digest)
-}
-
-// mix is the splitmix64 finaliser.
-func mix(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
 }

@@ -121,7 +121,7 @@ func New(opts *Options) (*Table, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrOptions, err)
 	}
-	t := &Table{router: r, seed: mix(uint64(o.Secret[3])<<32 | uint64(o.Secret[11])), stripes: make([]stripe, o.Stripes)}
+	t := &Table{router: r, seed: shard.Mix(uint64(o.Secret[3])<<32 | uint64(o.Secret[11])), stripes: make([]stripe, o.Stripes)}
 	per := (capacity + o.Stripes - 1) / o.Stripes
 	for i := range t.stripes {
 		t.stripes[i].init(per, t.seed)

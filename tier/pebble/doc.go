@@ -7,8 +7,11 @@
 // ErrStorage. It must never hold claims in flight (the engine's memory tier
 // does, and an exclusive directory makes them void at the next open anyway),
 // never compare fingerprints instead of key bytes, and never exit the
-// process: a Pebble fatal error in a foreground call becomes ErrStorage and
-// the Store refuses writes from then on.
+// process: a Pebble fatal error or panic inside a call of this package (its
+// own background compaction included) becomes ErrStorage and the Store
+// refuses every call from then on. Pebble's internal background work (flushes
+// and compactions it schedules itself) can still abort the process on a
+// fatal error; that is Pebble's policy for a corrupt or unwritable store.
 //
 // # Concurrency
 //

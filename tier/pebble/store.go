@@ -175,11 +175,7 @@ func Open(opts *Options) (*Store, error) {
 func openDB(dir string, popts *pebble.Options) (db *pebble.DB, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			f, ok := r.(fatal)
-			if !ok {
-				panic(r)
-			}
-			err = errors.New(f.msg)
+			err = panicError(r)
 		}
 	}()
 	return pebble.Open(dir, popts)
@@ -192,15 +188,23 @@ func isLockError(err error) bool {
 		bytes.Contains([]byte(msg), []byte("LOCK"))
 }
 
-// guard converts a Pebble fatal panic in the calling goroutine into
-// ErrStorage and marks the store broken.
+// guard converts a panic inside a Pebble call (its Fatalf, or a panic such
+// as a failed WAL rotation's) into ErrStorage and marks the store broken:
+// the process keeps running and fails closed instead of exiting.
 func (s *Store) guard(err *error) {
 	if r := recover(); r != nil {
-		f, ok := r.(fatal)
-		if !ok {
-			panic(r)
-		}
-		*err = s.fail(errors.New(f.msg))
+		*err = s.fail(panicError(r))
+	}
+}
+
+func panicError(r any) error {
+	switch v := r.(type) {
+	case fatal:
+		return errors.New(v.msg)
+	case error:
+		return fmt.Errorf("pebble panicked: %w", v)
+	default:
+		return fmt.Errorf("pebble panicked: %v", v)
 	}
 }
 
@@ -442,16 +446,9 @@ func (s *Store) compactLoop(ctx context.Context) {
 }
 
 func (s *Store) compact(ctx context.Context, start, end []byte) {
-	defer func() {
-		if r := recover(); r != nil {
-			if f, ok := r.(fatal); ok {
-				s.fail(errors.New(f.msg))
-				return
-			}
-			panic(r)
-		}
-	}()
-	if err := s.db.Compact(ctx, start, end, false); err != nil && ctx.Err() == nil {
+	var err error
+	defer s.guard(&err)
+	if err = s.db.Compact(ctx, start, end, false); err != nil && ctx.Err() == nil {
 		s.fail(err)
 	}
 }
