@@ -1,0 +1,30 @@
+// Package redis is the shared, exact tier: claims and committed keys in
+// Redis or Redis Cluster, so that many consumer processes deduplicate
+// against one truth.
+//
+// It owns the Redis key and value layout, the atomic claim (one SET NX GET
+// with the owner token), the fenced commit and release (Lua compare-and-set
+// on the token), and the translation of Redis failures into
+// ErrUnavailable. It must never answer from anything but Redis's reply,
+// never hash a key instead of storing its bytes, never pin keys to one
+// cluster slot with a hash tag, and never create its own client: the
+// caller passes a go-redis UniversalClient (single node, Sentinel or
+// Cluster).
+//
+// # Concurrency
+//
+// A Store is safe for concurrent use; each batch call is one pipeline, one
+// round trip per node. Pipelines are not transactions: keys of a batch are
+// decided independently, each atomically.
+//
+// # Invariants
+//
+//  1. A claim is set only where no value exists (SET NX): of N concurrent
+//     claims of a key across processes exactly one is Acquired.
+//  2. A retried claim whose first attempt the server applied finds its own
+//     token and is Acquired again, never reported as held or committed.
+//  3. Commit and Release change a key only while it holds the caller's
+//     claim token; a commit that finds its own committed value (a retry) is
+//     acknowledged.
+//  4. Every value has a TTL: claims the lease, committed keys the window.
+package redis

@@ -1,0 +1,226 @@
+// Package redistest starts and stops redis-server processes for tests: a
+// single node or a three-master cluster, each on free loopback ports with a
+// temporary directory, stopped by PID.
+//
+// It owns nothing but those processes. It must never reach a server it did
+// not start, nor bind anything but 127.0.0.1.
+//
+// # Concurrency
+//
+// A Server is used by one test goroutine at a time.
+package redistest
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// RequireEnv names the variable that turns a missing redis-server into a
+// test failure instead of a skip; CI sets it.
+const RequireEnv = "TIERDEDUP_REQUIRE_REDIS"
+
+// Server is one redis-server process.
+type Server struct {
+	t    testing.TB
+	Addr string
+	Port int
+	Dir  string
+	args []string
+	cmd  *exec.Cmd
+}
+
+// Binary returns the path of redis-server, failing the test when it is
+// missing and RequireEnv is set, skipping it otherwise.
+func Binary(t testing.TB) string {
+	t.Helper()
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv(RequireEnv) != "" {
+			t.Fatalf("redis-server not found and %s is set: %v", RequireEnv, err)
+		}
+		t.Skipf("redis-server not found (set %s to make this a failure): %v", RequireEnv, err)
+	}
+	return path
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Start runs a redis-server on a free port with a temporary directory and
+// the extra configuration arguments given (for example "--appendonly",
+// "yes"). It is stopped when the test ends.
+func Start(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	s := &Server{t: t, Dir: t.TempDir(), args: extra}
+	for attempt := 0; ; attempt++ {
+		s.Port = FreePort(t)
+		s.Addr = "127.0.0.1:" + strconv.Itoa(s.Port)
+		err := s.start()
+		if err == nil {
+			break
+		}
+		if attempt == 3 {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+func (s *Server) start() error {
+	args := append([]string{
+		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1", "--dir", s.Dir,
+		"--save", "", "--daemonize", "no", "--logfile", filepath.Join(s.Dir, "redis.log"),
+		"--protected-mode", "no",
+	}, s.args...)
+	s.cmd = exec.Command(Binary(s.t), args...)
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := s.cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan error, 1)
+	go func(c *exec.Cmd) { exited <- c.Wait() }(s.cmd)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-exited:
+			log, _ := os.ReadFile(filepath.Join(s.Dir, "redis.log"))
+			return fmt.Errorf("redis-server on %s exited: %v\n%s", s.Addr, err, tail(string(log)))
+		default:
+		}
+		if c, err := net.DialTimeout("tcp", s.Addr, 100*time.Millisecond); err == nil {
+			_, _ = c.Write([]byte("PING\r\n"))
+			buf := make([]byte, 64)
+			_ = c.SetReadDeadline(time.Now().Add(time.Second))
+			n, _ := c.Read(buf)
+			c.Close()
+			if strings.HasPrefix(string(buf[:n]), "+PONG") {
+				return nil
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return errors.New("redis-server did not answer PING within 10s on " + s.Addr)
+}
+
+func tail(s string) string {
+	if len(s) > 2000 {
+		return s[len(s)-2000:]
+	}
+	return s
+}
+
+// Pid returns the server's process ID.
+func (s *Server) Pid() int { return s.cmd.Process.Pid }
+
+// Kill stops the server with SIGKILL, as a crash would.
+func (s *Server) Kill() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = syscall.Kill(s.Pid(), syscall.SIGKILL)
+		waitGone(s.Pid())
+	}
+}
+
+// Pause stops the server with SIGSTOP; Resume continues it.
+func (s *Server) Pause()  { _ = syscall.Kill(s.Pid(), syscall.SIGSTOP) }
+func (s *Server) Resume() { _ = syscall.Kill(s.Pid(), syscall.SIGCONT) }
+
+// Restart starts the server again on the same port and directory, after a
+// Kill.
+func (s *Server) Restart() {
+	s.t.Helper()
+	if err := s.start(); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// Stop terminates the server; it is idempotent.
+func (s *Server) Stop() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	_ = syscall.Kill(s.Pid(), syscall.SIGCONT)
+	_ = syscall.Kill(s.Pid(), syscall.SIGKILL)
+	waitGone(s.Pid())
+}
+
+func waitGone(pid int) {
+	for i := 0; i < 500; i++ {
+		var st syscall.WaitStatus
+		if wpid, _ := syscall.Wait4(pid, &st, syscall.WNOHANG, nil); wpid == pid {
+			return
+		}
+		if err := syscall.Kill(pid, 0); err != nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Cluster is three redis-server masters joined into a Redis Cluster.
+type Cluster struct {
+	Masters []*Server
+}
+
+// Addrs returns the masters' addresses.
+func (c *Cluster) Addrs() []string {
+	out := make([]string, len(c.Masters))
+	for i, m := range c.Masters {
+		out[i] = m.Addr
+	}
+	return out
+}
+
+// StartCluster starts three masters with cluster-enabled and joins them
+// with redis-cli --cluster create, then waits until the cluster is ok.
+func StartCluster(t testing.TB, extra ...string) *Cluster {
+	t.Helper()
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		Binary(t) // the same rule: fail under RequireEnv, skip otherwise
+		t.Fatalf("redis-cli not found: %v", err)
+	}
+	c := &Cluster{}
+	for range 3 {
+		c.Masters = append(c.Masters, Start(t, append([]string{"--cluster-enabled", "yes", "--cluster-node-timeout", "2000"}, extra...)...))
+	}
+	args := append([]string{"--cluster", "create"}, c.Addrs()...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ok := true
+		for _, m := range c.Masters {
+			out, err := exec.Command(cli, "-p", strconv.Itoa(m.Port), "cluster", "info").Output()
+			if err != nil || !strings.Contains(string(out), "cluster_state:ok") {
+				ok = false
+			}
+		}
+		if ok {
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("cluster did not reach cluster_state:ok in 20s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -1,0 +1,316 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"strings"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// Errors returned by a Store; match them with errors.Is.
+var (
+	// ErrUnavailable reports Redis unreachable, too slow for the caller's
+	// deadline, or failing a command. It is transient: nothing is known to
+	// have changed, and the call may be retried.
+	ErrUnavailable = errors.New("redis: unavailable")
+	// ErrEvictionPolicy reports a server whose maxmemory-policy may evict
+	// dedup keys (anything but noeviction), when Options.RequireNoEviction
+	// is set.
+	ErrEvictionPolicy = errors.New("redis: maxmemory-policy may evict dedup keys")
+	// ErrOptions reports invalid Options.
+	ErrOptions = errors.New("redis: invalid options")
+)
+
+// DefaultPrefix starts every key this package writes.
+const DefaultPrefix = "tierdedup:"
+
+// Options configure a Store.
+type Options struct {
+	// Prefix starts every Redis key; zero means DefaultPrefix. It must not
+	// contain '{', which would make a Redis Cluster hash tag.
+	Prefix string
+	// Window is how long a committed key lives (its TTL); required.
+	Window time.Duration
+	// RequireNoEviction makes New fail with ErrEvictionPolicy when a server's
+	// maxmemory-policy is not noeviction; otherwise New only logs a warning.
+	RequireNoEviction bool
+	// Logger receives warnings; nil means the standard logger.
+	Logger *log.Logger
+}
+
+// Validate reports every invalid field at once.
+func (o *Options) Validate() error {
+	var errs []error
+	if strings.ContainsAny(o.Prefix, "{}") {
+		errs = append(errs, fmt.Errorf("%w: Prefix %q contains a hash tag brace", ErrOptions, o.Prefix))
+	}
+	if o.Window < time.Millisecond {
+		errs = append(errs, fmt.Errorf("%w: Window %v is below a millisecond", ErrOptions, o.Window))
+	}
+	return errors.Join(errs...)
+}
+
+// Token is a claim's owner token: unique across processes (the engine makes
+// it from a random process ID and a counter).
+type Token [16]byte
+
+// Digest is an optional payload digest stored with a commit; zero is none.
+type Digest [16]byte
+
+// Request names one key of a batch and its claim.
+type Request struct {
+	NS     string
+	Key    []byte
+	Token  Token
+	Digest Digest // Commit only
+}
+
+// Status is the answer for one key.
+type Status uint8
+
+// Statuses.
+const (
+	// Acquired: the key was free (or held by this very token: a retry) and
+	// now holds the caller's claim.
+	Acquired Status = iota + 1
+	// Held: another token's claim holds it.
+	Held
+	// Committed: committed inside the window.
+	Committed
+	// OK: a commit or release took effect.
+	OK
+	// Lost: the caller's token does not hold the key.
+	Lost
+)
+
+// Result is the per-key answer of Claim.
+type Result struct {
+	Status Status
+	Digest Digest // Committed only
+}
+
+// Value layout: 'C' ‖ token for a claim, 'D' ‖ token ‖ [digest] for a
+// committed key. Keeping the committer's token lets a retried commit
+// recognise its own write.
+const (
+	claimTag  = 'C'
+	commitTag = 'D'
+)
+
+// commitScript turns the caller's claim into a committed value with the
+// window as TTL; a value already committed with the caller's token is a
+// retry and succeeds.
+var commitScript = goredis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+if v and string.sub(v, 1, 17) == string.sub(ARGV[2], 1, 17) then
+  return 1
+end
+return 0`)
+
+// releaseScript deletes the key only while it holds the caller's claim.
+var releaseScript = goredis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0`)
+
+// Store is the Redis tier. It is safe for concurrent use.
+type Store struct {
+	c      goredis.UniversalClient
+	prefix string
+	window time.Duration
+	logger *log.Logger
+}
+
+// New returns a Store over client, after checking each server's
+// maxmemory-policy and loading the scripts.
+func New(ctx context.Context, client goredis.UniversalClient, opts *Options) (*Store, error) {
+	if client == nil || opts == nil {
+		return nil, fmt.Errorf("%w: nil client or options", ErrOptions)
+	}
+	o := *opts
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	if o.Logger == nil {
+		o.Logger = log.Default()
+	}
+	s := &Store{c: client, prefix: o.Prefix, window: o.Window, logger: o.Logger}
+	if err := s.checkPolicy(ctx, o.RequireNoEviction); err != nil {
+		return nil, err
+	}
+	if err := s.loadScripts(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// eachServer runs fn on every master of a cluster, or on the client itself.
+func (s *Store) eachServer(ctx context.Context, fn func(context.Context, goredis.Cmdable) error) error {
+	if cc, ok := s.c.(*goredis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error { return fn(ctx, c) })
+	}
+	return fn(ctx, s.c)
+}
+
+func (s *Store) checkPolicy(ctx context.Context, require bool) error {
+	return s.eachServer(ctx, func(ctx context.Context, c goredis.Cmdable) error {
+		res, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+		if err != nil {
+			if isUnavailable(err) {
+				return fmt.Errorf("%w: %w", ErrUnavailable, err)
+			}
+			s.logger.Printf("tierdedup/redis: cannot read maxmemory-policy (%v); make sure it is noeviction", err)
+			return nil
+		}
+		if p := res["maxmemory-policy"]; p != "noeviction" {
+			if require {
+				return fmt.Errorf("%w: %q", ErrEvictionPolicy, p)
+			}
+			s.logger.Printf("tierdedup/redis: maxmemory-policy is %q: under memory pressure Redis may evict dedup keys and let duplicates through; set it to noeviction", p)
+		}
+		return nil
+	})
+}
+
+func (s *Store) loadScripts(ctx context.Context) error {
+	return s.eachServer(ctx, func(ctx context.Context, c goredis.Cmdable) error {
+		for _, sc := range []*goredis.Script{commitScript, releaseScript} {
+			if err := sc.Load(ctx, c).Err(); err != nil {
+				return fmt.Errorf("%w: loading scripts: %w", ErrUnavailable, err)
+			}
+		}
+		return nil
+	})
+}
+
+// Key returns the Redis key of (ns, key): Prefix ‖ len(ns) ‖ ns ‖ key, the
+// full key bytes with no hash tag, so keys spread over all cluster slots.
+func (s *Store) Key(ns string, key []byte) string {
+	var b strings.Builder
+	b.Grow(len(s.prefix) + 1 + len(ns) + len(key))
+	b.WriteString(s.prefix)
+	b.WriteByte(byte(len(ns)))
+	b.WriteString(ns)
+	b.Write(key)
+	return b.String()
+}
+
+func claimValue(t Token) string {
+	return string(append([]byte{claimTag}, t[:]...))
+}
+
+func commitValue(t Token, d Digest) string {
+	v := append([]byte{commitTag}, t[:]...)
+	if d != (Digest{}) {
+		v = append(v, d[:]...)
+	}
+	return string(v)
+}
+
+// Claim tries to claim every key for lease, in one pipeline; out must have
+// len(reqs). On error nothing is known: some keys may hold the caller's
+// claims until their lease ends (a retry with the same tokens acquires them
+// again).
+func (s *Store) Claim(ctx context.Context, reqs []Request, lease time.Duration, out []Result) error {
+	pipe := s.c.Pipeline()
+	cmds := make([]*goredis.StatusCmd, len(reqs))
+	for i := range reqs {
+		r := &reqs[i]
+		cmds[i] = pipe.SetArgs(ctx, s.Key(r.NS, r.Key), claimValue(r.Token), goredis.SetArgs{Mode: "NX", Get: true, TTL: lease})
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, goredis.Nil) {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	for i, cmd := range cmds {
+		old, err := cmd.Result()
+		switch {
+		case errors.Is(err, goredis.Nil):
+			out[i] = Result{Status: Acquired}
+		case err != nil:
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		case len(old) == 17 && old[0] == claimTag && old[1:] == string(reqs[i].Token[:]):
+			out[i] = Result{Status: Acquired} // our own claim: a retried SET the server had applied
+		case len(old) > 0 && old[0] == claimTag:
+			out[i] = Result{Status: Held}
+		case len(old) >= 17 && old[0] == commitTag:
+			var d Digest
+			copy(d[:], old[17:])
+			out[i] = Result{Status: Committed, Digest: d}
+		default:
+			return fmt.Errorf("%w: unexpected value of %d bytes at %q", ErrUnavailable, len(old), s.Key(reqs[i].NS, reqs[i].Key))
+		}
+	}
+	return nil
+}
+
+// Commit turns each claim into a committed key with the window as TTL, in
+// one pipeline; out[i] is OK or Lost. On error the outcome of each commit is
+// unknown (a retry is safe: a commit that finds its own value succeeds).
+func (s *Store) Commit(ctx context.Context, reqs []Request, out []Status) error {
+	window := s.window.Milliseconds()
+	return s.runScript(ctx, commitScript, reqs, out, func(r *Request) []any {
+		return []any{claimValue(r.Token), commitValue(r.Token, r.Digest), window}
+	})
+}
+
+// Release deletes each key that still holds the caller's claim, in one
+// pipeline; out[i] is OK or Lost. A retried release whose first attempt was
+// applied reports Lost: the key is free either way.
+func (s *Store) Release(ctx context.Context, reqs []Request, out []Status) error {
+	return s.runScript(ctx, releaseScript, reqs, out, func(r *Request) []any {
+		return []any{claimValue(r.Token)}
+	})
+}
+
+func (s *Store) runScript(ctx context.Context, sc *goredis.Script, reqs []Request, out []Status, args func(*Request) []any) error {
+	for attempt := 0; ; attempt++ {
+		pipe := s.c.Pipeline()
+		cmds := make([]*goredis.Cmd, len(reqs))
+		for i := range reqs {
+			r := &reqs[i]
+			cmds[i] = sc.EvalSha(ctx, pipe, []string{s.Key(r.NS, r.Key)}, args(r)...)
+		}
+		_, err := pipe.Exec(ctx)
+		if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") && attempt == 0 {
+			// The server restarted or failed over and lost its scripts;
+			// the scripts are idempotent for the caller's token, so the
+			// whole batch may run again.
+			if err := s.loadScripts(ctx); err != nil {
+				return err
+			}
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		for i, cmd := range cmds {
+			n, err := cmd.Int()
+			if err != nil {
+				return fmt.Errorf("%w: %w", ErrUnavailable, err)
+			}
+			out[i] = Lost
+			if n == 1 {
+				out[i] = OK
+			}
+		}
+		return nil
+	}
+}
+
+func isUnavailable(err error) bool {
+	var re goredis.Error
+	return !errors.As(err, &re) || errors.Is(err, context.DeadlineExceeded)
+}

@@ -1,0 +1,264 @@
+package redis_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/tierdedup/tierdedup/tier/redis"
+	"github.com/tierdedup/tierdedup/tier/redis/redistest"
+)
+
+var quiet = log.New(io.Discard, "", 0)
+
+func newStore(t *testing.T, c goredis.UniversalClient, o redis.Options) *redis.Store {
+	t.Helper()
+	if o.Window == 0 {
+		o.Window = time.Hour
+	}
+	if o.Logger == nil {
+		o.Logger = quiet
+	}
+	s, err := redis.New(context.Background(), c, &o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func client(t *testing.T, srv *redistest.Server) *goredis.Client {
+	t.Helper()
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func tok(i byte) redis.Token { return redis.Token{i, 1, 2, 3} }
+
+func req(key string, t redis.Token) redis.Request {
+	return redis.Request{Key: []byte(key), Token: t}
+}
+
+func claim(t *testing.T, s *redis.Store, r redis.Request, lease time.Duration) redis.Result {
+	t.Helper()
+	out := make([]redis.Result, 1)
+	if err := s.Claim(context.Background(), []redis.Request{r}, lease, out); err != nil {
+		t.Fatal(err)
+	}
+	return out[0]
+}
+
+func status(t *testing.T, fn func(context.Context, []redis.Request, []redis.Status) error, r redis.Request) redis.Status {
+	t.Helper()
+	out := make([]redis.Status, 1)
+	if err := fn(context.Background(), []redis.Request{r}, out); err != nil {
+		t.Fatal(err)
+	}
+	return out[0]
+}
+
+func TestClaimCommitReleaseAndFencing(t *testing.T) {
+	srv := redistest.Start(t)
+	c := client(t, srv)
+	s := newStore(t, c, redis.Options{})
+	ctx := context.Background()
+
+	a, b := req("k", tok(1)), req("k", tok(2))
+	if r := claim(t, s, a, time.Minute); r.Status != redis.Acquired {
+		t.Fatalf("first claim = %v", r.Status)
+	}
+	if r := claim(t, s, a, time.Minute); r.Status != redis.Acquired {
+		t.Fatalf("the same token again (a retry) = %v, want acquired", r.Status)
+	}
+	if r := claim(t, s, b, time.Minute); r.Status != redis.Held {
+		t.Fatalf("another token = %v, want held", r.Status)
+	}
+	if st := status(t, s.Commit, b); st != redis.Lost {
+		t.Fatalf("commit by a non-owner = %v", st)
+	}
+	if st := status(t, s.Release, b); st != redis.Lost {
+		t.Fatalf("release by a non-owner = %v", st)
+	}
+	// The lease ends (forced server-side): b takes over, a is fenced out.
+	if err := c.PExpire(ctx, s.Key("", []byte("k")), time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, c, s.Key("", []byte("k")))
+	if r := claim(t, s, b, time.Minute); r.Status != redis.Acquired {
+		t.Fatalf("claim after the lease = %v", r.Status)
+	}
+	if st := status(t, s.Commit, a); st != redis.Lost {
+		t.Fatalf("commit by the expired owner = %v", st)
+	}
+	if st := status(t, s.Release, a); st != redis.Lost {
+		t.Fatalf("release by the expired owner = %v", st)
+	}
+	b.Digest = redis.Digest{9}
+	if st := status(t, s.Commit, b); st != redis.OK {
+		t.Fatalf("commit by the owner = %v", st)
+	}
+	if st := status(t, s.Commit, b); st != redis.OK {
+		t.Fatalf("a retried commit = %v, want ok", st)
+	}
+	if r := claim(t, s, req("k", tok(3)), time.Minute); r.Status != redis.Committed || r.Digest != (redis.Digest{9}) {
+		t.Fatalf("claim after commit = %+v", r)
+	}
+	ttl, _ := c.PTTL(ctx, s.Key("", []byte("k"))).Result()
+	if ttl < 59*time.Minute || ttl > time.Hour {
+		t.Fatalf("committed TTL = %v, want the window", ttl)
+	}
+	// Release frees the key for a redelivery.
+	x := req("x", tok(4))
+	claim(t, s, x, time.Minute)
+	if st := status(t, s.Release, x); st != redis.OK {
+		t.Fatalf("release by the owner = %v", st)
+	}
+	if r := claim(t, s, req("x", tok(5)), time.Minute); r.Status != redis.Acquired {
+		t.Fatalf("claim after release = %v", r.Status)
+	}
+}
+
+func waitGone(t *testing.T, c goredis.Cmdable, key string) {
+	t.Helper()
+	for i := 0; i < 500; i++ {
+		if n, _ := c.Exists(context.Background(), key).Result(); n == 0 {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	t.Fatalf("%q did not expire", key)
+}
+
+func TestKeysAreExactAndNamespaced(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, client(t, srv), redis.Options{Prefix: "app:"})
+	if got := s.Key("ns", []byte("k\x00\xff")); got != "app:\x02nsk\x00\xff" {
+		t.Fatalf("Key = %q", got)
+	}
+	a := redis.Request{NS: "a", Key: []byte("bc"), Token: tok(1)}
+	b := redis.Request{NS: "ab", Key: []byte("c"), Token: tok(2)}
+	claim(t, s, a, time.Minute)
+	if r := claim(t, s, b, time.Minute); r.Status != redis.Acquired {
+		t.Fatalf("(ab, c) collides with (a, bc): %v", r.Status)
+	}
+	if _, err := redis.New(context.Background(), client(t, srv), &redis.Options{Prefix: "{tag}", Window: time.Hour}); !errors.Is(err, redis.ErrOptions) {
+		t.Fatalf("hash-tag prefix: %v", err)
+	}
+}
+
+func TestEvictionPolicyCheck(t *testing.T) {
+	srv := redistest.Start(t, "--maxmemory-policy", "allkeys-lru")
+	c := client(t, srv)
+	_, err := redis.New(context.Background(), c, &redis.Options{Window: time.Hour, RequireNoEviction: true, Logger: quiet})
+	if !errors.Is(err, redis.ErrEvictionPolicy) {
+		t.Fatalf("allkeys-lru with RequireNoEviction: %v", err)
+	}
+	var buf strings.Builder
+	if _, err := redis.New(context.Background(), c, &redis.Options{Window: time.Hour, Logger: log.New(&buf, "", 0)}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "allkeys-lru") {
+		t.Fatalf("no warning about the policy: %q", buf.String())
+	}
+}
+
+// TestRedisDownIsTransient: every call fails with ErrUnavailable while the
+// server is gone, and works again when it returns.
+func TestRedisDownIsTransient(t *testing.T) {
+	srv := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr, MaxRetries: 1, DialTimeout: 200 * time.Millisecond})
+	defer c.Close()
+	s := newStore(t, c, redis.Options{})
+	a := req("k", tok(1))
+	claim(t, s, a, time.Minute)
+	srv.Kill()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	out := make([]redis.Result, 1)
+	if err := s.Claim(ctx, []redis.Request{req("k2", tok(2))}, time.Minute, out); !errors.Is(err, redis.ErrUnavailable) {
+		t.Fatalf("claim with Redis down: %v", err)
+	}
+	if err := s.Commit(ctx, []redis.Request{a}, make([]redis.Status, 1)); !errors.Is(err, redis.ErrUnavailable) {
+		t.Fatalf("commit with Redis down: %v", err)
+	}
+	srv.Restart()
+	if st := status(t, s.Commit, a); st != redis.OK {
+		t.Fatalf("commit after Redis returned = %v (the claim survived in the AOF)", st)
+	}
+}
+
+// TestRetriedClaimIsOwnClaim loses the reply of a claim the server applied:
+// redis-server is paused past the client's read timeout, so go-redis gives
+// up on the connection and retries on a new one; the retry must see the
+// caller's own token and answer Acquired, not Held.
+func TestRetriedClaimIsOwnClaim(t *testing.T) {
+	srv := redistest.Start(t)
+	var dials atomic.Int32
+	c := goredis.NewClient(&goredis.Options{
+		Addr: srv.Addr, ReadTimeout: 300 * time.Millisecond, MaxRetries: 5,
+		MinRetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 50 * time.Millisecond,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			dials.Add(1)
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		},
+	})
+	defer c.Close()
+	s := newStore(t, c, redis.Options{})
+	before := dials.Load()
+	srv.Pause()
+	time.AfterFunc(450*time.Millisecond, srv.Resume)
+	r := req("retried", tok(7))
+	if got := claim(t, s, r, time.Minute); got.Status != redis.Acquired {
+		t.Fatalf("retried claim = %v, want acquired", got.Status)
+	}
+	if dials.Load()-before < 1 {
+		t.Fatalf("no retry happened (dials %d)", dials.Load()-before)
+	}
+	v, _ := c.Get(context.Background(), s.Key("", []byte("retried"))).Result()
+	if v != "C"+string(r.Token[:]) {
+		t.Fatalf("stored value %q is not the caller's claim", v)
+	}
+	if other := claim(t, s, req("retried", tok(8)), time.Minute); other.Status != redis.Held {
+		t.Fatalf("another token after the retry = %v, want held", other.Status)
+	}
+}
+
+func TestClusterSpreadsKeys(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs()})
+	defer c.Close()
+	s := newStore(t, c, redis.Options{})
+	reqs := make([]redis.Request, 300)
+	for i := range reqs {
+		reqs[i] = req(fmt.Sprintf("6ba7b810-9dad-11d1-80b4-%012d", i), tok(1))
+	}
+	out := make([]redis.Result, len(reqs))
+	if err := s.Claim(context.Background(), reqs, time.Minute, out); err != nil {
+		t.Fatal(err)
+	}
+	st := make([]redis.Status, len(reqs))
+	if err := s.Commit(context.Background(), reqs, st); err != nil {
+		t.Fatal(err)
+	}
+	for i := range reqs {
+		if out[i].Status != redis.Acquired || st[i] != redis.OK {
+			t.Fatalf("key %d: claim %v commit %v", i, out[i].Status, st[i])
+		}
+	}
+	for _, m := range cl.Masters {
+		n, err := goredis.NewClient(&goredis.Options{Addr: m.Addr}).DBSize(context.Background()).Result()
+		if err != nil || n < 50 {
+			t.Fatalf("master %s holds %d keys (%v): keys are not spread", m.Addr, n, err)
+		}
+	}
+}
