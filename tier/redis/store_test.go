@@ -197,32 +197,23 @@ func TestRedisDownIsTransient(t *testing.T) {
 }
 
 // TestRetriedClaimIsOwnClaim loses the reply of a claim the server applied:
-// redis-server is paused past the client's read timeout, so go-redis gives
-// up on the connection and retries on a new one; the retry must see the
-// caller's own token and answer Acquired, not Held.
+// a loopback proxy the test controls forwards the claim to redis-server,
+// swallows its reply and drops the connection, so go-redis retries on a new
+// connection. The retry must find the caller's own token and answer
+// Acquired, not Held.
 func TestRetriedClaimIsOwnClaim(t *testing.T) {
 	srv := redistest.Start(t)
-	var dials atomic.Int32
-	c := goredis.NewClient(&goredis.Options{
-		Addr: srv.Addr, ReadTimeout: 300 * time.Millisecond, MaxRetries: 5,
-		MinRetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 50 * time.Millisecond,
-		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			dials.Add(1)
-			var d net.Dialer
-			return d.DialContext(ctx, network, addr)
-		},
-	})
+	p := startProxy(t, srv.Addr)
+	c := goredis.NewClient(&goredis.Options{Addr: p.addr, MaxRetries: 3, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond})
 	defer c.Close()
 	s := newStore(t, c, redis.Options{})
-	before := dials.Load()
-	srv.Pause()
-	time.AfterFunc(450*time.Millisecond, srv.Resume)
 	r := req("retried", tok(7))
+	p.dropNextReply.Store(true)
 	if got := claim(t, s, r, time.Minute); got.Status != redis.Acquired {
 		t.Fatalf("retried claim = %v, want acquired", got.Status)
 	}
-	if dials.Load()-before < 1 {
-		t.Fatalf("no retry happened (dials %d)", dials.Load()-before)
+	if p.dropped.Load() != 1 {
+		t.Fatalf("the proxy dropped %d replies, want 1: no retry was exercised", p.dropped.Load())
 	}
 	v, _ := c.Get(context.Background(), s.Key("", []byte("retried"))).Result()
 	if v != "C"+string(r.Token[:]) {
@@ -231,6 +222,78 @@ func TestRetriedClaimIsOwnClaim(t *testing.T) {
 	if other := claim(t, s, req("retried", tok(8)), time.Minute); other.Status != redis.Held {
 		t.Fatalf("another token after the retry = %v, want held", other.Status)
 	}
+}
+
+// proxy forwards loopback TCP to a Redis server. Armed, it swallows the
+// reply to the next request that carries a SET ... NX (the claim) and drops
+// that connection.
+type proxy struct {
+	addr          string
+	dropNextReply atomic.Bool
+	dropped       atomic.Int32
+}
+
+func startProxy(t *testing.T, target string) *proxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	p := &proxy{addr: l.Addr().String()}
+	go func() {
+		for {
+			cc, err := l.Accept()
+			if err != nil {
+				return
+			}
+			sc, err := net.Dial("tcp", target)
+			if err != nil {
+				cc.Close()
+				continue
+			}
+			var dropReply atomic.Bool
+			go func() {
+				defer sc.Close()
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := cc.Read(buf)
+					if n > 0 {
+						if strings.Contains(strings.ToLower(string(buf[:n])), "\r\nnx\r\n") && p.dropNextReply.CompareAndSwap(true, false) {
+							dropReply.Store(true)
+						}
+						if _, werr := sc.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+			go func() {
+				defer cc.Close()
+				defer sc.Close()
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := sc.Read(buf)
+					if n > 0 && dropReply.Load() {
+						p.dropped.Add(1)
+						return // the server applied the claim; its reply is lost
+					}
+					if n > 0 {
+						if _, werr := cc.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return p
 }
 
 func TestClusterSpreadsKeys(t *testing.T) {
