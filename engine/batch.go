@@ -5,6 +5,7 @@ import (
 	"github.com/tierdedup/tierdedup/tier/bloom"
 	"github.com/tierdedup/tierdedup/tier/memory"
 	"github.com/tierdedup/tierdedup/tier/pebble"
+	"github.com/tierdedup/tierdedup/tier/redis"
 )
 
 // batch is the scratch space of one call, pooled so that steady-state calls
@@ -17,7 +18,7 @@ type batch struct {
 	cfps    []shard.Fingerprint
 	ctokens []uint64
 	probes  []bloom.Probe
-	found   []bool
+	actions []memory.Action
 	ok      []bool
 	expires []int64
 	digests []uint64
@@ -27,6 +28,9 @@ type batch struct {
 	hits    []pebble.Hit
 	recs    []pebble.Record
 	claims  []Claim
+	rreqs   []redis.Request
+	rres    []redis.Result
+	rst     []redis.Status
 }
 
 func (e *Engine) getBatch(n int) *batch {
@@ -39,10 +43,11 @@ func (e *Engine) getBatch(n int) *batch {
 		*b = batch{
 			fps: make([]shard.Fingerprint, c), tokens: make([]uint64, c), res: make([]memory.Result, c),
 			cand: make([]int, 0, c), cfps: make([]shard.Fingerprint, c), ctokens: make([]uint64, c),
-			probes: make([]bloom.Probe, c), found: make([]bool, c), ok: make([]bool, c),
+			probes: make([]bloom.Probe, c), actions: make([]memory.Action, c), ok: make([]bool, c),
 			expires: make([]int64, c), digests: make([]uint64, c), st: make([]memory.Status, c),
 			queries: make([]pebble.Query, 0, c), qidx: make([]int, 0, c), hits: make([]pebble.Hit, c),
 			recs: make([]pebble.Record, c), claims: make([]Claim, c),
+			rreqs: make([]redis.Request, c), rres: make([]redis.Result, c), rst: make([]redis.Status, c),
 		}
 	}
 	b.fps, b.tokens, b.res = b.fps[:n], b.tokens[:n], b.res[:n]

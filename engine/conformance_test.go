@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier"
@@ -46,6 +47,10 @@ type confConfig struct {
 	evicts    bool // capacity is below the key space
 	snapshots bool // bloom-only: keep filters across clean restarts
 	crashes   bool
+	// redis supplies a client for Tiers: Redis (a fresh key prefix per
+	// run). Redis expires leases and windows on its own clock, so these
+	// runs make no clock jumps.
+	redis func(t *testing.T) goredis.UniversalClient
 }
 
 var confConfigs = []confConfig{
@@ -59,11 +64,15 @@ var confConfigs = []confConfig{
 func TestConformance(t *testing.T) {
 	for _, cfg := range confConfigs {
 		t.Run(cfg.name, func(t *testing.T) {
-			for seed := uint64(1); seed <= 4; seed++ {
-				t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
-					runConformance(t, cfg, seed, 1500)
-				})
-			}
+			runConformanceSeeds(t, cfg)
+		})
+	}
+}
+
+func runConformanceSeeds(t *testing.T, cfg confConfig) {
+	for seed := uint64(1); seed <= 4; seed++ {
+		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
+			runConformance(t, cfg, seed, 1500)
 		})
 	}
 }
@@ -164,8 +173,12 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 	if cfg.tiers == engine.Default || cfg.snapshots {
 		opts.Dir = "db"
 	}
-	if cfg.tiers == engine.MemoryOnly {
+	if cfg.tiers == engine.MemoryOnly || cfg.tiers == engine.Redis {
 		opts.FS = nil
+	}
+	if cfg.redis != nil {
+		opts.Redis = cfg.redis(t)
+		opts.RedisPrefix = fmt.Sprintf("conf-%s-%d-%d:", cfg.name, seed, time.Now().UnixNano())
 	}
 	e := open(t, opts)
 	defer func() { e.Close() }()
@@ -309,6 +322,9 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 				}
 			}
 		case r < 88: // time passes
+			if cfg.redis != nil {
+				continue
+			}
 			steps := []time.Duration{time.Second, 10 * time.Second, cLease + time.Second, cPartition, cWindow, cWindow + cPartition + time.Second, -30 * time.Minute}
 			clock.Add(steps[rng.IntN(len(steps))])
 		case r < 94: // clean restart
@@ -319,7 +335,7 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 				m.persisted = m.hw
 			}
 			e = open(t, opts)
-			m.restart(clock.Now().UnixNano(), cfg.tiers == engine.Default || cfg.snapshots)
+			m.restart(clock.Now().UnixNano(), cfg.tiers == engine.Default || cfg.snapshots || cfg.redis != nil)
 			outstanding = reclaimNamespaces(t, e, namespaces, outstanding)
 		default: // crash: abandon the engine, reopen what was synced
 			if !cfg.crashes {
@@ -349,7 +365,11 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 // the configuration keeps them; time resumes from the persisted clock.
 func (m *model) restart(clock int64, keeps bool) {
 	for k, s := range m.keys {
-		s.claimed = false
+		// Claims live in this process, or in Redis until their lease ends:
+		// there a restarted consumer still sees them, and their old owners
+		// (the test's stale claims) can no longer commit.
+		s.claimed = s.claimed && m.cfg.redis != nil
+		s.owner = -1
 		if !keeps {
 			delete(m.keys, k)
 		}

@@ -30,6 +30,9 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(crashChildEnv); spec != "" {
 		os.Exit(crashChild(spec))
 	}
+	if spec := os.Getenv(redisChildEnv); spec != "" {
+		os.Exit(redisChild(spec))
+	}
 	os.Exit(m.Run())
 }
 

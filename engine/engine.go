@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log"
@@ -14,6 +15,7 @@ import (
 	"github.com/tierdedup/tierdedup/tier/bloom"
 	"github.com/tierdedup/tierdedup/tier/memory"
 	"github.com/tierdedup/tierdedup/tier/pebble"
+	"github.com/tierdedup/tierdedup/tier/redis"
 )
 
 // Engine answers claims for keys in one or more namespaces. It is safe for
@@ -28,9 +30,12 @@ type Engine struct {
 	logger    *log.Logger
 	snapshots *snapshotFile // nil when the Bloom filters are not persisted
 
-	mem   *memory.Table
-	bloom *bloom.Filters // nil in MemoryOnly
-	store *pebble.Store  // nil unless Default
+	mem      *memory.Table
+	bloom    *bloom.Filters // nil in MemoryOnly and Redis
+	store    *pebble.Store  // nil unless Default
+	redis    *redis.Store   // nil unless Redis
+	process  [8]byte        // random; with a claim's token, its Redis owner token
+	failOpen bool
 
 	// warm is true while the Bloom filters have seen every key the store
 	// holds, so a "no" may skip the store.
@@ -123,7 +128,23 @@ func Open(opts *Options) (*Engine, error) {
 	}
 	e.current.Store(parts.Of(now))
 
-	if o.Tiers != MemoryOnly {
+	if o.Tiers == Redis {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		e.redis, err = redis.New(ctx, o.Redis, &redis.Options{
+			Prefix: o.RedisPrefix, Window: window, RequireNoEviction: o.RequireNoEviction, Logger: o.Logger,
+		})
+		switch {
+		case errors.Is(err, redis.ErrEvictionPolicy), errors.Is(err, redis.ErrOptions):
+			return nil, fmt.Errorf("%w: %w", ErrOptions, err)
+		case err != nil:
+			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		e.failOpen = o.FailOpen
+		_, _ = rand.Read(e.process[:])
+	}
+
+	if o.Tiers == Default || o.Tiers == BloomOnly {
 		bopts := &bloom.Options{Partitions: parts, ExpectedKeys: o.ExpectedKeys, FalsePositive: o.FalsePositive}
 		if e.bloom, err = bloom.New(bopts, parts.Of(now)); err != nil {
 			e.closeStore()

@@ -27,6 +27,10 @@ var (
 	// not ack, and the process should reopen the engine once the cause is
 	// fixed.
 	ErrStorage = errors.New("tierdedup: storage failure")
+	// ErrUnavailable reports the shared tier (Redis) unreachable, or slower
+	// than the caller's deadline. It is transient: do not ack, retry later.
+	// With Options.FailOpen the engine answers instead, and counts it.
+	ErrUnavailable = errors.New("tierdedup: shared tier unavailable")
 	// ErrLocked reports a Dir that another engine holds.
 	ErrLocked = errors.New("tierdedup: directory in use")
 	// ErrClosed reports a call on a closed Engine.

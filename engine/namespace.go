@@ -2,13 +2,16 @@ package engine
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier/bloom"
 	"github.com/tierdedup/tierdedup/tier/memory"
 	"github.com/tierdedup/tierdedup/tier/pebble"
+	"github.com/tierdedup/tierdedup/tier/redis"
 )
 
 // Namespace is one key space of an Engine: the same key bytes in two
@@ -265,7 +268,7 @@ func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digest
 	c.memMisses = uint64(len(cand))
 	b.cand = cand
 	if len(cand) > 0 {
-		if err := e.resolve(b, ns, out, &c); err != nil {
+		if err := e.resolve(ctx, b, ns, out, &c); err != nil {
 			c.errors++
 			e.stats.add(&c)
 			return err
@@ -312,8 +315,8 @@ func repeatsFollow(b *batch, out []Claim) {
 
 // resolve decides the keys that memory acquired (b.cand) from the slower
 // tiers. Memory holds a claim on each while this runs, so no other caller
-// can decide them meanwhile.
-func (e *Engine) resolve(b *batch, ns *Namespace, out []Claim, c *tally) error {
+// in this process can decide them meanwhile.
+func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Claim, c *tally) error {
 	cand := b.cand
 	if e.tiers == MemoryOnly {
 		for _, i := range cand {
@@ -321,40 +324,48 @@ func (e *Engine) resolve(b *batch, ns *Namespace, out []Claim, c *tally) error {
 		}
 		return nil
 	}
-	cfps := b.cfps[:len(cand)]
-	ctokens := b.ctokens[:len(cand)]
+	m := len(cand)
+	cfps, ctokens := b.cfps[:m], b.ctokens[:m]
 	for j, i := range cand {
 		cfps[j], ctokens[j] = out[i].fp, out[i].token
 	}
+	actions, expires, digests := b.actions[:m], b.expires[:m], b.digests[:m]
+	clear(actions) // Keep
+	clear(digests)
+	settle := func() { e.mem.Settle(cfps, ctokens, actions, expires, digests) }
+	dropAll := func() {
+		for j := range actions {
+			actions[j] = memory.Drop
+		}
+		settle()
+	}
+	if e.tiers == Redis {
+		return e.resolveRedis(ctx, b, ns, out, c, settle, dropAll)
+	}
+
 	warm := e.warm.Load()
-	probes := b.probes[:len(cand)]
+	probes := b.probes[:m]
 	oldest := e.parts.Oldest(e.current.Load())
-	allLive := uint64(1)<<e.parts.Live - 1
 	if warm {
 		oldest = e.bloom.Test(cfps, probes)
 	} else {
+		allLive := uint64(1)<<e.parts.Live - 1
 		for j := range probes {
 			probes[j] = bloom.Probe{Maybe: allLive}
 		}
 	}
-	found, expires, digests := b.found[:len(cand)], b.expires[:len(cand)], b.digests[:len(cand)]
-	clear(found)
-	clear(digests)
 
 	if e.tiers == BloomOnly {
 		// The filter is the only source: a maybe is answered Duplicate, at
-		// the configured false-positive rate.
+		// the configured false-positive rate, and its claim given back.
 		for j, i := range cand {
+			out[i].Outcome = New
 			if probes[j].Maybe != 0 {
 				out[i].Outcome = Duplicate
-				found[j] = true
-			} else {
-				out[i].Outcome = New
+				actions[j] = memory.Drop
 			}
 		}
-		// Found claims become committed entries, which a claims-only
-		// table drops: the duplicates give their claims back.
-		e.mem.Settle(cfps, ctokens, found, expires, digests, false)
+		settle()
 		return nil
 	}
 
@@ -378,9 +389,7 @@ func (e *Engine) resolve(b *batch, ns *Namespace, out []Claim, c *tally) error {
 	hits := b.hits[:len(queries)]
 	c.storeReads += uint64(len(queries))
 	if err := e.store.Lookup(queries, hits); err != nil {
-		// Give every acquired claim back: nothing was decided.
-		clear(found)
-		e.mem.Settle(cfps, ctokens, found, expires, digests, true)
+		dropAll() // nothing was decided: give every claim back
 		return fmt.Errorf("%w: %w", ErrStorage, err)
 	}
 	for q, j := range qidx {
@@ -394,7 +403,7 @@ func (e *Engine) resolve(b *batch, ns *Namespace, out []Claim, c *tally) error {
 			continue
 		}
 		c.storeHits++
-		found[j] = true
+		actions[j] = memory.Commit
 		expires[j] = e.parts.Expiry(h.Partition)
 		digests[j] = Digest(h.Value.Digest).short()
 		out[i].Outcome = Duplicate
@@ -403,8 +412,63 @@ func (e *Engine) resolve(b *batch, ns *Namespace, out []Claim, c *tally) error {
 		}
 	}
 	// Found keys become committed entries in memory; the rest stay claimed.
-	e.mem.Settle(cfps, ctokens, found, expires, digests, false)
+	settle()
 	return nil
+}
+
+// resolveRedis asks Redis for every acquired key in one pipeline. Only
+// Redis may say New here: other processes write the same keys.
+func (e *Engine) resolveRedis(ctx context.Context, b *batch, ns *Namespace, out []Claim, c *tally, settle, dropAll func()) error {
+	cand := b.cand
+	reqs, res := b.rreqs[:len(cand)], b.rres[:len(cand)]
+	for j, i := range cand {
+		reqs[j] = redis.Request{NS: ns.name, Key: out[i].Key, Token: e.redisToken(out[i].token)}
+	}
+	c.storeReads += uint64(len(cand))
+	err := e.redis.Claim(ctx, reqs, time.Duration(e.lease), res)
+	clear(reqs)
+	if err != nil {
+		if e.failOpen {
+			c.failOpen += uint64(len(cand))
+			for _, i := range cand {
+				out[i].Outcome = New
+			}
+			return nil
+		}
+		dropAll()
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	actions, digests := b.actions, b.digests
+	for j, i := range cand {
+		switch r := res[j]; r.Status {
+		case redis.Acquired:
+			out[i].Outcome = New
+		case redis.Held:
+			out[i].Outcome = InFlight
+			actions[j] = memory.Drop
+		default: // Committed, by this process or another
+			c.storeHits++
+			out[i].Outcome = Duplicate
+			if d := out[i].digest; d != (Digest{}) && r.Digest != (redis.Digest{}) && redis.Digest(d) != r.Digest {
+				out[i].Outcome = Conflict
+			}
+			// Another process's commit is not cached: its Redis expiry is
+			// unknown here, and memory must never outlive it.
+			actions[j] = memory.Drop
+			digests[j] = Digest(r.Digest).short()
+		}
+	}
+	settle()
+	return nil
+}
+
+// redisToken is a claim's owner token in Redis: this engine's random ID and
+// the claim's counter, unique across processes.
+func (e *Engine) redisToken(t uint64) redis.Token {
+	var tok redis.Token
+	copy(tok[:8], e.process[:])
+	binary.BigEndian.PutUint64(tok[8:], t)
+	return tok
 }
 
 // owned gathers the New claims of a batch into b.cand, b.cfps and b.ctokens.
@@ -466,46 +530,106 @@ func (e *Engine) commit(ctx context.Context, claims []Claim, errs []error) error
 		b.digests[k] = claims[i].digest.short()
 		k++
 	}
-	ok := b.ok[:k]
-	for j := range ok {
-		ok[j] = true
-	}
 	if k > 0 {
-		part := e.parts.Of(now)
-		if e.bloom != nil {
-			// Before the durable write: the filters must have seen every key
-			// the store holds.
-			e.bloom.Add(cfps[:k], part)
+		if err := e.durable(ctx, claims, b, k, now, errs, &lost); err != nil {
+			return err
 		}
-		if e.store != nil {
-			recs := b.recs[:k]
-			for j := range recs {
-				c := &claims[b.cand[j]]
-				recs[j] = pebble.Record{Partition: part, NS: c.ns.name, Key: c.Key,
-					Value: pebble.Value{State: pebble.StateCommitted, Digest: pebble.Digest(c.digest)}}
-			}
-			if err := e.store.Write(recs); err != nil {
-				clear(ok)
-				e.mem.Finish(cfps[:k], ctokens[:k], ok, 0, b.digests[:k])
-				clear(recs)
-				e.stats.errors.Add(1)
-				err = fmt.Errorf("%w: %w", ErrStorage, err)
-				for j := range k {
-					if errs != nil {
-						errs[b.cand[j]] = err
-					}
-				}
-				return err
-			}
-			clear(recs) // drop references to the caller's keys
-		}
-		e.mem.Finish(cfps[:k], ctokens[:k], ok, now+e.window, b.digests[:k])
 	}
-	e.stats.commits.Add(uint64(k))
 	if lost > 0 {
 		e.stats.leaseLost.Add(uint64(lost))
 		return fmt.Errorf("%w: %d of %d claims", ErrLeaseLost, lost, m)
 	}
+	return nil
+}
+
+// durable makes the first k claims of b.cand durable in the configured
+// tiers, then turns their memory claims into committed entries. On a tier
+// failure the claims go back to their leased state and every one gets the
+// error.
+func (e *Engine) durable(ctx context.Context, claims []Claim, b *batch, k int, now int64, errs []error, lost *int) error {
+	cfps, ctokens, digests := b.cfps[:k], b.ctokens[:k], b.digests[:k]
+	ok := b.ok[:k]
+	for j := range ok {
+		ok[j] = true
+	}
+	fail := func(err error) error {
+		clear(ok)
+		e.mem.Finish(cfps, ctokens, ok, 0, digests)
+		e.stats.errors.Add(1)
+		for j := range k {
+			if errs != nil {
+				errs[b.cand[j]] = err
+			}
+		}
+		return err
+	}
+	part := e.parts.Of(now)
+	if e.bloom != nil {
+		// Before the durable write: the filters must have seen every key
+		// the store holds.
+		e.bloom.Add(cfps, part)
+	}
+	switch {
+	case e.store != nil:
+		recs := b.recs[:k]
+		for j := range recs {
+			c := &claims[b.cand[j]]
+			recs[j] = pebble.Record{Partition: part, NS: c.ns.name, Key: c.Key,
+				Value: pebble.Value{State: pebble.StateCommitted, Digest: pebble.Digest(c.digest)}}
+		}
+		err := e.store.Write(recs)
+		clear(recs) // drop references to the caller's keys
+		if err != nil {
+			return fail(fmt.Errorf("%w: %w", ErrStorage, err))
+		}
+	case e.redis != nil:
+		reqs, st := b.rreqs[:k], b.rst[:k]
+		for j := range reqs {
+			c := &claims[b.cand[j]]
+			reqs[j] = redis.Request{NS: c.ns.name, Key: c.Key, Token: e.redisToken(c.token), Digest: redis.Digest(c.digest)}
+		}
+		err := e.redis.Commit(ctx, reqs, st)
+		clear(reqs)
+		switch {
+		case err != nil && e.failOpen:
+			e.stats.failOpen.Add(uint64(k))
+		case err != nil:
+			// The commits may or may not have been applied: the claims
+			// stay, so a redelivery finds either the commit or the lease.
+			return fail(fmt.Errorf("%w: %w", ErrUnavailable, err))
+		default:
+			for j := range st {
+				if st[j] != redis.OK {
+					// Redis gave the key to another owner (our lease ended
+					// there): fenced out, and our local claim is void.
+					ok[j] = false
+					*lost++
+					if errs != nil {
+						errs[b.cand[j]] = ErrLeaseLost
+					}
+				}
+			}
+		}
+	}
+	e.mem.Finish(cfps, ctokens, ok, now+e.window, digests)
+	var committed uint64
+	for j := range ok {
+		if ok[j] {
+			committed++
+		} else if e.redis != nil {
+			b.actions[j] = memory.Drop
+		}
+	}
+	if committed < uint64(k) {
+		// Drop the void local claims of keys Redis refused.
+		for j := range ok {
+			if ok[j] {
+				b.actions[j] = memory.Keep
+			}
+		}
+		e.mem.Settle(cfps, ctokens, b.actions[:k], b.expires[:k], digests)
+	}
+	e.stats.commits.Add(committed)
 	return nil
 }
 
@@ -534,12 +658,34 @@ func (e *Engine) release(ctx context.Context, claims []Claim, errs []error) erro
 	}
 	st := b.st[:m]
 	e.mem.Release(b.cfps[:m], b.ctokens[:m], now, st)
-	lost := 0
+	lost, n := 0, 0 // n: claims released locally that Redis must release too
 	for j, s := range st {
 		if s != memory.OK {
 			lost++
 			if errs != nil {
 				errs[b.cand[j]] = ErrLeaseLost
+			}
+		} else if e.redis != nil {
+			c := &claims[b.cand[j]]
+			b.rreqs[n] = redis.Request{NS: c.ns.name, Key: c.Key, Token: e.redisToken(c.token)}
+			b.qidx = append(b.qidx[:n], b.cand[j])
+			n++
+		}
+	}
+	if n > 0 {
+		reqs, rst := b.rreqs[:n], b.rst[:n]
+		err := e.redis.Release(ctx, reqs, rst)
+		clear(reqs)
+		if err != nil {
+			e.stats.errors.Add(1)
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		for q, s := range rst {
+			if s != redis.OK {
+				lost++
+				if errs != nil {
+					errs[b.qidx[q]] = ErrLeaseLost
+				}
 			}
 		}
 	}

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"log"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
@@ -29,6 +31,10 @@ const (
 	// inside the window, drops new messages at the false-positive rate.
 	// With Dir set, the filters survive a clean restart through a snapshot.
 	BloomOnly
+	// Redis is memory + Redis: exact and shared by every process using the
+	// same Redis (or Redis Cluster) and RedisPrefix; durable as the Redis
+	// persistence settings allow. Options.Redis is required.
+	Redis
 )
 
 func (t Tiers) String() string {
@@ -39,6 +45,8 @@ func (t Tiers) String() string {
 		return "memory"
 	case BloomOnly:
 		return "bloom"
+	case Redis:
+		return "memory+redis"
 	}
 	return fmt.Sprintf("Tiers(%d)", uint8(t))
 }
@@ -116,6 +124,23 @@ type Options struct {
 	Clock Clock
 	// Logger receives storage error logs; nil means the standard logger.
 	Logger *log.Logger
+
+	// Redis is the client of the Redis tier (Tiers: Redis): a go-redis
+	// Client, ClusterClient or FailoverClient. The caller owns it and
+	// closes it after the Engine.
+	Redis goredis.UniversalClient
+	// RedisPrefix starts every Redis key; zero means "tierdedup:". Processes
+	// that deduplicate together use the same prefix.
+	RedisPrefix string
+	// FailOpen makes claims answer New, and commits succeed locally, while
+	// Redis is unavailable, instead of failing with ErrUnavailable (the
+	// default: fail closed). Every such answer is counted in
+	// Stats.FailOpen. Only for consumers that prefer a duplicate effect to a
+	// stalled queue.
+	FailOpen bool
+	// RequireNoEviction makes Open fail when a Redis server's
+	// maxmemory-policy could evict dedup keys; otherwise Open logs a warning.
+	RequireNoEviction bool
 }
 
 // Validate reports every invalid field at once; each error matches
@@ -135,8 +160,21 @@ func (o *Options) Validate() error {
 			bad("Dir %q is not used by %v", o.Dir, o.Tiers)
 		}
 	case BloomOnly:
+	case Redis:
+		if o.Redis == nil {
+			bad("Redis client is required for %v", o.Tiers)
+		}
+		if o.Dir != "" {
+			bad("Dir %q is not used by %v", o.Dir, o.Tiers)
+		}
 	default:
 		bad("Tiers %d is not a configuration", o.Tiers)
+	}
+	if o.Tiers != Redis && (o.Redis != nil || o.FailOpen || o.RedisPrefix != "" || o.RequireNoEviction) {
+		bad("Redis, RedisPrefix, FailOpen and RequireNoEviction apply only to Tiers: Redis")
+	}
+	if strings.ContainsAny(o.RedisPrefix, "{}") {
+		bad("RedisPrefix %q contains a hash-tag brace, which would pin every key to one cluster slot", o.RedisPrefix)
 	}
 	if o.Window < 0 {
 		bad("Window %v is negative", o.Window)

@@ -21,6 +21,9 @@ type Stats struct {
 	LeaseExpiries, LeaseLost uint64
 	// Errors counts calls that failed in a tier.
 	Errors uint64
+	// FailOpen counts keys answered New, or commits acknowledged, while
+	// Redis was unavailable (Options.FailOpen).
+	FailOpen uint64
 
 	// MemoryHits counts keys answered from memory as committed;
 	// MemoryMisses, keys that memory did not know.
@@ -39,7 +42,8 @@ type Stats struct {
 	BloomTargetFP, BloomEstimatedFP    float64
 	BloomRebuiltKeys, PartitionDropped uint64
 
-	// StoreReads counts keys looked up in Pebble; StoreHits, those found.
+	// StoreReads counts keys looked up in the durable tier (Pebble or
+	// Redis); StoreHits, those found committed.
 	StoreReads, StoreHits uint64
 	// DiskBytes is Pebble's size on disk, WAL included.
 	DiskBytes uint64
@@ -57,7 +61,7 @@ type counters struct {
 	memHits, memMisses                       atomic.Uint64
 	bloomNegatives, bloomFalsePositives      atomic.Uint64
 	storeReads, storeHits                    atomic.Uint64
-	rebuilt, partitionsDropped               atomic.Uint64
+	rebuilt, partitionsDropped, failOpen     atomic.Uint64
 }
 
 // tally counts one call's events before they are added to the counters.
@@ -66,7 +70,7 @@ type tally struct {
 	leaseExpiries, errors                    uint64
 	memHits, memMisses                       uint64
 	bloomNegatives, bloomFalsePositives      uint64
-	storeReads, storeHits                    uint64
+	storeReads, storeHits, failOpen          uint64
 }
 
 func (t *tally) count(o Outcome) {
@@ -91,6 +95,7 @@ func (c *counters) add(t *tally) {
 		{&c.conflicts, t.conflicts}, {&c.leaseExpiries, t.leaseExpiries}, {&c.errors, t.errors},
 		{&c.memHits, t.memHits}, {&c.memMisses, t.memMisses}, {&c.bloomNegatives, t.bloomNegatives},
 		{&c.bloomFalsePositives, t.bloomFalsePositives}, {&c.storeReads, t.storeReads}, {&c.storeHits, t.storeHits},
+		{&c.failOpen, t.failOpen},
 	} {
 		if p.n != 0 {
 			p.dst.Add(p.n)
@@ -107,6 +112,7 @@ func (e *Engine) Stats() Stats {
 		InFlight: c.inflight.Load(), Conflicts: c.conflicts.Load(),
 		Commits: c.commits.Load(), Releases: c.releases.Load(),
 		LeaseExpiries: c.leaseExpiries.Load(), LeaseLost: c.leaseLost.Load(), Errors: c.errors.Load(),
+		FailOpen:   c.failOpen.Load(),
 		MemoryHits: c.memHits.Load(), MemoryMisses: c.memMisses.Load(),
 		BloomNegatives: c.bloomNegatives.Load(), BloomFalsePositives: c.bloomFalsePositives.Load(),
 		BloomRebuiltKeys: c.rebuilt.Load(), PartitionDropped: c.partitionsDropped.Load(),

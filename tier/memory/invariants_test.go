@@ -81,7 +81,7 @@ func TestStructureUnderEveryOperation(t *testing.T) {
 		case 3:
 			tb.Release(f, tok, now, make([]Status, 1))
 		case 4:
-			tb.Settle(f, tok, []bool{rng.IntN(2) == 0}, []int64{now + 50}, []uint64{2}, rng.IntN(2) == 0)
+			tb.Settle(f, tok, []Action{Action(rng.IntN(3))}, []int64{now + 50}, []uint64{2})
 		case 5:
 			tb.Put(f, []int64{now + 80}, []uint64{3})
 		case 6:

@@ -269,13 +269,13 @@ func (s *stripe) releaseLocked(f shard.Fingerprint, token uint64, now int64) Sta
 	return OK
 }
 
-func (s *stripe) settleLocked(f shard.Fingerprint, token uint64, found bool, expires int64, digest uint64, abandon bool) {
+func (s *stripe) settleLocked(f shard.Fingerprint, token uint64, action Action, expires int64, digest uint64) {
 	slot, idx, ok := s.ownLocked(f, token, claimed)
 	switch {
 	case !ok:
-	case found:
+	case action == Commit:
 		s.commitLocked(idx, expires, digest)
-	case abandon:
+	case action == Drop:
 		s.removeLocked(slot)
 	}
 }

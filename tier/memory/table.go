@@ -181,13 +181,28 @@ func (t *Table) Release(fps []shard.Fingerprint, tokens []uint64, now int64, out
 	})
 }
 
-// Settle resolves claims the engine acquired only to consult a slower tier.
-// Where found[i], the claim tokens[i] becomes a committed entry expiring at
-// expires[i] with digests[i]; otherwise the claim is removed (abandon is
-// true) or kept. A key that tokens[i] no longer holds is left alone.
-func (t *Table) Settle(fps []shard.Fingerprint, tokens []uint64, found []bool, expires []int64, digests []uint64, abandon bool) {
+// Action says what Settle does with a claim acquired to consult a slower
+// tier.
+type Action uint8
+
+// Actions.
+const (
+	// Keep leaves the claim in place: the key was new.
+	Keep Action = iota
+	// Commit turns the claim into a committed entry: the slower tier knew
+	// the key as committed.
+	Commit
+	// Drop removes the claim: the key turned out held or committed
+	// elsewhere, or the call failed.
+	Drop
+)
+
+// Settle resolves claims the engine acquired only to consult a slower tier,
+// applying actions[i] to the claim tokens[i] holds (Commit with expires[i]
+// and digests[i]). A key that tokens[i] no longer holds is left alone.
+func (t *Table) Settle(fps []shard.Fingerprint, tokens []uint64, actions []Action, expires []int64, digests []uint64) {
 	t.each(fps, func(s *stripe, i int) {
-		s.settleLocked(fps[i], tokens[i], found[i], expires[i], digests[i], abandon)
+		s.settleLocked(fps[i], tokens[i], actions[i], expires[i], digests[i])
 	})
 }
 

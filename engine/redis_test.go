@@ -1,0 +1,343 @@
+package engine_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/redis/redistest"
+)
+
+// The Redis configuration (memory + Redis) runs the same conformance suite
+// as the others, on one node and on a three-master cluster, each test
+// against redis-server processes it starts itself.
+
+func TestConformanceRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	single := confConfig{name: "redis", tiers: engine.Redis, capacity: 4096, redis: func(t *testing.T) goredis.UniversalClient {
+		c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}}
+	small := single
+	small.name, small.capacity = "redis-small-cache", 16
+	t.Run(single.name, func(t *testing.T) { runConformanceSeeds(t, single) })
+	t.Run(small.name, func(t *testing.T) { runConformanceSeeds(t, small) })
+
+	cl := redistest.StartCluster(t)
+	cluster := confConfig{name: "redis-cluster", tiers: engine.Redis, capacity: 4096, redis: func(t *testing.T) goredis.UniversalClient {
+		c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs()})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}}
+	t.Run(cluster.name, func(t *testing.T) { runConformanceSeeds(t, cluster) })
+}
+
+func openRedis(t *testing.T, c goredis.UniversalClient, o engine.Options) *engine.Engine {
+	t.Helper()
+	o.Tiers, o.Redis = engine.Redis, c
+	if o.RedisPrefix == "" {
+		o.RedisPrefix = fmt.Sprintf("t-%d:", time.Now().UnixNano())
+	}
+	return open(t, o)
+}
+
+// TestRedisFencing: a claim whose lease ended in Redis and was taken over by
+// another process cannot commit or release, and changes nothing.
+func TestRedisFencing(t *testing.T) {
+	srv := redistest.Start(t)
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	defer c.Close()
+	clockA, clockB := newClock(), newClock()
+	a := openRedis(t, c, engine.Options{Clock: clockA, RedisPrefix: "fence:"})
+	b := openRedis(t, c, engine.Options{Clock: clockB, RedisPrefix: "fence:"}) // another process
+	defer a.Close()
+	defer b.Close()
+	ctx := context.Background()
+	key := []byte("order-1")
+	ca, err := a.Claim(ctx, key)
+	if err != nil || ca.Outcome != engine.New {
+		t.Fatal(ca.Outcome, err)
+	}
+	if cb, _ := b.Claim(ctx, key); cb.Outcome != engine.InFlight {
+		t.Fatalf("other process inside the lease = %v", cb.Outcome)
+	}
+	// The lease ends in Redis (forced) and on a's clock.
+	redisKey := "fence:\x00order-1"
+	if n, _ := c.PExpire(ctx, redisKey, time.Millisecond).Result(); !n {
+		t.Fatalf("no Redis key %q", redisKey)
+	}
+	for c.Exists(ctx, redisKey).Val() == 1 {
+		time.Sleep(time.Millisecond)
+	}
+	clockA.Add(engine.DefaultLease + time.Second)
+	cb, _ := b.Claim(ctx, key)
+	if cb.Outcome != engine.New {
+		t.Fatalf("takeover = %v", cb.Outcome)
+	}
+	if err := a.Commit(ctx, ca); !errors.Is(err, engine.ErrLeaseLost) {
+		t.Fatalf("commit by the fenced process: %v", err)
+	}
+	if err := a.Release(ctx, ca); !errors.Is(err, engine.ErrLeaseLost) {
+		t.Fatalf("release by the fenced process: %v", err)
+	}
+	if err := b.Commit(ctx, cb); err != nil {
+		t.Fatalf("commit by the new owner: %v", err)
+	}
+	for _, e := range []*engine.Engine{a, b} {
+		if c, _ := e.Claim(ctx, key); c.Outcome != engine.Duplicate {
+			t.Fatalf("after commit = %v", c.Outcome)
+		}
+	}
+}
+
+// TestRedisMemoryNeverSaysNew: the memory tier may answer Duplicate for this
+// process's commits but every New comes from Redis: a key committed by
+// another process is a Duplicate here although memory never saw it.
+func TestRedisMemoryNeverSaysNew(t *testing.T) {
+	srv := redistest.Start(t)
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	defer c.Close()
+	a := openRedis(t, c, engine.Options{RedisPrefix: "mem:"})
+	b := openRedis(t, c, engine.Options{RedisPrefix: "mem:"})
+	defer a.Close()
+	defer b.Close()
+	ctx := context.Background()
+	if o, _ := a.MarkIfAbsent(ctx, []byte("k")); o != engine.New {
+		t.Fatal(o)
+	}
+	if o, _ := b.MarkIfAbsent(ctx, []byte("k")); o != engine.Duplicate {
+		t.Fatalf("other process = %v", o)
+	}
+	before := a.Stats()
+	if o, _ := a.MarkIfAbsent(ctx, []byte("k")); o != engine.Duplicate {
+		t.Fatal(o)
+	}
+	if after := a.Stats(); after.MemoryHits != before.MemoryHits+1 || after.StoreReads != before.StoreReads {
+		t.Fatalf("own commit not answered from memory: %+v", after)
+	}
+}
+
+// TestRedisKilledMidRun kills redis-server (with AOF fsync always) while
+// the engine claims and commits: calls fail with ErrUnavailable, never a
+// wrong answer; when the server returns the engine recovers and every
+// acknowledged commit is a Duplicate.
+func TestRedisKilledMidRun(t *testing.T) {
+	srv := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr, MaxRetries: 1, DialTimeout: 100 * time.Millisecond, MaxRetryBackoff: 20 * time.Millisecond})
+	defer c.Close()
+	e := openRedis(t, c, engine.Options{RedisPrefix: "kill:"})
+	defer e.Close()
+	acked := map[string]bool{}
+	var mu sync.Mutex
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var unavailable, wrong sync.Map
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				keys := make([][]byte, 16)
+				for j := range keys {
+					keys[j] = fmt.Appendf(nil, "w%d-%d-%d", w, i, j)
+				}
+				claims := make([]engine.Claim, len(keys))
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				err := e.ClaimBatch(ctx, keys, nil, claims)
+				if err == nil {
+					for _, cl := range claims {
+						if cl.Outcome != engine.New {
+							wrong.Store(string(cl.Key), cl.Outcome)
+						}
+					}
+					err = e.CommitBatch(ctx, claims, nil)
+					if err == nil {
+						mu.Lock()
+						for _, k := range keys {
+							acked[string(k)] = true
+						}
+						mu.Unlock()
+					}
+				}
+				cancel()
+				if err != nil {
+					if !errors.Is(err, engine.ErrUnavailable) {
+						wrong.Store(fmt.Sprint("error ", w, i), err)
+					}
+					unavailable.Store(w, true)
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	time.Sleep(200 * time.Millisecond)
+	srv.Kill()
+	time.Sleep(time.Second)
+	srv.Restart()
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	wrong.Range(func(k, v any) bool {
+		t.Errorf("%v: %v", k, v)
+		return true
+	})
+	n := 0
+	unavailable.Range(func(any, any) bool { n++; return true })
+	if n == 0 {
+		t.Fatalf("no call saw Redis down (%d acknowledged)", len(acked))
+	}
+	if st := e.Stats(); st.Errors == 0 {
+		t.Error("Stats.Errors did not count the outage")
+	}
+	keys := make([][]byte, 0, len(acked))
+	for k := range acked {
+		keys = append(keys, []byte(k))
+	}
+	out := make([]engine.Claim, len(keys))
+	if err := e.ClaimBatch(context.Background(), keys, nil, out); err != nil {
+		t.Fatalf("after the server returned: %v", err)
+	}
+	for i, c := range out {
+		if c.Outcome != engine.Duplicate {
+			t.Fatalf("acknowledged %s = %v after the restart", keys[i], c.Outcome)
+		}
+	}
+	t.Logf("%d acknowledged commits survived the kill", len(keys))
+}
+
+func TestRedisFailOpenIsCounted(t *testing.T) {
+	srv := redistest.Start(t)
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	defer c.Close()
+	closed := openRedis(t, c, engine.Options{RedisPrefix: "fo:"})
+	open := openRedis(t, c, engine.Options{RedisPrefix: "fo:", FailOpen: true})
+	defer closed.Close()
+	defer open.Close()
+	srv.Kill()
+	ctx := context.Background()
+	if _, err := closed.Claim(ctx, []byte("k")); !errors.Is(err, engine.ErrUnavailable) {
+		t.Fatalf("fail-closed claim with Redis down: %v", err)
+	}
+	cl, err := open.Claim(ctx, []byte("k"))
+	if err != nil || cl.Outcome != engine.New {
+		t.Fatalf("fail-open claim = %v, %v", cl.Outcome, err)
+	}
+	if err := open.Commit(ctx, cl); err != nil {
+		t.Fatalf("fail-open commit: %v", err)
+	}
+	if st := open.Stats(); st.FailOpen != 2 {
+		t.Fatalf("Stats.FailOpen = %d, want 2", st.FailOpen)
+	}
+}
+
+// The multi-process race: four OS processes (this test binary re-executed)
+// claim the same keys in different orders through one Redis; exactly one
+// claim per key is New across all of them.
+
+const redisChildEnv = "TIERDEDUP_REDIS_CHILD"
+
+func redisChild(spec string) int {
+	parts := strings.Split(spec, "|")
+	addr, prefix := parts[0], parts[1]
+	id, _ := strconv.Atoi(parts[2])
+	n, _ := strconv.Atoi(parts[3])
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	defer c.Close()
+	e, err := engine.Open(&engine.Options{Tiers: engine.Redis, Redis: c, RedisPrefix: prefix, Logger: quiet})
+	if err != nil {
+		fmt.Println("ERR", err)
+		return 1
+	}
+	defer e.Close()
+	order := rand.New(rand.NewPCG(uint64(id), 3)).Perm(n)
+	out := bufio.NewWriter(os.Stdout)
+	defer out.Flush()
+	for i := 0; i < n; i += 32 {
+		idx := order[i:min(i+32, n)]
+		keys := make([][]byte, len(idx))
+		for j, k := range idx {
+			keys[j] = fmt.Appendf(nil, "shared-%d", k)
+		}
+		claims := make([]engine.Claim, len(keys))
+		if err := e.ClaimBatch(context.Background(), keys, nil, claims); err != nil {
+			fmt.Fprintln(out, "ERR", err)
+			return 1
+		}
+		for _, cl := range claims {
+			if cl.Outcome == engine.New {
+				fmt.Fprintln(out, "N", string(cl.Key))
+			}
+		}
+		if id%2 == 0 {
+			if err := e.CommitBatch(context.Background(), claims, nil); err != nil {
+				fmt.Fprintln(out, "ERR", err)
+				return 1
+			}
+		}
+	}
+	return 0
+}
+
+func TestRedisProcessesRace(t *testing.T) {
+	srv := redistest.Start(t)
+	const procs, keys = 4, 3000
+	prefix := fmt.Sprintf("race-%d:", time.Now().UnixNano())
+	news := map[string]int{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for p := range procs {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s|%s|%d|%d", redisChildEnv, srv.Addr, prefix, p, keys))
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				kind, key, _ := strings.Cut(sc.Text(), " ")
+				mu.Lock()
+				switch kind {
+				case "N":
+					news[key]++
+				case "ERR":
+					t.Errorf("process %d: %s", p, key)
+				}
+				mu.Unlock()
+			}
+			if err := cmd.Wait(); err != nil {
+				t.Errorf("process %d: %v", p, err)
+			}
+		}()
+	}
+	wg.Wait()
+	for i := range keys {
+		if n := news[fmt.Sprintf("shared-%d", i)]; n != 1 {
+			t.Fatalf("shared-%d was New in %d processes", i, n)
+		}
+	}
+}
