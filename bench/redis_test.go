@@ -1,0 +1,107 @@
+package bench_test
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/redis/redistest"
+)
+
+// BenchmarkRedis compares, against one redis-server the benchmark starts:
+// the engine's batch claims and marks (memory + Redis), the recipe users
+// replace (one SET NX EX per message), and redis-benchmark pipelining 64
+// SET NX EX when the binary is present.
+//
+//	go test -run '^$' -bench Redis -cpu 2 ./bench/
+func BenchmarkRedis(b *testing.B) {
+	srv := redistest.Start(b)
+	client := goredis.NewClient(&goredis.Options{Addr: srv.Addr, PoolSize: 64})
+	defer client.Close()
+	for _, batch := range []int{1, 256} {
+		for _, op := range []string{"claim", "mark"} {
+			b.Run(fmt.Sprintf("tier=redis/op=%s/batch=%d", op, batch), func(b *testing.B) {
+				e, err := engine.Open(&engine.Options{Tiers: engine.Redis, Redis: client, RedisPrefix: fmt.Sprintf("b%d:", time.Now().UnixNano()), Logger: quiet})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer e.Close()
+				runMark(b, redisOp{e, op}, batch)
+			})
+		}
+	}
+	b.Run("tier=baseline-setnx-per-message/batch=1", func(b *testing.B) {
+		prefix := fmt.Sprintf("s%d:", time.Now().UnixNano())
+		runMark(b, setNX{client, prefix}, 1)
+	})
+	b.Run("tier=baseline-redis-benchmark-P64/batch=64", func(b *testing.B) {
+		tool, err := exec.LookPath("redis-benchmark")
+		if err != nil {
+			b.Skip("redis-benchmark not installed")
+		}
+		n := max(b.N, 10_000)
+		out, err := exec.Command(tool, "-h", "127.0.0.1", "-p", strconv.Itoa(srv.Port), "-n", strconv.Itoa(n),
+			"-c", "50", "-P", "64", "-r", "1000000000", "-q",
+			"SET", "rb:__rand_int__", "1", "NX", "EX", "86400").CombinedOutput()
+		if err != nil {
+			b.Fatalf("redis-benchmark: %v\n%s", err, out)
+		}
+		m := regexp.MustCompile(`([0-9.]+) requests per second`).FindSubmatch(out)
+		if m == nil {
+			b.Fatalf("unexpected redis-benchmark output: %s", out)
+		}
+		rps, _ := strconv.ParseFloat(string(m[1]), 64)
+		b.ReportMetric(rps, "keys/s")
+	})
+}
+
+// redisOp drives an engine through ClaimBatch only (claim) or claim and
+// commit (mark).
+type redisOp struct {
+	e  *engine.Engine
+	op string
+}
+
+func (r redisOp) mark(keys [][]byte, out []engine.Outcome) error {
+	if r.op == "mark" {
+		return r.e.MarkBatch(context.Background(), keys, nil, out)
+	}
+	claims := make([]engine.Claim, len(keys))
+	if err := r.e.ClaimBatch(context.Background(), keys, nil, claims); err != nil {
+		return err
+	}
+	for i := range claims {
+		out[i] = claims[i].Outcome
+	}
+	return nil
+}
+func (r redisOp) close() {}
+
+// setNX is the common recipe: SET key 1 NX EX window, one round trip per
+// message.
+type setNX struct {
+	c      *goredis.Client
+	prefix string
+}
+
+func (s setNX) mark(keys [][]byte, out []engine.Outcome) error {
+	for i, k := range keys {
+		ok, err := s.c.SetNX(context.Background(), s.prefix+string(k), 1, 7*24*time.Hour).Result()
+		if err != nil {
+			return err
+		}
+		out[i] = engine.Duplicate
+		if ok {
+			out[i] = engine.New
+		}
+	}
+	return nil
+}
+func (s setNX) close() {}
