@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -18,7 +19,7 @@ import (
 )
 
 // The benchmarks push one key stream (36-byte UUIDv4 strings, 90 % new, 10 %
-// duplicates of the last 1000 keys, generated before the timer) through each
+// duplicates of about the last 1000 keys, generated before the timer) through each
 // engine configuration and, in the same run, through the naive structures
 // they replace. Every sub-benchmark reports keys/s; compare them with
 // benchstat, slicing on tier= and batch=.
@@ -36,7 +37,9 @@ func keys(b *testing.B, n int) [][]byte {
 	defer streamMu.Unlock()
 	if stream == nil || len(stream.Keys) < n {
 		b.StopTimer()
-		w, err := bench.Generate(bench.WorkloadConfig{Keys: max(n, 1<<16), DupRatio: 0.1, DupDistance: 1000, Seed: 1})
+		// 90 % new; duplicates within the last 10 simulated seconds of a
+		// stream of 10M keys a day: about the last 1000 keys.
+		w, err := bench.Generate(bench.WorkloadConfig{Keys: int64(max(n, 1<<16)), DupRatio: 0.1, DupReach: 10 * time.Second, Span: 24 * time.Hour * time.Duration(max(n, 1<<16)) / 10_000_000, Seed: 1})
 		if err != nil {
 			b.Fatal(err)
 		}

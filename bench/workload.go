@@ -1,72 +1,231 @@
 package bench
 
 import (
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
+	"time"
 )
 
 // ErrConfig reports an invalid WorkloadConfig.
 var ErrConfig = errors.New("bench: invalid workload config")
 
-// WorkloadConfig describes a stream of message keys.
+// KeyShape is the form of message keys.
+type KeyShape uint8
+
+// Key shapes seen in message brokers.
+const (
+	// UUIDv4 is a random UUID in its 36-byte text form.
+	UUIDv4 KeyShape = iota
+	// UUIDv7 is a time-ordered UUID (48-bit millisecond prefix), 36 bytes.
+	UUIDv7
+	// Snowflake is a 64-bit time-ordered numeric ID in decimal, ≈ 19 bytes.
+	Snowflake
+	// Business is a business key such as "order:12345678".
+	Business
+)
+
+var shapeNames = [...]string{"uuid4", "uuid7", "snowflake", "business"}
+
+func (s KeyShape) String() string {
+	if int(s) < len(shapeNames) {
+		return shapeNames[s]
+	}
+	return "KeyShape(" + strconv.Itoa(int(s)) + ")"
+}
+
+// ParseKeyShape parses a KeyShape name.
+func ParseKeyShape(s string) (KeyShape, error) {
+	for i, n := range shapeNames {
+		if n == s {
+			return KeyShape(i), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: key shape %q (want uuid4, uuid7, snowflake or business)", ErrConfig, s)
+}
+
+// WorkloadConfig describes a stream of message keys over simulated time.
 type WorkloadConfig struct {
-	// Keys is the number of keys in the stream.
-	Keys int
-	// DupRatio is the share of keys that repeat an earlier key, in [0, 1).
+	// Keys is the number of messages in the stream.
+	Keys int64
+	// Shape is the key form.
+	Shape KeyShape
+	// DupRatio is the share of messages that repeat an earlier key, [0, 1).
 	DupRatio float64
-	// DupDistance is how many keys back a duplicate may reach (uniformly);
-	// small values model redeliveries seconds apart. Zero means 1000.
-	DupDistance int
+	// DupReach is how far back in simulated time a duplicate reaches,
+	// uniformly (or Zipf-skewed towards recent keys with Zipf > 1): a few
+	// seconds models producer retries and redeliveries, hours a replayed
+	// partition, days a reprocessed backlog. Zero means 10 seconds.
+	DupReach time.Duration
+	// Zipf > 1 skews duplicates towards the most recent keys with that
+	// exponent (hot keys); 0 means uniform.
+	Zipf float64
+	// InBatchRepeat is the share of messages that repeat a key of the same
+	// batch (a producer retry landing in one poll), [0, 1).
+	InBatchRepeat float64
+	// Span is the simulated time the stream covers; zero means one day.
+	Span time.Duration
 	// Seed makes the stream reproducible.
 	Seed uint64
 }
 
-// Workload is a pre-generated key stream: Keys[i] is the i-th message's key,
-// 36-byte UUIDv4 strings with the configured repeats.
-type Workload struct {
-	Keys [][]byte
-	// Dups is the number of keys that repeat an earlier one.
-	Dups int
+// Validate reports every invalid field at once.
+func (c *WorkloadConfig) Validate() error {
+	var errs []error
+	if c.Keys < 0 {
+		errs = append(errs, fmt.Errorf("%w: Keys %d is negative", ErrConfig, c.Keys))
+	}
+	if c.Shape > Business {
+		errs = append(errs, fmt.Errorf("%w: Shape %d", ErrConfig, c.Shape))
+	}
+	if c.DupRatio < 0 || c.DupRatio >= 1 {
+		errs = append(errs, fmt.Errorf("%w: DupRatio %v outside [0, 1)", ErrConfig, c.DupRatio))
+	}
+	if c.InBatchRepeat < 0 || c.InBatchRepeat >= 1 {
+		errs = append(errs, fmt.Errorf("%w: InBatchRepeat %v outside [0, 1)", ErrConfig, c.InBatchRepeat))
+	}
+	if c.DupReach < 0 || c.Span < 0 {
+		errs = append(errs, fmt.Errorf("%w: DupReach %v and Span %v must not be negative", ErrConfig, c.DupReach, c.Span))
+	}
+	if c.Zipf != 0 && c.Zipf <= 1 {
+		errs = append(errs, fmt.Errorf("%w: Zipf %v must be 0 or above 1", ErrConfig, c.Zipf))
+	}
+	return errors.Join(errs...)
 }
 
-// Generate builds the stream. All keys share one arena, so a 10M-key stream
-// costs ≈ 600 MB (36 B of key and a 24 B slice header each).
-func Generate(c WorkloadConfig) (*Workload, error) {
-	if c.Keys < 0 || c.DupRatio < 0 || c.DupRatio >= 1 || c.DupDistance < 0 {
-		return nil, fmt.Errorf("%w: %+v", ErrConfig, c)
-	}
-	if c.DupDistance == 0 {
-		c.DupDistance = 1000
-	}
-	rng := rand.New(rand.NewPCG(c.Seed, 0x7de))
-	arena := make([]byte, 0, 36*c.Keys)
-	w := &Workload{Keys: make([][]byte, c.Keys)}
-	for i := range w.Keys {
-		if i > 0 && rng.Float64() < c.DupRatio {
-			w.Keys[i] = w.Keys[i-1-rng.IntN(min(i, c.DupDistance))]
-			w.Dups++
-			continue
-		}
-		start := len(arena)
-		arena = appendUUIDv4(arena, rng)
-		w.Keys[i] = arena[start:len(arena):len(arena)]
-	}
-	return w, nil
+// Stream produces the configured messages in order. Key i of the stream is
+// a pure function of the seed and the index of the fresh key it names, so a
+// duplicate days back costs no memory: it is recomputed. A Stream is used by
+// one goroutine; Split gives each worker its own.
+type Stream struct {
+	c       WorkloadConfig
+	rng     *rand.Rand
+	zipf    *rand.Zipf
+	next    int64 // messages produced
+	fresh   int64 // fresh keys produced
+	step    time.Duration
+	perStep float64 // fresh keys per nanosecond of simulated time
+	start   time.Time
 }
 
-// appendUUIDv4 appends a random version-4 UUID in its 36-byte text form.
-func appendUUIDv4(dst []byte, rng *rand.Rand) []byte {
-	var u [16]byte
-	for i := 0; i < 16; i += 8 {
-		v := rng.Uint64()
-		for j := range 8 {
-			u[i+j] = byte(v >> (8 * j))
-		}
+// Start is the simulated time of the first message.
+var Start = time.Date(2026, 1, 5, 0, 0, 0, 0, time.UTC)
+
+// NewStream returns the stream for c.
+func NewStream(c WorkloadConfig) (*Stream, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
 	}
-	u[6] = u[6]&0x0f | 0x40
-	u[8] = u[8]&0x3f | 0x80
+	if c.DupReach == 0 {
+		c.DupReach = 10 * time.Second
+	}
+	if c.Span == 0 {
+		c.Span = 24 * time.Hour
+	}
+	s := &Stream{c: c, rng: rand.New(rand.NewPCG(c.Seed, 0x5eed)), start: Start}
+	if c.Keys > 0 {
+		s.step = c.Span / time.Duration(c.Keys)
+		s.perStep = float64(c.Keys) * (1 - c.DupRatio) / float64(c.Span)
+	}
+	if c.Zipf > 1 {
+		s.zipf = rand.NewZipf(s.rng, c.Zipf, 1, 1<<40)
+	}
+	return s, nil
+}
+
+// Config returns the stream's configuration with defaults applied.
+func (s *Stream) Config() WorkloadConfig { return s.c }
+
+// Len returns the number of messages left.
+func (s *Stream) Len() int64 { return s.c.Keys - s.next }
+
+// Now returns the simulated time of the next message.
+func (s *Stream) Now() time.Time { return s.start.Add(time.Duration(s.next) * s.step) }
+
+// Kind says why a message's key is what it is.
+type Kind uint8
+
+// Kinds of message.
+const (
+	Fresh    Kind = iota // a key never seen before
+	Repeat               // a duplicate of an earlier message
+	InBatch              // a repeat of a key earlier in the same batch
+)
+
+// Batch appends up to n messages' keys to dst (reusing its buffers) and
+// their kinds to kinds, and returns both. It returns fewer at the end.
+func (s *Stream) Batch(dst [][]byte, kinds []Kind, n int) ([][]byte, []Kind) {
+	dst, kinds = dst[:0], kinds[:0]
+	for len(dst) < n && s.next < s.c.Keys {
+		var key []byte
+		if cap(dst) > len(dst) {
+			key = dst[:len(dst)+1][len(dst)][:0]
+		}
+		kind := Fresh
+		switch r := s.rng.Float64(); {
+		case len(dst) > 0 && r < s.c.InBatchRepeat:
+			key = append(key, dst[s.rng.IntN(len(dst))]...)
+			kind = InBatch
+		case s.fresh > 0 && r < s.c.InBatchRepeat+s.c.DupRatio:
+			key = s.appendKey(key, s.earlier())
+			kind = Repeat
+		default:
+			key = s.appendKey(key, s.fresh)
+			s.fresh++
+		}
+		dst = append(dst, key)
+		kinds = append(kinds, kind)
+		s.next++
+	}
+	return dst, kinds
+}
+
+// earlier picks the fresh index a duplicate repeats: within DupReach of
+// simulated time back, uniformly or Zipf-skewed to the most recent.
+func (s *Stream) earlier() int64 {
+	reach := int64(float64(s.c.DupReach) * s.perStep)
+	reach = max(1, min(reach, s.fresh))
+	var back int64
+	if s.zipf != nil {
+		back = int64(s.zipf.Uint64()) % reach
+	} else {
+		back = s.rng.Int64N(reach)
+	}
+	return s.fresh - 1 - back
+}
+
+// appendKey appends the key of fresh index i.
+func (s *Stream) appendKey(dst []byte, i int64) []byte {
+	h := mix(uint64(i) ^ s.c.Seed*0x9e3779b97f4a7c15)
+	t := s.start.Add(time.Duration(float64(i) / max(s.perStep, 1e-300)))
+	switch s.c.Shape {
+	case UUIDv7:
+		var u [16]byte
+		binary.BigEndian.PutUint64(u[:8], uint64(t.UnixMilli())<<16|h&0xffff)
+		binary.BigEndian.PutUint64(u[8:], mix(h))
+		u[6] = u[6]&0x0f | 0x70
+		u[8] = u[8]&0x3f | 0x80
+		return appendUUID(dst, u)
+	case Snowflake:
+		// 41 bits of milliseconds, 10 of worker, 12 of sequence.
+		id := uint64(t.UnixMilli()-1288834974657)<<22 | (h & (1<<22 - 1))
+		return strconv.AppendUint(dst, id, 10)
+	case Business:
+		return strconv.AppendInt(append(dst, "order:"...), i, 10)
+	default:
+		var u [16]byte
+		binary.LittleEndian.PutUint64(u[:8], h)
+		binary.LittleEndian.PutUint64(u[8:], mix(h^0xa5a5a5a5))
+		u[6] = u[6]&0x0f | 0x40
+		u[8] = u[8]&0x3f | 0x80
+		return appendUUID(dst, u)
+	}
+}
+
+func appendUUID(dst []byte, u [16]byte) []byte {
 	var s [36]byte
 	hex.Encode(s[0:8], u[0:4])
 	s[8] = '-'
@@ -78,4 +237,46 @@ func appendUUIDv4(dst []byte, rng *rand.Rand) []byte {
 	s[23] = '-'
 	hex.Encode(s[24:36], u[10:16])
 	return append(dst, s[:]...)
+}
+
+// mix is a bijective 64-bit mixer (splitmix64's finaliser), so distinct
+// indices give distinct keys.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// Workload is a pre-generated key stream, for go test benchmarks that must
+// generate their keys before the timer.
+type Workload struct {
+	Keys [][]byte
+	// Dups is the number of keys that repeat an earlier one.
+	Dups int
+}
+
+// Generate pre-generates the first c.Keys messages of c's stream. A
+// 10M-key UUID stream costs ≈ 600 MB (36 B of key and a 24 B slice header
+// each).
+func Generate(c WorkloadConfig) (*Workload, error) {
+	s, err := NewStream(c)
+	if err != nil {
+		return nil, err
+	}
+	w := &Workload{Keys: make([][]byte, 0, c.Keys)}
+	var batch [][]byte
+	var kinds []Kind
+	for s.Len() > 0 {
+		batch, kinds = s.Batch(batch[:0], kinds, 4096)
+		for i, k := range batch {
+			w.Keys = append(w.Keys, append([]byte(nil), k...))
+			if kinds[i] != Fresh {
+				w.Dups++
+			}
+		}
+	}
+	return w, nil
 }
