@@ -1,0 +1,261 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tierdedup/tierdedup/engine"
+)
+
+// RunConfig describes one measured run of an engine over a workload.
+type RunConfig struct {
+	// Workload is the message stream.
+	Workload WorkloadConfig
+	// Engine configures the engine. Run sets Clock to the stream's
+	// simulated time; an empty Dir in the default configuration becomes a
+	// temporary directory that Run removes.
+	Engine engine.Options
+	// Batch is the number of keys per MarkBatch call; zero means 256.
+	Batch int
+	// Workers is the number of goroutines; zero means 4 per CPU, so that
+	// one batch's fsync overlaps another batch's work.
+	Workers int
+	// Sample is the interval of the throughput series; zero means 1 s.
+	Sample time.Duration
+	// Progress, if set, is called after each sample.
+	Progress func(Point)
+}
+
+// Point is one sample of a run's progress.
+type Point struct {
+	At         time.Duration // wall time since the start
+	Keys       int64         // messages processed so far
+	KeysPerSec float64       // over the last sample
+	SimTime    time.Time     // the stream's simulated time
+	Rotations  uint64        // partitions dropped so far
+}
+
+// Percentiles of a latency distribution.
+type Percentiles struct {
+	P50, P99, P999, Max time.Duration
+}
+
+// Result is what a run measured.
+type Result struct {
+	Tiers      string
+	Workload   WorkloadConfig
+	Batch      int
+	Workers    int
+	Keys       int64
+	Elapsed    time.Duration
+	KeysPerSec float64
+	// IDsPerDay extrapolates KeysPerSec to a day of sustained load.
+	IDsPerDay float64
+	// BatchLatency is the latency of MarkBatch calls; KeyLatency divides it
+	// by the batch size (the amortised cost of a key).
+	BatchLatency, KeyLatency Percentiles
+	// HeapBytes is the heap the engine held at the end (after GC), and
+	// HeapBytesPerKey divides it by the keys committed in the window.
+	HeapBytes       uint64
+	HeapBytesPerKey float64
+	// DiskBytes is Pebble's size at the end, WAL included.
+	DiskBytes       uint64
+	DiskBytesPerKey float64
+	// BloomFPMeasured is the share of keys absent from Pebble that the
+	// filters called maybe; BloomFPConfigured is the whole-window target.
+	BloomFPMeasured, BloomFPConfigured float64
+	// Hit ratios: memory answered Duplicate / all claims; the filters proved
+	// new / keys memory did not know; Pebble found / keys read.
+	MemoryHitRatio, BloomNegativeRatio, StoreHitRatio float64
+	// WronglyDropped counts fresh keys answered Duplicate; DupsLetThrough,
+	// repeats answered New. Both must be zero for an exact configuration.
+	WronglyDropped, DupsLetThrough int64
+	Series                         []Point
+	Stats                          engine.Stats
+}
+
+type simClock struct {
+	start     time.Time
+	step      time.Duration
+	processed *atomic.Int64
+}
+
+func (c simClock) Now() time.Time {
+	return c.start.Add(time.Duration(c.processed.Load()) * c.step)
+}
+
+// Run pushes the workload through an engine and measures it.
+func Run(ctx context.Context, rc RunConfig) (*Result, error) {
+	stream, err := NewStream(rc.Workload)
+	if err != nil {
+		return nil, err
+	}
+	if rc.Batch <= 0 {
+		rc.Batch = 256
+	}
+	if rc.Workers <= 0 {
+		rc.Workers = 4 * runtime.GOMAXPROCS(0)
+	}
+	if rc.Sample <= 0 {
+		rc.Sample = time.Second
+	}
+	o := rc.Engine
+	if o.Tiers == engine.Default && o.Dir == "" && o.FS == nil {
+		dir, err := os.MkdirTemp("", "dedupbench-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		o.Dir = dir
+	}
+	var processed atomic.Int64
+	o.Clock = simClock{start: stream.Now(), step: stream.step, processed: &processed}
+
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	e, err := engine.Open(&o)
+	if err != nil {
+		return nil, err
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			e.Close()
+		}
+	}()
+
+	res := &Result{Tiers: o.Tiers.String(), Workload: stream.Config(), Batch: rc.Batch, Workers: rc.Workers, Keys: rc.Workload.Keys}
+	var (
+		mu        sync.Mutex // guards stream
+		latencies = make([][]time.Duration, rc.Workers)
+		wrong     atomic.Int64
+		letThru   atomic.Int64
+		firstErr  error
+		errOnce   sync.Once
+		wg        sync.WaitGroup
+	)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	start := time.Now()
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		t := time.NewTicker(rc.Sample)
+		defer t.Stop()
+		last, lastAt := int64(0), time.Duration(0)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			n, at := processed.Load(), time.Since(start)
+			p := Point{At: at, Keys: n, KeysPerSec: float64(n-last) / (at - lastAt).Seconds(),
+				SimTime: o.Clock.Now(), Rotations: e.Stats().PartitionDropped}
+			last, lastAt = n, at
+			res.Series = append(res.Series, p)
+			if rc.Progress != nil {
+				rc.Progress(p)
+			}
+		}
+	}()
+	for w := range rc.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var keys [][]byte
+			var kinds []Kind
+			out := make([]engine.Outcome, rc.Batch)
+			for ctx.Err() == nil {
+				mu.Lock()
+				keys, kinds = stream.Batch(keys, kinds, rc.Batch)
+				mu.Unlock()
+				if len(keys) == 0 {
+					return
+				}
+				t0 := time.Now()
+				if err := e.MarkBatch(ctx, keys, nil, out[:len(keys)]); err != nil {
+					errOnce.Do(func() { firstErr = err; cancel() })
+					return
+				}
+				latencies[w] = append(latencies[w], time.Since(t0))
+				for i, k := range kinds {
+					switch {
+					case k == Fresh && out[i] != engine.New:
+						wrong.Add(1)
+					case k != Fresh && out[i] == engine.New:
+						letThru.Add(1)
+					}
+				}
+				processed.Add(int64(len(keys)))
+			}
+		}()
+	}
+	wg.Wait()
+	res.Elapsed = time.Since(start)
+	cancel()
+	<-sampled
+	if firstErr != nil && !errors.Is(firstErr, context.Canceled) {
+		return nil, fmt.Errorf("bench: run: %w", firstErr)
+	}
+	res.Keys = processed.Load()
+	res.KeysPerSec = float64(res.Keys) / res.Elapsed.Seconds()
+	res.IDsPerDay = res.KeysPerSec * 86400
+	all := slices.Concat(latencies...)
+	res.BatchLatency = percentiles(all)
+	for i := range all {
+		all[i] /= time.Duration(rc.Batch)
+	}
+	res.KeyLatency = percentiles(all)
+	res.WronglyDropped, res.DupsLetThrough = wrong.Load(), letThru.Load()
+
+	st := e.Stats()
+	res.Stats = st
+	runtime.GC()
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	if after.HeapAlloc > before.HeapAlloc {
+		res.HeapBytes = after.HeapAlloc - before.HeapAlloc
+	}
+	held := st.Commits // keys committed; all inside the window unless partitions were dropped
+	if held > 0 {
+		res.HeapBytesPerKey = float64(res.HeapBytes) / float64(held)
+		res.DiskBytes = st.DiskBytes
+		res.DiskBytesPerKey = float64(st.DiskBytes) / float64(held)
+	}
+	if absent := st.BloomNegatives + st.BloomFalsePositives; absent > 0 {
+		res.BloomFPMeasured = float64(st.BloomFalsePositives) / float64(absent)
+	}
+	res.BloomFPConfigured = st.BloomTargetFP
+	if st.Claims > 0 {
+		res.MemoryHitRatio = float64(st.MemoryHits) / float64(st.Claims)
+	}
+	if st.MemoryMisses > 0 {
+		res.BloomNegativeRatio = float64(st.BloomNegatives) / float64(st.MemoryMisses)
+	}
+	if st.StoreReads > 0 {
+		res.StoreHitRatio = float64(st.StoreHits) / float64(st.StoreReads)
+	}
+	closed = true
+	if err := e.Close(); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+func percentiles(d []time.Duration) Percentiles {
+	if len(d) == 0 {
+		return Percentiles{}
+	}
+	slices.Sort(d)
+	at := func(q float64) time.Duration { return d[min(len(d)-1, int(q*float64(len(d))))] }
+	return Percentiles{P50: at(0.5), P99: at(0.99), P999: at(0.999), Max: d[len(d)-1]}
+}
