@@ -150,9 +150,9 @@ type Kind uint8
 
 // Kinds of message.
 const (
-	Fresh    Kind = iota // a key never seen before
-	Repeat               // a duplicate of an earlier message
-	InBatch              // a repeat of a key earlier in the same batch
+	Fresh   Kind = iota // a key never seen before
+	Repeat              // a duplicate of an earlier message
+	InBatch             // a repeat of a key earlier in the same batch
 )
 
 // Batch appends up to n messages' keys to dst (reusing its buffers) and

@@ -1,0 +1,132 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	bitsbloom "github.com/bits-and-blooms/bloom/v3"
+
+	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier"
+	"github.com/tierdedup/tierdedup/tier/bloom"
+)
+
+// Measured constants of the model. Each names the test or benchmark that
+// measures it, so a change that moves it shows up there first.
+const (
+	// MemoryEntryBytes is the heap of one cached key in the memory tier
+	// (tier/memory TestHeapBytesPerEntry: 58.4 B at 1M entries).
+	MemoryEntryBytes = 58.4
+	// RedisFixedBytes plus the key size is Redis's memory per committed key
+	// with its TTL and this package's 17-byte value (measured: 131 B for a
+	// 36-byte key and a 1-byte value, plus the longer value).
+	RedisFixedBytes = 111
+	// PebbleOffHeapBytes is Pebble's memory outside the Go heap: two 64 MiB
+	// memtables and the 64 MiB block cache.
+	PebbleOffHeapBytes = 3 * 64 << 20
+)
+
+// PlanInput is the load to size for.
+type PlanInput struct {
+	IDsPerDay         float64
+	Window, Partition time.Duration
+	DupRatio          float64
+	KeySize           int
+	FalsePositive     float64
+	Tiers             engine.Tiers
+	MemoryCapacity    int
+}
+
+// Calibration is what a short run on this machine measured.
+type Calibration struct {
+	KeysPerSec      float64
+	DiskBytesPerKey float64
+	Keys            int64
+	Elapsed         time.Duration
+}
+
+// Plan is the sizing of every tier for a PlanInput.
+type Plan struct {
+	Input PlanInput
+	// Live is the number of retention partitions kept.
+	Live int
+	// KeysPerPartition are the distinct keys committed per partition;
+	// KeysHeld the most the durable tier holds (Live partitions).
+	KeysPerPartition, KeysHeld float64
+	// Bloom sizing: bits per key, hashes, each filter's and the window's
+	// false-positive rate, and the memory of the Live filters.
+	BloomBitsPerKey                 float64
+	BloomK                          int
+	BloomPartitionFP, BloomWindowFP float64
+	BloomBytes                      float64
+	MemoryBytes                     float64 // memory tier at capacity
+	HeapBytes                       float64 // memory + bloom
+	OffHeapBytes                    float64 // Pebble's memtables and cache
+	DiskBytes                       float64 // Pebble, default configuration
+	RedisBytes                      float64 // Redis configuration
+	Calibration                     Calibration
+	CapacityPerDay, Headroom        float64 // keys/day this machine sustains, and its ratio to IDsPerDay
+}
+
+// ErrPlan reports an invalid PlanInput.
+var ErrPlan = errors.New("bench: invalid plan input")
+
+// MakePlan sizes the tiers for in, using cal for throughput and disk.
+func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
+	parts, err := tier.NewPartitions(in.Window, in.Partition)
+	if err != nil {
+		return Plan{}, fmt.Errorf("%w: %w", ErrPlan, err)
+	}
+	if in.IDsPerDay <= 0 || in.DupRatio < 0 || in.DupRatio >= 1 || !(in.FalsePositive > 0 && in.FalsePositive < 1) || in.KeySize <= 0 {
+		return Plan{}, fmt.Errorf("%w: %+v", ErrPlan, in)
+	}
+	p := Plan{Input: in, Live: parts.Live, Calibration: cal}
+	p.KeysPerPartition = in.IDsPerDay * (1 - in.DupRatio) * float64(in.Partition) / float64(24*time.Hour)
+	p.KeysHeld = p.KeysPerPartition * float64(parts.Live)
+	if in.Tiers == engine.Default || in.Tiers == engine.BloomOnly {
+		p.BloomPartitionFP = bloom.PerFilter(in.FalsePositive, parts.Live)
+		m, k := bitsbloom.EstimateParameters(uint(math.Max(1, p.KeysPerPartition)), p.BloomPartitionFP)
+		m = (m + 63) &^ 63
+		p.BloomK = int(k)
+		p.BloomBitsPerKey = float64(m) / math.Max(1, p.KeysPerPartition)
+		p.BloomWindowFP = 1 - math.Pow(1-p.BloomPartitionFP, float64(parts.Live))
+		p.BloomBytes = float64(m/8) * float64(parts.Live)
+	}
+	if in.Tiers != engine.BloomOnly {
+		capacity := in.MemoryCapacity
+		if capacity == 0 {
+			capacity = 1 << 20
+		}
+		p.MemoryBytes = float64(capacity) * MemoryEntryBytes
+	}
+	p.HeapBytes = p.MemoryBytes + p.BloomBytes
+	switch in.Tiers {
+	case engine.Default:
+		p.OffHeapBytes = PebbleOffHeapBytes
+		p.DiskBytes = p.KeysHeld * cal.DiskBytesPerKey
+	case engine.Redis:
+		p.RedisBytes = p.KeysHeld * float64(RedisFixedBytes+in.KeySize)
+	}
+	p.CapacityPerDay = cal.KeysPerSec * 86400
+	p.Headroom = p.CapacityPerDay / in.IDsPerDay
+	return p, nil
+}
+
+// Calibrate runs keys messages of the plan's shape through the planned
+// configuration on this machine and returns what it measured.
+func Calibrate(ctx context.Context, in PlanInput, keys int64, shape KeyShape) (Calibration, *Result, error) {
+	perPartition := float64(keys) * (1 - in.DupRatio) * float64(in.Partition) / float64(24*time.Hour)
+	rc := RunConfig{
+		Workload: WorkloadConfig{Keys: keys, Shape: shape, DupRatio: in.DupRatio, DupReach: time.Hour, Span: 24 * time.Hour, Seed: 7},
+		Engine: engine.Options{Tiers: in.Tiers, Window: in.Window, Partition: in.Partition, FalsePositive: in.FalsePositive,
+			MemoryCapacity: in.MemoryCapacity, ExpectedKeys: max(1000, int(perPartition))},
+	}
+	res, err := Run(ctx, rc)
+	if err != nil {
+		return Calibration{}, nil, err
+	}
+	return Calibration{KeysPerSec: res.KeysPerSec, DiskBytesPerKey: res.DiskBytesPerKey, Keys: res.Keys, Elapsed: res.Elapsed}, res, nil
+}

@@ -1,0 +1,85 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+)
+
+// PrintResult writes a run's measurements for a person.
+func PrintResult(w io.Writer, r *Result) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	p := func(k string, format string, args ...any) {
+		fmt.Fprintf(tw, "%s\t"+format+"\n", append([]any{k}, args...)...)
+	}
+	c := r.Workload
+	p("configuration", "%s, batch %d, %d workers", r.Tiers, r.Batch, r.Workers)
+	p("workload", "%d %s keys over %v simulated, %.0f%% duplicates reaching %v, %.1f%% in-batch repeats", r.Keys, c.Shape, c.Span, 100*c.DupRatio, c.DupReach, 100*c.InBatchRepeat)
+	p("throughput", "%.0f keys/s (%d keys in %v)", r.KeysPerSec, r.Keys, r.Elapsed.Round(time.Millisecond))
+	p("extrapolated", "%.2f billion IDs/day on this machine", r.IDsPerDay/1e9)
+	p("batch latency", "p50 %v  p99 %v  p999 %v  max %v", r.BatchLatency.P50, r.BatchLatency.P99, r.BatchLatency.P999, r.BatchLatency.Max)
+	p("per-key latency", "p50 %v  p99 %v  p999 %v (batch latency / batch size)", r.KeyLatency.P50, r.KeyLatency.P99, r.KeyLatency.P999)
+	p("heap", "%.1f MiB, %.1f B per committed key", float64(r.HeapBytes)/(1<<20), r.HeapBytesPerKey)
+	if r.DiskBytes > 0 {
+		p("disk", "%.1f MiB, %.1f B per committed key (WAL included)", float64(r.DiskBytes)/(1<<20), r.DiskBytesPerKey)
+	}
+	if r.BloomFPConfigured > 0 {
+		p("bloom false positives", "%.4f%% measured vs %.4f%% configured (whole window)", 100*r.BloomFPMeasured, 100*r.BloomFPConfigured)
+	}
+	p("hit ratios", "memory %.1f%% of claims; bloom proved new %.1f%% of memory misses; pebble found %.1f%% of reads",
+		100*r.MemoryHitRatio, 100*r.BloomNegativeRatio, 100*r.StoreHitRatio)
+	p("partitions dropped", "%d", r.Stats.PartitionDropped)
+	p("answers", "%d New for %d distinct keys: %d new keys dropped, %d duplicates let through", r.New, r.Fresh, r.WronglyDropped, r.DupsLetThrough)
+	tw.Flush()
+}
+
+// PrintPlan writes a plan for a person.
+func PrintPlan(w io.Writer, pl Plan) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	p := func(k string, format string, args ...any) {
+		fmt.Fprintf(tw, "%s\t"+format+"\n", append([]any{k}, args...)...)
+	}
+	in := pl.Input
+	gib := func(b float64) string { return fmt.Sprintf("%.2f GiB", b/(1<<30)) }
+	p("load", "%.0f IDs/day, %.0f%% duplicates, %d-byte keys, window %v in %d partitions of %v", in.IDsPerDay, 100*in.DupRatio, in.KeySize, in.Window, pl.Live, in.Partition)
+	p("keys held", "%.3g per partition, %.3g at most in the durable tier", pl.KeysPerPartition, pl.KeysHeld)
+	if pl.BloomBytes > 0 {
+		p("bloom", "%.1f bits/key, k=%d, %.4f%% per partition, %.4f%% over the window: %s for %d filters",
+			pl.BloomBitsPerKey, pl.BloomK, 100*pl.BloomPartitionFP, 100*pl.BloomWindowFP, gib(pl.BloomBytes), pl.Live)
+	}
+	if pl.MemoryBytes > 0 {
+		p("memory tier", "%s (%d keys × %.1f B)", gib(pl.MemoryBytes), max(in.MemoryCapacity, 0), MemoryEntryBytes)
+	}
+	p("heap", "%s", gib(pl.HeapBytes))
+	if pl.OffHeapBytes > 0 {
+		p("pebble off-heap", "%s (memtables and block cache)", gib(pl.OffHeapBytes))
+	}
+	if pl.DiskBytes > 0 {
+		p("disk", "%s (%.1f B/key measured by the calibration run)", gib(pl.DiskBytes), pl.Calibration.DiskBytesPerKey)
+	}
+	if pl.RedisBytes > 0 {
+		p("redis memory", "%s", gib(pl.RedisBytes))
+	}
+	p("calibration", "%d keys in %v: %.0f keys/s on this machine", pl.Calibration.Keys, pl.Calibration.Elapsed.Round(time.Millisecond), pl.Calibration.KeysPerSec)
+	p("headroom", "%.2f×: one process sustains %.3g IDs/day", pl.Headroom, pl.CapacityPerDay)
+	tw.Flush()
+}
+
+// PrintCompare writes a comparison table for a person.
+func PrintCompare(w io.Writer, rows []CompareRow) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "what\tkeys\tkeys/s\tengine is")
+	for _, r := range rows {
+		if r.Skipped != "" {
+			fmt.Fprintf(tw, "%s\t-\t-\tskipped: %s\n", r.Name, r.Skipped)
+			continue
+		}
+		ratio := ""
+		if r.Ratio > 0 {
+			ratio = fmt.Sprintf("%.1f× faster", r.Ratio)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\n", r.Name, r.Keys, r.KeysPerSec, ratio)
+	}
+	tw.Flush()
+}

@@ -1,0 +1,180 @@
+// Command dedupbench measures tierdedup on this machine and turns the
+// measurements into a capacity plan.
+//
+//	dedupbench [run] [flags]   run the embedded default on a realistic workload
+//	dedupbench plan [flags]    size memory, Bloom filters and disk for a load
+//	dedupbench compare [flags] the engine beside Redis SET NX and PostgreSQL
+//
+// Every subcommand takes -json for machines; run and compare take -report
+// out.html for a self-contained page. It only binds flags: the work is in
+// package bench.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"github.com/tierdedup/tierdedup/bench"
+	"github.com/tierdedup/tierdedup/engine"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "dedupbench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cmd := "run"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "run":
+		return runCmd(ctx, args, stdout, stderr)
+	case "plan":
+		return planCmd(ctx, args, stdout, stderr)
+	case "compare":
+		return compareCmd(ctx, args, stdout, stderr)
+	default:
+		return fmt.Errorf("unknown command %q (want run, plan or compare)", cmd)
+	}
+}
+
+// workloadFlags binds the flags that describe a workload and an engine.
+type workloadFlags struct {
+	keys                   int64
+	shape                  string
+	dup, inBatch, zipf     float64
+	reach, span            time.Duration
+	tiers                  string
+	window, partition      time.Duration
+	fp                     float64
+	memCap, batch, workers int
+	noSync                 bool
+	seed                   uint64
+}
+
+func (w *workloadFlags) bind(fs *flag.FlagSet, keys int64) {
+	fs.Int64Var(&w.keys, "keys", keys, "messages to process")
+	fs.StringVar(&w.shape, "shape", "uuid4", "key shape: uuid4, uuid7, snowflake or business")
+	fs.Float64Var(&w.dup, "dup", 0.1, "share of messages that repeat an earlier key")
+	fs.DurationVar(&w.reach, "reach", time.Hour, "how far back in simulated time duplicates reach")
+	fs.Float64Var(&w.zipf, "zipf", 0, "Zipf exponent (> 1) skewing duplicates to recent keys; 0 is uniform")
+	fs.Float64Var(&w.inBatch, "inbatch", 0.005, "share of messages repeating a key of the same batch")
+	fs.DurationVar(&w.span, "span", 24*time.Hour, "simulated time the stream covers (e.g. 168h for 7 days)")
+	fs.StringVar(&w.tiers, "tiers", "default", "configuration: default, memory or bloom")
+	fs.DurationVar(&w.window, "window", engine.DefaultWindow, "retention window")
+	fs.DurationVar(&w.partition, "partition", engine.DefaultPartition, "retention partition")
+	fs.Float64Var(&w.fp, "fp", 0.01, "Bloom false-positive target over the whole window")
+	fs.IntVar(&w.memCap, "memory", 1<<20, "committed keys cached in memory")
+	fs.IntVar(&w.batch, "batch", 256, "keys per batch")
+	fs.IntVar(&w.workers, "workers", 0, "goroutines (0: 4 per CPU)")
+	fs.BoolVar(&w.noSync, "nosync", false, "do not fsync commits")
+	fs.Uint64Var(&w.seed, "seed", 1, "workload seed")
+}
+
+func parseTiers(s string) (engine.Tiers, error) {
+	for _, t := range []engine.Tiers{engine.Default, engine.MemoryOnly, engine.BloomOnly} {
+		if s == t.String() || (s == "default" && t == engine.Default) {
+			return t, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown -tiers %q (want default, memory or bloom)", s)
+}
+
+func (w *workloadFlags) config() (bench.RunConfig, error) {
+	shape, err := bench.ParseKeyShape(w.shape)
+	if err != nil {
+		return bench.RunConfig{}, err
+	}
+	tiers, err := parseTiers(w.tiers)
+	if err != nil {
+		return bench.RunConfig{}, err
+	}
+	wc := bench.WorkloadConfig{Keys: w.keys, Shape: shape, DupRatio: w.dup, DupReach: w.reach, Zipf: w.zipf,
+		InBatchRepeat: w.inBatch, Span: w.span, Seed: w.seed}
+	perPartition := float64(w.keys) * (1 - w.dup - w.inBatch) * float64(w.partition) / float64(max(w.span, w.partition))
+	return bench.RunConfig{
+		Workload: wc,
+		Engine: engine.Options{Tiers: tiers, Window: w.window, Partition: w.partition, FalsePositive: w.fp,
+			MemoryCapacity: w.memCap, ExpectedKeys: max(1000, int(perPartition)), NoSync: w.noSync},
+		Batch: w.batch, Workers: w.workers,
+	}, nil
+}
+
+func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var w workloadFlags
+	w.bind(fs, 15_000_000)
+	asJSON := fs.Bool("json", false, "print the result as JSON")
+	report := fs.String("report", "", "write a self-contained HTML report to this file")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	rc, err := w.config()
+	if err != nil {
+		return err
+	}
+	if isTerminal(stderr) && !*asJSON {
+		rc.Progress = func(p bench.Point) {
+			fmt.Fprintf(stderr, "\r%6.1fs %12d keys %10.0f keys/s  simulated %s  partitions dropped %d   ",
+				p.At.Seconds(), p.Keys, p.KeysPerSec, p.SimTime.Format("Jan 2 15:04"), p.Rotations)
+		}
+	}
+	res, err := bench.Run(ctx, rc)
+	if rc.Progress != nil {
+		fmt.Fprintln(stderr)
+	}
+	if err != nil {
+		return err
+	}
+	if *report != "" {
+		if err := writeReport(*report, res, nil); err != nil {
+			return err
+		}
+	}
+	if *asJSON {
+		return writeJSON(stdout, res)
+	}
+	bench.PrintResult(stdout, res)
+	return nil
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func writeReport(path string, res *bench.Result, cmp []bench.CompareRow) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := bench.WriteReport(f, res, cmp); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
