@@ -27,6 +27,10 @@ const (
 	// PebbleOffHeapBytes is Pebble's memory outside the Go heap: two 64 MiB
 	// memtables and the 64 MiB block cache.
 	PebbleOffHeapBytes = 3 * 64 << 20
+	// FixedHeapBytes is the heap of an engine beyond its tiers: Pebble's
+	// Go-heap structures, batch buffers, the runtime (measured by
+	// TestPlanAgreesWithRun: ≈ 4 MiB).
+	FixedHeapBytes = 4 << 20
 )
 
 // PlanInput is the load to size for.
@@ -102,7 +106,7 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 		}
 		p.MemoryBytes = float64(capacity) * MemoryEntryBytes
 	}
-	p.HeapBytes = p.MemoryBytes + p.BloomBytes
+	p.HeapBytes = p.MemoryBytes + p.BloomBytes + FixedHeapBytes
 	switch in.Tiers {
 	case engine.Default:
 		p.OffHeapBytes = PebbleOffHeapBytes
@@ -128,5 +132,10 @@ func Calibrate(ctx context.Context, in PlanInput, keys int64, shape KeyShape) (C
 	if err != nil {
 		return Calibration{}, nil, err
 	}
-	return Calibration{KeysPerSec: res.KeysPerSec, DiskBytesPerKey: res.DiskBytesPerKey, Keys: res.Keys, Elapsed: res.Elapsed}, res, nil
+	return CalibrationOf(res), res, nil
+}
+
+// CalibrationOf takes a calibration from a run's measurements.
+func CalibrationOf(res *Result) Calibration {
+	return Calibration{KeysPerSec: res.KeysPerSec, DiskBytesPerKey: res.DiskBytesPerKey, Keys: res.Keys, Elapsed: res.Elapsed}
 }

@@ -222,6 +222,16 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 	res.Elapsed = time.Since(start)
 	cancel()
 	<-sampled
+	// A last point, so that even a run shorter than one sample has a series.
+	last := Point{}
+	if len(res.Series) > 0 {
+		last = res.Series[len(res.Series)-1]
+	}
+	if n := processed.Load(); n > last.Keys {
+		res.Series = append(res.Series, Point{At: res.Elapsed, Keys: n,
+			KeysPerSec: float64(n-last.Keys) / (res.Elapsed - last.At).Seconds(),
+			SimTime: o.Clock.Now(), Rotations: e.Stats().PartitionDropped})
+	}
 	if firstErr != nil && !errors.Is(firstErr, context.Canceled) {
 		return nil, fmt.Errorf("bench: run: %w", firstErr)
 	}
