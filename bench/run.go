@@ -230,7 +230,7 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 	if n := processed.Load(); n > last.Keys {
 		res.Series = append(res.Series, Point{At: res.Elapsed, Keys: n,
 			KeysPerSec: float64(n-last.Keys) / (res.Elapsed - last.At).Seconds(),
-			SimTime: o.Clock.Now(), Rotations: e.Stats().PartitionDropped})
+			SimTime:    o.Clock.Now(), Rotations: e.Stats().PartitionDropped})
 	}
 	if firstErr != nil && !errors.Is(firstErr, context.Canceled) {
 		return nil, fmt.Errorf("bench: run: %w", firstErr)
