@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 )
@@ -30,6 +31,13 @@ func PrintResult(w io.Writer, r *Result) {
 	p("hit ratios", "memory %.1f%% of claims; bloom proved new %.1f%% of memory misses; pebble found %.1f%% of reads",
 		100*r.MemoryHitRatio, 100*r.BloomNegativeRatio, 100*r.StoreHitRatio)
 	p("partitions dropped", "%d", r.Stats.PartitionDropped)
+	if len(r.PerDay) > 1 {
+		var days []string
+		for _, d := range r.PerDay {
+			days = append(days, fmt.Sprintf("day %d: %.0fk", d.Day+1, d.KeysPerSec/1000))
+		}
+		p("keys/s per simulated day", "%s", strings.Join(days, ", "))
+	}
 	p("answers", "%d New for %d distinct keys: %d new keys dropped, %d duplicates let through", r.New, r.Fresh, r.WronglyDropped, r.DupsLetThrough)
 	tw.Flush()
 }

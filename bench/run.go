@@ -82,7 +82,16 @@ type Result struct {
 	Fresh, New                     int64
 	WronglyDropped, DupsLetThrough int64
 	Series                         []Point
-	Stats                          engine.Stats
+	// PerDay is the throughput of each simulated day, from the series.
+	PerDay []DayRate
+	Stats  engine.Stats
+}
+
+// DayRate is the throughput sustained during one simulated day.
+type DayRate struct {
+	Day        int
+	Keys       int64
+	KeysPerSec float64
 }
 
 type simClock struct {
@@ -235,6 +244,7 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 	if firstErr != nil && !errors.Is(firstErr, context.Canceled) {
 		return nil, fmt.Errorf("bench: run: %w", firstErr)
 	}
+	res.PerDay = perDay(res.Series, stream.start)
 	res.Keys = processed.Load()
 	res.KeysPerSec = float64(res.Keys) / res.Elapsed.Seconds()
 	res.IDsPerDay = res.KeysPerSec * 86400
@@ -283,6 +293,28 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 		return res, err
 	}
 	return res, nil
+}
+
+// perDay groups the series by simulated day.
+func perDay(series []Point, start time.Time) []DayRate {
+	var out []DayRate
+	var prev Point
+	for _, p := range series {
+		day := int(p.SimTime.Sub(start) / (24 * time.Hour))
+		if len(out) == 0 || out[len(out)-1].Day != day {
+			out = append(out, DayRate{Day: day})
+		}
+		d := &out[len(out)-1]
+		d.Keys += p.Keys - prev.Keys
+		d.KeysPerSec += (p.At - prev.At).Seconds() // wall seconds, divided below
+		prev = p
+	}
+	for i := range out {
+		if out[i].KeysPerSec > 0 {
+			out[i].KeysPerSec = float64(out[i].Keys) / out[i].KeysPerSec
+		}
+	}
+	return out
 }
 
 func percentiles(d []time.Duration) Percentiles {
