@@ -100,6 +100,7 @@ type simClock struct {
 	processed *atomic.Int64
 }
 
+// Now maps the messages processed so far to simulated time.
 func (c simClock) Now() time.Time {
 	return c.start.Add(time.Duration(c.processed.Load()) * c.step)
 }

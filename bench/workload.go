@@ -30,6 +30,7 @@ const (
 
 var shapeNames = [...]string{"uuid4", "uuid7", "snowflake", "business"}
 
+// String returns the shape's flag name.
 func (s KeyShape) String() string {
 	if int(s) < len(shapeNames) {
 		return shapeNames[s]

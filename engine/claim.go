@@ -31,6 +31,7 @@ const (
 
 var outcomeNames = [...]string{"", "new", "duplicate", "in-flight", "conflict"}
 
+// String returns the outcome's name.
 func (o Outcome) String() string {
 	if int(o) < len(outcomeNames) {
 		return outcomeNames[o]

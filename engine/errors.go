@@ -47,8 +47,10 @@ type KeyError struct {
 	Err   error
 }
 
+// Error names the rejected key.
 func (e *KeyError) Error() string {
 	return fmt.Sprintf("%v: key %d (%d bytes)", e.Err, e.Index, e.Len)
 }
 
+// Unwrap returns ErrEmptyKey or ErrKeyTooLong.
 func (e *KeyError) Unwrap() error { return e.Err }

@@ -37,6 +37,7 @@ const (
 	Redis
 )
 
+// String returns the configuration's name.
 func (t Tiers) String() string {
 	switch t {
 	case Default:
@@ -58,6 +59,7 @@ type Clock interface {
 
 type systemClock struct{}
 
+// Now returns the system time.
 func (systemClock) Now() time.Time { return time.Now() }
 
 // Defaults for Options fields left zero.

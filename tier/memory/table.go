@@ -31,6 +31,7 @@ const (
 
 var statusNames = [...]string{"", "acquired", "taken-over", "held", "committed", "lost", "ok"}
 
+// String returns the status's name.
 func (s Status) String() string {
 	if int(s) < len(statusNames) {
 		return statusNames[s]

@@ -138,8 +138,10 @@ func (s *Server) Kill() {
 	}
 }
 
-// Pause stops the server with SIGSTOP; Resume continues it.
-func (s *Server) Pause()  { _ = syscall.Kill(s.Pid(), syscall.SIGSTOP) }
+// Pause stops the server with SIGSTOP.
+func (s *Server) Pause() { _ = syscall.Kill(s.Pid(), syscall.SIGSTOP) }
+
+// Resume continues a paused server with SIGCONT.
 func (s *Server) Resume() { _ = syscall.Kill(s.Pid(), syscall.SIGCONT) }
 
 // Restart starts the server again on the same port and directory, after a
