@@ -300,8 +300,11 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 func perDay(series []Point, start time.Time) []DayRate {
 	var out []DayRate
 	var prev Point
+	prevSim := start
 	for _, p := range series {
-		day := int(p.SimTime.Sub(start) / (24 * time.Hour))
+		// A sample covers (prev, p]: it belongs to the day it began in.
+		day := int(prevSim.Sub(start) / (24 * time.Hour))
+		prevSim = p.SimTime
 		if len(out) == 0 || out[len(out)-1].Day != day {
 			out = append(out, DayRate{Day: day})
 		}
