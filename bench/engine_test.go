@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -39,7 +40,9 @@ func keys(b *testing.B, n int) [][]byte {
 		b.StopTimer()
 		// 90 % new; duplicates within the last 10 simulated seconds of a
 		// stream of 10M keys a day: about the last 1000 keys.
-		w, err := bench.Generate(bench.WorkloadConfig{Keys: int64(max(n, 1<<16)), DupRatio: 0.1, DupReach: 10 * time.Second, Span: 24 * time.Hour * time.Duration(max(n, 1<<16)) / 10_000_000, Seed: 1})
+		total := max(n, 1<<16)
+		span := time.Duration(float64(24*time.Hour) * float64(total) / 10e6)
+		w, err := bench.Generate(bench.WorkloadConfig{Keys: int64(total), DupRatio: 0.1, DupReach: 10 * time.Second, Span: span, Seed: 1})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -87,7 +90,11 @@ type engineDeduper struct{ e *engine.Engine }
 func (d engineDeduper) mark(keys [][]byte, out []engine.Outcome) error {
 	return d.e.MarkBatch(context.Background(), keys, nil, out)
 }
-func (d engineDeduper) close() { _ = d.e.Close() }
+func (d engineDeduper) close()              { _ = d.e.Close() }
+func (d engineDeduper) stats() engine.Stats { return d.e.Stats() }
+
+// statser is implemented by dedupers backed by an engine.
+type statser interface{ stats() engine.Stats }
 
 // mapMutex is the simplest exact set: a map under one mutex, never expiring.
 type mapMutex struct {
@@ -196,6 +203,9 @@ func BenchmarkMark(b *testing.B) {
 // parallelism goroutines per CPU, and reports keys/s.
 func runMark(b *testing.B, d deduper, batch int) {
 	stream := keys(b, b.N)
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
 	var next atomic.Int64
 	var news atomic.Int64
 	b.ReportAllocs()
@@ -229,5 +239,24 @@ func runMark(b *testing.B, d deduper, batch int) {
 	})
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "keys/s")
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/key")
 	b.ReportMetric(float64(news.Load())/float64(b.N), "new-ratio")
+	s, ok := d.(statser)
+	if !ok {
+		return
+	}
+	st := s.stats()
+	var after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if st.Commits > 0 {
+		b.ReportMetric(float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/float64(st.Commits), "heap-B/key")
+		b.ReportMetric(float64(st.DiskBytes)/float64(st.Commits), "disk-B/key")
+	}
+	if st.Claims > 0 {
+		b.ReportMetric(float64(st.MemoryHits)/float64(st.Claims), "hit-ratio")
+	}
+	if absent := st.BloomNegatives + st.BloomFalsePositives; absent > 0 {
+		b.ReportMetric(float64(st.BloomFalsePositives)/float64(absent), "fp-rate")
+	}
 }

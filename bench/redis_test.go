@@ -37,6 +37,17 @@ func BenchmarkRedis(b *testing.B) {
 			})
 		}
 	}
+	b.Run("tier=redis-cluster/op=claim/batch=256", func(b *testing.B) {
+		cl := redistest.StartCluster(b)
+		cc := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs(), PoolSize: 64})
+		defer cc.Close()
+		e, err := engine.Open(&engine.Options{Tiers: engine.Redis, Redis: cc, RedisPrefix: fmt.Sprintf("c%d:", time.Now().UnixNano()), Logger: quiet})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer e.Close()
+		runMark(b, redisOp{e, "claim"}, 256)
+	})
 	b.Run("tier=baseline-setnx-per-message/batch=1", func(b *testing.B) {
 		prefix := fmt.Sprintf("s%d:", time.Now().UnixNano())
 		runMark(b, setNX{client, prefix}, 1)
@@ -82,7 +93,8 @@ func (r redisOp) mark(keys [][]byte, out []engine.Outcome) error {
 	}
 	return nil
 }
-func (r redisOp) close() {}
+func (r redisOp) close()              {}
+func (r redisOp) stats() engine.Stats { return r.e.Stats() }
 
 // setNX is the common recipe: SET key 1 NX EX window, one round trip per
 // message.
