@@ -27,9 +27,13 @@ const (
 	// digest. The same key carried other content: report it rather than
 	// skip it silently.
 	Conflict
+	// Poison: the key's claims were released, or left to expire, MaxAttempts
+	// times within the window: its handler keeps failing. Nothing was
+	// claimed; dead-letter the message instead of redelivering it forever.
+	Poison
 )
 
-var outcomeNames = [...]string{"", "new", "duplicate", "in-flight", "conflict"}
+var outcomeNames = [...]string{"", "new", "duplicate", "in-flight", "conflict", "poison"}
 
 // String returns the outcome's name.
 func (o Outcome) String() string {

@@ -94,7 +94,7 @@ func Open(opts *Options) (*Engine, error) {
 	e.def = Namespace{e: e}
 	e.tokens.Store(uint64(time.Now().UnixNano()))
 
-	mopts := &memory.Options{Capacity: o.MemoryCapacity, Stripes: o.Stripes}
+	mopts := &memory.Options{Capacity: o.MemoryCapacity, Stripes: o.Stripes, MaxAttempts: o.MaxAttempts}
 	if o.Tiers == BloomOnly {
 		mopts.Capacity, mopts.NoCommitted = 0, true
 	}

@@ -422,3 +422,38 @@ func TestSecondOpenIsLocked(t *testing.T) {
 		t.Fatalf("claim after close: %v", err)
 	}
 }
+
+// TestPoisonAfterMaxAttempts: a message whose handler keeps failing is
+// released MaxAttempts times, then answered Poison (claiming nothing) so the
+// consumer can dead-letter it; a key that succeeds is unaffected.
+func TestPoisonAfterMaxAttempts(t *testing.T) {
+	for _, tiers := range []engine.Tiers{engine.Default, engine.MemoryOnly} {
+		t.Run(tiers.String(), func(t *testing.T) {
+			o := engine.Options{Tiers: tiers, MaxAttempts: 3, ExpectedKeys: 1000}
+			if tiers == engine.Default {
+				o.Dir = t.TempDir()
+			}
+			e := open(t, o)
+			defer e.Close()
+			ctx := context.Background()
+			boom := errors.New("handler failed")
+			runs := 0
+			for i := range 3 {
+				out, err := e.Do(ctx, []byte("poison"), func(context.Context) error { runs++; return boom })
+				if out != engine.New || !errors.Is(err, boom) {
+					t.Fatalf("attempt %d = %v, %v", i+1, out, err)
+				}
+			}
+			out, err := e.Do(ctx, []byte("poison"), func(context.Context) error { runs++; return nil })
+			if out != engine.Poison || err != nil || runs != 3 {
+				t.Fatalf("after 3 failures = %v, %v (handler ran %d times)", out, err, runs)
+			}
+			if o, _ := e.Do(ctx, []byte("fine"), func(context.Context) error { return nil }); o != engine.New {
+				t.Fatalf("another key = %v", o)
+			}
+			if st := e.Stats(); st.Poisoned != 1 {
+				t.Fatalf("Stats.Poisoned = %d", st.Poisoned)
+			}
+		})
+	}
+}

@@ -140,7 +140,8 @@ func (n *Namespace) MarkBatch(ctx context.Context, keys [][]byte, digests []Dige
 // runs fn if the claim is New, then commits (fn returned nil) or releases
 // (fn failed or panicked, so a redelivery can run it). It returns the claim's
 // outcome and fn's error or the engine's. Ack the message when the error is
-// nil, whatever the outcome, except InFlight: leave that one for redelivery.
+// nil and the outcome is New or Duplicate; leave InFlight for redelivery;
+// dead-letter Conflict and Poison.
 func (n *Namespace) Do(ctx context.Context, key []byte, fn func(context.Context) error) (o Outcome, err error) {
 	c, err := n.Claim(ctx, key)
 	if err != nil || c.Outcome != New {
@@ -257,6 +258,8 @@ func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digest
 			}
 		case memory.Held:
 			out[i].Outcome = InFlight
+		case memory.Poisoned:
+			out[i].Outcome = Poison
 		case memory.TakenOver:
 			c.leaseExpiries++
 			fallthrough
@@ -657,7 +660,7 @@ func (e *Engine) release(ctx context.Context, claims []Claim, errs []error) erro
 		return nil
 	}
 	st := b.st[:m]
-	e.mem.Release(b.cfps[:m], b.ctokens[:m], now, st)
+	e.mem.Release(b.cfps[:m], b.ctokens[:m], now, now+e.window, st)
 	lost, n := 0, 0 // n: claims released locally that Redis must release too
 	for j, s := range st {
 		if s != memory.OK {

@@ -119,6 +119,12 @@ type Options struct {
 	// window, in (0, 1). Zero means 0.01. In Default it costs a disk read;
 	// in BloomOnly it is the rate of wrongly dropped messages.
 	FalsePositive float64
+	// MaxAttempts, when positive, turns a key whose claims were released or
+	// left to expire that many times within the window into Poison, so the
+	// consumer can dead-letter it. Zero counts nothing. The counts live in
+	// this process's memory tier: a restart or eviction forgets them (they
+	// are not shared through Redis), and BloomOnly keeps none.
+	MaxAttempts int
 	// MaxKeySize is the longest key accepted, in bytes, at most MaxKeySize.
 	// Zero means DefaultMaxKeySize.
 	MaxKeySize int
@@ -211,6 +217,9 @@ func (o *Options) Validate() error {
 		if _, k := bloomK(fp, window, partition); k > bloom.MaxK {
 			bad("FalsePositive %v needs %d hashes per key, max %d", fp, k, bloom.MaxK)
 		}
+	}
+	if o.MaxAttempts < 0 || o.MaxAttempts > 1<<16-1 {
+		bad("MaxAttempts %d is outside [0, 65535]", o.MaxAttempts)
 	}
 	if o.MaxKeySize < 0 || o.MaxKeySize > MaxKeySize {
 		bad("MaxKeySize %d is outside [1, %d]", o.MaxKeySize, MaxKeySize)

@@ -14,8 +14,8 @@ type Stats struct {
 	// failed: every check reads Pebble), or "" without filters.
 	BloomMode string
 
-	Claims, New, Duplicates, InFlight, Conflicts uint64
-	Commits, Releases                            uint64
+	Claims, New, Duplicates, InFlight, Conflicts, Poisoned uint64
+	Commits, Releases                                      uint64
 	// LeaseExpiries counts claims taken over after their lease ended;
 	// LeaseLost counts Commit and Release calls refused for that reason.
 	LeaseExpiries, LeaseLost uint64
@@ -55,22 +55,22 @@ type Stats struct {
 
 // counters are the engine's live counters, added once per batch.
 type counters struct {
-	claims, fresh, dups, inflight, conflicts atomic.Uint64
-	commits, releases                        atomic.Uint64
-	leaseExpiries, leaseLost, errors         atomic.Uint64
-	memHits, memMisses                       atomic.Uint64
-	bloomNegatives, bloomFalsePositives      atomic.Uint64
-	storeReads, storeHits                    atomic.Uint64
-	rebuilt, partitionsDropped, failOpen     atomic.Uint64
+	claims, fresh, dups, inflight, conflicts, poisoned atomic.Uint64
+	commits, releases                                  atomic.Uint64
+	leaseExpiries, leaseLost, errors                   atomic.Uint64
+	memHits, memMisses                                 atomic.Uint64
+	bloomNegatives, bloomFalsePositives                atomic.Uint64
+	storeReads, storeHits                              atomic.Uint64
+	rebuilt, partitionsDropped, failOpen               atomic.Uint64
 }
 
 // tally counts one call's events before they are added to the counters.
 type tally struct {
-	claims, fresh, dups, inflight, conflicts uint64
-	leaseExpiries, errors                    uint64
-	memHits, memMisses                       uint64
-	bloomNegatives, bloomFalsePositives      uint64
-	storeReads, storeHits, failOpen          uint64
+	claims, fresh, dups, inflight, conflicts, poisoned uint64
+	leaseExpiries, errors                              uint64
+	memHits, memMisses                                 uint64
+	bloomNegatives, bloomFalsePositives                uint64
+	storeReads, storeHits, failOpen                    uint64
 }
 
 func (t *tally) count(o Outcome) {
@@ -83,6 +83,8 @@ func (t *tally) count(o Outcome) {
 		t.inflight++
 	case Conflict:
 		t.conflicts++
+	case Poison:
+		t.poisoned++
 	}
 }
 
@@ -92,7 +94,7 @@ func (c *counters) add(t *tally) {
 		n   uint64
 	}{
 		{&c.claims, t.claims}, {&c.fresh, t.fresh}, {&c.dups, t.dups}, {&c.inflight, t.inflight},
-		{&c.conflicts, t.conflicts}, {&c.leaseExpiries, t.leaseExpiries}, {&c.errors, t.errors},
+		{&c.conflicts, t.conflicts}, {&c.poisoned, t.poisoned}, {&c.leaseExpiries, t.leaseExpiries}, {&c.errors, t.errors},
 		{&c.memHits, t.memHits}, {&c.memMisses, t.memMisses}, {&c.bloomNegatives, t.bloomNegatives},
 		{&c.bloomFalsePositives, t.bloomFalsePositives}, {&c.storeReads, t.storeReads}, {&c.storeHits, t.storeHits},
 		{&c.failOpen, t.failOpen},
@@ -109,7 +111,7 @@ func (e *Engine) Stats() Stats {
 	s := Stats{
 		Tiers:  e.tiers,
 		Claims: c.claims.Load(), New: c.fresh.Load(), Duplicates: c.dups.Load(),
-		InFlight: c.inflight.Load(), Conflicts: c.conflicts.Load(),
+		InFlight: c.inflight.Load(), Conflicts: c.conflicts.Load(), Poisoned: c.poisoned.Load(),
 		Commits: c.commits.Load(), Releases: c.releases.Load(),
 		LeaseExpiries: c.leaseExpiries.Load(), LeaseLost: c.leaseLost.Load(), Errors: c.errors.Load(),
 		FailOpen:   c.failOpen.Load(),

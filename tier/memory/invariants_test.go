@@ -29,7 +29,7 @@ func (s *stripe) check(t *testing.T) {
 		switch e.state {
 		case claimed, committing:
 			nClaims++
-		case committed:
+		case committed, released:
 			nCommitted++
 		default:
 			t.Fatalf("indexed entry %d is free", idx)
@@ -42,7 +42,7 @@ func (s *stripe) check(t *testing.T) {
 	}
 	n := 0
 	for idx := s.entries[0].next; idx != 0; idx = s.entries[idx].next {
-		if s.entries[idx].state != committed {
+		if st := s.entries[idx].state; st != committed && st != released {
 			t.Fatalf("LRU holds entry %d in state %d", idx, s.entries[idx].state)
 		}
 		n++
@@ -58,7 +58,7 @@ func (s *stripe) check(t *testing.T) {
 // after each step.
 func TestStructureUnderEveryOperation(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	tb := newTable(t, &Options{Capacity: 24, Stripes: 1})
+	tb := newTable(t, &Options{Capacity: 24, Stripes: 1, MaxAttempts: 3})
 	s := &tb.stripes[0]
 	var now int64
 	tokens := map[int]uint64{}
@@ -79,7 +79,7 @@ func TestStructureUnderEveryOperation(t *testing.T) {
 		case 2:
 			tb.Finish(f, tok, []bool{rng.IntN(2) == 0}, now+100, []uint64{1})
 		case 3:
-			tb.Release(f, tok, now, make([]Status, 1))
+			tb.Release(f, tok, now, now+40, make([]Status, 1))
 		case 4:
 			tb.Settle(f, tok, []Action{Action(rng.IntN(3))}, []int64{now + 50}, []uint64{2})
 		case 5:

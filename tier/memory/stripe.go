@@ -12,6 +12,7 @@ const (
 	claimed
 	committing // a claim being made durable: pinned, cannot expire
 	committed
+	released // released claims' attempt count, kept (in the LRU) until until
 )
 
 // entry is one key. Its size (48 B) is pinned by a test: it is most of the
@@ -29,6 +30,9 @@ type entry struct {
 	// most recent) and free entries in a free list.
 	prev, next uint32
 	state      uint8
+	// attempts counts the releases and lease expiries of the key's claims
+	// since it was last free or committed.
+	attempts uint16
 }
 
 // stripe is one lock domain: an open-addressing index over a slab of entries.
@@ -36,14 +40,15 @@ type stripe struct {
 	mu sync.Mutex // protects every field below
 	// slots maps a fingerprint's home position to an entry index, with linear
 	// probing and backward-shift deletion; 0 is empty.
-	slots     []uint32
-	entries   []entry // entries[0] is the LRU sentinel
-	freeList  uint32
-	limit     int // committed entries kept before evicting
-	claims    int
-	committed int
-	seed      uint64
-	_         [32]byte // pad to two cache lines: stripes sit side by side
+	slots       []uint32
+	entries     []entry // entries[0] is the LRU sentinel
+	freeList    uint32
+	limit       int // committed and released entries kept before evicting
+	maxAttempts int // 0: releases free the entry and nothing is counted
+	claims      int
+	committed   int // entries in the LRU: committed and released
+	seed        uint64
+	_           [24]byte // pad to two cache lines: stripes sit side by side
 }
 
 func (s *stripe) init(limit int, seed uint64) {
@@ -121,7 +126,7 @@ func (s *stripe) removeLocked(slot uint32) {
 	idx := s.slots[slot]
 	e := &s.entries[idx]
 	switch e.state {
-	case committed:
+	case committed, released:
 		s.unlinkLocked(idx)
 		s.committed--
 	case claimed, committing:
@@ -158,10 +163,15 @@ func (s *stripe) pushFrontLocked(idx uint32) {
 	head.next = idx
 }
 
-// claimLocked turns entry idx (fresh or stale) into a claim.
+// claimLocked turns entry idx (fresh, stale, released or an expired claim)
+// into a claim; a released entry's attempts carry over.
 func (s *stripe) claimLocked(idx uint32, token uint64, leaseUntil int64) {
 	e := &s.entries[idx]
-	if e.state == committed {
+	switch e.state {
+	case committed:
+		e.attempts = 0
+		fallthrough
+	case released:
 		s.unlinkLocked(idx)
 		s.committed--
 	}
@@ -180,7 +190,7 @@ func (s *stripe) commitLocked(idx uint32, expires int64, digest uint64) {
 	}
 	e := &s.entries[idx]
 	switch e.state {
-	case committed:
+	case committed, released:
 		s.unlinkLocked(idx)
 	case claimed, committing:
 		s.claims--
@@ -188,7 +198,7 @@ func (s *stripe) commitLocked(idx uint32, expires int64, digest uint64) {
 	default:
 		s.committed++
 	}
-	e.state, e.word, e.until = committed, digest, expires
+	e.state, e.word, e.until, e.attempts = committed, digest, expires, 0
 	s.pushFrontLocked(idx)
 	for s.committed > s.limit {
 		tail := s.entries[0].prev
@@ -216,8 +226,27 @@ func (s *stripe) acquireLocked(f shard.Fingerprint, token uint64, now, leaseUnti
 		if e.until > now {
 			return Result{Status: Held}
 		}
+		// The holder let its lease run out (it crashed, or its handler
+		// hangs on this message): that is an attempt too.
+		if s.maxAttempts > 0 {
+			e.attempts++
+			if int(e.attempts) >= s.maxAttempts {
+				s.releaseToLRULocked(idx, leaseUntil)
+				return Result{Status: Poisoned}
+			}
+		}
 		s.claimLocked(idx, token, leaseUntil)
 		return Result{Status: TakenOver}
+	case released:
+		if e.until <= now {
+			e.attempts = 0
+		} else if int(e.attempts) >= s.maxAttempts {
+			s.unlinkLocked(idx)
+			s.pushFrontLocked(idx)
+			return Result{Status: Poisoned}
+		}
+		s.claimLocked(idx, token, leaseUntil)
+		return Result{Status: Acquired}
 	default: // committed
 		if e.until > now {
 			s.unlinkLocked(idx)
@@ -260,13 +289,31 @@ func (s *stripe) finishLocked(f shard.Fingerprint, token uint64, ok bool, expire
 	s.entries[idx].state = claimed
 }
 
-func (s *stripe) releaseLocked(f shard.Fingerprint, token uint64, now int64) Status {
+func (s *stripe) releaseLocked(f shard.Fingerprint, token uint64, now, keepUntil int64) Status {
 	slot, idx, ok := s.ownLocked(f, token, claimed)
 	if !ok || s.entries[idx].until <= now {
 		return Lost
 	}
-	s.removeLocked(slot)
+	if s.maxAttempts == 0 || s.limit == 0 {
+		s.removeLocked(slot)
+		return OK
+	}
+	s.entries[idx].attempts++
+	s.releaseToLRULocked(idx, keepUntil)
 	return OK
+}
+
+// releaseToLRULocked turns claim idx into a released entry that remembers
+// its attempts until keepUntil, evicting beyond the limit.
+func (s *stripe) releaseToLRULocked(idx uint32, keepUntil int64) {
+	e := &s.entries[idx]
+	s.claims--
+	s.committed++
+	e.state, e.word, e.until = released, 0, keepUntil
+	s.pushFrontLocked(idx)
+	for s.committed > s.limit {
+		s.removeLocked(s.slotOfLocked(s.entries[0].prev))
+	}
 }
 
 func (s *stripe) settleLocked(f shard.Fingerprint, token uint64, action Action, expires int64, digest uint64) {

@@ -27,9 +27,12 @@ const (
 	Lost
 	// OK means a Begin, Commit, Release or Fill step took effect.
 	OK
+	// Poisoned means the key's claims were released (or let expire)
+	// Options.MaxAttempts times inside the keep time: no claim was made.
+	Poisoned
 )
 
-var statusNames = [...]string{"", "acquired", "taken-over", "held", "committed", "lost", "ok"}
+var statusNames = [...]string{"", "acquired", "taken-over", "held", "committed", "lost", "ok", "poisoned"}
 
 // String returns the status's name.
 func (s Status) String() string {
@@ -73,6 +76,12 @@ type Options struct {
 	// Secret keys stripe and slot placement. The zero value is replaced by a
 	// random secret.
 	Secret shard.Secret
+	// MaxAttempts, when positive, makes Release remember how often a key's
+	// claims were released (or taken over after their lease), and Acquire
+	// answer Poisoned once that reaches MaxAttempts. The counts live in
+	// the LRU beside committed entries, so eviction may forget them. Zero
+	// counts nothing.
+	MaxAttempts int
 }
 
 // Validate reports every invalid field at once.
@@ -83,6 +92,9 @@ func (o *Options) Validate() error {
 	}
 	if o.NoCommitted && o.Capacity != 0 {
 		errs = append(errs, fmt.Errorf("%w: NoCommitted conflicts with Capacity %d", ErrOptions, o.Capacity))
+	}
+	if o.MaxAttempts < 0 || o.MaxAttempts > 1<<16-1 {
+		errs = append(errs, fmt.Errorf("%w: MaxAttempts %d is outside [0, 65535]", ErrOptions, o.MaxAttempts))
 	}
 	if s := o.Stripes; s != 0 && (s < 0 || s > shard.MaxStripes || s&(s-1) != 0) {
 		errs = append(errs, fmt.Errorf("%w: Stripes %d is not a power of two in [1, %d]", ErrOptions, s, shard.MaxStripes))
@@ -126,6 +138,7 @@ func New(opts *Options) (*Table, error) {
 	per := (capacity + o.Stripes - 1) / o.Stripes
 	for i := range t.stripes {
 		t.stripes[i].init(per, t.seed)
+		t.stripes[i].maxAttempts = o.MaxAttempts
 	}
 	return t, nil
 }
@@ -174,11 +187,12 @@ func (t *Table) Finish(fps []shard.Fingerprint, tokens []uint64, ok []bool, expi
 	})
 }
 
-// Release removes each claim that tokens[i] holds with an unexpired lease
-// (out[i] OK); otherwise out[i] is Lost and nothing changes.
-func (t *Table) Release(fps []shard.Fingerprint, tokens []uint64, now int64, out []Status) {
+// Release frees each claim that tokens[i] holds with an unexpired lease
+// (out[i] OK); otherwise out[i] is Lost and nothing changes. With
+// MaxAttempts, the key's attempt count is kept until keepUntil.
+func (t *Table) Release(fps []shard.Fingerprint, tokens []uint64, now, keepUntil int64, out []Status) {
 	t.each(fps, func(s *stripe, i int) {
-		out[i] = s.releaseLocked(fps[i], tokens[i], now)
+		out[i] = s.releaseLocked(fps[i], tokens[i], now, keepUntil)
 	})
 }
 

@@ -34,6 +34,14 @@ func one[T any](fn func([]shard.Fingerprint, []uint64, int64, []T), f shard.Fing
 	return out[0]
 }
 
+// release adapts Table.Release (which also takes the time to keep attempt
+// counts until) to the shape of one.
+func release(tb *Table) func([]shard.Fingerprint, []uint64, int64, []Status) {
+	return func(fps []shard.Fingerprint, tokens []uint64, now int64, out []Status) {
+		tb.Release(fps, tokens, now, now+1000, out)
+	}
+}
+
 func TestSizes(t *testing.T) {
 	if got := unsafe.Sizeof(entry{}); got != 48 {
 		t.Errorf("entry is %d bytes, want 48: it is most of the tier's memory", got)
@@ -44,11 +52,11 @@ func TestSizes(t *testing.T) {
 }
 
 func TestOptionsValidateListsEveryProblem(t *testing.T) {
-	err := (&Options{Capacity: -1, Stripes: 3, NoCommitted: true}).Validate()
+	err := (&Options{Capacity: -1, Stripes: 3, NoCommitted: true, MaxAttempts: -1}).Validate()
 	if !errors.Is(err, ErrOptions) {
 		t.Fatalf("err = %v, want ErrOptions", err)
 	}
-	for _, want := range []string{"Capacity -1", "NoCommitted", "Stripes 3"} {
+	for _, want := range []string{"Capacity -1", "NoCommitted", "Stripes 3", "MaxAttempts -1"} {
 		if !contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
@@ -80,7 +88,7 @@ func TestClaimLifecycle(t *testing.T) {
 	if s := one(tb.Begin, k, 2, 5); s != Lost {
 		t.Fatalf("begin by non-owner = %v, want lost", s)
 	}
-	if s := one(tb.Release, k, 2, 5); s != Lost {
+	if s := one(release(tb), k, 2, 5); s != Lost {
 		t.Fatalf("release by non-owner = %v, want lost", s)
 	}
 	// Lease expires: another owner takes over, the first is fenced out.
@@ -97,7 +105,7 @@ func TestClaimLifecycle(t *testing.T) {
 	if r := acquire(tb, k, 4, 100, lease); r.Status != Held {
 		t.Fatalf("acquire while committing = %v, want held", r.Status)
 	}
-	if s := one(tb.Release, k, 3, 12); s != Lost {
+	if s := one(release(tb), k, 3, 12); s != Lost {
 		t.Fatalf("release while committing = %v, want lost", s)
 	}
 	tb.Finish([]shard.Fingerprint{k}, []uint64{3}, []bool{true}, 50, []uint64{77})
@@ -107,10 +115,10 @@ func TestClaimLifecycle(t *testing.T) {
 	if r := acquire(tb, k, 6, 50, lease); r.Status != Acquired {
 		t.Fatalf("acquire after expiry = %v, want acquired", r.Status)
 	}
-	if s := one(tb.Release, k, 6, 51); s != OK {
+	if s := one(release(tb), k, 6, 51); s != OK {
 		t.Fatalf("release by owner = %v", s)
 	}
-	if s := one(tb.Release, k, 6, 51); s != Lost {
+	if s := one(release(tb), k, 6, 51); s != Lost {
 		t.Fatalf("second release = %v, want lost", s)
 	}
 	if c, m := tb.Len(); c != 0 || m != 0 {
@@ -124,8 +132,52 @@ func TestFailedCommitRestoresClaim(t *testing.T) {
 	acquire(tb, k, 1, 0, 10)
 	one(tb.Begin, k, 1, 1)
 	tb.Finish([]shard.Fingerprint{k}, []uint64{1}, []bool{false}, 0, []uint64{0})
-	if s := one(tb.Release, k, 1, 2); s != OK {
+	if s := one(release(tb), k, 1, 2); s != OK {
 		t.Fatalf("release after failed commit = %v, want ok", s)
+	}
+}
+
+// TestPoison: with MaxAttempts, releases and lease takeovers of a key's
+// claims are counted; the attempt after the last allowed one is Poisoned
+// and claims nothing; a commit or the keep time resets the count.
+func TestPoison(t *testing.T) {
+	tb := newTable(t, &Options{MaxAttempts: 3})
+	k := fp(1)
+	var now int64
+	attempt := func(tok uint64) Status { return acquire(tb, k, tok, now, 10).Status }
+	rel := func(tok uint64) {
+		out := make([]Status, 1)
+		tb.Release([]shard.Fingerprint{k}, []uint64{tok}, now, now+500, out)
+		if out[0] != OK {
+			t.Fatalf("release = %v", out[0])
+		}
+	}
+	if s := attempt(1); s != Acquired {
+		t.Fatal(s)
+	}
+	rel(1) // attempt 1
+	if s := attempt(2); s != Acquired {
+		t.Fatal(s)
+	}
+	now += 20 // lease runs out: attempt 2
+	if s := attempt(3); s != TakenOver {
+		t.Fatal(s)
+	}
+	rel(3) // attempt 3
+	if s := attempt(4); s != Poisoned {
+		t.Fatalf("fourth attempt = %v, want poisoned", s)
+	}
+	if s := attempt(5); s != Poisoned {
+		t.Fatalf("poisoned again = %v", s)
+	}
+	now += 600 // the count is kept until 500 after the last release
+	if s := attempt(6); s != Acquired {
+		t.Fatalf("after the keep time = %v, want acquired", s)
+	}
+	one(tb.Begin, k, 6, now)
+	tb.Finish([]shard.Fingerprint{k}, []uint64{6}, []bool{true}, now+1000, []uint64{0})
+	if s := attempt(7); s != Committed {
+		t.Fatalf("after commit = %v", s)
 	}
 }
 
@@ -243,7 +295,7 @@ func TestAgainstModel(t *testing.T) {
 			if m != nil && m.claimed && rng.IntN(2) == 0 {
 				tok = m.token
 			}
-			s := one(tb.Release, f, tok, now)
+			s := one(release(tb), f, tok, now)
 			want := Lost
 			if m != nil && m.claimed && !m.inflight && m.token == tok && m.until > now {
 				want = OK
