@@ -457,3 +457,46 @@ func TestPoisonAfterMaxAttempts(t *testing.T) {
 		})
 	}
 }
+
+// TestCommitBatchWithWritesAtomically: the caller's records become durable
+// with the commit (they survive a crash of the filesystem together), and
+// are refused outside the embedded store.
+func TestCommitBatchWithWritesAtomically(t *testing.T) {
+	mem := vfs.NewCrashableMem()
+	e := open(t, engine.Options{Dir: "db", FS: mem, ExpectedKeys: 1000})
+	ctx := context.Background()
+	keys := [][]byte{[]byte("m1"), []byte("m2"), []byte("m1")}
+	claims := make([]engine.Claim, len(keys))
+	if err := e.ClaimBatch(ctx, keys, nil, claims); err != nil {
+		t.Fatal(err)
+	}
+	var writes []engine.Write
+	for _, c := range claims {
+		if c.Owned() {
+			writes = append(writes, engine.Write{Key: append([]byte("ledger/"), c.Key...), Value: []byte("effect")})
+		}
+	}
+	if err := e.CommitBatchWith(ctx, claims, nil, writes); err != nil {
+		t.Fatal(err)
+	}
+	e2 := open(t, engine.Options{Dir: "db", FS: mem.CrashClone(vfs.CrashCloneCfg{}), ExpectedKeys: 1000})
+	defer e2.Close()
+	var got []string
+	if err := e2.ScanWrites([]byte("ledger/"), func(k, v []byte) error {
+		got = append(got, string(k)+"="+string(v))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(got, ",") != "ledger/m1=effect,ledger/m2=effect" {
+		t.Fatalf("ledger after a crash: %v", got)
+	}
+	expectAll(t, e2, keys[:2], engine.Duplicate)
+	_ = e.Close()
+
+	m := open(t, engine.Options{Tiers: engine.MemoryOnly})
+	defer m.Close()
+	if err := m.CommitBatchWith(ctx, nil, nil, writes); !errors.Is(err, engine.ErrOptions) {
+		t.Fatalf("CommitBatchWith without a store: %v", err)
+	}
+}

@@ -112,7 +112,7 @@ func (n *Namespace) MarkBatch(ctx context.Context, keys [][]byte, digests []Dige
 	if err := n.e.claim(ctx, n, keys, digests, claims); err != nil {
 		return err
 	}
-	if err := n.e.commit(ctx, claims, nil); err != nil {
+	if err := n.e.commit(ctx, claims, nil, nil); err != nil {
 		// Nothing was made durable: give the claims back.
 		_ = n.e.release(context.WithoutCancel(ctx), claims, nil)
 		return err
@@ -166,7 +166,7 @@ func (n *Namespace) Do(ctx context.Context, key []byte, fn func(context.Context)
 // returns once the commit is durable as configured; ack the message after
 // it. A claim that lost its lease gets ErrLeaseLost and changes nothing.
 func (e *Engine) Commit(ctx context.Context, c Claim) error {
-	return e.single(ctx, c, e.commit)
+	return e.single(ctx, c, e.CommitBatch)
 }
 
 // single runs a batch operation on one claim and returns its error.
@@ -187,7 +187,41 @@ func (e *Engine) single(ctx context.Context, c Claim, op func(context.Context, [
 // returns nil when every New claim committed; otherwise an error matching
 // ErrLeaseLost or ErrStorage, and errs says which.
 func (e *Engine) CommitBatch(ctx context.Context, claims []Claim, errs []error) error {
-	return e.commit(ctx, claims, errs)
+	return e.commit(ctx, claims, errs, nil)
+}
+
+// Write is a caller's own key and value for CommitBatchWith.
+type Write struct {
+	Key, Value []byte
+}
+
+// CommitBatchWith is CommitBatch that also writes the caller's records in
+// the same atomic, durable batch of the embedded store (Default only): the
+// effect of processing a message (a ledger entry, an outbox row, a new
+// balance) and the mark that it was processed become durable together, so a
+// crash can leave neither half without the other. The caller's keyspace is
+// separate from the dedup keys and never expired; read it with ScanWrites.
+// If every claim lost its lease, nothing is written.
+func (e *Engine) CommitBatchWith(ctx context.Context, claims []Claim, errs []error, writes []Write) error {
+	if e.store == nil {
+		return fmt.Errorf("%w: CommitBatchWith needs the embedded store (Tiers: Default), have %v", ErrOptions, e.tiers)
+	}
+	return e.commit(ctx, claims, errs, writes)
+}
+
+// ScanWrites calls fn for each record written by CommitBatchWith whose key
+// starts with prefix, in key order; key and value are valid only during the
+// call.
+func (e *Engine) ScanWrites(prefix []byte, fn func(key, value []byte) error) error {
+	if e.store == nil {
+		return fmt.Errorf("%w: ScanWrites needs the embedded store (Tiers: Default), have %v", ErrOptions, e.tiers)
+	}
+	e.life.RLock()
+	defer e.life.RUnlock()
+	if e.life.closed {
+		return ErrClosed
+	}
+	return e.store.ScanUser(prefix, fn)
 }
 
 // Release gives a New claim back, so a redelivery of its key can claim it
@@ -494,7 +528,7 @@ func (b *batch) owned(e *Engine, claims []Claim) {
 	b.cand = cand
 }
 
-func (e *Engine) commit(ctx context.Context, claims []Claim, errs []error) error {
+func (e *Engine) commit(ctx context.Context, claims []Claim, errs []error, writes []Write) error {
 	if errs != nil && len(errs) != len(claims) {
 		return fmt.Errorf("%w: %d claims, %d errors", ErrBatch, len(claims), len(errs))
 	}
@@ -534,7 +568,7 @@ func (e *Engine) commit(ctx context.Context, claims []Claim, errs []error) error
 		k++
 	}
 	if k > 0 {
-		if err := e.durable(ctx, claims, b, k, now, errs, &lost); err != nil {
+		if err := e.durable(ctx, claims, b, k, now, errs, &lost, writes); err != nil {
 			return err
 		}
 	}
@@ -549,7 +583,7 @@ func (e *Engine) commit(ctx context.Context, claims []Claim, errs []error) error
 // tiers, then turns their memory claims into committed entries. On a tier
 // failure the claims go back to their leased state and every one gets the
 // error.
-func (e *Engine) durable(ctx context.Context, claims []Claim, b *batch, k int, now int64, errs []error, lost *int) error {
+func (e *Engine) durable(ctx context.Context, claims []Claim, b *batch, k int, now int64, errs []error, lost *int, writes []Write) error {
 	cfps, ctokens, digests := b.cfps[:k], b.ctokens[:k], b.digests[:k]
 	ok := b.ok[:k]
 	for j := range ok {
@@ -580,7 +614,14 @@ func (e *Engine) durable(ctx context.Context, claims []Claim, b *batch, k int, n
 			recs[j] = pebble.Record{Partition: part, NS: c.ns.name, Key: c.Key,
 				Value: pebble.Value{State: pebble.StateCommitted, Digest: pebble.Digest(c.digest)}}
 		}
-		err := e.store.Write(recs)
+		var user []pebble.UserWrite
+		if len(writes) > 0 {
+			user = make([]pebble.UserWrite, len(writes))
+			for i, w := range writes {
+				user[i] = pebble.UserWrite{Key: w.Key, Value: w.Value}
+			}
+		}
+		err := e.store.WriteWith(recs, user)
 		clear(recs) // drop references to the caller's keys
 		if err != nil {
 			return fail(fmt.Errorf("%w: %w", ErrStorage, err))

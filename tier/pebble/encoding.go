@@ -10,6 +10,7 @@ import (
 //
 //	0x00 meta: store-wide values such as the high-water clock
 //	0x01 records: partition (u32 big endian) ‖ len(ns) (u8) ‖ ns ‖ key
+//	0x02 the caller's records: its key bytes, never expired by retention
 //
 // Big-endian partitions sort in time order, so every record of partitions
 // [a, b) lies between recordPrefix(a) and recordPrefix(b). Partitions are
@@ -19,6 +20,7 @@ import (
 const (
 	spaceMeta    byte = 0x00
 	spaceRecords byte = 0x01
+	spaceUser    byte = 0x02 // the caller's own records, written with commits
 )
 
 var (

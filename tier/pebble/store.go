@@ -310,10 +310,20 @@ type Record struct {
 	Value     Value
 }
 
+// UserWrite is a caller's own key and value, written in the same atomic
+// batch as commits, in a keyspace that retention never touches.
+type UserWrite struct {
+	Key, Value []byte
+}
+
 // Write stores records in one batch and returns once it is durable as
-// configured. It reorders recs. On failure nothing is acknowledged and the Store refuses
-// further writes.
-func (s *Store) Write(recs []Record) (err error) {
+// configured. It reorders recs. On failure nothing is acknowledged and the
+// Store refuses further writes.
+func (s *Store) Write(recs []Record) error { return s.WriteWith(recs, nil) }
+
+// WriteWith is Write with the caller's own writes in the same batch: all of
+// them become durable together, or none does.
+func (s *Store) WriteWith(recs []Record, user []UserWrite) (err error) {
 	if err := s.usable(); err != nil {
 		return err
 	}
@@ -336,6 +346,13 @@ func (s *Store) Write(recs []Record) (err error) {
 		buf = appendValue(buf, r.Value)
 		*bp = buf[:0]
 		if err := b.Set(buf[:n], buf[n:], nil); err != nil {
+			return s.fail(err)
+		}
+	}
+	for _, u := range user {
+		buf := append(append((*bp)[:0], spaceUser), u.Key...)
+		*bp = buf[:0]
+		if err := b.Set(buf, u.Value, nil); err != nil {
 			return s.fail(err)
 		}
 	}
@@ -451,6 +468,42 @@ func (s *Store) compact(ctx context.Context, start, end []byte) {
 	if err = s.db.Compact(ctx, start, end, false); err != nil && ctx.Err() == nil {
 		s.fail(err)
 	}
+}
+
+// ScanUser calls fn for each of the caller's records whose key starts with
+// prefix, in key order; key and value are valid only during the call.
+func (s *Store) ScanUser(prefix []byte, fn func(key, value []byte) error) (err error) {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	defer s.guard(&err)
+	lo := append([]byte{spaceUser}, prefix...)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: prefixEnd(lo)})
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	defer it.Close()
+	for ok := it.First(); ok; ok = it.Next() {
+		v, err := it.ValueAndErr()
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrStorage, err)
+		}
+		if err := fn(it.Key()[1:], v); err != nil {
+			return err
+		}
+	}
+	return it.Error()
+}
+
+// prefixEnd returns the smallest key above every key starting with p.
+func prefixEnd(p []byte) []byte {
+	end := append([]byte(nil), p...)
+	for i := len(end) - 1; i >= 0; i-- {
+		if end[i]++; end[i] != 0 {
+			return end[:i+1]
+		}
+	}
+	return nil
 }
 
 // Compact compacts the whole record keyspace now, so dropped partitions'
