@@ -4,6 +4,7 @@
 //	dedupbench [run] [flags]   run the embedded default on a realistic workload
 //	dedupbench plan [flags]    size memory, Bloom filters and disk for a load
 //	dedupbench compare [flags] the engine beside Redis SET NX and PostgreSQL
+//	dedupbench crash [flags]   the crash table, reproduced with real processes
 //
 // Every subcommand takes -json for machines; run and compare take -report
 // out.html for a self-contained page. It only binds flags: the work is in
@@ -46,8 +47,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return planCmd(ctx, args, stdout, stderr)
 	case "compare":
 		return compareCmd(ctx, args, stdout, stderr)
+	case "crash":
+		return crashCmd(ctx, args, stdout, stderr)
+	case "crash-child":
+		return crashChildCmd(ctx, args)
 	default:
-		return fmt.Errorf("unknown command %q (want run, plan or compare)", cmd)
+		return fmt.Errorf("unknown command %q (want run, plan, compare or crash)", cmd)
 	}
 }
 

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,6 +14,44 @@ import (
 	"github.com/tierdedup/tierdedup/bench"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
+
+// TestMain lets the crash test re-execute this binary as the consumer.
+func TestMain(m *testing.M) {
+	if os.Getenv("DEDUPBENCH_CHILD") == "1" {
+		if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestCrashTable reproduces the crash table with real processes killed by
+// SIGKILL at message 505 of 1000 (offsets every 100) and asserts its shape:
+// committing the offset first loses the uncommitted tail, processing first
+// repeats it, and the engine repeats nothing and loses nothing.
+func TestCrashTable(t *testing.T) {
+	child := func(a ...string) *exec.Cmd {
+		cmd := exec.Command(os.Args[0], append([]string{"crash-child"}, a...)...)
+		cmd.Env = append(os.Environ(), "DEDUPBENCH_CHILD=1")
+		return cmd
+	}
+	rows, err := bench.CrashTable(context.Background(), bench.CrashConfig{Messages: 1000, Every: 100, KillAt: 505}, child)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []bench.CrashRow{
+		{Strategy: bench.OffsetFirst, Processed: 904, Duplicated: 0, Lost: 96},
+		{Strategy: bench.ProcessFirst, Processed: 1004, Duplicated: 4, Lost: 0},
+		{Strategy: bench.WithEngine, Processed: 1000, Duplicated: 0, Lost: 0},
+	}
+	for i := range want {
+		if rows[i] != want[i] {
+			t.Errorf("%s: got %+v, want %+v", want[i].Strategy, rows[i], want[i])
+		}
+	}
+}
 
 func TestRunPrintsEveryFigure(t *testing.T) {
 	var out, errOut bytes.Buffer
