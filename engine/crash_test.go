@@ -33,6 +33,9 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(redisChildEnv); spec != "" {
 		os.Exit(redisChild(spec))
 	}
+	if spec := os.Getenv(rabbitChildEnv); spec != "" {
+		os.Exit(rabbitChild(spec))
+	}
 	os.Exit(m.Run())
 }
 
