@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"time"
+
+	"github.com/tierdedup/tierdedup/shard"
 )
 
 // ErrConfig reports an invalid WorkloadConfig.
@@ -200,13 +202,13 @@ func (s *Stream) earlier() int64 {
 
 // appendKey appends the key of fresh index i.
 func (s *Stream) appendKey(dst []byte, i int64) []byte {
-	h := mix(uint64(i) ^ s.c.Seed*0x9e3779b97f4a7c15)
+	h := shard.Mix(uint64(i) ^ s.c.Seed*0x9e3779b97f4a7c15) // bijective: distinct indices, distinct keys
 	t := s.start.Add(time.Duration(float64(i) / max(s.perStep, 1e-300)))
 	switch s.c.Shape {
 	case UUIDv7:
 		var u [16]byte
 		binary.BigEndian.PutUint64(u[:8], uint64(t.UnixMilli())<<16|h&0xffff)
-		binary.BigEndian.PutUint64(u[8:], mix(h))
+		binary.BigEndian.PutUint64(u[8:], shard.Mix(h))
 		u[6] = u[6]&0x0f | 0x70
 		u[8] = u[8]&0x3f | 0x80
 		return appendUUID(dst, u)
@@ -219,7 +221,7 @@ func (s *Stream) appendKey(dst []byte, i int64) []byte {
 	default:
 		var u [16]byte
 		binary.LittleEndian.PutUint64(u[:8], h)
-		binary.LittleEndian.PutUint64(u[8:], mix(h^0xa5a5a5a5))
+		binary.LittleEndian.PutUint64(u[8:], shard.Mix(h^0xa5a5a5a5))
 		u[6] = u[6]&0x0f | 0x40
 		u[8] = u[8]&0x3f | 0x80
 		return appendUUID(dst, u)
@@ -238,17 +240,6 @@ func appendUUID(dst []byte, u [16]byte) []byte {
 	s[23] = '-'
 	hex.Encode(s[24:36], u[10:16])
 	return append(dst, s[:]...)
-}
-
-// mix is a bijective 64-bit mixer (splitmix64's finaliser), so distinct
-// indices give distinct keys.
-func mix(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
 }
 
 // Workload is a pre-generated key stream, for go test benchmarks that must

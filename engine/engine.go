@@ -262,6 +262,20 @@ func (e *Engine) enter(ctx context.Context) error {
 
 func (e *Engine) leave() { e.life.RUnlock() }
 
+// start enters a call that may answer New or write, and reads the engine's
+// time; on success the caller must leave.
+func (e *Engine) start(ctx context.Context) (int64, error) {
+	if err := e.enter(ctx); err != nil {
+		return 0, err
+	}
+	now, err := e.now()
+	if err != nil {
+		e.leave()
+		return 0, err
+	}
+	return now, nil
+}
+
 // Close stops background work, saves the Bloom filters (so the next Open is
 // warm) and closes the store. It is idempotent; calls after it return
 // ErrClosed.

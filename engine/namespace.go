@@ -257,14 +257,11 @@ func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digest
 	if err := e.checkKeys(keys); err != nil {
 		return err
 	}
-	if err := e.enter(ctx); err != nil {
-		return err
-	}
-	defer e.leave()
-	now, err := e.now()
+	now, err := e.start(ctx)
 	if err != nil {
 		return err
 	}
+	defer e.leave()
 	b := e.getBatch(n)
 	defer e.putBatch(b)
 	first := e.tokens.Add(uint64(n)) - uint64(n) + 1
@@ -533,14 +530,11 @@ func (e *Engine) commit(ctx context.Context, claims []Claim, errs []error, write
 		return fmt.Errorf("%w: %d claims, %d errors", ErrBatch, len(claims), len(errs))
 	}
 	clear(errs)
-	if err := e.enter(ctx); err != nil {
-		return err
-	}
-	defer e.leave()
-	now, err := e.now()
+	now, err := e.start(ctx)
 	if err != nil {
 		return err
 	}
+	defer e.leave()
 	b := e.getBatch(len(claims))
 	defer e.putBatch(b)
 	b.owned(e, claims)

@@ -145,15 +145,20 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	if *report != "" {
-		if err := writeReport(*report, res, nil); err != nil {
+	return finish(stdout, *report, *asJSON, res, nil, res, func() { bench.PrintResult(stdout, res) })
+}
+
+// finish writes the HTML report if asked, then v as JSON or print's text.
+func finish(stdout io.Writer, report string, asJSON bool, res *bench.Result, rows []bench.CompareRow, v any, print func()) error {
+	if report != "" {
+		if err := writeReport(report, res, rows); err != nil {
 			return err
 		}
 	}
-	if *asJSON {
-		return writeJSON(stdout, res)
+	if asJSON {
+		return writeJSON(stdout, v)
 	}
-	bench.PrintResult(stdout, res)
+	print()
 	return nil
 }
 

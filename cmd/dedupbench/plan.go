@@ -84,14 +84,5 @@ func compareCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	rows := []bench.CompareRow{{Name: "engine " + res.Tiers + ", batch 256", Keys: res.Keys, Elapsed: res.Elapsed, KeysPerSec: res.KeysPerSec}}
 	rows = append(rows, baselines(ctx, rc.Workload, *redisAddr, *dsn, *budget, say)...)
 	bench.Ratios(res.KeysPerSec, rows)
-	if *report != "" {
-		if err := writeReport(*report, res, rows); err != nil {
-			return err
-		}
-	}
-	if *asJSON {
-		return writeJSON(stdout, rows)
-	}
-	bench.PrintCompare(stdout, rows)
-	return nil
+	return finish(stdout, *report, *asJSON, res, rows, rows, func() { bench.PrintCompare(stdout, rows) })
 }
