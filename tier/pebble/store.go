@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -181,11 +182,14 @@ func openDB(dir string, popts *pebble.Options) (db *pebble.DB, err error) {
 	return pebble.Open(dir, popts)
 }
 
+// isLockError recognises Pebble's refusal to open a directory another Store
+// holds: in this process (its own message) or in another (fcntl's EAGAIN or
+// EACCES on the LOCK file).
 func isLockError(err error) bool {
-	msg := err.Error()
-	return bytes.Contains([]byte(msg), []byte("lock held by current process")) ||
-		bytes.Contains([]byte(msg), []byte("resource temporarily unavailable")) ||
-		bytes.Contains([]byte(msg), []byte("LOCK"))
+	if errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EACCES) {
+		return true
+	}
+	return strings.Contains(err.Error(), "lock held by current process")
 }
 
 // guard converts a panic inside a Pebble call (its Fatalf, or a panic such

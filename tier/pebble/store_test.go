@@ -1,6 +1,7 @@
 package pebble
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/hex"
@@ -8,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -290,4 +293,35 @@ func cloneMem(t *testing.T, src *vfs.MemFS) vfs.FS {
 	}
 	_ = dst.Remove(filepath.Join("db", "LOCK"))
 	return dst
+}
+
+// TestOpenRefusedWhileAnotherProcessHoldsTheDirectory runs a child process
+// (this test binary) that opens the directory, and checks that this process
+// cannot open it too.
+func TestOpenRefusedWhileAnotherProcessHoldsTheDirectory(t *testing.T) {
+	if dir := os.Getenv("TIERDEDUP_LOCK_CHILD"); dir != "" {
+		if _, err := Open(&Options{Dir: dir, Logger: quiet}); err != nil {
+			os.Exit(3)
+		}
+		fmt.Println("open")
+		select {} // hold the directory until killed
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestOpenRefusedWhileAnotherProcessHoldsTheDirectory$")
+	cmd.Env = append(os.Environ(), "TIERDEDUP_LOCK_CHILD="+dir)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "open\n" {
+		t.Fatalf("child did not open the directory: %q %v", line, err)
+	}
+	if _, err := Open(&Options{Dir: dir, Logger: quiet}); !errors.Is(err, ErrLocked) {
+		t.Fatalf("Open while another process holds the directory: %v, want ErrLocked", err)
+	}
 }
