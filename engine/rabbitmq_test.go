@@ -63,9 +63,9 @@ func rabbitChild(spec string) int {
 	if mode == "redis" {
 		c := goredis.NewClient(&goredis.Options{Addr: store})
 		defer c.Close()
-		e, err = engine.Open(&engine.Options{Tiers: engine.Redis, Redis: c, RedisPrefix: queue + ":", Lease: time.Second, Logger: quiet})
+		e, err = engine.Open(&engine.Options{Tiers: engine.Redis, Redis: c, RedisPrefix: queue + ":", Lease: 3 * time.Second, Logger: quiet})
 	} else {
-		e, err = engine.Open(&engine.Options{Dir: store, ExpectedKeys: 100_000, Lease: time.Second, Logger: quiet})
+		e, err = engine.Open(&engine.Options{Dir: store, ExpectedKeys: 100_000, Lease: 3 * time.Second, Logger: quiet})
 	}
 	if err != nil {
 		return fail(err)
@@ -106,6 +106,7 @@ func rabbitChild(spec string) int {
 			continue
 		case engine.InFlight: // another consumer holds it, or held it before dying
 			time.Sleep(20 * time.Millisecond)
+			say("N", id)
 			_ = d.Nack(false, true)
 			continue
 		case engine.New:
@@ -139,9 +140,11 @@ func rabbitChild(spec string) int {
 type consumer struct {
 	mode, queue, store, ledger string
 	cmd                        *exec.Cmd
-	last                       map[string]string // message → last phase logged, this incarnation
-	mu                         sync.Mutex
 	done                       chan struct{}
+	mu                         sync.Mutex
+	// The consumer handles one message at a time, so its last logged line
+	// says which message it was inside and in which phase.
+	lastID, lastPhase string
 }
 
 func (c *consumer) start(t *testing.T, events chan<- [2]string) {
@@ -158,7 +161,7 @@ func (c *consumer) start(t *testing.T, events chan<- [2]string) {
 	}
 	c.done = make(chan struct{})
 	c.mu.Lock()
-	c.last = map[string]string{}
+	c.lastID, c.lastPhase = "", ""
 	c.mu.Unlock()
 	go func() {
 		defer close(c.done)
@@ -168,9 +171,11 @@ func (c *consumer) start(t *testing.T, events chan<- [2]string) {
 			if !ok {
 				continue
 			}
-			c.mu.Lock()
-			c.last[id] = phase
-			c.mu.Unlock()
+			if phase != "R" {
+				c.mu.Lock()
+				c.lastID, c.lastPhase = id, phase
+				c.mu.Unlock()
+			}
 			events <- [2]string{phase, id}
 		}
 		_ = c.cmd.Wait()
@@ -184,12 +189,11 @@ func (c *consumer) kill() (string, string) {
 	<-c.done
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for id, phase := range c.last {
-		if phase != "A" && phase != "D" {
-			return id, phase
-		}
+	switch c.lastPhase {
+	case "A", "D", "N", "":
+		return "", "" // between messages
 	}
-	return "", ""
+	return c.lastID, c.lastPhase
 }
 
 func TestRabbitMQRedelivery(t *testing.T) {
