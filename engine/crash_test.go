@@ -104,8 +104,12 @@ func TestCrashRecovery(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		kill := time.Duration(200+rng.IntN(600)) * time.Millisecond
-		timer := time.AfterFunc(kill, func() { _ = cmd.Process.Signal(syscall.SIGKILL) })
+		// The kill comes at a random moment after the child's first
+		// acknowledged commit, however slow its start on a loaded machine.
+		kill := time.Duration(100+rng.IntN(600)) * time.Millisecond
+		var timer *time.Timer
+		guard := time.AfterFunc(time.Minute, func() { _ = cmd.Process.Signal(syscall.SIGKILL) }) // a child that never acks
+		defer guard.Stop()
 		news, acks := 0, 0
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
@@ -122,11 +126,16 @@ func TestCrashRecovery(t *testing.T) {
 			case "A":
 				acks++
 				acked[key] = true
+				if timer == nil {
+					timer = time.AfterFunc(kill, func() { _ = cmd.Process.Signal(syscall.SIGKILL) })
+				}
 			case "ERR":
 				t.Fatalf("round %d: child failed: %s", r, key)
 			}
 		}
-		timer.Stop()
+		if timer != nil {
+			timer.Stop()
+		}
 		_ = cmd.Wait()
 		t.Logf("round %d: killed after %v, %d New, %d acknowledged", r, kill, news, acks)
 		if acks == 0 {
