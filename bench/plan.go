@@ -27,6 +27,11 @@ const (
 	// PebbleOffHeapBytes is Pebble's memory outside the Go heap: two 64 MiB
 	// memtables and the 64 MiB block cache.
 	PebbleOffHeapBytes = 3 * 64 << 20
+	// SteadyWALBytes is the WAL Pebble keeps once a store has flushed many
+	// memtables: the live WAL and recycled ones, about 4.5 memtables of
+	// 64 MiB (measured beside Pebble: 282 MiB). Small stores hold less: the
+	// calibration's WAL bytes per key, up to this bound.
+	SteadyWALBytes = 288 << 20
 	// FixedHeapBytes is the heap of an engine beyond its tiers: Pebble's
 	// Go-heap structures, batch buffers, the runtime (measured by
 	// TestPlanAgreesWithRun: ≈ 4 MiB).
@@ -46,10 +51,13 @@ type PlanInput struct {
 
 // Calibration is what a short run on this machine measured.
 type Calibration struct {
-	KeysPerSec      float64
-	DiskBytesPerKey float64
-	Keys            int64
-	Elapsed         time.Duration
+	KeysPerSec float64
+	// TableBytesPerKey is the compacted SST size per key; WALBytesPerKey
+	// the live WAL per key written, which stops growing at SteadyWALBytes.
+	TableBytesPerKey float64
+	WALBytesPerKey   float64
+	Keys             int64
+	Elapsed          time.Duration
 }
 
 // Plan is the sizing of every tier for a PlanInput.
@@ -69,7 +77,7 @@ type Plan struct {
 	MemoryBytes                     float64 // memory tier at capacity
 	HeapBytes                       float64 // memory + bloom
 	OffHeapBytes                    float64 // Pebble's memtables and cache
-	DiskBytes                       float64 // Pebble, default configuration
+	DiskBytes                       float64 // Pebble, default configuration: compacted SSTs of KeysHeld + the fixed part
 	RedisBytes                      float64 // Redis configuration
 	Calibration                     Calibration
 	CapacityPerDay, Headroom        float64 // keys/day this machine sustains, and its ratio to IDsPerDay
@@ -110,7 +118,14 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 	switch in.Tiers {
 	case engine.Default:
 		p.OffHeapBytes = PebbleOffHeapBytes
-		p.DiskBytes = p.KeysHeld * cal.DiskBytesPerKey
+		// Live SSTs, plus the WAL: what a small store holds live, or the
+		// steady state's live and recycled files for a large one.
+		tables := p.KeysHeld * cal.TableBytesPerKey
+		wal := p.KeysHeld * cal.WALBytesPerKey
+		if tables > SteadyWALBytes {
+			wal = SteadyWALBytes
+		}
+		p.DiskBytes = tables + wal
 	case engine.Redis:
 		p.RedisBytes = p.KeysHeld * float64(RedisFixedBytes+in.KeySize)
 	}
@@ -124,6 +139,7 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 func Calibrate(ctx context.Context, in PlanInput, keys int64, shape KeyShape) (Calibration, *Result, error) {
 	perPartition := float64(keys) * (1 - in.DupRatio) * float64(in.Partition) / float64(24*time.Hour)
 	rc := RunConfig{
+		Compact:  true,
 		Workload: WorkloadConfig{Keys: keys, Shape: shape, DupRatio: in.DupRatio, DupReach: time.Hour, Span: 24 * time.Hour, Seed: 7},
 		Engine: engine.Options{Tiers: in.Tiers, Window: in.Window, Partition: in.Partition, FalsePositive: in.FalsePositive,
 			MemoryCapacity: in.MemoryCapacity, ExpectedKeys: max(1000, int(perPartition))},
@@ -135,7 +151,12 @@ func Calibrate(ctx context.Context, in PlanInput, keys int64, shape KeyShape) (C
 	return CalibrationOf(res), res, nil
 }
 
-// CalibrationOf takes a calibration from a run's measurements.
+// CalibrationOf takes a calibration from a run's measurements (a run with
+// RunConfig.Compact, for the disk figures).
 func CalibrationOf(res *Result) Calibration {
-	return Calibration{KeysPerSec: res.KeysPerSec, DiskBytesPerKey: res.DiskBytesPerKey, Keys: res.Keys, Elapsed: res.Elapsed}
+	cal := Calibration{KeysPerSec: res.KeysPerSec, TableBytesPerKey: res.TableBytesPerKey, Keys: res.Keys, Elapsed: res.Elapsed}
+	if c := res.Stats.Commits; c > 0 {
+		cal.WALBytesPerKey = float64(res.WALBytes) / float64(c)
+	}
+	return cal
 }

@@ -23,7 +23,7 @@ func PrintResult(w io.Writer, r *Result) {
 	p("per-key latency", "p50 %v  p99 %v  p999 %v (batch latency / batch size)", r.KeyLatency.P50, r.KeyLatency.P99, r.KeyLatency.P999)
 	p("heap", "%.1f MiB, %.1f B per committed key", float64(r.HeapBytes)/(1<<20), r.HeapBytesPerKey)
 	if r.DiskBytes > 0 {
-		p("disk", "%.1f MiB, %.1f B per committed key (WAL included)", float64(r.DiskBytes)/(1<<20), r.DiskBytesPerKey)
+		p("disk", "%.1f MiB, %.1f B per committed key (WAL included; SSTs %.1f MiB)", float64(r.DiskBytes)/(1<<20), r.DiskBytesPerKey, float64(r.TableBytes)/(1<<20))
 	}
 	if r.BloomFPConfigured > 0 {
 		p("bloom false positives", "%.4f%% measured vs %.4f%% configured (whole window)", 100*r.BloomFPMeasured, 100*r.BloomFPConfigured)
@@ -64,7 +64,7 @@ func PrintPlan(w io.Writer, pl Plan) {
 		p("pebble off-heap", "%s (memtables and block cache)", gib(pl.OffHeapBytes))
 	}
 	if pl.DiskBytes > 0 {
-		p("disk", "%s (%.1f B/key measured by the calibration run)", gib(pl.DiskBytes), pl.Calibration.DiskBytesPerKey)
+		p("disk", "%s (compacted SSTs: %.1f B/key measured by the calibration run; WAL up to %d MiB)", gib(pl.DiskBytes), pl.Calibration.TableBytesPerKey, SteadyWALBytes>>20)
 	}
 	if pl.RedisBytes > 0 {
 		p("redis memory", "%s", gib(pl.RedisBytes))

@@ -31,6 +31,9 @@ type RunConfig struct {
 	Sample time.Duration
 	// Progress, if set, is called after each sample.
 	Progress func(Point)
+	// Compact, in the default configuration, compacts the store after the
+	// run (untimed) so that TableBytes measures compacted data.
+	Compact bool
 }
 
 // Point is one sample of a run's progress.
@@ -65,9 +68,11 @@ type Result struct {
 	// HeapBytesPerKey divides it by the keys committed in the window.
 	HeapBytes       uint64
 	HeapBytesPerKey float64
-	// DiskBytes is Pebble's size at the end, WAL included.
-	DiskBytes       uint64
-	DiskBytesPerKey float64
+	// DiskBytes is Pebble's size at the end, WAL and files awaiting
+	// deletion included; TableBytes its live SSTs (compacted when
+	// RunConfig.Compact is set) and WALBytes its live WAL.
+	DiskBytes, TableBytes, WALBytes   uint64
+	DiskBytesPerKey, TableBytesPerKey float64
 	// BloomFPMeasured is the share of keys absent from Pebble that the
 	// filters called maybe; BloomFPConfigured is the whole-window target.
 	BloomFPMeasured, BloomFPConfigured float64
@@ -258,6 +263,11 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 	res.Fresh, res.New = fresh.Load(), news.Load()
 	res.WronglyDropped, res.DupsLetThrough = max(0, res.Fresh-res.New), max(0, res.New-res.Fresh)
 
+	if rc.Compact && o.Tiers == engine.Default {
+		if err := e.Compact(context.WithoutCancel(ctx)); err != nil {
+			return nil, err
+		}
+	}
 	st := e.Stats()
 	res.Stats = st
 	runtime.GC()
@@ -269,8 +279,9 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 	held := st.Commits // keys committed; all inside the window unless partitions were dropped
 	if held > 0 {
 		res.HeapBytesPerKey = float64(res.HeapBytes) / float64(held)
-		res.DiskBytes = st.DiskBytes
+		res.DiskBytes, res.TableBytes, res.WALBytes = st.DiskBytes, st.TableBytes, st.WALBytes
 		res.DiskBytesPerKey = float64(st.DiskBytes) / float64(held)
+		res.TableBytesPerKey = float64(st.TableBytes) / float64(held)
 	}
 	if absent := st.BloomNegatives + st.BloomFalsePositives; absent > 0 {
 		res.BloomFPMeasured = float64(st.BloomFalsePositives) / float64(absent)

@@ -209,6 +209,25 @@ func (e *Engine) CommitBatchWith(ctx context.Context, claims []Claim, errs []err
 	return e.commit(ctx, claims, errs, writes)
 }
 
+// Compact flushes and compacts the embedded store now (Default only), so
+// that dropped partitions leave the disk and its size reflects compacted
+// data; for maintenance windows and capacity measurements. It can take
+// minutes on a large store; calls proceed meanwhile.
+func (e *Engine) Compact(ctx context.Context) error {
+	if e.store == nil {
+		return fmt.Errorf("%w: Compact needs the embedded store (Tiers: Default), have %v", ErrOptions, e.tiers)
+	}
+	e.life.RLock()
+	defer e.life.RUnlock()
+	if e.life.closed {
+		return ErrClosed
+	}
+	if err := e.store.Compact(ctx); err != nil {
+		return fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	return nil
+}
+
 // ScanWrites calls fn for each record written by CommitBatchWith whose key
 // starts with prefix, in key order; key and value are valid only during the
 // call.

@@ -45,8 +45,10 @@ type Stats struct {
 	// StoreReads counts keys looked up in the durable tier (Pebble or
 	// Redis); StoreHits, those found committed.
 	StoreReads, StoreHits uint64
-	// DiskBytes is Pebble's size on disk, WAL included.
-	DiskBytes uint64
+	// DiskBytes is Pebble's size on disk: live SSTs (TableBytes), live WAL
+	// (WALBytes), recycled WAL files and files a compaction has not yet
+	// deleted.
+	DiskBytes, TableBytes, WALBytes uint64
 
 	// Window is the retention window; Coverage how much of it the engine
 	// holds: since the store was created (Default) or the engine opened.
@@ -137,7 +139,7 @@ func (e *Engine) Stats() Stats {
 		s.BloomEstimatedFP = e.bloom.EstimatedFalsePositive()
 	}
 	if e.store != nil {
-		s.DiskBytes = e.store.DiskUsage()
+		s.DiskBytes, s.TableBytes, s.WALBytes = e.store.DiskUsage(), e.store.TableBytes(), e.store.WALBytes()
 	}
 	s.Coverage = min(time.Duration(e.highWater.Load()-e.openedAt), s.Window)
 	return s

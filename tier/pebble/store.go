@@ -538,6 +538,20 @@ func (s *Store) Flush() (err error) {
 // DiskUsage returns the bytes the database occupies on disk, WAL included.
 func (s *Store) DiskUsage() uint64 { return s.db.Metrics().DiskSpaceUsage() }
 
+// TableBytes returns the bytes of the database's live SSTs: its data once
+// the memtables are flushed, without the WAL.
+func (s *Store) TableBytes() uint64 {
+	var n int64
+	for _, l := range s.db.Metrics().Levels {
+		n += l.TablesSize
+	}
+	return uint64(n)
+}
+
+// WALBytes returns the on-disk size of the live WAL files (recycled ones
+// waiting for reuse are in DiskUsage only).
+func (s *Store) WALBytes() uint64 { return s.db.Metrics().WAL.PhysicalSize }
+
 // Scan calls fn for every committed record in partitions at or after from,
 // in key order. ns and key alias Pebble's buffers and are valid only during
 // the call. It stops at the first error fn returns, or when ctx ends.

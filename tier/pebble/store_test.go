@@ -229,14 +229,7 @@ func TestDroppedPartitionLeavesDisk(t *testing.T) {
 	}
 }
 
-func sstBytes(s *Store) int64 {
-	m := s.db.Metrics()
-	var total int64
-	for _, l := range m.Levels {
-		total += l.TablesSize
-	}
-	return total
-}
+func sstBytes(s *Store) int64 { return int64(s.TableBytes()) }
 
 // TestWriteFailureIsTypedAndSticky injects a WAL sync failure: the write
 // must fail with ErrStorage (not exit), later writes must be refused, and
