@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
@@ -94,16 +93,7 @@ func TestCrashRecovery(t *testing.T) {
 	rng := rand.New(rand.NewPCG(42, 1))
 	const rounds = 6
 	for r := range rounds {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), crashChildEnv+"="+dir+"|"+strconv.Itoa(r))
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
+		cmd, stdout := startChild(t, crashChildEnv+"="+dir+"|"+strconv.Itoa(r))
 		// The kill comes at a random moment after the child's first
 		// acknowledged commit, however slow its start on a loaded machine.
 		kill := time.Duration(100+rng.IntN(600)) * time.Millisecond

@@ -4,6 +4,7 @@ import (
 	"io"
 	"log"
 	"os"
+	"os/exec"
 	"sync"
 	"testing"
 	"time"
@@ -48,4 +49,21 @@ func open(t testing.TB, o engine.Options) *engine.Engine {
 		t.Fatal(err)
 	}
 	return e
+}
+
+// startChild re-executes this test binary with env set (TestMain sends it to
+// the child's code) and returns it started, with its stdout.
+func startChild(t *testing.T, env string) (*exec.Cmd, io.ReadCloser) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env)
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd, stdout
 }

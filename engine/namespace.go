@@ -203,10 +203,32 @@ type Write struct {
 // separate from the dedup keys and never expired; read it with ScanWrites.
 // If every claim lost its lease, nothing is written.
 func (e *Engine) CommitBatchWith(ctx context.Context, claims []Claim, errs []error, writes []Write) error {
-	if e.store == nil {
-		return fmt.Errorf("%w: CommitBatchWith needs the embedded store (Tiers: Default), have %v", ErrOptions, e.tiers)
+	if err := e.needStore("CommitBatchWith"); err != nil {
+		return err
 	}
 	return e.commit(ctx, claims, errs, writes)
+}
+
+// needStore reports ErrOptions for an operation of the embedded store in a
+// configuration without one.
+func (e *Engine) needStore(op string) error {
+	if e.store == nil {
+		return fmt.Errorf("%w: %s needs the embedded store (Tiers: Default), have %v", ErrOptions, op, e.tiers)
+	}
+	return nil
+}
+
+// withStore runs fn on the embedded store unless the engine is closed.
+func (e *Engine) withStore(op string, fn func(*pebble.Store) error) error {
+	if err := e.needStore(op); err != nil {
+		return err
+	}
+	e.life.RLock()
+	defer e.life.RUnlock()
+	if e.life.closed {
+		return ErrClosed
+	}
+	return fn(e.store)
 }
 
 // Compact flushes and compacts the embedded store now (Default only), so
@@ -214,33 +236,19 @@ func (e *Engine) CommitBatchWith(ctx context.Context, claims []Claim, errs []err
 // data; for maintenance windows and capacity measurements. It can take
 // minutes on a large store; calls proceed meanwhile.
 func (e *Engine) Compact(ctx context.Context) error {
-	if e.store == nil {
-		return fmt.Errorf("%w: Compact needs the embedded store (Tiers: Default), have %v", ErrOptions, e.tiers)
-	}
-	e.life.RLock()
-	defer e.life.RUnlock()
-	if e.life.closed {
-		return ErrClosed
-	}
-	if err := e.store.Compact(ctx); err != nil {
-		return fmt.Errorf("%w: %w", ErrStorage, err)
-	}
-	return nil
+	return e.withStore("Compact", func(s *pebble.Store) error {
+		if err := s.Compact(ctx); err != nil {
+			return fmt.Errorf("%w: %w", ErrStorage, err)
+		}
+		return nil
+	})
 }
 
 // ScanWrites calls fn for each record written by CommitBatchWith whose key
 // starts with prefix, in key order; key and value are valid only during the
 // call.
 func (e *Engine) ScanWrites(prefix []byte, fn func(key, value []byte) error) error {
-	if e.store == nil {
-		return fmt.Errorf("%w: ScanWrites needs the embedded store (Tiers: Default), have %v", ErrOptions, e.tiers)
-	}
-	e.life.RLock()
-	defer e.life.RUnlock()
-	if e.life.closed {
-		return ErrClosed
-	}
-	return e.store.ScanUser(prefix, fn)
+	return e.withStore("ScanWrites", func(s *pebble.Store) error { return s.ScanUser(prefix, fn) })
 }
 
 // Release gives a New claim back, so a redelivery of its key can claim it

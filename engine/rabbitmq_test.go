@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -149,16 +150,8 @@ type consumer struct {
 
 func (c *consumer) start(t *testing.T, events chan<- [2]string) {
 	t.Helper()
-	c.cmd = exec.Command(os.Args[0], "-test.run=^$")
-	c.cmd.Env = append(os.Environ(), rabbitChildEnv+"="+strings.Join([]string{c.mode, c.queue, c.store, c.ledger}, "|"))
-	c.cmd.Stderr = os.Stderr
-	stdout, err := c.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	var stdout io.ReadCloser
+	c.cmd, stdout = startChild(t, rabbitChildEnv+"="+strings.Join([]string{c.mode, c.queue, c.store, c.ledger}, "|"))
 	c.done = make(chan struct{})
 	c.mu.Lock()
 	c.lastID, c.lastPhase = "", ""

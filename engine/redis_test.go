@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -304,16 +303,7 @@ func TestRedisProcessesRace(t *testing.T) {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for p := range procs {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s|%s|%d|%d", redisChildEnv, srv.Addr, prefix, p, keys))
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
+		cmd, stdout := startChild(t, fmt.Sprintf("%s=%s|%s|%d|%d", redisChildEnv, srv.Addr, prefix, p, keys))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -123,8 +123,7 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.SetOutput(stderr)
 	var w workloadFlags
 	w.bind(fs, 15_000_000)
-	asJSON := fs.Bool("json", false, "print the result as JSON")
-	report := fs.String("report", "", "write a self-contained HTML report to this file")
+	asJSON, report := bindOutput(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -146,6 +145,12 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	return finish(stdout, *report, *asJSON, res, nil, res, func() { bench.PrintResult(stdout, res) })
+}
+
+// bindOutput binds -json and -report, shared by run and compare.
+func bindOutput(fs *flag.FlagSet) (asJSON *bool, report *string) {
+	return fs.Bool("json", false, "print the result as JSON"),
+		fs.String("report", "", "write a self-contained HTML report to this file")
 }
 
 // finish writes the HTML report if asked, then v as JSON or print's text.

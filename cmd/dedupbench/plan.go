@@ -62,8 +62,7 @@ func compareCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	redisAddr := fs.String("redis", "127.0.0.1:6379", "Redis for the SET NX EX baseline (empty: skip)")
 	dsn := fs.String("postgres", "postgres://postgres@127.0.0.1:5432/test", "PostgreSQL for the unique-index baseline (empty: skip)")
 	budget := fs.Duration("budget", 10*time.Second, "time limit of each baseline")
-	asJSON := fs.Bool("json", false, "print the table as JSON")
-	report := fs.String("report", "", "write a self-contained HTML report to this file")
+	asJSON, report := bindOutput(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
