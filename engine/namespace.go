@@ -201,12 +201,28 @@ type Write struct {
 // balance) and the mark that it was processed become durable together, so a
 // crash can leave neither half without the other. The caller's keyspace is
 // separate from the dedup keys and never expired; read it with ScanWrites.
-// If every claim lost its lease, nothing is written.
+// A batch with no New claim (every message a duplicate) still writes the
+// records, durably, so a consumed offset stored with them advances. If
+// there were New claims and every one lost its lease, nothing is written
+// and the error matches ErrLeaseLost: the records describe work whose
+// claims are void.
 func (e *Engine) CommitBatchWith(ctx context.Context, claims []Claim, errs []error, writes []Write) error {
 	if err := e.needStore("CommitBatchWith"); err != nil {
 		return err
 	}
 	return e.commit(ctx, claims, errs, writes)
+}
+
+// userWrites converts the caller's writes for the store.
+func userWrites(writes []Write) []pebble.UserWrite {
+	if len(writes) == 0 {
+		return nil
+	}
+	user := make([]pebble.UserWrite, len(writes))
+	for i, w := range writes {
+		user[i] = pebble.UserWrite{Key: w.Key, Value: w.Value}
+	}
+	return user
 }
 
 // needStore reports ErrOptions for an operation of the embedded store in a
@@ -567,6 +583,14 @@ func (e *Engine) commit(ctx context.Context, claims []Claim, errs []error, write
 	b.owned(e, claims)
 	m := len(b.cand)
 	if m == 0 {
+		if len(writes) > 0 {
+			// No message of the batch was New (all duplicates, say), but
+			// the caller's records (a consumed offset) must still land.
+			if err := e.store.WriteWith(nil, userWrites(writes)); err != nil {
+				e.stats.errors.Add(1)
+				return fmt.Errorf("%w: %w", ErrStorage, err)
+			}
+		}
 		return nil
 	}
 	cfps, ctokens, st := b.cfps[:m], b.ctokens[:m], b.st[:m]
@@ -635,14 +659,7 @@ func (e *Engine) durable(ctx context.Context, claims []Claim, b *batch, k int, n
 			recs[j] = pebble.Record{Partition: part, NS: c.ns.name, Key: c.Key,
 				Value: pebble.Value{State: pebble.StateCommitted, Digest: pebble.Digest(c.digest)}}
 		}
-		var user []pebble.UserWrite
-		if len(writes) > 0 {
-			user = make([]pebble.UserWrite, len(writes))
-			for i, w := range writes {
-				user[i] = pebble.UserWrite{Key: w.Key, Value: w.Value}
-			}
-		}
-		err := e.store.WriteWith(recs, user)
+		err := e.store.WriteWith(recs, userWrites(writes))
 		clear(recs) // drop references to the caller's keys
 		if err != nil {
 			return fail(fmt.Errorf("%w: %w", ErrStorage, err))

@@ -27,5 +27,8 @@
 //     is treated as absent.
 //  3. Drop removes whole partitions with one range deletion; it never
 //     removes a partition at or after the one it is given.
-//  4. After the first storage error every write fails with ErrStorage.
+//  4. After the first storage error, read or write, every call that reads
+//     or writes records fails with ErrStorage: Pebble clears an iterator's
+//     error at its next seek, so Lookup checks it after every positioning
+//     call, and a read that failed is never taken for an absent key.
 package pebble

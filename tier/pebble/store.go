@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"log"
 	"math/bits"
 	"slices"
@@ -24,8 +25,9 @@ import (
 // Errors returned by a Store; match them with errors.Is.
 var (
 	// ErrStorage wraps every failure of the underlying database: a write,
-	// sync or read error, or a Pebble fatal error. After the first write
-	// failure the Store refuses all writes.
+	// sync or read error, a corrupt record, or a Pebble fatal error. After
+	// the first failure, read or write, the Store refuses every call that
+	// reads or writes records.
 	ErrStorage = errors.New("pebble: storage failure")
 	// ErrLocked reports a directory another Store (in this or another
 	// process) has open.
@@ -43,6 +45,9 @@ const (
 	DefaultMemTableSize = 64 << 20
 	// DefaultCacheSize is the block cache for reads of duplicates.
 	DefaultCacheSize = 64 << 20
+	// diskSlowThreshold is when a disk operation is logged as slow: Pebble's
+	// own default.
+	diskSlowThreshold = 5 * time.Second
 	// filterBitsPerKey gives Pebble's SST filters a ~1 % false-positive rate,
 	// so an absent key costs about one block read in a hundred.
 	filterBitsPerKey = 10
@@ -89,13 +94,20 @@ func (o *Options) Validate() error {
 type Store struct {
 	db        *pebble.DB
 	writeOpts *pebble.WriteOptions
-	broken    atomic.Pointer[error] // first write failure; set once
+	broken    atomic.Pointer[error] // first storage failure, read or write; set once
 	closed    atomic.Bool
 	buffers   sync.Pool // *[]byte key buffers
 
 	compactions chan [2][]byte // ranges to compact after a drop
 	stop        context.CancelFunc
 	done        chan struct{}
+	health      io.Closer // the disk-health checker this Store wrapped around the OS filesystem, or nil
+}
+
+func (s *Store) closeHealth() {
+	if s.health != nil {
+		_ = s.health.Close()
+	}
 }
 
 // fatal is what the Logger's Fatalf panics with, so that a Pebble fatal
@@ -135,10 +147,20 @@ func Open(opts *Options) (*Store, error) {
 	if o.Logger == nil {
 		o.Logger = log.Default()
 	}
+	// Pebble wraps a nil FS in disk-health checks whose goroutine only its
+	// DB.Close stops, so a failed Open (ErrLocked, say) would leak one per
+	// try: the Store wraps the filesystem itself and owns the closer.
+	fs, healthCloser := o.FS, io.Closer(nil)
+	if fs == nil {
+		l := o.Logger
+		fs, healthCloser = vfs.WithDiskHealthChecks(vfs.Default, diskSlowThreshold, nil, func(info vfs.DiskSlowInfo) {
+			l.Printf("tierdedup/pebble: slow disk: %s", info)
+		})
+	}
 	cache := pebble.NewCache(int64(o.CacheSize))
 	defer cache.Unref()
 	popts := &pebble.Options{
-		FS:           o.FS,
+		FS:           fs,
 		Cache:        cache,
 		MemTableSize: uint64(o.MemTableSize),
 		Logger:       logger{o.Logger},
@@ -148,6 +170,9 @@ func Open(opts *Options) (*Store, error) {
 	}
 	db, err := openDB(o.Dir, popts)
 	if err != nil {
+		if healthCloser != nil {
+			_ = healthCloser.Close()
+		}
 		if isLockError(err) {
 			return nil, fmt.Errorf("%w: %s: %w", ErrLocked, o.Dir, err)
 		}
@@ -160,6 +185,7 @@ func Open(opts *Options) (*Store, error) {
 		compactions: make(chan [2][]byte, 16),
 		stop:        cancel,
 		done:        make(chan struct{}),
+		health:      healthCloser,
 	}
 	if o.NoSync {
 		s.writeOpts = pebble.NoSync
@@ -167,6 +193,7 @@ func Open(opts *Options) (*Store, error) {
 	if err := s.initCreated(); err != nil {
 		cancel()
 		_ = db.Close()
+		s.closeHealth()
 		return nil, err
 	}
 	go s.compactLoop(ctx)
@@ -228,7 +255,7 @@ func (s *Store) usable() error {
 	return nil
 }
 
-// Broken returns the first write failure, or nil.
+// Broken returns the first storage failure (read or write), or nil.
 func (s *Store) Broken() error {
 	if p := s.broken.Load(); p != nil {
 		return *p
@@ -263,6 +290,12 @@ type Hit struct {
 // Lookup answers each query with full key comparisons, newest partition
 // first; out must have len(qs). Records that are not committed count as
 // absent (claims left by a previous process are void).
+//
+// Pebble clears an iterator's error at the start of every seek, so the error
+// is checked after each one: a seek that found nothing because a block could
+// not be read is a failure, never an absence. Read failures (I/O errors,
+// corrupt blocks or values) latch like write failures: the Store refuses
+// every later call, because a store that cannot be read cannot say New.
 func (s *Store) Lookup(qs []Query, out []Hit) (err error) {
 	if err := s.usable(); err != nil {
 		return err
@@ -272,7 +305,7 @@ func (s *Store) Lookup(qs []Query, out []Hit) (err error) {
 	// (measured: 815k vs 197k absent lookups/s).
 	it, err := s.db.NewIter(&pebble.IterOptions{UseL6Filters: true})
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrStorage, err)
+		return s.fail(err)
 	}
 	defer it.Close()
 	bp := s.buffer()
@@ -283,25 +316,26 @@ func (s *Store) Lookup(qs []Query, out []Hit) (err error) {
 			part := q.Oldest + int64(63-bits.LeadingZeros64(m))
 			k := appendRecordKey((*bp)[:0], part, q.NS, q.Key)
 			*bp = k
-			if !it.SeekPrefixGE(k) || !bytes.Equal(it.Key(), k) {
+			found := it.SeekPrefixGE(k)
+			if err := it.Error(); err != nil {
+				return s.fail(err)
+			}
+			if !found || !bytes.Equal(it.Key(), k) {
 				continue
 			}
 			raw, err := it.ValueAndErr()
 			if err != nil {
-				return fmt.Errorf("%w: %w", ErrStorage, err)
+				return s.fail(err)
 			}
 			v, err := decodeValue(raw)
 			if err != nil {
-				return err
+				return s.fail(err)
 			}
 			if v.State == StateCommitted {
 				out[i] = Hit{Found: true, Partition: part, Value: v}
 				break
 			}
 		}
-	}
-	if err := it.Error(); err != nil {
-		return fmt.Errorf("%w: %w", ErrStorage, err)
 	}
 	return nil
 }
@@ -554,12 +588,16 @@ func (s *Store) WALBytes() uint64 { return s.db.Metrics().WAL.PhysicalSize }
 
 // Scan calls fn for every committed record in partitions at or after from,
 // in key order. ns and key alias Pebble's buffers and are valid only during
-// the call. It stops at the first error fn returns, or when ctx ends.
+// the call. It stops at the first error fn returns, or when ctx ends. A
+// read failure or a corrupt key latches, as in Lookup.
 func (s *Store) Scan(ctx context.Context, from int64, fn func(partition int64, ns, key []byte) error) (err error) {
+	if err := s.usable(); err != nil {
+		return err
+	}
 	defer s.guard(&err)
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: recordPrefix(from), UpperBound: []byte{spaceRecords + 1}})
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrStorage, err)
+		return s.fail(err)
 	}
 	defer it.Close()
 	n := 0
@@ -569,14 +607,14 @@ func (s *Store) Scan(ctx context.Context, from int64, fn func(partition int64, n
 		}
 		part, ns, key, err := parseRecordKey(it.Key())
 		if err != nil {
-			return err
+			return s.fail(err)
 		}
 		if err := fn(part, ns, key); err != nil {
 			return err
 		}
 	}
 	if err := it.Error(); err != nil {
-		return fmt.Errorf("%w: %w", ErrStorage, err)
+		return s.fail(err)
 	}
 	return nil
 }
@@ -596,6 +634,7 @@ func (s *Store) Close() (err error) {
 		return s.Broken()
 	}
 	defer s.guard(&err)
+	defer s.closeHealth()
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("%w: close: %w", ErrStorage, err)
 	}
