@@ -21,7 +21,7 @@ type batch struct {
 	actions []memory.Action
 	ok      []bool
 	expires []int64
-	digests []uint64
+	digests []memory.Digest
 	st      []memory.Status
 	queries []pebble.Query
 	qidx    []int
@@ -44,7 +44,7 @@ func (e *Engine) getBatch(n int) *batch {
 			fps: make([]shard.Fingerprint, c), tokens: make([]uint64, c), res: make([]memory.Result, c),
 			cand: make([]int, 0, c), cfps: make([]shard.Fingerprint, c), ctokens: make([]uint64, c),
 			probes: make([]bloom.Probe, c), actions: make([]memory.Action, c), ok: make([]bool, c),
-			expires: make([]int64, c), digests: make([]uint64, c), st: make([]memory.Status, c),
+			expires: make([]int64, c), digests: make([]memory.Digest, c), st: make([]memory.Status, c),
 			queries: make([]pebble.Query, 0, c), qidx: make([]int, 0, c), hits: make([]pebble.Hit, c),
 			recs: make([]pebble.Record, c), claims: make([]Claim, c),
 			rreqs: make([]redis.Request, c), rres: make([]redis.Result, c), rst: make([]redis.Status, c),

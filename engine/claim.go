@@ -2,7 +2,6 @@ package engine
 
 import (
 	"crypto/sha256"
-	"encoding/binary"
 	"fmt"
 
 	"github.com/tierdedup/tierdedup/shard"
@@ -54,14 +53,12 @@ func DigestOf(payload []byte) Digest {
 	return Digest(sum[:16])
 }
 
-// short is the 64-bit form kept in memory; the full digest is on disk.
-func (d Digest) short() uint64 { return binary.LittleEndian.Uint64(d[:8]) }
-
-// conflicts reports whether a stored digest contradicts a requested one;
-// either being absent means no conflict can be told.
-func conflicts(requested Digest, stored uint64) bool {
-	r := requested.short()
-	return r != 0 && stored != 0 && r != stored
+// conflicts reports whether a stored digest contradicts a requested one,
+// comparing all 128 bits (every tier keeps the full digest, so memory and
+// disk give the same answer); either being absent means no conflict can be
+// told.
+func conflicts[S ~[16]byte](requested Digest, stored S) bool {
+	return requested != (Digest{}) && stored != (S{}) && [16]byte(requested) != [16]byte(stored)
 }
 
 // Claim is the answer to a claim for one key and, when Outcome is New, the

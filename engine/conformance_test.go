@@ -331,8 +331,8 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 			if err := e.Close(); err != nil {
 				fail(op, "Close: %v", err)
 			}
-			if cfg.tiers == engine.Default {
-				m.persisted = m.hw
+			if cfg.tiers == engine.Default || cfg.snapshots {
+				m.persisted = m.hw // with the snapshot, bloom-only keeps its clock too
 			}
 			e = open(t, opts)
 			m.restart(clock.Now().UnixNano(), cfg.tiers == engine.Default || cfg.snapshots || cfg.redis != nil)
@@ -374,7 +374,7 @@ func (m *model) restart(clock int64, keeps bool) {
 			delete(m.keys, k)
 		}
 	}
-	if m.cfg.tiers == engine.Default {
+	if m.cfg.tiers == engine.Default || m.cfg.snapshots {
 		m.hw = max(clock, m.persisted)
 	} else {
 		m.hw = clock

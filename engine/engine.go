@@ -30,6 +30,8 @@ type Engine struct {
 	logger    *log.Logger
 	snapshots *snapshotFile // nil when the Bloom filters are not persisted
 
+	secret   shard.Secret // keys the fingerprints; persisted by Default and BloomOnly
+	hasher   shard.Hasher // of secret
 	mem      *memory.Table
 	bloom    *bloom.Filters // nil in MemoryOnly and Redis
 	store    *pebble.Store  // nil unless Default
@@ -102,16 +104,26 @@ func Open(opts *Options) (*Engine, error) {
 	if e.mem, err = memory.New(mopts); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrOptions, err)
 	}
+	if o.Dir != "" {
+		e.snapshots = newSnapshotFile(o.FS, o.Dir)
+	}
 
 	now := e.clock.Now().UnixNano()
+	e.secret = shard.NewSecret() // memory-only and Redis: fingerprints live only in this process
 	if o.Tiers == Default {
-		e.store, err = pebble.Open(&pebble.Options{Dir: o.Dir, FS: o.FS, NoSync: o.NoSync, Logger: o.Logger})
+		if err := e.snapshots.refuseState(); err != nil {
+			return nil, err
+		}
+		e.store, err = pebble.Open(&pebble.Options{Dir: o.Dir, FS: o.FS, NoSync: o.NoSync, Logger: o.Logger, Partition: partition, Window: window})
 		switch {
 		case errors.Is(err, pebble.ErrLocked):
 			return nil, fmt.Errorf("%w: %w", ErrLocked, err)
+		case errors.Is(err, pebble.ErrLayout):
+			return nil, fmt.Errorf("%w: %w", ErrLayout, err)
 		case err != nil:
 			return nil, fmt.Errorf("%w: %w", ErrStorage, err)
 		}
+		e.secret = e.store.Layout().Secret
 		hw, err := e.store.HighWater()
 		if err != nil {
 			e.store.Close()
@@ -122,11 +134,6 @@ func Open(opts *Options) (*Engine, error) {
 			e.openedAt = created
 		}
 	}
-	e.highWater.Store(now)
-	if e.openedAt == 0 {
-		e.openedAt = now
-	}
-	e.current.Store(parts.Of(now))
 
 	if o.Tiers == Redis {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -150,34 +157,59 @@ func Open(opts *Options) (*Engine, error) {
 			e.closeStore()
 			return nil, fmt.Errorf("%w: %w", ErrOptions, err)
 		}
-		if o.Dir != "" {
-			e.snapshots = newSnapshotFile(o.FS, o.Dir)
-		}
 	}
-	if e.store != nil {
-		// Drop what expired while the store was closed, and persist the
-		// high-water clock before answering anything.
-		if err := e.store.Drop(parts.Oldest(parts.Of(now)), now); err != nil {
-			e.closeStore()
-			return nil, fmt.Errorf("%w: %w", ErrStorage, err)
+	if o.Tiers == BloomOnly && e.snapshots != nil {
+		// The snapshot is the whole state of bloom-only: it brings its
+		// secret and clock, and one that cannot be used is an error, not a
+		// silent fresh start that would let every duplicate through.
+		hw, err := e.loadState(o)
+		if err != nil {
+			return nil, err
 		}
+		now = max(now, hw)
 	}
+	e.hasher = shard.NewHasher(e.secret)
+	e.highWater.Store(now)
+	if e.openedAt == 0 {
+		e.openedAt = now
+	}
+	e.current.Store(parts.Of(now))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	e.stop = cancel
 	switch o.Tiers {
 	case BloomOnly:
-		if e.snapshots != nil {
-			if err := e.snapshots.load(e.bloom, false); err != nil {
-				e.logger.Printf("tierdedup: bloom snapshot not used: %v", err)
-			}
-		}
 		e.warm.Store(true)
 	case Default:
-		// A snapshot exists only between a clean Close and the next Open:
-		// load consumes it, so a crash after this point leaves none and
-		// the next Open rebuilds.
-		if err := e.snapshots.load(e.bloom, true); err == nil {
+		// The snapshot can match only the epoch the store sealed at its
+		// last clean Close, which TakeSnapshotEpoch forgets before anything
+		// else is written; the file is removed whatever the outcome. So a
+		// snapshot is trusted at most once, and only for the exact state
+		// it was taken of.
+		epoch, err := e.store.TakeSnapshotEpoch()
+		if err != nil {
+			e.closeStore()
+			return nil, fmt.Errorf("%w: %w", ErrStorage, err)
+		}
+		id := e.store.Layout().ID
+		err = e.snapshots.load(e.bloom, func(h bloom.SnapshotHeader) error {
+			switch {
+			case h.Kind != bloom.SnapshotCache:
+				return fmt.Errorf("snapshot kind %d is not a store's cache", h.Kind)
+			case h.StoreID != id:
+				return errors.New("snapshot of another store")
+			case epoch == 0 || h.Epoch != epoch:
+				return errors.New("snapshot of an earlier state of this store (writes followed it)")
+			}
+			return nil
+		}, true, e.logger)
+		// Drop what expired while the store was closed, and persist the
+		// high-water clock before answering anything.
+		if derr := e.store.Drop(parts.Oldest(parts.Of(now)), now); derr != nil {
+			e.closeStore()
+			return nil, fmt.Errorf("%w: %w", ErrStorage, derr)
+		}
+		if err == nil {
 			e.warm.Store(true)
 		} else {
 			if !isNotExist(err) {
@@ -189,6 +221,42 @@ func Open(opts *Options) (*Engine, error) {
 		}
 	}
 	return e, nil
+}
+
+// loadState loads bloom-only's snapshot (it is kept: a crash falls back to
+// the state of the last clean Close) and returns its clock. A directory
+// holding a Pebble store, a snapshot written for other parameters and a
+// damaged snapshot are refused.
+func (e *Engine) loadState(o Options) (highWater int64, err error) {
+	if err := e.snapshots.refuseStore(); err != nil {
+		return 0, err
+	}
+	err = e.snapshots.load(e.bloom, func(h bloom.SnapshotHeader) error {
+		if h.Kind != bloom.SnapshotState {
+			return layoutError("Tiers", "memory+bloom+pebble", BloomOnly.String())
+		}
+		m, k, _ := e.bloom.Params()
+		switch {
+		case h.PartitionLength != e.parts.Length:
+			return layoutError("Partition", time.Duration(h.PartitionLength).String(), time.Duration(e.parts.Length).String())
+		case h.Live != e.parts.Live:
+			return layoutError("Window", fmt.Sprintf("%d live partitions", h.Live), fmt.Sprintf("%d", e.parts.Live))
+		case h.M != m || h.K != k:
+			return layoutError("ExpectedKeys/FalsePositive", fmt.Sprintf("filters of %d bits, %d hashes", h.M, h.K), fmt.Sprintf("%d bits, %d hashes", m, k))
+		}
+		e.secret, highWater = h.Secret, h.HighWater
+		return nil
+	}, false, e.logger)
+	switch {
+	case err == nil:
+		return highWater, nil
+	case isNotExist(err):
+		return 0, nil
+	case errors.Is(err, ErrLayout):
+		return 0, err
+	default:
+		return 0, fmt.Errorf("%w: bloom-only state: %w (remove the file to start empty)", ErrStorage, err)
+	}
 }
 
 func (e *Engine) closeStore() {
@@ -291,17 +359,24 @@ func (e *Engine) Close() error {
 	e.workers.Wait()
 	var errs []error
 	healthy := e.store == nil || e.store.Broken() == nil
+	hw := e.highWater.Load()
+	meta := bloom.SnapshotMeta{Kind: bloom.SnapshotState, Secret: e.secret, HighWater: hw}
 	if e.store != nil && healthy {
 		// Persist the high-water clock, so time does not run back across a
-		// clean restart.
-		hw := e.highWater.Load()
-		if err := e.store.Drop(e.parts.Oldest(e.current.Load()), hw); err != nil {
+		// clean restart, then seal the state the snapshot describes: no
+		// write follows.
+		err := e.store.Drop(e.parts.Oldest(e.current.Load()), hw)
+		if err == nil {
+			meta = bloom.SnapshotMeta{Kind: bloom.SnapshotCache, StoreID: e.store.Layout().ID, HighWater: hw}
+			meta.Epoch, err = e.store.SealSnapshot()
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("%w: %w", ErrStorage, err))
 			healthy = false
 		}
 	}
 	if e.snapshots != nil && e.warm.Load() && healthy {
-		if err := e.snapshots.save(e.bloom); err != nil {
+		if err := e.snapshots.save(e.bloom, meta); err != nil {
 			errs = append(errs, fmt.Errorf("tierdedup: saving bloom snapshot: %w", err))
 		}
 	}
@@ -342,7 +417,7 @@ func (e *Engine) rebuild(ctx context.Context) {
 			flush()
 			part = p
 		}
-		fps = append(fps, shard.Sum(ns, key))
+		fps = append(fps, shard.Sum(e.hasher, ns, key))
 		return nil
 	})
 	flush()

@@ -22,10 +22,12 @@ var (
 	// ErrNotClaimed reports a Commit or Release of a Claim whose Outcome is
 	// not New: there is nothing to commit.
 	ErrNotClaimed = errors.New("tierdedup: not a claim")
-	// ErrStorage reports a failure of the durable tier. The engine answers
-	// it for every later claim and commit (fail closed): the consumer must
-	// not ack, and the process should reopen the engine once the cause is
-	// fixed.
+	// ErrStorage reports a failure of the durable tier: a write, sync or
+	// read error, or a corrupt record. Read and write failures alike latch:
+	// the engine answers ErrStorage for every later claim and commit (fail
+	// closed), because a store that cannot be read cannot say New. The
+	// consumer must not ack, and the process should reopen the engine once
+	// the cause is fixed.
 	ErrStorage = errors.New("tierdedup: storage failure")
 	// ErrUnavailable reports the shared tier (Redis) unreachable, or slower
 	// than the caller's deadline. It is transient: do not ack, retry later.
@@ -35,6 +37,12 @@ var (
 	ErrLocked = errors.New("tierdedup: directory in use")
 	// ErrClosed reports a call on a closed Engine.
 	ErrClosed = errors.New("tierdedup: engine closed")
+	// ErrLayout reports a Dir whose recorded layout (partition length,
+	// window, configuration, format version, Bloom parameters of
+	// bloom-only state) differs from the Options: opening it would
+	// misjudge or lose acknowledged keys. The message names the field and
+	// both values. Nothing was changed.
+	ErrLayout = errors.New("tierdedup: store layout differs from options")
 	// ErrBatch reports batch arguments of mismatched lengths.
 	ErrBatch = errors.New("tierdedup: mismatched batch arguments")
 )
@@ -54,3 +62,7 @@ func (e *KeyError) Error() string {
 
 // Unwrap returns ErrEmptyKey or ErrKeyTooLong.
 func (e *KeyError) Unwrap() error { return e.Err }
+
+func layoutError(field, stored, given string) error {
+	return fmt.Errorf("%w: %s is %s in the directory, %s in the options", ErrLayout, field, stored, given)
+}

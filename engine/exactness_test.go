@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"runtime"
@@ -214,4 +215,188 @@ func TestCommitBatchWithNoNewClaimWrites(t *testing.T) {
 	if got != "offset=42" {
 		t.Fatalf("writes after a crash: %q, want offset=42", got)
 	}
+}
+
+// TestLayoutChangesAreRefused: a directory remembers the partition length,
+// window and configuration it was written with; an Open that differs is
+// refused with ErrLayout naming the field, and changes nothing, so the
+// acknowledged key is still a Duplicate with the original options. A longer
+// window is accepted.
+func TestLayoutChangesAreRefused(t *testing.T) {
+	ctx := context.Background()
+	mem := vfs.NewCrashableMem()
+	base := engine.Options{Dir: "db", FS: mem, Window: 48 * time.Hour, Partition: 24 * time.Hour, ExpectedKeys: 1000}
+	e := open(t, base)
+	if o, err := e.MarkIfAbsent(ctx, []byte("acked")); err != nil || o != engine.New {
+		t.Fatal(o, err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name  string
+		edit  func(*engine.Options)
+		field string
+	}{
+		{"shorter partition", func(o *engine.Options) { o.Partition = time.Hour }, "Partition"},
+		{"longer partition", func(o *engine.Options) { o.Partition, o.Window = 48*time.Hour, 96*time.Hour }, "Partition"},
+		{"shorter window", func(o *engine.Options) { o.Window = 24 * time.Hour }, "Window"},
+		{"bloom-only on a store", func(o *engine.Options) { o.Tiers = engine.BloomOnly }, "Tiers"},
+	} {
+		o := base
+		tt.edit(&o)
+		o.Logger = quiet
+		_, err := engine.Open(&o)
+		if !errors.Is(err, engine.ErrLayout) || !strings.Contains(err.Error(), tt.field) {
+			t.Fatalf("%s: Open = %v, want ErrLayout naming %s", tt.name, err, tt.field)
+		}
+	}
+	longer := base
+	longer.Window = 72 * time.Hour
+	e = open(t, longer)
+	expectAll(t, e, [][]byte{[]byte("acked")}, engine.Duplicate)
+	_ = e.Close()
+	e = open(t, longer)
+	expectAll(t, e, [][]byte{[]byte("acked")}, engine.Duplicate)
+	_ = e.Close()
+	base.Logger = quiet
+	if _, err := engine.Open(&base); !errors.Is(err, engine.ErrLayout) {
+		t.Fatalf("the window went back to 48h after it was lengthened: %v", err)
+	}
+}
+
+// TestBloomOnlyStateIsItsOwnLayout: bloom-only state refuses a store's
+// configuration and other filter parameters (which would silently start
+// empty and let every duplicate through), and a damaged state file is an
+// error, not a fresh start.
+func TestBloomOnlyStateIsItsOwnLayout(t *testing.T) {
+	ctx := context.Background()
+	mem := vfs.NewCrashableMem()
+	o := engine.Options{Tiers: engine.BloomOnly, Dir: "state", FS: mem, ExpectedKeys: 1000}
+	e := open(t, o)
+	if _, err := e.MarkIfAbsent(ctx, []byte("acked")); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name  string
+		edit  func(*engine.Options)
+		field string
+	}{
+		{"store on bloom-only state", func(o *engine.Options) { o.Tiers = engine.Default }, "Tiers"},
+		{"other ExpectedKeys", func(o *engine.Options) { o.ExpectedKeys = 5000 }, "ExpectedKeys"},
+		{"other partition", func(o *engine.Options) { o.Partition = 12 * time.Hour }, "Partition"},
+	} {
+		oo := o
+		tt.edit(&oo)
+		oo.Logger = quiet
+		if _, err := engine.Open(&oo); !errors.Is(err, engine.ErrLayout) || !strings.Contains(err.Error(), tt.field) {
+			t.Fatalf("%s: Open = %v, want ErrLayout naming %s", tt.name, err, tt.field)
+		}
+	}
+	e = open(t, o)
+	expectAll(t, e, [][]byte{[]byte("acked")}, engine.Duplicate)
+	_ = e.Close()
+
+	f, err := mem.OpenReadWrite("state/tierdedup-bloom.snapshot", vfs.WriteCategoryUnspecified)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{0xff}, 200); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
+	o.Logger = quiet
+	if _, err := engine.Open(&o); !errors.Is(err, engine.ErrStorage) {
+		t.Fatalf("Open on a damaged bloom-only state = %v, want ErrStorage", err)
+	}
+}
+
+// TestBloomOnlyKeepsItsClock: bloom-only with a Dir persists its high-water
+// clock, so a clock stepped back across a restart neither ignores new marks
+// (the filters' ring is newer than the clock) nor answers a key marked
+// twice New twice.
+func TestBloomOnlyKeepsItsClock(t *testing.T) {
+	ctx := context.Background()
+	clock := newClock()
+	o := engine.Options{Tiers: engine.BloomOnly, Dir: "state", FS: vfs.NewMem(), Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
+	e := open(t, o)
+	if _, err := e.MarkIfAbsent(ctx, []byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	_ = e.Close()
+	clock.Add(-6 * time.Hour) // further back than the window: older than every live partition
+	e = open(t, o)
+	defer e.Close()
+	for _, k := range []string{"after-1", "after-2"} {
+		if o, err := e.MarkIfAbsent(ctx, []byte(k)); err != nil || o != engine.New {
+			t.Fatalf("first mark of %s: %v %v", k, o, err)
+		}
+		if o, err := e.MarkIfAbsent(ctx, []byte(k)); err != nil || o != engine.Duplicate {
+			t.Fatalf("second mark of %s after the clock stepped back: %v %v, want Duplicate", k, o, err)
+		}
+	}
+	expectAll(t, e, [][]byte{[]byte("before")}, engine.Duplicate)
+}
+
+// TestConstructedFingerprintCollision: two distinct keys built to collide
+// in all 128 bits of an unkeyed two-lane xxh64 fingerprint (shard's
+// TestSumResistsConstructedCollisions builds them) are two keys to every
+// configuration: the second is New, not a Duplicate of the first.
+func TestConstructedFingerprintCollision(t *testing.T) {
+	a, _ := hex.DecodeString("616161616161616161616161616161616161616161616161616161616161616161616161616161616161616161616161616161616161616161616161616161616161")
+	b, _ := hex.DecodeString("6262626262626262626262626262626262626262626262626262626262626265ebb10e3940909bd7314f371a036fbcd7314fb7be02df1fd7314fb7be02df1f616161")
+	ctx := context.Background()
+	for _, o := range []engine.Options{
+		{Tiers: engine.MemoryOnly},
+		{Dir: "db", FS: vfs.NewMem(), ExpectedKeys: 1000},
+	} {
+		e := open(t, o)
+		if out, err := e.MarkIfAbsent(ctx, a); err != nil || out != engine.New {
+			t.Fatal(out, err)
+		}
+		if out, err := e.MarkIfAbsent(ctx, b); err != nil || out != engine.New {
+			t.Fatalf("%v: the second constructed key = %v, %v; want New", o.Tiers, out, err)
+		}
+		_ = e.Close()
+	}
+}
+
+// TestDigestsComparedAtFullWidth: digests that differ only in bytes 8-15
+// are a Conflict from memory and from disk alike.
+func TestDigestsComparedAtFullWidth(t *testing.T) {
+	ctx := context.Background()
+	mem := vfs.NewCrashableMem()
+	o := engine.Options{Dir: "db", FS: mem, ExpectedKeys: 1000}
+	e := open(t, o)
+	var d1, d2 engine.Digest
+	d1[0], d2[0] = 1, 1
+	d1[15], d2[15] = 1, 2
+	ns, _ := e.Namespace("")
+	c, err := ns.ClaimDigest(ctx, []byte("k"), d1)
+	if err != nil || c.Outcome != engine.New {
+		t.Fatal(c.Outcome, err)
+	}
+	if err := e.Commit(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	check := func(where string) {
+		t.Helper()
+		for _, tt := range []struct {
+			d    engine.Digest
+			want engine.Outcome
+		}{{d2, engine.Conflict}, {d1, engine.Duplicate}, {engine.Digest{}, engine.Duplicate}} {
+			if c, err := ns.ClaimDigest(ctx, []byte("k"), tt.d); err != nil || c.Outcome != tt.want {
+				t.Fatalf("%s: digest %x = %v, %v; want %v", where, tt.d, c.Outcome, err, tt.want)
+			}
+		}
+	}
+	check("from memory")
+	_ = e.Close()
+	e = open(t, engine.Options{Dir: "db", FS: mem, ExpectedKeys: 1000})
+	defer e.Close()
+	ns, _ = e.Namespace("")
+	check("from disk")
 }

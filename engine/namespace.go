@@ -125,7 +125,7 @@ func (n *Namespace) MarkBatch(ctx context.Context, keys [][]byte, digests []Dige
 			for j := range i {
 				if claims[j].Outcome == New && claims[j].fp == claims[i].fp {
 					out[i] = Duplicate
-					if conflicts(claims[i].digest, claims[j].digest.short()) {
+					if conflicts(claims[i].digest, claims[j].digest) {
 						out[i] = Conflict
 					}
 					break
@@ -309,7 +309,7 @@ func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digest
 	defer e.putBatch(b)
 	first := e.tokens.Add(uint64(n)) - uint64(n) + 1
 	for i, k := range keys {
-		b.fps[i] = shard.Sum(ns.name, k)
+		b.fps[i] = shard.Sum(e.hasher, ns.name, k)
 		b.tokens[i] = first + uint64(i)
 	}
 	leaseUntil := now + e.lease
@@ -482,9 +482,9 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 		c.storeHits++
 		actions[j] = memory.Commit
 		expires[j] = e.parts.Expiry(h.Partition)
-		digests[j] = Digest(h.Value.Digest).short()
+		digests[j] = h.Value.Digest
 		out[i].Outcome = Duplicate
-		if d := out[i].digest; d != (Digest{}) && h.Value.Digest != (pebble.Digest{}) && pebble.Digest(d) != h.Value.Digest {
+		if conflicts(out[i].digest, h.Value.Digest) {
 			out[i].Outcome = Conflict
 		}
 	}
@@ -526,13 +526,13 @@ func (e *Engine) resolveRedis(ctx context.Context, b *batch, ns *Namespace, out 
 		default: // Committed, by this process or another
 			c.storeHits++
 			out[i].Outcome = Duplicate
-			if d := out[i].digest; d != (Digest{}) && r.Digest != (redis.Digest{}) && redis.Digest(d) != r.Digest {
+			if conflicts(out[i].digest, r.Digest) {
 				out[i].Outcome = Conflict
 			}
 			// Another process's commit is not cached: its Redis expiry is
 			// unknown here, and memory must never outlive it.
 			actions[j] = memory.Drop
-			digests[j] = Digest(r.Digest).short()
+			digests[j] = r.Digest
 		}
 	}
 	settle()
@@ -609,7 +609,7 @@ func (e *Engine) commit(ctx context.Context, claims []Claim, errs []error, write
 			continue
 		}
 		cfps[k], ctokens[k], b.cand[k] = cfps[j], ctokens[j], i
-		b.digests[k] = claims[i].digest.short()
+		b.digests[k] = claims[i].digest
 		k++
 	}
 	if k > 0 {

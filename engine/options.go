@@ -108,7 +108,7 @@ type Options struct {
 	// than Window. Zero means DefaultLease.
 	Lease time.Duration
 	// MemoryCapacity is the number of committed keys cached in memory.
-	// Zero means 1<<20 (≈ 58 MiB). Claims in flight are not counted.
+	// Zero means 1<<20 (≈ 66 MiB). Claims in flight are not counted.
 	MemoryCapacity int
 	// Stripes is the number of lock stripes, a power of two. Zero means 256.
 	Stripes int

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log"
 	"os"
+	"strings"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 
@@ -34,7 +36,7 @@ func newSnapshotFile(fsys vfs.FS, dir string) *snapshotFile {
 // save writes the filters to a temporary file, fsyncs it, renames it over
 // the snapshot and fsyncs the directory: a crash leaves the old file or the
 // new one, never half of one.
-func (s *snapshotFile) save(f *bloom.Filters) (err error) {
+func (s *snapshotFile) save(f *bloom.Filters, meta bloom.SnapshotMeta) (err error) {
 	if err := s.fs.MkdirAll(s.dir, 0o755); err != nil {
 		return err
 	}
@@ -49,7 +51,7 @@ func (s *snapshotFile) save(f *bloom.Filters) (err error) {
 			_ = s.fs.Remove(tmp)
 		}
 	}()
-	if err = f.WriteSnapshot(file); err != nil {
+	if err = f.WriteSnapshot(file, meta); err != nil {
 		return err
 	}
 	if err = file.Sync(); err != nil {
@@ -73,11 +75,13 @@ func (s *snapshotFile) syncDir() error {
 	return d.Sync()
 }
 
-// load restores the filters. With consume, the file is removed (and the
-// removal made durable) before load returns nil, so the snapshot can never
-// be paired with writes made after this open. On any error the filters are
-// left empty.
-func (s *snapshotFile) load(f *bloom.Filters, consume bool) error {
+// load restores the filters if accept takes the snapshot's header. With
+// consume, the file is removed (and the removal made durable) whatever the
+// outcome, loaded or rejected, so no later Open can pair it with writes
+// made after this one; a failed removal is logged, and harmless for the
+// default configuration, whose store forgets the snapshot's epoch at open.
+// On any error the filters are left empty.
+func (s *snapshotFile) load(f *bloom.Filters, accept func(bloom.SnapshotHeader) error, consume bool, logger *log.Logger) error {
 	file, err := s.fs.Open(s.path)
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, os.ErrNotExist) {
 		return errNoSnapshot
@@ -87,17 +91,67 @@ func (s *snapshotFile) load(f *bloom.Filters, consume bool) error {
 	}
 	st, err := file.Stat()
 	if err == nil {
-		err = f.ReadSnapshot(file, st.Size())
+		err = f.ReadSnapshot(file, st.Size(), accept)
 	}
 	_ = file.Close()
-	if err == nil && consume {
-		if err = s.fs.Remove(s.path); err == nil {
-			err = s.syncDir()
+	if consume {
+		rerr := s.fs.Remove(s.path)
+		if rerr == nil {
+			rerr = s.syncDir()
+		}
+		if rerr != nil {
+			logger.Printf("tierdedup: removing the used bloom snapshot: %v", rerr)
 		}
 	}
 	if err != nil {
 		f.Reset()
 		return fmt.Errorf("%s: %w", s.path, err)
+	}
+	return nil
+}
+
+// header reads the snapshot's header without loading it; errNoSnapshot if
+// there is none.
+func (s *snapshotFile) header() (bloom.SnapshotHeader, error) {
+	file, err := s.fs.Open(s.path)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, os.ErrNotExist) {
+		return bloom.SnapshotHeader{}, errNoSnapshot
+	}
+	if err != nil {
+		return bloom.SnapshotHeader{}, err
+	}
+	defer file.Close()
+	st, err := file.Stat()
+	if err != nil {
+		return bloom.SnapshotHeader{}, err
+	}
+	h, _, err := bloom.ReadSnapshotHeader(file, st.Size())
+	return h, err
+}
+
+// refuseState refuses to open a store in a directory that holds bloom-only
+// state: the other configuration's data would be ignored, then destroyed.
+func (s *snapshotFile) refuseState() error {
+	if s == nil {
+		return nil
+	}
+	h, err := s.header()
+	if err == nil && h.Kind == bloom.SnapshotState {
+		return layoutError("Tiers", BloomOnly.String(), Default.String())
+	}
+	return nil // no snapshot, or a damaged one: the store's Open consumes it
+}
+
+// refuseStore refuses bloom-only in a directory that holds a Pebble store.
+func (s *snapshotFile) refuseStore() error {
+	names, err := s.fs.List(s.dir)
+	if err != nil {
+		return nil // no directory yet
+	}
+	for _, n := range names {
+		if n == "CURRENT" || strings.HasPrefix(n, "MANIFEST-") || strings.HasPrefix(n, "marker.manifest") {
+			return layoutError("Tiers", Default.String(), BloomOnly.String())
+		}
 	}
 	return nil
 }

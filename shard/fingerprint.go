@@ -1,47 +1,64 @@
 package shard
 
 import (
-	"github.com/cespare/xxhash/v2"
+	"encoding/binary"
+	"sync"
+
+	"github.com/dchest/siphash"
 )
 
-// Fingerprint is the 128-bit name of a namespaced key. Two 64-bit xxhash
-// lanes make it; at 7×10⁹ keys in a window the chance that any two keys
-// share a fingerprint is about 7×10⁻²⁰, which is why an in-memory tier may
-// answer Duplicate on a fingerprint match (DESIGN.md, invariant 2) while a
-// 64-bit hash alone may not.
+// Fingerprint is the 128-bit name of a namespaced key: the output of
+// SipHash-2-4-128, a keyed pseudorandom function, under the store's Secret.
+// Without the secret nobody can build two keys that share a fingerprint
+// (SipHash's 128-bit key is the only way to predict its output), and for
+// keys nobody crafted the chance that any two of n share one is about
+// n²/2¹²⁹: 7×10⁻²⁰ for 7×10⁹ keys in a window. That is why an in-memory
+// tier may answer Duplicate on a fingerprint match (DESIGN.md, invariant 2)
+// while a 64-bit hash may not. Hi and Lo are the two output words; as words
+// of one PRF output neither predicts the other.
 type Fingerprint struct {
 	Hi, Lo uint64
 }
 
-// stackKey is the longest namespaced key hashed from a stack buffer in one
-// xxhash call per lane; longer ones are streamed. 128 bytes covers UUIDs,
-// numeric IDs and typical business keys with a short namespace.
+// Hasher computes fingerprints under one secret. The zero value hashes
+// under the all-zero secret: use it only in tests. A Hasher is an immutable
+// value, safe for concurrent use.
+type Hasher struct {
+	k0, k1 uint64
+}
+
+// NewHasher returns the Hasher keyed by secret.
+func NewHasher(secret Secret) Hasher {
+	return Hasher{k0: binary.LittleEndian.Uint64(secret[:8]), k1: binary.LittleEndian.Uint64(secret[8:])}
+}
+
+// stackKey is the longest namespaced key hashed from a stack buffer; longer
+// ones use a pooled buffer. 128 bytes covers UUIDs, numeric IDs and typical
+// business keys with a short namespace.
 const stackKey = 128
 
-// Sum returns the fingerprint of key in namespace ns: with p = len(ns) ‖ ns ‖
-// key, Hi = xxh64(p) and Lo = xxh64(p ‖ 0xff). ns may be empty (the default
-// namespace) and must be at most 255 bytes; callers validate it. Sum does not
-// allocate when ns is a string or the key is short.
-func Sum[NS ~string | ~[]byte](ns NS, key []byte) Fingerprint {
+var longKeys = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
+// Sum returns the fingerprint of key in namespace ns: SipHash-2-4-128 of
+// len(ns) ‖ ns ‖ key under the hasher's secret. ns may be empty (the default
+// namespace) and must be at most 255 bytes; callers validate it. Sum does
+// not allocate.
+func Sum[NS ~string | ~[]byte](h Hasher, ns NS, key []byte) Fingerprint {
 	n := 1 + len(ns) + len(key)
-	if n < stackKey {
+	if n <= stackKey {
 		var buf [stackKey]byte
 		buf[0] = byte(len(ns))
 		copy(buf[1:], ns)
 		copy(buf[1+len(ns):], key)
-		buf[n] = 0xff
-		return Fingerprint{Hi: xxhash.Sum64(buf[:n]), Lo: xxhash.Sum64(buf[:n+1])}
+		hi, lo := siphash.Hash128(h.k0, h.k1, buf[:n])
+		return Fingerprint{Hi: hi, Lo: lo}
 	}
-	pre := [1]byte{byte(len(ns))}
-	var d xxhash.Digest
-	d.Reset()
-	_, _ = d.Write(pre[:])
-	_, _ = d.WriteString(string(ns))
-	_, _ = d.Write(key)
-	hi := d.Sum64()
-	pre[0] = 0xff
-	_, _ = d.Write(pre[:])
-	return Fingerprint{Hi: hi, Lo: d.Sum64()}
+	bp := longKeys.Get().(*[]byte)
+	b := append(append(append((*bp)[:0], byte(len(ns))), ns...), key...)
+	hi, lo := siphash.Hash128(h.k0, h.k1, b)
+	*bp = b[:0]
+	longKeys.Put(bp)
+	return Fingerprint{Hi: hi, Lo: lo}
 }
 
 // IsZero reports whether f is the zero fingerprint.

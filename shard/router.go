@@ -15,8 +15,9 @@ var ErrStripes = errors.New("shard: stripes must be a power of two in [1, 65536]
 // dominates and no 2-core machine gains from more locks.
 const MaxStripes = 1 << 16
 
-// Secret keys the stripe choice of one store. It is chosen at random when a
-// store opens and never needs to be persisted: stripes live only in memory.
+// Secret keys a Hasher (persisted with a store, since Bloom filters and
+// snapshots depend on the fingerprints it gives) or a Router (chosen per
+// process: stripes live only in memory).
 type Secret [16]byte
 
 // NewSecret returns a random Secret from crypto/rand.

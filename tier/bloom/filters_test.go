@@ -2,6 +2,7 @@ package bloom
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"math"
 	"strconv"
@@ -33,7 +34,7 @@ func newFilters(t testing.TB, n int, fp float64, newest int64) *Filters {
 func keys(prefix string, n int) []shard.Fingerprint {
 	out := make([]shard.Fingerprint, n)
 	for i := range out {
-		out[i] = shard.Sum("", strconv.AppendInt([]byte(prefix), int64(i), 10))
+		out[i] = shard.Sum(shard.Hasher{}, "", strconv.AppendInt([]byte(prefix), int64(i), 10))
 	}
 	return out
 }
@@ -121,12 +122,17 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	f.Add(in[:1000], 97)
 	f.Add(in[1000:], 100)
 	var buf bytes.Buffer
-	if err := f.WriteSnapshot(&buf); err != nil {
+	meta := SnapshotMeta{Kind: SnapshotCache, StoreID: [16]byte{1, 2}, Epoch: 77, Secret: [16]byte{9}, HighWater: 12345}
+	if err := f.WriteSnapshot(&buf, meta); err != nil {
 		t.Fatal(err)
 	}
 	g := newFilters(t, 5000, 0.01, 99)
-	if err := g.ReadSnapshot(bytes.NewReader(buf.Bytes()), int64(buf.Len())); err != nil {
+	var seen SnapshotMeta
+	if err := g.ReadSnapshot(bytes.NewReader(buf.Bytes()), int64(buf.Len()), func(h SnapshotHeader) error { seen = h.SnapshotMeta; return nil }); err != nil {
 		t.Fatal(err)
+	}
+	if seen != meta {
+		t.Fatalf("meta = %+v, want %+v", seen, meta)
 	}
 	if g.Newest() != 100 {
 		t.Fatalf("newest = %d", g.Newest())
@@ -145,7 +151,7 @@ func TestSnapshotRejectsDamageAndKeepsState(t *testing.T) {
 	f := newFilters(t, 1000, 0.01, 7)
 	f.Add(keys("k", 100), 7)
 	var buf bytes.Buffer
-	if err := f.WriteSnapshot(&buf); err != nil {
+	if err := f.WriteSnapshot(&buf, SnapshotMeta{Kind: SnapshotState}); err != nil {
 		t.Fatal(err)
 	}
 	good := buf.Bytes()
@@ -159,16 +165,26 @@ func TestSnapshotRejectsDamageAndKeepsState(t *testing.T) {
 	}
 	other := newFilters(t, 2000, 0.01, 7) // other parameters
 	var ob bytes.Buffer
-	_ = other.WriteSnapshot(&ob)
+	_ = other.WriteSnapshot(&ob, SnapshotMeta{})
 	damaged["params"] = ob.Bytes()
+	v1 := append([]byte{}, good...)
+	binary.LittleEndian.PutUint32(v1[8:], 1)
+	damaged["version 1"] = v1
+	refused := errors.New("refused by accept")
 
 	g := newFilters(t, 1000, 0.01, 7)
 	mark := keys("mark", 1)
 	g.Add(mark, 7)
+	damaged["accept"] = good
 	for name, b := range damaged {
-		err := g.ReadSnapshot(bytes.NewReader(b), int64(len(b)))
-		if !errors.Is(err, ErrSnapshot) {
-			t.Errorf("%s: err = %v, want ErrSnapshot", name, err)
+		err := g.ReadSnapshot(bytes.NewReader(b), int64(len(b)), func(SnapshotHeader) error {
+			if name == "accept" {
+				return refused
+			}
+			return nil
+		})
+		if want := map[bool]error{true: refused, false: ErrSnapshot}[name == "accept"]; !errors.Is(err, want) {
+			t.Errorf("%s: err = %v, want %v", name, err, want)
 		}
 		out := make([]Probe, 1)
 		g.Test(mark, out)
@@ -190,7 +206,7 @@ func FuzzReadSnapshot(f *testing.F) {
 	fl := newFilters(f, 64, 0.1, 3)
 	fl.Add(keys("k", 10), 3)
 	var buf bytes.Buffer
-	if err := fl.WriteSnapshot(&buf); err != nil {
+	if err := fl.WriteSnapshot(&buf, SnapshotMeta{Kind: SnapshotState}); err != nil {
 		f.Fatal(err)
 	}
 	f.Add(buf.Bytes())
@@ -198,7 +214,7 @@ func FuzzReadSnapshot(f *testing.F) {
 	f.Add([]byte("tdbloom\x00"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		g := newFilters(t, 64, 0.1, 3)
-		if err := g.ReadSnapshot(bytes.NewReader(b), int64(len(b))); err != nil && !errors.Is(err, ErrSnapshot) {
+		if err := g.ReadSnapshot(bytes.NewReader(b), int64(len(b)), nil); err != nil && !errors.Is(err, ErrSnapshot) {
 			t.Fatalf("untyped error %v", err)
 		}
 	})

@@ -11,16 +11,60 @@ import (
 	"sync/atomic"
 
 	bitsbloom "github.com/bits-and-blooms/bloom/v3"
+
+	"github.com/tierdedup/tierdedup/tier"
 )
 
 // ErrSnapshot reports a snapshot that is corrupt, truncated, oversized or
 // written for other parameters. Nothing is loaded when it is returned.
 var ErrSnapshot = errors.New("bloom: unusable snapshot")
 
-// Snapshot layout, little endian unless noted:
+// ErrSnapshotParams is the ErrSnapshot of a sound snapshot written for other
+// filter parameters (bits, hashes, partition length or count).
+var ErrSnapshotParams = fmt.Errorf("%w: written for other parameters", ErrSnapshot)
+
+// SnapshotKind says what a snapshot's filters stand for.
+type SnapshotKind uint8
+
+// Snapshot kinds.
+const (
+	// SnapshotCache filters are a cache of a durable store: valid only for
+	// the store named by StoreID in the state named by Epoch.
+	SnapshotCache SnapshotKind = 1
+	// SnapshotState filters are the only state there is (bloom-only): they
+	// carry their own fingerprint secret and clock.
+	SnapshotState SnapshotKind = 2
+)
+
+// SnapshotMeta is what a snapshot records about the state it describes.
+// Filters neither interprets nor checks it: the engine does.
+type SnapshotMeta struct {
+	Kind SnapshotKind
+	// StoreID and Epoch name the store state a SnapshotCache was taken of.
+	StoreID [16]byte
+	Epoch   uint64
+	// Secret is the fingerprint secret the filters were built under.
+	Secret [16]byte
+	// HighWater is the highest clock reading of the writer, Unix ns.
+	HighWater int64
+}
+
+// SnapshotHeader is a snapshot's meta and the parameters of its filters.
+type SnapshotHeader struct {
+	SnapshotMeta
+	M               uint64 // bits per filter
+	K               int    // hashes per key
+	PartitionLength int64  // ns
+	Live            int
+	Newest          int64 // newest partition
+}
+
+// Snapshot layout, version 2, little endian unless noted:
 //
-//	header  [56]byte: magic "tdbloom\x00", version u32, k u32, m u64,
-//	        partition length i64, live u32, count u32, newest i64, reserved u64
+//	header  [112]byte: magic "tdbloom\x00", version u32, k u32, m u64,
+//	        partition length i64, live u32, count u32, newest i64,
+//	        kind u8 + 7 reserved, store ID [16], epoch u64, secret [16],
+//	        high water i64, reserved u64
 //	count × record: partition i64, adds i64, then the bits-and-blooms
 //	        encoding (m, k and bit length as big-endian u64, then m/64
 //	        big-endian words)
@@ -28,21 +72,22 @@ var ErrSnapshot = errors.New("bloom: unusable snapshot")
 //
 // bits-and-blooms' own encoding has no magic, version or checksum, so it is
 // only ever read inside this envelope, after the envelope is verified.
+// Version 1 (no meta, unkeyed fingerprints) is refused.
 const (
 	snapshotMagic   = "tdbloom\x00"
-	snapshotVersion = 1
-	headerSize      = 56
+	snapshotVersion = 2
+	headerSize      = 112
 	recordHead      = 16 + 24
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-func (f *Filters) recordSize() int64 { return recordHead + int64(f.m/8) }
+func recordSize(m uint64) int64 { return recordHead + int64(m/8) }
 
-// WriteSnapshot writes every allocated filter to w. Rotation waits while it
-// runs; keys added concurrently may or may not be in the snapshot, so the
-// engine takes it when no more keys can arrive.
-func (f *Filters) WriteSnapshot(w io.Writer) error {
+// WriteSnapshot writes every allocated filter to w, with meta. Rotation
+// waits while it runs; keys added concurrently may or may not be in the
+// snapshot, so the engine takes it when no more keys can arrive.
+func (f *Filters) WriteSnapshot(w io.Writer, meta SnapshotMeta) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	r := f.cur.Load()
@@ -66,6 +111,11 @@ func (f *Filters) WriteSnapshot(w io.Writer) error {
 	binary.LittleEndian.PutUint32(h[32:], uint32(f.parts.Live))
 	binary.LittleEndian.PutUint32(h[36:], uint32(len(live)))
 	binary.LittleEndian.PutUint64(h[40:], uint64(r.newest))
+	h[48] = byte(meta.Kind)
+	copy(h[56:72], meta.StoreID[:])
+	binary.LittleEndian.PutUint64(h[72:], meta.Epoch)
+	copy(h[80:96], meta.Secret[:])
+	binary.LittleEndian.PutUint64(h[96:], uint64(meta.HighWater))
 	if _, err := bw.Write(h[:]); err != nil {
 		return err
 	}
@@ -95,52 +145,76 @@ func (f *Filters) WriteSnapshot(w io.Writer) error {
 	return err
 }
 
-// ReadSnapshot replaces the filters with those in r (size bytes long). It
-// verifies size, parameters and checksum before allocating any filter, and
-// changes nothing on error. The newest partition becomes the later of the
-// current one and the snapshot's.
-func (f *Filters) ReadSnapshot(r io.ReaderAt, size int64) error {
+// ReadSnapshotHeader reads and checks a snapshot's header (size bytes
+// long): magic, version and the size its filter count implies. It does not
+// verify the checksum; ReadSnapshot does, before it loads anything.
+func ReadSnapshotHeader(r io.ReaderAt, size int64) (SnapshotHeader, int, error) {
 	var h [headerSize]byte
 	if size < headerSize+4 {
-		return fmt.Errorf("%w: %d bytes is shorter than a header", ErrSnapshot, size)
+		return SnapshotHeader{}, 0, fmt.Errorf("%w: %d bytes is shorter than a header", ErrSnapshot, size)
 	}
 	if _, err := r.ReadAt(h[:], 0); err != nil {
-		return fmt.Errorf("%w: header: %w", ErrSnapshot, err)
+		return SnapshotHeader{}, 0, fmt.Errorf("%w: header: %w", ErrSnapshot, err)
 	}
 	if string(h[:8]) != snapshotMagic {
-		return fmt.Errorf("%w: bad magic", ErrSnapshot)
+		return SnapshotHeader{}, 0, fmt.Errorf("%w: bad magic", ErrSnapshot)
 	}
 	if v := binary.LittleEndian.Uint32(h[8:]); v != snapshotVersion {
-		return fmt.Errorf("%w: version %d, want %d", ErrSnapshot, v, snapshotVersion)
+		return SnapshotHeader{}, 0, fmt.Errorf("%w: version %d, want %d", ErrSnapshot, v, snapshotVersion)
 	}
-	k := binary.LittleEndian.Uint32(h[12:])
-	m := binary.LittleEndian.Uint64(h[16:])
-	length := int64(binary.LittleEndian.Uint64(h[24:]))
-	live := binary.LittleEndian.Uint32(h[32:])
-	count := binary.LittleEndian.Uint32(h[36:])
-	newest := int64(binary.LittleEndian.Uint64(h[40:]))
-	if int(k) != f.k || m != f.m || length != f.parts.Length || int(live) != f.parts.Live {
-		return fmt.Errorf("%w: written for m=%d k=%d partition=%d live=%d, want m=%d k=%d partition=%d live=%d",
-			ErrSnapshot, m, k, length, live, f.m, f.k, f.parts.Length, f.parts.Live)
+	hd := SnapshotHeader{
+		K:               int(binary.LittleEndian.Uint32(h[12:])),
+		M:               binary.LittleEndian.Uint64(h[16:]),
+		PartitionLength: int64(binary.LittleEndian.Uint64(h[24:])),
+		Live:            int(binary.LittleEndian.Uint32(h[32:])),
+		Newest:          int64(binary.LittleEndian.Uint64(h[40:])),
 	}
-	if count > live {
-		return fmt.Errorf("%w: %d filters for %d live partitions", ErrSnapshot, count, live)
+	count := int(binary.LittleEndian.Uint32(h[36:]))
+	hd.Kind = SnapshotKind(h[48])
+	copy(hd.StoreID[:], h[56:72])
+	hd.Epoch = binary.LittleEndian.Uint64(h[72:])
+	copy(hd.Secret[:], h[80:96])
+	hd.HighWater = int64(binary.LittleEndian.Uint64(h[96:]))
+	if hd.M == 0 || hd.M%64 != 0 || (count > 0 && hd.M/8 > uint64(size)) || hd.M > 1<<48 || hd.Live < 1 || hd.Live > tier.MaxLive || count > hd.Live || hd.PartitionLength <= 0 {
+		return SnapshotHeader{}, 0, fmt.Errorf("%w: header m=%d live=%d count=%d partition=%d", ErrSnapshot, hd.M, hd.Live, count, hd.PartitionLength)
 	}
-	if want := headerSize + int64(count)*f.recordSize() + 4; size != want {
-		return fmt.Errorf("%w: %d bytes, want %d for %d filters", ErrSnapshot, size, want, count)
+	if want := headerSize + int64(count)*recordSize(hd.M) + 4; size != want {
+		return SnapshotHeader{}, 0, fmt.Errorf("%w: %d bytes, want %d for %d filters", ErrSnapshot, size, want, count)
+	}
+	return hd, count, nil
+}
+
+// ReadSnapshot replaces the filters with those in r (size bytes long). It
+// verifies the header and the checksum, then calls accept (if not nil) with
+// the header, then checks the filter parameters (ErrSnapshotParams), and
+// only then allocates filters; on any error, accept's included, it changes
+// nothing. The newest partition becomes the later of the current one and
+// the snapshot's.
+func (f *Filters) ReadSnapshot(r io.ReaderAt, size int64, accept func(SnapshotHeader) error) error {
+	hd, count, err := ReadSnapshotHeader(r, size)
+	if err != nil {
+		return err
 	}
 	if err := verifyChecksum(r, size); err != nil {
 		return err
 	}
-
+	if accept != nil {
+		if err := accept(hd); err != nil {
+			return err
+		}
+	}
+	if hd.K != f.k || hd.M != f.m || hd.PartitionLength != f.parts.Length || hd.Live != f.parts.Live {
+		return fmt.Errorf("%w: m=%d k=%d partition=%d live=%d, want m=%d k=%d partition=%d live=%d",
+			ErrSnapshotParams, hd.M, hd.K, hd.PartitionLength, hd.Live, f.m, f.k, f.parts.Length, f.parts.Live)
+	}
 	filters := make([]*filter, f.parts.Live)
 	for i := int64(0); i < int64(count); i++ {
-		off := headerSize + i*f.recordSize()
-		fl, err := f.readRecord(io.NewSectionReader(r, off, f.recordSize()))
+		off := headerSize + i*recordSize(f.m)
+		fl, err := f.readRecord(io.NewSectionReader(r, off, recordSize(f.m)))
 		if err != nil {
 			return err
 		}
-		if fl.part > newest || fl.part < f.parts.Oldest(newest) || filters[f.slot(fl.part)] != nil {
+		if fl.part > hd.Newest || fl.part < f.parts.Oldest(hd.Newest) || filters[f.slot(fl.part)] != nil {
 			return fmt.Errorf("%w: partition %d outside the window or repeated", ErrSnapshot, fl.part)
 		}
 		filters[f.slot(fl.part)] = fl
@@ -149,7 +223,7 @@ func (f *Filters) ReadSnapshot(r io.ReaderAt, size int64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	cur := f.cur.Load().newest
-	f.cur.Store(&ring{newest: newest, filters: filters})
+	f.cur.Store(&ring{newest: hd.Newest, filters: filters})
 	f.rotateLocked(cur)
 	return nil
 }

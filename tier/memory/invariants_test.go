@@ -77,19 +77,19 @@ func TestStructureUnderEveryOperation(t *testing.T) {
 		case 1:
 			tb.Begin(f, tok, now, make([]Status, 1))
 		case 2:
-			tb.Finish(f, tok, []bool{rng.IntN(2) == 0}, now+100, []uint64{1})
+			tb.Finish(f, tok, []bool{rng.IntN(2) == 0}, now+100, []Digest{d(1)})
 		case 3:
 			tb.Release(f, tok, now, now+40, make([]Status, 1))
 		case 4:
-			tb.Settle(f, tok, []Action{Action(rng.IntN(3))}, []int64{now + 50}, []uint64{2})
+			tb.Settle(f, tok, []Action{Action(rng.IntN(3))}, []int64{now + 50}, []Digest{d(2)})
 		case 5:
-			tb.Put(f, []int64{now + 80}, []uint64{3})
+			tb.Put(f, []int64{now + 80}, []Digest{d(3)})
 		case 6:
 			tokens[k] = uint64(op + 1)
 			f, tok = one1(k)
 			tb.Acquire(f, tok, now, now+20, make([]Result, 1))
 			tb.Begin(f, tok, now, make([]Status, 1))
-			tb.Finish(f, tok, []bool{true}, now+100, []uint64{4})
+			tb.Finish(f, tok, []bool{true}, now+100, []Digest{d(4)})
 		}
 		s.mu.Lock()
 		s.check(t)

@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"encoding/binary"
 	"sync"
 
 	"github.com/tierdedup/tierdedup/shard"
@@ -15,14 +16,27 @@ const (
 	released // released claims' attempt count, kept (in the LRU) until until
 )
 
-// entry is one key. Its size (48 B) is pinned by a test: it is most of the
+func digestWords(d Digest) [2]uint64 {
+	return [2]uint64{binary.LittleEndian.Uint64(d[:8]), binary.LittleEndian.Uint64(d[8:])}
+}
+
+func wordsDigest(w [2]uint64) Digest {
+	var d Digest
+	binary.LittleEndian.PutUint64(d[:8], w[0])
+	binary.LittleEndian.PutUint64(d[8:], w[1])
+	return d
+}
+
+// entry is one key. Its size (56 B) is pinned by a test: it is most of the
 // tier's memory. References between entries are indices into stripe.entries;
 // index 0 is the LRU sentinel, so 0 also means "none".
 type entry struct {
 	fp shard.Fingerprint
-	// word is the owner token of a claim, or the payload digest of a
-	// committed entry.
-	word uint64
+	// word is the owner token of a claim (word[0]), or the full 128-bit
+	// payload digest of a committed entry: digests are compared at full
+	// width in every tier, so the same two digests get the same answer
+	// from memory as from disk.
+	word [2]uint64
 	// until is the lease end of a claim, or the expiry of a committed entry,
 	// in nanoseconds of the caller's clock.
 	until int64
@@ -178,12 +192,12 @@ func (s *stripe) claimLocked(idx uint32, token uint64, leaseUntil int64) {
 	if e.state != claimed && e.state != committing {
 		s.claims++
 	}
-	e.state, e.word, e.until = claimed, token, leaseUntil
+	e.state, e.word, e.until = claimed, [2]uint64{token}, leaseUntil
 }
 
 // commitLocked turns entry idx into a committed entry, evicting the least
 // recently used committed entries beyond the limit.
-func (s *stripe) commitLocked(idx uint32, expires int64, digest uint64) {
+func (s *stripe) commitLocked(idx uint32, expires int64, digest Digest) {
 	if s.limit == 0 {
 		s.removeLocked(s.slotOfLocked(idx))
 		return
@@ -198,7 +212,7 @@ func (s *stripe) commitLocked(idx uint32, expires int64, digest uint64) {
 	default:
 		s.committed++
 	}
-	e.state, e.word, e.until, e.attempts = committed, digest, expires, 0
+	e.state, e.word, e.until, e.attempts = committed, digestWords(digest), expires, 0
 	s.pushFrontLocked(idx)
 	for s.committed > s.limit {
 		tail := s.entries[0].prev
@@ -251,7 +265,7 @@ func (s *stripe) acquireLocked(f shard.Fingerprint, token uint64, now, leaseUnti
 		if e.until > now {
 			s.unlinkLocked(idx)
 			s.pushFrontLocked(idx)
-			return Result{Status: Committed, Digest: e.word}
+			return Result{Status: Committed, Digest: wordsDigest(e.word)}
 		}
 		s.claimLocked(idx, token, leaseUntil)
 		return Result{Status: Acquired}
@@ -265,7 +279,7 @@ func (s *stripe) ownLocked(f shard.Fingerprint, token uint64, state uint8) (uint
 		return 0, 0, false
 	}
 	e := &s.entries[idx]
-	return slot, idx, e.state == state && e.word == token
+	return slot, idx, e.state == state && e.word[0] == token
 }
 
 func (s *stripe) beginLocked(f shard.Fingerprint, token uint64, now int64) Status {
@@ -277,7 +291,7 @@ func (s *stripe) beginLocked(f shard.Fingerprint, token uint64, now int64) Statu
 	return OK
 }
 
-func (s *stripe) finishLocked(f shard.Fingerprint, token uint64, ok bool, expires int64, digest uint64) {
+func (s *stripe) finishLocked(f shard.Fingerprint, token uint64, ok bool, expires int64, digest Digest) {
 	_, idx, own := s.ownLocked(f, token, committing)
 	if !own {
 		return
@@ -309,14 +323,14 @@ func (s *stripe) releaseToLRULocked(idx uint32, keepUntil int64) {
 	e := &s.entries[idx]
 	s.claims--
 	s.committed++
-	e.state, e.word, e.until = released, 0, keepUntil
+	e.state, e.word, e.until = released, [2]uint64{}, keepUntil
 	s.pushFrontLocked(idx)
 	for s.committed > s.limit {
 		s.removeLocked(s.slotOfLocked(s.entries[0].prev))
 	}
 }
 
-func (s *stripe) settleLocked(f shard.Fingerprint, token uint64, action Action, expires int64, digest uint64) {
+func (s *stripe) settleLocked(f shard.Fingerprint, token uint64, action Action, expires int64, digest Digest) {
 	slot, idx, ok := s.ownLocked(f, token, claimed)
 	switch {
 	case !ok:
@@ -327,7 +341,7 @@ func (s *stripe) settleLocked(f shard.Fingerprint, token uint64, action Action, 
 	}
 }
 
-func (s *stripe) putLocked(f shard.Fingerprint, expires int64, digest uint64) {
+func (s *stripe) putLocked(f shard.Fingerprint, expires int64, digest Digest) {
 	if s.limit == 0 {
 		return
 	}

@@ -72,6 +72,9 @@ type Options struct {
 	// Logger receives Pebble's error logs; nil means the standard logger.
 	// Informational logs are discarded.
 	Logger *log.Logger
+	// Partition and Window are the layout a new store records and an
+	// existing one must match (see Layout); both required.
+	Partition, Window time.Duration
 }
 
 // Validate reports every invalid field at once.
@@ -85,6 +88,9 @@ func (o *Options) Validate() error {
 	}
 	if o.CacheSize < 0 {
 		errs = append(errs, fmt.Errorf("%w: CacheSize %d is negative", ErrOptions, o.CacheSize))
+	}
+	if o.Partition <= 0 || o.Window <= 0 {
+		errs = append(errs, fmt.Errorf("%w: Partition %v and Window %v must be positive", ErrOptions, o.Partition, o.Window))
 	}
 	return errors.Join(errs...)
 }
@@ -102,6 +108,7 @@ type Store struct {
 	stop        context.CancelFunc
 	done        chan struct{}
 	health      io.Closer // the disk-health checker this Store wrapped around the OS filesystem, or nil
+	layout      Layout    // as recorded; set by Open
 }
 
 func (s *Store) closeHealth() {
@@ -190,7 +197,7 @@ func Open(opts *Options) (*Store, error) {
 	if o.NoSync {
 		s.writeOpts = pebble.NoSync
 	}
-	if err := s.initCreated(); err != nil {
+	if err := s.initLayout(o.Partition, o.Window); err != nil {
 		cancel()
 		_ = db.Close()
 		s.closeHealth()
@@ -396,20 +403,6 @@ func (s *Store) WriteWith(recs []Record, user []UserWrite) (err error) {
 	}
 	if err := b.Commit(s.writeOpts); err != nil {
 		return s.fail(err)
-	}
-	return nil
-}
-
-// initCreated records the store's creation time on its first open.
-func (s *Store) initCreated() error {
-	if _, err := s.meta(keyCreated); err == nil {
-		return nil
-	} else if !errors.Is(err, pebble.ErrNotFound) {
-		return err
-	}
-	v := binary.LittleEndian.AppendUint64(nil, uint64(time.Now().UnixNano()))
-	if err := s.db.Set(keyCreated, v, pebble.Sync); err != nil {
-		return fmt.Errorf("%w: %w", ErrStorage, err)
 	}
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
@@ -27,6 +28,9 @@ func open(t testing.TB, o Options) *Store {
 	t.Helper()
 	if o.Logger == nil {
 		o.Logger = quiet
+	}
+	if o.Partition == 0 {
+		o.Partition, o.Window = time.Hour, 4*time.Hour
 	}
 	s, err := Open(&o)
 	if err != nil {
@@ -102,7 +106,7 @@ func TestSecondOpenIsRefused(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, Options{Dir: dir})
 	defer s.Close()
-	_, err := Open(&Options{Dir: dir, Logger: quiet})
+	_, err := Open(&Options{Dir: dir, Logger: quiet, Partition: time.Hour, Window: 4 * time.Hour})
 	if !errors.Is(err, ErrLocked) {
 		t.Fatalf("second Open: %v, want ErrLocked", err)
 	}
@@ -112,7 +116,7 @@ func TestSecondOpenIsRefused(t *testing.T) {
 }
 
 func TestOptionsValidate(t *testing.T) {
-	err := (&Options{MemTableSize: -1, CacheSize: -1}).Validate()
+	err := (&Options{MemTableSize: -1, CacheSize: -1, Partition: time.Hour, Window: time.Hour}).Validate()
 	for _, want := range []string{"Dir", "MemTableSize", "CacheSize"} {
 		if !errors.Is(err, ErrOptions) || !strings.Contains(err.Error(), want) {
 			t.Errorf("err %v does not report %s", err, want)
@@ -293,7 +297,7 @@ func cloneMem(t *testing.T, src *vfs.MemFS) vfs.FS {
 // cannot open it too.
 func TestOpenRefusedWhileAnotherProcessHoldsTheDirectory(t *testing.T) {
 	if dir := os.Getenv("TIERDEDUP_LOCK_CHILD"); dir != "" {
-		if _, err := Open(&Options{Dir: dir, Logger: quiet}); err != nil {
+		if _, err := Open(&Options{Dir: dir, Logger: quiet, Partition: time.Hour, Window: 4 * time.Hour}); err != nil {
 			os.Exit(3)
 		}
 		fmt.Println("open")
@@ -314,7 +318,89 @@ func TestOpenRefusedWhileAnotherProcessHoldsTheDirectory(t *testing.T) {
 	if err != nil || line != "open\n" {
 		t.Fatalf("child did not open the directory: %q %v", line, err)
 	}
-	if _, err := Open(&Options{Dir: dir, Logger: quiet}); !errors.Is(err, ErrLocked) {
+	if _, err := Open(&Options{Dir: dir, Logger: quiet, Partition: time.Hour, Window: 4 * time.Hour}); !errors.Is(err, ErrLocked) {
 		t.Fatalf("Open while another process holds the directory: %v, want ErrLocked", err)
+	}
+}
+
+// TestLayoutGolden freezes the layout record's encoding.
+func TestLayoutGolden(t *testing.T) {
+	l := Layout{Partition: time.Hour, Window: 7 * 24 * time.Hour, Secret: [16]byte{1, 2, 3}, ID: [16]byte{0xaa, 0xbb}}
+	got := hex.EncodeToString(appendLayout(nil, l))
+	const want = "01000000" + "00a0b83046030000" + "000029f90f260200" + "01020300000000000000000000000000" + "aabb0000000000000000000000000000"
+	if got != want {
+		t.Fatalf("layout encoding\n got %s\nwant %s", got, want)
+	}
+	if back, err := decodeLayout(appendLayout(nil, l)); err != nil || back != l {
+		t.Fatalf("decode = %+v, %v", back, err)
+	}
+	for _, bad := range [][]byte{nil, {1, 0, 0, 0}, append(appendLayout(nil, l), 0)} {
+		if _, err := decodeLayout(bad); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("decode of %d bytes: %v, want ErrCorrupt", len(bad), err)
+		}
+	}
+	if _, err := decodeLayout([]byte{2, 0, 0, 0}); !errors.Is(err, ErrLayout) {
+		t.Errorf("decode of version 2: %v, want ErrLayout", err)
+	}
+}
+
+// TestLayoutIsRecordedAndEnforced: a store keeps the partition length,
+// window, secret and ID it was created with; a different partition length
+// or a shorter window is refused naming the field; a longer window is
+// accepted and recorded.
+func TestLayoutIsRecordedAndEnforced(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, Options{Dir: dir, Partition: time.Hour, Window: 4 * time.Hour})
+	first := s.Layout()
+	if first.Secret == ([16]byte{}) || first.ID == ([16]byte{}) || first.Partition != time.Hour || first.Window != 4*time.Hour {
+		t.Fatalf("new store's layout: %+v", first)
+	}
+	_ = s.Close()
+	for _, tt := range []struct {
+		partition, window time.Duration
+		field             string
+	}{
+		{30 * time.Minute, 4 * time.Hour, "Partition"},
+		{2 * time.Hour, 4 * time.Hour, "Partition"},
+		{time.Hour, 3 * time.Hour, "Window"},
+	} {
+		_, err := Open(&Options{Dir: dir, Logger: quiet, Partition: tt.partition, Window: tt.window})
+		var le *LayoutError
+		if !errors.Is(err, ErrLayout) || !errors.As(err, &le) || le.Field != tt.field {
+			t.Fatalf("Open with partition %v window %v: %v, want a LayoutError on %s", tt.partition, tt.window, err, tt.field)
+		}
+	}
+	s = open(t, Options{Dir: dir, Partition: time.Hour, Window: 8 * time.Hour})
+	if l := s.Layout(); l.Window != 8*time.Hour || l.Secret != first.Secret || l.ID != first.ID {
+		t.Fatalf("after lengthening the window: %+v", l)
+	}
+	_ = s.Close()
+	if _, err := Open(&Options{Dir: dir, Logger: quiet, Partition: time.Hour, Window: 4 * time.Hour}); !errors.Is(err, ErrLayout) {
+		t.Fatalf("the lengthened window was not recorded: %v", err)
+	}
+}
+
+// TestSnapshotEpochIsTakenOnce: an epoch sealed at close is returned by the
+// next TakeSnapshotEpoch only, and never again.
+func TestSnapshotEpochIsTakenOnce(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, Options{Dir: dir})
+	if e, err := s.TakeSnapshotEpoch(); err != nil || e != 0 {
+		t.Fatalf("new store epoch = %d, %v", e, err)
+	}
+	sealed, err := s.SealSnapshot()
+	if err != nil || sealed == 0 {
+		t.Fatal(sealed, err)
+	}
+	_ = s.Close()
+	s = open(t, Options{Dir: dir})
+	if e, err := s.TakeSnapshotEpoch(); err != nil || e != sealed {
+		t.Fatalf("epoch after reopen = %d, %v; want %d", e, err, sealed)
+	}
+	_ = s.Close()
+	s = open(t, Options{Dir: dir})
+	defer s.Close()
+	if e, err := s.TakeSnapshotEpoch(); err != nil || e != 0 {
+		t.Fatalf("epoch taken twice: %d, %v", e, err)
 	}
 }
