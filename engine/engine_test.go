@@ -38,6 +38,11 @@ func TestOptionsValidateReportsEveryField(t *testing.T) {
 		{Tiers: engine.MemoryOnly, Window: 100 * time.Hour, Partition: time.Hour}, // too many partitions
 		{Tiers: engine.BloomOnly, FalsePositive: 1e-12},                           // too many hashes
 		{Tiers: engine.MemoryOnly, MaxKeySize: engine.MaxKeySize + 1},
+		{Tiers: engine.MemoryOnly, Window: engine.MaxWindow + 1, Partition: engine.MaxWindow / 4},
+		{Tiers: engine.MemoryOnly, Window: 8e18, Partition: 2e17},             // centuries: overflows time arithmetic
+		{Tiers: engine.MemoryOnly, Partition: engine.MaxWindow + time.Second}, // a partition past the bound
+		{Tiers: engine.BloomOnly, ExpectedKeys: 1 << 50},                      // petabyte filters
+		{Tiers: engine.MemoryOnly, MemoryCapacity: 1 << 40},                   // past 32-bit entry indices
 	}
 	for i, o := range bad {
 		if _, err := engine.Open(&o); !errors.Is(err, engine.ErrOptions) {

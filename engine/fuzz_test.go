@@ -3,9 +3,11 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 
@@ -82,4 +84,115 @@ func FuzzClaim(f *testing.F) {
 			t.Fatalf("claim with another payload = %v, %v; want conflict", other.Outcome, err)
 		}
 	})
+}
+
+// FuzzOptions opens an engine with arbitrary Options and runs a short call
+// sequence (claims, commits, releases, one-shot marks, clock jumps of up to
+// twice MaxWindow either way, a restart). Invalid options must be refused
+// with ErrOptions; valid ones must never make a call panic, and a key
+// committed a moment ago must not be New.
+func FuzzOptions(f *testing.F) {
+	f.Add(uint8(0), int64(0), int64(0), int64(0), 0, 0, 0, 0.0, 0, 0, []byte{0, 1, 2, 3})
+	f.Add(uint8(1), int64(engine.MaxWindow), int64(engine.MaxWindow/63), int64(engine.MaxWindow-1), 1, 1, 1, 0.5, 1, 1, []byte{4, 5, 6})
+	f.Add(uint8(2), int64(1<<62), int64(1<<62), int64(1<<62), 1<<40, 1<<20, 1<<50, 1e-300, 1<<20, 1<<30, []byte{7})
+	f.Add(uint8(0), int64(time.Second), int64(time.Second), int64(time.Nanosecond), 3, 2, 100, 0.999999, 65535, 1, []byte{1, 7, 1, 7})
+	f.Add(uint8(1), int64(8e18), int64(2e17), int64(0), 0, 0, 0, 0.0, 0, 0, []byte{2, 2})     // a window of 250 years
+	f.Add(uint8(2), int64(0), int64(0), int64(0), 0, 0, 1<<50, 0.0, 0, 0, []byte{2, 2})       // filters of petabytes
+	f.Add(uint8(1), int64(0), int64(0), int64(0), 1<<40, 1, 0, 0.0, 0, 0, []byte{2, 2})       // a trillion cached keys
+	f.Add(uint8(1), int64(0), int64(0), int64(1<<62), 0, 0, 0, 0.0, 0, 0, []byte{0, 0, 2, 2}) // a lease of centuries
+	f.Fuzz(func(t *testing.T, tiers uint8, window, partition, lease int64, capacity, stripes, expected int, fp float64, attempts, maxKey int, ops []byte) {
+		clock := newClock()
+		o := engine.Options{
+			Tiers: engine.Tiers(tiers % 4), Window: time.Duration(window), Partition: time.Duration(partition),
+			Lease: time.Duration(lease), MemoryCapacity: capacity, Stripes: stripes, ExpectedKeys: expected,
+			FalsePositive: fp, MaxAttempts: attempts, MaxKeySize: maxKey, Clock: clock, Logger: quiet,
+		}
+		if o.Tiers == engine.Redis {
+			o.Tiers = engine.MemoryOnly
+		}
+		fs := vfs.NewMem()
+		if o.Tiers == engine.Default || o.Tiers == engine.BloomOnly {
+			o.Dir, o.FS, o.NoSync = "db", fs, true
+		}
+		verr := o.Validate()
+		e, err := engine.Open(&o)
+		if verr != nil {
+			if !errors.Is(err, engine.ErrOptions) {
+				t.Fatalf("Validate: %v; Open: %v, want ErrOptions", verr, err)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("valid options refused by Open: %v", err)
+		}
+		// A resource cap of this test, not of the engine: valid options may
+		// ask for filters larger than a fuzzing machine holds.
+		if o.Tiers != engine.MemoryOnly && bloomBytes(o) > 64<<20 {
+			_ = e.Close()
+			return
+		}
+		ctx := context.Background()
+		for i, op := range ops {
+			key := []byte{'a' + op%8} // one byte: MaxKeySize may be 1
+			switch op % 6 {
+			case 0, 1:
+				c, err := e.Claim(ctx, key)
+				if err == nil && c.Outcome == engine.New {
+					if op%2 == 0 {
+						err = e.Commit(ctx, c)
+					} else {
+						err = e.Release(ctx, c)
+					}
+				}
+				if err != nil && !errors.Is(err, engine.ErrLeaseLost) {
+					t.Fatalf("op %d: %v", i, err)
+				}
+			case 2:
+				out, err := e.MarkIfAbsent(ctx, key)
+				if err != nil {
+					t.Fatalf("op %d: mark: %v", i, err)
+				}
+				if out == engine.New {
+					if again, err := e.MarkIfAbsent(ctx, key); err != nil || again == engine.New {
+						t.Fatalf("op %d: a key marked a moment ago = %v, %v", i, again, err)
+					}
+				}
+			case 3:
+				clock.Add(time.Duration(int64(op)*int64(engine.MaxWindow)/128) - engine.MaxWindow)
+			case 4:
+				if err := e.Close(); err != nil {
+					t.Fatalf("op %d: close: %v", i, err)
+				}
+				if e, err = engine.Open(&o); err != nil {
+					t.Fatalf("op %d: reopen: %v", i, err)
+				}
+			case 5:
+				_ = e.Stats()
+			}
+		}
+		if err := e.Close(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// bloomBytes is the memory all live filters of o take once full.
+func bloomBytes(o engine.Options) float64 {
+	window, partition := o.Window, o.Partition
+	if window == 0 {
+		window = engine.DefaultWindow
+	}
+	if partition == 0 {
+		partition = engine.DefaultPartition
+	}
+	fp, n := o.FalsePositive, float64(o.ExpectedKeys)
+	if fp == 0 {
+		fp = 0.01
+	}
+	if n == 0 {
+		n = 10e6
+	}
+	live := float64((window+partition-1)/partition + 1)
+	per := -math.Expm1(math.Log1p(-fp) / live)
+	return live * n * -math.Log(per) / (math.Ln2 * math.Ln2) / 8
 }

@@ -80,6 +80,17 @@ const (
 	MinPartition = time.Second
 	// MaxNamespace is the longest namespace name, in bytes.
 	MaxNamespace = 255
+	// MaxWindow bounds Window and Partition: ten years. Engine time is Unix
+	// nanoseconds in an int64, which ends in 2262; with this bound every
+	// lease end, expiry and partition boundary the engine computes stays
+	// far inside that range.
+	MaxWindow = 10 * 365 * 24 * time.Hour
+	// MaxMemoryCapacity bounds MemoryCapacity: entries are indexed in 32
+	// bits per stripe, and at ≈ 66 B an entry it is already 140 GiB.
+	MaxMemoryCapacity = 1 << 31
+	// MaxExpectedKeys bounds ExpectedKeys: 4.3×10⁹ keys a partition, a
+	// filter of ≈ 7.5 GiB at the default false-positive rate.
+	MaxExpectedKeys = 1 << 32
 )
 
 // Options configure an Engine. The zero value of every field is a
@@ -97,23 +108,30 @@ type Options struct {
 	// machine crashes. The zero value syncs (group-committed).
 	NoSync bool
 	// Window is how long a committed key stays a duplicate, at least; keys
-	// are kept for up to Window + Partition. Zero means DefaultWindow.
+	// are kept for up to Window + Partition. Zero means DefaultWindow; at
+	// most MaxWindow. A Dir remembers it: a later Open may lengthen it,
+	// never shorten it (ErrLayout).
 	Window time.Duration
 	// Partition is the retention granule: expiry drops one partition at a
 	// time, and each partition has its own Bloom filter. Zero means
-	// DefaultPartition; at least MinPartition; Window/Partition must not
-	// exceed 63.
+	// DefaultPartition; in [MinPartition, MaxWindow]; Window/Partition must
+	// not exceed 63. A Dir remembers it: a later Open with another one is
+	// refused (ErrLayout).
 	Partition time.Duration
 	// Lease is how long a claim excludes other workers. It must be shorter
 	// than Window. Zero means DefaultLease.
 	Lease time.Duration
-	// MemoryCapacity is the number of committed keys cached in memory.
-	// Zero means 1<<20 (≈ 66 MiB). Claims in flight are not counted.
+	// MemoryCapacity is the number of committed keys cached in memory, at
+	// most MaxMemoryCapacity. Zero means 1<<20 (≈ 66 MiB). Memory grows
+	// with use up to it; claims in flight are not counted.
 	MemoryCapacity int
 	// Stripes is the number of lock stripes, a power of two. Zero means 256.
 	Stripes int
 	// ExpectedKeys is the number of keys one partition is sized for in the
-	// Bloom filters. Zero means 10M.
+	// Bloom filters, at most MaxExpectedKeys. Zero means 10M. Each live
+	// partition's filter takes about ExpectedKeys × 1.44 × log2(1/fp) bits,
+	// allocated when the partition gets its first key (dedupbench plan
+	// computes it). Bloom-only state remembers it (ErrLayout if changed).
 	ExpectedKeys int
 	// FalsePositive is the Bloom false-positive target over the whole
 	// window, in (0, 1). Zero means 0.01. In Default it costs a disk read;
@@ -184,11 +202,11 @@ func (o *Options) Validate() error {
 	if strings.ContainsAny(o.RedisPrefix, "{}") {
 		bad("RedisPrefix %q contains a hash-tag brace, which would pin every key to one cluster slot", o.RedisPrefix)
 	}
-	if o.Window < 0 {
-		bad("Window %v is negative", o.Window)
+	if o.Window < 0 || o.Window > MaxWindow {
+		bad("Window %v is outside [0, %v]", o.Window, MaxWindow)
 	}
-	if o.Partition < 0 || (o.Partition > 0 && o.Partition < MinPartition) {
-		bad("Partition %v is below %v", o.Partition, MinPartition)
+	if o.Partition < 0 || (o.Partition > 0 && o.Partition < MinPartition) || o.Partition > MaxWindow {
+		bad("Partition %v is outside [%v, %v]", o.Partition, MinPartition, MaxWindow)
 	}
 	if o.Lease < 0 {
 		bad("Lease %v is negative", o.Lease)
@@ -202,14 +220,14 @@ func (o *Options) Validate() error {
 	if lease > 0 && window > 0 && lease >= window {
 		bad("Lease %v must be shorter than Window %v", lease, window)
 	}
-	if o.MemoryCapacity < 0 {
-		bad("MemoryCapacity %d is negative", o.MemoryCapacity)
+	if o.MemoryCapacity < 0 || o.MemoryCapacity > MaxMemoryCapacity {
+		bad("MemoryCapacity %d is outside [0, %d]", o.MemoryCapacity, MaxMemoryCapacity)
 	}
 	if s := o.Stripes; s < 0 || s > shard.MaxStripes || (s != 0 && s&(s-1) != 0) {
 		bad("Stripes %d is not a power of two in [1, %d]", s, shard.MaxStripes)
 	}
-	if o.ExpectedKeys < 0 {
-		bad("ExpectedKeys %d is negative", o.ExpectedKeys)
+	if o.ExpectedKeys < 0 || o.ExpectedKeys > MaxExpectedKeys {
+		bad("ExpectedKeys %d is outside [0, %d]", o.ExpectedKeys, MaxExpectedKeys)
 	}
 	if fp := o.FalsePositive; fp != 0 && (!(fp > 0 && fp < 1) || math.IsNaN(fp)) {
 		bad("FalsePositive %v is outside (0, 1)", fp)

@@ -65,13 +65,35 @@ type stripe struct {
 	_           [24]byte // pad to two cache lines: stripes sit side by side
 }
 
+// initialEntries is how many entries a stripe has room for before it first
+// grows: memory follows use, so a large capacity costs nothing until keys
+// fill it.
+const initialEntries = 64
+
 func (s *stripe) init(limit int, seed uint64) {
 	s.limit, s.seed = limit, seed
 	s.claims, s.committed, s.freeList = 0, 0, 0
-	s.slots = make([]uint32, slotsFor(limit))
-	// Room for the committed limit plus a few outstanding claims; more
-	// claims than that grow the slab.
-	s.entries = make([]entry, 1, 1+limit+limit/32+8)
+	s.slots = make([]uint32, slotsFor(min(limit, initialEntries)))
+	s.entries = make([]entry, 1, 1+min(limit, initialEntries))
+}
+
+// fullSlab is the slab size for the committed limit plus a few outstanding
+// claims; more claims than that grow it further.
+func (s *stripe) fullSlab() int { return 1 + s.limit + s.limit/32 + 8 }
+
+// growSlabLocked makes room for one more entry: doubling up to the full
+// slab, so a stripe that reaches its limit holds no slack beyond it.
+func (s *stripe) growSlabLocked() {
+	if len(s.entries) < cap(s.entries) {
+		return
+	}
+	n := max(2*cap(s.entries), 16)
+	if full := s.fullSlab(); cap(s.entries) < full {
+		n = min(n, full)
+	}
+	grown := make([]entry, len(s.entries), n)
+	copy(grown, s.entries)
+	s.entries = grown
 }
 
 // slotsFor returns a power of two at least n/0.75, minimum 8.
@@ -108,6 +130,7 @@ func (s *stripe) insertLocked(slot uint32, f shard.Fingerprint) uint32 {
 		idx = s.freeList
 		s.freeList = s.entries[idx].next
 	} else {
+		s.growSlabLocked()
 		s.entries = append(s.entries, entry{})
 		idx = uint32(len(s.entries) - 1)
 	}

@@ -61,6 +61,10 @@ var ErrOptions = errors.New("memory: invalid options")
 // ≈ 66 MiB.
 const DefaultCapacity = 1 << 20
 
+// MaxCapacity bounds Options.Capacity: entries are indexed in 32 bits
+// within a stripe.
+const MaxCapacity = 1 << 31
+
 // DefaultStripes is the stripe count when Options leave it zero. With 256
 // stripes two cores rarely contend (measured: a 256-stripe LRU ran 1.3× faster
 // on two cores than on one, a single mutex ran slower).
@@ -92,8 +96,8 @@ type Options struct {
 // Validate reports every invalid field at once.
 func (o *Options) Validate() error {
 	var errs []error
-	if o.Capacity < 0 {
-		errs = append(errs, fmt.Errorf("%w: Capacity %d is negative", ErrOptions, o.Capacity))
+	if o.Capacity < 0 || o.Capacity > MaxCapacity {
+		errs = append(errs, fmt.Errorf("%w: Capacity %d is outside [0, %d]", ErrOptions, o.Capacity, MaxCapacity))
 	}
 	if o.NoCommitted && o.Capacity != 0 {
 		errs = append(errs, fmt.Errorf("%w: NoCommitted conflicts with Capacity %d", ErrOptions, o.Capacity))
