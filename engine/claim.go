@@ -73,7 +73,8 @@ type Claim struct {
 
 	ns     *Namespace
 	fp     shard.Fingerprint
-	token  uint64
+	token  uint64 // the memory tier's claim
+	rtoken uint64 // the counter of the Redis owner token (Tiers: Redis)
 	digest Digest
 }
 

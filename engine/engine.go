@@ -38,6 +38,7 @@ type Engine struct {
 	redis    *redis.Store   // nil unless Redis
 	process  [8]byte        // random; with a claim's token, its Redis owner token
 	failOpen bool
+	retries  retries // Redis claims whose reply was lost, for their retries
 
 	// warm is true while the Bloom filters have seen every key the store
 	// holds, so a "no" may skip the store.
@@ -379,6 +380,9 @@ func (e *Engine) Close() error {
 		if err := e.snapshots.save(e.bloom, meta); err != nil {
 			errs = append(errs, fmt.Errorf("tierdedup: saving bloom snapshot: %w", err))
 		}
+	}
+	if e.redis != nil {
+		e.redis.Close()
 	}
 	if e.store != nil {
 		if err := e.store.Close(); err != nil {

@@ -345,7 +345,7 @@ func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digest
 	c.memMisses = uint64(len(cand))
 	b.cand = cand
 	if len(cand) > 0 {
-		if err := e.resolve(ctx, b, ns, out, &c); err != nil {
+		if err := e.resolve(ctx, b, ns, out, &c, now); err != nil {
 			c.errors++
 			e.stats.add(&c)
 			return err
@@ -393,7 +393,7 @@ func repeatsFollow(b *batch, out []Claim) {
 // resolve decides the keys that memory acquired (b.cand) from the slower
 // tiers. Memory holds a claim on each while this runs, so no other caller
 // in this process can decide them meanwhile.
-func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Claim, c *tally) error {
+func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Claim, c *tally, now int64) error {
 	cand := b.cand
 	if e.tiers == MemoryOnly {
 		for _, i := range cand {
@@ -417,7 +417,7 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 		settle()
 	}
 	if e.tiers == Redis {
-		return e.resolveRedis(ctx, b, ns, out, c, settle, dropAll)
+		return e.resolveRedis(ctx, b, ns, out, c, now, settle, dropAll)
 	}
 
 	warm := e.warm.Load()
@@ -495,11 +495,17 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 
 // resolveRedis asks Redis for every acquired key in one pipeline. Only
 // Redis may say New here: other processes write the same keys.
-func (e *Engine) resolveRedis(ctx context.Context, b *batch, ns *Namespace, out []Claim, c *tally, settle, dropAll func()) error {
+func (e *Engine) resolveRedis(ctx context.Context, b *batch, ns *Namespace, out []Claim, c *tally, now int64, settle, dropAll func()) error {
 	cand := b.cand
 	reqs, res := b.rreqs[:len(cand)], b.rres[:len(cand)]
 	for j, i := range cand {
-		reqs[j] = redis.Request{NS: ns.name, Key: out[i].Key, Token: e.redisToken(out[i].token)}
+		out[i].rtoken = out[i].token
+		if rt, ok := e.retries.take(out[i].fp, now); ok {
+			// A retry of a claim whose reply was lost: the same token,
+			// and no more lease than that claim has in Redis.
+			out[i].rtoken, out[i].LeaseUntil = rt.token, min(out[i].LeaseUntil, rt.leaseUntil)
+		}
+		reqs[j] = redis.Request{NS: ns.name, Key: out[i].Key, Token: e.redisToken(out[i].rtoken)}
 	}
 	c.storeReads += uint64(len(cand))
 	err := e.redis.Claim(ctx, reqs, time.Duration(e.lease), res)
@@ -512,6 +518,11 @@ func (e *Engine) resolveRedis(ctx context.Context, b *batch, ns *Namespace, out 
 			}
 			return nil
 		}
+		fps, tokens, leases := b.cfps[:len(cand)], b.ctokens[:len(cand)], b.expires[:len(cand)]
+		for j, i := range cand {
+			fps[j], tokens[j], leases[j] = out[i].fp, out[i].rtoken, out[i].LeaseUntil
+		}
+		e.retries.remember(fps, tokens, leases, now)
 		dropAll()
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
@@ -668,7 +679,7 @@ func (e *Engine) durable(ctx context.Context, claims []Claim, b *batch, k int, n
 		reqs, st := b.rreqs[:k], b.rst[:k]
 		for j := range reqs {
 			c := &claims[b.cand[j]]
-			reqs[j] = redis.Request{NS: c.ns.name, Key: c.Key, Token: e.redisToken(c.token), Digest: redis.Digest(c.digest)}
+			reqs[j] = redis.Request{NS: c.ns.name, Key: c.Key, Token: e.redisToken(c.rtoken), Digest: redis.Digest(c.digest)}
 		}
 		err := e.redis.Commit(ctx, reqs, st)
 		clear(reqs)
@@ -749,7 +760,7 @@ func (e *Engine) release(ctx context.Context, claims []Claim, errs []error) erro
 			}
 		} else if e.redis != nil {
 			c := &claims[b.cand[j]]
-			b.rreqs[n] = redis.Request{NS: c.ns.name, Key: c.Key, Token: e.redisToken(c.token)}
+			b.rreqs[n] = redis.Request{NS: c.ns.name, Key: c.Key, Token: e.redisToken(c.rtoken)}
 			b.qidx = append(b.qidx[:n], b.cand[j])
 			n++
 		}

@@ -156,7 +156,9 @@ type Options struct {
 	// closes it after the Engine.
 	Redis goredis.UniversalClient
 	// RedisPrefix starts every Redis key; zero means "tierdedup:". Processes
-	// that deduplicate together use the same prefix.
+	// that deduplicate together use the same prefix. It must not contain
+	// '{', '}' or NUL; deployments with different prefixes never share a
+	// key, even when one prefix starts the other.
 	RedisPrefix string
 	// FailOpen makes claims answer New, and commits succeed locally, while
 	// Redis is unavailable, instead of failing with ErrUnavailable (the
@@ -201,6 +203,9 @@ func (o *Options) Validate() error {
 	}
 	if strings.ContainsAny(o.RedisPrefix, "{}") {
 		bad("RedisPrefix %q contains a hash-tag brace, which would pin every key to one cluster slot", o.RedisPrefix)
+	}
+	if strings.ContainsRune(o.RedisPrefix, 0) {
+		bad("RedisPrefix %q contains a NUL byte, which ends a prefix in the key layout", o.RedisPrefix)
 	}
 	if o.Window < 0 || o.Window > MaxWindow {
 		bad("Window %v is outside [0, %v]", o.Window, MaxWindow)

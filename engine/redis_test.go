@@ -74,7 +74,7 @@ func TestRedisFencing(t *testing.T) {
 		t.Fatalf("other process inside the lease = %v", cb.Outcome)
 	}
 	// The lease ends in Redis (forced) and on a's clock.
-	redisKey := "fence:\x00order-1"
+	redisKey := "fence:\x00\x00order-1" // prefix, NUL, the default namespace
 	if n, _ := c.PExpire(ctx, redisKey, time.Millisecond).Result(); !n {
 		t.Fatalf("no Redis key %q", redisKey)
 	}
@@ -329,5 +329,54 @@ func TestRedisProcessesRace(t *testing.T) {
 		if n := news[fmt.Sprintf("shared-%d", i)]; n != 1 {
 			t.Fatalf("shared-%d was New in %d processes", i, n)
 		}
+	}
+}
+
+// TestRedisClaimRetriedAfterLostReply: Redis is paused, so a claim fails by
+// its caller's deadline (whatever the client's options) while its command
+// waits in the server's socket; Redis resumes and applies it. The retry of
+// that claim must be recognised as the same claim (New), not left
+// InFlight for the whole lease.
+func TestRedisClaimRetriedAfterLostReply(t *testing.T) {
+	srv := redistest.Start(t)
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr}) // default options: 3 s read timeout
+	defer c.Close()
+	prefix := fmt.Sprintf("lost-%d:", time.Now().UnixNano())
+	e := openRedis(t, c, engine.Options{RedisPrefix: prefix, Lease: time.Hour})
+	defer e.Close()
+	key := []byte("order-1")
+
+	srv.Pause()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	start := time.Now()
+	_, err := e.Claim(ctx, key)
+	took := time.Since(start)
+	cancel()
+	srv.Resume()
+	if !errors.Is(err, engine.ErrUnavailable) {
+		t.Fatalf("claim against a paused Redis: %v, want ErrUnavailable", err)
+	}
+	if took > 350*time.Millisecond {
+		t.Fatalf("claim with a 100 ms deadline took %v", took)
+	}
+	// The server now applies the claim whose reply the engine gave up on.
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if n, _ := c.Exists(context.Background(), prefix+"\x00\x00"+string(key)).Result(); n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the paused claim never reached Redis")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cl, err := e.Claim(context.Background(), key)
+	if err != nil || cl.Outcome != engine.New {
+		t.Fatalf("retried claim = %v, %v; want New (its own claim, applied by Redis)", cl.Outcome, err)
+	}
+	if err := e.Commit(context.Background(), cl); err != nil {
+		t.Fatalf("commit of the retried claim: %v", err)
+	}
+	if again, err := e.Claim(context.Background(), key); err != nil || again.Outcome != engine.Duplicate {
+		t.Fatalf("after commit = %v, %v", again.Outcome, err)
 	}
 }

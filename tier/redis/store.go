@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log"
 	"strings"
+	"sync"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -31,7 +32,8 @@ const DefaultPrefix = "tierdedup:"
 // Options configure a Store.
 type Options struct {
 	// Prefix starts every Redis key; zero means DefaultPrefix. It must not
-	// contain '{', which would make a Redis Cluster hash tag.
+	// contain '{' or '}' (a Redis Cluster hash tag) or a NUL byte: keys are
+	// Prefix ‖ NUL ‖ …, so no prefix's keys can be another prefix's.
 	Prefix string
 	// Window is how long a committed key lives (its TTL); required.
 	Window time.Duration
@@ -45,8 +47,8 @@ type Options struct {
 // Validate reports every invalid field at once.
 func (o *Options) Validate() error {
 	var errs []error
-	if strings.ContainsAny(o.Prefix, "{}") {
-		errs = append(errs, fmt.Errorf("%w: Prefix %q contains a hash tag brace", ErrOptions, o.Prefix))
+	if strings.ContainsAny(o.Prefix, "{}\x00") {
+		errs = append(errs, fmt.Errorf("%w: Prefix %q contains a hash tag brace or a NUL byte", ErrOptions, o.Prefix))
 	}
 	if o.Window < time.Millisecond {
 		errs = append(errs, fmt.Errorf("%w: Window %v is below a millisecond", ErrOptions, o.Window))
@@ -129,7 +131,40 @@ type Store struct {
 	prefix string
 	window time.Duration
 	logger *log.Logger
+	late   sync.WaitGroup // pipelines still running after their caller's deadline
 }
+
+// exec runs pipe and returns by ctx's deadline, whatever the client's own
+// timeouts: go-redis applies a context's deadline to the connection only
+// with ContextTimeoutEnabled, and otherwise a paused server holds a call
+// for ReadTimeout times its retries (5 s measured with default options
+// against a 100 ms deadline). A pipeline still running then finishes in the
+// background (bounded by the client's timeouts), its results discarded;
+// Close waits for it. Commands are built before exec, so nothing of the
+// caller's is read after exec returns.
+func (s *Store) exec(ctx context.Context, pipe goredis.Pipeliner) error {
+	if ctx.Done() == nil {
+		_, err := pipe.Exec(ctx)
+		return err
+	}
+	done := make(chan error, 1)
+	s.late.Add(1)
+	go func() {
+		defer s.late.Done()
+		_, err := pipe.Exec(ctx)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Close waits for pipelines that outlived their caller's deadline. The
+// client stays the caller's to close, after this returns.
+func (s *Store) Close() { s.late.Wait() }
 
 // New returns a Store over client, after checking each server's
 // maxmemory-policy and loading the scripts.
@@ -196,12 +231,16 @@ func (s *Store) loadScripts(ctx context.Context) error {
 	})
 }
 
-// Key returns the Redis key of (ns, key): Prefix ‖ len(ns) ‖ ns ‖ key, the
-// full key bytes with no hash tag, so keys spread over all cluster slots.
+// Key returns the Redis key of (ns, key): Prefix ‖ NUL ‖ len(ns) ‖ ns ‖
+// key, the full key bytes with no hash tag, so keys spread over all cluster
+// slots. Prefixes contain no NUL, so the first NUL ends the prefix: the
+// keys of two deployments whose prefixes differ never meet, even when one
+// prefix starts the other ("a:" and "a:b:").
 func (s *Store) Key(ns string, key []byte) string {
 	var b strings.Builder
-	b.Grow(len(s.prefix) + 1 + len(ns) + len(key))
+	b.Grow(len(s.prefix) + 2 + len(ns) + len(key))
 	b.WriteString(s.prefix)
+	b.WriteByte(0)
 	b.WriteByte(byte(len(ns)))
 	b.WriteString(ns)
 	b.Write(key)
@@ -231,7 +270,7 @@ func (s *Store) Claim(ctx context.Context, reqs []Request, lease time.Duration, 
 		r := &reqs[i]
 		cmds[i] = pipe.SetArgs(ctx, s.Key(r.NS, r.Key), claimValue(r.Token), goredis.SetArgs{Mode: "NX", Get: true, TTL: lease})
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, goredis.Nil) {
+	if err := s.exec(ctx, pipe); err != nil && !errors.Is(err, goredis.Nil) {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	for i, cmd := range cmds {
@@ -283,7 +322,7 @@ func (s *Store) runScript(ctx context.Context, sc *goredis.Script, reqs []Reques
 			r := &reqs[i]
 			cmds[i] = sc.EvalSha(ctx, pipe, []string{s.Key(r.NS, r.Key)}, args(r)...)
 		}
-		_, err := pipe.Exec(ctx)
+		err := s.exec(ctx, pipe)
 		if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") && attempt == 0 {
 			// The server restarted or failed over and lost its scripts;
 			// the scripts are idempotent for the caller's token, so the

@@ -141,7 +141,7 @@ func waitGone(t *testing.T, c goredis.Cmdable, key string) {
 func TestKeysAreExactAndNamespaced(t *testing.T) {
 	srv := redistest.Start(t)
 	s := newStore(t, client(t, srv), redis.Options{Prefix: "app:"})
-	if got := s.Key("ns", []byte("k\x00\xff")); got != "app:\x02nsk\x00\xff" {
+	if got := s.Key("ns", []byte("k\x00\xff")); got != "app:\x00\x02nsk\x00\xff" {
 		t.Fatalf("Key = %q", got)
 	}
 	a := redis.Request{NS: "a", Key: []byte("bc"), Token: tok(1)}
@@ -150,8 +150,71 @@ func TestKeysAreExactAndNamespaced(t *testing.T) {
 	if r := claim(t, s, b, time.Minute); r.Status != redis.Acquired {
 		t.Fatalf("(ab, c) collides with (a, bc): %v", r.Status)
 	}
-	if _, err := redis.New(context.Background(), client(t, srv), &redis.Options{Prefix: "{tag}", Window: time.Hour}); !errors.Is(err, redis.ErrOptions) {
-		t.Fatalf("hash-tag prefix: %v", err)
+	for _, p := range []string{"{tag}", "a\x00b"} {
+		if _, err := redis.New(context.Background(), client(t, srv), &redis.Options{Prefix: p, Window: time.Hour}); !errors.Is(err, redis.ErrOptions) {
+			t.Fatalf("prefix %q: %v, want ErrOptions", p, err)
+		}
+	}
+}
+
+// TestPrefixesNeverShareKeys: with prefix "a:", a 98-byte namespace starts
+// with the length byte 'b', so in a layout of prefix ‖ len(ns) ‖ ns ‖ key
+// its keys reach those of prefix "a:b:". Two deployments must never see
+// each other's claims, whatever their namespaces.
+func TestPrefixesNeverShareKeys(t *testing.T) {
+	srv := redistest.Start(t)
+	c := client(t, srv)
+	short := newStore(t, c, redis.Options{Prefix: "a:"})
+	long := newStore(t, c, redis.Options{Prefix: "a:b:"})
+	tail := strings.Repeat("x", 96)
+	// short: "a:" ‖ 'b' ‖ (":\x00" ‖ tail) ‖ "k";  long: "a:b:" ‖ 0 ‖ "" ‖ (tail ‖ "k")
+	crafted := redis.Request{NS: ":\x00" + tail, Key: []byte("k"), Token: tok(1)}
+	victim := redis.Request{Key: []byte(tail + "k"), Token: tok(2)}
+	if len(crafted.NS) != 'b' {
+		t.Fatalf("namespace of %d bytes", len(crafted.NS))
+	}
+	if r := claim(t, short, crafted, time.Minute); r.Status != redis.Acquired {
+		t.Fatal(r.Status)
+	}
+	if r := claim(t, long, victim, time.Minute); r.Status != redis.Acquired {
+		t.Fatalf("prefix a:b: sees a claim of prefix a: (%v): the layouts overlap", r.Status)
+	}
+}
+
+// TestDeadlineIsTheCallers: with a client built with default options
+// (3 s read timeout, retries), a call against a paused server returns
+// ErrUnavailable by the caller's deadline, not the client's.
+func TestDeadlineIsTheCallers(t *testing.T) {
+	srv := redistest.Start(t)
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	defer c.Close()
+	s := newStore(t, c, redis.Options{})
+	defer s.Close()
+	srv.Pause()
+	defer srv.Resume()
+	const deadline = 100 * time.Millisecond
+	for name, call := range map[string]func(context.Context) error{
+		"claim": func(ctx context.Context) error {
+			return s.Claim(ctx, []redis.Request{req("k", tok(1))}, time.Minute, make([]redis.Result, 1))
+		},
+		"commit": func(ctx context.Context) error {
+			return s.Commit(ctx, []redis.Request{req("k", tok(1))}, make([]redis.Status, 1))
+		},
+		"release": func(ctx context.Context) error {
+			return s.Release(ctx, []redis.Request{req("k", tok(1))}, make([]redis.Status, 1))
+		},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), deadline)
+		start := time.Now()
+		err := call(ctx)
+		took := time.Since(start)
+		cancel()
+		if !errors.Is(err, redis.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("%s against a paused server: %v, want ErrUnavailable and DeadlineExceeded", name, err)
+		}
+		if took > deadline+250*time.Millisecond {
+			t.Fatalf("%s returned after %v, deadline %v", name, took, deadline)
+		}
 	}
 }
 

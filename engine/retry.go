@@ -1,0 +1,76 @@
+package engine
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/tierdedup/tierdedup/shard"
+)
+
+// maxRetries bounds the claims remembered after an unavailable reply: at
+// 40 B each, 64 Ki of them cost 2.5 MiB. Past it a retried claim may see
+// its own earlier claim as InFlight until that lease ends (the outcome of
+// an engine without this memory), never as New twice.
+const maxRetries = 1 << 16
+
+// retries remembers, for each key whose Redis claim failed as unavailable,
+// the owner token that claim sent and when its lease ends. The server may
+// have applied the claim although the reply was lost; a retry of the key
+// sends the same token, so Redis recognises the caller's own claim
+// (DESIGN.md, invariants 5 and 13) instead of answering it InFlight for a
+// whole lease. Safe for concurrent use.
+type retries struct {
+	n  atomic.Int32 // len(mu.m), read without the lock on the hot path
+	mu struct {
+		sync.Mutex
+		m map[shard.Fingerprint]retry
+	}
+}
+
+type retry struct {
+	token      uint64 // the Redis token's counter
+	leaseUntil int64  // the failed claim's lease end, engine time
+}
+
+// remember records the tokens of claims whose outcome is unknown.
+func (r *retries) remember(fps []shard.Fingerprint, tokens []uint64, leases []int64, now int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.mu.m == nil {
+		r.mu.m = make(map[shard.Fingerprint]retry)
+	}
+	for i, fp := range fps {
+		if len(r.mu.m) >= maxRetries {
+			r.expireLocked(now)
+			if len(r.mu.m) >= maxRetries {
+				break
+			}
+		}
+		r.mu.m[fp] = retry{token: tokens[i], leaseUntil: leases[i]}
+	}
+	r.n.Store(int32(len(r.mu.m)))
+}
+
+func (r *retries) expireLocked(now int64) {
+	for fp, rt := range r.mu.m {
+		if rt.leaseUntil <= now {
+			delete(r.mu.m, fp)
+		}
+	}
+}
+
+// take returns and forgets the remembered claim of fp, if its lease has
+// not ended.
+func (r *retries) take(fp shard.Fingerprint, now int64) (retry, bool) {
+	if r.n.Load() == 0 {
+		return retry{}, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rt, ok := r.mu.m[fp]
+	if ok {
+		delete(r.mu.m, fp)
+		r.n.Store(int32(len(r.mu.m)))
+	}
+	return rt, ok && rt.leaseUntil > now
+}
