@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
@@ -28,7 +32,9 @@ import (
 //     eviction when its capacity is smaller than the key space;
 //   - bloom-only may report a new key as a duplicate (a false positive) and
 //     cannot tell a conflict from a duplicate;
-//   - the default configuration is exact.
+//   - the default configuration is exact; after an injected storage
+//     fault it answers ErrStorage (never New) until reopened, and a key
+//     whose commit failed may be either afterwards, as the engine finds it.
 //
 // Between Window and Window+Partition after its commit a key may be either
 // (retention drops whole partitions); the model accepts both there and
@@ -47,6 +53,11 @@ type confConfig struct {
 	evicts    bool // capacity is below the key space
 	snapshots bool // bloom-only: keep filters across clean restarts
 	crashes   bool
+	// faults injects read, write and sync errors (then recovers by a crash
+	// and reopen), tampers with the Bloom snapshot between clean restarts
+	// (damaged, or an older one put back), reopens with changed options
+	// and tries a changed layout, which must be refused.
+	faults bool
 	// redis supplies a client for Tiers: Redis (a fresh key prefix per
 	// run). Redis expires leases and windows on its own clock, so these
 	// runs make no clock jumps.
@@ -59,6 +70,7 @@ var confConfigs = []confConfig{
 	{name: "bloom", tiers: engine.BloomOnly, snapshots: true},
 	{name: "default", tiers: engine.Default, capacity: 4096, crashes: true},
 	{name: "default-small-cache", tiers: engine.Default, capacity: 16, crashes: true},
+	{name: "default-faults", tiers: engine.Default, capacity: 16, crashes: true, faults: true},
 }
 
 func TestConformance(t *testing.T) {
@@ -90,6 +102,7 @@ type mstate struct {
 	claimed    bool
 	owner      int // id of the claim that holds it
 	until      int64
+	uncertain  bool // its commit failed with ErrStorage: durable or not
 }
 
 type held struct {
@@ -157,19 +170,41 @@ func (m *model) allowed(k mkey, d engine.Digest, now int64) outcomes {
 	if m.cfg.tiers == engine.BloomOnly {
 		set[engine.Duplicate] = true
 	}
+	if s != nil && s.uncertain {
+		set[engine.New], set[engine.Duplicate] = true, true
+	}
 	return set
+}
+
+// observe settles an uncertain key by the engine's first answer for it.
+func (m *model) observe(k mkey, o engine.Outcome, now int64) {
+	s := m.keys[k]
+	if s == nil || !s.uncertain {
+		return
+	}
+	s.uncertain = false
+	s.committed = o == engine.Duplicate || o == engine.Conflict
 }
 
 func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 	rng := rand.New(rand.NewPCG(seed, 99))
 	clock := newClock()
 	parts, _ := tier.NewPartitions(cWindow, cPartition)
-	fs := vfs.NewCrashableMem()
+	mem := vfs.NewCrashableMem()
+	inj := &oneFault{}
+	wrap := func(m *vfs.MemFS) vfs.FS {
+		if cfg.faults {
+			return errorfs.Wrap(m, inj)
+		}
+		return m
+	}
 	opts := engine.Options{
 		Tiers: cfg.tiers, Window: cWindow, Partition: cPartition, Lease: cLease,
 		MemoryCapacity: cfg.capacity, Stripes: 4, ExpectedKeys: 1000, FalsePositive: 0.01,
-		Clock: clock, FS: fs,
+		Clock: clock, FS: wrap(mem),
 	}
+	var oldSnapshot []byte // a snapshot of an earlier clean close, to put back later
+	faults := 0            // injected faults that failed a call
 	if cfg.tiers == engine.Default || cfg.snapshots {
 		opts.Dir = "db"
 	}
@@ -233,6 +268,7 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 				if want := m.allowed(k, ds[i], now); !want[c.Outcome] {
 					fail(op, "claim %v = %v, model allows %v (state %+v, now %d)", k, c.Outcome, want, m.keys[k], now)
 				}
+				m.observe(k, c.Outcome, now)
 				if c.Outcome == engine.New {
 					if c.LeaseUntil != now+int64(cLease) {
 						fail(op, "lease until %d, want %d", c.LeaseUntil, now+int64(cLease))
@@ -315,6 +351,7 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 				if !want[o] {
 					fail(op, "mark %v = %v, model allows %v (state %+v)", k, o, want, m.keys[k])
 				}
+				m.observe(k, o, now)
 				if o == engine.New {
 					s := m.state(k)
 					s.committed, s.commitAt, s.commitPart, s.digest = true, now, m.parts.Of(now), engine.Digest{}
@@ -325,7 +362,7 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 			if cfg.redis != nil {
 				continue
 			}
-			steps := []time.Duration{time.Second, 10 * time.Second, cLease + time.Second, cPartition, cWindow, cWindow + cPartition + time.Second, -30 * time.Minute}
+			steps := []time.Duration{time.Second, 10 * time.Second, cLease + time.Second, cPartition, cWindow, cWindow + cPartition + time.Second, -30 * time.Minute, -cWindow - 2*cPartition}
 			clock.Add(steps[rng.IntN(len(steps))])
 		case r < 94: // clean restart
 			if err := e.Close(); err != nil {
@@ -334,6 +371,33 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 			if cfg.tiers == engine.Default || cfg.snapshots {
 				m.persisted = m.hw // with the snapshot, bloom-only keeps its clock too
 			}
+			if cfg.faults {
+				const snap = "db/tierdedup-bloom.snapshot"
+				cur := readFile(t, mem, snap)
+				switch rng.IntN(4) {
+				case 0: // damaged
+					if len(cur) > 0 {
+						cur[rng.IntN(len(cur))] ^= 0x10
+						writeFile(t, mem, snap, cur)
+					}
+				case 1: // an older snapshot of this store put back
+					if oldSnapshot != nil {
+						writeFile(t, mem, snap, oldSnapshot)
+					}
+				case 2: // other Bloom parameters and cache size: the snapshot cannot be used
+					opts.ExpectedKeys = 1000 + 500*rng.IntN(3)
+					opts.MemoryCapacity = []int{16, 64, 4096}[rng.IntN(3)]
+				case 3: // a changed layout is refused, and changes nothing
+					bad := opts
+					bad.Partition, bad.Logger = 2*cPartition, quiet
+					if _, err := engine.Open(&bad); !errors.Is(err, engine.ErrLayout) {
+						fail(op, "Open with another partition length: %v, want ErrLayout", err)
+					}
+				}
+				if cur != nil {
+					oldSnapshot = cur
+				}
+			}
 			e = open(t, opts)
 			m.restart(clock.Now().UnixNano(), cfg.tiers == engine.Default || cfg.snapshots || cfg.redis != nil)
 			outstanding = reclaimNamespaces(t, e, namespaces, outstanding)
@@ -341,14 +405,35 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 			if !cfg.crashes {
 				continue
 			}
-			crashed := fs.CrashClone(vfs.CrashCloneCfg{})
+			if cfg.faults && rng.IntN(2) == 0 {
+				// A storage fault: the next read of an SST (after a
+				// compaction), or write or sync of the WAL, fails during a
+				// claim and commit. Every answer must be ErrStorage or
+				// right; then the engine is reopened, as an operator would.
+				if rng.IntN(2) == 0 {
+					if err := e.Compact(ctx); err != nil {
+						fail(op, "Compact: %v", err)
+					}
+				}
+				inj.arm(rng.IntN(3), int64(1+rng.IntN(3)))
+				broken := faultRound(t, op, e, namespaces, m, clock, rng, randKey)
+				inj.disarm()
+				// A fault that hit Pebble's background work (a flush or
+				// compaction) may have failed the store after the round:
+				// reopen then too.
+				if !broken && !inj.hit.Load() {
+					continue
+				}
+				faults++
+			}
+			crashed := mem.CrashClone(vfs.CrashCloneCfg{})
 			old := e
 			o := opts
-			o.FS = crashed
+			o.FS = wrap(crashed)
 			e = open(t, o)
 			old.Close() // writes only to the abandoned filesystem
-			fs = crashed
-			opts.FS = crashed
+			mem = crashed
+			opts.FS = o.FS
 			m.restart(clock.Now().UnixNano(), true)
 			outstanding = reclaimNamespaces(t, e, namespaces, outstanding)
 			if st := e.Stats(); st.BloomMode == "" {
@@ -356,9 +441,12 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 			}
 		}
 	}
+	if cfg.faults && faults == 0 {
+		t.Fatal("no injected fault failed a call: the fault rounds test nothing")
+	}
 	st := e.Stats()
-	t.Logf("claims %d new %d dup %d inflight %d conflict %d commits %d releases %d expiries %d lost %d bloom-fp %d store-reads %d mode %s",
-		st.Claims, st.New, st.Duplicates, st.InFlight, st.Conflicts, st.Commits, st.Releases, st.LeaseExpiries, st.LeaseLost, st.BloomFalsePositives, st.StoreReads, st.BloomMode)
+	t.Logf("faults %d claims %d new %d dup %d inflight %d conflict %d commits %d releases %d expiries %d lost %d bloom-fp %d store-reads %d mode %s",
+		faults, st.Claims, st.New, st.Duplicates, st.InFlight, st.Conflicts, st.Commits, st.Releases, st.LeaseExpiries, st.LeaseLost, st.BloomFalsePositives, st.StoreReads, st.BloomMode)
 }
 
 // restart mirrors a reopen: claims are void; committed keys survive where
@@ -405,4 +493,125 @@ func dupInBatch(pick []held) bool {
 		seen[h.id] = true
 	}
 	return false
+}
+
+// oneFault fails one operation of one kind (an SST read, a WAL write or a
+// WAL sync): the n-th after it is armed.
+type oneFault struct {
+	kind atomic.Int32 // 0: off; 1 + the kind
+	n    atomic.Int64
+	hit  atomic.Bool
+}
+
+func (f *oneFault) arm(kind int, n int64) {
+	f.hit.Store(false)
+	f.n.Store(n)
+	f.kind.Store(int32(kind) + 1)
+}
+
+func (f *oneFault) disarm() { f.kind.Store(0) }
+
+func (f *oneFault) String() string { return "one-fault" }
+
+func (f *oneFault) MaybeError(op errorfs.Op) error {
+	var match bool
+	switch f.kind.Load() {
+	case 1:
+		match = (op.Kind == errorfs.OpFileRead || op.Kind == errorfs.OpFileReadAt) && strings.HasSuffix(op.Path, ".sst")
+	case 2:
+		match = (op.Kind == errorfs.OpFileWrite || op.Kind == errorfs.OpFileWriteAt) && strings.HasSuffix(op.Path, ".log")
+	case 3:
+		match = (op.Kind == errorfs.OpFileSync || op.Kind == errorfs.OpFileSyncData || op.Kind == errorfs.OpFileSyncTo) && strings.HasSuffix(op.Path, ".log")
+	}
+	if match && f.n.Add(-1) == 0 {
+		f.hit.Store(true)
+		f.kind.Store(0)
+		return errorfs.ErrInjected
+	}
+	return nil
+}
+
+// faultRound claims a batch and commits its New claims while a fault is
+// armed. It checks each answer against the model, marks the keys of a
+// failed commit uncertain, and reports whether the engine failed (then it
+// must refuse every later claim until reopened).
+func faultRound(t *testing.T, op int, e *engine.Engine, namespaces []*engine.Namespace, m *model, clock *fakeClock, rng *rand.Rand, randKey func() string) bool {
+	t.Helper()
+	ctx := context.Background()
+	ns := rng.IntN(2)
+	keys := make([][]byte, 1+rng.IntN(8))
+	for i := range keys {
+		keys[i] = []byte(randKey())
+	}
+	out := make([]engine.Claim, len(keys))
+	err := namespaces[ns].ClaimBatch(ctx, keys, nil, out)
+	now := m.tick(clock.Now().UnixNano())
+	if err != nil {
+		if !errors.Is(err, engine.ErrStorage) {
+			t.Fatalf("op %d: claim under a fault: %v, want ErrStorage", op, err)
+		}
+	} else {
+		for i, c := range out {
+			k := mkey{ns, string(keys[i])}
+			if want := m.allowed(k, engine.Digest{}, now); !want[c.Outcome] {
+				t.Fatalf("op %d: claim %v under a fault = %v, model allows %v", op, k, c.Outcome, want)
+			}
+			m.observe(k, c.Outcome, now)
+			if c.Outcome == engine.New {
+				m.nextID++
+				s := m.state(k)
+				s.claimed, s.owner, s.until = true, m.nextID, c.LeaseUntil
+			}
+		}
+		err = e.CommitBatch(ctx, out, nil)
+		now = m.tick(clock.Now().UnixNano())
+		if err != nil && !errors.Is(err, engine.ErrStorage) {
+			t.Fatalf("op %d: commit under a fault: %v, want ErrStorage", op, err)
+		}
+		for i, c := range out {
+			if c.Outcome != engine.New {
+				continue
+			}
+			s := m.state(mkey{ns, string(keys[i])})
+			s.claimed = false
+			s.committed, s.commitAt, s.commitPart, s.digest = true, now, m.parts.Of(now), engine.Digest{}
+			s.uncertain = err != nil
+		}
+	}
+	if err == nil {
+		return false
+	}
+	if c, err := e.Claim(ctx, []byte("never-claimed")); !errors.Is(err, engine.ErrStorage) || c.Outcome == engine.New {
+		t.Fatalf("op %d: after a storage failure a claim = %v, %v; want ErrStorage", op, c.Outcome, err)
+	}
+	return true
+}
+
+func readFile(t *testing.T, fs vfs.FS, name string) []byte {
+	t.Helper()
+	f, err := fs.Open(name)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	b, err := io.ReadAll(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func writeFile(t *testing.T, fs vfs.FS, name string, b []byte) {
+	t.Helper()
+	f, err := fs.Create(name, vfs.WriteCategoryUnspecified)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
 }

@@ -23,14 +23,29 @@
 //     of a key exactly one is New.
 //  2. Commit and Release succeed only for the current owner of an unexpired
 //     lease; otherwise they return ErrLeaseLost and change nothing.
-//  3. Duplicate comes from an exact source: a 128-bit fingerprint in memory
-//     or full key bytes in Pebble. Only the bloom-only configuration, which
-//     says so, answers Duplicate from a filter.
-//  4. The Bloom filters answer New only while warm: restored from a clean
-//     shutdown's snapshot, or rebuilt from Pebble after a crash. While cold
-//     every key that memory does not know is read from Pebble.
+//  3. Duplicate comes from an exact source: a 128-bit fingerprint in memory,
+//     SipHash-2-4-128 keyed by a secret the store keeps (so nobody without
+//     it can build two keys that share one), or full key bytes in Pebble
+//     and Redis. Payload digests are compared at all 128 bits everywhere.
+//     Only the bloom-only configuration, which says so, answers Duplicate
+//     from a filter.
+//  4. The Bloom filters answer New only while warm: restored from the
+//     snapshot of the exact store state they were saved with (the store's
+//     ID and the epoch it sealed at a clean Close, forgotten by the next
+//     Open before anything is written; the file is removed whatever the
+//     outcome), or rebuilt from Pebble. While cold every key that memory
+//     does not know is read from Pebble.
 //  5. Time never runs backwards inside an engine: it uses the highest clock
-//     reading seen (persisted with each partition drop), so a clock step
-//     back neither expires leases late nor drops partitions early.
-//  6. After a storage failure the engine answers ErrStorage and never New.
+//     reading seen (persisted with each partition drop, and in bloom-only
+//     state), so a clock step back neither expires leases late nor drops
+//     partitions early.
+//  6. After a storage failure, read or write, the engine answers ErrStorage
+//     and never New until it is reopened.
+//  7. A directory records its layout (partition length, window, secret,
+//     format version; configuration and filter parameters of bloom-only
+//     state) and Open refuses a mismatch with ErrLayout, except a longer
+//     window, which keeps every key at least as long as promised.
+//  8. A Redis call returns by the caller's deadline; a claim that failed as
+//     unavailable is retried with the same owner token, so a claim Redis
+//     applied meanwhile is recognised as the caller's own.
 package engine

@@ -620,12 +620,15 @@ func (s *Store) Close() (err error) {
 		return nil
 	}
 	s.stop()
-	<-s.done
 	if s.Broken() != nil {
-		// Pebble's commit pipeline is unusable after a failed WAL write;
-		// closing it may block, so the handle is abandoned.
+		// Pebble's commit pipeline is unusable after a failed WAL write:
+		// closing the database, or waiting for a background compaction
+		// that needs the pipeline's lock, would block forever. The handle
+		// and that goroutine are abandoned; the process exit releases the
+		// directory.
 		return s.Broken()
 	}
+	<-s.done
 	defer s.guard(&err)
 	defer s.closeHealth()
 	if err := s.db.Close(); err != nil {
