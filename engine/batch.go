@@ -11,26 +11,27 @@ import (
 // batch is the scratch space of one call, pooled so that steady-state calls
 // allocate nothing per key.
 type batch struct {
-	fps     []shard.Fingerprint
-	tokens  []uint64
-	res     []memory.Result
-	cand    []int // indices of the keys being decided or committed
-	cfps    []shard.Fingerprint
-	ctokens []uint64
-	probes  []bloom.Probe
-	actions []memory.Action
-	ok      []bool
-	expires []int64
-	digests []memory.Digest
-	st      []memory.Status
-	queries []pebble.Query
-	qidx    []int
-	hits    []pebble.Hit
-	recs    []pebble.Record
-	claims  []Claim
-	rreqs   []redis.Request
-	rres    []redis.Result
-	rst     []redis.Status
+	fps      []shard.Fingerprint
+	tokens   []uint64
+	res      []memory.Result
+	cand     []int // indices of the keys being decided or committed
+	cfps     []shard.Fingerprint
+	ctokens  []uint64
+	probes   []bloom.Probe
+	actions  []memory.Action
+	ok       []bool
+	expires  []int64
+	digests  []memory.Digest
+	attempts []uint16
+	st       []memory.Status
+	queries  []pebble.Query
+	qidx     []int
+	hits     []pebble.Hit
+	recs     []pebble.Record
+	claims   []Claim
+	rreqs    []redis.Request
+	rres     []redis.Result
+	rst      []redis.Status
 }
 
 func (e *Engine) getBatch(n int) *batch {
@@ -44,7 +45,7 @@ func (e *Engine) getBatch(n int) *batch {
 			fps: make([]shard.Fingerprint, c), tokens: make([]uint64, c), res: make([]memory.Result, c),
 			cand: make([]int, 0, c), cfps: make([]shard.Fingerprint, c), ctokens: make([]uint64, c),
 			probes: make([]bloom.Probe, c), actions: make([]memory.Action, c), ok: make([]bool, c),
-			expires: make([]int64, c), digests: make([]memory.Digest, c), st: make([]memory.Status, c),
+			expires: make([]int64, c), digests: make([]memory.Digest, c), attempts: make([]uint16, c), st: make([]memory.Status, c),
 			queries: make([]pebble.Query, 0, c), qidx: make([]int, 0, c), hits: make([]pebble.Hit, c),
 			recs: make([]pebble.Record, c), claims: make([]Claim, c),
 			rreqs: make([]redis.Request, c), rres: make([]redis.Result, c), rst: make([]redis.Status, c),

@@ -21,14 +21,15 @@ import (
 // Engine answers claims for keys in one or more namespaces. It is safe for
 // concurrent use.
 type Engine struct {
-	tiers     Tiers
-	window    int64 // nanoseconds
-	lease     int64
-	maxKey    int
-	parts     tier.Partitions
-	clock     Clock
-	logger    *log.Logger
-	snapshots *snapshotFile // nil when the Bloom filters are not persisted
+	tiers       Tiers
+	window      int64 // nanoseconds
+	lease       int64
+	maxKey      int
+	maxAttempts int
+	parts       tier.Partitions
+	clock       Clock
+	logger      *log.Logger
+	snapshots   *snapshotFile // nil when the Bloom filters are not persisted
 
 	secret   shard.Secret // keys the fingerprints; persisted by Default and BloomOnly
 	hasher   shard.Hasher // of secret
@@ -77,13 +78,14 @@ func Open(opts *Options) (*Engine, error) {
 	window, partition, lease := o.withDefaults()
 	parts, _ := tier.NewPartitions(window, partition)
 	e := &Engine{
-		tiers:  o.Tiers,
-		window: int64(window),
-		lease:  int64(lease),
-		maxKey: o.MaxKeySize,
-		parts:  parts,
-		clock:  o.Clock,
-		logger: o.Logger,
+		tiers:       o.Tiers,
+		window:      int64(window),
+		lease:       int64(lease),
+		maxKey:      o.MaxKeySize,
+		maxAttempts: o.MaxAttempts,
+		parts:       parts,
+		clock:       o.Clock,
+		logger:      o.Logger,
 	}
 	if e.maxKey == 0 {
 		e.maxKey = DefaultMaxKeySize
@@ -210,9 +212,14 @@ func Open(opts *Options) (*Engine, error) {
 			e.closeStore()
 			return nil, fmt.Errorf("%w: %w", ErrStorage, derr)
 		}
-		if err == nil {
+		switch {
+		case err == nil:
 			e.warm.Store(true)
-		} else {
+		case e.store.Fresh():
+			// A store created by this Open holds nothing the filters have
+			// not seen.
+			e.warm.Store(true)
+		default:
 			if !isNotExist(err) {
 				e.logger.Printf("tierdedup: bloom snapshot not used, rebuilding from Pebble: %v", err)
 			}

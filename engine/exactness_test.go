@@ -400,3 +400,83 @@ func TestDigestsComparedAtFullWidth(t *testing.T) {
 	ns, _ = e.Namespace("")
 	check("from disk")
 }
+
+// TestAttemptsAreDurable: with MaxAttempts, a key's failed attempts
+// (releases and lease expiries) are stored with it in the embedded store,
+// so a crash, a clean restart or an evicted memory entry forgets none of
+// them, and a key made poison by lease expiries stays poison for the
+// window, not just one more lease.
+func TestAttemptsAreDurable(t *testing.T) {
+	ctx := context.Background()
+	boom := errors.New("handler failed")
+	fail := func(context.Context) error { return boom }
+	for _, restart := range []string{"crash", "clean", "eviction"} {
+		t.Run(restart, func(t *testing.T) {
+			mem := vfs.NewCrashableMem()
+			clock := newClock()
+			o := engine.Options{Dir: "db", FS: mem, Clock: clock, MaxAttempts: 3, ExpectedKeys: 1000, Lease: time.Minute, MemoryCapacity: 16, Stripes: 1}
+			e := open(t, o)
+			reopen := func() {
+				switch restart {
+				case "crash":
+					crashed := mem.CrashClone(vfs.CrashCloneCfg{})
+					_ = e.Close()
+					mem = crashed
+					o.FS = crashed
+				case "clean":
+					_ = e.Close()
+				case "eviction": // fill the memory tier past its capacity
+					for i := range 64 {
+						if _, err := e.MarkIfAbsent(ctx, fmt.Appendf(nil, "filler-%d", i)); err != nil {
+							t.Fatal(err)
+						}
+					}
+					return
+				}
+				e = open(t, o)
+			}
+			if out, err := e.Do(ctx, []byte("released"), fail); out != engine.New || !errors.Is(err, boom) {
+				t.Fatal(out, err)
+			}
+			// The second attempt's lease runs out (its worker hung), seen
+			// by the next claim in this process, whose handler fails too.
+			// (A claim abandoned by a crash is void at open and not
+			// counted: the embedded store keeps no claims.)
+			if c, err := e.Claim(ctx, []byte("released")); err != nil || c.Outcome != engine.New {
+				t.Fatal(c.Outcome, err)
+			}
+			clock.Add(2 * time.Minute)
+			c, err := e.Claim(ctx, []byte("released"))
+			if err != nil || c.Outcome != engine.New {
+				t.Fatal(c.Outcome, err)
+			}
+			if err := e.Release(ctx, c); err != nil {
+				t.Fatal(err)
+			}
+			reopen()
+			if out, err := e.Do(ctx, []byte("released"), func(context.Context) error { return nil }); out != engine.Poison || err != nil {
+				t.Fatalf("after a release, an expiry and a release, then a %s = %v, %v; want Poison", restart, out, err)
+			}
+
+			// Three lease expiries make a key poison; it stays poison for
+			// the window.
+			for i := range 4 {
+				want := engine.New
+				if i == 3 {
+					want = engine.Poison
+				}
+				c, err := e.Claim(ctx, []byte("expired"))
+				if err != nil || c.Outcome != want {
+					t.Fatalf("claim %d = %v, %v; want %v", i, c.Outcome, err, want)
+				}
+				clock.Add(2 * time.Minute)
+			}
+			reopen()
+			clock.Add(time.Hour)
+			if c, err := e.Claim(ctx, []byte("expired")); err != nil || c.Outcome != engine.Poison {
+				t.Fatalf("an hour after three lease expiries = %v, %v; want Poison", c.Outcome, err)
+			}
+			_ = e.Close()
+		})
+	}
+}

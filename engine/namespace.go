@@ -313,7 +313,7 @@ func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digest
 		b.tokens[i] = first + uint64(i)
 	}
 	leaseUntil := now + e.lease
-	e.mem.Acquire(b.fps, b.tokens, now, leaseUntil, b.res)
+	e.mem.Acquire(b.fps, b.tokens, now, leaseUntil, e.parts.Expiry(e.parts.Of(now)), b.res)
 
 	cand := b.cand[:0]
 	var c tally
@@ -333,6 +333,9 @@ func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digest
 		case memory.Held:
 			out[i].Outcome = InFlight
 		case memory.Poisoned:
+			if r.Expired {
+				c.leaseExpiries++
+			}
 			out[i].Outcome = Poison
 		case memory.TakenOver:
 			c.leaseExpiries++
@@ -344,6 +347,17 @@ func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digest
 	}
 	c.memMisses = uint64(len(cand))
 	b.cand = cand
+	if err := e.persistExpiries(b, ns, keys, now); err != nil {
+		// Give back the claims this call acquired: it answers nothing.
+		for j, i := range cand {
+			b.cfps[j], b.ctokens[j], b.actions[j] = out[i].fp, out[i].token, memory.Drop
+		}
+		m := len(cand)
+		e.mem.Settle(b.cfps[:m], b.ctokens[:m], b.actions[:m], b.expires[:m], b.digests[:m], nil)
+		c.errors++
+		e.stats.add(&c)
+		return err
+	}
 	if len(cand) > 0 {
 		if err := e.resolve(ctx, b, ns, out, &c, now); err != nil {
 			c.errors++
@@ -406,10 +420,11 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 	for j, i := range cand {
 		cfps[j], ctokens[j] = out[i].fp, out[i].token
 	}
-	actions, expires, digests := b.actions[:m], b.expires[:m], b.digests[:m]
+	actions, expires, digests, attempts := b.actions[:m], b.expires[:m], b.digests[:m], b.attempts[:m]
 	clear(actions) // Keep
 	clear(digests)
-	settle := func() { e.mem.Settle(cfps, ctokens, actions, expires, digests) }
+	clear(attempts)
+	settle := func() { e.mem.Settle(cfps, ctokens, actions, expires, digests, attempts) }
 	dropAll := func() {
 		for j := range actions {
 			actions[j] = memory.Drop
@@ -472,14 +487,25 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 	for q, j := range qidx {
 		i := cand[j]
 		h := hits[q]
-		if !h.Found {
+		if !h.Found || (h.Value.State == pebble.StateReleased && e.maxAttempts == 0) {
 			out[i].Outcome = New
-			if warm {
+			if warm && !h.Found {
 				c.bloomFalsePositives++
 			}
 			continue
 		}
 		c.storeHits++
+		if h.Value.State == pebble.StateReleased {
+			// Not committed, but its claims failed before: the stored
+			// count, or this process's if higher, decides Poison.
+			attempts[j] = max(h.Value.Attempts, b.res[i].Attempts)
+			out[i].Outcome = New
+			if int(attempts[j]) >= e.maxAttempts {
+				out[i].Outcome = Poison
+				actions[j], expires[j] = memory.Poison, e.parts.Expiry(h.Partition)
+			}
+			continue
+		}
 		actions[j] = memory.Commit
 		expires[j] = e.parts.Expiry(h.Partition)
 		digests[j] = h.Value.Digest
@@ -720,7 +746,7 @@ func (e *Engine) durable(ctx context.Context, claims []Claim, b *batch, k int, n
 				b.actions[j] = memory.Keep
 			}
 		}
-		e.mem.Settle(cfps, ctokens, b.actions[:k], b.expires[:k], digests)
+		e.mem.Settle(cfps, ctokens, b.actions[:k], b.expires[:k], digests, nil)
 	}
 	e.stats.commits.Add(committed)
 	return nil
@@ -742,6 +768,14 @@ func (e *Engine) release(ctx context.Context, claims []Claim, errs []error) erro
 		return ErrClosed
 	}
 	now, _ := e.nowNoRotate()
+	if e.store != nil && e.maxAttempts > 0 {
+		// Attempt counts are written in the current partition: rotate to
+		// it first. A failed store cannot; releasing memory claims needs
+		// none, and the count's write will fail.
+		if t, err := e.now(); err == nil {
+			now = t
+		}
+	}
 	b := e.getBatch(len(claims))
 	defer e.putBatch(b)
 	b.owned(e, claims)
@@ -749,15 +783,20 @@ func (e *Engine) release(ctx context.Context, claims []Claim, errs []error) erro
 	if m == 0 {
 		return nil
 	}
-	st := b.st[:m]
-	e.mem.Release(b.cfps[:m], b.ctokens[:m], now, now+e.window, st)
+	st := b.res[:m]
+	e.mem.Release(b.cfps[:m], b.ctokens[:m], now, e.parts.Expiry(e.parts.Of(now)), st)
 	lost, n := 0, 0 // n: claims released locally that Redis must release too
+	var recs []pebble.Record
 	for j, s := range st {
-		if s != memory.OK {
+		if s.Status != memory.OK {
 			lost++
 			if errs != nil {
 				errs[b.cand[j]] = ErrLeaseLost
 			}
+		} else if e.store != nil && e.maxAttempts > 0 {
+			c := &claims[b.cand[j]]
+			recs = append(b.recs[:len(recs)], releasedRecord(e.parts.Of(now), c.ns.name, c.Key, s.Attempts))
+			b.cfps[len(recs)-1] = c.fp
 		} else if e.redis != nil {
 			c := &claims[b.cand[j]]
 			b.rreqs[n] = redis.Request{NS: c.ns.name, Key: c.Key, Token: e.redisToken(c.rtoken)}
@@ -782,6 +821,14 @@ func (e *Engine) release(ctx context.Context, claims []Claim, errs []error) erro
 			}
 		}
 	}
+	if len(recs) > 0 {
+		// The attempt counts, durable, so every restart sees them.
+		err := e.writeAttempts(b.cfps[:len(recs)], recs)
+		clear(recs)
+		if err != nil {
+			return err
+		}
+	}
 	e.stats.releases.Add(uint64(m - lost))
 	if lost > 0 {
 		e.stats.leaseLost.Add(uint64(lost))
@@ -794,4 +841,43 @@ func (e *Engine) release(ctx context.Context, claims []Claim, errs []error) erro
 func (e *Engine) nowNoRotate() (int64, error) {
 	t := e.clock.Now().UnixNano()
 	return max(t, e.highWater.Load()), nil
+}
+
+// releasedRecord is the durable attempt count of a key that is not
+// committed.
+func releasedRecord(part int64, ns string, key []byte, attempts uint16) pebble.Record {
+	return pebble.Record{Partition: part, NS: ns, Key: key, Value: pebble.Value{State: pebble.StateReleased, Attempts: attempts}}
+}
+
+// writeAttempts makes released records durable, adding their keys to the
+// Bloom filters first (they must cover every record the store holds).
+func (e *Engine) writeAttempts(fps []shard.Fingerprint, recs []pebble.Record) error {
+	e.bloom.Add(fps, recs[0].Partition)
+	if err := e.store.WriteWith(recs, nil); err != nil {
+		e.stats.errors.Add(1)
+		return fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	return nil
+}
+
+// persistExpiries makes durable the attempt counts that lease expiries
+// reached in this claim call (embedded store with MaxAttempts only), so a
+// restart sees them too.
+func (e *Engine) persistExpiries(b *batch, ns *Namespace, keys [][]byte, now int64) error {
+	if e.store == nil || e.maxAttempts == 0 {
+		return nil
+	}
+	var recs []pebble.Record
+	for i := range keys {
+		if r := b.res[i]; r.Expired {
+			recs = append(b.recs[:len(recs)], releasedRecord(e.parts.Of(now), ns.name, keys[i], r.Attempts))
+			b.cfps[len(recs)-1] = b.fps[i]
+		}
+	}
+	if len(recs) == 0 {
+		return nil
+	}
+	err := e.writeAttempts(b.cfps[:len(recs)], recs)
+	clear(recs)
+	return err
 }

@@ -19,12 +19,12 @@ func TestAllocBatch(t *testing.T) {
 		fps[i], tokens[i] = fp(i), uint64(i)
 	}
 	out := make([]Result, 256)
-	st := make([]Status, 256)
+	st := make([]Result, 256)
 	var now int64
-	tb.Acquire(fps, tokens, now, now+1, out) // warm the entry slabs and pool
+	tb.Acquire(fps, tokens, now, now+1, now+1, out) // warm the entry slabs and pool
 	allocs := testing.AllocsPerRun(50, func() {
 		now += 2
-		tb.Acquire(fps, tokens, now, now+1, out)
+		tb.Acquire(fps, tokens, now, now+1, now+1, out)
 		tb.Release(fps, tokens, now, now, st)
 	})
 	if allocs != 0 {

@@ -73,21 +73,21 @@ func TestStructureUnderEveryOperation(t *testing.T) {
 		case 0:
 			tokens[k] = uint64(op + 1)
 			f, tok = one1(k)
-			tb.Acquire(f, tok, now, now+20, make([]Result, 1))
+			tb.Acquire(f, tok, now, now+20, now+60, make([]Result, 1))
 		case 1:
 			tb.Begin(f, tok, now, make([]Status, 1))
 		case 2:
 			tb.Finish(f, tok, []bool{rng.IntN(2) == 0}, now+100, []Digest{d(1)})
 		case 3:
-			tb.Release(f, tok, now, now+40, make([]Status, 1))
+			tb.Release(f, tok, now, now+40, make([]Result, 1))
 		case 4:
-			tb.Settle(f, tok, []Action{Action(rng.IntN(3))}, []int64{now + 50}, []Digest{d(2)})
+			tb.Settle(f, tok, []Action{Action(rng.IntN(4))}, []int64{now + 50}, []Digest{d(2)}, []uint16{uint16(rng.IntN(3))})
 		case 5:
 			tb.Put(f, []int64{now + 80}, []Digest{d(3)})
 		case 6:
 			tokens[k] = uint64(op + 1)
 			f, tok = one1(k)
-			tb.Acquire(f, tok, now, now+20, make([]Result, 1))
+			tb.Acquire(f, tok, now, now+20, now+60, make([]Result, 1))
 			tb.Begin(f, tok, now, make([]Status, 1))
 			tb.Finish(f, tok, []bool{true}, now+100, []Digest{d(4)})
 		}

@@ -248,7 +248,7 @@ func (s *stripe) slotOfLocked(idx uint32) uint32 {
 	return slot
 }
 
-func (s *stripe) acquireLocked(f shard.Fingerprint, token uint64, now, leaseUntil int64) Result {
+func (s *stripe) acquireLocked(f shard.Fingerprint, token uint64, now, leaseUntil, keepUntil int64) Result {
 	slot, idx := s.findLocked(f)
 	if idx == 0 {
 		idx = s.insertLocked(slot, f)
@@ -264,26 +264,28 @@ func (s *stripe) acquireLocked(f shard.Fingerprint, token uint64, now, leaseUnti
 			return Result{Status: Held}
 		}
 		// The holder let its lease run out (it crashed, or its handler
-		// hangs on this message): that is an attempt too.
+		// hangs on this message): that is an attempt too, remembered as
+		// long as a release's.
 		if s.maxAttempts > 0 {
 			e.attempts++
 			if int(e.attempts) >= s.maxAttempts {
-				s.releaseToLRULocked(idx, leaseUntil)
-				return Result{Status: Poisoned}
+				a := e.attempts
+				s.releaseToLRULocked(idx, keepUntil)
+				return Result{Status: Poisoned, Attempts: a, Expired: true}
 			}
 		}
 		s.claimLocked(idx, token, leaseUntil)
-		return Result{Status: TakenOver}
+		return Result{Status: TakenOver, Attempts: e.attempts, Expired: s.maxAttempts > 0}
 	case released:
 		if e.until <= now {
 			e.attempts = 0
 		} else if int(e.attempts) >= s.maxAttempts {
 			s.unlinkLocked(idx)
 			s.pushFrontLocked(idx)
-			return Result{Status: Poisoned}
+			return Result{Status: Poisoned, Attempts: e.attempts}
 		}
 		s.claimLocked(idx, token, leaseUntil)
-		return Result{Status: Acquired}
+		return Result{Status: Acquired, Attempts: e.attempts}
 	default: // committed
 		if e.until > now {
 			s.unlinkLocked(idx)
@@ -326,18 +328,23 @@ func (s *stripe) finishLocked(f shard.Fingerprint, token uint64, ok bool, expire
 	s.entries[idx].state = claimed
 }
 
-func (s *stripe) releaseLocked(f shard.Fingerprint, token uint64, now, keepUntil int64) Status {
+func (s *stripe) releaseLocked(f shard.Fingerprint, token uint64, now, keepUntil int64) Result {
 	slot, idx, ok := s.ownLocked(f, token, claimed)
 	if !ok || s.entries[idx].until <= now {
-		return Lost
+		return Result{Status: Lost}
 	}
-	if s.maxAttempts == 0 || s.limit == 0 {
+	if s.maxAttempts == 0 {
 		s.removeLocked(slot)
-		return OK
+		return Result{Status: OK}
 	}
-	s.entries[idx].attempts++
+	a := s.entries[idx].attempts + 1
+	if s.limit == 0 {
+		s.removeLocked(slot)
+		return Result{Status: OK, Attempts: a}
+	}
+	s.entries[idx].attempts = a
 	s.releaseToLRULocked(idx, keepUntil)
-	return OK
+	return Result{Status: OK, Attempts: a}
 }
 
 // releaseToLRULocked turns claim idx into a released entry that remembers
@@ -353,7 +360,7 @@ func (s *stripe) releaseToLRULocked(idx uint32, keepUntil int64) {
 	}
 }
 
-func (s *stripe) settleLocked(f shard.Fingerprint, token uint64, action Action, expires int64, digest Digest) {
+func (s *stripe) settleLocked(f shard.Fingerprint, token uint64, action Action, expires int64, digest Digest, attempts uint16) {
 	slot, idx, ok := s.ownLocked(f, token, claimed)
 	switch {
 	case !ok:
@@ -361,6 +368,15 @@ func (s *stripe) settleLocked(f shard.Fingerprint, token uint64, action Action, 
 		s.commitLocked(idx, expires, digest)
 	case action == Drop:
 		s.removeLocked(slot)
+	case action == Poison:
+		if s.limit == 0 {
+			s.removeLocked(slot)
+			return
+		}
+		s.entries[idx].attempts = attempts
+		s.releaseToLRULocked(idx, expires)
+	default: // Keep
+		s.entries[idx].attempts = max(s.entries[idx].attempts, attempts)
 	}
 }
 

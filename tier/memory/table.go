@@ -47,6 +47,14 @@ type Result struct {
 	Status Status
 	// Digest is the committed entry's payload digest (Committed only).
 	Digest Digest
+	// Attempts is the key's attempt count after the call (releases and
+	// lease expiries of its claims; with Options.MaxAttempts only):
+	// carried by a new claim, reached by a Poisoned key, or counted by a
+	// Release.
+	Attempts uint16
+	// Expired reports that this call counted a lease expiry (a TakenOver
+	// claim, or a Poisoned one that the expiry made poison).
+	Expired bool
 }
 
 // Digest is a 128-bit payload digest; the zero value means none. The table
@@ -170,10 +178,11 @@ func (t *Table) Len() (claims, committed int) {
 // Acquire looks up each key and, where no unexpired claim or committed entry
 // holds it, installs a claim with tokens[i] leased until leaseUntil. out must
 // have len(fps) and receives one Result per key. A claim whose lease ended
-// at or before now is replaced (TakenOver).
-func (t *Table) Acquire(fps []shard.Fingerprint, tokens []uint64, now, leaseUntil int64, out []Result) {
+// at or before now is replaced (TakenOver); with MaxAttempts the expiry is
+// counted, and a key it makes poison keeps its count until keepUntil.
+func (t *Table) Acquire(fps []shard.Fingerprint, tokens []uint64, now, leaseUntil, keepUntil int64, out []Result) {
 	t.each(fps, func(s *stripe, i int) {
-		out[i] = s.acquireLocked(fps[i], tokens[i], now, leaseUntil)
+		out[i] = s.acquireLocked(fps[i], tokens[i], now, leaseUntil, keepUntil)
 	})
 }
 
@@ -197,9 +206,10 @@ func (t *Table) Finish(fps []shard.Fingerprint, tokens []uint64, ok []bool, expi
 }
 
 // Release frees each claim that tokens[i] holds with an unexpired lease
-// (out[i] OK); otherwise out[i] is Lost and nothing changes. With
-// MaxAttempts, the key's attempt count is kept until keepUntil.
-func (t *Table) Release(fps []shard.Fingerprint, tokens []uint64, now, keepUntil int64, out []Status) {
+// (out[i].Status OK, out[i].Attempts its count after this release);
+// otherwise out[i].Status is Lost and nothing changes. With MaxAttempts,
+// the key's attempt count is kept until keepUntil.
+func (t *Table) Release(fps []shard.Fingerprint, tokens []uint64, now, keepUntil int64, out []Result) {
 	t.each(fps, func(s *stripe, i int) {
 		out[i] = s.releaseLocked(fps[i], tokens[i], now, keepUntil)
 	})
@@ -219,14 +229,23 @@ const (
 	// Drop removes the claim: the key turned out held or committed
 	// elsewhere, or the call failed.
 	Drop
+	// Poison turns the claim into a released entry: a slower tier knew
+	// the key's attempts had reached MaxAttempts.
+	Poison
 )
 
 // Settle resolves claims the engine acquired only to consult a slower tier,
 // applying actions[i] to the claim tokens[i] holds (Commit with expires[i]
-// and digests[i]). A key that tokens[i] no longer holds is left alone.
-func (t *Table) Settle(fps []shard.Fingerprint, tokens []uint64, actions []Action, expires []int64, digests []Digest) {
+// and digests[i]; Poison with attempts[i], kept until expires[i]). With
+// Keep, a slower tier's count attempts[i] raises the claim's own. attempts
+// may be nil. A key that tokens[i] no longer holds is left alone.
+func (t *Table) Settle(fps []shard.Fingerprint, tokens []uint64, actions []Action, expires []int64, digests []Digest, attempts []uint16) {
 	t.each(fps, func(s *stripe, i int) {
-		s.settleLocked(fps[i], tokens[i], actions[i], expires[i], digests[i])
+		var a uint16
+		if attempts != nil {
+			a = attempts[i]
+		}
+		s.settleLocked(fps[i], tokens[i], actions[i], expires[i], digests[i], a)
 	})
 }
 

@@ -35,7 +35,7 @@ func newTable(t testing.TB, o *Options) *Table {
 
 func acquire(tb *Table, f shard.Fingerprint, token uint64, now, lease int64) Result {
 	out := make([]Result, 1)
-	tb.Acquire([]shard.Fingerprint{f}, []uint64{token}, now, now+lease, out)
+	tb.Acquire([]shard.Fingerprint{f}, []uint64{token}, now, now+lease, now+1000, out)
 	return out[0]
 }
 
@@ -49,7 +49,11 @@ func one[T any](fn func([]shard.Fingerprint, []uint64, int64, []T), f shard.Fing
 // counts until) to the shape of one.
 func release(tb *Table) func([]shard.Fingerprint, []uint64, int64, []Status) {
 	return func(fps []shard.Fingerprint, tokens []uint64, now int64, out []Status) {
-		tb.Release(fps, tokens, now, now+1000, out)
+		res := make([]Result, len(out))
+		tb.Release(fps, tokens, now, now+1000, res)
+		for i := range res {
+			out[i] = res[i].Status
+		}
 	}
 }
 
@@ -157,10 +161,10 @@ func TestPoison(t *testing.T) {
 	var now int64
 	attempt := func(tok uint64) Status { return acquire(tb, k, tok, now, 10).Status }
 	rel := func(tok uint64) {
-		out := make([]Status, 1)
+		out := make([]Result, 1)
 		tb.Release([]shard.Fingerprint{k}, []uint64{tok}, now, now+500, out)
-		if out[0] != OK {
-			t.Fatalf("release = %v", out[0])
+		if out[0].Status != OK {
+			t.Fatalf("release = %v", out[0].Status)
 		}
 	}
 	if s := attempt(1); s != Acquired {
@@ -196,7 +200,7 @@ func TestBatchRepeatsSeeEarlierOccurrence(t *testing.T) {
 	tb := newTable(t, &Options{Stripes: 4})
 	fps := []shard.Fingerprint{fp(1), fp(2), fp(1), fp(3), fp(2), fp(1)}
 	out := make([]Result, len(fps))
-	tb.Acquire(fps, []uint64{1, 2, 3, 4, 5, 6}, 0, 10, out)
+	tb.Acquire(fps, []uint64{1, 2, 3, 4, 5, 6}, 0, 10, 10, out)
 	want := []Status{Acquired, Acquired, Held, Acquired, Held, Held}
 	for i := range want {
 		if out[i].Status != want[i] {
@@ -357,4 +361,49 @@ func TestHeapBytesPerEntry(t *testing.T) {
 	runtime.KeepAlive(fps)
 	runtime.KeepAlive(expires)
 	runtime.KeepAlive(digests)
+}
+
+// TestPoisonByExpiryIsKept: a key made poison by lease expiries keeps its
+// count as long as one made poison by releases (the keep time), not just
+// for one more lease; and every call reports the count it reached.
+func TestPoisonByExpiryIsKept(t *testing.T) {
+	tb := newTable(t, &Options{MaxAttempts: 2})
+	k := fp(1)
+	var now int64
+	if r := acquire(tb, k, 1, now, 10); r.Status != Acquired || r.Attempts != 0 {
+		t.Fatal(r)
+	}
+	now += 20
+	if r := acquire(tb, k, 2, now, 10); r.Status != TakenOver || r.Attempts != 1 || !r.Expired {
+		t.Fatalf("first expiry = %+v", r)
+	}
+	now += 20
+	if r := acquire(tb, k, 3, now, 10); r.Status != Poisoned || r.Attempts != 2 || !r.Expired {
+		t.Fatalf("second expiry = %+v", r)
+	}
+	now += 50 // past a lease, inside the keep time (1000)
+	if r := acquire(tb, k, 4, now, 10); r.Status != Poisoned || r.Expired {
+		t.Fatalf("a key poisoned by expiries, one lease later = %+v, want Poisoned", r)
+	}
+}
+
+// TestSettleCarriesAttempts: a slower tier's count raises a claim's own
+// (Keep) or makes the key poison (Poison), as if counted here.
+func TestSettleCarriesAttempts(t *testing.T) {
+	tb := newTable(t, &Options{MaxAttempts: 3})
+	a, b := fp(1), fp(2)
+	acquire(tb, a, 1, 0, 10)
+	acquire(tb, b, 2, 0, 10)
+	tb.Settle([]shard.Fingerprint{a, b}, []uint64{1, 2}, []Action{Keep, Poison}, []int64{0, 500}, make([]Digest, 2), []uint16{2, 3})
+	out := make([]Result, 1)
+	tb.Release([]shard.Fingerprint{a}, []uint64{1}, 1, 500, out)
+	if out[0].Status != OK || out[0].Attempts != 3 {
+		t.Fatalf("release after a carried count of 2 = %+v, want attempt 3", out[0])
+	}
+	if r := acquire(tb, a, 3, 2, 10); r.Status != Poisoned {
+		t.Fatalf("a after its third attempt = %+v", r)
+	}
+	if r := acquire(tb, b, 4, 2, 10); r.Status != Poisoned || r.Attempts != 3 {
+		t.Fatalf("b settled as poison = %+v", r)
+	}
 }

@@ -66,10 +66,16 @@ func parseRecordKey(k []byte) (partition int64, ns, key []byte, err error) {
 type State uint8
 
 // Record states. Claims are part of the format so a shared or replicated
-// store can use it; the exclusive engine writes committed records only.
+// store can use it; the exclusive engine writes committed and released
+// records only.
 const (
 	StateClaimed   State = 1
 	StateCommitted State = 2
+	// StateReleased records a key that is not committed but whose claims
+	// failed Attempts times (released, or left to expire): the attempt
+	// count every restart sees. It lives, like a commit, for the window
+	// after its partition; a commit of the key supersedes it.
+	StateReleased State = 3
 )
 
 // Digest is an optional 128-bit payload digest; the zero value means none.
@@ -83,6 +89,8 @@ type Value struct {
 	LeaseUntil int64
 	// Token is the owner token of a claim.
 	Token uint64
+	// Attempts is the attempt count of a released record.
+	Attempts uint16
 	// Digest is the payload digest, zero if none was given.
 	Digest Digest
 }
@@ -93,6 +101,7 @@ type Value struct {
 //	[1] state
 //	[2] flags: bit 0 = digest present
 //	claimed only: LeaseUntil u64 little endian, Token u64 little endian
+//	released only: Attempts u16 little endian
 //	then the 16-byte digest when flagged
 //
 // A committed record without digest is 3 bytes.
@@ -108,9 +117,12 @@ func appendValue(dst []byte, v Value) []byte {
 		flags |= flagDigest
 	}
 	dst = append(dst, valueVersion, byte(v.State), flags)
-	if v.State == StateClaimed {
+	switch v.State {
+	case StateClaimed:
 		dst = binary.LittleEndian.AppendUint64(dst, uint64(v.LeaseUntil))
 		dst = binary.LittleEndian.AppendUint64(dst, v.Token)
+	case StateReleased:
+		dst = binary.LittleEndian.AppendUint16(dst, v.Attempts)
 	}
 	if flags&flagDigest != 0 {
 		dst = append(dst, v.Digest[:]...)
@@ -138,6 +150,11 @@ func decodeValue(b []byte) (Value, error) {
 		}
 		v.LeaseUntil = int64(binary.LittleEndian.Uint64(rest))
 		v.Token, rest = binary.LittleEndian.Uint64(rest[8:]), rest[16:]
+	case StateReleased:
+		if len(rest) < 2 {
+			return Value{}, fmt.Errorf("%w: released record without attempts", ErrCorrupt)
+		}
+		v.Attempts, rest = binary.LittleEndian.Uint16(rest), rest[2:]
 	default:
 		return Value{}, fmt.Errorf("%w: state %d", ErrCorrupt, v.State)
 	}

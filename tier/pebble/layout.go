@@ -131,9 +131,12 @@ func (s *Store) initLayout(partition, window time.Duration) error {
 	if err := b.Commit(pebble.Sync); err != nil {
 		return fmt.Errorf("%w: %w", ErrStorage, err)
 	}
-	s.layout = l
+	s.layout, s.fresh = l, true
 	return nil
 }
+
+// Fresh reports whether this Open created the store: it holds no records.
+func (s *Store) Fresh() bool { return s.fresh }
 
 // Layout returns the store's recorded layout.
 func (s *Store) Layout() Layout { return s.layout }

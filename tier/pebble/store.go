@@ -109,6 +109,7 @@ type Store struct {
 	done        chan struct{}
 	health      io.Closer // the disk-health checker this Store wrapped around the OS filesystem, or nil
 	layout      Layout    // as recorded; set by Open
+	fresh       bool      // Open created the store
 }
 
 func (s *Store) closeHealth() {
@@ -295,8 +296,9 @@ type Hit struct {
 }
 
 // Lookup answers each query with full key comparisons, newest partition
-// first; out must have len(qs). Records that are not committed count as
-// absent (claims left by a previous process are void).
+// first: the newest committed or released record of the key; out must have
+// len(qs). Claimed records count as absent (claims left by a previous
+// process are void).
 //
 // Pebble clears an iterator's error at the start of every seek, so the error
 // is checked after each one: a seek that found nothing because a block could
@@ -338,7 +340,7 @@ func (s *Store) Lookup(qs []Query, out []Hit) (err error) {
 			if err != nil {
 				return s.fail(err)
 			}
-			if v.State == StateCommitted {
+			if v.State == StateCommitted || v.State == StateReleased {
 				out[i] = Hit{Found: true, Partition: part, Value: v}
 				break
 			}

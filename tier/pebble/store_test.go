@@ -54,6 +54,7 @@ func TestEncodingGolden(t *testing.T) {
 		{Value{State: StateCommitted}, "010200"},
 		{Value{State: StateCommitted, Digest: d}, "0102010102030405060708090a0b0c0d0e0f10"},
 		{Value{State: StateClaimed, LeaseUntil: 1764460800000000000, Token: 0xabcdef}, "01010000001ac4bf9f7c18efcdab0000000000"},
+		{Value{State: StateReleased, Attempts: 0x0203}, "0103000302"},
 	}
 	for _, tt := range tests {
 		got := appendValue(nil, tt.v)
@@ -71,6 +72,7 @@ func FuzzDecodeValue(f *testing.F) {
 	f.Add(appendValue(nil, Value{State: StateCommitted}))
 	f.Add(appendValue(nil, Value{State: StateClaimed, Token: 9, Digest: Digest{1}}))
 	f.Add([]byte{1, 2, 1})
+	f.Add(appendValue(nil, Value{State: StateReleased, Attempts: 7}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		v, err := decodeValue(b)
 		if err != nil {
