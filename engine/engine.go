@@ -143,6 +143,7 @@ func Open(opts *Options) (*Engine, error) {
 		defer cancel()
 		e.redis, err = redis.New(ctx, o.Redis, &redis.Options{
 			Prefix: o.RedisPrefix, Window: window, RequireNoEviction: o.RequireNoEviction, Logger: o.Logger,
+			MaxAttempts: o.MaxAttempts,
 		})
 		switch {
 		case errors.Is(err, redis.ErrEvictionPolicy), errors.Is(err, redis.ErrOptions):

@@ -552,11 +552,20 @@ func (e *Engine) resolveRedis(ctx context.Context, b *batch, ns *Namespace, out 
 		dropAll()
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	actions, digests := b.actions, b.digests
+	actions, digests, attempts := b.actions, b.digests, b.attempts
 	for j, i := range cand {
-		switch r := res[j]; r.Status {
+		r := res[j]
+		if r.Expired {
+			c.leaseExpiries++
+		}
+		switch r.Status {
 		case redis.Acquired:
 			out[i].Outcome = New
+			attempts[j] = r.Attempts
+		case redis.Poisoned:
+			// Its attempts, by any process, reached MaxAttempts.
+			out[i].Outcome = Poison
+			actions[j], attempts[j] = memory.Drop, r.Attempts
 		case redis.Held:
 			out[i].Outcome = InFlight
 			actions[j] = memory.Drop

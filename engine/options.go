@@ -138,10 +138,15 @@ type Options struct {
 	// in BloomOnly it is the rate of wrongly dropped messages.
 	FalsePositive float64
 	// MaxAttempts, when positive, turns a key whose claims were released or
-	// left to expire that many times within the window into Poison, so the
-	// consumer can dead-letter it. Zero counts nothing. The counts live in
-	// this process's memory tier: a restart or eviction forgets them (they
-	// are not shared through Redis), and BloomOnly keeps none.
+	// left to expire that many times into Poison, so the consumer can
+	// dead-letter it. Zero counts nothing. The count is stored with the key
+	// in the durable tier (a released record in Pebble, the key's value in
+	// Redis, shared by every process on the prefix), so restarts and
+	// evictions forget nothing; it lives as a commit does, for the window
+	// after the last attempt, and a commit clears it. In the embedded
+	// configuration a claim abandoned by a crash is void at the next Open
+	// and not counted (claims are not written to disk); memory-only keeps
+	// counts in memory, and bloom-only keeps none. At most 65535.
 	MaxAttempts int
 	// MaxKeySize is the longest key accepted, in bytes, at most MaxKeySize.
 	// Zero means DefaultMaxKeySize.

@@ -380,3 +380,31 @@ func TestRedisClaimRetriedAfterLostReply(t *testing.T) {
 		t.Fatalf("after commit = %v, %v", again.Outcome, err)
 	}
 }
+
+// TestRedisAttemptsAreShared: with MaxAttempts, failures of a key's handler
+// in two processes (two engines on one Redis prefix) add up, and the key is
+// Poison for both; a restarted engine sees the count too.
+func TestRedisAttemptsAreShared(t *testing.T) {
+	srv := redistest.Start(t)
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	defer c.Close()
+	prefix := fmt.Sprintf("att-%d:", time.Now().UnixNano())
+	o := engine.Options{RedisPrefix: prefix, MaxAttempts: 3}
+	a, b := openRedis(t, c, o), openRedis(t, c, o)
+	defer b.Close()
+	ctx := context.Background()
+	boom := errors.New("handler failed")
+	for i, e := range []*engine.Engine{a, b, a} {
+		if out, err := e.Do(ctx, []byte("poison"), func(context.Context) error { return boom }); out != engine.New || !errors.Is(err, boom) {
+			t.Fatalf("attempt %d = %v, %v", i+1, out, err)
+		}
+	}
+	_ = a.Close()
+	a = openRedis(t, c, o)
+	defer a.Close()
+	for name, e := range map[string]*engine.Engine{"restarted": a, "other": b} {
+		if out, err := e.Do(ctx, []byte("poison"), func(context.Context) error { return nil }); out != engine.Poison || err != nil {
+			t.Fatalf("%s engine after three failures in two processes = %v, %v; want Poison", name, out, err)
+		}
+	}
+}

@@ -2,12 +2,14 @@
 // Redis or Redis Cluster, so that many consumer processes deduplicate
 // against one truth.
 //
-// It owns the Redis key and value layout, the atomic claim (one SET NX GET
-// with the owner token), the fenced commit and release (Lua compare-and-set
-// on the token), and the translation of Redis failures into
-// ErrUnavailable. It must never answer from anything but Redis's reply,
-// never hash a key instead of storing its bytes, never pin keys to one
-// cluster slot with a hash tag, and never create its own client: the
+// It owns the Redis key and value layout, the atomic claim (one script
+// call per key: claim where the key is free or its holder's lease ended,
+// with the owner token, the lease end by the server's clock and the key's
+// attempt count), the fenced commit and release (compare-and-set on the
+// token and an unexpired lease), and the translation of Redis failures
+// into ErrUnavailable. It must never answer from anything but Redis's
+// reply, never hash a key instead of storing its bytes, never pin keys to
+// one cluster slot with a hash tag, and never create its own client: the
 // caller passes a go-redis UniversalClient (single node, Sentinel or
 // Cluster).
 //
@@ -19,12 +21,18 @@
 //
 // # Invariants
 //
-//  1. A claim is set only where no value exists (SET NX): of N concurrent
-//     claims of a key across processes exactly one is Acquired.
+//  1. A claim is set only where no live claim or commit exists (one
+//     script, atomic on the server): of N concurrent claims of a key
+//     across processes exactly one is Acquired.
 //  2. A retried claim whose first attempt the server applied finds its own
 //     token and is Acquired again, never reported as held or committed.
 //  3. Commit and Release change a key only while it holds the caller's
-//     claim token; a commit that finds its own committed value (a retry) is
-//     acknowledged.
-//  4. Every value has a TTL: claims the lease, committed keys the window.
+//     claim token with an unexpired lease; a commit that finds its own
+//     committed value (a retry) is acknowledged.
+//  4. Every value has a TTL: committed keys and (with MaxAttempts) claims
+//     and attempt counts the window, claims without MaxAttempts their lease.
+//  5. Keys are Prefix ‖ NUL ‖ len(ns) ‖ ns ‖ key and prefixes hold no NUL:
+//     two prefixes never share a key.
+//  6. Every call returns by its context's deadline, whatever the client's
+//     own timeouts.
 package redis

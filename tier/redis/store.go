@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -40,6 +41,13 @@ type Options struct {
 	// RequireNoEviction makes New fail with ErrEvictionPolicy when a server's
 	// maxmemory-policy is not noeviction; otherwise New only logs a warning.
 	RequireNoEviction bool
+	// MaxAttempts, when positive, keeps each key's attempt count (releases
+	// and lease expiries of its claims, by any process) in its Redis value
+	// for the window after the last attempt, and answers Poisoned once it
+	// reaches MaxAttempts. Processes sharing a Prefix should agree on it.
+	// Zero counts nothing: a released key is deleted and a claim lives for
+	// its lease only. At most 65535.
+	MaxAttempts int
 	// Logger receives warnings; nil means the standard logger.
 	Logger *log.Logger
 }
@@ -52,6 +60,9 @@ func (o *Options) Validate() error {
 	}
 	if o.Window < time.Millisecond {
 		errs = append(errs, fmt.Errorf("%w: Window %v is below a millisecond", ErrOptions, o.Window))
+	}
+	if o.MaxAttempts < 0 || o.MaxAttempts > 1<<16-1 {
+		errs = append(errs, fmt.Errorf("%w: MaxAttempts %d is outside [0, 65535]", ErrOptions, o.MaxAttempts))
 	}
 	return errors.Join(errs...)
 }
@@ -76,8 +87,8 @@ type Status uint8
 
 // Statuses.
 const (
-	// Acquired: the key was free (or held by this very token: a retry) and
-	// now holds the caller's claim.
+	// Acquired: the key was free (or held by this very token: a retry, or
+	// by a claim whose lease ended) and now holds the caller's claim.
 	Acquired Status = iota + 1
 	// Held: another token's claim holds it.
 	Held
@@ -85,30 +96,92 @@ const (
 	Committed
 	// OK: a commit or release took effect.
 	OK
-	// Lost: the caller's token does not hold the key.
+	// Lost: the caller's token does not hold the key (or its lease ended).
 	Lost
+	// Poisoned: the key's attempts reached Options.MaxAttempts; nothing was
+	// claimed.
+	Poisoned
 )
 
 // Result is the per-key answer of Claim.
 type Result struct {
 	Status Status
 	Digest Digest // Committed only
+	// Attempts is the key's attempt count (Acquired: carried by the new
+	// claim; Poisoned: reached), with Options.MaxAttempts.
+	Attempts uint16
+	// Expired reports that this claim found another's lease ended, and
+	// counted it as an attempt.
+	Expired bool
 }
 
-// Value layout: 'C' ‖ token for a claim, 'D' ‖ token ‖ [digest] for a
-// committed key. Keeping the committer's token lets a retried commit
-// recognise its own write.
+// Value layout:
+//
+//	claim      'C' ‖ token ‖ lease end (ms, server clock, decimal) ‖ ':' ‖ attempts (decimal)
+//	committed  'D' ‖ token ‖ [digest]
+//	released   'R' ‖ attempts (decimal), with Options.MaxAttempts only
+//
+// Keeping the committer's token lets a retried commit recognise its own
+// write; keeping the lease end in the value (checked against the server's
+// TIME) lets a claim outlive its lease with its attempt count, so a lease
+// that ran out is counted. Without MaxAttempts a claim's TTL is its lease.
 const (
 	claimTag  = 'C'
 	commitTag = 'D'
 )
 
-// commitScript turns the caller's claim into a committed value with the
-// window as TTL; a value already committed with the caller's token is a
-// retry and succeeds.
+// claimScript claims KEYS[1] for the token prefix ARGV[1] ('C' ‖ token)
+// for ARGV[2] ms, keeping the value ARGV[3] ms, counting attempts up to
+// ARGV[4] (0: none). It returns 'A'|'T'|'O' ‖ attempts (acquired: free,
+// taken over from an ended lease, or the caller's own claim: a retry),
+// 'P'|'Q' ‖ attempts (poisoned: already, or by this expiry), or the value
+// of a live claim ('C'…) or a commit ('D'…).
+var claimScript = goredis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local max = tonumber(ARGV[4])
+local v = redis.call('GET', KEYS[1])
+local n, tag = 0, 'A'
+if v then
+  local kind = string.sub(v, 1, 1)
+  if kind == 'D' then return v end
+  if kind == 'C' then
+    local lease, cnt = string.match(string.sub(v, 18), '^(%d+):(%d+)$')
+    if string.sub(v, 1, 17) == ARGV[1] then
+      n, tag = tonumber(cnt) or 0, 'O' -- the caller's own claim: renewed below
+    elseif not lease or tonumber(lease) > now then
+      return v
+    else
+      n, tag = tonumber(cnt), 'T'
+    end
+    if tag == 'T' and max > 0 then
+      n = n + 1
+      if n >= max then
+        redis.call('SET', KEYS[1], 'R' .. n, 'PX', ARGV[3])
+        return 'Q' .. n
+      end
+    end
+  elseif kind == 'R' then
+    n = tonumber(string.sub(v, 2)) or 0
+    if max > 0 and n >= max then return 'P' .. n end
+  end
+end
+local ttl = ARGV[2]
+if max > 0 then ttl = ARGV[3] end
+redis.call('SET', KEYS[1], ARGV[1] .. (now + tonumber(ARGV[2])) .. ':' .. n, 'PX', ttl)
+return tag .. n`)
+
+// commitScript turns the caller's unexpired claim (token prefix ARGV[1])
+// into the committed value ARGV[2] with TTL ARGV[3] ms; a value already
+// committed with the caller's token is a retry and succeeds.
 var commitScript = goredis.NewScript(`
 local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] then
+if v and string.sub(v, 1, 17) == ARGV[1] then
+  local lease = string.match(string.sub(v, 18), '^(%d+):')
+  local t = redis.call('TIME')
+  if lease and tonumber(lease) <= tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then
+    return 0
+  end
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   return 1
 end
@@ -117,19 +190,30 @@ if v and string.sub(v, 1, 17) == string.sub(ARGV[2], 1, 17) then
 end
 return 0`)
 
-// releaseScript deletes the key only while it holds the caller's claim.
+// releaseScript frees the key only while it holds the caller's unexpired
+// claim (token prefix ARGV[1]): with ARGV[2] > 0 it keeps the attempt
+// count, one higher, for ARGV[3] ms; otherwise it deletes the key.
 var releaseScript = goredis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  return 1
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 1, 17) ~= ARGV[1] then return 0 end
+local lease, cnt = string.match(string.sub(v, 18), '^(%d+):(%d+)$')
+local t = redis.call('TIME')
+if lease and tonumber(lease) <= tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then
+  return 0
 end
-return 0`)
+if tonumber(ARGV[2]) > 0 then
+  redis.call('SET', KEYS[1], 'R' .. ((tonumber(cnt) or 0) + 1), 'PX', ARGV[3])
+else
+  redis.call('DEL', KEYS[1])
+end
+return 1`)
 
 // Store is the Redis tier. It is safe for concurrent use.
 type Store struct {
 	c      goredis.UniversalClient
 	prefix string
 	window time.Duration
+	max    int // Options.MaxAttempts
 	logger *log.Logger
 	late   sync.WaitGroup // pipelines still running after their caller's deadline
 }
@@ -182,7 +266,7 @@ func New(ctx context.Context, client goredis.UniversalClient, opts *Options) (*S
 	if o.Logger == nil {
 		o.Logger = log.Default()
 	}
-	s := &Store{c: client, prefix: o.Prefix, window: o.Window, logger: o.Logger}
+	s := &Store{c: client, prefix: o.Prefix, window: o.Window, max: o.MaxAttempts, logger: o.Logger}
 	if err := s.checkPolicy(ctx, o.RequireNoEviction); err != nil {
 		return nil, err
 	}
@@ -222,7 +306,7 @@ func (s *Store) checkPolicy(ctx context.Context, require bool) error {
 
 func (s *Store) loadScripts(ctx context.Context) error {
 	return s.eachServer(ctx, func(ctx context.Context, c goredis.Cmdable) error {
-		for _, sc := range []*goredis.Script{commitScript, releaseScript} {
+		for _, sc := range []*goredis.Script{claimScript, commitScript, releaseScript} {
 			if err := sc.Load(ctx, c).Err(); err != nil {
 				return fmt.Errorf("%w: loading scripts: %w", ErrUnavailable, err)
 			}
@@ -247,7 +331,8 @@ func (s *Store) Key(ns string, key []byte) string {
 	return b.String()
 }
 
-func claimValue(t Token) string {
+// claimPrefix is the start of every claim value of token t.
+func claimPrefix(t Token) string {
 	return string(append([]byte{claimTag}, t[:]...))
 }
 
@@ -259,62 +344,102 @@ func commitValue(t Token, d Digest) string {
 	return string(v)
 }
 
-// Claim tries to claim every key for lease, in one pipeline; out must have
-// len(reqs). On error nothing is known: some keys may hold the caller's
-// claims until their lease ends (a retry with the same tokens acquires them
-// again).
+// Claim tries to claim every key for lease, in one pipeline of one script
+// call per key; out must have len(reqs). On error nothing is known: some
+// keys may hold the caller's claims until their lease ends (a retry with
+// the same tokens acquires them again).
 func (s *Store) Claim(ctx context.Context, reqs []Request, lease time.Duration, out []Result) error {
-	pipe := s.c.Pipeline()
-	cmds := make([]*goredis.StatusCmd, len(reqs))
-	for i := range reqs {
-		r := &reqs[i]
-		cmds[i] = pipe.SetArgs(ctx, s.Key(r.NS, r.Key), claimValue(r.Token), goredis.SetArgs{Mode: "NX", Get: true, TTL: lease})
-	}
-	if err := s.exec(ctx, pipe); err != nil && !errors.Is(err, goredis.Nil) {
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	leaseMS, windowMS := max(lease.Milliseconds(), 1), s.window.Milliseconds()
+	cmds, err := s.evalBatch(ctx, claimScript, reqs, func(r *Request) []any {
+		return []any{claimPrefix(r.Token), leaseMS, windowMS, s.max}
+	})
+	if err != nil {
+		return err
 	}
 	for i, cmd := range cmds {
-		old, err := cmd.Result()
-		switch {
-		case errors.Is(err, goredis.Nil):
-			out[i] = Result{Status: Acquired}
-		case err != nil:
+		v, err := cmd.Text()
+		if err != nil {
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
-		case len(old) == 17 && old[0] == claimTag && old[1:] == string(reqs[i].Token[:]):
-			out[i] = Result{Status: Acquired} // our own claim: a retried SET the server had applied
-		case len(old) > 0 && old[0] == claimTag:
-			out[i] = Result{Status: Held}
-		case len(old) >= 17 && old[0] == commitTag:
-			var d Digest
-			copy(d[:], old[17:])
-			out[i] = Result{Status: Committed, Digest: d}
-		default:
-			return fmt.Errorf("%w: unexpected value of %d bytes at %q", ErrUnavailable, len(old), s.Key(reqs[i].NS, reqs[i].Key))
+		}
+		if out[i], err = decodeClaim(v); err != nil {
+			return fmt.Errorf("%w: %w at %q", ErrUnavailable, err, s.Key(reqs[i].NS, reqs[i].Key))
 		}
 	}
 	return nil
 }
 
-// Commit turns each claim into a committed key with the window as TTL, in
-// one pipeline; out[i] is OK or Lost. On error the outcome of each commit is
-// unknown (a retry is safe: a commit that finds its own value succeeds).
+// decodeClaim reads claimScript's answer.
+func decodeClaim(v string) (Result, error) {
+	if v == "" {
+		return Result{}, errors.New("empty claim answer")
+	}
+	switch v[0] {
+	case 'A', 'T', 'O', 'P', 'Q':
+		n, err := strconv.ParseUint(v[1:], 10, 16)
+		if err != nil {
+			return Result{}, fmt.Errorf("claim answer %q: %w", v, err)
+		}
+		r := Result{Status: Acquired, Attempts: uint16(n), Expired: v[0] == 'T' || v[0] == 'Q'}
+		if v[0] == 'P' || v[0] == 'Q' {
+			r.Status = Poisoned
+		}
+		return r, nil
+	case claimTag:
+		return Result{Status: Held}, nil
+	case commitTag:
+		if len(v) < 17 {
+			return Result{}, fmt.Errorf("committed value of %d bytes", len(v))
+		}
+		var d Digest
+		copy(d[:], v[17:])
+		return Result{Status: Committed, Digest: d}, nil
+	}
+	return Result{}, fmt.Errorf("unexpected claim answer of %d bytes", len(v))
+}
+
+// Commit turns each unexpired claim into a committed key with the window as
+// TTL, in one pipeline; out[i] is OK or Lost. On error the outcome of each
+// commit is unknown (a retry is safe: a commit that finds its own value
+// succeeds).
 func (s *Store) Commit(ctx context.Context, reqs []Request, out []Status) error {
 	window := s.window.Milliseconds()
 	return s.runScript(ctx, commitScript, reqs, out, func(r *Request) []any {
-		return []any{claimValue(r.Token), commitValue(r.Token, r.Digest), window}
+		return []any{claimPrefix(r.Token), commitValue(r.Token, r.Digest), window}
 	})
 }
 
-// Release deletes each key that still holds the caller's claim, in one
-// pipeline; out[i] is OK or Lost. A retried release whose first attempt was
-// applied reports Lost: the key is free either way.
+// Release frees each key that still holds the caller's unexpired claim
+// (keeping its attempt count with MaxAttempts), in one pipeline; out[i] is
+// OK or Lost. A retried release whose first attempt was applied reports
+// Lost: the key is free either way.
 func (s *Store) Release(ctx context.Context, reqs []Request, out []Status) error {
+	window := s.window.Milliseconds()
 	return s.runScript(ctx, releaseScript, reqs, out, func(r *Request) []any {
-		return []any{claimValue(r.Token)}
+		return []any{claimPrefix(r.Token), s.max, window}
 	})
 }
 
 func (s *Store) runScript(ctx context.Context, sc *goredis.Script, reqs []Request, out []Status, args func(*Request) []any) error {
+	cmds, err := s.evalBatch(ctx, sc, reqs, args)
+	if err != nil {
+		return err
+	}
+	for i, cmd := range cmds {
+		n, err := cmd.Int()
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		out[i] = Lost
+		if n == 1 {
+			out[i] = OK
+		}
+	}
+	return nil
+}
+
+// evalBatch runs sc once per request in one pipeline and returns the
+// commands, every one answered.
+func (s *Store) evalBatch(ctx context.Context, sc *goredis.Script, reqs []Request, args func(*Request) []any) ([]*goredis.Cmd, error) {
 	for attempt := 0; ; attempt++ {
 		pipe := s.c.Pipeline()
 		cmds := make([]*goredis.Cmd, len(reqs))
@@ -328,24 +453,14 @@ func (s *Store) runScript(ctx context.Context, sc *goredis.Script, reqs []Reques
 			// the scripts are idempotent for the caller's token, so the
 			// whole batch may run again.
 			if err := s.loadScripts(ctx); err != nil {
-				return err
+				return nil, err
 			}
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
-		for i, cmd := range cmds {
-			n, err := cmd.Int()
-			if err != nil {
-				return fmt.Errorf("%w: %w", ErrUnavailable, err)
-			}
-			out[i] = Lost
-			if n == 1 {
-				out[i] = OK
-			}
-		}
-		return nil
+		return cmds, nil
 	}
 }
 
