@@ -23,6 +23,8 @@ type batch struct {
 	expires  []int64
 	digests  []memory.Digest
 	attempts []uint16
+	errs     []error
+	marks    []bool
 	st       []memory.Status
 	queries  []pebble.Query
 	qidx     []int
@@ -45,7 +47,7 @@ func (e *Engine) getBatch(n int) *batch {
 			fps: make([]shard.Fingerprint, c), tokens: make([]uint64, c), res: make([]memory.Result, c),
 			cand: make([]int, 0, c), cfps: make([]shard.Fingerprint, c), ctokens: make([]uint64, c),
 			probes: make([]bloom.Probe, c), actions: make([]memory.Action, c), ok: make([]bool, c),
-			expires: make([]int64, c), digests: make([]memory.Digest, c), attempts: make([]uint16, c), st: make([]memory.Status, c),
+			expires: make([]int64, c), digests: make([]memory.Digest, c), attempts: make([]uint16, c), errs: make([]error, c), marks: make([]bool, c), st: make([]memory.Status, c),
 			queries: make([]pebble.Query, 0, c), qidx: make([]int, 0, c), hits: make([]pebble.Hit, c),
 			recs: make([]pebble.Record, c), claims: make([]Claim, c),
 			rreqs: make([]redis.Request, c), rres: make([]redis.Result, c), rst: make([]redis.Status, c),
@@ -58,5 +60,6 @@ func (e *Engine) getBatch(n int) *batch {
 func (e *Engine) putBatch(b *batch) {
 	clear(b.queries[:cap(b.queries)]) // drop references to caller keys
 	clear(b.claims[:cap(b.claims)])
+	clear(b.errs[:cap(b.errs)])
 	e.scratch.Put(b)
 }

@@ -63,7 +63,9 @@ func conflicts[S ~[16]byte](requested Digest, stored S) bool {
 
 // Claim is the answer to a claim for one key and, when Outcome is New, the
 // handle that commits or releases it. The caller owns it; Key aliases the
-// caller's key bytes, which must stay unchanged until Commit or Release.
+// caller's key bytes, which must stay unchanged until Commit or Release: a
+// claim whose key changed (a reused read buffer) is refused with
+// ErrLeaseLost and changes nothing.
 type Claim struct {
 	Outcome Outcome
 	Key     []byte

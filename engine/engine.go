@@ -5,7 +5,9 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"log"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,6 +32,7 @@ type Engine struct {
 	clock       Clock
 	logger      *log.Logger
 	snapshots   *snapshotFile // nil when the Bloom filters are not persisted
+	dirLock     io.Closer     // bloom-only's hold on Dir
 
 	secret   shard.Secret // keys the fingerprints; persisted by Default and BloomOnly
 	hasher   shard.Hasher // of secret
@@ -111,7 +114,7 @@ func Open(opts *Options) (*Engine, error) {
 		e.snapshots = newSnapshotFile(o.FS, o.Dir)
 	}
 
-	now := e.clock.Now().UnixNano()
+	now := e.reading()
 	e.secret = shard.NewSecret() // memory-only and Redis: fingerprints live only in this process
 	if o.Tiers == Default {
 		if err := e.snapshots.refuseState(); err != nil {
@@ -148,6 +151,8 @@ func Open(opts *Options) (*Engine, error) {
 		switch {
 		case errors.Is(err, redis.ErrEvictionPolicy), errors.Is(err, redis.ErrOptions):
 			return nil, fmt.Errorf("%w: %w", ErrOptions, err)
+		case errors.Is(err, redis.ErrLayout):
+			return nil, fmt.Errorf("%w: %w", ErrLayout, err)
 		case err != nil:
 			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
@@ -163,11 +168,17 @@ func Open(opts *Options) (*Engine, error) {
 		}
 	}
 	if o.Tiers == BloomOnly && e.snapshots != nil {
+		// One engine at a time: two would each save their own filters at
+		// Close, and the last would erase the other's keys.
+		if e.dirLock, err = e.snapshots.lock(); err != nil {
+			return nil, err
+		}
 		// The snapshot is the whole state of bloom-only: it brings its
 		// secret and clock, and one that cannot be used is an error, not a
 		// silent fresh start that would let every duplicate through.
 		hw, err := e.loadState(o)
 		if err != nil {
+			_ = e.dirLock.Close()
 			return nil, err
 		}
 		now = max(now, hw)
@@ -274,10 +285,29 @@ func (e *Engine) closeStore() {
 	}
 }
 
+// Clock readings the engine takes as time. UnixNano is defined only from
+// 1678 to 2262, and engine time plus a lease, a window or a partition (each
+// at most MaxWindow) must stay inside an int64.
+var (
+	minClock = time.Unix(0, 0)
+	maxClock = time.Unix(0, math.MaxInt64-3*int64(MaxWindow))
+)
+
+// reading returns the clock in Unix nanoseconds, or 0 for a reading outside
+// [1970, maxClock]: such a reading is no progress (the high-water clock
+// stands), never a jump that would drop partitions or overflow a lease.
+func (e *Engine) reading() int64 {
+	t := e.clock.Now()
+	if t.Before(minClock) || t.After(maxClock) {
+		return 0
+	}
+	return t.UnixNano()
+}
+
 // now returns the engine's time: the highest clock reading seen, so it never
 // runs backwards. It rotates partitions when a new one begins.
 func (e *Engine) now() (int64, error) {
-	t := e.clock.Now().UnixNano()
+	t := e.reading()
 	for {
 		hw := e.highWater.Load()
 		if t <= hw {
@@ -391,6 +421,9 @@ func (e *Engine) Close() error {
 	}
 	if e.redis != nil {
 		e.redis.Close()
+	}
+	if e.dirLock != nil {
+		_ = e.dirLock.Close()
 	}
 	if e.store != nil {
 		if err := e.store.Close(); err != nil {

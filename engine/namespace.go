@@ -108,22 +108,32 @@ func (n *Namespace) MarkBatch(ctx context.Context, keys [][]byte, digests []Dige
 	}
 	b := n.e.getBatch(len(keys))
 	defer n.e.putBatch(b)
-	claims := b.claims[:len(keys)]
+	claims, errs := b.claims[:len(keys)], b.errs[:len(keys)]
 	if err := n.e.claim(ctx, n, keys, digests, claims); err != nil {
 		return err
 	}
-	if err := n.e.commit(ctx, claims, nil, nil); err != nil {
-		// Nothing was made durable: give the claims back.
-		_ = n.e.release(context.WithoutCancel(ctx), claims, nil)
+	if err := n.e.commitMarks(ctx, claims, errs); err != nil && !errors.Is(err, ErrLeaseLost) {
+		// Nothing is known to be durable (a failed Pebble batch wrote
+		// nothing; a Redis commit whose reply was lost is remembered, so
+		// the retry of this mark is New): give the claims back.
+		gctx, cancel := giveBackContext(ctx)
+		_ = n.e.release(gctx, claims, nil)
+		cancel()
 		return err
 	}
 	for i := range claims {
 		out[i] = claims[i].Outcome
+		if out[i] == New && errs[i] != nil {
+			// Its lease ended and another worker took the key over
+			// before the commit: someone else holds it now.
+			out[i] = InFlight
+			continue
+		}
 		if out[i] == InFlight {
 			// A repeat of a key marked earlier in this batch is a duplicate
 			// of it, now that it is committed.
 			for j := range i {
-				if claims[j].Outcome == New && claims[j].fp == claims[i].fp {
+				if claims[j].Outcome == New && errs[j] == nil && claims[j].fp == claims[i].fp {
 					out[i] = Duplicate
 					if conflicts(claims[i].digest, claims[j].digest) {
 						out[i] = Conflict
@@ -133,7 +143,28 @@ func (n *Namespace) MarkBatch(ctx context.Context, keys [][]byte, digests []Dige
 			}
 		}
 	}
+	clear(errs)
 	return nil
+}
+
+// giveBackMargin bounds how long giving claims back (the Release after a
+// failed handler, or of a batch that did not commit) may outlive the
+// caller's deadline: the give-back must run even when the caller's context
+// has ended, but never hang on a server that stopped answering.
+const giveBackMargin = 250 * time.Millisecond
+
+// giveBackContext is ctx without its cancellation, bounded by its deadline
+// (or now, if that has passed) plus giveBackMargin.
+func giveBackContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	base := context.WithoutCancel(ctx)
+	d, ok := ctx.Deadline()
+	if !ok {
+		return base, func() {}
+	}
+	if now := time.Now(); d.Before(now) {
+		d = now
+	}
+	return context.WithDeadline(base, d.Add(giveBackMargin))
 }
 
 // Do runs fn for key exactly once inside the window: it claims the key,
@@ -150,7 +181,9 @@ func (n *Namespace) Do(ctx context.Context, key []byte, fn func(context.Context)
 	committed := false
 	defer func() {
 		if !committed {
-			if rerr := n.e.Release(context.WithoutCancel(ctx), c); rerr != nil {
+			gctx, cancel := giveBackContext(ctx)
+			defer cancel()
+			if rerr := n.e.Release(gctx, c); rerr != nil {
 				err = errors.Join(err, rerr)
 			}
 		}
@@ -262,9 +295,16 @@ func (e *Engine) Compact(ctx context.Context) error {
 
 // ScanWrites calls fn for each record written by CommitBatchWith whose key
 // starts with prefix, in key order; key and value are valid only during the
-// call.
+// call. A read failure is ErrStorage and latches, as for claims.
 func (e *Engine) ScanWrites(prefix []byte, fn func(key, value []byte) error) error {
-	return e.withStore("ScanWrites", func(s *pebble.Store) error { return s.ScanUser(prefix, fn) })
+	return e.withStore("ScanWrites", func(s *pebble.Store) error {
+		err := s.ScanUser(prefix, fn)
+		if errors.Is(err, pebble.ErrStorage) {
+			e.stats.errors.Add(1)
+			return fmt.Errorf("%w: %w", ErrStorage, err)
+		}
+		return err
+	})
 }
 
 // Release gives a New claim back, so a redelivery of its key can claim it
@@ -524,12 +564,19 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 func (e *Engine) resolveRedis(ctx context.Context, b *batch, ns *Namespace, out []Claim, c *tally, now int64, settle, dropAll func()) error {
 	cand := b.cand
 	reqs, res := b.rreqs[:len(cand)], b.rres[:len(cand)]
+	marks := b.marks[:len(cand)]
+	clear(marks)
 	for j, i := range cand {
 		out[i].rtoken = out[i].token
 		if rt, ok := e.retries.take(out[i].fp, now); ok {
 			// A retry of a claim whose reply was lost: the same token,
 			// and no more lease than that claim has in Redis.
-			out[i].rtoken, out[i].LeaseUntil = rt.token, min(out[i].LeaseUntil, rt.leaseUntil)
+			out[i].rtoken = rt.token
+			if rt.mark {
+				marks[j] = true
+			} else {
+				out[i].LeaseUntil = min(out[i].LeaseUntil, rt.leaseUntil)
+			}
 		}
 		reqs[j] = redis.Request{NS: ns.name, Key: out[i].Key, Token: e.redisToken(out[i].rtoken)}
 	}
@@ -548,7 +595,7 @@ func (e *Engine) resolveRedis(ctx context.Context, b *batch, ns *Namespace, out 
 		for j, i := range cand {
 			fps[j], tokens[j], leases[j] = out[i].fp, out[i].rtoken, out[i].LeaseUntil
 		}
-		e.retries.remember(fps, tokens, leases, now)
+		e.retries.remember(fps, tokens, leases, now, false)
 		dropAll()
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
@@ -569,6 +616,14 @@ func (e *Engine) resolveRedis(ctx context.Context, b *batch, ns *Namespace, out 
 		case redis.Held:
 			out[i].Outcome = InFlight
 			actions[j] = memory.Drop
+		case redis.Committed:
+			if marks[j] && r.Token == e.redisToken(out[i].rtoken) {
+				// The commit of a mark whose reply was lost: the caller
+				// never learnt it was New, so it still is.
+				out[i].Outcome = New
+				continue
+			}
+			fallthrough
 		default: // Committed, by this process or another
 			c.storeHits++
 			out[i].Outcome = Duplicate
@@ -595,8 +650,9 @@ func (e *Engine) redisToken(t uint64) redis.Token {
 }
 
 // owned gathers the New claims of a batch into b.cand, b.cfps and b.ctokens.
-// A claim made by another Engine (one closed since, or another process's)
-// gets token 0, which is never issued, so memory reports it lost.
+// A claim made by another Engine (one closed since, or another process's),
+// or whose Key bytes no longer hash to the key it claimed, gets token 0,
+// which is never issued, so memory reports it lost.
 func (b *batch) owned(e *Engine, claims []Claim) {
 	cand := b.cand[:0]
 	for i := range claims {
@@ -605,7 +661,10 @@ func (b *batch) owned(e *Engine, claims []Claim) {
 			continue
 		}
 		token := c.token
-		if c.ns == nil || c.ns.e != e {
+		if c.ns == nil || c.ns.e != e || shard.Sum(e.hasher, c.ns.name, c.Key) != c.fp {
+			// Another engine's claim, or one whose key bytes changed
+			// since Claim (a reused buffer): it cannot commit or release
+			// what it claimed.
 			token = 0
 		}
 		b.cfps[len(cand)], b.ctokens[len(cand)] = c.fp, token
@@ -614,7 +673,18 @@ func (b *batch) owned(e *Engine, claims []Claim) {
 	b.cand = cand
 }
 
+// commitMarks commits MarkBatch's claims: as commit, and a Redis commit
+// whose reply is lost is remembered as a mark, so the retry of the mark
+// finds its own commit New rather than a Duplicate of itself.
+func (e *Engine) commitMarks(ctx context.Context, claims []Claim, errs []error) error {
+	return e.commitAs(ctx, claims, errs, nil, true)
+}
+
 func (e *Engine) commit(ctx context.Context, claims []Claim, errs []error, writes []Write) error {
+	return e.commitAs(ctx, claims, errs, writes, false)
+}
+
+func (e *Engine) commitAs(ctx context.Context, claims []Claim, errs []error, writes []Write, mark bool) error {
 	if errs != nil && len(errs) != len(claims) {
 		return fmt.Errorf("%w: %d claims, %d errors", ErrBatch, len(claims), len(errs))
 	}
@@ -659,7 +729,7 @@ func (e *Engine) commit(ctx context.Context, claims []Claim, errs []error, write
 		k++
 	}
 	if k > 0 {
-		if err := e.durable(ctx, claims, b, k, now, errs, &lost, writes); err != nil {
+		if err := e.durable(ctx, claims, b, k, now, errs, &lost, writes, mark); err != nil {
 			return err
 		}
 	}
@@ -674,7 +744,7 @@ func (e *Engine) commit(ctx context.Context, claims []Claim, errs []error, write
 // tiers, then turns their memory claims into committed entries. On a tier
 // failure the claims go back to their leased state and every one gets the
 // error.
-func (e *Engine) durable(ctx context.Context, claims []Claim, b *batch, k int, now int64, errs []error, lost *int, writes []Write) error {
+func (e *Engine) durable(ctx context.Context, claims []Claim, b *batch, k int, now int64, errs []error, lost *int, writes []Write, mark bool) error {
 	cfps, ctokens, digests := b.cfps[:k], b.ctokens[:k], b.digests[:k]
 	ok := b.ok[:k]
 	for j := range ok {
@@ -724,6 +794,15 @@ func (e *Engine) durable(ctx context.Context, claims []Claim, b *batch, k int, n
 		case err != nil:
 			// The commits may or may not have been applied: the claims
 			// stay, so a redelivery finds either the commit or the lease.
+			// A mark's caller has not processed its message: remember its
+			// token, so that a retried mark that finds this commit is New.
+			if mark {
+				tokens, keep := make([]uint64, k), make([]int64, k)
+				for j := range k {
+					tokens[j], keep[j] = claims[b.cand[j]].rtoken, now+e.window
+				}
+				e.retries.remember(cfps, tokens, keep, now, true)
+			}
 			return fail(fmt.Errorf("%w: %w", ErrUnavailable, err))
 		default:
 			for j := range st {
@@ -848,8 +927,7 @@ func (e *Engine) release(ctx context.Context, claims []Claim, errs []error) erro
 
 // nowNoRotate is now without rotation, for calls that write nothing.
 func (e *Engine) nowNoRotate() (int64, error) {
-	t := e.clock.Now().UnixNano()
-	return max(t, e.highWater.Load()), nil
+	return max(e.reading(), e.highWater.Load()), nil
 }
 
 // releasedRecord is the durable attempt count of a key that is not

@@ -52,7 +52,10 @@ func (t Tiers) String() string {
 	return fmt.Sprintf("Tiers(%d)", uint8(t))
 }
 
-// Clock tells the time. Tests inject one; nil means the system clock.
+// Clock tells the time. Tests inject one; nil means the system clock. A
+// reading before 1970, or within three MaxWindow of the end of int64
+// nanoseconds (2262), is taken as no progress: the engine keeps the
+// highest reading it has seen.
 type Clock interface {
 	Now() time.Time
 }

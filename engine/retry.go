@@ -14,7 +14,8 @@ import (
 const maxRetries = 1 << 16
 
 // retries remembers, for each key whose Redis claim failed as unavailable,
-// the owner token that claim sent and when its lease ends. The server may
+// the owner token that claim sent and when its lease ends; and for each key
+// whose MarkBatch commit failed so, its token for the window. The server may
 // have applied the claim although the reply was lost; a retry of the key
 // sends the same token, so Redis recognises the caller's own claim
 // (DESIGN.md, invariants 5 and 13) instead of answering it InFlight for a
@@ -29,11 +30,12 @@ type retries struct {
 
 type retry struct {
 	token      uint64 // the Redis token's counter
-	leaseUntil int64  // the failed claim's lease end, engine time
+	leaseUntil int64  // until when to remember it, engine time: the failed claim's lease end, or a mark's window
+	mark       bool   // a MarkBatch commit whose reply was lost
 }
 
 // remember records the tokens of claims whose outcome is unknown.
-func (r *retries) remember(fps []shard.Fingerprint, tokens []uint64, leases []int64, now int64) {
+func (r *retries) remember(fps []shard.Fingerprint, tokens []uint64, leases []int64, now int64, mark bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.mu.m == nil {
@@ -46,7 +48,7 @@ func (r *retries) remember(fps []shard.Fingerprint, tokens []uint64, leases []in
 				break
 			}
 		}
-		r.mu.m[fp] = retry{token: tokens[i], leaseUntil: leases[i]}
+		r.mu.m[fp] = retry{token: tokens[i], leaseUntil: leases[i], mark: mark}
 	}
 	r.n.Store(int32(len(r.mu.m)))
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log"
 	"os"
@@ -154,4 +155,19 @@ func (s *snapshotFile) refuseStore() error {
 		}
 	}
 	return nil
+}
+
+// lockName is bloom-only's lock file inside Dir (a store has Pebble's).
+const lockName = "tierdedup.lock"
+
+// lock takes Dir for this process, or fails with ErrLocked.
+func (s *snapshotFile) lock() (io.Closer, error) {
+	if err := s.fs.MkdirAll(s.dir, 0o755); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	l, err := s.fs.Lock(s.fs.PathJoin(s.dir, lockName))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrLocked, s.dir, err)
+	}
+	return l, nil
 }

@@ -504,7 +504,8 @@ func (s *Store) compact(ctx context.Context, start, end []byte) {
 }
 
 // ScanUser calls fn for each of the caller's records whose key starts with
-// prefix, in key order; key and value are valid only during the call.
+// prefix, in key order; key and value are valid only during the call. A
+// read failure latches, as in Lookup.
 func (s *Store) ScanUser(prefix []byte, fn func(key, value []byte) error) (err error) {
 	if err := s.usable(); err != nil {
 		return err
@@ -513,19 +514,22 @@ func (s *Store) ScanUser(prefix []byte, fn func(key, value []byte) error) (err e
 	lo := append([]byte{spaceUser}, prefix...)
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: prefixEnd(lo)})
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrStorage, err)
+		return s.fail(err)
 	}
 	defer it.Close()
 	for ok := it.First(); ok; ok = it.Next() {
 		v, err := it.ValueAndErr()
 		if err != nil {
-			return fmt.Errorf("%w: %w", ErrStorage, err)
+			return s.fail(err)
 		}
 		if err := fn(it.Key()[1:], v); err != nil {
 			return err
 		}
 	}
-	return it.Error()
+	if err := it.Error(); err != nil {
+		return s.fail(err)
+	}
+	return nil
 }
 
 // prefixEnd returns the smallest key above every key starting with p.

@@ -25,6 +25,10 @@ var (
 	ErrEvictionPolicy = errors.New("redis: maxmemory-policy may evict dedup keys")
 	// ErrOptions reports invalid Options.
 	ErrOptions = errors.New("redis: invalid options")
+	// ErrLayout reports a prefix whose recorded window or MaxAttempts
+	// differs from the Options: processes sharing a prefix must agree, or a
+	// shorter window on one would expire keys another promises to keep.
+	ErrLayout = errors.New("redis: prefix layout mismatch")
 )
 
 // DefaultPrefix starts every key this package writes.
@@ -107,6 +111,8 @@ const (
 type Result struct {
 	Status Status
 	Digest Digest // Committed only
+	// Token is the committer's owner token (Committed only).
+	Token Token
 	// Attempts is the key's attempt count (Acquired: carried by the new
 	// claim; Poisoned: reached), with Options.MaxAttempts.
 	Attempts uint16
@@ -273,7 +279,36 @@ func New(ctx context.Context, client goredis.UniversalClient, opts *Options) (*S
 	if err := s.loadScripts(ctx); err != nil {
 		return nil, err
 	}
+	if err := s.checkLayout(ctx); err != nil {
+		return nil, err
+	}
 	return s, nil
+}
+
+// layoutKey is Prefix ‖ NUL: no record key is that short (a record key has
+// a namespace length byte and a non-empty key after it).
+func (s *Store) layoutKey() string { return s.prefix + "\x00" }
+
+// checkLayout records the prefix's window and MaxAttempts on first use and
+// refuses a process that disagrees. To change them, stop every process on
+// the prefix and delete the layout key, or use a new prefix.
+func (s *Store) checkLayout(ctx context.Context) error {
+	want := fmt.Sprintf("tierdedup layout 1 window=%dms max-attempts=%d", s.window.Milliseconds(), s.max)
+	set, err := s.c.SetNX(ctx, s.layoutKey(), want, 0).Result()
+	if err != nil {
+		return fmt.Errorf("%w: recording the layout: %w", ErrUnavailable, err)
+	}
+	if set {
+		return nil
+	}
+	got, err := s.c.Get(ctx, s.layoutKey()).Result()
+	if err != nil {
+		return fmt.Errorf("%w: reading the layout: %w", ErrUnavailable, err)
+	}
+	if got != want {
+		return fmt.Errorf("%w: prefix %q records %q, these options %q", ErrLayout, s.prefix, got, want)
+	}
+	return nil
 }
 
 // eachServer runs fn on every master of a cluster, or on the client itself.
@@ -390,9 +425,10 @@ func decodeClaim(v string) (Result, error) {
 		if len(v) < 17 {
 			return Result{}, fmt.Errorf("committed value of %d bytes", len(v))
 		}
-		var d Digest
-		copy(d[:], v[17:])
-		return Result{Status: Committed, Digest: d}, nil
+		r := Result{Status: Committed}
+		copy(r.Token[:], v[1:17])
+		copy(r.Digest[:], v[17:])
+		return r, nil
 	}
 	return Result{}, fmt.Errorf("unexpected claim answer of %d bytes", len(v))
 }

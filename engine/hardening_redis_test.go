@@ -1,0 +1,199 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/redis/redistest"
+)
+
+// hookClock is a fake clock that runs fn on the n-th Now() after it is armed.
+type hookClock struct {
+	*fakeClock
+	mu    sync.Mutex
+	n     int
+	fn    func()
+	fired atomic.Bool
+}
+
+func (c *hookClock) arm(n int, fn func()) {
+	c.mu.Lock()
+	c.n, c.fn = n, fn
+	c.mu.Unlock()
+}
+
+func (c *hookClock) Now() time.Time {
+	c.mu.Lock()
+	var fn func()
+	if c.n > 0 {
+		c.n--
+		if c.n == 0 {
+			fn, c.fn = c.fn, nil
+		}
+	}
+	c.mu.Unlock()
+	if fn != nil {
+		c.fired.Store(true)
+		fn()
+	}
+	return c.fakeClock.Now()
+}
+
+// TestRedisWindowNotRecorded: two processes share one Redis and
+// prefix; A is configured with a one-hour window, B (a misconfigured
+// deployment, or one rolled out with a new value) with one second. A key B
+// marked is New to A two seconds later although A promises a duplicate for
+// at least an hour. Pebble records its window and refuses a shorter one;
+// Redis records nothing, so the mismatch is silent.
+func TestRedisWindowNotRecorded(t *testing.T) {
+	srv := redistest.Start(t)
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	defer c.Close()
+	ctx := context.Background()
+	a := openRedis(t, c, engine.Options{RedisPrefix: "win:", Window: time.Hour, Lease: 100 * time.Millisecond})
+	defer a.Close()
+	b, err := engine.Open(&engine.Options{Tiers: engine.Redis, Redis: c, RedisPrefix: "win:", Window: time.Second, Lease: 100 * time.Millisecond, Logger: quiet})
+	if err != nil {
+		if !errors.Is(err, engine.ErrLayout) {
+			t.Fatalf("second deployment with another window: %v, want ErrLayout", err)
+		}
+		return
+	}
+	defer b.Close()
+	if o, err := b.MarkIfAbsent(ctx, []byte("order-1")); err != nil || o != engine.New {
+		t.Fatal(o, err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if o, err := a.MarkIfAbsent(ctx, []byte("order-1")); err != nil || o != engine.Duplicate {
+		t.Fatalf("A (Window 1h) 1.5 s after B marked the key: %v, %v; want Duplicate (or B refused at Open)", o, err)
+	}
+}
+
+// TestRedisMarkBatchErrorAfterPartialCommit: MarkBatch claims two
+// keys; before its commit, k2's Redis lease ends and another process takes
+// k2 (forced here with PEXPIRE, as TestRedisFencing does; in production a
+// retried claim carries the older, shorter Redis TTL of the lost attempt,
+// or a stall outlasts it). The commit writes k1 to Redis, k2 is Lost, and
+// MarkBatch returns ErrLeaseLost with no per-key outcome, after giving the
+// claims "back" (a no-op: k1 is committed). The caller saw an error, did
+// not process k1, and its redelivery is Duplicate: a new message dropped.
+func TestRedisMarkBatchErrorAfterPartialCommit(t *testing.T) {
+	srv := redistest.Start(t)
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	defer c.Close()
+	ctx := context.Background()
+	clock := &hookClock{fakeClock: newClock()}
+	a := openRedis(t, c, engine.Options{RedisPrefix: "mb:", Clock: clock})
+	b := openRedis(t, c, engine.Options{RedisPrefix: "mb:"})
+	defer a.Close()
+	defer b.Close()
+	k1, k2 := []byte("k1"), []byte("k2")
+	clock.arm(2, func() { // the commit's clock reading, after the claim's
+		if n, _ := c.PExpire(ctx, "mb:\x00\x00k2", time.Millisecond).Result(); !n {
+			t.Error("no Redis key for k2")
+		}
+		time.Sleep(20 * time.Millisecond)
+		if cb, err := b.Claim(ctx, k2); err != nil || cb.Outcome != engine.New {
+			t.Errorf("other process claiming k2 after its lease: %v, %v", cb.Outcome, err)
+		}
+	})
+	out := make([]engine.Outcome, 2)
+	mbErr := a.MarkBatch(ctx, [][]byte{k1, k2}, nil, out)
+	err := mbErr
+	if !clock.fired.Load() {
+		t.Fatal("hook did not fire")
+	}
+	if err == nil {
+		t.Logf("MarkBatch = %v (per-key outcomes)", out)
+		return
+	}
+	t.Logf("MarkBatch returned %v, out %v", err, out)
+	// The caller got an error: it did not process k1 and does not ack it.
+	// The redelivery, to any process, must be New.
+	fresh := openRedis(t, c, engine.Options{RedisPrefix: "mb:"})
+	defer fresh.Close()
+	if o, err := fresh.MarkIfAbsent(ctx, k1); err != nil || o != engine.New {
+		t.Fatalf("k1 after MarkBatch failed with %q: %v, %v; want New (the failed call must not have marked it)", errString(mbErr), o, err)
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// TestRedisDoReleaseIgnoresDeadline: Do's handler fails while Redis
+// is paused; Do releases the claim with context.WithoutCancel(ctx), which
+// drops the caller's deadline, so Do returns after the client's own
+// timeouts (or when Redis comes back), not by the caller's 100 ms deadline
+// (DESIGN 13, README "whatever the client's own timeouts"). MarkBatch's
+// give-back after a failed commit does the same.
+func TestRedisDoReleaseIgnoresDeadline(t *testing.T) {
+	srv := redistest.Start(t)
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr}) // default options
+	defer c.Close()
+	e := openRedis(t, c, engine.Options{RedisPrefix: "do:"})
+	defer e.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	var resume *time.Timer
+	start := time.Now()
+	_, err := e.Do(ctx, []byte("order-1"), func(context.Context) error {
+		srv.Pause()
+		resume = time.AfterFunc(2500*time.Millisecond, srv.Resume) // bound the test
+		return errors.New("handler failed")
+	})
+	took := time.Since(start)
+	if resume != nil && resume.Stop() {
+		srv.Resume()
+	}
+	t.Logf("Do = %v after %v", err, took)
+	if took > 500*time.Millisecond {
+		t.Fatalf("Do with a 100 ms deadline returned after %v (Redis paused during the handler)", took)
+	}
+}
+
+// TestRedisMarkLostCommitReply: MarkIfAbsent's claim succeeds, then
+// Redis pauses; the commit fails by the caller's deadline (ErrUnavailable)
+// but sits in Redis's socket and is applied when it resumes. The caller saw
+// an error and did not process the message; its retry of MarkIfAbsent is
+// Duplicate: the retry turned into a false duplicate (DESIGN 5, 13), although
+// the engine could recognise its own token in the committed value, as it
+// does for a claim whose reply was lost.
+func TestRedisMarkLostCommitReply(t *testing.T) {
+	srv := redistest.Start(t)
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	defer c.Close()
+	clock := &hookClock{fakeClock: newClock()}
+	e := openRedis(t, c, engine.Options{RedisPrefix: "lostc:", Clock: clock, Lease: time.Hour})
+	defer e.Close()
+	key := []byte("order-1")
+	clock.arm(2, func() {
+		srv.Pause()
+		time.AfterFunc(400*time.Millisecond, srv.Resume)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+	o, err := e.MarkIfAbsent(ctx, key)
+	cancel()
+	if !clock.fired.Load() {
+		t.Fatal("hook did not fire")
+	}
+	if err == nil {
+		t.Skipf("mark succeeded: %v", o)
+	}
+	t.Logf("first MarkIfAbsent: %v, %v", o, err)
+	time.Sleep(600 * time.Millisecond)
+	o, err = e.MarkIfAbsent(context.Background(), key)
+	if err != nil || o != engine.New {
+		t.Fatalf("retry of a MarkIfAbsent that failed with ErrUnavailable: %v, %v; want New (its own lost commit)", o, err)
+	}
+}

@@ -1,0 +1,182 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/tierdedup/tierdedup/engine"
+)
+
+// TestClockBefore1678DropsEverything: the injected (or system) clock
+// steps back to a date Time.UnixNano cannot represent (before 1678). The
+// engine reads it with UnixNano, which wraps: 1600-01-01 becomes 2184, a
+// jump forward far past the window, so Open/now() drops every partition and
+// a committed key is New. DESIGN 7: "A clock stepping backwards never drops
+// a partition early".
+func TestClockBefore1678DropsEverything(t *testing.T) {
+	ctx := context.Background()
+	clock := newClock()
+	e := open(t, engine.Options{Dir: "db", FS: vfs.NewMem(), Clock: clock})
+	defer e.Close()
+	if o, err := e.MarkIfAbsent(ctx, []byte("paid-order")); err != nil || o != engine.New {
+		t.Fatal(o, err)
+	}
+	clock.mu.Lock()
+	clock.t = time.Date(1600, 1, 1, 0, 0, 0, 0, time.UTC) // a clock stepping back
+	clock.mu.Unlock()
+	if o, err := e.MarkIfAbsent(ctx, []byte("paid-order")); err != nil || o != engine.Duplicate {
+		t.Fatalf("after the clock stepped back to 1600: %v, %v; want Duplicate", o, err)
+	}
+}
+
+// TestClockNear2262OverflowsLease: with a clock reading inside the
+// int64 range but within Lease (or Window) of its end, now+lease wraps
+// negative: a claim's lease has "ended" at once and a concurrent claim of
+// the same key is New again (DESIGN 3, 14).
+func TestClockNear2262OverflowsLease(t *testing.T) {
+	ctx := context.Background()
+	clock := newClock()
+	clock.t = time.Unix(0, 1<<63-1-int64(10*time.Second)) // 2262-04-11
+	e := open(t, engine.Options{Tiers: engine.MemoryOnly, Clock: clock})
+	defer e.Close()
+	c1, err := e.Claim(ctx, []byte("k"))
+	if err != nil || c1.Outcome != engine.New {
+		t.Fatal(c1.Outcome, err)
+	}
+	if c2, err := e.Claim(ctx, []byte("k")); err != nil || c2.Outcome != engine.InFlight {
+		t.Fatalf("second claim inside the first's lease: %v, %v; want InFlight (lease until %d)", c2.Outcome, err, c1.LeaseUntil)
+	}
+}
+
+// TestClaimKeyMutatedBeforeCommit: Commit marks the claim's
+// fingerprint in memory but writes c.Key to Pebble. A caller that reuses its
+// read buffer (or reassigns the exported Key field) before Commit gets the
+// acknowledged key in memory only: after a restart the acknowledged key is
+// New and a key never seen is Duplicate. Nothing checks that c.Key still
+// matches c.fp (one SipHash), so bad input silently breaks both "never"s.
+func TestClaimKeyMutatedBeforeCommit(t *testing.T) {
+	ctx := context.Background()
+	mem := vfs.NewMem()
+	o := engine.Options{Dir: "db", FS: mem}
+	e := open(t, o)
+	buf := []byte("msg-A")
+	c, err := e.Claim(ctx, buf)
+	if err != nil || c.Outcome != engine.New {
+		t.Fatal(c.Outcome, err)
+	}
+	copy(buf, "msg-B") // the consumer's read buffer, reused for the next message
+	cerr := e.Commit(ctx, c)
+	if cerr != nil {
+		t.Logf("commit refused: %v", cerr) // what a fix may do
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e = open(t, o)
+	defer e.Close()
+	a, _ := e.Claim(ctx, []byte("msg-A"))
+	b, _ := e.Claim(ctx, []byte("msg-B"))
+	if cerr == nil && a.Outcome != engine.Duplicate {
+		t.Errorf("acknowledged msg-A after restart: %v, want Duplicate", a.Outcome)
+	}
+	if b.Outcome != engine.New {
+		t.Errorf("never-claimed msg-B after restart: %v, want New", b.Outcome)
+	}
+}
+
+// TestBloomOnlyDirIsNotExclusive: Default refuses a second Open of a
+// Dir (ErrLocked); bloom-only takes no lock, so two engines (a rolling
+// restart's overlap) share one Dir and the last Close overwrites the
+// other's state: a key the first acknowledged is New after the restart,
+// although bloom-only promises no duplicate inside the window.
+func TestBloomOnlyDirIsNotExclusive(t *testing.T) {
+	ctx := context.Background()
+	mem := vfs.NewMem()
+	o := engine.Options{Tiers: engine.BloomOnly, Dir: "bloom", FS: mem, ExpectedKeys: 1000}
+	old := open(t, o)
+	neu, err := engine.Open(&engine.Options{Tiers: engine.BloomOnly, Dir: "bloom", FS: mem, ExpectedKeys: 1000, Logger: quiet})
+	if err != nil {
+		old.Close()
+		t.Logf("second Open refused: %v", err) // what a fix may do
+		return
+	}
+	if o, err := old.MarkIfAbsent(ctx, []byte("acked-by-old")); err != nil || o != engine.New {
+		t.Fatal(o, err)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := neu.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e := open(t, o)
+	defer e.Close()
+	if got, err := e.MarkIfAbsent(ctx, []byte("acked-by-old")); err != nil || got != engine.Duplicate {
+		t.Fatalf("key acknowledged by the first engine, after both closed cleanly: %v, %v; want Duplicate (or the second Open refused)", got, err)
+	}
+}
+
+// failSSTReads fails every SST read while armed.
+type failSSTReads struct{ armed atomic.Bool }
+
+func (f *failSSTReads) MaybeError(op errorfs.Op) error {
+	if f.armed.Load() && (op.Kind == errorfs.OpFileRead || op.Kind == errorfs.OpFileReadAt) && strings.HasSuffix(op.Path, ".sst") {
+		return errorfs.ErrInjected
+	}
+	return nil
+}
+func (f *failSSTReads) String() string { return "fail-sst-reads" }
+
+// TestScanWritesReadErrorIsTyped: a read error while scanning the
+// caller's records (a consumed offset stored with the commits) comes back
+// as Pebble's raw error, not ErrStorage, and does not latch, unlike the
+// README's "a failing or corrupt read returns ErrStorage".
+func TestScanWritesReadErrorIsTyped(t *testing.T) {
+	ctx := context.Background()
+	mem := vfs.NewCrashableMem()
+	o := engine.Options{Dir: "db", FS: mem, ExpectedKeys: 1000}
+	e := open(t, o)
+	c, err := e.Claim(ctx, []byte("k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.CommitBatchWith(ctx, []engine.Claim{c}, nil, []engine.Write{{Key: []byte("offset"), Value: []byte("42")}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Which read reaches the filesystem varies (the memtable replayed from
+	// the WAL, tables opened in the background): try a few opens.
+	for try := 0; try < 20; try++ {
+		inj := &failSSTReads{}
+		o.FS = errorfs.Wrap(mem.CrashClone(vfs.CrashCloneCfg{}), inj)
+		e = open(t, o)
+		inj.armed.Store(true)
+		seen := 0
+		err = e.ScanWrites(nil, func(k, v []byte) error { seen++; return nil })
+		inj.armed.Store(false)
+		_ = e.Close()
+		if err == nil && seen == 0 {
+			t.Fatal("ScanWrites with failing SST reads returned nil and no record")
+		}
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, engine.ErrStorage) {
+			t.Fatalf("ScanWrites with a failing read: %v; want an error matching ErrStorage", err)
+		}
+		return
+	}
+	t.Skip("no read reached an SST")
+}
