@@ -233,24 +233,12 @@ func TestLayoutChangesAreRefused(t *testing.T) {
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
-	for _, tt := range []struct {
-		name  string
-		edit  func(*engine.Options)
-		field string
-	}{
+	expectRefused(t, base, []layoutChange{
 		{"shorter partition", func(o *engine.Options) { o.Partition = time.Hour }, "Partition"},
 		{"longer partition", func(o *engine.Options) { o.Partition, o.Window = 48*time.Hour, 96*time.Hour }, "Partition"},
 		{"shorter window", func(o *engine.Options) { o.Window = 24 * time.Hour }, "Window"},
 		{"bloom-only on a store", func(o *engine.Options) { o.Tiers = engine.BloomOnly }, "Tiers"},
-	} {
-		o := base
-		tt.edit(&o)
-		o.Logger = quiet
-		_, err := engine.Open(&o)
-		if !errors.Is(err, engine.ErrLayout) || !strings.Contains(err.Error(), tt.field) {
-			t.Fatalf("%s: Open = %v, want ErrLayout naming %s", tt.name, err, tt.field)
-		}
-	}
+	})
 	longer := base
 	longer.Window = 72 * time.Hour
 	e = open(t, longer)
@@ -262,6 +250,27 @@ func TestLayoutChangesAreRefused(t *testing.T) {
 	base.Logger = quiet
 	if _, err := engine.Open(&base); !errors.Is(err, engine.ErrLayout) {
 		t.Fatalf("the window went back to 48h after it was lengthened: %v", err)
+	}
+}
+
+// layoutChange edits Options so that they no longer match a directory.
+type layoutChange struct {
+	name  string
+	edit  func(*engine.Options)
+	field string
+}
+
+// expectRefused opens base edited by each change: every Open must fail with
+// ErrLayout naming the field.
+func expectRefused(t *testing.T, base engine.Options, changes []layoutChange) {
+	t.Helper()
+	for _, c := range changes {
+		o := base
+		c.edit(&o)
+		o.Logger = quiet
+		if _, err := engine.Open(&o); !errors.Is(err, engine.ErrLayout) || !strings.Contains(err.Error(), c.field) {
+			t.Fatalf("%s: Open = %v, want ErrLayout naming %s", c.name, err, c.field)
+		}
 	}
 }
 
@@ -280,22 +289,11 @@ func TestBloomOnlyStateIsItsOwnLayout(t *testing.T) {
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
-	for _, tt := range []struct {
-		name  string
-		edit  func(*engine.Options)
-		field string
-	}{
+	expectRefused(t, o, []layoutChange{
 		{"store on bloom-only state", func(o *engine.Options) { o.Tiers = engine.Default }, "Tiers"},
 		{"other ExpectedKeys", func(o *engine.Options) { o.ExpectedKeys = 5000 }, "ExpectedKeys"},
 		{"other partition", func(o *engine.Options) { o.Partition = 12 * time.Hour }, "Partition"},
-	} {
-		oo := o
-		tt.edit(&oo)
-		oo.Logger = quiet
-		if _, err := engine.Open(&oo); !errors.Is(err, engine.ErrLayout) || !strings.Contains(err.Error(), tt.field) {
-			t.Fatalf("%s: Open = %v, want ErrLayout naming %s", tt.name, err, tt.field)
-		}
-	}
+	})
 	e = open(t, o)
 	expectAll(t, e, [][]byte{[]byte("acked")}, engine.Duplicate)
 	_ = e.Close()
