@@ -653,7 +653,7 @@ func (e *Engine) redisToken(t uint64) redis.Token {
 // A claim made by another Engine (one closed since, or another process's),
 // or whose Key bytes no longer hash to the key it claimed, gets token 0,
 // which is never issued, so memory reports it lost.
-func (b *batch) owned(e *Engine, claims []Claim) {
+func (b *batch) owned(e *Engine, claims []Claim, verify bool) {
 	cand := b.cand[:0]
 	for i := range claims {
 		c := &claims[i]
@@ -661,7 +661,7 @@ func (b *batch) owned(e *Engine, claims []Claim) {
 			continue
 		}
 		token := c.token
-		if c.ns == nil || c.ns.e != e || shard.Sum(e.hasher, c.ns.name, c.Key) != c.fp {
+		if c.ns == nil || c.ns.e != e || (verify && shard.Sum(e.hasher, c.ns.name, c.Key) != c.fp) {
 			// Another engine's claim, or one whose key bytes changed
 			// since Claim (a reused buffer): it cannot commit or release
 			// what it claimed.
@@ -696,7 +696,7 @@ func (e *Engine) commitAs(ctx context.Context, claims []Claim, errs []error, wri
 	defer e.leave()
 	b := e.getBatch(len(claims))
 	defer e.putBatch(b)
-	b.owned(e, claims)
+	b.owned(e, claims, !mark) // MarkBatch holds its claims itself: no caller could change their keys
 	m := len(b.cand)
 	if m == 0 {
 		if len(writes) > 0 {
@@ -866,7 +866,7 @@ func (e *Engine) release(ctx context.Context, claims []Claim, errs []error) erro
 	}
 	b := e.getBatch(len(claims))
 	defer e.putBatch(b)
-	b.owned(e, claims)
+	b.owned(e, claims, true)
 	m := len(b.cand)
 	if m == 0 {
 		return nil

@@ -65,16 +65,23 @@ type stripe struct {
 	_           [24]byte // pad to two cache lines: stripes sit side by side
 }
 
-// initialEntries is how many entries a stripe has room for before it first
-// grows: memory follows use, so a large capacity costs nothing until keys
-// fill it.
-const initialEntries = 64
+// eagerEntries is how many entries a whole table allocates before it is
+// used (the default capacity): up to it a table costs at Open what it will
+// cost full, so the hot path never grows; past it memory follows use, so an
+// absurd capacity costs nothing until keys fill it. Measured: growing from
+// empty cost the memory tier 16 % of its batch throughput over its first
+// two million keys.
+const eagerEntries = 1 << 20
 
-func (s *stripe) init(limit int, seed uint64) {
+func (s *stripe) init(limit, initial int, seed uint64) {
 	s.limit, s.seed = limit, seed
 	s.claims, s.committed, s.freeList = 0, 0, 0
-	s.slots = make([]uint32, slotsFor(min(limit, initialEntries)))
-	s.entries = make([]entry, 1, 1+min(limit, initialEntries))
+	n := min(limit, initial)
+	s.slots = make([]uint32, slotsFor(n))
+	s.entries = make([]entry, 1, 1+n)
+	if n == limit {
+		s.entries = make([]entry, 1, s.fullSlab())
+	}
 }
 
 // fullSlab is the slab size for the committed limit plus a few outstanding

@@ -153,8 +153,9 @@ func New(opts *Options) (*Table, error) {
 	}
 	t := &Table{router: r, seed: shard.Mix(uint64(o.Secret[3])<<32 | uint64(o.Secret[11])), stripes: make([]stripe, o.Stripes)}
 	per := (capacity + o.Stripes - 1) / o.Stripes
+	initial := max(eagerEntries/o.Stripes, 64)
 	for i := range t.stripes {
-		t.stripes[i].init(per, t.seed)
+		t.stripes[i].init(per, initial, t.seed)
 		t.stripes[i].maxAttempts = o.MaxAttempts
 	}
 	return t, nil
@@ -263,7 +264,7 @@ func (t *Table) Forget() {
 	for i := range t.stripes {
 		s := &t.stripes[i]
 		s.mu.Lock()
-		s.init(s.limit, s.seed)
+		s.init(s.limit, 64, s.seed)
 		s.mu.Unlock()
 	}
 }

@@ -130,7 +130,8 @@ type Result struct {
 // Keeping the committer's token lets a retried commit recognise its own
 // write; keeping the lease end in the value (checked against the server's
 // TIME) lets a claim outlive its lease with its attempt count, so a lease
-// that ran out is counted. Without MaxAttempts a claim's TTL is its lease.
+// that ran out is counted. Without MaxAttempts a claim is 'C' ‖ token and
+// its TTL is its lease.
 const (
 	claimTag  = 'C'
 	commitTag = 'D'
@@ -384,6 +385,9 @@ func commitValue(t Token, d Digest) string {
 // keys may hold the caller's claims until their lease ends (a retry with
 // the same tokens acquires them again).
 func (s *Store) Claim(ctx context.Context, reqs []Request, lease time.Duration, out []Result) error {
+	if s.max == 0 {
+		return s.claimNX(ctx, reqs, lease, out)
+	}
 	leaseMS, windowMS := max(lease.Milliseconds(), 1), s.window.Milliseconds()
 	cmds, err := s.evalBatch(ctx, claimScript, reqs, func(r *Request) []any {
 		return []any{claimPrefix(r.Token), leaseMS, windowMS, s.max}
@@ -398,6 +402,37 @@ func (s *Store) Claim(ctx context.Context, reqs []Request, lease time.Duration, 
 		}
 		if out[i], err = decodeClaim(v); err != nil {
 			return fmt.Errorf("%w: %w at %q", ErrUnavailable, err, s.Key(reqs[i].NS, reqs[i].Key))
+		}
+	}
+	return nil
+}
+
+// claimNX is Claim without attempt counting: one SET key 'C'‖token NX PX
+// lease GET per key, whose TTL ends the lease (measured 2.2–2.7× the claim
+// throughput of the script, which must also read the server's clock).
+func (s *Store) claimNX(ctx context.Context, reqs []Request, lease time.Duration, out []Result) error {
+	pipe := s.c.Pipeline()
+	cmds := make([]*goredis.StatusCmd, len(reqs))
+	for i := range reqs {
+		r := &reqs[i]
+		cmds[i] = pipe.SetArgs(ctx, s.Key(r.NS, r.Key), claimPrefix(r.Token), goredis.SetArgs{Mode: "NX", Get: true, TTL: lease})
+	}
+	if err := s.exec(ctx, pipe); err != nil && !errors.Is(err, goredis.Nil) {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	for i, cmd := range cmds {
+		old, err := cmd.Result()
+		switch {
+		case errors.Is(err, goredis.Nil):
+			out[i] = Result{Status: Acquired}
+		case err != nil:
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		case old == claimPrefix(reqs[i].Token):
+			out[i] = Result{Status: Acquired} // our own claim: a retried SET the server had applied
+		default:
+			if out[i], err = decodeClaim(old); err != nil || out[i].Status != Held && out[i].Status != Committed {
+				return fmt.Errorf("%w: unexpected value of %d bytes at %q", ErrUnavailable, len(old), s.Key(reqs[i].NS, reqs[i].Key))
+			}
 		}
 	}
 	return nil

@@ -265,31 +265,36 @@ func TestRedisDownIsTransient(t *testing.T) {
 // connection. The retry must find the caller's own token and answer
 // Acquired, not Held.
 func TestRetriedClaimIsOwnClaim(t *testing.T) {
-	srv := redistest.Start(t)
-	p := startProxy(t, srv.Addr)
-	c := goredis.NewClient(&goredis.Options{Addr: p.addr, MaxRetries: 3, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond})
-	defer c.Close()
-	s := newStore(t, c, redis.Options{})
-	r := req("retried", tok(7))
-	p.dropNextReply.Store(true)
-	if got := claim(t, s, r, time.Minute); got.Status != redis.Acquired {
-		t.Fatalf("retried claim = %v, want acquired", got.Status)
-	}
-	if p.dropped.Load() != 1 {
-		t.Fatalf("the proxy dropped %d replies, want 1: no retry was exercised", p.dropped.Load())
-	}
-	v, _ := c.Get(context.Background(), s.Key("", []byte("retried"))).Result()
-	if !strings.HasPrefix(v, "C"+string(r.Token[:])) {
-		t.Fatalf("stored value %q is not the caller's claim", v)
-	}
-	if other := claim(t, s, req("retried", tok(8)), time.Minute); other.Status != redis.Held {
-		t.Fatalf("another token after the retry = %v, want held", other.Status)
+	for _, maxAttempts := range []int{0, 3} { // SET NX, or the counting script
+		t.Run(fmt.Sprint("max-attempts=", maxAttempts), func(t *testing.T) {
+			srv := redistest.Start(t)
+			p := startProxy(t, srv.Addr)
+			c := goredis.NewClient(&goredis.Options{Addr: p.addr, MaxRetries: 3, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond})
+			defer c.Close()
+			s := newStore(t, c, redis.Options{MaxAttempts: maxAttempts})
+			r := req("retried", tok(7))
+			p.dropNextReply.Store(true)
+			if got := claim(t, s, r, time.Minute); got.Status != redis.Acquired {
+				t.Fatalf("retried claim = %v, want acquired", got.Status)
+			}
+			if p.dropped.Load() != 1 {
+				t.Fatalf("the proxy dropped %d replies, want 1: no retry was exercised", p.dropped.Load())
+			}
+			v, _ := c.Get(context.Background(), s.Key("", []byte("retried"))).Result()
+			if !strings.HasPrefix(v, "C"+string(r.Token[:])) {
+				t.Fatalf("stored value %q is not the caller's claim", v)
+			}
+			if other := claim(t, s, req("retried", tok(8)), time.Minute); other.Status != redis.Held {
+				t.Fatalf("another token after the retry = %v, want held", other.Status)
+			}
+		})
 	}
 }
 
 // proxy forwards loopback TCP to a Redis server. Armed, it swallows the
-// reply to the next request that carries a claim (the one EVALSHA with
-// four arguments: eight elements) and drops that connection.
+// reply to the next request that carries a claim (a SET … NX, or with
+// MaxAttempts the one EVALSHA with four arguments: eight elements) and
+// drops that connection.
 type proxy struct {
 	addr          string
 	dropNextReply atomic.Bool
@@ -322,7 +327,9 @@ func startProxy(t *testing.T, target string) *proxy {
 				for {
 					n, err := cc.Read(buf)
 					if n > 0 {
-						if strings.Contains(strings.ToLower(string(buf[:n])), "*8\r\n$7\r\nevalsha\r\n") && p.dropNextReply.CompareAndSwap(true, false) {
+						req := strings.ToLower(string(buf[:n]))
+						isClaim := strings.Contains(req, "\r\nnx\r\n") || strings.Contains(req, "*8\r\n$7\r\nevalsha\r\n")
+						if isClaim && p.dropNextReply.CompareAndSwap(true, false) {
 							dropReply.Store(true)
 						}
 						if _, werr := sc.Write(buf[:n]); werr != nil {
