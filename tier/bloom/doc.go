@@ -21,6 +21,8 @@
 //     locations serves every partition.
 //  2. Rotation only moves forward: a partition number lower than the newest
 //     seen never drops a filter.
-//  3. A snapshot is loaded whole or not at all: its size, parameters and
-//     checksum are verified before any filter is allocated.
+//  3. A snapshot is loaded whole or not at all: its size, checksum, the
+//     caller's acceptance of its meta (the store and epoch it describes, or
+//     bloom-only's secret and clock) and its parameters are verified before
+//     any filter is allocated.
 package bloom

@@ -22,4 +22,8 @@
 //  2. A committed entry is never reported after its expiry.
 //  3. Within one batch, keys are applied in batch order, so a repeated key
 //     sees the effect of its earlier occurrence.
+//  4. Fingerprints and payload digests are compared at all 128 bits.
+//  5. With MaxAttempts, a key's attempt count (releases and lease expiries)
+//     is kept until the keep time the caller gives, whichever made it
+//     poison; a slower tier's count can raise it (Settle), never lower it.
 package memory

@@ -3,8 +3,9 @@
 //
 // It owns the on-disk layout (partition ‖ namespace ‖ key, so retention is
 // one range deletion per expired span of partitions), the versioned value
-// encoding, WAL durability and the translation of every Pebble failure into
-// ErrStorage. It must never hold claims in flight (the engine's memory tier
+// encoding, the store's recorded Layout (partition length, window,
+// fingerprint secret, store ID, format version) and snapshot epoch, WAL
+// durability and the translation of every Pebble failure into ErrStorage. It must never hold claims in flight (the engine's memory tier
 // does, and an exclusive directory makes them void at the next open anyway),
 // never compare fingerprints instead of key bytes, and never exit the
 // process: a Pebble fatal error or panic inside a call of this package (its
@@ -23,12 +24,19 @@
 //
 //  1. Write returns nil only after the records are in the WAL and, unless
 //     Options.NoSync, the WAL is fsynced.
-//  2. Lookup compares full key bytes; a record whose state is not committed
-//     is treated as absent.
+//  2. Lookup compares full key bytes and answers the newest committed or
+//     released (attempt count) record; a claimed record is treated as
+//     absent.
 //  3. Drop removes whole partitions with one range deletion; it never
 //     removes a partition at or after the one it is given.
 //  4. After the first storage error, read or write, every call that reads
 //     or writes records fails with ErrStorage: Pebble clears an iterator's
 //     error at its next seek, so Lookup checks it after every positioning
 //     call, and a read that failed is never taken for an absent key.
+//  5. Open refuses a store whose recorded partition length differs, whose
+//     window is longer than requested, or whose format version is another
+//     (ErrLayout); a longer window is recorded.
+//  6. A snapshot epoch sealed by SealSnapshot is returned by the next
+//     TakeSnapshotEpoch only, which deletes it (synced) before any other
+//     write.
 package pebble
