@@ -103,8 +103,14 @@ func Open(opts *Options) (*Engine, error) {
 	e.tokens.Store(uint64(time.Now().UnixNano()))
 
 	mopts := &memory.Options{Capacity: o.MemoryCapacity, Stripes: o.Stripes, MaxAttempts: o.MaxAttempts}
-	if o.Tiers == BloomOnly {
+	switch o.Tiers {
+	case BloomOnly:
 		mopts.Capacity, mopts.NoCommitted = 0, true
+	case Redis:
+		// Redis alone counts attempts: it sees every process's, and keeps
+		// them exactly as long as it says (a count here could outlive or
+		// exceed the shared one, and answer Poison for a committed key).
+		mopts.MaxAttempts = 0
 	}
 	var err error
 	if e.mem, err = memory.New(mopts); err != nil {
@@ -182,6 +188,16 @@ func Open(opts *Options) (*Engine, error) {
 			return nil, err
 		}
 		now = max(now, hw)
+	}
+	if now == 0 {
+		// A clock outside the range the engine takes as time, and no
+		// stored reading to stand on: running at 1970 would let the
+		// first sane reading drop every partition written meanwhile.
+		e.closeStore()
+		if e.dirLock != nil {
+			_ = e.dirLock.Close()
+		}
+		return nil, fmt.Errorf("%w: Clock reads %v, outside [%v, %v], and the directory holds no earlier reading", ErrOptions, e.clock.Now(), minClock, maxClock)
 	}
 	e.hasher = shard.NewHasher(e.secret)
 	e.highWater.Store(now)

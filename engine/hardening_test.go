@@ -43,9 +43,14 @@ func TestClockBefore1678DropsEverything(t *testing.T) {
 func TestClockNear2262OverflowsLease(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock()
-	clock.t = time.Unix(0, 1<<63-1-int64(10*time.Second)) // 2262-04-11
+	if _, err := engine.Open(&engine.Options{Tiers: engine.MemoryOnly, Clock: &fakeClock{t: time.Unix(0, 1<<63-1-int64(10*time.Second))}}); !errors.Is(err, engine.ErrOptions) {
+		t.Fatalf("Open with a clock at 2262 and no earlier reading = %v, want ErrOptions", err)
+	}
 	e := open(t, engine.Options{Tiers: engine.MemoryOnly, Clock: clock})
 	defer e.Close()
+	clock.mu.Lock()
+	clock.t = time.Unix(0, 1<<63-1-int64(10*time.Second)) // 2262-04-11
+	clock.mu.Unlock()
 	c1, err := e.Claim(ctx, []byte("k"))
 	if err != nil || c1.Outcome != engine.New {
 		t.Fatal(c1.Outcome, err)

@@ -117,7 +117,7 @@ func (n *Namespace) MarkBatch(ctx context.Context, keys [][]byte, digests []Dige
 		// nothing; a Redis commit whose reply was lost is remembered, so
 		// the retry of this mark is New): give the claims back.
 		gctx, cancel := giveBackContext(ctx)
-		_ = n.e.release(gctx, claims, nil)
+		_ = n.e.releaseAs(gctx, claims, nil, true)
 		cancel()
 		return err
 	}
@@ -841,6 +841,14 @@ func (e *Engine) durable(ctx context.Context, claims []Claim, b *batch, k int, n
 }
 
 func (e *Engine) release(ctx context.Context, claims []Claim, errs []error) error {
+	return e.releaseAs(ctx, claims, errs, false)
+}
+
+// releaseAs releases claims; with giveBack the engine gives back claims of
+// a call that failed itself (MarkBatch's commit): no attempt is counted,
+// and a Redis commit carrying the claim's token, applied although the
+// call failed, is undone.
+func (e *Engine) releaseAs(ctx context.Context, claims []Claim, errs []error, giveBack bool) error {
 	if errs != nil && len(errs) != len(claims) {
 		return fmt.Errorf("%w: %d claims, %d errors", ErrBatch, len(claims), len(errs))
 	}
@@ -856,7 +864,7 @@ func (e *Engine) release(ctx context.Context, claims []Claim, errs []error) erro
 		return ErrClosed
 	}
 	now, _ := e.nowNoRotate()
-	if e.store != nil && e.maxAttempts > 0 {
+	if e.store != nil && e.maxAttempts > 0 && !giveBack {
 		// Attempt counts are written in the current partition: rotate to
 		// it first. A failed store cannot; releasing memory claims needs
 		// none, and the count's write will fail.
@@ -872,7 +880,7 @@ func (e *Engine) release(ctx context.Context, claims []Claim, errs []error) erro
 		return nil
 	}
 	st := b.res[:m]
-	e.mem.Release(b.cfps[:m], b.ctokens[:m], now, e.parts.Expiry(e.parts.Of(now)), st)
+	e.mem.Release(b.cfps[:m], b.ctokens[:m], now, e.parts.Expiry(e.parts.Of(now)), !giveBack, st)
 	lost, n := 0, 0 // n: claims released locally that Redis must release too
 	var recs []pebble.Record
 	for j, s := range st {
@@ -881,7 +889,7 @@ func (e *Engine) release(ctx context.Context, claims []Claim, errs []error) erro
 			if errs != nil {
 				errs[b.cand[j]] = ErrLeaseLost
 			}
-		} else if e.store != nil && e.maxAttempts > 0 {
+		} else if e.store != nil && e.maxAttempts > 0 && !giveBack {
 			c := &claims[b.cand[j]]
 			recs = append(b.recs[:len(recs)], releasedRecord(e.parts.Of(now), c.ns.name, c.Key, s.Attempts))
 			b.cfps[len(recs)-1] = c.fp
@@ -894,7 +902,11 @@ func (e *Engine) release(ctx context.Context, claims []Claim, errs []error) erro
 	}
 	if n > 0 {
 		reqs, rst := b.rreqs[:n], b.rst[:n]
-		err := e.redis.Release(ctx, reqs, rst)
+		release := e.redis.Release
+		if giveBack {
+			release = e.redis.GiveBack
+		}
+		err := release(ctx, reqs, rst)
 		clear(reqs)
 		if err != nil {
 			e.stats.errors.Add(1)

@@ -25,7 +25,7 @@ func TestAllocBatch(t *testing.T) {
 	allocs := testing.AllocsPerRun(50, func() {
 		now += 2
 		tb.Acquire(fps, tokens, now, now+1, now+1, out)
-		tb.Release(fps, tokens, now, now, st)
+		tb.Release(fps, tokens, now, now, true, st)
 	})
 	if allocs != 0 {
 		t.Fatalf("Acquire+Release of 256 keys allocates %v times", allocs)

@@ -79,7 +79,7 @@ func TestStructureUnderEveryOperation(t *testing.T) {
 		case 2:
 			tb.Finish(f, tok, []bool{rng.IntN(2) == 0}, now+100, []Digest{d(1)})
 		case 3:
-			tb.Release(f, tok, now, now+40, make([]Result, 1))
+			tb.Release(f, tok, now, now+40, rng.IntN(2) == 0, make([]Result, 1))
 		case 4:
 			tb.Settle(f, tok, []Action{Action(rng.IntN(4))}, []int64{now + 50}, []Digest{d(2)}, []uint16{uint16(rng.IntN(3))})
 		case 5:

@@ -335,7 +335,7 @@ func (s *stripe) finishLocked(f shard.Fingerprint, token uint64, ok bool, expire
 	s.entries[idx].state = claimed
 }
 
-func (s *stripe) releaseLocked(f shard.Fingerprint, token uint64, now, keepUntil int64) Result {
+func (s *stripe) releaseLocked(f shard.Fingerprint, token uint64, now, keepUntil int64, count bool) Result {
 	slot, idx, ok := s.ownLocked(f, token, claimed)
 	if !ok || s.entries[idx].until <= now {
 		return Result{Status: Lost}
@@ -344,8 +344,11 @@ func (s *stripe) releaseLocked(f shard.Fingerprint, token uint64, now, keepUntil
 		s.removeLocked(slot)
 		return Result{Status: OK}
 	}
-	a := s.entries[idx].attempts + 1
-	if s.limit == 0 {
+	a := s.entries[idx].attempts
+	if count {
+		a++
+	}
+	if s.limit == 0 || a == 0 {
 		s.removeLocked(slot)
 		return Result{Status: OK, Attempts: a}
 	}

@@ -209,10 +209,12 @@ func (t *Table) Finish(fps []shard.Fingerprint, tokens []uint64, ok []bool, expi
 // Release frees each claim that tokens[i] holds with an unexpired lease
 // (out[i].Status OK, out[i].Attempts its count after this release);
 // otherwise out[i].Status is Lost and nothing changes. With MaxAttempts,
-// the key's attempt count is kept until keepUntil.
-func (t *Table) Release(fps []shard.Fingerprint, tokens []uint64, now, keepUntil int64, out []Result) {
+// the key's attempt count, one higher when count is set (a failed
+// handler; not a claim given back because the engine failed), is kept
+// until keepUntil.
+func (t *Table) Release(fps []shard.Fingerprint, tokens []uint64, now, keepUntil int64, count bool, out []Result) {
 	t.each(fps, func(s *stripe, i int) {
-		out[i] = s.releaseLocked(fps[i], tokens[i], now, keepUntil)
+		out[i] = s.releaseLocked(fps[i], tokens[i], now, keepUntil, count)
 	})
 }
 

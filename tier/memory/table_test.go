@@ -50,7 +50,7 @@ func one[T any](fn func([]shard.Fingerprint, []uint64, int64, []T), f shard.Fing
 func release(tb *Table) func([]shard.Fingerprint, []uint64, int64, []Status) {
 	return func(fps []shard.Fingerprint, tokens []uint64, now int64, out []Status) {
 		res := make([]Result, len(out))
-		tb.Release(fps, tokens, now, now+1000, res)
+		tb.Release(fps, tokens, now, now+1000, true, res)
 		for i := range res {
 			out[i] = res[i].Status
 		}
@@ -162,7 +162,7 @@ func TestPoison(t *testing.T) {
 	attempt := func(tok uint64) Status { return acquire(tb, k, tok, now, 10).Status }
 	rel := func(tok uint64) {
 		out := make([]Result, 1)
-		tb.Release([]shard.Fingerprint{k}, []uint64{tok}, now, now+500, out)
+		tb.Release([]shard.Fingerprint{k}, []uint64{tok}, now, now+500, true, out)
 		if out[0].Status != OK {
 			t.Fatalf("release = %v", out[0].Status)
 		}
@@ -396,7 +396,7 @@ func TestSettleCarriesAttempts(t *testing.T) {
 	acquire(tb, b, 2, 0, 10)
 	tb.Settle([]shard.Fingerprint{a, b}, []uint64{1, 2}, []Action{Keep, Poison}, []int64{0, 500}, make([]Digest, 2), []uint16{2, 3})
 	out := make([]Result, 1)
-	tb.Release([]shard.Fingerprint{a}, []uint64{1}, 1, 500, out)
+	tb.Release([]shard.Fingerprint{a}, []uint64{1}, 1, 500, true, out)
 	if out[0].Status != OK || out[0].Attempts != 3 {
 		t.Fatalf("release after a carried count of 2 = %+v, want attempt 3", out[0])
 	}

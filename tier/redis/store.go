@@ -199,17 +199,24 @@ return 0`)
 
 // releaseScript frees the key only while it holds the caller's unexpired
 // claim (token prefix ARGV[1]): with ARGV[2] > 0 it keeps the attempt
-// count, one higher, for ARGV[3] ms; otherwise it deletes the key.
+// count, ARGV[4] higher, for ARGV[3] ms (deleting the key if that is 0);
+// otherwise it deletes the key. With ARGV[5] = 1 it also deletes a commit
+// carrying the caller's token: one whose caller was told it failed.
 var releaseScript = goredis.NewScript(`
 local v = redis.call('GET', KEYS[1])
+if v and ARGV[5] == '1' and string.sub(v, 1, 1) == 'D' and string.sub(v, 2, 17) == string.sub(ARGV[1], 2, 17) then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
 if not v or string.sub(v, 1, 17) ~= ARGV[1] then return 0 end
 local lease, cnt = string.match(string.sub(v, 18), '^(%d+):(%d+)$')
 local t = redis.call('TIME')
 if lease and tonumber(lease) <= tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then
   return 0
 end
-if tonumber(ARGV[2]) > 0 then
-  redis.call('SET', KEYS[1], 'R' .. ((tonumber(cnt) or 0) + 1), 'PX', ARGV[3])
+local n = (tonumber(cnt) or 0) + tonumber(ARGV[4])
+if tonumber(ARGV[2]) > 0 and n > 0 then
+  redis.call('SET', KEYS[1], 'R' .. n, 'PX', ARGV[3])
 else
   redis.call('DEL', KEYS[1])
 end
@@ -388,6 +395,11 @@ func (s *Store) Claim(ctx context.Context, reqs []Request, lease time.Duration, 
 	if s.max == 0 {
 		return s.claimNX(ctx, reqs, lease, out)
 	}
+	return s.claimScripted(ctx, reqs, lease, out)
+}
+
+// claimScripted is Claim through claimScript.
+func (s *Store) claimScripted(ctx context.Context, reqs []Request, lease time.Duration, out []Result) error {
 	leaseMS, windowMS := max(lease.Milliseconds(), 1), s.window.Milliseconds()
 	cmds, err := s.evalBatch(ctx, claimScript, reqs, func(r *Request) []any {
 		return []any{claimPrefix(r.Token), leaseMS, windowMS, s.max}
@@ -420,6 +432,7 @@ func (s *Store) claimNX(ctx context.Context, reqs []Request, lease time.Duration
 	if err := s.exec(ctx, pipe); err != nil && !errors.Is(err, goredis.Nil) {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
+	var later []int // keys the script must decide
 	for i, cmd := range cmds {
 		old, err := cmd.Result()
 		switch {
@@ -429,11 +442,28 @@ func (s *Store) claimNX(ctx context.Context, reqs []Request, lease time.Duration
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
 		case old == claimPrefix(reqs[i].Token):
 			out[i] = Result{Status: Acquired} // our own claim: a retried SET the server had applied
+		case len(old) > 0 && (old[0] == 'R' || old[0] == claimTag && len(old) > 17):
+			// An attempt count, or a claim with its lease in the value,
+			// left while the prefix had MaxAttempts: the script knows them.
+			later = append(later, i)
 		default:
 			if out[i], err = decodeClaim(old); err != nil || out[i].Status != Held && out[i].Status != Committed {
 				return fmt.Errorf("%w: unexpected value of %d bytes at %q", ErrUnavailable, len(old), s.Key(reqs[i].NS, reqs[i].Key))
 			}
 		}
+	}
+	if len(later) == 0 {
+		return nil
+	}
+	sub, subOut := make([]Request, len(later)), make([]Result, len(later))
+	for j, i := range later {
+		sub[j] = reqs[i]
+	}
+	if err := s.claimScripted(ctx, sub, lease, subOut); err != nil {
+		return err
+	}
+	for j, i := range later {
+		out[i] = subOut[j]
 	}
 	return nil
 }
@@ -486,7 +516,19 @@ func (s *Store) Commit(ctx context.Context, reqs []Request, out []Status) error 
 func (s *Store) Release(ctx context.Context, reqs []Request, out []Status) error {
 	window := s.window.Milliseconds()
 	return s.runScript(ctx, releaseScript, reqs, out, func(r *Request) []any {
-		return []any{claimPrefix(r.Token), s.max, window}
+		return []any{claimPrefix(r.Token), s.max, window, 1, 0}
+	})
+}
+
+// GiveBack is Release for claims the caller gives back because its own call
+// failed (not because a handler did): the attempt count is kept as it is,
+// and a commit carrying the caller's token, applied by the server although
+// the caller was told it failed, is deleted too, so that every process
+// finds the key free again. out[i] is OK or Lost.
+func (s *Store) GiveBack(ctx context.Context, reqs []Request, out []Status) error {
+	window := s.window.Milliseconds()
+	return s.runScript(ctx, releaseScript, reqs, out, func(r *Request) []any {
+		return []any{claimPrefix(r.Token), s.max, window, 0, 1}
 	})
 }
 

@@ -1,0 +1,87 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/tierdedup/tierdedup/engine"
+)
+
+// Probe: counts survive rotation, eviction and a clean restart (warm Bloom).
+func TestEmbeddedCountsProbe(t *testing.T) {
+	ctx := context.Background()
+	mem := vfs.NewMem()
+	clock := newClock()
+	o := engine.Options{Dir: "db", FS: mem, Clock: clock, MaxAttempts: 3, MemoryCapacity: 16, Stripes: 1,
+		Window: 4 * time.Hour, Partition: time.Hour, Lease: time.Minute}
+	e := open(t, o)
+	boom := errors.New("boom")
+	key := []byte("k")
+	fail := func(e *engine.Engine, want engine.Outcome) {
+		t.Helper()
+		out, err := e.Do(ctx, key, func(context.Context) error { return boom })
+		if out != want {
+			t.Fatalf("Do = %v, %v; want %v", out, err, want)
+		}
+	}
+	fail(e, engine.New)
+	clock.Add(90 * time.Minute)
+	for i := range 64 {
+		if _, err := e.MarkIfAbsent(ctx, []byte(fmt.Sprint("filler-", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fail(e, engine.New)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e = open(t, o)
+	fail(e, engine.New)
+	if out, err := e.Claim(ctx, key); err != nil || out.Outcome != engine.Poison {
+		t.Fatalf("after 3 failures: %v, %v", out.Outcome, err)
+	}
+	e.Close()
+}
+
+// A clock reading before 1970 at the first Open of a store is "no
+// progress", but there is no high-water reading yet: engine time starts at
+// 0 (1970), keys are committed in partition 0, and the first sane reading
+// is a 56-year jump that drops them: an acknowledged key is New seconds
+// later.
+func TestBogusClockAtFirstOpen(t *testing.T) {
+	ctx := context.Background()
+	clock := newClock()
+	good := clock.Now()
+	clock.t = time.Date(1969, 12, 31, 23, 0, 0, 0, time.UTC) // an RTC that lost its battery, say
+	fs := vfs.NewMem()
+	for _, o := range []engine.Options{
+		{Dir: "db", FS: fs, Clock: clock, Logger: quiet},
+		{Tiers: engine.MemoryOnly, Clock: clock, Logger: quiet},
+	} {
+		if _, err := engine.Open(&o); !errors.Is(err, engine.ErrOptions) || !strings.Contains(err.Error(), "Clock") {
+			t.Fatalf("%v: Open with a clock at 1969 and no earlier reading = %v, want ErrOptions naming Clock", o.Tiers, err)
+		}
+	}
+	clock.mu.Lock()
+	clock.t = good // NTP fixes the clock
+	clock.mu.Unlock()
+	e := open(t, engine.Options{Dir: "db", FS: fs, Clock: clock})
+	if o, err := e.MarkIfAbsent(ctx, []byte("paid-order")); err != nil || o != engine.New {
+		t.Fatal(o, err)
+	}
+	_ = e.Close()
+	clock.mu.Lock()
+	clock.t = time.Date(1969, 12, 31, 23, 0, 0, 0, time.UTC) // the battery fails again
+	clock.mu.Unlock()
+	e = open(t, engine.Options{Dir: "db", FS: fs, Clock: clock}) // the store's reading stands in
+	defer e.Close()
+	if o, err := e.MarkIfAbsent(ctx, []byte("paid-order")); err != nil || o != engine.Duplicate {
+		t.Fatalf("with the clock at 1969 after a sane reading: %v, %v; want Duplicate", o, err)
+	}
+}

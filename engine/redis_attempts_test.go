@@ -1,0 +1,181 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/redis/redistest"
+)
+
+// R1: Claim + Commit under MaxAttempts; the commit reaches Redis but its
+// reply is lost (ErrUnavailable). After the engine's lease, the next claim
+// is decided by memory alone (expired claim counted, attempts >= max) as
+// Poison, although Redis holds the commit: want Duplicate.
+func TestRedisCommittedKeyBecomesPoison(t *testing.T) {
+	srv := redistest.Start(t)
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	defer c.Close()
+	clock := newClock()
+	prefix := fmt.Sprintf("r2a-%d:", time.Now().UnixNano())
+	e := openRedis(t, c, engine.Options{RedisPrefix: prefix, Clock: clock, MaxAttempts: 1})
+	defer e.Close()
+	key := []byte("order-1")
+	cl, err := e.Claim(context.Background(), key)
+	if err != nil || cl.Outcome != engine.New {
+		t.Fatal(cl.Outcome, err)
+	}
+	srv.Pause()
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+	cerr := e.Commit(ctx, cl)
+	cancel()
+	srv.Resume()
+	if !errors.Is(cerr, engine.ErrUnavailable) {
+		t.Skipf("commit = %v", cerr)
+	}
+	rk := prefix + "\x00\x00" + string(key)
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if v, _ := c.Get(context.Background(), rk).Result(); len(v) > 0 && v[0] == 'D' {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the commit never reached Redis")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	clock.Add(engine.DefaultLease + time.Second) // the redelivery comes after the lease
+	got, err := e.Claim(context.Background(), key)
+	if err != nil || got.Outcome != engine.Duplicate {
+		t.Fatalf("claim of a key Redis holds committed: %v, %v; want Duplicate", got.Outcome, err)
+	}
+}
+
+// R2: MarkIfAbsent under MaxAttempts whose commit reply is lost: the
+// give-back release counts an attempt in memory (Redis still paused, so
+// Redis counts nothing), and the retry is Poison from memory, never asking
+// Redis: the handler never ran, and the README says the retry is New.
+func TestRedisLostMarkBecomesPoison(t *testing.T) {
+	srv := redistest.Start(t)
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	defer c.Close()
+	clock := &hookClock{fakeClock: newClock()}
+	prefix := fmt.Sprintf("r2b-%d:", time.Now().UnixNano())
+	e := openRedis(t, c, engine.Options{RedisPrefix: prefix, Clock: clock, Lease: time.Hour, MaxAttempts: 1})
+	defer e.Close()
+	key := []byte("order-1")
+	clock.arm(2, func() {
+		srv.Pause()
+		time.AfterFunc(600*time.Millisecond, srv.Resume)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+	o, err := e.MarkIfAbsent(ctx, key)
+	cancel()
+	if !clock.fired.Load() {
+		t.Fatal("hook did not fire")
+	}
+	if err == nil {
+		t.Skipf("mark succeeded: %v", o)
+	}
+	t.Logf("first MarkIfAbsent: %v, %v", o, err)
+	time.Sleep(900 * time.Millisecond)
+	o, err = e.MarkIfAbsent(context.Background(), key)
+	if err != nil || o != engine.New {
+		t.Fatalf("retry of a MarkIfAbsent that failed with ErrUnavailable (MaxAttempts 1): %v, %v; want New", o, err)
+	}
+}
+
+// R3: memory keeps a released count until the partition's expiry (up to
+// Window + Partition), Redis for Window (PX). After Redis forgot the count,
+// another process claims and commits the key; this process still answers
+// Poison from memory: want Duplicate (the count is "shared", one lifetime).
+func TestRedisMemoryPoisonOutlivesRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	defer c.Close()
+	prefix := fmt.Sprintf("r2c-%d:", time.Now().UnixNano())
+	o := engine.Options{RedisPrefix: prefix, Window: 2 * time.Second, Partition: 10 * time.Second, Lease: 500 * time.Millisecond, MaxAttempts: 1}
+	a, b := openRedis(t, c, o), openRedis(t, c, o)
+	defer a.Close()
+	defer b.Close()
+	ctx := context.Background()
+	key := []byte("order-1")
+	boom := errors.New("handler failed")
+	if out, err := a.Do(ctx, key, func(context.Context) error { return boom }); out != engine.New || !errors.Is(err, boom) {
+		t.Fatal(out, err)
+	}
+	time.Sleep(2300 * time.Millisecond) // past Window: Redis has forgotten the count
+	if out, err := b.Do(ctx, key, func(context.Context) error { return nil }); out != engine.New || err != nil {
+		t.Fatalf("other process after the window: %v, %v", out, err)
+	}
+	if out, err := a.Claim(ctx, key); err != nil || out.Outcome != engine.Duplicate {
+		t.Fatalf("key committed by another process: %v, %v; want Duplicate", out.Outcome, err)
+	}
+}
+
+// R4: a mark whose commit reply was lost is "recognised on retry and
+// answered New" only by the same engine: the broker redelivers the
+// unacked message to another consumer process, which answers Duplicate:
+// the message is never processed.
+func TestRedisLostMarkOtherProcess(t *testing.T) {
+	srv := redistest.Start(t)
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	defer c.Close()
+	clock := &hookClock{fakeClock: newClock()}
+	prefix := fmt.Sprintf("r2d-%d:", time.Now().UnixNano())
+	a := openRedis(t, c, engine.Options{RedisPrefix: prefix, Clock: clock, Lease: time.Hour})
+	defer a.Close()
+	b := openRedis(t, c, engine.Options{RedisPrefix: prefix})
+	defer b.Close()
+	key := []byte("order-1")
+	clock.arm(2, func() {
+		srv.Pause()
+		time.AfterFunc(400*time.Millisecond, srv.Resume)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+	o, err := a.MarkIfAbsent(ctx, key)
+	cancel()
+	if !clock.fired.Load() {
+		t.Fatal("hook did not fire")
+	}
+	if err == nil {
+		t.Skipf("mark succeeded: %v", o)
+	}
+	time.Sleep(600 * time.Millisecond)
+	o, err = b.MarkIfAbsent(context.Background(), key)
+	if err != nil || o != engine.New {
+		t.Fatalf("redelivery to another process of a mark that failed with %v: %v, %v; want New (nobody processed it)", errString(err), o, err)
+	}
+}
+
+// R5: the README's procedure to change MaxAttempts on a prefix ("stop
+// every process on the prefix and delete that key") leaves the counting
+// format's values in Redis for the window: a key whose handler failed once
+// ('R1', TTL Window) is unreadable to the SET NX GET claim, so every claim
+// of it fails with ErrUnavailable for the whole window (7 days by default).
+func TestRedisMaxAttemptsChangeStrandsKeys(t *testing.T) {
+	srv := redistest.Start(t)
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	defer c.Close()
+	ctx := context.Background()
+	prefix := fmt.Sprintf("r2e-%d:", time.Now().UnixNano())
+	a := openRedis(t, c, engine.Options{RedisPrefix: prefix, MaxAttempts: 3})
+	boom := errors.New("handler failed")
+	if out, err := a.Do(ctx, []byte("order-1"), func(context.Context) error { return boom }); out != engine.New || !errors.Is(err, boom) {
+		t.Fatal(out, err)
+	}
+	_ = a.Close()
+	if err := c.Del(ctx, prefix+"\x00").Err(); err != nil { // the documented procedure
+		t.Fatal(err)
+	}
+	b := openRedis(t, c, engine.Options{RedisPrefix: prefix}) // MaxAttempts 0 now
+	defer b.Close()
+	cl, err := b.Claim(ctx, []byte("order-1"))
+	if err != nil || cl.Outcome != engine.New {
+		t.Fatalf("claim after MaxAttempts 3 -> 0 (layout key deleted as documented): %v, %v; want New", cl.Outcome, err)
+	}
+}
