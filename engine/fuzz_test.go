@@ -164,6 +164,11 @@ func FuzzOptions(f *testing.F) {
 					t.Fatalf("op %d: close: %v", i, err)
 				}
 				if e, err = engine.Open(&o); err != nil {
+					// A clock outside the range the engine takes as time,
+					// with no stored reading, is refused: nothing to run.
+					if now := clock.Now(); errors.Is(err, engine.ErrOptions) && (now.Year() < 1970 || now.Year() > 2231) {
+						return
+					}
 					t.Fatalf("op %d: reopen: %v", i, err)
 				}
 			case 5:
