@@ -14,7 +14,10 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
 func TestOptionsValidateReportsEveryField(t *testing.T) {
@@ -139,14 +142,38 @@ func TestFencing(t *testing.T) {
 // TestConcurrentClaimsOneNewPerKey: 64 goroutines claim the same keys in
 // different orders and batch sizes; exactly one claim per key is New.
 func TestConcurrentClaimsOneNewPerKey(t *testing.T) {
-	for _, tiers := range []engine.Tiers{engine.Default, engine.MemoryOnly, engine.BloomOnly} {
-		t.Run(tiers.String(), func(t *testing.T) {
-			o := engine.Options{Tiers: tiers, ExpectedKeys: 10_000, MemoryCapacity: 4096}
-			if tiers == engine.Default {
-				o.Dir = t.TempDir()
-			}
-			e := open(t, o)
+	configs := []struct {
+		name string
+		open func(t *testing.T) *engine.Engine
+	}{
+		{"default", func(t *testing.T) *engine.Engine {
+			return open(t, engine.Options{Dir: t.TempDir(), ExpectedKeys: 10_000, MemoryCapacity: 4096})
+		}},
+		{"memory", func(t *testing.T) *engine.Engine {
+			return open(t, engine.Options{Tiers: engine.MemoryOnly, MemoryCapacity: 4096})
+		}},
+		{"bloom", func(t *testing.T) *engine.Engine {
+			return open(t, engine.Options{Tiers: engine.BloomOnly, ExpectedKeys: 10_000})
+		}},
+		{"redis", func(t *testing.T) *engine.Engine {
+			c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr, PoolSize: 64})
+			t.Cleanup(func() { c.Close() })
+			return openRedis(t, c, engine.Options{MemoryCapacity: 4096})
+		}},
+		{"redis-cluster", func(t *testing.T) *engine.Engine {
+			c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: redistest.StartCluster(t).Addrs(), PoolSize: 64})
+			t.Cleanup(func() { c.Close() })
+			return openRedis(t, c, engine.Options{MemoryCapacity: 4096})
+		}},
+	}
+	for _, cfg := range configs {
+		t.Run(cfg.name, func(t *testing.T) {
+			e := cfg.open(t)
 			defer e.Close()
+			tiers := engine.Default
+			if cfg.name == "bloom" {
+				tiers = engine.BloomOnly
+			}
 			const workers, nkeys = 64, 500
 			keys := make([][]byte, nkeys)
 			for i := range keys {

@@ -258,7 +258,10 @@ func redisChild(spec string) int {
 	addr, prefix := parts[0], parts[1]
 	id, _ := strconv.Atoi(parts[2])
 	n, _ := strconv.Atoi(parts[3])
-	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	var c goredis.UniversalClient = goredis.NewClient(&goredis.Options{Addr: addr})
+	if strings.Contains(addr, ",") { // a cluster's masters
+		c = goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: strings.Split(addr, ",")})
+	}
 	defer c.Close()
 	e, err := engine.Open(&engine.Options{Tiers: engine.Redis, Redis: c, RedisPrefix: prefix, Logger: quiet})
 	if err != nil {
@@ -295,15 +298,22 @@ func redisChild(spec string) int {
 	return 0
 }
 
+// TestRedisProcessesRace: four OS processes claim the same keys through one
+// Redis node, and through a 3-master cluster; each key is New in exactly
+// one process.
 func TestRedisProcessesRace(t *testing.T) {
-	srv := redistest.Start(t)
+	t.Run("node", func(t *testing.T) { runProcessesRace(t, redistest.Start(t).Addr) })
+	t.Run("cluster", func(t *testing.T) { runProcessesRace(t, strings.Join(redistest.StartCluster(t).Addrs(), ",")) })
+}
+
+func runProcessesRace(t *testing.T, addr string) {
 	const procs, keys = 4, 3000
 	prefix := fmt.Sprintf("race-%d:", time.Now().UnixNano())
 	news := map[string]int{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for p := range procs {
-		cmd, stdout := startChild(t, fmt.Sprintf("%s=%s|%s|%d|%d", redisChildEnv, srv.Addr, prefix, p, keys))
+		cmd, stdout := startChild(t, fmt.Sprintf("%s=%s|%s|%d|%d", redisChildEnv, addr, prefix, p, keys))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
