@@ -534,7 +534,6 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 			}
 			continue
 		}
-		c.storeHits++
 		if h.Value.State == pebble.StateReleased {
 			// Not committed, but its claims failed before: the stored
 			// count, or this process's if higher, decides Poison.
@@ -546,6 +545,7 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 			}
 			continue
 		}
+		c.storeHits++
 		actions[j] = memory.Commit
 		expires[j] = e.parts.Expiry(h.Partition)
 		digests[j] = h.Value.Digest

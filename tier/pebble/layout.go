@@ -91,7 +91,7 @@ func decodeLayout(b []byte) (Layout, error) {
 // refuses a mismatch. A store with records but no layout was written by a
 // format before layouts were recorded, and is refused too: its partition
 // length is unknown.
-func (s *Store) initLayout(partition, window time.Duration) error {
+func (s *Store) initLayout(partition, window time.Duration, now int64) error {
 	raw, closer, err := s.db.Get(keyLayout)
 	if err == nil {
 		defer closer.Close()
@@ -127,7 +127,10 @@ func (s *Store) initLayout(partition, window time.Duration) error {
 	b := s.db.NewBatch()
 	defer b.Close()
 	_ = b.Set(keyLayout, appendLayout(nil, l), nil)
-	_ = b.Set(keyCreated, binary.LittleEndian.AppendUint64(nil, uint64(time.Now().UnixNano())), nil)
+	if now == 0 {
+		now = time.Now().UnixNano()
+	}
+	_ = b.Set(keyCreated, binary.LittleEndian.AppendUint64(nil, uint64(now)), nil)
 	if err := b.Commit(pebble.Sync); err != nil {
 		return fmt.Errorf("%w: %w", ErrStorage, err)
 	}

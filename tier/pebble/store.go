@@ -75,6 +75,9 @@ type Options struct {
 	// Partition and Window are the layout a new store records and an
 	// existing one must match (see Layout); both required.
 	Partition, Window time.Duration
+	// Now is the time a new store records as its creation (Created), in
+	// Unix nanoseconds of the caller's clock; zero means the system clock.
+	Now int64
 }
 
 // Validate reports every invalid field at once.
@@ -198,7 +201,7 @@ func Open(opts *Options) (*Store, error) {
 	if o.NoSync {
 		s.writeOpts = pebble.NoSync
 	}
-	if err := s.initLayout(o.Partition, o.Window); err != nil {
+	if err := s.initLayout(o.Partition, o.Window, o.Now); err != nil {
 		cancel()
 		_ = db.Close()
 		s.closeHealth()
@@ -410,7 +413,7 @@ func (s *Store) WriteWith(recs []Record, user []UserWrite) (err error) {
 }
 
 // Created returns when the store was first opened, in Unix nanoseconds of
-// the system clock.
+// the clock Options.Now was read from.
 func (s *Store) Created() (int64, error) { return s.meta(keyCreated) }
 
 func (s *Store) meta(key []byte) (int64, error) {
