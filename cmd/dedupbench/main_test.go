@@ -117,6 +117,42 @@ func TestCompareAgainstRedis(t *testing.T) {
 	}
 }
 
+// TestCompareAgainstPostgres runs the PostgreSQL dedup-table baselines the
+// README quotes against the server on 127.0.0.1:5432 (TIERDEDUP_POSTGRES
+// overrides the address): every row must run and report a ratio. With
+// TIERDEDUP_REQUIRE_POSTGRES set (CI sets it) an unreachable server fails
+// the test instead of skipping it.
+func TestCompareAgainstPostgres(t *testing.T) {
+	dsn := os.Getenv("TIERDEDUP_POSTGRES")
+	if dsn == "" {
+		dsn = "postgres://postgres:test@127.0.0.1:5432/test"
+	}
+	var out, errOut bytes.Buffer
+	args := []string{"compare", "-keys", "20000", "-redis", "", "-postgres", dsn, "-budget", "1s"}
+	if err := run(context.Background(), args, &out, &errOut); err != nil {
+		t.Fatal(err, errOut.String())
+	}
+	s := out.String()
+	if strings.Contains(s, "skipped: no PostgreSQL") {
+		if os.Getenv("TIERDEDUP_REQUIRE_POSTGRES") != "" {
+			t.Fatalf("PostgreSQL at %s is required (TIERDEDUP_REQUIRE_POSTGRES is set):\n%s", dsn, s)
+		}
+		t.Skipf("no PostgreSQL at %s (set TIERDEDUP_REQUIRE_POSTGRES to make this a failure)", dsn)
+	}
+	for _, row := range []string{"per message, 1 connection", "per message, 16 connections", "batch of 256 (sorted unnest), 1 connection", "batch of 256 (sorted unnest), 4 connections"} {
+		found := false
+		for _, line := range strings.Split(s, "\n") {
+			if strings.Contains(line, "postgres") && strings.Contains(line, row) && strings.Contains(line, "faster") {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("no PostgreSQL row %q with a ratio:\n%s", row, s)
+		}
+	}
+	t.Log("\n" + s)
+}
+
 func TestUnknownCommand(t *testing.T) {
 	if err := run(context.Background(), []string{"frobnicate"}, &bytes.Buffer{}, &bytes.Buffer{}); err == nil {
 		t.Fatal("unknown command accepted")
