@@ -38,7 +38,11 @@ func PrintResult(w io.Writer, r *Result) {
 		}
 		p("keys/s per simulated day", "%s", strings.Join(days, ", "))
 	}
-	p("answers", "%d New for %d distinct keys: %d new keys dropped, %d duplicates let through", r.New, r.Fresh, r.WronglyDropped, r.DupsLetThrough)
+	dups := fmt.Sprintf("%d duplicates let through", r.DupsLetThrough)
+	if !r.DupsChecked {
+		dups = "duplicates not checked (they reach past the window)"
+	}
+	p("answers", "%d New for %d distinct keys, checked key by key: %d new keys dropped, %s", r.New, r.Fresh, r.WronglyDropped, dups)
 	tw.Flush()
 }
 

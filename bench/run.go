@@ -80,16 +80,41 @@ type Result struct {
 	// new / keys memory did not know; Pebble found / keys read.
 	MemoryHitRatio, BloomNegativeRatio, StoreHitRatio float64
 	// Fresh is the number of distinct keys the stream sent and New the
-	// number of New answers. Workers run batches concurrently, so the first
-	// copy of a key to arrive may be a later message: only the totals can be
-	// compared. WronglyDropped is Fresh−New and DupsLetThrough New−Fresh
-	// when positive; both are zero for an exact configuration.
+	// number of New answers. Every answer is checked against the
+	// workload's ground truth, key by key: WronglyDropped counts distinct
+	// keys never answered New (a new message dropped), DupsLetThrough the
+	// New answers beyond the first for one key (a duplicate let through).
+	// Workers run batches concurrently, so which copy of a key gets the New
+	// may vary; that each key gets exactly one does not. DupsChecked is
+	// false when duplicates may reach past the window (a second New may
+	// then be right), and DupsLetThrough is not counted.
 	Fresh, New                     int64
 	WronglyDropped, DupsLetThrough int64
+	DupsChecked                    bool
 	Series                         []Point
 	// PerDay is the throughput of each simulated day, from the series.
 	PerDay []DayRate
 	Stats  engine.Stats
+}
+
+// ErrExactness reports a run whose answers broke a promise of its
+// configuration (see Result.Exactness).
+var ErrExactness = errors.New("bench: wrong answers")
+
+// Exactness returns an error matching ErrExactness when the run's answers
+// broke a promise of its configuration: a new key dropped (every
+// configuration but bloom-only, whose false positives do that at the
+// configured rate) or a duplicate let through (every configuration but
+// memory-only, which forgets after eviction).
+func (r *Result) Exactness() error {
+	var errs []error
+	if r.WronglyDropped > 0 && r.Tiers != engine.BloomOnly.String() {
+		errs = append(errs, fmt.Errorf("%w: %s dropped %d new keys", ErrExactness, r.Tiers, r.WronglyDropped))
+	}
+	if r.DupsLetThrough > 0 && r.Tiers != engine.MemoryOnly.String() {
+		errs = append(errs, fmt.Errorf("%w: %s let %d duplicates through", ErrExactness, r.Tiers, r.DupsLetThrough))
+	}
+	return errors.Join(errs...)
 }
 
 // DayRate is the throughput sustained during one simulated day.
@@ -149,6 +174,10 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 		o.Lease = window / 2
 	}
 
+	// News per fresh key, saturating: the ground truth each answer is
+	// checked against (one byte a message, allocated before the heap is
+	// measured).
+	newsPerKey := make([]uint8, max(rc.Workload.Keys, 0))
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
@@ -165,7 +194,7 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 
 	res := &Result{Tiers: o.Tiers.String(), Workload: stream.Config(), Batch: rc.Batch, Workers: rc.Workers, Keys: rc.Workload.Keys}
 	var (
-		mu        sync.Mutex // guards stream
+		mu        sync.Mutex // guards stream and newsPerKey
 		latencies = make([][]time.Duration, rc.Workers)
 		fresh     atomic.Int64
 		news      atomic.Int64
@@ -204,10 +233,11 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 			defer wg.Done()
 			var keys [][]byte
 			var kinds []Kind
+			idx := make([]int64, 0, rc.Batch)
 			out := make([]engine.Outcome, rc.Batch)
 			for ctx.Err() == nil {
 				mu.Lock()
-				keys, kinds = stream.Batch(keys, kinds, rc.Batch)
+				keys, kinds, idx = stream.IndexedBatch(keys, kinds, idx, rc.Batch)
 				mu.Unlock()
 				if len(keys) == 0 {
 					return
@@ -229,6 +259,13 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 				}
 				fresh.Add(f)
 				news.Add(n)
+				mu.Lock()
+				for i, o := range out[:len(keys)] {
+					if o == engine.New && newsPerKey[idx[i]] < 255 {
+						newsPerKey[idx[i]]++
+					}
+				}
+				mu.Unlock()
 				processed.Add(int64(len(keys)))
 			}
 		}()
@@ -261,7 +298,19 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 	}
 	res.KeyLatency = percentiles(all)
 	res.Fresh, res.New = fresh.Load(), news.Load()
-	res.WronglyDropped, res.DupsLetThrough = max(0, res.Fresh-res.New), max(0, res.New-res.Fresh)
+	window := o.Window
+	if window == 0 {
+		window = engine.DefaultWindow
+	}
+	res.DupsChecked = stream.Config().DupReach <= window
+	for _, n := range newsPerKey[:stream.fresh] {
+		switch {
+		case n == 0:
+			res.WronglyDropped++
+		case n > 1 && res.DupsChecked:
+			res.DupsLetThrough += int64(n) - 1
+		}
+	}
 
 	if rc.Compact && o.Tiers == engine.Default {
 		if err := e.Compact(context.WithoutCancel(ctx)); err != nil {

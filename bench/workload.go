@@ -161,29 +161,47 @@ const (
 // Batch appends up to n messages' keys to dst (reusing its buffers) and
 // their kinds to kinds, and returns both. It returns fewer at the end.
 func (s *Stream) Batch(dst [][]byte, kinds []Kind, n int) ([][]byte, []Kind) {
-	dst, kinds = dst[:0], kinds[:0]
+	dst, kinds, _ = s.IndexedBatch(dst, kinds, nil, n)
+	return dst, kinds
+}
+
+// IndexedBatch is Batch that also appends, for each message, the index of
+// the fresh key it carries (0 for the first fresh key of the stream, and
+// so on): the ground truth a run checks each answer against.
+func (s *Stream) IndexedBatch(dst [][]byte, kinds []Kind, idx []int64, n int) ([][]byte, []Kind, []int64) {
+	dst, kinds, idx = dst[:0], kinds[:0], idx[:0]
 	for len(dst) < n && s.next < s.c.Keys {
 		var key []byte
 		if cap(dst) > len(dst) {
 			key = dst[:len(dst)+1][len(dst)][:0]
 		}
 		kind := Fresh
+		var i int64
 		switch r := s.rng.Float64(); {
 		case len(dst) > 0 && r < s.c.InBatchRepeat:
-			key = append(key, dst[s.rng.IntN(len(dst))]...)
+			j := s.rng.IntN(len(dst))
+			key = append(key, dst[j]...)
 			kind = InBatch
+			if idx != nil {
+				i = idx[j]
+			}
 		case s.fresh > 0 && r < s.c.InBatchRepeat+s.c.DupRatio:
-			key = s.appendKey(key, s.earlier())
+			i = s.earlier()
+			key = s.appendKey(key, i)
 			kind = Repeat
 		default:
+			i = s.fresh
 			key = s.appendKey(key, s.fresh)
 			s.fresh++
 		}
 		dst = append(dst, key)
 		kinds = append(kinds, kind)
+		if idx != nil {
+			idx = append(idx, i)
+		}
 		s.next++
 	}
-	return dst, kinds
+	return dst, kinds, idx
 }
 
 // earlier picks the fresh index a duplicate repeats: within DupReach of

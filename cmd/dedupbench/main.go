@@ -144,7 +144,11 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	return finish(stdout, *report, *asJSON, res, nil, res, func() { bench.PrintResult(stdout, res) })
+	if err := finish(stdout, *report, *asJSON, res, nil, res, func() { bench.PrintResult(stdout, res) }); err != nil {
+		return err
+	}
+	// A broken promise fails the command, after its figures are out.
+	return res.Exactness()
 }
 
 // bindOutput binds -json and -report, shared by run and compare.

@@ -1,0 +1,68 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/tierdedup/tierdedup/engine"
+)
+
+// TestRunChecksEveryKey runs one workload (10 % duplicates reaching an
+// hour back, 5 % repeats inside a batch) through three configurations and
+// checks the per-key verdicts: the default is exact; memory-only with a
+// cache far smaller than the reach lets duplicates through (and drops
+// nothing); bloom-only with overfilled filters drops new keys (and lets
+// no duplicate through). Each count is of its own kind, so a dropped key
+// and a let-through duplicate cannot cancel out as totals would.
+func TestRunChecksEveryKey(t *testing.T) {
+	w := WorkloadConfig{Keys: 60_000, DupRatio: 0.1, DupReach: time.Hour, InBatchRepeat: 0.05, Span: 24 * time.Hour, Seed: 3}
+	for _, tt := range []struct {
+		name                string
+		o                   engine.Options
+		dropped, letThrough bool
+	}{
+		{"default", engine.Options{FS: vfs.NewMem(), Dir: "db", ExpectedKeys: 100_000}, false, false},
+		{"memory-evicting", engine.Options{Tiers: engine.MemoryOnly, MemoryCapacity: 256}, false, true},
+		{"bloom-overfilled", engine.Options{Tiers: engine.BloomOnly, ExpectedKeys: 2_000, FalsePositive: 0.2}, true, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			res, err := Run(context.Background(), RunConfig{Workload: w, Engine: tt.o, Workers: 4})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%d fresh, %d New: %d dropped, %d let through", res.Fresh, res.New, res.WronglyDropped, res.DupsLetThrough)
+			if !res.DupsChecked {
+				t.Fatal("duplicates reaching an hour into a week's window were not checked")
+			}
+			if (res.WronglyDropped > 0) != tt.dropped || (res.DupsLetThrough > 0) != tt.letThrough {
+				t.Fatalf("dropped %d (want some: %v), let through %d (want some: %v)", res.WronglyDropped, tt.dropped, res.DupsLetThrough, tt.letThrough)
+			}
+			if got, want := res.New+res.WronglyDropped-res.DupsLetThrough, res.Fresh; got != want {
+				t.Fatalf("New %d + dropped %d − let through %d = %d, want the %d fresh keys", res.New, res.WronglyDropped, res.DupsLetThrough, got, want)
+			}
+			if err := res.Exactness(); err != nil {
+				t.Fatalf("errors of the kind this configuration allows are not a broken promise: %v", err)
+			}
+		})
+	}
+}
+
+// TestExactnessFailsBrokenPromises: the same counts are a broken promise in
+// a configuration that makes it.
+func TestExactnessFailsBrokenPromises(t *testing.T) {
+	for _, r := range []Result{
+		{Tiers: engine.Default.String(), WronglyDropped: 1},
+		{Tiers: engine.Default.String(), DupsLetThrough: 1},
+		{Tiers: engine.Redis.String(), DupsLetThrough: 1},
+		{Tiers: engine.MemoryOnly.String(), WronglyDropped: 1},
+		{Tiers: engine.BloomOnly.String(), DupsLetThrough: 1},
+	} {
+		if err := r.Exactness(); !errors.Is(err, ErrExactness) {
+			t.Errorf("%s dropped %d, let through %d: Exactness = %v", r.Tiers, r.WronglyDropped, r.DupsLetThrough, err)
+		}
+	}
+}
