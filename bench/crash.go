@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -20,21 +22,81 @@ import (
 // Strategy is how a consumer orders processing and committing its offset.
 type Strategy string
 
-// The three strategies of the crash table.
+// The strategies of the crash table.
 const (
 	OffsetFirst  Strategy = "commit offset, then process"
 	ProcessFirst Strategy = "process, then commit offset"
 	WithEngine   Strategy = "process with the dedup engine, then commit offset"
+	// WithLedger writes the effect as a record in the engine's commit
+	// (CommitBatchWith): effect and mark are one atomic write.
+	WithLedger Strategy = "effect written in the engine's commit, then commit offset"
 )
 
 // Strategies lists them in table order.
-var Strategies = []Strategy{OffsetFirst, ProcessFirst, WithEngine}
+var Strategies = []Strategy{OffsetFirst, ProcessFirst, WithEngine, WithLedger}
+
+// Kill is one SIGKILL of the consumer: just before it processes message At,
+// or, with AfterEffect, after that message's effect and before it is
+// marked (for WithLedger, just before the one write that does both).
+type Kill struct {
+	At          int
+	AfterEffect bool
+}
 
 // CrashConfig is the crash experiment: Messages messages, the offset
-// committed every Every, the consumer killed (SIGKILL) just before it
-// processes message KillAt, then restarted.
+// committed every Every, the consumer killed (SIGKILL) at each of Kills in
+// turn and restarted, then run to the end. Kills must fall in distinct
+// offset batches, in increasing order. Without Kills, one kill just before
+// message KillAt.
 type CrashConfig struct {
 	Messages, Every, KillAt int
+	Kills                   []Kill
+}
+
+// Expected returns the row a strategy must produce for c's kills: what is
+// lost or repeated follows from where each kill falls in its offset batch.
+func (c CrashConfig) Expected(s Strategy) CrashRow {
+	row := CrashRow{Strategy: s}
+	for _, k := range c.kills() {
+		start := (k.At-1)/c.Every*c.Every + 1
+		end := min(start+c.Every-1, c.Messages)
+		done := k.At - start // effects of this batch before the kill
+		if k.AfterEffect {
+			done++
+		}
+		switch s {
+		case OffsetFirst:
+			row.Lost += end - start + 1 - done
+		case ProcessFirst:
+			row.Duplicated += done
+		case WithEngine:
+			if k.AfterEffect {
+				row.Duplicated++ // the effect happened; its mark did not
+			}
+		}
+	}
+	row.Processed = c.Messages - row.Lost + row.Duplicated
+	return row
+}
+
+func (c CrashConfig) kills() []Kill {
+	if len(c.Kills) == 0 {
+		return []Kill{{At: c.KillAt}}
+	}
+	return c.Kills
+}
+
+// RandomKills picks n kill points in distinct offset batches of a topic of
+// messages, each at a random message and phase.
+func RandomKills(messages, every, n int, rng *rand.Rand) []Kill {
+	batches := rng.Perm((messages + every - 1) / every)[:min(n, (messages+every-1)/every)]
+	slices.Sort(batches)
+	kills := make([]Kill, len(batches))
+	for i, b := range batches {
+		size := min(every, messages-b*every)
+		kills[i] = Kill{At: b*every + 1 + rng.IntN(size), AfterEffect: rng.IntN(2) == 0}
+	}
+	return kills
 }
 
 // CrashRow is one strategy's outcome: effects performed, messages whose
@@ -57,13 +119,23 @@ func CrashTable(ctx context.Context, c CrashConfig, child func(args ...string) *
 		}
 		defer os.RemoveAll(dir)
 		args := []string{"-strategy", strconv.Itoa(i), "-dir", dir, "-messages", strconv.Itoa(c.Messages), "-every", strconv.Itoa(c.Every)}
-		if err := runUntilKilled(ctx, child(append(args, "-kill-at", strconv.Itoa(c.KillAt))...), c.KillAt); err != nil {
-			return nil, fmt.Errorf("%s: %w", s, err)
+		for _, k := range c.kills() {
+			phase := "before"
+			if k.AfterEffect {
+				phase = "effect"
+			}
+			if err := runUntilKilled(ctx, child(append(args, "-kill-at", strconv.Itoa(k.At), "-kill-phase", phase)...), k.At, phase); err != nil {
+				return nil, fmt.Errorf("%s: kill at %d (%s): %w", s, k.At, phase, err)
+			}
 		}
 		if out, err := child(args...).CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("%s: restart: %w\n%s", s, err, out)
 		}
-		row, err := countEffects(filepath.Join(dir, "effects"), c.Messages)
+		count := countEffects
+		if s == WithLedger {
+			count = countLedger
+		}
+		row, err := count(dir, c.Messages)
 		if err != nil {
 			return nil, err
 		}
@@ -73,9 +145,9 @@ func CrashTable(ctx context.Context, c CrashConfig, child func(args ...string) *
 	return rows, nil
 }
 
-// runUntilKilled starts cmd, waits until it reports reaching message at,
-// and kills it with SIGKILL.
-func runUntilKilled(ctx context.Context, cmd *exec.Cmd, at int) error {
+// runUntilKilled starts cmd, waits until it reports reaching message at in
+// phase, and kills it with SIGKILL.
+func runUntilKilled(ctx context.Context, cmd *exec.Cmd, at int, phase string) error {
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return err
@@ -85,7 +157,7 @@ func runUntilKilled(ctx context.Context, cmd *exec.Cmd, at int) error {
 		return err
 	}
 	sc := bufio.NewScanner(out)
-	want := "AT " + strconv.Itoa(at)
+	want := "AT " + strconv.Itoa(at) + " " + phase
 	reached := false
 	for sc.Scan() {
 		if sc.Text() == want {
@@ -102,14 +174,14 @@ func runUntilKilled(ctx context.Context, cmd *exec.Cmd, at int) error {
 	return ctx.Err()
 }
 
-func countEffects(path string, messages int) (CrashRow, error) {
-	f, err := os.Open(path)
+// countEffects counts the effects appended to dir/effects.
+func countEffects(dir string, messages int) (CrashRow, error) {
+	f, err := os.Open(filepath.Join(dir, "effects"))
 	if err != nil {
 		return CrashRow{}, err
 	}
 	defer f.Close()
 	seen := map[int]int{}
-	var row CrashRow
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		n, err := strconv.Atoi(sc.Text())
@@ -117,7 +189,36 @@ func countEffects(path string, messages int) (CrashRow, error) {
 			return CrashRow{}, fmt.Errorf("effects file: %w", err)
 		}
 		seen[n]++
-		row.Processed++
+	}
+	if err := sc.Err(); err != nil {
+		return CrashRow{}, err
+	}
+	return tally(seen, messages), nil
+}
+
+// countLedger counts the effect records WithLedger appended in the store,
+// one per application (effect/<message>/<pid>-<n>), so a repeat is seen.
+func countLedger(dir string, messages int) (CrashRow, error) {
+	e, err := engine.Open(&engine.Options{Dir: filepath.Join(dir, "dedup"), ExpectedKeys: 10_000})
+	if err != nil {
+		return CrashRow{}, err
+	}
+	defer e.Close()
+	seen := map[int]int{}
+	err = e.ScanWrites([]byte("effect/"), func(k, _ []byte) error {
+		m, _, _ := strings.Cut(strings.TrimPrefix(string(k), "effect/"), "/")
+		n, err := strconv.Atoi(m)
+		seen[n]++
+		return err
+	})
+	return tally(seen, messages), err
+}
+
+// tally turns effects per message into a row.
+func tally(seen map[int]int, messages int) CrashRow {
+	var row CrashRow
+	for _, n := range seen {
+		row.Processed += n
 	}
 	for m := 1; m <= messages; m++ {
 		switch {
@@ -127,14 +228,16 @@ func countEffects(path string, messages int) (CrashRow, error) {
 			row.Duplicated += seen[m] - 1
 		}
 	}
-	return row, sc.Err()
+	return row
 }
 
 // CrashChild is the consumer of the crash experiment: it reads its offset,
 // processes messages in batches of every (each effect appended and fsynced
-// to dir/effects), commits its offset per the strategy, and, given killAt,
-// prints "AT killAt" before that message and waits to be killed.
-func CrashChild(ctx context.Context, strategy Strategy, dir string, messages, every, killAt int) error {
+// to dir/effects, or, for WithLedger, written as a record in the engine's
+// commit), commits its offset per the strategy, and, given killAt, prints
+// "AT killAt before" before that message (or "AT killAt effect" after its
+// effect, with afterEffect) and waits to be killed.
+func CrashChild(ctx context.Context, strategy Strategy, dir string, messages, every, killAt int, afterEffect bool) error {
 	offsetPath := filepath.Join(dir, "offset")
 	effects, err := os.OpenFile(filepath.Join(dir, "effects"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
@@ -147,8 +250,17 @@ func CrashChild(ctx context.Context, strategy Strategy, dir string, messages, ev
 		}
 		return effects.Sync()
 	}
+	wait := func(m int, phase string) error {
+		fmt.Println("AT", m, phase)
+		select { // wait for the SIGKILL
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Minute):
+			return errors.New("not killed")
+		}
+	}
 	var e *engine.Engine
-	if strategy == WithEngine {
+	if strategy == WithEngine || strategy == WithLedger {
 		if e, err = engine.Open(&engine.Options{Dir: filepath.Join(dir, "dedup"), ExpectedKeys: 10_000}); err != nil {
 			return err
 		}
@@ -167,23 +279,50 @@ func CrashChild(ctx context.Context, strategy Strategy, dir string, messages, ev
 			}
 		}
 		for m := offset + 1; m <= end; m++ {
-			if m == killAt {
-				fmt.Println("AT", m)
-				select { // wait for the SIGKILL
-				case <-ctx.Done():
-					return ctx.Err()
-				case <-time.After(time.Minute):
-					return errors.New("not killed")
+			if m == killAt && !afterEffect {
+				if err := wait(m, "before"); err != nil {
+					return err
 				}
 			}
-			if e == nil {
+			afterThisEffect := func() error {
+				if m == killAt && afterEffect {
+					return wait(m, "effect")
+				}
+				return nil
+			}
+			key := []byte("msg-" + strconv.Itoa(m))
+			switch strategy {
+			case OffsetFirst, ProcessFirst:
 				if err := effect(m); err != nil {
 					return err
 				}
-				continue
-			}
-			if _, err := e.Do(ctx, []byte("msg-"+strconv.Itoa(m)), func(context.Context) error { return effect(m) }); err != nil {
-				return err
+				if err := afterThisEffect(); err != nil {
+					return err
+				}
+			case WithEngine:
+				if _, err := e.Do(ctx, key, func(context.Context) error {
+					if err := effect(m); err != nil {
+						return err
+					}
+					return afterThisEffect()
+				}); err != nil {
+					return err
+				}
+			case WithLedger:
+				c, err := e.Claim(ctx, key)
+				if err != nil {
+					return err
+				}
+				if c.Outcome != engine.New {
+					continue
+				}
+				if err := afterThisEffect(); err != nil { // the effect is the write below
+					return err
+				}
+				record := []engine.Write{{Key: fmt.Appendf(nil, "effect/%d/%d-%d", m, os.Getpid(), m), Value: []byte{1}}}
+				if err := e.CommitBatchWith(ctx, []engine.Claim{c}, nil, record); err != nil {
+					return err
+				}
 			}
 		}
 		if strategy != OffsetFirst {

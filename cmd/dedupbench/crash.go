@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"text/tabwriter"
@@ -17,9 +18,10 @@ import (
 func crashCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("crash", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	messages := fs.Int("messages", 1000, "messages in the topic")
+	messages := fs.Int("messages", 2000, "messages in the topic")
 	every := fs.Int("every", 100, "commit the offset every this many messages")
-	killAt := fs.Int("kill-at", 505, "SIGKILL the consumer just before this message")
+	kills := fs.Int("kills", 10, "SIGKILL the consumer this many times, each at a random message and phase (before it, or between its effect and its mark)")
+	seed := fs.Uint64("seed", 1, "seed of the kill points")
 	asJSON := fs.Bool("json", false, "print the table as JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -33,14 +35,21 @@ func crashCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		cmd.Env = os.Environ()
 		return cmd
 	}
-	rows, err := bench.CrashTable(ctx, bench.CrashConfig{Messages: *messages, Every: *every, KillAt: *killAt}, child)
+	cfg := bench.CrashConfig{Messages: *messages, Every: *every, Kills: bench.RandomKills(*messages, *every, *kills, rand.New(rand.NewPCG(*seed, 0)))}
+	rows, err := bench.CrashTable(ctx, cfg, child)
 	if err != nil {
 		return err
 	}
 	if *asJSON {
 		return writeJSON(stdout, rows)
 	}
-	fmt.Fprintf(stdout, "%d messages, offset committed every %d, consumer killed (SIGKILL) at message %d, then restarted:\n\n", *messages, *every, *killAt)
+	after := 0
+	for _, k := range cfg.Kills {
+		if k.AfterEffect {
+			after++
+		}
+	}
+	fmt.Fprintf(stdout, "%d messages, offset committed every %d, consumer killed (SIGKILL) %d times at random messages (%d of them between an effect and its mark), restarted after each:\n\n", *messages, *every, len(cfg.Kills), after)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "strategy\tprocessed\tduplicated\tlost")
 	for _, r := range rows {
@@ -56,11 +65,12 @@ func crashChildCmd(ctx context.Context, args []string) error {
 	messages := fs.Int("messages", 1000, "")
 	every := fs.Int("every", 100, "")
 	killAt := fs.Int("kill-at", 0, "")
+	phase := fs.String("kill-phase", "before", "before, or effect (between the effect and its mark)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *strategy < 0 || *strategy >= len(bench.Strategies) {
 		return fmt.Errorf("strategy %d", *strategy)
 	}
-	return bench.CrashChild(ctx, bench.Strategies[*strategy], *dir, *messages, *every, *killAt)
+	return bench.CrashChild(ctx, bench.Strategies[*strategy], *dir, *messages, *every, *killAt, *phase == "effect")
 }
