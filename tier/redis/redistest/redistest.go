@@ -1,6 +1,6 @@
 // Package redistest starts and stops redis-server processes for tests: a
-// single node or a three-master cluster, each on free loopback ports with a
-// temporary directory, stopped by PID.
+// single node, a replica, a sentinel or a three-master cluster, each on
+// free loopback ports with a temporary directory, stopped by PID.
 //
 // It owns nothing but those processes. It must never reach a server it did
 // not start, nor bind anything but 127.0.0.1.
@@ -35,6 +35,7 @@ type Server struct {
 	Port int
 	Dir  string
 	args []string
+	conf string // a configuration file to start from (sentinels need one)
 	cmd  *exec.Cmd
 }
 
@@ -69,27 +70,41 @@ func FreePort(t testing.TB) int {
 func Start(t testing.TB, extra ...string) *Server {
 	t.Helper()
 	s := &Server{t: t, Dir: t.TempDir(), args: extra}
+	s.launch()
+	return s
+}
+
+// launch starts s on a free port, trying a few in case another process
+// took the port meanwhile, and stops it when the test ends.
+func (s *Server) launch() {
+	s.t.Helper()
 	for attempt := 0; ; attempt++ {
-		s.Port = FreePort(t)
+		s.Port = FreePort(s.t)
 		s.Addr = "127.0.0.1:" + strconv.Itoa(s.Port)
 		err := s.start()
 		if err == nil {
 			break
 		}
 		if attempt == 3 {
-			t.Fatal(err)
+			s.t.Fatal(err)
 		}
 	}
-	t.Cleanup(s.Stop)
-	return s
+	s.t.Cleanup(s.Stop)
 }
 
 func (s *Server) start() error {
-	args := append([]string{
+	var args []string
+	if s.conf != "" {
+		args = append(args, s.conf)
+	}
+	args = append(append(args,
 		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1", "--dir", s.Dir,
-		"--save", "", "--daemonize", "no", "--logfile", filepath.Join(s.Dir, "redis.log"),
+		"--daemonize", "no", "--logfile", filepath.Join(s.Dir, "redis.log"),
 		"--protected-mode", "no",
-	}, s.args...)
+	), s.args...)
+	if s.conf == "" {
+		args = append(args, "--save", "")
+	}
 	s.cmd = exec.Command(Binary(s.t), args...)
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := s.cmd.Start(); err != nil {
@@ -174,6 +189,28 @@ func waitGone(pid int) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// StartReplica runs a redis-server that replicates master.
+func StartReplica(t testing.TB, master *Server, extra ...string) *Server {
+	t.Helper()
+	return Start(t, append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(master.Port)}, extra...)...)
+}
+
+// StartSentinel runs a Redis Sentinel that monitors master under name,
+// alone (quorum 1), declaring it down after downAfter.
+func StartSentinel(t testing.TB, name string, master *Server, downAfter time.Duration) *Server {
+	t.Helper()
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "sentinel.conf")
+	body := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1\nsentinel down-after-milliseconds %s %d\nsentinel failover-timeout %s 5000\nsentinel parallel-syncs %s 1\n",
+		name, master.Port, name, downAfter.Milliseconds(), name, name)
+	if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{t: t, Dir: dir, conf: conf, args: []string{"--sentinel"}}
+	s.launch()
+	return s
 }
 
 // Cluster is three redis-server masters joined into a Redis Cluster.

@@ -1,0 +1,131 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/redis/redistest"
+)
+
+// TestRedisSentinelFailover runs the configuration the README recommends
+// for Sentinel: a master, a replica and a sentinel (started here on
+// loopback ports), an engine with a go-redis FailoverClient marking batches
+// of keys, and the master SIGKILLed mid-run. It checks what the README's
+// failover row says: every error is ErrUnavailable (never a wrong answer);
+// marks succeed again once the sentinel has promoted the replica; every key
+// acknowledged after the failover is a Duplicate; and it counts the keys
+// acknowledged before the failover that it lost (replication is
+// asynchronous: the last commits may not have reached the replica).
+func TestRedisSentinelFailover(t *testing.T) {
+	master := redistest.Start(t)
+	replica := redistest.StartReplica(t, master)
+	sentinel := redistest.StartSentinel(t, "dedup", master, 500*time.Millisecond)
+	waitReplicaSynced(t, replica)
+	c := goredis.NewFailoverClient(&goredis.FailoverOptions{
+		MasterName: "dedup", SentinelAddrs: []string{sentinel.Addr},
+		MaxRetries: 1, DialTimeout: 200 * time.Millisecond, ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond,
+	})
+	defer c.Close()
+	e := openRedis(t, c, engine.Options{})
+	defer e.Close()
+
+	var before, after [][]byte // acknowledged before the kill, after recovery
+	var unavailable int
+	killed, recovered := false, time.Time{}
+	start := time.Now()
+	for i := 0; ; i++ {
+		if !killed && time.Since(start) > 300*time.Millisecond {
+			master.Kill()
+			killed = true
+		}
+		keys := make([][]byte, 64)
+		for j := range keys {
+			keys[j] = fmt.Appendf(nil, "order-%d-%d", i, j)
+		}
+		out := make([]engine.Outcome, len(keys))
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := e.MarkBatch(ctx, keys, nil, out)
+		cancel()
+		switch {
+		case err != nil && !errors.Is(err, engine.ErrUnavailable):
+			t.Fatalf("batch %d: %v, want ErrUnavailable or success", i, err)
+		case err != nil:
+			unavailable++
+			if time.Since(start) > 30*time.Second {
+				t.Fatalf("no recovery 30 s after the master was killed (%d batches unavailable)", unavailable)
+			}
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		for j, o := range out {
+			if o != engine.New {
+				t.Fatalf("batch %d: fresh key %s = %v", i, keys[j], o)
+			}
+		}
+		switch {
+		case !killed:
+			before = append(before, keys...)
+		case unavailable == 0:
+			// Acknowledged after the kill but before any error: the old
+			// master's replies could still be in flight; count as before.
+			before = append(before, keys...)
+		default:
+			if recovered.IsZero() {
+				recovered = time.Now()
+			}
+			after = append(after, keys...)
+		}
+		if !recovered.IsZero() && time.Since(recovered) > 500*time.Millisecond {
+			break
+		}
+	}
+	lost := func(keys [][]byte) int {
+		n := 0
+		for i := 0; i < len(keys); i += 256 {
+			batch := keys[i:min(i+256, len(keys))]
+			out := make([]engine.Claim, len(batch))
+			if err := e.ClaimBatch(context.Background(), batch, nil, out); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range out {
+				if c.Outcome != engine.Duplicate {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	lostBefore, lostAfter := lost(before), lost(after)
+	t.Logf("failover: %d batches unavailable, marks again %v after the kill; acknowledged before %d (lost %d), after %d (lost %d)",
+		unavailable, recovered.Sub(start)-300*time.Millisecond, len(before), lostBefore, len(after), lostAfter)
+	if unavailable == 0 {
+		t.Fatal("no call failed while the master was down: the failover was not exercised")
+	}
+	if lostAfter != 0 {
+		t.Fatalf("%d keys acknowledged after the failover are not duplicates", lostAfter)
+	}
+}
+
+func waitReplicaSynced(t *testing.T, replica *redistest.Server) {
+	t.Helper()
+	c := goredis.NewClient(&goredis.Options{Addr: replica.Addr})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, _ := c.Info(context.Background(), "replication").Result()
+		if strings.Contains(info, "master_link_status:up") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replica did not sync:\n%s", info)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
