@@ -11,6 +11,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/tierdedup/tierdedup/bench"
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
@@ -117,3 +118,46 @@ func (s setNX) mark(keys [][]byte, out []engine.Outcome) error {
 	return nil
 }
 func (s setNX) close() {}
+
+// TestRedisBytesPerKey measures Redis's memory per committed key (INFO
+// memory before and after marking 100,000 36-byte keys through the engine)
+// and checks the planner's RedisFixedBytes + key size against it, within
+// 15 %: the figure the README and `dedupbench plan` quote.
+func TestRedisBytesPerKey(t *testing.T) {
+	srv := redistest.Start(t)
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	defer c.Close()
+	ctx := context.Background()
+	e, err := engine.Open(&engine.Options{Tiers: engine.Redis, Redis: c, Logger: quiet}) // the default prefix, as the planner assumes
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	used := func() float64 {
+		info, err := c.Info(ctx, "memory").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := regexp.MustCompile(`used_memory:(\d+)`).FindStringSubmatch(info)
+		n, _ := strconv.ParseFloat(m[1], 64)
+		return n
+	}
+	const n, keySize = 100_000, 36
+	before := used()
+	keys := make([][]byte, 256)
+	out := make([]engine.Outcome, len(keys))
+	for i := 0; i < n; i += len(keys) {
+		for j := range keys {
+			keys[j] = fmt.Appendf(keys[j][:0], "6ba7b810-9dad-11d1-80b4-%012d", i+j)
+		}
+		if err := e.MarkBatch(ctx, keys, nil, out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	perKey := (used() - before) / float64(((n+255)/256)*256)
+	planned := float64(bench.RedisFixedBytes + keySize)
+	t.Logf("Redis memory per committed %d-byte key: %.1f B measured, %.0f B planned", keySize, perKey, planned)
+	if r := perKey / planned; r < 0.85 || r > 1.15 {
+		t.Fatalf("measured %.1f B per key, planner %.0f B (ratio %.2f)", perKey, planned, r)
+	}
+}
