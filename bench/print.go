@@ -74,7 +74,7 @@ func PrintPlan(w io.Writer, pl Plan) {
 		p("redis memory", "%s", gib(pl.RedisBytes))
 	}
 	p("calibration", "%d keys in %v: %.0f keys/s on this machine", pl.Calibration.Keys, pl.Calibration.Elapsed.Round(time.Millisecond), pl.Calibration.KeysPerSec)
-	p("headroom", "%.2f×: one process sustains %.3g IDs/day", pl.Headroom, pl.CapacityPerDay)
+	p("headroom", "%.2f×: one process sustains %.3g IDs/day (calibration × %.2f for a full store)", pl.Headroom, pl.CapacityPerDay, SteadyStateFactor)
 	tw.Flush()
 }
 
