@@ -13,8 +13,10 @@ import (
 	"github.com/tierdedup/tierdedup/engine"
 )
 
-// Probe: counts survive rotation, eviction and a clean restart (warm Bloom).
-func TestEmbeddedCountsProbe(t *testing.T) {
+// TestEmbeddedAttemptCounts: attempt counts survive partition rotation,
+// eviction from a one-stripe, 16-key memory tier and a clean restart with a
+// warm Bloom snapshot, and make the key Poison at MaxAttempts.
+func TestEmbeddedAttemptCounts(t *testing.T) {
 	ctx := context.Background()
 	mem := vfs.NewMem()
 	clock := newClock()
@@ -49,11 +51,10 @@ func TestEmbeddedCountsProbe(t *testing.T) {
 	e.Close()
 }
 
-// A clock reading before 1970 at the first Open of a store is "no
-// progress", but there is no high-water reading yet: engine time starts at
-// 0 (1970), keys are committed in partition 0, and the first sane reading
-// is a 56-year jump that drops them: an acknowledged key is New seconds
-// later.
+// TestBogusClockAtFirstOpen: a clock before 1970 at the first Open of a
+// store (a dead RTC battery) must be refused, not run at 1970 and then jump
+// 56 years on the first sane reading and drop every key; once the store has
+// a sane reading, the same clock is no progress.
 func TestBogusClockAtFirstOpen(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock()

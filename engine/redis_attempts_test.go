@@ -13,11 +13,11 @@ import (
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
-// R1: Claim + Commit under MaxAttempts; the commit reaches Redis but its
-// reply is lost (ErrUnavailable). After the engine's lease, the next claim
-// is decided by memory alone (expired claim counted, attempts >= max) as
-// Poison, although Redis holds the commit: want Duplicate.
-func TestRedisCommittedKeyBecomesPoison(t *testing.T) {
+// TestRedisCommittedKeyIsNotPoison: with MaxAttempts 1, a commit whose
+// reply is lost (ErrUnavailable) but which Redis applied: after the lease,
+// the next claim must be the Duplicate Redis holds, never Poison from a
+// count kept in this process (Redis alone counts attempts).
+func TestRedisCommittedKeyIsNotPoison(t *testing.T) {
 	srv := redistest.Start(t)
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 	defer c.Close()
@@ -36,7 +36,7 @@ func TestRedisCommittedKeyBecomesPoison(t *testing.T) {
 	cancel()
 	srv.Resume()
 	if !errors.Is(cerr, engine.ErrUnavailable) {
-		t.Skipf("commit = %v", cerr)
+		t.Fatalf("commit against a paused Redis = %v, want ErrUnavailable: the lost reply was not exercised", cerr)
 	}
 	rk := prefix + "\x00\x00" + string(key)
 	for deadline := time.Now().Add(5 * time.Second); ; {
@@ -55,11 +55,11 @@ func TestRedisCommittedKeyBecomesPoison(t *testing.T) {
 	}
 }
 
-// R2: MarkIfAbsent under MaxAttempts whose commit reply is lost: the
-// give-back release counts an attempt in memory (Redis still paused, so
-// Redis counts nothing), and the retry is Poison from memory, never asking
-// Redis: the handler never ran, and the README says the retry is New.
-func TestRedisLostMarkBecomesPoison(t *testing.T) {
+// TestRedisLostMarkRetryIsNew: with MaxAttempts 1, a MarkIfAbsent whose
+// commit reply is lost: the engine gives the claim back without counting an
+// attempt (its own call failed, not a handler), so the retry is New, not
+// Poison.
+func TestRedisLostMarkRetryIsNew(t *testing.T) {
 	srv := redistest.Start(t)
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 	defer c.Close()
@@ -79,7 +79,7 @@ func TestRedisLostMarkBecomesPoison(t *testing.T) {
 		t.Fatal("hook did not fire")
 	}
 	if err == nil {
-		t.Skipf("mark succeeded: %v", o)
+		t.Fatalf("mark against a paused Redis succeeded (%v): the lost reply was not exercised", o)
 	}
 	t.Logf("first MarkIfAbsent: %v, %v", o, err)
 	time.Sleep(900 * time.Millisecond)
@@ -89,11 +89,11 @@ func TestRedisLostMarkBecomesPoison(t *testing.T) {
 	}
 }
 
-// R3: memory keeps a released count until the partition's expiry (up to
-// Window + Partition), Redis for Window (PX). After Redis forgot the count,
-// another process claims and commits the key; this process still answers
-// Poison from memory: want Duplicate (the count is "shared", one lifetime).
-func TestRedisMemoryPoisonOutlivesRedis(t *testing.T) {
+// TestRedisPoisonLastsAsLongAsRedisCount: a key's attempt count lives as
+// long as Redis keeps it (the window) and no longer: after it expired and
+// another process committed the key, this process must answer Duplicate,
+// not Poison from a count of its own.
+func TestRedisPoisonLastsAsLongAsRedisCount(t *testing.T) {
 	srv := redistest.Start(t)
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 	defer c.Close()
@@ -117,10 +117,9 @@ func TestRedisMemoryPoisonOutlivesRedis(t *testing.T) {
 	}
 }
 
-// R4: a mark whose commit reply was lost is "recognised on retry and
-// answered New" only by the same engine: the broker redelivers the
-// unacked message to another consumer process, which answers Duplicate:
-// the message is never processed.
+// TestRedisLostMarkOtherProcess: a mark whose commit reply was lost is
+// given back, undoing the commit Redis applied, so the broker's redelivery
+// to another consumer process is New: someone processes the message.
 func TestRedisLostMarkOtherProcess(t *testing.T) {
 	srv := redistest.Start(t)
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
@@ -143,7 +142,7 @@ func TestRedisLostMarkOtherProcess(t *testing.T) {
 		t.Fatal("hook did not fire")
 	}
 	if err == nil {
-		t.Skipf("mark succeeded: %v", o)
+		t.Fatalf("mark against a paused Redis succeeded (%v): the lost reply was not exercised", o)
 	}
 	time.Sleep(600 * time.Millisecond)
 	o, err = b.MarkIfAbsent(context.Background(), key)
@@ -152,12 +151,11 @@ func TestRedisLostMarkOtherProcess(t *testing.T) {
 	}
 }
 
-// R5: the README's procedure to change MaxAttempts on a prefix ("stop
-// every process on the prefix and delete that key") leaves the counting
-// format's values in Redis for the window: a key whose handler failed once
-// ('R1', TTL Window) is unreadable to the SET NX GET claim, so every claim
-// of it fails with ErrUnavailable for the whole window (7 days by default).
-func TestRedisMaxAttemptsChangeStrandsKeys(t *testing.T) {
+// TestRedisMaxAttemptsChangeKeepsKeysUsable: after a prefix moves from
+// MaxAttempts 3 to 0 (every process stopped, the layout key deleted), a key
+// left holding an attempt count must still be claimable: the plain claim
+// hands such values to the counting script.
+func TestRedisMaxAttemptsChangeKeepsKeysUsable(t *testing.T) {
 	srv := redistest.Start(t)
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 	defer c.Close()
