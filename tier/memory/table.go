@@ -96,8 +96,9 @@ type Options struct {
 	// MaxAttempts, when positive, makes Release remember how often a key's
 	// claims were released (or taken over after their lease), and Acquire
 	// answer Poisoned once that reaches MaxAttempts. The counts live in
-	// the LRU beside committed entries, so eviction may forget them. Zero
-	// counts nothing.
+	// the LRU beside committed entries, so eviction may forget them: the
+	// engine keeps them durable in its store and hands them back through
+	// Settle. Zero counts nothing.
 	MaxAttempts int
 }
 
