@@ -120,19 +120,45 @@ func (s *Server) start() error {
 			return fmt.Errorf("redis-server on %s exited: %v\n%s", s.Addr, err, tail(string(log)))
 		default:
 		}
-		if c, err := net.DialTimeout("tcp", s.Addr, 100*time.Millisecond); err == nil {
-			_, _ = c.Write([]byte("PING\r\n"))
-			buf := make([]byte, 64)
-			_ = c.SetReadDeadline(time.Now().Add(time.Second))
-			n, _ := c.Read(buf)
-			c.Close()
-			if strings.HasPrefix(string(buf[:n]), "+PONG") {
-				return nil
-			}
+		switch pid := s.answeringPid(); {
+		case pid == s.cmd.Process.Pid:
+			return nil
+		case pid != 0:
+			// Another process's server took the port between FreePort and
+			// this start (tests run in parallel): ours cannot bind it.
+			_ = syscall.Kill(s.cmd.Process.Pid, syscall.SIGKILL)
+			<-exited
+			return fmt.Errorf("port %d is another server's (pid %d)", s.Port, pid)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return errors.New("redis-server did not answer PING within 10s on " + s.Addr)
+	return errors.New("redis-server did not answer within 10s on " + s.Addr)
+}
+
+// answeringPid returns the process ID of the server answering on s.Addr
+// (from INFO server), or 0 if none answers yet.
+func (s *Server) answeringPid() int {
+	c, err := net.DialTimeout("tcp", s.Addr, 100*time.Millisecond)
+	if err != nil {
+		return 0
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("INFO server\r\n")); err != nil {
+		return 0
+	}
+	var reply []byte
+	buf := make([]byte, 4096)
+	for !strings.Contains(string(reply), "\r\nprocess_id:") || !strings.Contains(string(reply[strings.Index(string(reply), "\r\nprocess_id:")+2:]), "\r\n") {
+		n, err := c.Read(buf)
+		reply = append(reply, buf[:n]...)
+		if err != nil {
+			return 0
+		}
+	}
+	line := string(reply[strings.Index(string(reply), "\r\nprocess_id:")+len("\r\nprocess_id:"):])
+	pid, _ := strconv.Atoi(line[:strings.Index(line, "\r\n")])
+	return pid
 }
 
 func tail(s string) string {
