@@ -17,19 +17,22 @@ import (
 	"github.com/tierdedup/tierdedup/engine"
 )
 
-// failNthRead fails the n-th read of an SST file after it is armed, once.
+// failNthRead fails the n-th read of an SST file after it is armed with
+// n, once; armed with everySSTRead it fails every SST read.
 type failNthRead struct {
 	armed atomic.Int64 // n; 0 is off
 	seen  atomic.Int64
 	fired atomic.Bool
 }
 
+const everySSTRead = -1
+
 func (f *failNthRead) MaybeError(op errorfs.Op) error {
 	n := f.armed.Load()
 	if n == 0 || (op.Kind != errorfs.OpFileRead && op.Kind != errorfs.OpFileReadAt) || !strings.HasSuffix(op.Path, ".sst") {
 		return nil
 	}
-	if f.seen.Add(1) == n {
+	if n == everySSTRead || f.seen.Add(1) == n {
 		f.fired.Store(true)
 		return errorfs.ErrInjected
 	}

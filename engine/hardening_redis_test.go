@@ -46,6 +46,29 @@ func (c *hookClock) Now() time.Time {
 	return c.fakeClock.Now()
 }
 
+// loseMarkReply marks key through e while Redis is paused between the
+// mark's claim and its commit (the clock hook fires on the commit's clock
+// reading), so the commit fails by a 150 ms deadline and is applied when
+// Redis resumes after pause. It fails the test unless the mark failed that
+// way, and returns once Redis has resumed and applied it.
+func loseMarkReply(t *testing.T, e *engine.Engine, clock *hookClock, srv *redistest.Server, key []byte, pause time.Duration) {
+	t.Helper()
+	clock.arm(2, func() {
+		srv.Pause()
+		time.AfterFunc(pause, srv.Resume)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+	o, err := e.MarkIfAbsent(ctx, key)
+	cancel()
+	if !clock.fired.Load() {
+		t.Fatal("hook did not fire")
+	}
+	if err == nil {
+		t.Fatalf("mark against a paused Redis succeeded (%v): the lost reply was not exercised", o)
+	}
+	time.Sleep(pause + 300*time.Millisecond)
+}
+
 // TestRedisWindowIsRecorded: two processes share one Redis and prefix, A
 // with a one-hour window, B (a misconfigured or newly rolled-out
 // deployment) with one second. B's Open must be refused with ErrLayout (the
@@ -169,22 +192,8 @@ func TestRedisMarkLostCommitReply(t *testing.T) {
 	e := openRedis(t, c, engine.Options{RedisPrefix: "lostc:", Clock: clock, Lease: time.Hour})
 	defer e.Close()
 	key := []byte("order-1")
-	clock.arm(2, func() {
-		srv.Pause()
-		time.AfterFunc(400*time.Millisecond, srv.Resume)
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
-	o, err := e.MarkIfAbsent(ctx, key)
-	cancel()
-	if !clock.fired.Load() {
-		t.Fatal("hook did not fire")
-	}
-	if err == nil {
-		t.Fatalf("mark against a paused Redis succeeded (%v): the lost reply was not exercised", o)
-	}
-	t.Logf("first MarkIfAbsent: %v, %v", o, err)
-	time.Sleep(600 * time.Millisecond)
-	o, err = e.MarkIfAbsent(context.Background(), key)
+	loseMarkReply(t, e, clock, srv, key, 400*time.Millisecond)
+	o, err := e.MarkIfAbsent(context.Background(), key)
 	if err != nil || o != engine.New {
 		t.Fatalf("retry of a MarkIfAbsent that failed with ErrUnavailable: %v, %v; want New (its own lost commit)", o, err)
 	}

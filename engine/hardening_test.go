@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
-	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -123,17 +121,6 @@ func TestBloomOnlyDirIsExclusive(t *testing.T) {
 	}
 }
 
-// failSSTReads fails every SST read while armed.
-type failSSTReads struct{ armed atomic.Bool }
-
-func (f *failSSTReads) MaybeError(op errorfs.Op) error {
-	if f.armed.Load() && (op.Kind == errorfs.OpFileRead || op.Kind == errorfs.OpFileReadAt) && strings.HasSuffix(op.Path, ".sst") {
-		return errorfs.ErrInjected
-	}
-	return nil
-}
-func (f *failSSTReads) String() string { return "fail-sst-reads" }
-
 // TestScanWritesReadErrorIsTyped: a read error while scanning the caller's
 // records (a consumed offset stored with the commits) must be ErrStorage
 // and latch, like every other read of the store.
@@ -159,16 +146,16 @@ func TestScanWritesReadErrorIsTyped(t *testing.T) {
 	// after the partition drop at Open rewrite the table and may leave its
 	// blocks cached): compact first, and try a number of opens.
 	for try := 0; try < 60; try++ {
-		inj := &failSSTReads{}
+		inj := &failNthRead{}
 		o.FS = errorfs.Wrap(mem.CrashClone(vfs.CrashCloneCfg{}), inj)
 		e = open(t, o)
 		if err := e.Compact(ctx); err != nil {
 			t.Fatal(err)
 		}
-		inj.armed.Store(true)
+		inj.armed.Store(everySSTRead)
 		seen := 0
 		err = e.ScanWrites(nil, func(k, v []byte) error { seen++; return nil })
-		inj.armed.Store(false)
+		inj.armed.Store(0)
 		_ = e.Close()
 		if err == nil && seen == 0 {
 			t.Fatal("ScanWrites with failing SST reads returned nil and no record")
