@@ -440,7 +440,7 @@ func (s *Store) claimNX(ctx context.Context, reqs []Request, lease time.Duration
 			out[i] = Result{Status: Acquired}
 		case err != nil:
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
-		case old == claimPrefix(reqs[i].Token):
+		case len(old) == 17 && old[0] == claimTag && old[1:] == string(reqs[i].Token[:]):
 			out[i] = Result{Status: Acquired} // our own claim: a retried SET the server had applied
 		case len(old) > 0 && (old[0] == 'R' || old[0] == claimTag && len(old) > 17):
 			// An attempt count, or a claim with its lease in the value,
