@@ -12,6 +12,7 @@ import (
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/bloom"
+	"github.com/tierdedup/tierdedup/tier/pebble"
 )
 
 // Measured constants of the model. Each names the test or benchmark that
@@ -27,19 +28,22 @@ const (
 	// TestRedisBytesPerKey: 198 B for a 36-byte key, and checks this
 	// within 15 %).
 	RedisFixedBytes = 162
-	// SteadyStateFactor derates a calibration's keys/s to a store holding a
-	// full window: the 100M-key, 7-simulated-day scale run in the README
-	// sustained 232,495 keys/s where the 2M-key calibration of the same
-	// shape measured 357,148 (0.65).
-	SteadyStateFactor = 0.65
+	// LargeStoreFactor derates the calibrated keys/s when the planned
+	// store holds more keys than the calibration's (capped by
+	// CalibrateConfig.Store): a larger store has deeper levels, more
+	// compaction work and fewer cache hits. Measured: a 60M-key run over
+	// two simulated days (33.75M keys held) sustained 239,436 keys/s on its
+	// second day where the 3.75M-key steady-state calibration of the same
+	// load measured 273,074 (0.877; README, "Scale run").
+	LargeStoreFactor = 0.87
 	// PebbleOffHeapBytes is Pebble's memory outside the Go heap: two 64 MiB
 	// memtables and the 64 MiB block cache.
 	PebbleOffHeapBytes = 3 * 64 << 20
-	// SteadyWALBytes is the WAL Pebble keeps once a store has flushed many
-	// memtables: the live WAL and recycled ones, about 4.5 memtables of
-	// 64 MiB (measured beside Pebble: 282 MiB). Small stores hold less: the
-	// calibration's WAL bytes per key, up to this bound.
-	SteadyWALBytes = 288 << 20
+	// RecycledWALFiles is the number of WAL files Pebble keeps for reuse
+	// once a store has flushed a few memtables (its MemTableStopWritesThreshold
+	// plus one): with the live WAL, half full on average, a running store
+	// holds 3.5 flushed memtables' worth of WAL.
+	RecycledWALFiles = 3
 	// FixedHeapBytes is the heap of an engine beyond its tiers: Pebble's
 	// Go-heap structures, batch buffers, the runtime (measured by
 	// TestPlanAgreesWithRun: ≈ 4 MiB).
@@ -51,26 +55,82 @@ type PlanInput struct {
 	IDsPerDay         float64
 	Window, Partition time.Duration
 	DupRatio          float64
-	KeySize           int
-	FalsePositive     float64
-	Tiers             engine.Tiers
-	MemoryCapacity    int
+	// DupReach is how far back duplicates reach (zero means an hour): with
+	// the daily volume it says how many keys back a duplicate lies, and so
+	// whether the memory tier or the store answers it.
+	DupReach time.Duration
+	// Shape and KeySize are the keys' form (see WorkloadConfig): the
+	// store keeps the keys themselves, so both set the disk per key, the
+	// Redis memory per key and the throughput. KeySize zero is the shape's
+	// natural length.
+	Shape          KeyShape
+	KeySize        int
+	FalsePositive  float64
+	Tiers          engine.Tiers
+	MemoryCapacity int
 }
 
-// Calibration is what a short run on this machine measured.
+// workload returns the calibration stream's shape for in: n messages.
+func (in PlanInput) workload(n int64, span time.Duration) WorkloadConfig {
+	reach := in.DupReach
+	if reach == 0 {
+		reach = time.Hour
+	}
+	// The same number of keys back as the planned load's reach, in the
+	// calibration's (faster) simulated time.
+	keysBack := in.IDsPerDay * float64(reach) / float64(24*time.Hour)
+	simReach := time.Duration(keysBack / max(float64(n), 1) * float64(span))
+	return WorkloadConfig{Keys: n, Shape: in.Shape, KeySize: in.KeySize, DupRatio: in.DupRatio,
+		DupReach: min(max(simReach, time.Millisecond), span), Span: span, Seed: 7}
+}
+
+// meanKeySize is the mean key length of in's shape and size.
+func (in PlanInput) meanKeySize() float64 {
+	if in.KeySize > 0 {
+		return float64(in.KeySize)
+	}
+	st, err := NewStream(WorkloadConfig{Keys: 4096, Shape: in.Shape, Span: time.Hour, Seed: 7})
+	if err != nil {
+		return 0
+	}
+	keys, _ := st.Batch(nil, nil, 4096)
+	n := 0
+	for _, k := range keys {
+		n += len(k)
+	}
+	return float64(n) / float64(len(keys))
+}
+
+// Calibration is what a run at steady state measured on this machine.
 type Calibration struct {
-	KeysPerSec float64
-	// TableBytesPerKey is the compacted SST size per key; WALBytesPerKey
-	// the live WAL per key written, which stops growing at SteadyWALBytes.
+	// KeysPerSec is the median rate of the measured segments
+	// (SegmentRates), after a warm-up that filled the store and the
+	// filters.
+	KeysPerSec   float64
+	SegmentRates []float64
+	// StoreKeys is the number of keys the calibration's store held at the
+	// end; TableBytesPerKey its SSTs per held key, compacted after the
+	// timed part (which also removes dropped partitions' data: as the LSM
+	// stands, a drop's range is reclaimed a little later).
+	StoreKeys        int64
 	TableBytesPerKey float64
-	WALBytesPerKey   float64
-	Keys             int64
-	Elapsed          time.Duration
+	// WALBytesPerKey is the WAL written per committed key; WALFileKeys the
+	// keys one flushed memtable's WAL file held (zero if the calibration
+	// flushed none).
+	WALBytesPerKey, WALFileKeys float64
+	// FixedDiskBytes is what else Stats.DiskBytes counted at the end: the
+	// manifest and options files, obsolete SSTs, compactions in progress.
+	FixedDiskBytes float64
+	// Keys is the number of measured messages, Elapsed their time.
+	Keys    int64
+	Elapsed time.Duration
 }
 
 // Plan is the sizing of every tier for a PlanInput.
 type Plan struct {
 	Input PlanInput
+	// KeyBytes is the mean key length the plan assumes.
+	KeyBytes float64
 	// Live is the number of retention partitions kept.
 	Live int
 	// KeysPerPartition are the distinct keys committed per partition;
@@ -83,12 +143,20 @@ type Plan struct {
 	BloomPartitionFP, BloomWindowFP float64
 	BloomBytes                      float64
 	MemoryBytes                     float64 // memory tier at capacity
-	HeapBytes                       float64 // memory + bloom
+	HeapBytes                       float64 // memory + bloom + the engine's fixed heap
 	OffHeapBytes                    float64 // Pebble's memtables and cache
-	DiskBytes                       float64 // Pebble, default configuration: compacted SSTs of KeysHeld + the fixed part
-	RedisBytes                      float64 // Redis configuration
-	Calibration                     Calibration
-	CapacityPerDay, Headroom        float64 // keys/day this machine sustains, and its ratio to IDsPerDay
+	// DiskBytes is what Stats.DiskBytes will report for a running store
+	// holding KeysHeld keys: TableBytes of SSTs, WALBytes of live and
+	// recycled WAL (WALFileBytes each: the WAL of one memtable, flushed
+	// when full or when a partition is dropped, whichever comes first) and
+	// the calibration's FixedDiskBytes.
+	DiskBytes, TableBytes, WALBytes, WALFileBytes float64
+	RedisBytes                                    float64 // Redis configuration
+	Calibration                                   Calibration
+	// Derate is the factor applied to the calibrated rate: 1, or
+	// LargeStoreFactor when the planned store outgrows the calibration's.
+	Derate                   float64
+	CapacityPerDay, Headroom float64 // keys/day this machine sustains, and its ratio to IDsPerDay
 }
 
 // ErrPlan reports an invalid PlanInput.
@@ -100,10 +168,13 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 	if err != nil {
 		return Plan{}, fmt.Errorf("%w: %w", ErrPlan, err)
 	}
-	if in.IDsPerDay <= 0 || in.DupRatio < 0 || in.DupRatio >= 1 || !(in.FalsePositive > 0 && in.FalsePositive < 1) || in.KeySize <= 0 {
+	if in.IDsPerDay <= 0 || in.DupRatio < 0 || in.DupRatio >= 1 || !(in.FalsePositive > 0 && in.FalsePositive < 1) || in.DupReach < 0 {
 		return Plan{}, fmt.Errorf("%w: %+v", ErrPlan, in)
 	}
-	p := Plan{Input: in, Live: parts.Live, Calibration: cal}
+	if err := (&WorkloadConfig{Shape: in.Shape, KeySize: in.KeySize}).Validate(); err != nil {
+		return Plan{}, fmt.Errorf("%w: %w", ErrPlan, err)
+	}
+	p := Plan{Input: in, Live: parts.Live, Calibration: cal, KeyBytes: in.meanKeySize()}
 	p.KeysPerPartition = in.IDsPerDay * (1 - in.DupRatio) * float64(in.Partition) / float64(24*time.Hour)
 	p.KeysHeld = p.KeysPerPartition * float64(parts.Live)
 	if in.Tiers == engine.Default || in.Tiers == engine.BloomOnly {
@@ -126,47 +197,125 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 	switch in.Tiers {
 	case engine.Default:
 		p.OffHeapBytes = PebbleOffHeapBytes
-		// Live SSTs, plus the WAL: what a small store holds live, or the
-		// steady state's live and recycled files for a large one.
-		tables := p.KeysHeld * cal.TableBytesPerKey
-		wal := p.KeysHeld * cal.WALBytesPerKey
-		if tables > SteadyWALBytes {
-			wal = SteadyWALBytes
+		p.TableBytes = p.KeysHeld * cal.TableBytesPerKey
+		// A memtable is flushed when full, or when a drop's range deletion
+		// is compacted: every partition at least. A calibration that
+		// flushed nothing bounds the memtable's keys by its size.
+		fileKeys := cal.WALFileKeys
+		if fileKeys == 0 && cal.WALBytesPerKey > 0 {
+			fileKeys = pebble.DefaultMemTableSize / cal.WALBytesPerKey
 		}
-		p.DiskBytes = tables + wal
+		p.WALFileBytes = cal.WALBytesPerKey * min(fileKeys, p.KeysPerPartition)
+		p.WALBytes = (RecycledWALFiles + 0.5) * p.WALFileBytes
+		p.DiskBytes = p.TableBytes + p.WALBytes + cal.FixedDiskBytes
 	case engine.Redis:
-		p.RedisBytes = p.KeysHeld * float64(RedisFixedBytes+in.KeySize)
+		p.RedisBytes = p.KeysHeld * (RedisFixedBytes + p.KeyBytes)
 	}
-	// A short calibration on an empty store runs faster than a store that
-	// holds a full window: derate by the measured factor.
-	p.CapacityPerDay = cal.KeysPerSec * SteadyStateFactor * 86400
+	p.Derate = 1
+	if cal.StoreKeys > 0 && p.KeysHeld > 1.25*float64(cal.StoreKeys) {
+		p.Derate = LargeStoreFactor
+	}
+	p.CapacityPerDay = cal.KeysPerSec * p.Derate * 86400
 	p.Headroom = p.CapacityPerDay / in.IDsPerDay
 	return p, nil
 }
 
-// Calibrate runs keys messages of the plan's shape through the planned
-// configuration on this machine and returns what it measured.
-func Calibrate(ctx context.Context, in PlanInput, keys int64, shape KeyShape) (Calibration, *Result, error) {
-	perPartition := float64(keys) * (1 - in.DupRatio) * float64(in.Partition) / float64(24*time.Hour)
+// CalibrateConfig sizes a calibration run.
+type CalibrateConfig struct {
+	// Measure is the number of timed messages; zero means 1,500,000.
+	Measure int64
+	// Store caps the keys the store holds before the timed part (the
+	// warm-up fills it to the planned store, or to this); zero means
+	// 4,000,000.
+	Store int64
+	// Segments is the number of timed parts whose median rate is taken;
+	// zero means 3.
+	Segments int
+	// Dir, if set, holds the calibration's store (a temporary directory
+	// otherwise); it must be empty.
+	Dir string
+}
+
+// Calibrate runs the plan's load on this machine at steady state: a
+// warm-up fills the store to the planned number of keys (up to
+// cc.Store) and every filter to its planned density, then cc.Measure
+// messages are timed in cc.Segments parts and the median rate is kept, and
+// the store is compacted (untimed) to measure its bytes per key. It is not
+// compacted after the warm-up: a freshly compacted store
+// runs faster than one that has been written for a while (the first
+// timed part after a compaction measured 1.6× the others). The keys have
+// the plan's shape and size, and duplicates reach as many keys back as the
+// planned load's.
+func Calibrate(ctx context.Context, in PlanInput, cc CalibrateConfig) (Calibration, *Result, error) {
+	if cc.Measure <= 0 {
+		cc.Measure = 1_500_000
+	}
+	if cc.Store <= 0 {
+		cc.Store = 4_000_000
+	}
+	if cc.Segments <= 0 {
+		cc.Segments = 3
+	}
+	pl, err := MakePlan(in, Calibration{})
+	if err != nil {
+		return Calibration{}, nil, err
+	}
+	// The warm-up fills the store to the planned keys, or to cc.Store.
+	warm := int64(min(pl.KeysHeld, float64(cc.Store)) / (1 - in.DupRatio))
+	total := warm + cc.Measure
+	// Simulated time runs at the planned rate when the warm-up covers the
+	// window: then the filters are the planned ones, full, and partitions
+	// rotate and drop during the timed part at the planned keys apart, as
+	// they will in production. A larger plan compresses time so the
+	// warm-up still spreads over every live partition, each filter sized
+	// for its share and full at the end; drops, a few a day against
+	// memtable flushes every minute or so, are then left out.
+	span := time.Duration(float64(total) / in.IDsPerDay * float64(24*time.Hour))
+	expected := pl.KeysPerPartition
+	if warm > 0 && float64(warm) < pl.KeysHeld/(1-in.DupRatio) {
+		span = time.Duration(float64(pl.Live)*float64(in.Partition)*float64(total)/float64(max(warm, 1))) - in.Partition/64
+		expected = float64(warm) * (1 - in.DupRatio) / float64(pl.Live)
+	}
 	rc := RunConfig{
 		Compact:  true,
-		Workload: WorkloadConfig{Keys: keys, Shape: shape, DupRatio: in.DupRatio, DupReach: time.Hour, Span: 24 * time.Hour, Seed: 7},
-		Engine: engine.Options{Tiers: in.Tiers, Window: in.Window, Partition: in.Partition, FalsePositive: in.FalsePositive,
-			MemoryCapacity: in.MemoryCapacity, ExpectedKeys: max(1000, int(perPartition))},
+		Workload: in.workload(total, span),
+		Warmup:   warm,
+		Segments: cc.Segments,
+		Engine: engine.Options{Tiers: in.Tiers, Dir: cc.Dir, Window: in.Window, Partition: in.Partition, FalsePositive: in.FalsePositive,
+			MemoryCapacity: in.MemoryCapacity, ExpectedKeys: max(1000, int(expected))},
 	}
 	res, err := Run(ctx, rc)
 	if err != nil {
 		return Calibration{}, nil, err
 	}
-	return CalibrationOf(res), res, nil
+	cal := CalibrationOf(res)
+	// Partitions dropped during the run took their keys with them: the
+	// store holds the commits of the live partitions' time, at the
+	// stream's even rate.
+	if res.Stats.PartitionDropped > 0 {
+		parts, _ := tier.NewPartitions(in.Window, in.Partition)
+		end := Start.Add(span)
+		oldest := time.Unix(0, parts.Oldest(parts.Of(end.UnixNano()))*int64(in.Partition))
+		held := float64(res.Stats.Commits) * float64(end.Sub(oldest)) / float64(span)
+		cal.StoreKeys = int64(held)
+		cal.TableBytesPerKey = float64(res.Stats.TableBytes) / held
+	}
+	return cal, res, nil
 }
 
-// CalibrationOf takes a calibration from a run's measurements (a run with
-// RunConfig.Compact, for the disk figures).
+// CalibrationOf takes a calibration from a run's measurements.
 func CalibrationOf(res *Result) Calibration {
-	cal := Calibration{KeysPerSec: res.KeysPerSec, TableBytesPerKey: res.TableBytesPerKey, Keys: res.Keys, Elapsed: res.Elapsed}
-	if c := res.Stats.Commits; c > 0 {
-		cal.WALBytesPerKey = float64(res.WALBytes) / float64(c)
+	cal := Calibration{KeysPerSec: res.KeysPerSec, SegmentRates: res.SegmentRates, Keys: res.Measured, Elapsed: res.Elapsed}
+	st := res.Stats
+	if held := int64(st.Commits); held > 0 {
+		cal.StoreKeys = held
+		cal.TableBytesPerKey = float64(st.TableBytes) / float64(held)
+		cal.WALBytesPerKey = float64(st.WALWrittenBytes) / float64(held)
+		if st.WALRecycledFiles > 0 && cal.WALBytesPerKey > 0 {
+			cal.WALFileKeys = float64(st.WALRecycledBytes) / float64(st.WALRecycledFiles) / cal.WALBytesPerKey
+		}
+		known := st.TableBytes + st.WALBytes + st.WALRecycledBytes
+		cal.FixedDiskBytes = float64(st.DiskBytes - min(st.DiskBytes, known))
 	}
 	return cal
 }

@@ -21,6 +21,9 @@ func TestMakePlanRejectsBadInput(t *testing.T) {
 		{IDsPerDay: 0, Window: time.Hour, Partition: time.Hour, FalsePositive: 0.01, KeySize: 36},
 		{IDsPerDay: 1, Window: time.Hour, Partition: time.Hour, FalsePositive: 1, KeySize: 36},
 		{IDsPerDay: 1, Window: 0, Partition: time.Hour, FalsePositive: 0.01, KeySize: 36},
+		{IDsPerDay: 1, Window: time.Hour, Partition: time.Hour, FalsePositive: 0.01, KeySize: 20},                    // shorter than a UUID
+		{IDsPerDay: 1, Window: time.Hour, Partition: time.Hour, FalsePositive: 0.01, DupReach: -time.Second},         // reach
+		{IDsPerDay: 1, Window: time.Hour, Partition: time.Hour, FalsePositive: 0.01, Shape: Business, KeySize: 2000}, // longer than the engine takes
 	} {
 		if _, err := MakePlan(in, Calibration{}); !errors.Is(err, ErrPlan) {
 			t.Errorf("%+v: %v", in, err)
@@ -41,5 +44,36 @@ func TestPlan500MPerDay(t *testing.T) {
 	}
 	if gib := pl.BloomBytes / (1 << 30); gib < 5.5 || gib > 6.2 {
 		t.Fatalf("bloom %.2f GiB", gib)
+	}
+}
+
+// TestPlanDiskAndRedisModel pins the disk model's arithmetic: SSTs per
+// held key, 3.5 WAL files of one memtable (or one partition, when
+// partitions are dropped sooner than memtables fill), the calibration's
+// fixed bytes; Redis memory from the shape's mean key length; the derate
+// only for a store larger than the calibration's.
+func TestPlanDiskAndRedisModel(t *testing.T) {
+	in := PlanInput{IDsPerDay: 1e6, Window: 24 * time.Hour, Partition: 6 * time.Hour, DupRatio: 0.1, FalsePositive: 0.01, Tiers: engine.Default}
+	cal := Calibration{KeysPerSec: 1000, StoreKeys: 1_125_000, TableBytesPerKey: 10, WALBytesPerKey: 30, WALFileKeys: 100_000, FixedDiskBytes: 1000}
+	pl, err := MakePlan(in, cal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 1e6 × 0.9 / 4 = 225,000 keys per partition, 5 live.
+	if pl.KeysHeld != 1_125_000 || pl.TableBytes != 11_250_000 || pl.WALFileBytes != 3_000_000 || pl.WALBytes != 10_500_000 ||
+		pl.DiskBytes != 11_250_000+10_500_000+1000 || pl.Derate != 1 || pl.CapacityPerDay != 1000*86400 {
+		t.Fatalf("plan %+v", pl)
+	}
+	cal.WALFileKeys = 0 // no flush seen: bounded by the memtable, here beyond a partition
+	if pl, _ = MakePlan(in, cal); pl.WALFileBytes != 30*225_000 {
+		t.Fatalf("WAL file %v", pl.WALFileBytes)
+	}
+	in.IDsPerDay = 1e7 // ten times the calibration's store
+	if pl, _ = MakePlan(in, cal); pl.Derate != LargeStoreFactor || pl.CapacityPerDay != 1000*86400*LargeStoreFactor {
+		t.Fatalf("derate %v", pl.Derate)
+	}
+	in.Tiers, in.Shape = engine.Redis, Snowflake
+	if pl, _ = MakePlan(in, cal); pl.KeyBytes < 18 || pl.KeyBytes > 20 || pl.RedisBytes != pl.KeysHeld*(RedisFixedBytes+pl.KeyBytes) {
+		t.Fatalf("redis: %.1f-byte keys, %.0f bytes", pl.KeyBytes, pl.RedisBytes)
 	}
 }

@@ -54,7 +54,7 @@ func PrintPlan(w io.Writer, pl Plan) {
 	}
 	in := pl.Input
 	gib := func(b float64) string { return fmt.Sprintf("%.2f GiB", b/(1<<30)) }
-	p("load", "%.0f IDs/day, %.0f%% duplicates, %d-byte keys, window %v in %d partitions of %v", in.IDsPerDay, 100*in.DupRatio, in.KeySize, in.Window, pl.Live, in.Partition)
+	p("load", "%.0f IDs/day, %.0f%% duplicates, %s keys of %.0f bytes, window %v in %d partitions of %v", in.IDsPerDay, 100*in.DupRatio, in.Shape, pl.KeyBytes, in.Window, pl.Live, in.Partition)
 	p("keys held", "%.3g per partition, %.3g at most in the durable tier", pl.KeysPerPartition, pl.KeysHeld)
 	if pl.BloomBytes > 0 {
 		p("bloom", "%.1f bits/key, k=%d, %.4f%% per partition, %.4f%% over the window: %s for %d filters",
@@ -68,13 +68,24 @@ func PrintPlan(w io.Writer, pl Plan) {
 		p("pebble off-heap", "%s (memtables and block cache)", gib(pl.OffHeapBytes))
 	}
 	if pl.DiskBytes > 0 {
-		p("disk", "%s (compacted SSTs: %.1f B/key measured by the calibration run; WAL up to %d MiB)", gib(pl.DiskBytes), pl.Calibration.TableBytesPerKey, SteadyWALBytes>>20)
+		p("disk", "%s: compacted SSTs %.1f B/key measured by the calibration; WAL %.0f MiB (%.1f files of %.0f MiB, live and recycled)",
+			gib(pl.DiskBytes), pl.Calibration.TableBytesPerKey, pl.WALBytes/(1<<20), RecycledWALFiles+0.5, pl.WALFileBytes/(1<<20))
 	}
 	if pl.RedisBytes > 0 {
 		p("redis memory", "%s", gib(pl.RedisBytes))
 	}
-	p("calibration", "%d keys in %v: %.0f keys/s on this machine", pl.Calibration.Keys, pl.Calibration.Elapsed.Round(time.Millisecond), pl.Calibration.KeysPerSec)
-	p("headroom", "%.2f×: one process sustains %.3g IDs/day (calibration × %.2f for a full store)", pl.Headroom, pl.CapacityPerDay, SteadyStateFactor)
+	c := pl.Calibration
+	rates := make([]string, len(c.SegmentRates))
+	for i, r := range c.SegmentRates {
+		rates[i] = fmt.Sprintf("%.0fk", r/1000)
+	}
+	p("calibration", "%d keys timed in %v over a store of %d keys: %.0f keys/s on this machine (median of %s)",
+		c.Keys, c.Elapsed.Round(time.Millisecond), c.StoreKeys, c.KeysPerSec, strings.Join(rates, ", "))
+	derate := ""
+	if pl.Derate != 1 {
+		derate = fmt.Sprintf(" (calibration × %.2f: the planned store is larger than the calibration's)", pl.Derate)
+	}
+	p("headroom", "%.2f×: one process sustains %.3g IDs/day%s", pl.Headroom, pl.CapacityPerDay, derate)
 	tw.Flush()
 }
 

@@ -34,6 +34,17 @@ type RunConfig struct {
 	// Compact, in the default configuration, compacts the store after the
 	// run (untimed) so that TableBytes measures compacted data.
 	Compact bool
+	// Warmup is the number of the workload's messages processed before
+	// the measurement starts, to bring the engine to a steady state (a
+	// store of realistic size with the levels and compaction debt of one
+	// that has been written for a while, full filters). They are checked
+	// like the rest, but no rate, latency or series point counts them.
+	Warmup int64
+	// Segments splits the measured messages into that many equal parts;
+	// KeysPerSec is then the median of their rates (Result.SegmentRates),
+	// which a pause of a shared machine moves less than the mean. Zero
+	// means one.
+	Segments int
 }
 
 // Point is one sample of a run's progress.
@@ -52,13 +63,18 @@ type Percentiles struct {
 
 // Result is what a run measured.
 type Result struct {
-	Tiers      string
-	Workload   WorkloadConfig
-	Batch      int
-	Workers    int
-	Keys       int64
-	Elapsed    time.Duration
-	KeysPerSec float64
+	Tiers    string
+	Workload WorkloadConfig
+	Batch    int
+	Workers  int
+	// Keys is the number of messages processed, Warmup included; Elapsed
+	// and KeysPerSec cover the Measured ones after the warm-up.
+	Keys, Warmup, Measured int64
+	Elapsed                time.Duration
+	KeysPerSec             float64
+	// SegmentRates are the keys/s of each of RunConfig.Segments parts of
+	// the measured messages.
+	SegmentRates []float64
 	// IDsPerDay extrapolates KeysPerSec to a day of sustained load.
 	IDsPerDay float64
 	// BatchLatency is the latency of MarkBatch calls; KeyLatency divides it
@@ -192,25 +208,104 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 		}
 	}()
 
-	res := &Result{Tiers: o.Tiers.String(), Workload: stream.Config(), Batch: rc.Batch, Workers: rc.Workers, Keys: rc.Workload.Keys}
+	if rc.Segments <= 0 {
+		rc.Segments = 1
+	}
+	total := max(rc.Workload.Keys, 0)
+	warm := min(max(rc.Warmup, 0), total)
+	res := &Result{Tiers: o.Tiers.String(), Workload: stream.Config(), Batch: rc.Batch, Workers: rc.Workers, Warmup: warm}
 	var (
-		mu        sync.Mutex // guards stream and newsPerKey
+		mu        sync.Mutex // guards stream, produced and newsPerKey
+		produced  int64
 		latencies = make([][]time.Duration, rc.Workers)
 		fresh     atomic.Int64
 		news      atomic.Int64
 		firstErr  error
 		errOnce   sync.Once
-		wg        sync.WaitGroup
+		segMu     sync.Mutex // guards segEnds
+		segEnds   = make([]time.Time, rc.Segments)
+		segLen    = max(1, (total-warm)/int64(rc.Segments))
 	)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// pump runs the workers until the stream has produced limit messages;
+	// measure records their latencies and the segments' ends.
+	pump := func(limit int64, measure bool) {
+		var wg sync.WaitGroup
+		for w := range rc.Workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var keys [][]byte
+				var kinds []Kind
+				idx := make([]int64, 0, rc.Batch)
+				out := make([]engine.Outcome, rc.Batch)
+				for ctx.Err() == nil {
+					mu.Lock()
+					keys, kinds, idx = stream.IndexedBatch(keys, kinds, idx, int(min(int64(rc.Batch), limit-produced)))
+					produced += int64(len(keys))
+					mu.Unlock()
+					if len(keys) == 0 {
+						return
+					}
+					t0 := time.Now()
+					if err := e.MarkBatch(ctx, keys, nil, out[:len(keys)]); err != nil {
+						errOnce.Do(func() { firstErr = err; cancel() })
+						return
+					}
+					if measure {
+						latencies[w] = append(latencies[w], time.Since(t0))
+					}
+					var f, n int64
+					for i, k := range kinds {
+						if k == Fresh {
+							f++
+						}
+						if out[i] == engine.New {
+							n++
+						}
+					}
+					fresh.Add(f)
+					news.Add(n)
+					mu.Lock()
+					for i, o := range out[:len(keys)] {
+						if o == engine.New && newsPerKey[idx[i]] < 255 {
+							newsPerKey[idx[i]]++
+						}
+					}
+					mu.Unlock()
+					v := processed.Add(int64(len(keys)))
+					if measure {
+						// The batch that carries the count past a segment's
+						// last message ends that segment.
+						now := time.Now()
+						segMu.Lock()
+						for k := range segEnds {
+							end := warm + int64(k+1)*segLen
+							if k == len(segEnds)-1 {
+								end = total
+							}
+							if end <= v && end > v-int64(len(keys)) {
+								segEnds[k] = now
+							}
+						}
+						segMu.Unlock()
+					}
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	if warm > 0 {
+		pump(warm, false)
+	}
 	start := time.Now()
 	sampled := make(chan struct{})
 	go func() {
 		defer close(sampled)
 		t := time.NewTicker(rc.Sample)
 		defer t.Stop()
-		last, lastAt := int64(0), time.Duration(0)
+		last, lastAt := processed.Load(), time.Duration(0)
 		for {
 			select {
 			case <-ctx.Done():
@@ -227,55 +322,14 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 			}
 		}
 	}()
-	for w := range rc.Workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var keys [][]byte
-			var kinds []Kind
-			idx := make([]int64, 0, rc.Batch)
-			out := make([]engine.Outcome, rc.Batch)
-			for ctx.Err() == nil {
-				mu.Lock()
-				keys, kinds, idx = stream.IndexedBatch(keys, kinds, idx, rc.Batch)
-				mu.Unlock()
-				if len(keys) == 0 {
-					return
-				}
-				t0 := time.Now()
-				if err := e.MarkBatch(ctx, keys, nil, out[:len(keys)]); err != nil {
-					errOnce.Do(func() { firstErr = err; cancel() })
-					return
-				}
-				latencies[w] = append(latencies[w], time.Since(t0))
-				var f, n int64
-				for i, k := range kinds {
-					if k == Fresh {
-						f++
-					}
-					if out[i] == engine.New {
-						n++
-					}
-				}
-				fresh.Add(f)
-				news.Add(n)
-				mu.Lock()
-				for i, o := range out[:len(keys)] {
-					if o == engine.New && newsPerKey[idx[i]] < 255 {
-						newsPerKey[idx[i]]++
-					}
-				}
-				mu.Unlock()
-				processed.Add(int64(len(keys)))
-			}
-		}()
+	if firstErr == nil {
+		pump(total, true)
 	}
-	wg.Wait()
 	res.Elapsed = time.Since(start)
 	cancel()
 	<-sampled
 	// A last point, so that even a run shorter than one sample has a series.
-	last := Point{}
+	last := Point{Keys: warm}
 	if len(res.Series) > 0 {
 		last = res.Series[len(res.Series)-1]
 	}
@@ -287,9 +341,31 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 	if firstErr != nil && !errors.Is(firstErr, context.Canceled) {
 		return nil, fmt.Errorf("bench: run: %w", firstErr)
 	}
-	res.PerDay = perDay(res.Series, stream.start)
+	res.PerDay = perDay(res.Series, stream.start, Point{Keys: warm, SimTime: stream.start.Add(time.Duration(warm) * stream.step)})
 	res.Keys = processed.Load()
-	res.KeysPerSec = float64(res.Keys) / res.Elapsed.Seconds()
+	res.Measured = res.Keys - warm
+	res.KeysPerSec = float64(res.Measured) / res.Elapsed.Seconds()
+	if rc.Segments > 1 {
+		prev := start
+		for k, end := range segEnds {
+			n := segLen
+			if k == len(segEnds)-1 {
+				n = res.Measured - int64(k)*segLen
+			}
+			if end.IsZero() || n <= 0 {
+				break
+			}
+			if d := end.Sub(prev); d > 0 {
+				res.SegmentRates = append(res.SegmentRates, float64(n)/d.Seconds())
+			}
+			prev = end
+		}
+		if len(res.SegmentRates) > 0 {
+			sorted := slices.Clone(res.SegmentRates)
+			slices.Sort(sorted)
+			res.KeysPerSec = sorted[len(sorted)/2]
+		}
+	}
 	res.IDsPerDay = res.KeysPerSec * 86400
 	all := slices.Concat(latencies...)
 	res.BatchLatency = percentiles(all)
@@ -322,6 +398,9 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 	runtime.GC()
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
+	// The ground truth was allocated before the first reading: it must
+	// still be there at this one, or the heap reads low by a byte a key.
+	runtime.KeepAlive(newsPerKey)
 	if after.HeapAlloc > before.HeapAlloc {
 		res.HeapBytes = after.HeapAlloc - before.HeapAlloc
 	}
@@ -356,11 +435,12 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 	return res, nil
 }
 
-// perDay groups the series by simulated day.
-func perDay(series []Point, start time.Time) []DayRate {
+// perDay groups the series by simulated day (counted from start); first
+// is where the series begins (the end of a warm-up).
+func perDay(series []Point, start time.Time, first Point) []DayRate {
 	var out []DayRate
-	var prev Point
-	prevSim := start
+	prev := first
+	prevSim := first.SimTime
 	for _, p := range series {
 		// A sample covers (prev, p]: it belongs to the day it began in.
 		day := int(prevSim.Sub(start) / (24 * time.Hour))

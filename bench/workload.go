@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/shard"
 )
 
@@ -50,12 +51,35 @@ func ParseKeyShape(s string) (KeyShape, error) {
 	return 0, fmt.Errorf("%w: key shape %q (want uuid4, uuid7, snowflake or business)", ErrConfig, s)
 }
 
+// MaxKeySize is the longest key a workload generates: the engine's limit.
+const MaxKeySize = engine.DefaultMaxKeySize
+
+// minSize is the length KeySize must reach for every key of the shape
+// to fit: a business key of a 64-bit index takes 6+19 bytes.
+func (s KeyShape) minSize() int {
+	switch s {
+	case Snowflake:
+		return 20
+	case Business:
+		return 25
+	default:
+		return 36
+	}
+}
+
 // WorkloadConfig describes a stream of message keys over simulated time.
 type WorkloadConfig struct {
 	// Keys is the number of messages in the stream.
 	Keys int64
 	// Shape is the key form.
 	Shape KeyShape
+	// KeySize, if not zero, is every key's length in bytes, at least the
+	// shape's own (MaxKeySize at most): Business keys are zero-padded to
+	// it ("order:0000012345"), the other shapes get a constant prefix, the
+	// way keys are often namespaced ("tenant/eu-1/…"). Zero leaves each
+	// shape its natural length (36 for UUIDs, ≈ 19 for snowflakes, 7–15
+	// for business keys).
+	KeySize int
 	// DupRatio is the share of messages that repeat an earlier key, [0, 1).
 	DupRatio float64
 	// DupReach is how far back in simulated time a duplicate reaches,
@@ -92,6 +116,9 @@ func (c *WorkloadConfig) Validate() error {
 	}
 	if c.DupReach < 0 || c.Span < 0 {
 		errs = append(errs, fmt.Errorf("%w: DupReach %v and Span %v must not be negative", ErrConfig, c.DupReach, c.Span))
+	}
+	if c.KeySize < 0 || c.KeySize > MaxKeySize || c.KeySize > 0 && c.KeySize < c.Shape.minSize() {
+		errs = append(errs, fmt.Errorf("%w: KeySize %d outside [%d, %d] for %s keys", ErrConfig, c.KeySize, c.Shape.minSize(), MaxKeySize, c.Shape))
 	}
 	if c.Zipf != 0 && c.Zipf <= 1 {
 		errs = append(errs, fmt.Errorf("%w: Zipf %v must be 0 or above 1", ErrConfig, c.Zipf))
@@ -218,8 +245,33 @@ func (s *Stream) earlier() int64 {
 	return s.fresh - 1 - back
 }
 
-// appendKey appends the key of fresh index i.
+// keyPrefix pads keys to WorkloadConfig.KeySize: a constant namespace.
+const keyPrefix = "tenant/eu-west-1/payments/ledger/"
+
+// appendKey appends the key of fresh index i, padded to KeySize.
 func (s *Stream) appendKey(dst []byte, i int64) []byte {
+	if s.c.KeySize == 0 {
+		return s.appendShaped(dst, i)
+	}
+	if s.c.Shape == Business {
+		var num [20]byte
+		d := strconv.AppendInt(num[:0], i, 10)
+		dst = append(dst, "order:"...)
+		for range s.c.KeySize - len("order:") - len(d) {
+			dst = append(dst, '0')
+		}
+		return append(dst, d...)
+	}
+	var buf [36]byte
+	k := s.appendShaped(buf[:0], i)
+	for j := range s.c.KeySize - len(k) {
+		dst = append(dst, keyPrefix[j%len(keyPrefix)])
+	}
+	return append(dst, k...)
+}
+
+// appendShaped appends the key of fresh index i in its shape's own length.
+func (s *Stream) appendShaped(dst []byte, i int64) []byte {
 	h := shard.Mix(uint64(i) ^ s.c.Seed*0x9e3779b97f4a7c15) // bijective: distinct indices, distinct keys
 	t := s.start.Add(time.Duration(float64(i) / max(s.perStep, 1e-300)))
 	switch s.c.Shape {

@@ -98,3 +98,39 @@ func contains(s, sub string) bool {
 	}
 	return false
 }
+
+// TestKeySizePadsEveryShape checks that KeySize gives every key exactly
+// that length, keeps distinct keys distinct and a repeat equal to its
+// first occurrence, and that sizes a shape cannot reach are refused.
+func TestKeySizePadsEveryShape(t *testing.T) {
+	for _, shape := range []KeyShape{UUIDv4, UUIDv7, Snowflake, Business} {
+		for _, size := range []int{shape.minSize(), 64, MaxKeySize} {
+			c := WorkloadConfig{Keys: 20_000, Shape: shape, KeySize: size, DupRatio: 0.3, DupReach: time.Hour, Seed: 3}
+			s, err := NewStream(c)
+			if err != nil {
+				t.Fatalf("%s/%d: %v", shape, size, err)
+			}
+			seen := map[string]bool{}
+			var keys [][]byte
+			var kinds []Kind
+			for s.Len() > 0 {
+				keys, kinds = s.Batch(keys, kinds, 256)
+				for i, k := range keys {
+					if len(k) != size {
+						t.Fatalf("%s/%d: key %q has %d bytes", shape, size, k, len(k))
+					}
+					if (kinds[i] == Fresh) == seen[string(k)] {
+						t.Fatalf("%s/%d: %v key %q seen before: %v", shape, size, kinds[i], k, seen[string(k)])
+					}
+					seen[string(k)] = true
+				}
+			}
+		}
+		for _, size := range []int{-1, shape.minSize() - 1, MaxKeySize + 1} {
+			c := WorkloadConfig{Keys: 1, Shape: shape, KeySize: size}
+			if _, err := NewStream(c); !errors.Is(err, ErrConfig) {
+				t.Errorf("%s: KeySize %d accepted: %v", shape, size, err)
+			}
+		}
+	}
+}

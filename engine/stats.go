@@ -46,9 +46,13 @@ type Stats struct {
 	// Redis); StoreHits, those found committed.
 	StoreReads, StoreHits uint64
 	// DiskBytes is Pebble's size on disk: live SSTs (TableBytes), live WAL
-	// (WALBytes), recycled WAL files and files a compaction has not yet
-	// deleted.
-	DiskBytes, TableBytes, WALBytes uint64
+	// (WALBytes), recycled WAL files kept for reuse (WALRecycledBytes, in
+	// WALRecycledFiles files), files a compaction has not yet deleted, the
+	// manifest. WALWrittenBytes counts the bytes written to the WAL since
+	// Open.
+	DiskBytes, TableBytes, WALBytes   uint64
+	WALRecycledBytes, WALWrittenBytes uint64
+	WALRecycledFiles                  int
 
 	// Window is the retention window; Coverage how much of it the engine
 	// holds: since the store was created (Default) or the engine opened.
@@ -139,7 +143,9 @@ func (e *Engine) Stats() Stats {
 		s.BloomEstimatedFP = e.bloom.EstimatedFalsePositive()
 	}
 	if e.store != nil {
-		s.DiskBytes, s.TableBytes, s.WALBytes = e.store.DiskUsage(), e.store.TableBytes(), e.store.WALBytes()
+		d := e.store.Disk()
+		s.DiskBytes, s.TableBytes, s.WALBytes = d.Total, d.Tables, d.WAL
+		s.WALRecycledBytes, s.WALWrittenBytes, s.WALRecycledFiles = d.RecycledWAL, d.WALWritten, d.RecycledWALFiles
 	}
 	s.Coverage = min(time.Duration(e.highWater.Load()-e.openedAt), s.Window)
 	return s

@@ -66,6 +66,7 @@ type workloadFlags struct {
 	window, partition      time.Duration
 	fp                     float64
 	memCap, batch, workers int
+	keySize                int
 	noSync                 bool
 	seed                   uint64
 }
@@ -73,6 +74,7 @@ type workloadFlags struct {
 func (w *workloadFlags) bind(fs *flag.FlagSet, keys int64) {
 	fs.Int64Var(&w.keys, "keys", keys, "messages to process")
 	fs.StringVar(&w.shape, "shape", "uuid4", "key shape: uuid4, uuid7, snowflake or business")
+	fs.IntVar(&w.keySize, "key-size", 0, "key size in bytes, padding the shape (0: the shape's own)")
 	fs.Float64Var(&w.dup, "dup", 0.1, "share of messages that repeat an earlier key")
 	fs.DurationVar(&w.reach, "reach", time.Hour, "how far back in simulated time duplicates reach")
 	fs.Float64Var(&w.zipf, "zipf", 0, "Zipf exponent (> 1) skewing duplicates to recent keys; 0 is uniform")
@@ -107,7 +109,7 @@ func (w *workloadFlags) config() (bench.RunConfig, error) {
 	if err != nil {
 		return bench.RunConfig{}, err
 	}
-	wc := bench.WorkloadConfig{Keys: w.keys, Shape: shape, DupRatio: w.dup, DupReach: w.reach, Zipf: w.zipf,
+	wc := bench.WorkloadConfig{Keys: w.keys, Shape: shape, KeySize: w.keySize, DupRatio: w.dup, DupReach: w.reach, Zipf: w.zipf,
 		InBatchRepeat: w.inBatch, Span: w.span, Seed: w.seed}
 	perPartition := float64(w.keys) * (1 - w.dup - w.inBatch) * float64(w.partition) / float64(max(w.span, w.partition))
 	return bench.RunConfig{

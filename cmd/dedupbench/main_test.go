@@ -106,15 +106,21 @@ func TestRunJSON(t *testing.T) {
 
 func TestPlanJSON(t *testing.T) {
 	var out bytes.Buffer
-	if err := run(context.Background(), []string{"plan", "-ids-per-day", "5e8", "-calibrate", "50000", "-json"}, &out, &bytes.Buffer{}); err != nil {
+	if err := run(context.Background(), []string{"plan", "-ids-per-day", "5e8", "-calibrate", "50000", "-calibrate-store", "100000", "-shape", "snowflake", "-json"}, &out, &bytes.Buffer{}); err != nil {
 		t.Fatal(err)
 	}
 	var pl bench.Plan
 	if err := json.Unmarshal(out.Bytes(), &pl); err != nil {
 		t.Fatal(err)
 	}
-	if pl.Live != 8 || pl.BloomBytes <= 0 || pl.DiskBytes <= 0 || pl.Headroom <= 0 {
+	if pl.Live != 8 || pl.BloomBytes <= 0 || pl.DiskBytes <= 0 || pl.Headroom <= 0 || pl.Input.Shape != bench.Snowflake ||
+		pl.KeyBytes < 18 || pl.KeyBytes > 20 || pl.Calibration.StoreKeys < 90_000 || pl.Calibration.Keys != 50_000 ||
+		len(pl.Calibration.SegmentRates) != 3 || pl.Derate != bench.LargeStoreFactor {
 		t.Fatalf("plan %+v", pl)
+	}
+	// A key size the shape cannot have is refused before any calibration.
+	if err := run(context.Background(), []string{"plan", "-key-size", "5"}, &out, &bytes.Buffer{}); err == nil {
+		t.Fatal("plan -key-size 5 accepted")
 	}
 }
 

@@ -17,11 +17,15 @@ func planCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	window := fs.Duration("window", 7*24*time.Hour, "retention window")
 	partition := fs.Duration("partition", 24*time.Hour, "retention partition")
 	dup := fs.Float64("dup", 0.1, "share of duplicates")
-	keySize := fs.Int("key-size", 36, "key size in bytes (36 for UUIDs)")
+	shapeFlag := fs.String("shape", "uuid4", "key shape: uuid4, uuid7, snowflake or business")
+	keySize := fs.Int("key-size", 0, "key size in bytes, padding the shape (0: the shape's own, 36 for UUIDs)")
+	reach := fs.Duration("reach", time.Hour, "how far back duplicates reach")
 	fp := fs.Float64("fp", 0.01, "Bloom false-positive target over the whole window")
 	tiersFlag := fs.String("tiers", "default", "configuration: default, memory or bloom")
 	memCap := fs.Int("memory", 1<<20, "committed keys cached in memory")
-	calKeys := fs.Int64("calibrate", 2_000_000, "keys of the calibration run on this machine")
+	calKeys := fs.Int64("calibrate", 1_500_000, "timed keys of the calibration run on this machine")
+	calStore := fs.Int64("calibrate-store", 4_000_000, "keys the calibration's store holds before the timed part (up to the planned store)")
+	segments := fs.Int("segments", 3, "timed parts of the calibration; their median rate is kept")
 	asJSON := fs.Bool("json", false, "print the plan as JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -30,16 +34,19 @@ func planCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	in := bench.PlanInput{IDsPerDay: *ids, Window: *window, Partition: *partition, DupRatio: *dup, KeySize: *keySize,
-		FalsePositive: *fp, Tiers: tiers, MemoryCapacity: *memCap}
-	shape := bench.UUIDv4
-	if *keySize != 36 {
-		shape = bench.Business
+	shape, err := bench.ParseKeyShape(*shapeFlag)
+	if err != nil {
+		return err
+	}
+	in := bench.PlanInput{IDsPerDay: *ids, Window: *window, Partition: *partition, DupRatio: *dup, DupReach: *reach,
+		Shape: shape, KeySize: *keySize, FalsePositive: *fp, Tiers: tiers, MemoryCapacity: *memCap}
+	if _, err := bench.MakePlan(in, bench.Calibration{}); err != nil {
+		return err // before the calibration's minutes
 	}
 	if !*asJSON {
-		fmt.Fprintf(stderr, "calibrating: %d keys through %s on this machine...\n", *calKeys, tiers)
+		fmt.Fprintf(stderr, "calibrating: a store of up to %d %s keys through %s, then %d keys timed, on this machine...\n", *calStore, shape, tiers, *calKeys)
 	}
-	cal, _, err := bench.Calibrate(ctx, in, *calKeys, shape)
+	cal, _, err := bench.Calibrate(ctx, in, bench.CalibrateConfig{Measure: *calKeys, Store: *calStore, Segments: *segments})
 	if err != nil {
 		return err
 	}

@@ -571,22 +571,32 @@ func (s *Store) Flush() (err error) {
 	return nil
 }
 
-// DiskUsage returns the bytes the database occupies on disk, WAL included.
-func (s *Store) DiskUsage() uint64 { return s.db.Metrics().DiskSpaceUsage() }
-
-// TableBytes returns the bytes of the database's live SSTs: its data once
-// the memtables are flushed, without the WAL.
-func (s *Store) TableBytes() uint64 {
-	var n int64
-	for _, l := range s.db.Metrics().Levels {
-		n += l.TablesSize
-	}
-	return uint64(n)
+// DiskUsage is what a Store occupies on disk, from Pebble's metrics.
+type DiskUsage struct {
+	// Total is every file: the parts below, the manifest and options
+	// files, and compactions' outputs in progress.
+	Total uint64
+	// Tables are the live SSTs; ObsoleteTables those a compaction replaced
+	// and that are not deleted yet.
+	Tables, ObsoleteTables uint64
+	// WAL is the live WAL files' size; RecycledWAL the files kept for reuse
+	// (RecycledWALFiles of them), each as large as the WAL of one flushed
+	// memtable; WALWritten the bytes written to the WAL since Open.
+	WAL, RecycledWAL, WALWritten uint64
+	RecycledWALFiles             int
 }
 
-// WALBytes returns the on-disk size of the live WAL files (recycled ones
-// waiting for reuse are in DiskUsage only).
-func (s *Store) WALBytes() uint64 { return s.db.Metrics().WAL.PhysicalSize }
+// Disk returns the store's disk usage.
+func (s *Store) Disk() DiskUsage {
+	m := s.db.Metrics()
+	d := DiskUsage{Total: m.DiskSpaceUsage(), ObsoleteTables: m.Table.Local.ObsoleteSize + m.Table.Local.ZombieSize,
+		WAL: m.WAL.PhysicalSize, RecycledWAL: m.WAL.ObsoletePhysicalSize, WALWritten: m.WAL.BytesWritten,
+		RecycledWALFiles: int(m.WAL.ObsoleteFiles)}
+	for _, l := range m.Levels {
+		d.Tables += uint64(l.TablesSize)
+	}
+	return d
+}
 
 // Scan calls fn for every committed record in partitions at or after from,
 // in key order. ns and key alias Pebble's buffers and are valid only during

@@ -235,7 +235,7 @@ func TestDroppedPartitionLeavesDisk(t *testing.T) {
 	}
 }
 
-func sstBytes(s *Store) int64 { return int64(s.TableBytes()) }
+func sstBytes(s *Store) int64 { return int64(s.Disk().Tables) }
 
 // TestWriteFailureIsTypedAndSticky injects a WAL sync failure: the write
 // must fail with ErrStorage (not exit), later writes must be refused, and
