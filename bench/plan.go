@@ -7,8 +7,6 @@ import (
 	"math"
 	"time"
 
-	bitsbloom "github.com/bits-and-blooms/bloom/v3"
-
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/bloom"
@@ -178,13 +176,11 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 	p.KeysPerPartition = in.IDsPerDay * (1 - in.DupRatio) * float64(in.Partition) / float64(24*time.Hour)
 	p.KeysHeld = p.KeysPerPartition * float64(parts.Live)
 	if in.Tiers == engine.Default || in.Tiers == engine.BloomOnly {
-		p.BloomPartitionFP = bloom.PerFilter(in.FalsePositive, parts.Live)
-		m, k := bitsbloom.EstimateParameters(uint(math.Max(1, p.KeysPerPartition)), p.BloomPartitionFP)
-		m = (m + 63) &^ 63
-		p.BloomK = int(k)
-		p.BloomBitsPerKey = float64(m) / math.Max(1, p.KeysPerPartition)
+		sz := bloom.Sizing(int(math.Max(1, p.KeysPerPartition)), in.FalsePositive, parts.Live)
+		p.BloomPartitionFP, p.BloomK = sz.PerFilter, sz.K
+		p.BloomBitsPerKey = float64(sz.M) / math.Max(1, p.KeysPerPartition)
 		p.BloomWindowFP = 1 - math.Pow(1-p.BloomPartitionFP, float64(parts.Live))
-		p.BloomBytes = float64(m/8) * float64(parts.Live)
+		p.BloomBytes = float64(sz.M/8) * float64(parts.Live)
 	}
 	if in.Tiers != engine.BloomOnly {
 		capacity := in.MemoryCapacity

@@ -183,11 +183,7 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 		// may be hours. The lease must outlast that, as a real lease
 		// outlasts a handler; no benchmark worker crashes, so a long lease
 		// costs nothing here.
-		window := o.Window
-		if window == 0 {
-			window = engine.DefaultWindow
-		}
-		o.Lease = window / 2
+		o.Lease = o.WithDefaults().Window / 2
 	}
 
 	// News per fresh key, saturating: the ground truth each answer is
@@ -374,11 +370,7 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 	}
 	res.KeyLatency = percentiles(all)
 	res.Fresh, res.New = fresh.Load(), news.Load()
-	window := o.Window
-	if window == 0 {
-		window = engine.DefaultWindow
-	}
-	res.DupsChecked = stream.Config().DupReach <= window
+	res.DupsChecked = stream.Config().DupReach <= o.WithDefaults().Window
 	for _, n := range newsPerKey[:stream.fresh] {
 		switch {
 		case n == 0:

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"github.com/tierdedup/tierdedup/shard"
+	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/bloom"
 	"github.com/tierdedup/tierdedup/tier/memory"
 	"github.com/tierdedup/tierdedup/tier/pebble"
@@ -21,11 +22,11 @@ type batch struct {
 	actions  []memory.Action
 	ok       []bool
 	expires  []int64
-	digests  []memory.Digest
+	digests  []tier.Digest
 	attempts []uint16
 	errs     []error
 	marks    []bool
-	st       []memory.Status
+	st       []tier.Status
 	queries  []pebble.Query
 	qidx     []int
 	hits     []pebble.Hit
@@ -33,7 +34,7 @@ type batch struct {
 	claims   []Claim
 	rreqs    []redis.Request
 	rres     []redis.Result
-	rst      []redis.Status
+	rst      []tier.Status
 }
 
 func (e *Engine) getBatch(n int) *batch {
@@ -47,10 +48,10 @@ func (e *Engine) getBatch(n int) *batch {
 			fps: make([]shard.Fingerprint, c), tokens: make([]uint64, c), res: make([]memory.Result, c),
 			cand: make([]int, 0, c), cfps: make([]shard.Fingerprint, c), ctokens: make([]uint64, c),
 			probes: make([]bloom.Probe, c), actions: make([]memory.Action, c), ok: make([]bool, c),
-			expires: make([]int64, c), digests: make([]memory.Digest, c), attempts: make([]uint16, c), errs: make([]error, c), marks: make([]bool, c), st: make([]memory.Status, c),
+			expires: make([]int64, c), digests: make([]tier.Digest, c), attempts: make([]uint16, c), errs: make([]error, c), marks: make([]bool, c), st: make([]tier.Status, c),
 			queries: make([]pebble.Query, 0, c), qidx: make([]int, 0, c), hits: make([]pebble.Hit, c),
 			recs: make([]pebble.Record, c), claims: make([]Claim, c),
-			rreqs: make([]redis.Request, c), rres: make([]redis.Result, c), rst: make([]redis.Status, c),
+			rreqs: make([]redis.Request, c), rres: make([]redis.Result, c), rst: make([]tier.Status, c),
 		}
 	}
 	b.fps, b.tokens, b.res = b.fps[:n], b.tokens[:n], b.res[:n]

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/tierdedup/tierdedup/shard"
+	"github.com/tierdedup/tierdedup/tier"
 )
 
 // Outcome is the answer for one key.
@@ -44,8 +45,9 @@ func (o Outcome) String() string {
 
 // Digest is an optional 128-bit digest of a message's payload, stored with
 // its commit; the zero value means none. Make one with DigestOf or from a
-// hash the producer already sends.
-type Digest [16]byte
+// hash the producer already sends. Every tier stores it whole, as this one
+// type.
+type Digest = tier.Digest
 
 // DigestOf returns the first 128 bits of the SHA-256 of payload.
 func DigestOf(payload []byte) Digest {
@@ -57,8 +59,8 @@ func DigestOf(payload []byte) Digest {
 // comparing all 128 bits (every tier keeps the full digest, so memory and
 // disk give the same answer); either being absent means no conflict can be
 // told.
-func conflicts[S ~[16]byte](requested Digest, stored S) bool {
-	return requested != (Digest{}) && stored != (S{}) && [16]byte(requested) != [16]byte(stored)
+func conflicts(requested, stored Digest) bool {
+	return requested != (Digest{}) && stored != (Digest{}) && requested != stored
 }
 
 // Claim is the answer to a claim for one key and, when Outcome is New, the

@@ -74,30 +74,21 @@ func Open(opts *Options) (*Engine, error) {
 	if opts == nil {
 		opts = &Options{}
 	}
-	o := *opts
-	if err := o.Validate(); err != nil {
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	window, partition, lease := o.withDefaults()
+	o := opts.WithDefaults()
+	window, partition := o.Window, o.Partition
 	parts, _ := tier.NewPartitions(window, partition)
 	e := &Engine{
 		tiers:       o.Tiers,
 		window:      int64(window),
-		lease:       int64(lease),
+		lease:       int64(o.Lease),
 		maxKey:      o.MaxKeySize,
 		maxAttempts: o.MaxAttempts,
 		parts:       parts,
 		clock:       o.Clock,
 		logger:      o.Logger,
-	}
-	if e.maxKey == 0 {
-		e.maxKey = DefaultMaxKeySize
-	}
-	if e.clock == nil {
-		e.clock = systemClock{}
-	}
-	if e.logger == nil {
-		e.logger = log.Default()
 	}
 	e.def = Namespace{e: e}
 	e.tokens.Store(uint64(time.Now().UnixNano()))

@@ -3,9 +3,10 @@ package engine_test
 import (
 	"context"
 	"errors"
-	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"testing"
 	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tierdedup/tierdedup/shard"
+	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/bloom"
 	"github.com/tierdedup/tierdedup/tier/memory"
 	"github.com/tierdedup/tierdedup/tier/pebble"
@@ -364,20 +365,20 @@ func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digest
 		}
 		out[i] = Claim{Key: keys[i], ns: ns, fp: b.fps[i], digest: d}
 		switch r := b.res[i]; r.Status {
-		case memory.Committed:
+		case tier.Committed:
 			c.memHits++
 			out[i].Outcome = Duplicate
 			if conflicts(d, r.Digest) {
 				out[i].Outcome = Conflict
 			}
-		case memory.Held:
+		case tier.Held:
 			out[i].Outcome = InFlight
-		case memory.Poisoned:
+		case tier.Poisoned:
 			if r.Expired {
 				c.leaseExpiries++
 			}
 			out[i].Outcome = Poison
-		case memory.TakenOver:
+		case tier.TakenOver:
 			c.leaseExpiries++
 			fallthrough
 		default: // Acquired
@@ -422,7 +423,7 @@ func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digest
 // that turned out New keeps its repeats InFlight: it holds the claim.
 func repeatsFollow(b *batch, out []Claim) {
 	for i := range out {
-		if out[i].Outcome != InFlight || b.res[i].Status != memory.Held {
+		if out[i].Outcome != InFlight || b.res[i].Status != tier.Held {
 			continue
 		}
 		for j, first := range b.cand {
@@ -606,17 +607,17 @@ func (e *Engine) resolveRedis(ctx context.Context, b *batch, ns *Namespace, out 
 			c.leaseExpiries++
 		}
 		switch r.Status {
-		case redis.Acquired:
+		case tier.Acquired:
 			out[i].Outcome = New
 			attempts[j] = r.Attempts
-		case redis.Poisoned:
+		case tier.Poisoned:
 			// Its attempts, by any process, reached MaxAttempts.
 			out[i].Outcome = Poison
 			actions[j], attempts[j] = memory.Drop, r.Attempts
-		case redis.Held:
+		case tier.Held:
 			out[i].Outcome = InFlight
 			actions[j] = memory.Drop
-		case redis.Committed:
+		case tier.Committed:
 			if marks[j] && r.Token == e.redisToken(out[i].rtoken) {
 				// The commit of a mark whose reply was lost: the caller
 				// never learnt it was New, so it still is.
@@ -642,8 +643,8 @@ func (e *Engine) resolveRedis(ctx context.Context, b *batch, ns *Namespace, out 
 
 // redisToken is a claim's owner token in Redis: this engine's random ID and
 // the claim's counter, unique across processes.
-func (e *Engine) redisToken(t uint64) redis.Token {
-	var tok redis.Token
+func (e *Engine) redisToken(t uint64) tier.Token {
+	var tok tier.Token
 	copy(tok[:8], e.process[:])
 	binary.BigEndian.PutUint64(tok[8:], t)
 	return tok
@@ -717,7 +718,7 @@ func (e *Engine) commitAs(ctx context.Context, claims []Claim, errs []error, wri
 	k := 0
 	for j := range m {
 		i := b.cand[j]
-		if st[j] != memory.OK {
+		if st[j] != tier.OK {
 			lost++
 			if errs != nil {
 				errs[i] = ErrLeaseLost
@@ -773,7 +774,7 @@ func (e *Engine) durable(ctx context.Context, claims []Claim, b *batch, k int, n
 		for j := range recs {
 			c := &claims[b.cand[j]]
 			recs[j] = pebble.Record{Partition: part, NS: c.ns.name, Key: c.Key,
-				Value: pebble.Value{State: pebble.StateCommitted, Digest: pebble.Digest(c.digest)}}
+				Value: pebble.Value{State: pebble.StateCommitted, Digest: c.digest}}
 		}
 		err := e.store.WriteWith(recs, userWrites(writes))
 		clear(recs) // drop references to the caller's keys
@@ -784,7 +785,7 @@ func (e *Engine) durable(ctx context.Context, claims []Claim, b *batch, k int, n
 		reqs, st := b.rreqs[:k], b.rst[:k]
 		for j := range reqs {
 			c := &claims[b.cand[j]]
-			reqs[j] = redis.Request{NS: c.ns.name, Key: c.Key, Token: e.redisToken(c.rtoken), Digest: redis.Digest(c.digest)}
+			reqs[j] = redis.Request{NS: c.ns.name, Key: c.Key, Token: e.redisToken(c.rtoken), Digest: c.digest}
 		}
 		err := e.redis.Commit(ctx, reqs, st)
 		clear(reqs)
@@ -806,7 +807,7 @@ func (e *Engine) durable(ctx context.Context, claims []Claim, b *batch, k int, n
 			return fail(fmt.Errorf("%w: %w", ErrUnavailable, err))
 		default:
 			for j := range st {
-				if st[j] != redis.OK {
+				if st[j] != tier.OK {
 					// Redis gave the key to another owner (our lease ended
 					// there): fenced out, and our local claim is void.
 					ok[j] = false
@@ -884,7 +885,7 @@ func (e *Engine) releaseAs(ctx context.Context, claims []Claim, errs []error, gi
 	lost, n := 0, 0 // n: claims released locally that Redis must release too
 	var recs []pebble.Record
 	for j, s := range st {
-		if s.Status != memory.OK {
+		if s.Status != tier.OK {
 			lost++
 			if errs != nil {
 				errs[b.cand[j]] = ErrLeaseLost
@@ -913,7 +914,7 @@ func (e *Engine) releaseAs(ctx context.Context, claims []Claim, errs []error, gi
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 		for q, s := range rst {
-			if s != redis.OK {
+			if s != tier.OK {
 				lost++
 				if errs != nil {
 					errs[b.qidx[q]] = ErrLeaseLost

@@ -224,14 +224,14 @@ func (o *Options) Validate() error {
 	if o.Lease < 0 {
 		bad("Lease %v is negative", o.Lease)
 	}
-	window, partition, lease := o.withDefaults()
-	if window > 0 && partition > 0 {
-		if _, err := tier.NewPartitions(window, partition); err != nil {
-			bad("Window %v / Partition %v: %v", window, partition, err)
+	d := o.WithDefaults()
+	if d.Window > 0 && d.Partition > 0 {
+		if _, err := tier.NewPartitions(d.Window, d.Partition); err != nil {
+			bad("Window %v / Partition %v: %v", d.Window, d.Partition, err)
 		}
 	}
-	if lease > 0 && window > 0 && lease >= window {
-		bad("Lease %v must be shorter than Window %v", lease, window)
+	if d.Lease > 0 && d.Window > 0 && d.Lease >= d.Window {
+		bad("Lease %v must be shorter than Window %v", d.Lease, d.Window)
 	}
 	if o.MemoryCapacity < 0 || o.MemoryCapacity > MaxMemoryCapacity {
 		bad("MemoryCapacity %d is outside [0, %d]", o.MemoryCapacity, MaxMemoryCapacity)
@@ -245,8 +245,10 @@ func (o *Options) Validate() error {
 	if fp := o.FalsePositive; fp != 0 && (!(fp > 0 && fp < 1) || math.IsNaN(fp)) {
 		bad("FalsePositive %v is outside (0, 1)", fp)
 	} else if fp != 0 {
-		if _, k := bloomK(fp, window, partition); k > bloom.MaxK {
-			bad("FalsePositive %v needs %d hashes per key, max %d", fp, k, bloom.MaxK)
+		if parts, err := tier.NewPartitions(d.Window, d.Partition); err == nil {
+			if k := bloom.Sizing(d.ExpectedKeys, fp, parts.Live).K; k > bloom.MaxK {
+				bad("FalsePositive %v needs %d hashes per key, max %d", fp, k, bloom.MaxK)
+			}
 		}
 	}
 	if o.MaxAttempts < 0 || o.MaxAttempts > 1<<16-1 {
@@ -258,33 +260,32 @@ func (o *Options) Validate() error {
 	return errors.Join(errs...)
 }
 
-func (o *Options) withDefaults() (window, partition, lease time.Duration) {
-	window, partition, lease = o.Window, o.Partition, o.Lease
-	if window == 0 {
-		window = DefaultWindow
+// WithDefaults returns a copy of o with every field left zero that has a
+// default set to it: the options Open runs with. It does not validate.
+func (o Options) WithDefaults() Options {
+	if o.Window == 0 {
+		o.Window = DefaultWindow
 	}
-	if partition == 0 {
-		partition = DefaultPartition
+	if o.Partition == 0 {
+		o.Partition = DefaultPartition
 	}
-	if lease == 0 {
-		lease = DefaultLease
+	if o.Lease == 0 {
+		o.Lease = DefaultLease
 	}
-	return window, partition, lease
-}
-
-func (o *Options) expectedKeys() int {
+	if o.MaxKeySize == 0 {
+		o.MaxKeySize = DefaultMaxKeySize
+	}
 	if o.ExpectedKeys == 0 {
-		return bloom.DefaultExpectedKeys
+		o.ExpectedKeys = bloom.DefaultExpectedKeys
 	}
-	return o.ExpectedKeys
-}
-
-// bloomK returns the per-filter rate and hash count the options imply.
-func bloomK(fp float64, window, partition time.Duration) (float64, int) {
-	parts, err := tier.NewPartitions(window, partition)
-	if err != nil {
-		return 0, 0
+	if o.FalsePositive == 0 {
+		o.FalsePositive = bloom.DefaultFalsePositive
 	}
-	per := bloom.PerFilter(fp, parts.Live)
-	return per, int(math.Ceil(math.Log(1/per) / math.Ln2))
+	if o.Clock == nil {
+		o.Clock = systemClock{}
+	}
+	if o.Logger == nil {
+		o.Logger = log.Default()
+	}
+	return o
 }

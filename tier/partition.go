@@ -47,8 +47,5 @@ func (p Partitions) Of(nanos int64) int64 {
 // Oldest returns the oldest live partition when current is the newest.
 func (p Partitions) Oldest(current int64) int64 { return current - int64(p.Live) + 1 }
 
-// End returns the first nanosecond after partition q.
-func (p Partitions) End(q int64) int64 { return (q + 1) * p.Length }
-
 // Expiry returns when a key written in partition q stops being kept.
 func (p Partitions) Expiry(q int64) int64 { return (q + int64(p.Live)) * p.Length }

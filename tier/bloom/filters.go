@@ -111,21 +111,32 @@ func New(opts *Options, newest int64) (*Filters, error) {
 	if o.FalsePositive == 0 {
 		o.FalsePositive = DefaultFalsePositive
 	}
-	per := PerFilter(o.FalsePositive, o.Partitions.Live)
-	m, k := bitsbloom.EstimateParameters(uint(o.ExpectedKeys), per)
-	m = (m + 63) &^ 63
-	if k > MaxK {
-		return nil, fmt.Errorf("%w: FalsePositive %v needs %d hashes per key, max %d", ErrOptions, o.FalsePositive, k, MaxK)
+	sz := Sizing(o.ExpectedKeys, o.FalsePositive, o.Partitions.Live)
+	if sz.K > MaxK {
+		return nil, fmt.Errorf("%w: FalsePositive %v needs %d hashes per key, max %d", ErrOptions, o.FalsePositive, sz.K, MaxK)
 	}
-	f := &Filters{parts: o.Partitions, m: uint64(m), k: int(k), perFP: per, expect: o.ExpectedKeys}
+	f := &Filters{parts: o.Partitions, m: sz.M, k: sz.K, perFP: sz.PerFilter, expect: o.ExpectedKeys}
 	f.cur.Store(&ring{newest: newest, filters: make([]*filter, o.Partitions.Live)})
 	return f, nil
 }
 
-// PerFilter returns the false-positive target of each of live filters so
-// that their union meets window.
-func PerFilter(window float64, live int) float64 {
-	return -math.Expm1(math.Log1p(-window) / float64(live))
+// Size is the shape of each filter of a ring.
+type Size struct {
+	// M is the bits of one filter (a multiple of 64), K the hashes per key.
+	M uint64
+	K int
+	// PerFilter is each filter's false-positive target at capacity; Window
+	// the union's over the live filters (the configured rate).
+	PerFilter, Window float64
+}
+
+// Sizing is the one rule that sizes the filters, for them, for the
+// engine's option checks and for capacity plans: live filters of
+// expectedKeys keys each, whose union meets the whole-window rate window.
+func Sizing(expectedKeys int, window float64, live int) Size {
+	per := -math.Expm1(math.Log1p(-window) / float64(live))
+	m, k := bitsbloom.EstimateParameters(uint(max(expectedKeys, 1)), per)
+	return Size{M: uint64((m + 63) &^ 63), K: int(k), PerFilter: per, Window: window}
 }
 
 // Params returns bits per filter, hashes per key and the per-filter
@@ -143,8 +154,8 @@ func (f *Filters) Bytes() int64 {
 	return n
 }
 
-// Newest returns the newest partition.
-func (f *Filters) Newest() int64 { return f.cur.Load().newest }
+// newestPartition returns the newest partition.
+func (f *Filters) newestPartition() int64 { return f.cur.Load().newest }
 
 // Rotate makes p the newest partition, dropping the filters that fall out of
 // the window. A p at or below the newest partition changes nothing, so a

@@ -102,8 +102,8 @@ func TestProbeNamesPartitionsAndRotationDrops(t *testing.T) {
 		t.Errorf("probe b = %b, want %b", out[1].Maybe, want)
 	}
 	// A clock stepping back changes nothing.
-	if d := f.Rotate(4); d != 0 || f.Newest() != 10 {
-		t.Fatalf("Rotate(4) dropped %d, newest %d", d, f.Newest())
+	if d := f.Rotate(4); d != 0 || f.newestPartition() != 10 {
+		t.Fatalf("Rotate(4) dropped %d, newest %d", d, f.newestPartition())
 	}
 	f.Add(b, 2) // too old: ignored
 	// Forward: partition 5 falls out when 13 is newest (live 6..13).
@@ -134,8 +134,8 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	if seen != meta {
 		t.Fatalf("meta = %+v, want %+v", seen, meta)
 	}
-	if g.Newest() != 100 {
-		t.Fatalf("newest = %d", g.Newest())
+	if g.newestPartition() != 100 {
+		t.Fatalf("newest = %d", g.newestPartition())
 	}
 	want, got := make([]Probe, len(in)), make([]Probe, len(in))
 	f.Test(in, want)

@@ -83,7 +83,7 @@ func TestStructureUnderEveryOperation(t *testing.T) {
 		case 4:
 			tb.Settle(f, tok, []Action{Action(rng.IntN(4))}, []int64{now + 50}, []Digest{d(2)}, []uint16{uint16(rng.IntN(3))})
 		case 5:
-			tb.Put(f, []int64{now + 80}, []Digest{d(3)})
+			tb.put(f, []int64{now + 80}, []Digest{d(3)})
 		case 6:
 			tokens[k] = uint64(op + 1)
 			f, tok = one1(k)

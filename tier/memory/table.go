@@ -8,40 +8,6 @@ import (
 	"github.com/tierdedup/tierdedup/shard"
 )
 
-// Status is what the table knows of one key after a call.
-type Status uint8
-
-// Statuses returned by Acquire.
-const (
-	// Acquired means the key was unknown (or its committed entry had expired)
-	// and the caller now holds a claim with its token.
-	Acquired Status = iota + 1
-	// TakenOver is Acquired where an earlier claim's lease had expired.
-	TakenOver
-	// Held means another claim with an unexpired lease holds the key.
-	Held
-	// Committed means the key has an unexpired committed entry.
-	Committed
-	// Lost means the caller's token no longer holds the key: the lease
-	// expired, or another owner took over, or the claim was already settled.
-	Lost
-	// OK means a Begin, Commit, Release or Fill step took effect.
-	OK
-	// Poisoned means the key's claims were released (or let expire)
-	// Options.MaxAttempts times inside the keep time: no claim was made.
-	Poisoned
-)
-
-var statusNames = [...]string{"", "acquired", "taken-over", "held", "committed", "lost", "ok", "poisoned"}
-
-// String returns the status's name.
-func (s Status) String() string {
-	if int(s) < len(statusNames) {
-		return statusNames[s]
-	}
-	return fmt.Sprintf("Status(%d)", s)
-}
-
 // Result is the per-key answer of a batch call.
 type Result struct {
 	Status Status
@@ -56,10 +22,6 @@ type Result struct {
 	// claim, or a Poisoned one that the expiry made poison).
 	Expired bool
 }
-
-// Digest is a 128-bit payload digest; the zero value means none. The table
-// stores and returns it whole, never a shortened form.
-type Digest = [16]byte
 
 // ErrOptions reports invalid Options.
 var ErrOptions = errors.New("memory: invalid options")
@@ -162,8 +124,8 @@ func New(opts *Options) (*Table, error) {
 	return t, nil
 }
 
-// Stripe returns the stripe index of f; the engine uses it to group work.
-func (t *Table) Stripe(f shard.Fingerprint) int { return t.router.Stripe(f) }
+// stripeOf returns the stripe index of f; the engine uses it to group work.
+func (t *Table) stripeOf(f shard.Fingerprint) int { return t.router.Stripe(f) }
 
 // Len returns the number of claims and committed entries held.
 func (t *Table) Len() (claims, committed int) {
@@ -253,17 +215,17 @@ func (t *Table) Settle(fps []shard.Fingerprint, tokens []uint64, actions []Actio
 	})
 }
 
-// Put records committed entries that another tier vouches for, expiring at
-// expires[i]. It never replaces a claim.
-func (t *Table) Put(fps []shard.Fingerprint, expires []int64, digests []Digest) {
+// put records committed entries, expiring at expires[i], without a claim
+// (for tests that fill the table). It never replaces a claim.
+func (t *Table) put(fps []shard.Fingerprint, expires []int64, digests []Digest) {
 	t.each(fps, func(s *stripe, i int) {
 		s.putLocked(fps[i], expires[i], digests[i])
 	})
 }
 
-// Forget removes every entry, claims included; it is what a restart does to
-// a process's memory, and the engine uses it for memory-only tests of that.
-func (t *Table) Forget() {
+// forget removes every entry, claims included: what a restart does to a
+// process's memory (for tests).
+func (t *Table) forget() {
 	for i := range t.stripes {
 		s := &t.stripes[i]
 		s.mu.Lock()

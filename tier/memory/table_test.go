@@ -342,7 +342,7 @@ func TestHeapBytesPerEntry(t *testing.T) {
 	runtime.ReadMemStats(&before)
 	tb := newTable(t, &Options{Capacity: n})
 	for i := 0; i < n; i += 256 {
-		tb.Put(fps[i:i+256], expires[i:i+256], digests[i:i+256])
+		tb.put(fps[i:i+256], expires[i:i+256], digests[i:i+256])
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&after)

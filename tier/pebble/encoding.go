@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/tierdedup/tierdedup/tier"
 )
 
 // Key layout. The first byte names a keyspace:
@@ -77,9 +78,6 @@ const (
 	// after its partition; a commit of the key supersedes it.
 	StateReleased State = 3
 )
-
-// Digest is an optional 128-bit payload digest; the zero value means none.
-type Digest [16]byte
 
 // Value is the decoded form of a stored value.
 type Value struct {
@@ -170,3 +168,6 @@ func decodeValue(b []byte) (Value, error) {
 	}
 	return v, nil
 }
+
+// Digest is a payload digest (tier.Digest), stored whole with a commit.
+type Digest = tier.Digest

@@ -366,10 +366,10 @@ type UserWrite struct {
 	Key, Value []byte
 }
 
-// Write stores records in one batch and returns once it is durable as
+// write stores records in one batch and returns once it is durable as
 // configured. It reorders recs. On failure nothing is acknowledged and the
 // Store refuses further writes.
-func (s *Store) Write(recs []Record) error { return s.WriteWith(recs, nil) }
+func (s *Store) write(recs []Record) error { return s.WriteWith(recs, nil) }
 
 // WriteWith is Write with the caller's own writes in the same batch: all of
 // them become durable together, or none does.
@@ -559,8 +559,8 @@ func (s *Store) Compact(ctx context.Context) (err error) {
 	return nil
 }
 
-// Flush writes the memtable to an SST.
-func (s *Store) Flush() (err error) {
+// flush writes the memtable to an SST.
+func (s *Store) flush() (err error) {
 	if err := s.usable(); err != nil {
 		return err
 	}

@@ -143,7 +143,7 @@ func TestWriteLookupDropReopen(t *testing.T) {
 		{Partition: 11, NS: "biz", Key: []byte("a"), Value: Value{State: StateCommitted, Digest: Digest{7}}},
 		{Partition: 12, Key: []byte("claimed"), Value: Value{State: StateClaimed, LeaseUntil: 120, Token: 3}},
 	}
-	if err := s.Write(recs); err != nil {
+	if err := s.write(recs); err != nil {
 		t.Fatal(err)
 	}
 	if h := lookup(t, s, "", "a", 10, 0b111); !h.Found || h.Partition != 10 || h.Value.State != StateCommitted {
@@ -176,7 +176,7 @@ func TestWriteLookupDropReopen(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
 	}
-	if err := s.Write(recs); !errors.Is(err, ErrClosed) {
+	if err := s.write(recs); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Write after Close: %v", err)
 	}
 	s = open(t, Options{Dir: dir})
@@ -209,13 +209,13 @@ func TestDroppedPartitionLeavesDisk(t *testing.T) {
 	for i := 0; i < n; i++ {
 		recs = append(recs, Record{Partition: 1, Key: fmt.Appendf(nil, "%08d-6ba7b810-9dad-11d1-80b4", i), Value: Value{State: StateCommitted}})
 		if len(recs) == cap(recs) {
-			if err := s.Write(recs); err != nil {
+			if err := s.write(recs); err != nil {
 				t.Fatal(err)
 			}
 			recs = recs[:0]
 		}
 	}
-	if err := s.Flush(); err != nil {
+	if err := s.flush(); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Compact(context.Background()); err != nil {
@@ -257,16 +257,16 @@ func TestWriteFailureIsTypedAndSticky(t *testing.T) {
 			}))
 			s := open(t, Options{Dir: "db", FS: fs})
 			ok := Record{Partition: 1, Key: []byte("acked"), Value: Value{State: StateCommitted}}
-			if err := s.Write([]Record{ok}); err != nil {
+			if err := s.write([]Record{ok}); err != nil {
 				t.Fatal(err)
 			}
 			on.Store(true)
-			err := s.Write([]Record{{Partition: 1, Key: []byte("lost"), Value: Value{State: StateCommitted}}})
+			err := s.write([]Record{{Partition: 1, Key: []byte("lost"), Value: Value{State: StateCommitted}}})
 			if !errors.Is(err, ErrStorage) {
 				t.Fatalf("Write under a failing WAL = %v, want ErrStorage", err)
 			}
 			on.Store(false)
-			if err := s.Write([]Record{ok}); !errors.Is(err, ErrStorage) {
+			if err := s.write([]Record{ok}); !errors.Is(err, ErrStorage) {
 				t.Fatalf("Write after a failure = %v, want ErrStorage (the store must stay failed)", err)
 			}
 			if s.Broken() == nil {

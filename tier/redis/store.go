@@ -71,13 +71,6 @@ func (o *Options) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Token is a claim's owner token: unique across processes (the engine makes
-// it from a random process ID and a counter).
-type Token [16]byte
-
-// Digest is an optional payload digest stored with a commit; zero is none.
-type Digest [16]byte
-
 // Request names one key of a batch and its claim.
 type Request struct {
 	NS     string
@@ -85,27 +78,6 @@ type Request struct {
 	Token  Token
 	Digest Digest // Commit only
 }
-
-// Status is the answer for one key.
-type Status uint8
-
-// Statuses.
-const (
-	// Acquired: the key was free (or held by this very token: a retry, or
-	// by a claim whose lease ended) and now holds the caller's claim.
-	Acquired Status = iota + 1
-	// Held: another token's claim holds it.
-	Held
-	// Committed: committed inside the window.
-	Committed
-	// OK: a commit or release took effect.
-	OK
-	// Lost: the caller's token does not hold the key (or its lease ended).
-	Lost
-	// Poisoned: the key's attempts reached Options.MaxAttempts; nothing was
-	// claimed.
-	Poisoned
-)
 
 // Result is the per-key answer of Claim.
 type Result struct {

@@ -1,0 +1,24 @@
+package redis
+
+import "github.com/tierdedup/tierdedup/tier"
+
+// Status is the tiers' shared vocabulary (tier.Status), so the engine reads
+// every tier's answers without translating them.
+type Status = tier.Status
+
+// Statuses, as in package tier.
+const (
+	Acquired  = tier.Acquired
+	TakenOver = tier.TakenOver
+	Held      = tier.Held
+	Committed = tier.Committed
+	Lost      = tier.Lost
+	OK        = tier.OK
+	Poisoned  = tier.Poisoned
+)
+
+// Digest is a payload digest (tier.Digest), stored whole.
+type Digest = tier.Digest
+
+// Token is a claim's owner token (tier.Token).
+type Token = tier.Token

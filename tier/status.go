@@ -1,0 +1,46 @@
+package tier
+
+import "fmt"
+
+// Digest is a message payload's 128-bit digest, stored whole with a
+// commit by every tier; the zero value means none.
+type Digest [16]byte
+
+// Token is a claim's owner token: unique across processes (the engine makes
+// it from a random process ID and a per-claim counter).
+type Token [16]byte
+
+// Status is what a tier knows of one key after a call: the vocabulary every
+// tier answers in.
+type Status uint8
+
+// Statuses.
+const (
+	// Acquired: the key was free (unknown, its committed entry expired, or
+	// held by this very token) and now holds the caller's claim.
+	Acquired Status = iota + 1
+	// TakenOver is Acquired where an earlier claim's lease had expired.
+	TakenOver
+	// Held: another claim with an unexpired lease holds the key.
+	Held
+	// Committed: committed inside the window.
+	Committed
+	// Lost: the caller's token does not hold the key: its lease expired,
+	// another owner took over, or the claim was already settled.
+	Lost
+	// OK: a commit, release or settling step took effect.
+	OK
+	// Poisoned: the key's claims were released (or let expire) MaxAttempts
+	// times inside the window: no claim was made.
+	Poisoned
+)
+
+var statusNames = [...]string{"", "acquired", "taken-over", "held", "committed", "lost", "ok", "poisoned"}
+
+// String returns the status's name.
+func (s Status) String() string {
+	if int(s) < len(statusNames) {
+		return statusNames[s]
+	}
+	return fmt.Sprintf("Status(%d)", s)
+}
