@@ -1,86 +1,157 @@
 package engine
 
 import (
-	"crypto/sha256"
+	"context"
 	"fmt"
 
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
+	"github.com/tierdedup/tierdedup/tier/memory"
+	"github.com/tierdedup/tierdedup/tier/pebble"
 )
 
-// Outcome is the answer for one key.
-type Outcome uint8
-
-// Outcomes. The zero value is not an outcome: a Claim left zero by an error
-// has none.
-const (
-	// New: first time inside the window. The caller owns the key under a
-	// lease and must Commit or Release it.
-	New Outcome = iota + 1
-	// Duplicate: committed inside the window. Skip it (and ack it).
-	Duplicate
-	// InFlight: another claim holds the key now, perhaps an earlier copy in
-	// the same batch. Do not ack; the redelivery will find it committed, or
-	// free again if that worker fails.
-	InFlight
-	// Conflict: committed inside the window with a different payload
-	// digest. The same key carried other content: report it rather than
-	// skip it silently.
-	Conflict
-	// Poison: the key's claims were released, or left to expire, MaxAttempts
-	// times within the window: its handler keeps failing. Nothing was
-	// claimed; dead-letter the message instead of redelivering it forever.
-	Poison
-)
-
-var outcomeNames = [...]string{"", "new", "duplicate", "in-flight", "conflict", "poison"}
-
-// String returns the outcome's name.
-func (o Outcome) String() string {
-	if int(o) < len(outcomeNames) {
-		return outcomeNames[o]
+func (e *Engine) checkKeys(keys [][]byte) error {
+	for i, k := range keys {
+		switch {
+		case len(k) == 0:
+			return &KeyError{Index: i, Len: 0, Err: ErrEmptyKey}
+		case len(k) > e.maxKey:
+			return &KeyError{Index: i, Len: len(k), Err: ErrKeyTooLong}
+		}
 	}
-	return fmt.Sprintf("Outcome(%d)", o)
+	return nil
 }
 
-// Digest is an optional 128-bit digest of a message's payload, stored with
-// its commit; the zero value means none. Make one with DigestOf or from a
-// hash the producer already sends. Every tier stores it whole, as this one
-// type.
-type Digest = tier.Digest
+func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digests []Digest, out []Claim) error {
+	n := len(keys)
+	if len(out) != n || (digests != nil && len(digests) != n) {
+		return fmt.Errorf("%w: %d keys, %d digests, %d claims", ErrBatch, n, len(digests), len(out))
+	}
+	if err := e.checkKeys(keys); err != nil {
+		return err
+	}
+	now, err := e.start(ctx)
+	if err != nil {
+		return err
+	}
+	defer e.leave()
+	b := e.getBatch(n)
+	defer e.putBatch(b)
+	first := e.tokens.Add(uint64(n)) - uint64(n) + 1
+	for i, k := range keys {
+		b.fps[i] = shard.Sum(e.hasher, ns.name, k)
+		b.tokens[i] = first + uint64(i)
+	}
+	leaseUntil := now + e.lease
+	e.mem.Acquire(b.fps, b.tokens, now, leaseUntil, e.parts.Expiry(e.parts.Of(now)), b.res)
 
-// DigestOf returns the first 128 bits of the SHA-256 of payload.
-func DigestOf(payload []byte) Digest {
-	sum := sha256.Sum256(payload)
-	return Digest(sum[:16])
+	cand := b.cand[:0]
+	var c tally
+	for i := range keys {
+		var d Digest
+		if digests != nil {
+			d = digests[i]
+		}
+		out[i] = Claim{Key: keys[i], ns: ns, fp: b.fps[i], digest: d}
+		switch r := b.res[i]; r.Status {
+		case tier.Committed:
+			c.memHits++
+			out[i].Outcome = Duplicate
+			if conflicts(d, r.Digest) {
+				out[i].Outcome = Conflict
+			}
+		case tier.Held:
+			out[i].Outcome = InFlight
+		case tier.Poisoned:
+			if r.Expired {
+				c.leaseExpiries++
+			}
+			out[i].Outcome = Poison
+		case tier.TakenOver:
+			c.leaseExpiries++
+			fallthrough
+		default: // Acquired
+			out[i].token, out[i].LeaseUntil = b.tokens[i], leaseUntil
+			cand = append(cand, i)
+		}
+	}
+	c.memMisses = uint64(len(cand))
+	b.cand = cand
+	if err := e.persistExpiries(b, ns, keys, now); err != nil {
+		// Give back the claims this call acquired: it answers nothing.
+		for j, i := range cand {
+			b.cfps[j], b.ctokens[j], b.actions[j] = out[i].fp, out[i].token, memory.Drop
+		}
+		m := len(cand)
+		e.mem.Settle(b.cfps[:m], b.ctokens[:m], b.actions[:m], b.expires[:m], b.digests[:m], nil)
+		c.errors++
+		e.stats.add(&c)
+		return err
+	}
+	if len(cand) > 0 {
+		if err := e.resolve(ctx, b, ns, out, &c, now); err != nil {
+			c.errors++
+			e.stats.add(&c)
+			return err
+		}
+		if len(cand) < n {
+			repeatsFollow(b, out)
+		}
+	}
+	for i := range out {
+		c.count(out[i].Outcome)
+	}
+	c.claims = uint64(n)
+	e.stats.add(&c)
+	return nil
 }
 
-// conflicts reports whether a stored digest contradicts a requested one,
-// comparing all 128 bits (every tier keeps the full digest, so memory and
-// disk give the same answer); either being absent means no conflict can be
-// told.
-func conflicts(requested, stored Digest) bool {
-	return requested != (Digest{}) && stored != (Digest{}) && requested != stored
+// repeatsFollow gives a key repeated in a batch the answer its first
+// occurrence got from a slower tier: while that occurrence was being decided
+// memory held its claim, so the repeats saw InFlight. A first occurrence
+// that turned out New keeps its repeats InFlight: it holds the claim.
+func repeatsFollow(b *batch, out []Claim) {
+	for i := range out {
+		if out[i].Outcome != InFlight || b.res[i].Status != tier.Held {
+			continue
+		}
+		for j, first := range b.cand {
+			if first >= i {
+				break
+			}
+			if out[first].fp != out[i].fp {
+				continue
+			}
+			switch out[first].Outcome {
+			case Duplicate, Conflict:
+				out[i].Outcome = Duplicate
+				if conflicts(out[i].digest, b.digests[j]) {
+					out[i].Outcome = Conflict
+				}
+			}
+			break
+		}
+	}
 }
 
-// Claim is the answer to a claim for one key and, when Outcome is New, the
-// handle that commits or releases it. The caller owns it; Key aliases the
-// caller's key bytes, which must stay unchanged until Commit or Release: a
-// claim whose key changed (a reused read buffer) is refused with
-// ErrLeaseLost and changes nothing.
-type Claim struct {
-	Outcome Outcome
-	Key     []byte
-	// LeaseUntil is when the claim stops excluding other workers, in Unix
-	// nanoseconds of the engine's clock (New only).
-	LeaseUntil int64
-
-	ns     *Namespace
-	fp     shard.Fingerprint
-	token  uint64 // the memory tier's claim
-	rtoken uint64 // the counter of the Redis owner token (Tiers: Redis)
-	digest Digest
+// persistExpiries makes durable the attempt counts that lease expiries
+// reached in this claim call (embedded store with MaxAttempts only), so a
+// restart sees them too.
+func (e *Engine) persistExpiries(b *batch, ns *Namespace, keys [][]byte, now int64) error {
+	if e.store == nil || e.maxAttempts == 0 {
+		return nil
+	}
+	var recs []pebble.Record
+	for i := range keys {
+		if r := b.res[i]; r.Expired {
+			recs = append(b.recs[:len(recs)], releasedRecord(e.parts.Of(now), ns.name, keys[i], r.Attempts))
+			b.cfps[len(recs)-1] = b.fps[i]
+		}
+	}
+	if len(recs) == 0 {
+		return nil
+	}
+	err := e.writeAttempts(b.cfps[:len(recs)], recs)
+	clear(recs)
+	return err
 }
-
-// Owned reports whether the caller holds the key and must Commit or Release.
-func (c *Claim) Owned() bool { return c.Outcome == New }

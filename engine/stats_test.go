@@ -47,7 +47,11 @@ func TestStatsCountFalsePositives(t *testing.T) {
 	}
 	rate := float64(fp) / fresh
 	t.Logf("measured false-positive rate %.3f (filters %d× over capacity, estimated %.3f)", rate, marked/100, mid.BloomEstimatedFP)
-	if d := rate - mid.BloomEstimatedFP; d > 0.05 || d < -0.05 {
+	// The estimate is the formula's for the number of keys added; a filter
+	// this small fills unevenly around it, with a random secret each run
+	// (measured over 40 runs: 0.478 to 0.602 against 0.531). A counter that
+	// missed or double-counted would be far outside this.
+	if d := rate - mid.BloomEstimatedFP; d > 0.12 || d < -0.12 {
 		t.Fatalf("measured false-positive rate %.3f, the filters' own estimate %.3f", rate, mid.BloomEstimatedFP)
 	}
 

@@ -1,0 +1,106 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Clock readings the engine takes as time. UnixNano is defined only from
+// 1678 to 2262, and engine time plus a lease, a window or a partition (each
+// at most MaxWindow) must stay inside an int64.
+var (
+	minClock = time.Unix(0, 0)
+	maxClock = time.Unix(0, math.MaxInt64-3*int64(MaxWindow))
+)
+
+// reading returns the clock in Unix nanoseconds, or 0 for a reading outside
+// [1970, maxClock]: such a reading is no progress (the high-water clock
+// stands), never a jump that would drop partitions or overflow a lease.
+func (e *Engine) reading() int64 {
+	t := e.clock.Now()
+	if t.Before(minClock) || t.After(maxClock) {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+// now returns the engine's time: the highest clock reading seen, so it never
+// runs backwards. It rotates partitions when a new one begins.
+func (e *Engine) now() (int64, error) {
+	t := e.reading()
+	for {
+		hw := e.highWater.Load()
+		if t <= hw {
+			t = hw
+			break
+		}
+		if e.highWater.CompareAndSwap(hw, t) {
+			break
+		}
+	}
+	if p := e.parts.Of(t); p > e.current.Load() {
+		if err := e.rotate(p, t); err != nil {
+			return 0, err
+		}
+	}
+	return t, nil
+}
+
+// rotate makes p the current partition: the Bloom filters and the store
+// drop whatever fell out of the window.
+func (e *Engine) rotate(p, t int64) error {
+	e.rotateMu.Lock()
+	defer e.rotateMu.Unlock()
+	if p <= e.current.Load() {
+		return nil
+	}
+	if e.store != nil {
+		if err := e.store.Drop(e.parts.Oldest(p), t); err != nil {
+			e.stats.errors.Add(1)
+			return fmt.Errorf("%w: %w", ErrStorage, err)
+		}
+	}
+	if e.bloom != nil {
+		e.stats.partitionsDropped.Add(uint64(e.bloom.Rotate(p)))
+	}
+	e.current.Store(p)
+	return nil
+}
+
+// enter starts a call: it fails once the engine is closed, and, for calls
+// that may answer New or write, once the store has failed.
+func (e *Engine) enter(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	e.life.RLock()
+	if e.life.closed {
+		e.life.RUnlock()
+		return ErrClosed
+	}
+	if e.store != nil {
+		if err := e.store.Broken(); err != nil {
+			e.life.RUnlock()
+			return fmt.Errorf("%w: %w", ErrStorage, err)
+		}
+	}
+	return nil
+}
+
+func (e *Engine) leave() { e.life.RUnlock() }
+
+// start enters a call that may answer New or write, and reads the engine's
+// time; on success the caller must leave.
+func (e *Engine) start(ctx context.Context) (int64, error) {
+	if err := e.enter(ctx); err != nil {
+		return 0, err
+	}
+	now, err := e.now()
+	if err != nil {
+		e.leave()
+		return 0, err
+	}
+	return now, nil
+}

@@ -1,0 +1,107 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/tierdedup/tierdedup/shard"
+	"github.com/tierdedup/tierdedup/tier/bloom"
+)
+
+// Close stops background work, saves the Bloom filters (so the next Open is
+// warm) and closes the store. It is idempotent; calls after it return
+// ErrClosed.
+func (e *Engine) Close() error {
+	e.life.Lock()
+	if e.life.closed {
+		e.life.Unlock()
+		return nil
+	}
+	e.life.closed = true
+	e.life.Unlock()
+	e.stop()
+	e.workers.Wait()
+	var errs []error
+	healthy := e.store == nil || e.store.Broken() == nil
+	hw := e.highWater.Load()
+	meta := bloom.SnapshotMeta{Kind: bloom.SnapshotState, Secret: e.secret, HighWater: hw}
+	if e.store != nil && healthy {
+		// Persist the high-water clock, so time does not run back across a
+		// clean restart, then seal the state the snapshot describes: no
+		// write follows.
+		err := e.store.Drop(e.parts.Oldest(e.current.Load()), hw)
+		if err == nil {
+			meta = bloom.SnapshotMeta{Kind: bloom.SnapshotCache, StoreID: e.store.Layout().ID, HighWater: hw}
+			meta.Epoch, err = e.store.SealSnapshot()
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%w: %w", ErrStorage, err))
+			healthy = false
+		}
+	}
+	if e.snapshots != nil && e.warm.Load() && healthy {
+		if err := e.snapshots.save(e.bloom, meta); err != nil {
+			errs = append(errs, fmt.Errorf("tierdedup: saving bloom snapshot: %w", err))
+		}
+	}
+	if e.redis != nil {
+		e.redis.Close()
+	}
+	if e.dirLock != nil {
+		_ = e.dirLock.Close()
+	}
+	if e.store != nil {
+		if err := e.store.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("%w: %w", ErrStorage, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// rebuild refills the Bloom filters from Pebble after an unclean shutdown.
+// Commits made meanwhile add to the filters themselves, and records written
+// before the scan began are all visible to it, so when it ends the filters
+// cover the store and become warm.
+func (e *Engine) rebuild(ctx context.Context) {
+	defer e.workers.Done()
+	defer e.rebuilding.Store(false)
+	if gate := rebuildGate; gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return
+		}
+	}
+	const chunk = 256
+	fps := make([]shard.Fingerprint, 0, chunk)
+	var part int64 = -1 << 63
+	flush := func() {
+		if len(fps) > 0 {
+			e.bloom.Add(fps, part)
+			e.stats.rebuilt.Add(uint64(len(fps)))
+			fps = fps[:0]
+		}
+	}
+	err := e.store.Scan(ctx, e.parts.Oldest(e.current.Load()), func(p int64, ns, key []byte) error {
+		if p != part || len(fps) == chunk {
+			flush()
+			part = p
+		}
+		fps = append(fps, shard.Sum(e.hasher, ns, key))
+		return nil
+	})
+	flush()
+	if err != nil {
+		if ctx.Err() == nil {
+			e.logger.Printf("tierdedup: bloom rebuild failed, staying on Pebble reads: %v", err)
+		}
+		return
+	}
+	e.warm.Store(true)
+}
+
+// rebuildGate, when set by tests, holds rebuilds back until it is closed.
+var rebuildGate chan struct{}
+
+func isNotExist(err error) bool { return errors.Is(err, errNoSnapshot) }
