@@ -7,7 +7,6 @@ import (
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/memory"
-	"github.com/tierdedup/tierdedup/tier/pebble"
 )
 
 func (e *Engine) checkKeys(keys [][]byte) error {
@@ -77,7 +76,7 @@ func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digest
 	}
 	c.memMisses = uint64(len(cand))
 	b.cand = cand
-	if err := e.persistExpiries(b, ns, keys, now); err != nil {
+	if err := e.persistExpiries(ctx, b, ns, keys, now); err != nil {
 		// Give back the claims this call acquired: it answers nothing.
 		for j, i := range cand {
 			b.cfps[j], b.ctokens[j], b.actions[j] = out[i].fp, out[i].token, memory.Drop
@@ -135,23 +134,24 @@ func repeatsFollow(b *batch, out []Claim) {
 }
 
 // persistExpiries makes durable the attempt counts that lease expiries
-// reached in this claim call (embedded store with MaxAttempts only), so a
-// restart sees them too.
-func (e *Engine) persistExpiries(b *batch, ns *Namespace, keys [][]byte, now int64) error {
-	if e.store == nil || e.maxAttempts == 0 {
+// reached in this claim call (an exact tier whose claims live in the engine,
+// with MaxAttempts only), so a restart sees them too.
+func (e *Engine) persistExpiries(ctx context.Context, b *batch, ns *Namespace, keys [][]byte, now int64) error {
+	if e.where != tier.ClaimsInEngine || e.maxAttempts == 0 {
 		return nil
 	}
-	var recs []pebble.Record
+	reqs := b.reqs[:0]
 	for i := range keys {
 		if r := b.res[i]; r.Expired {
-			recs = append(b.recs[:len(recs)], releasedRecord(e.parts.Of(now), ns.name, keys[i], r.Attempts))
-			b.cfps[len(recs)-1] = b.fps[i]
+			reqs = append(reqs, tier.Request{NS: ns.name, Key: keys[i], Attempts: r.Attempts})
+			b.cfps[len(reqs)-1] = b.fps[i]
 		}
 	}
-	if len(recs) == 0 {
+	b.reqs = reqs
+	if len(reqs) == 0 {
 		return nil
 	}
-	err := e.writeAttempts(b.cfps[:len(recs)], recs)
-	clear(recs)
+	err := e.writeAttempts(ctx, b.cfps[:len(reqs)], e.parts.Of(now), reqs, b.st[:len(reqs)])
+	clear(reqs)
 	return err
 }

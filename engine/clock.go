@@ -56,8 +56,8 @@ func (e *Engine) rotate(p, t int64) error {
 	if p <= e.current.Load() {
 		return nil
 	}
-	if e.store != nil {
-		if err := e.store.Drop(e.parts.Oldest(p), t); err != nil {
+	if e.dropper != nil {
+		if err := e.dropper.Drop(e.parts.Oldest(p), t); err != nil {
 			e.stats.errors.Add(1)
 			return fmt.Errorf("%w: %w", ErrStorage, err)
 		}
@@ -80,8 +80,8 @@ func (e *Engine) enter(ctx context.Context) error {
 		e.life.RUnlock()
 		return ErrClosed
 	}
-	if e.store != nil {
-		if err := e.store.Broken(); err != nil {
+	if e.latch != nil {
+		if err := e.latch.Broken(); err != nil {
 			e.life.RUnlock()
 			return fmt.Errorf("%w: %w", ErrStorage, err)
 		}

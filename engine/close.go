@@ -45,15 +45,12 @@ func (e *Engine) Close() error {
 			errs = append(errs, fmt.Errorf("tierdedup: saving bloom snapshot: %w", err))
 		}
 	}
-	if e.redis != nil {
-		e.redis.Close()
-	}
 	if e.dirLock != nil {
 		_ = e.dirLock.Close()
 	}
-	if e.store != nil {
-		if err := e.store.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("%w: %w", ErrStorage, err))
+	if e.exact != nil {
+		if err := e.exact.Close(); err != nil {
+			errs = append(errs, e.tierError(err))
 		}
 	}
 	return errors.Join(errs...)
@@ -83,7 +80,7 @@ func (e *Engine) rebuild(ctx context.Context) {
 			fps = fps[:0]
 		}
 	}
-	err := e.store.Scan(ctx, e.parts.Oldest(e.current.Load()), func(p int64, ns, key []byte) error {
+	err := e.scanner.Scan(ctx, e.parts.Oldest(e.current.Load()), func(p int64, ns, key []byte) error {
 		if p != part || len(fps) == chunk {
 			flush()
 			part = p

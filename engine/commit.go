@@ -7,8 +7,6 @@ import (
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/memory"
-	"github.com/tierdedup/tierdedup/tier/pebble"
-	"github.com/tierdedup/tierdedup/tier/redis"
 )
 
 // Commit makes a New claim's key a Duplicate for the rest of the window. It
@@ -40,9 +38,7 @@ func (e *Engine) CommitBatch(ctx context.Context, claims []Claim, errs []error) 
 }
 
 // Write is a caller's own key and value for CommitBatchWith.
-type Write struct {
-	Key, Value []byte
-}
+type Write = tier.Write
 
 // CommitBatchWith is CommitBatch that also writes the caller's records in
 // the same atomic, durable batch of the embedded store (Default only): the
@@ -56,22 +52,10 @@ type Write struct {
 // and the error matches ErrLeaseLost: the records describe work whose
 // claims are void.
 func (e *Engine) CommitBatchWith(ctx context.Context, claims []Claim, errs []error, writes []Write) error {
-	if err := e.needStore("CommitBatchWith"); err != nil {
+	if err := e.need(e.writer != nil, "CommitBatchWith", "a tier that writes with commits"); err != nil {
 		return err
 	}
 	return e.commit(ctx, claims, errs, writes)
-}
-
-// userWrites converts the caller's writes for the store.
-func userWrites(writes []Write) []pebble.UserWrite {
-	if len(writes) == 0 {
-		return nil
-	}
-	user := make([]pebble.UserWrite, len(writes))
-	for i, w := range writes {
-		user[i] = pebble.UserWrite{Key: w.Key, Value: w.Value}
-	}
-	return user
 }
 
 // owned gathers the New claims of a batch into b.cand, b.cfps and b.ctokens.
@@ -98,8 +82,8 @@ func (b *batch) owned(e *Engine, claims []Claim, verify bool) {
 	b.cand = cand
 }
 
-// commitMarks commits MarkBatch's claims: as commit, and a Redis commit
-// whose reply is lost is remembered as a mark, so the retry of the mark
+// commitMarks commits MarkBatch's claims: as commit, and a shared tier's
+// commit whose reply is lost is remembered as a mark, so the retry of the mark
 // finds its own commit New rather than a Duplicate of itself.
 func (e *Engine) commitMarks(ctx context.Context, claims []Claim, errs []error) error {
 	return e.commitAs(ctx, claims, errs, nil, true)
@@ -127,9 +111,9 @@ func (e *Engine) commitAs(ctx context.Context, claims []Claim, errs []error, wri
 		if len(writes) > 0 {
 			// No message of the batch was New (all duplicates, say), but
 			// the caller's records (a consumed offset) must still land.
-			if err := e.store.WriteWith(nil, userWrites(writes)); err != nil {
+			if err := e.writer.CommitWith(ctx, e.parts.Of(now), nil, writes, nil); err != nil {
 				e.stats.errors.Add(1)
-				return fmt.Errorf("%w: %w", ErrStorage, err)
+				return e.tierError(err)
 			}
 		}
 		return nil
@@ -165,8 +149,8 @@ func (e *Engine) commitAs(ctx context.Context, claims []Claim, errs []error, wri
 	return nil
 }
 
-// durable makes the first k claims of b.cand durable in the configured
-// tiers, then turns their memory claims into committed entries. On a tier
+// durable makes the first k claims of b.cand durable (the filter first,
+// then the exact tier), then turns their memory claims into committed entries. On a tier
 // failure the claims go back to their leased state and every one gets the
 // error.
 func (e *Engine) durable(ctx context.Context, claims []Claim, b *batch, k int, now int64, errs []error, lost *int, writes []Write, mark bool) error {
@@ -192,53 +176,46 @@ func (e *Engine) durable(ctx context.Context, claims []Claim, b *batch, k int, n
 		// the store holds.
 		e.bloom.Add(cfps, part)
 	}
-	switch {
-	case e.store != nil:
-		recs := b.recs[:k]
-		for j := range recs {
-			c := &claims[b.cand[j]]
-			recs[j] = pebble.Record{Partition: part, NS: c.ns.name, Key: c.Key,
-				Value: pebble.Value{State: pebble.StateCommitted, Digest: c.digest}}
-		}
-		err := e.store.WriteWith(recs, userWrites(writes))
-		clear(recs) // drop references to the caller's keys
-		if err != nil {
-			return fail(fmt.Errorf("%w: %w", ErrStorage, err))
-		}
-	case e.redis != nil:
-		reqs, st := b.rreqs[:k], b.rst[:k]
+	if e.exact != nil {
+		shared := e.where == tier.ClaimsInStore
+		reqs, st := b.reqs[:k], b.st[:k]
 		for j := range reqs {
 			c := &claims[b.cand[j]]
-			reqs[j] = redis.Request{NS: c.ns.name, Key: c.Key, Token: e.redisToken(c.rtoken), Digest: c.digest}
+			reqs[j] = tier.Request{NS: c.ns.name, Key: c.Key, Digest: c.digest}
+			if shared {
+				reqs[j].Token = e.ownerToken(c.rtoken)
+			}
 		}
-		err := e.redis.Commit(ctx, reqs, st)
-		clear(reqs)
-		switch {
-		case err != nil && e.failOpen:
-			e.stats.failOpen.Add(uint64(k))
-		case err != nil:
-			// The commits may or may not have been applied: the claims
-			// stay, so a redelivery finds either the commit or the lease.
-			// A mark's caller has not processed its message: remember its
-			// token, so that a retried mark that finds this commit is New.
-			if mark {
+		var err error
+		if len(writes) > 0 {
+			err = e.writer.CommitWith(ctx, part, reqs, writes, st)
+		} else {
+			err = e.exact.Commit(ctx, part, reqs, st)
+		}
+		clear(reqs) // drop references to the caller's keys
+		if err != nil {
+			// A shared tier may or may not have applied the commits: the
+			// claims stay, so a redelivery finds either the commit or the
+			// lease. A mark's caller has not processed its message:
+			// remember its token, so that a retried mark that finds this
+			// commit is New.
+			if mark && shared {
 				tokens, keep := make([]uint64, k), make([]int64, k)
 				for j := range k {
 					tokens[j], keep[j] = claims[b.cand[j]].rtoken, now+e.window
 				}
 				e.retries.remember(cfps, tokens, keep, now, true)
 			}
-			return fail(fmt.Errorf("%w: %w", ErrUnavailable, err))
-		default:
-			for j := range st {
-				if st[j] != tier.OK {
-					// Redis gave the key to another owner (our lease ended
-					// there): fenced out, and our local claim is void.
-					ok[j] = false
-					*lost++
-					if errs != nil {
-						errs[b.cand[j]] = ErrLeaseLost
-					}
+			return fail(e.tierError(err))
+		}
+		for j := range st {
+			if st[j] != tier.OK {
+				// The shared tier gave the key to another owner (our lease
+				// ended there): fenced out, and our local claim is void.
+				ok[j] = false
+				*lost++
+				if errs != nil {
+					errs[b.cand[j]] = ErrLeaseLost
 				}
 			}
 		}
@@ -248,12 +225,12 @@ func (e *Engine) durable(ctx context.Context, claims []Claim, b *batch, k int, n
 	for j := range ok {
 		if ok[j] {
 			committed++
-		} else if e.redis != nil {
+		} else {
 			b.actions[j] = memory.Drop
 		}
 	}
 	if committed < uint64(k) {
-		// Drop the void local claims of keys Redis refused.
+		// Drop the void local claims of keys the shared tier refused.
 		for j := range ok {
 			if ok[j] {
 				b.actions[j] = memory.Keep

@@ -4,8 +4,12 @@
 // Duplicate (skip it), InFlight (another worker holds it now) or a Conflict
 // (the key was committed with a different payload).
 //
-// It owns claims, leases and owner tokens, the clock, partition rotation,
-// the warm or cold state of the Bloom filters, and Stats. It must never let
+// It holds the memory table, an optional filter (tier/bloom) and at most one
+// exact tier (tier.Exact: tier/pebble, where claims live in the engine, or
+// tier/redis, where they live in the store); the configuration matters only
+// in Open and Options.Validate. It owns claims, leases and owner tokens, the
+// clock, partition rotation, the warm or cold state of the filter, and
+// Stats. It must never let
 // a probabilistic tier decide Duplicate in a configuration that promises
 // exactness, never decide New from the Bloom filters unless they have seen
 // every key the durable tier holds, and never acknowledge a commit before

@@ -33,15 +33,24 @@ type Engine struct {
 	snapshots   *snapshotFile // nil when the Bloom filters are not persisted
 	dirLock     io.Closer     // bloom-only's hold on Dir
 
-	secret   shard.Secret // keys the fingerprints; persisted by Default and BloomOnly
-	hasher   shard.Hasher // of secret
-	mem      *memory.Table
-	bloom    *bloom.Filters // nil in MemoryOnly and Redis
-	store    *pebble.Store  // nil unless Default
-	redis    *redis.Store   // nil unless Redis
-	process  [8]byte        // random; with a claim's token, its Redis owner token
-	failOpen bool
-	retries  retries // Redis claims whose reply was lost, for their retries
+	secret shard.Secret // keys the fingerprints; persisted by Default and BloomOnly
+	hasher shard.Hasher // of secret
+	mem    *memory.Table
+	bloom  *bloom.Filters // the optional filter: nil unless Default or BloomOnly
+	// exact is the exact tier, nil when there is none (MemoryOnly,
+	// BloomOnly); where says where its claims live, and the optional
+	// interfaces it implements are kept beside it (nil when it does not).
+	exact   tier.Exact
+	where   tier.Where
+	writer  tier.CommitWriter
+	dropper tier.Dropper
+	scanner tier.Scanner
+	latch   tier.Latching
+	// store is the embedded Pebble store (Default), for what its lifecycle
+	// alone needs: its layout, snapshot epochs, compaction, disk figures.
+	store   *pebble.Store
+	process [8]byte // random; with a claim's counter, its owner token in a shared tier
+	retries retries // claims in a shared tier whose reply was lost, for their retries
 
 	// warm is true while the Bloom filters have seen every key the store
 	// holds, so a "no" may skip the store.
@@ -125,6 +134,7 @@ func Open(opts *Options) (*Engine, error) {
 		case err != nil:
 			return nil, fmt.Errorf("%w: %w", ErrStorage, err)
 		}
+		e.exact = e.store
 		e.secret = e.store.Layout().Secret
 		hw, err := e.store.HighWater()
 		if err != nil {
@@ -140,7 +150,7 @@ func Open(opts *Options) (*Engine, error) {
 	if o.Tiers == Redis {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		e.redis, err = redis.New(ctx, o.Redis, &redis.Options{
+		rs, err := redis.New(ctx, o.Redis, &redis.Options{
 			Prefix: o.RedisPrefix, Window: window, RequireNoEviction: o.RequireNoEviction, Logger: o.Logger,
 			MaxAttempts: o.MaxAttempts,
 		})
@@ -152,8 +162,18 @@ func Open(opts *Options) (*Engine, error) {
 		case err != nil:
 			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
-		e.failOpen = o.FailOpen
+		e.exact = rs
+		if o.FailOpen {
+			e.exact = failOpen{Exact: rs, answered: &e.stats.failOpen}
+		}
 		_, _ = rand.Read(e.process[:])
+	}
+	if e.exact != nil {
+		e.where = e.exact.Claims()
+		e.writer, _ = e.exact.(tier.CommitWriter)
+		e.dropper, _ = e.exact.(tier.Dropper)
+		e.scanner, _ = e.exact.(tier.Scanner)
+		e.latch, _ = e.exact.(tier.Latching)
 	}
 
 	if o.Tiers == Default || o.Tiers == BloomOnly {

@@ -6,8 +6,6 @@ import (
 
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
-	"github.com/tierdedup/tierdedup/tier/pebble"
-	"github.com/tierdedup/tierdedup/tier/redis"
 )
 
 // Release gives a New claim back, so a redelivery of its key can claim it
@@ -29,8 +27,8 @@ func (e *Engine) release(ctx context.Context, claims []Claim, errs []error) erro
 
 // releaseAs releases claims; with giveBack the engine gives back claims of
 // a call that failed itself (MarkBatch's commit): no attempt is counted,
-// and a Redis commit carrying the claim's token, applied although the
-// call failed, is undone.
+// and a shared tier's commit carrying the claim's token, applied although
+// the call failed, is undone.
 func (e *Engine) releaseAs(ctx context.Context, claims []Claim, errs []error, giveBack bool) error {
 	if errs != nil && len(errs) != len(claims) {
 		return fmt.Errorf("%w: %d claims, %d errors", ErrBatch, len(claims), len(errs))
@@ -46,8 +44,12 @@ func (e *Engine) releaseAs(ctx context.Context, claims []Claim, errs []error, gi
 	if e.life.closed {
 		return ErrClosed
 	}
+	// The embedded tier keeps attempt counts; a shared tier counts them
+	// itself.
+	shared := e.where == tier.ClaimsInStore
+	counted := e.where == tier.ClaimsInEngine && e.maxAttempts > 0 && !giveBack
 	now, _ := e.nowNoRotate()
-	if e.store != nil && e.maxAttempts > 0 && !giveBack {
+	if counted {
 		// Attempt counts are written in the current partition: rotate to
 		// it first. A failed store cannot; releasing memory claims needs
 		// none, and the count's write will fail.
@@ -64,52 +66,53 @@ func (e *Engine) releaseAs(ctx context.Context, claims []Claim, errs []error, gi
 	}
 	st := b.res[:m]
 	e.mem.Release(b.cfps[:m], b.ctokens[:m], now, e.parts.Expiry(e.parts.Of(now)), !giveBack, st)
-	lost, n := 0, 0 // n: claims released locally that Redis must release too
-	var recs []pebble.Record
+	lost := 0
+	// The claims released in memory that the exact tier must hear of.
+	reqs, qidx := b.reqs[:0], b.qidx[:0]
 	for j, s := range st {
 		if s.Status != tier.OK {
 			lost++
 			if errs != nil {
 				errs[b.cand[j]] = ErrLeaseLost
 			}
-		} else if e.store != nil && e.maxAttempts > 0 && !giveBack {
-			c := &claims[b.cand[j]]
-			recs = append(b.recs[:len(recs)], releasedRecord(e.parts.Of(now), c.ns.name, c.Key, s.Attempts))
-			b.cfps[len(recs)-1] = c.fp
-		} else if e.redis != nil {
-			c := &claims[b.cand[j]]
-			b.rreqs[n] = redis.Request{NS: c.ns.name, Key: c.Key, Token: e.redisToken(c.rtoken)}
-			b.qidx = append(b.qidx[:n], b.cand[j])
-			n++
+			continue
 		}
+		c := &claims[b.cand[j]]
+		switch {
+		case shared:
+			reqs = append(reqs, tier.Request{NS: c.ns.name, Key: c.Key, Token: e.ownerToken(c.rtoken)})
+		case counted:
+			reqs = append(reqs, tier.Request{NS: c.ns.name, Key: c.Key, Attempts: s.Attempts})
+		default:
+			continue
+		}
+		b.cfps[len(reqs)-1] = c.fp
+		qidx = append(qidx, b.cand[j])
 	}
-	if n > 0 {
-		reqs, rst := b.rreqs[:n], b.rst[:n]
-		release := e.redis.Release
-		if giveBack {
-			release = e.redis.GiveBack
+	b.reqs, b.qidx = reqs, qidx
+	if len(reqs) > 0 {
+		rst := b.st[:len(reqs)]
+		var err error
+		if shared {
+			if err = e.exact.Release(ctx, e.parts.Of(now), reqs, giveBack, rst); err != nil {
+				e.stats.errors.Add(1)
+				err = e.tierError(err)
+			}
+		} else {
+			// The attempt counts, durable, so every restart sees them.
+			err = e.writeAttempts(ctx, b.cfps[:len(reqs)], e.parts.Of(now), reqs, rst)
 		}
-		err := release(ctx, reqs, rst)
 		clear(reqs)
 		if err != nil {
-			e.stats.errors.Add(1)
-			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+			return err
 		}
 		for q, s := range rst {
 			if s != tier.OK {
 				lost++
 				if errs != nil {
-					errs[b.qidx[q]] = ErrLeaseLost
+					errs[qidx[q]] = ErrLeaseLost
 				}
 			}
-		}
-	}
-	if len(recs) > 0 {
-		// The attempt counts, durable, so every restart sees them.
-		err := e.writeAttempts(b.cfps[:len(recs)], recs)
-		clear(recs)
-		if err != nil {
-			return err
 		}
 	}
 	e.stats.releases.Add(uint64(m - lost))
@@ -125,19 +128,16 @@ func (e *Engine) nowNoRotate() (int64, error) {
 	return max(e.reading(), e.highWater.Load()), nil
 }
 
-// releasedRecord is the durable attempt count of a key that is not
-// committed.
-func releasedRecord(part int64, ns string, key []byte, attempts uint16) pebble.Record {
-	return pebble.Record{Partition: part, NS: ns, Key: key, Value: pebble.Value{State: pebble.StateReleased, Attempts: attempts}}
-}
-
-// writeAttempts makes released records durable, adding their keys to the
-// Bloom filters first (they must cover every record the store holds).
-func (e *Engine) writeAttempts(fps []shard.Fingerprint, recs []pebble.Record) error {
-	e.bloom.Add(fps, recs[0].Partition)
-	if err := e.store.WriteWith(recs, nil); err != nil {
+// writeAttempts makes attempt counts durable in an exact tier whose claims
+// live in the engine, adding their keys to the filter first: it must cover
+// every record the tier holds.
+func (e *Engine) writeAttempts(ctx context.Context, fps []shard.Fingerprint, part int64, reqs []tier.Request, out []tier.Status) error {
+	if e.bloom != nil {
+		e.bloom.Add(fps, part)
+	}
+	if err := e.exact.Release(ctx, part, reqs, false, out); err != nil {
 		e.stats.errors.Add(1)
-		return fmt.Errorf("%w: %w", ErrStorage, err)
+		return e.tierError(err)
 	}
 	return nil
 }

@@ -76,7 +76,7 @@ type tally struct {
 	leaseExpiries, errors                              uint64
 	memHits, memMisses                                 uint64
 	bloomNegatives, bloomFalsePositives                uint64
-	storeReads, storeHits, failOpen                    uint64
+	storeReads, storeHits                              uint64
 }
 
 func (t *tally) count(o Outcome) {
@@ -103,7 +103,6 @@ func (c *counters) add(t *tally) {
 		{&c.conflicts, t.conflicts}, {&c.poisoned, t.poisoned}, {&c.leaseExpiries, t.leaseExpiries}, {&c.errors, t.errors},
 		{&c.memHits, t.memHits}, {&c.memMisses, t.memMisses}, {&c.bloomNegatives, t.bloomNegatives},
 		{&c.bloomFalsePositives, t.bloomFalsePositives}, {&c.storeReads, t.storeReads}, {&c.storeHits, t.storeHits},
-		{&c.failOpen, t.failOpen},
 	} {
 		if p.n != 0 {
 			p.dst.Add(p.n)

@@ -8,26 +8,23 @@ import (
 	"github.com/tierdedup/tierdedup/tier/pebble"
 )
 
-// needStore reports ErrOptions for an operation of the embedded store in a
-// configuration without one.
-func (e *Engine) needStore(op string) error {
-	if e.store == nil {
-		return fmt.Errorf("%w: %s needs the embedded store (Tiers: Default), have %v", ErrOptions, op, e.tiers)
+// need reports ErrOptions for an operation the configuration's tiers do not
+// offer (have is false).
+func (e *Engine) need(have bool, op, what string) error {
+	if !have {
+		return fmt.Errorf("%w: %s needs %s (Tiers: Default), have %v", ErrOptions, op, what, e.tiers)
 	}
 	return nil
 }
 
-// withStore runs fn on the embedded store unless the engine is closed.
-func (e *Engine) withStore(op string, fn func(*pebble.Store) error) error {
-	if err := e.needStore(op); err != nil {
-		return err
-	}
+// unlessClosed runs fn unless the engine is closed.
+func (e *Engine) unlessClosed(fn func() error) error {
 	e.life.RLock()
 	defer e.life.RUnlock()
 	if e.life.closed {
 		return ErrClosed
 	}
-	return fn(e.store)
+	return fn()
 }
 
 // Compact flushes and compacts the embedded store now (Default only), so
@@ -35,8 +32,11 @@ func (e *Engine) withStore(op string, fn func(*pebble.Store) error) error {
 // data; for maintenance windows and capacity measurements. It can take
 // minutes on a large store; calls proceed meanwhile.
 func (e *Engine) Compact(ctx context.Context) error {
-	return e.withStore("Compact", func(s *pebble.Store) error {
-		if err := s.Compact(ctx); err != nil {
+	if err := e.need(e.store != nil, "Compact", "the embedded store"); err != nil {
+		return err
+	}
+	return e.unlessClosed(func() error {
+		if err := e.store.Compact(ctx); err != nil {
 			return fmt.Errorf("%w: %w", ErrStorage, err)
 		}
 		return nil
@@ -47,8 +47,11 @@ func (e *Engine) Compact(ctx context.Context) error {
 // starts with prefix, in key order; key and value are valid only during the
 // call. A read failure is ErrStorage and latches, as for claims.
 func (e *Engine) ScanWrites(prefix []byte, fn func(key, value []byte) error) error {
-	return e.withStore("ScanWrites", func(s *pebble.Store) error {
-		err := s.ScanUser(prefix, fn)
+	if err := e.need(e.writer != nil, "ScanWrites", "a tier that writes with commits"); err != nil {
+		return err
+	}
+	return e.unlessClosed(func() error {
+		err := e.writer.ScanWrites(prefix, fn)
 		if errors.Is(err, pebble.ErrStorage) {
 			e.stats.errors.Add(1)
 			return fmt.Errorf("%w: %w", ErrStorage, err)

@@ -1,10 +1,17 @@
-// Package tier is the vocabulary the tiers share: how time is cut into
-// retention partitions. It holds no state and orders nothing; the engine
-// decides which tier is asked what.
+// Package tier is what the tiers share: the contract of an exact, durable
+// tier (Exact, with its optional CommitWriter, Dropper, Scanner and
+// Latching), the vocabulary every tier answers in (Status, Digest, Token,
+// Request, Answer), and how time is cut into retention partitions. It holds
+// no state and orders nothing; the engine decides which tier is asked what.
+//
+// Adding a durable tier means implementing Exact (and the optional
+// interfaces it can offer) in its own package, and opening it in the
+// engine's Open; nothing else in the engine names a tier.
 //
 // # Concurrency
 //
-// Every type here is an immutable value, safe for concurrent use.
+// Every type here is an immutable value, safe for concurrent use; Exact's
+// own rules are in its documentation.
 //
 // # Invariants
 //

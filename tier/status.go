@@ -33,9 +33,15 @@ const (
 	// Poisoned: the key's claims were released (or let expire) MaxAttempts
 	// times inside the window: no claim was made.
 	Poisoned
+	// Absent: a tier whose claims live in the engine holds no record of
+	// the key.
+	Absent
+	// Released: a tier whose claims live in the engine holds the key's
+	// attempt count, and no commit.
+	Released
 )
 
-var statusNames = [...]string{"", "acquired", "taken-over", "held", "committed", "lost", "ok", "poisoned"}
+var statusNames = [...]string{"", "acquired", "taken-over", "held", "committed", "lost", "ok", "poisoned", "absent", "released"}
 
 // String returns the status's name.
 func (s Status) String() string {

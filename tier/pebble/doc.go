@@ -24,14 +24,14 @@
 //
 //  1. Write returns nil only after the records are in the WAL and, unless
 //     Options.NoSync, the WAL is fsynced.
-//  2. Lookup compares full key bytes and answers the newest committed or
+//  2. Claim compares full key bytes and answers the newest committed or
 //     released (attempt count) record; a claimed record is treated as
 //     absent.
 //  3. Drop removes whole partitions with one range deletion; it never
 //     removes a partition at or after the one it is given.
 //  4. After the first storage error, read or write, every call that reads
 //     or writes records fails with ErrStorage: Pebble clears an iterator's
-//     error at its next seek, so Lookup checks it after every positioning
+//     error at its next seek, so Claim checks it after every positioning
 //     call, and a read that failed is never taken for an absent key.
 //  5. Open refuses a store whose recorded partition length differs, whose
 //     window is longer than requested, or whose format version is another

@@ -20,6 +20,8 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	pebblebloom "github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/tierdedup/tierdedup/tier"
 )
 
 // Errors returned by a Store; match them with errors.Is.
@@ -106,6 +108,7 @@ type Store struct {
 	broken    atomic.Pointer[error] // first storage failure, read or write; set once
 	closed    atomic.Bool
 	buffers   sync.Pool // *[]byte key buffers
+	records   sync.Pool // *[]Record of a Commit or Release
 
 	compactions chan [2][]byte // ranges to compact after a drop
 	stop        context.CancelFunc
@@ -201,6 +204,7 @@ func Open(opts *Options) (*Store, error) {
 	if o.NoSync {
 		s.writeOpts = pebble.NoSync
 	}
+	s.records.New = func() any { return new([]Record) }
 	if err := s.initLayout(o.Partition, o.Window, o.Now); err != nil {
 		cancel()
 		_ = db.Close()
@@ -282,33 +286,22 @@ func (s *Store) buffer() *[]byte {
 	return &b
 }
 
-// Query asks whether a key is committed in any partition Oldest+i for which
-// bit i of Mask is set.
-type Query struct {
-	NS     string
-	Key    []byte
-	Oldest int64
-	Mask   uint64
-}
+// Claims reports where claims live: in the engine's memory, which fences
+// them; the store keeps commits and attempt counts.
+func (s *Store) Claims() tier.Where { return tier.ClaimsInEngine }
 
-// Hit is the answer to a Query.
-type Hit struct {
-	Found     bool
-	Partition int64
-	Value     Value
-}
-
-// Lookup answers each query with full key comparisons, newest partition
-// first: the newest committed or released record of the key; out must have
-// len(qs). Claimed records count as absent (claims left by a previous
-// process are void).
+// Claim reads each key with full key comparisons, newest partition first,
+// in the partitions reqs[i].Oldest and Mask name: Committed or Released
+// (with the record's Partition and value) for the newest such record,
+// Absent otherwise. Claimed records count as absent (claims left by a
+// previous process are void). It writes nothing and ignores lease.
 //
 // Pebble clears an iterator's error at the start of every seek, so the error
 // is checked after each one: a seek that found nothing because a block could
 // not be read is a failure, never an absence. Read failures (I/O errors,
 // corrupt blocks or values) latch like write failures: the Store refuses
-// every later call, because a store that cannot be read cannot say New.
-func (s *Store) Lookup(qs []Query, out []Hit) (err error) {
+// every later call, because a store that cannot be read cannot say Absent.
+func (s *Store) Claim(_ context.Context, reqs []tier.Request, _ time.Duration, out []tier.Answer) (err error) {
 	if err := s.usable(); err != nil {
 		return err
 	}
@@ -322,8 +315,9 @@ func (s *Store) Lookup(qs []Query, out []Hit) (err error) {
 	defer it.Close()
 	bp := s.buffer()
 	defer s.buffers.Put(bp)
-	for i, q := range qs {
-		out[i] = Hit{}
+	for i := range reqs {
+		q := &reqs[i]
+		out[i] = tier.Answer{Status: tier.Absent, Partition: -1}
 		for m := q.Mask; m != 0; m &^= 1 << (63 - bits.LeadingZeros64(m)) {
 			part := q.Oldest + int64(63-bits.LeadingZeros64(m))
 			k := appendRecordKey((*bp)[:0], part, q.NS, q.Key)
@@ -343,10 +337,15 @@ func (s *Store) Lookup(qs []Query, out []Hit) (err error) {
 			if err != nil {
 				return s.fail(err)
 			}
-			if v.State == StateCommitted || v.State == StateReleased {
-				out[i] = Hit{Found: true, Partition: part, Value: v}
-				break
+			switch v.State {
+			case StateCommitted:
+				out[i] = tier.Answer{Status: tier.Committed, Partition: part, Digest: v.Digest}
+			case StateReleased:
+				out[i] = tier.Answer{Status: tier.Released, Partition: part, Attempts: v.Attempts}
+			default:
+				continue
 			}
+			break
 		}
 	}
 	return nil
@@ -360,20 +359,14 @@ type Record struct {
 	Value     Value
 }
 
-// UserWrite is a caller's own key and value, written in the same atomic
-// batch as commits, in a keyspace that retention never touches.
-type UserWrite struct {
-	Key, Value []byte
-}
-
 // write stores records in one batch and returns once it is durable as
 // configured. It reorders recs. On failure nothing is acknowledged and the
 // Store refuses further writes.
-func (s *Store) write(recs []Record) error { return s.WriteWith(recs, nil) }
+func (s *Store) write(recs []Record) error { return s.writeWith(recs, nil) }
 
-// WriteWith is Write with the caller's own writes in the same batch: all of
-// them become durable together, or none does.
-func (s *Store) WriteWith(recs []Record, user []UserWrite) (err error) {
+// writeWith is write with the caller's own records in the same batch: all
+// of them become durable together, or none does.
+func (s *Store) writeWith(recs []Record, user []tier.Write) (err error) {
 	if err := s.usable(); err != nil {
 		return err
 	}
@@ -506,10 +499,10 @@ func (s *Store) compact(ctx context.Context, start, end []byte) {
 	}
 }
 
-// ScanUser calls fn for each of the caller's records whose key starts with
-// prefix, in key order; key and value are valid only during the call. A
-// read failure latches, as in Lookup.
-func (s *Store) ScanUser(prefix []byte, fn func(key, value []byte) error) (err error) {
+// ScanWrites calls fn for each of the caller's records (written by
+// CommitWith) whose key starts with prefix, in key order; key and value are
+// valid only during the call. A read failure latches, as in Claim.
+func (s *Store) ScanWrites(prefix []byte, fn func(key, value []byte) error) (err error) {
 	if err := s.usable(); err != nil {
 		return err
 	}
@@ -601,7 +594,7 @@ func (s *Store) Disk() DiskUsage {
 // Scan calls fn for every committed record in partitions at or after from,
 // in key order. ns and key alias Pebble's buffers and are valid only during
 // the call. It stops at the first error fn returns, or when ctx ends. A
-// read failure or a corrupt key latches, as in Lookup.
+// read failure or a corrupt key latches, as in Claim.
 func (s *Store) Scan(ctx context.Context, from int64, fn func(partition int64, ns, key []byte) error) (err error) {
 	if err := s.usable(); err != nil {
 		return err

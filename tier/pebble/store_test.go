@@ -20,6 +20,8 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+
+	"github.com/tierdedup/tierdedup/tier"
 )
 
 var quiet = log.New(io.Discard, "", 0)
@@ -126,10 +128,10 @@ func TestOptionsValidate(t *testing.T) {
 	}
 }
 
-func lookup(t *testing.T, s *Store, ns, key string, oldest int64, mask uint64) Hit {
+func lookup(t *testing.T, s *Store, ns, key string, oldest int64, mask uint64) tier.Answer {
 	t.Helper()
-	out := make([]Hit, 1)
-	if err := s.Lookup([]Query{{NS: ns, Key: []byte(key), Oldest: oldest, Mask: mask}}, out); err != nil {
+	out := make([]tier.Answer, 1)
+	if err := s.Claim(context.Background(), []tier.Request{{NS: ns, Key: []byte(key), Oldest: oldest, Mask: mask}}, 0, out); err != nil {
 		t.Fatal(err)
 	}
 	return out[0]
@@ -146,28 +148,28 @@ func TestWriteLookupDropReopen(t *testing.T) {
 	if err := s.write(recs); err != nil {
 		t.Fatal(err)
 	}
-	if h := lookup(t, s, "", "a", 10, 0b111); !h.Found || h.Partition != 10 || h.Value.State != StateCommitted {
+	if h := lookup(t, s, "", "a", 10, 0b111); h.Status != tier.Committed || h.Partition != 10 {
 		t.Errorf("a = %+v", h)
 	}
-	if h := lookup(t, s, "", "a", 10, 0b110); h.Found {
+	if h := lookup(t, s, "", "a", 10, 0b110); h.Status != tier.Absent {
 		t.Errorf("a found outside the partitions asked: %+v", h)
 	}
-	if h := lookup(t, s, "biz", "a", 10, 0b111); !h.Found || h.Value.Digest != (Digest{7}) {
+	if h := lookup(t, s, "biz", "a", 10, 0b111); h.Status != tier.Committed || h.Digest != (Digest{7}) {
 		t.Errorf("biz/a = %+v", h)
 	}
-	if h := lookup(t, s, "", "ab", 10, 0b111); h.Found {
+	if h := lookup(t, s, "", "ab", 10, 0b111); h.Status != tier.Absent {
 		t.Errorf("a prefix of a stored key was found: %+v", h)
 	}
-	if h := lookup(t, s, "", "claimed", 10, 0b111); h.Found {
+	if h := lookup(t, s, "", "claimed", 10, 0b111); h.Status != tier.Absent {
 		t.Errorf("a stored claim counts as committed: %+v", h)
 	}
 	if err := s.Drop(11, 12345); err != nil {
 		t.Fatal(err)
 	}
-	if h := lookup(t, s, "", "a", 10, 0b111); h.Found {
+	if h := lookup(t, s, "", "a", 10, 0b111); h.Status != tier.Absent {
 		t.Errorf("a survived the drop of its partition")
 	}
-	if h := lookup(t, s, "biz", "a", 10, 0b111); !h.Found {
+	if h := lookup(t, s, "biz", "a", 10, 0b111); h.Status != tier.Committed {
 		t.Errorf("biz/a (partition 11) was dropped early")
 	}
 	if err := s.Close(); err != nil {
@@ -184,7 +186,7 @@ func TestWriteLookupDropReopen(t *testing.T) {
 	if hw, err := s.HighWater(); err != nil || hw != 12345 {
 		t.Fatalf("HighWater = %d, %v", hw, err)
 	}
-	if h := lookup(t, s, "biz", "a", 10, 0b111); !h.Found {
+	if h := lookup(t, s, "biz", "a", 10, 0b111); h.Status != tier.Committed {
 		t.Errorf("biz/a lost across reopen")
 	}
 	var seen []string
@@ -277,7 +279,7 @@ func TestWriteFailureIsTypedAndSticky(t *testing.T) {
 			// the abandoned handle, so reopen from a copy of the filesystem.
 			s2 := open(t, Options{Dir: "db", FS: cloneMem(t, mem)})
 			defer s2.Close()
-			if h := lookup(t, s2, "", "acked", 1, 1); !h.Found {
+			if h := lookup(t, s2, "", "acked", 1, 1); h.Status != tier.Committed {
 				t.Fatal("an acknowledged record is missing after the failure")
 			}
 		})
@@ -404,5 +406,57 @@ func TestSnapshotEpochIsTakenOnce(t *testing.T) {
 	defer s.Close()
 	if e, err := s.TakeSnapshotEpoch(); err != nil || e != 0 {
 		t.Fatalf("epoch taken twice: %d, %v", e, err)
+	}
+}
+
+// TestExactContract drives the Store through tier.Exact and its optional
+// interfaces: a commit is read back Committed with its digest and
+// partition, a release with an attempt count Released, a give-back and a
+// release without a count write nothing, and writes made with a commit
+// are scanned back.
+func TestExactContract(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, Options{Dir: t.TempDir()})
+	defer s.Close()
+	var x tier.Exact = s
+	if x.Claims() != tier.ClaimsInEngine {
+		t.Fatalf("claims live in %v", x.Claims())
+	}
+	reqs := []tier.Request{{Key: []byte("c"), Digest: Digest{9}}, {Key: []byte("r"), Attempts: 2}, {Key: []byte("g"), Attempts: 5}, {Key: []byte("z")}}
+	st := make([]tier.Status, 1)
+	if err := s.CommitWith(ctx, 3, reqs[:1], []tier.Write{{Key: []byte("off/0"), Value: []byte("42")}}, st); err != nil || st[0] != tier.OK {
+		t.Fatal(st, err)
+	}
+	st = make([]tier.Status, 3)
+	if err := x.Release(ctx, 4, reqs[2:3], true, st[:1]); err != nil || st[0] != tier.OK {
+		t.Fatal(st, err)
+	}
+	if err := x.Release(ctx, 4, reqs[1:2], false, st[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.Release(ctx, 4, reqs[3:], false, st[:1]); err != nil { // no count: nothing to write
+		t.Fatal(err)
+	}
+	out := make([]tier.Answer, len(reqs))
+	for i := range reqs {
+		reqs[i].Oldest, reqs[i].Mask = 0, 1<<3|1<<4
+	}
+	if err := x.Claim(ctx, reqs, 0, out); err != nil {
+		t.Fatal(err)
+	}
+	want := []tier.Answer{
+		{Status: tier.Committed, Digest: Digest{9}, Partition: 3},
+		{Status: tier.Released, Attempts: 2, Partition: 4},
+		{Status: tier.Absent, Partition: -1},
+		{Status: tier.Absent, Partition: -1},
+	}
+	for i := range want {
+		if out[i] != want[i] {
+			t.Errorf("%s: %+v, want %+v", reqs[i].Key, out[i], want[i])
+		}
+	}
+	var got []string
+	if err := s.ScanWrites([]byte("off/"), func(k, v []byte) error { got = append(got, string(k)+"="+string(v)); return nil }); err != nil || len(got) != 1 || got[0] != "off/0=42" {
+		t.Fatalf("writes %v, %v", got, err)
 	}
 }

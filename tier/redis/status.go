@@ -22,3 +22,6 @@ type Digest = tier.Digest
 
 // Token is a claim's owner token (tier.Token).
 type Token = tier.Token
+
+// The Store is the shared exact tier.
+var _ tier.Exact = (*Store)(nil)

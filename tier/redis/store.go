@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tierdedup/tierdedup/tier"
+
 	goredis "github.com/redis/go-redis/v9"
 )
 
@@ -71,27 +73,20 @@ func (o *Options) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Request names one key of a batch and its claim.
-type Request struct {
-	NS     string
-	Key    []byte
-	Token  Token
-	Digest Digest // Commit only
-}
+// Request names one key of a batch and its claim (tier.Request: NS, Key,
+// Token, and Digest for Commit).
+type Request = tier.Request
 
-// Result is the per-key answer of Claim.
-type Result struct {
-	Status Status
-	Digest Digest // Committed only
-	// Token is the committer's owner token (Committed only).
-	Token Token
-	// Attempts is the key's attempt count (Acquired: carried by the new
-	// claim; Poisoned: reached), with Options.MaxAttempts.
-	Attempts uint16
-	// Expired reports that this claim found another's lease ended, and
-	// counted it as an attempt.
-	Expired bool
-}
+// Result is the per-key answer of Claim (tier.Answer): Acquired (with the
+// attempt count the new claim carries), Held, Committed (with the
+// committer's Token and the Digest) or Poisoned (with the count reached);
+// Expired when the claim found another's lease ended and counted it.
+// Partition is always -1: Redis expires keys itself, so no answer may be
+// cached beyond what Redis says.
+type Result = tier.Answer
+
+// Claims reports where claims live: in Redis, shared by every process.
+func (s *Store) Claims() tier.Where { return tier.ClaimsInStore }
 
 // Value layout:
 //
@@ -234,7 +229,10 @@ func (s *Store) exec(ctx context.Context, pipe goredis.Pipeliner) error {
 
 // Close waits for pipelines that outlived their caller's deadline. The
 // client stays the caller's to close, after this returns.
-func (s *Store) Close() { s.late.Wait() }
+func (s *Store) Close() error {
+	s.late.Wait()
+	return nil
+}
 
 // New returns a Store over client, after checking each server's
 // maxmemory-policy and loading the scripts.
@@ -364,10 +362,16 @@ func commitValue(t Token, d Digest) string {
 // keys may hold the caller's claims until their lease ends (a retry with
 // the same tokens acquires them again).
 func (s *Store) Claim(ctx context.Context, reqs []Request, lease time.Duration, out []Result) error {
+	var err error
 	if s.max == 0 {
-		return s.claimNX(ctx, reqs, lease, out)
+		err = s.claimNX(ctx, reqs, lease, out)
+	} else {
+		err = s.claimScripted(ctx, reqs, lease, out)
 	}
-	return s.claimScripted(ctx, reqs, lease, out)
+	for i := range out {
+		out[i].Partition = -1
+	}
+	return err
 }
 
 // claimScripted is Claim through claimScript.
@@ -474,7 +478,8 @@ func decodeClaim(v string) (Result, error) {
 // TTL, in one pipeline; out[i] is OK or Lost. On error the outcome of each
 // commit is unknown (a retry is safe: a commit that finds its own value
 // succeeds).
-func (s *Store) Commit(ctx context.Context, reqs []Request, out []Status) error {
+// partition is not used: Redis dates keys by their TTL.
+func (s *Store) Commit(ctx context.Context, _ int64, reqs []Request, out []Status) error {
 	window := s.window.Milliseconds()
 	return s.runScript(ctx, commitScript, reqs, out, func(r *Request) []any {
 		return []any{claimPrefix(r.Token), commitValue(r.Token, r.Digest), window}
@@ -482,25 +487,23 @@ func (s *Store) Commit(ctx context.Context, reqs []Request, out []Status) error 
 }
 
 // Release frees each key that still holds the caller's unexpired claim
-// (keeping its attempt count with MaxAttempts), in one pipeline; out[i] is
-// OK or Lost. A retried release whose first attempt was applied reports
-// Lost: the key is free either way.
-func (s *Store) Release(ctx context.Context, reqs []Request, out []Status) error {
+// (keeping its attempt count with MaxAttempts, one more for this release),
+// in one pipeline; out[i] is OK or Lost. A retried release whose first
+// attempt was applied reports Lost: the key is free either way.
+//
+// With giveBack the caller gives claims back because its own call failed
+// (not because a handler did): the attempt count is kept as it is, and a
+// commit carrying the caller's token, applied by the server although the
+// caller was told it failed, is deleted too, so that every process finds
+// the key free again. partition is not used.
+func (s *Store) Release(ctx context.Context, _ int64, reqs []Request, giveBack bool, out []Status) error {
 	window := s.window.Milliseconds()
+	count, undo := 1, 0
+	if giveBack {
+		count, undo = 0, 1
+	}
 	return s.runScript(ctx, releaseScript, reqs, out, func(r *Request) []any {
-		return []any{claimPrefix(r.Token), s.max, window, 1, 0}
-	})
-}
-
-// GiveBack is Release for claims the caller gives back because its own call
-// failed (not because a handler did): the attempt count is kept as it is,
-// and a commit carrying the caller's token, applied by the server although
-// the caller was told it failed, is deleted too, so that every process
-// finds the key free again. out[i] is OK or Lost.
-func (s *Store) GiveBack(ctx context.Context, reqs []Request, out []Status) error {
-	window := s.window.Milliseconds()
-	return s.runScript(ctx, releaseScript, reqs, out, func(r *Request) []any {
-		return []any{claimPrefix(r.Token), s.max, window, 0, 1}
+		return []any{claimPrefix(r.Token), s.max, window, count, undo}
 	})
 }
 

@@ -57,6 +57,14 @@ func claim(t *testing.T, s *redis.Store, r redis.Request, lease time.Duration) r
 	return out[0]
 }
 
+func commit(s *redis.Store) func(context.Context, []redis.Request, []redis.Status) error {
+	return func(ctx context.Context, r []redis.Request, out []redis.Status) error { return s.Commit(ctx, 0, r, out) }
+}
+
+func release(s *redis.Store) func(context.Context, []redis.Request, []redis.Status) error {
+	return func(ctx context.Context, r []redis.Request, out []redis.Status) error { return s.Release(ctx, 0, r, false, out) }
+}
+
 func status(t *testing.T, fn func(context.Context, []redis.Request, []redis.Status) error, r redis.Request) redis.Status {
 	t.Helper()
 	out := make([]redis.Status, 1)
@@ -82,10 +90,10 @@ func TestClaimCommitReleaseAndFencing(t *testing.T) {
 	if r := claim(t, s, b, time.Minute); r.Status != redis.Held {
 		t.Fatalf("another token = %v, want held", r.Status)
 	}
-	if st := status(t, s.Commit, b); st != redis.Lost {
+	if st := status(t, commit(s), b); st != redis.Lost {
 		t.Fatalf("commit by a non-owner = %v", st)
 	}
-	if st := status(t, s.Release, b); st != redis.Lost {
+	if st := status(t, release(s), b); st != redis.Lost {
 		t.Fatalf("release by a non-owner = %v", st)
 	}
 	// The lease ends (forced server-side): b takes over, a is fenced out.
@@ -96,17 +104,17 @@ func TestClaimCommitReleaseAndFencing(t *testing.T) {
 	if r := claim(t, s, b, time.Minute); r.Status != redis.Acquired {
 		t.Fatalf("claim after the lease = %v", r.Status)
 	}
-	if st := status(t, s.Commit, a); st != redis.Lost {
+	if st := status(t, commit(s), a); st != redis.Lost {
 		t.Fatalf("commit by the expired owner = %v", st)
 	}
-	if st := status(t, s.Release, a); st != redis.Lost {
+	if st := status(t, release(s), a); st != redis.Lost {
 		t.Fatalf("release by the expired owner = %v", st)
 	}
 	b.Digest = redis.Digest{9}
-	if st := status(t, s.Commit, b); st != redis.OK {
+	if st := status(t, commit(s), b); st != redis.OK {
 		t.Fatalf("commit by the owner = %v", st)
 	}
-	if st := status(t, s.Commit, b); st != redis.OK {
+	if st := status(t, commit(s), b); st != redis.OK {
 		t.Fatalf("a retried commit = %v, want ok", st)
 	}
 	if r := claim(t, s, req("k", tok(3)), time.Minute); r.Status != redis.Committed || r.Digest != (redis.Digest{9}) {
@@ -119,7 +127,7 @@ func TestClaimCommitReleaseAndFencing(t *testing.T) {
 	// Release frees the key for a redelivery.
 	x := req("x", tok(4))
 	claim(t, s, x, time.Minute)
-	if st := status(t, s.Release, x); st != redis.OK {
+	if st := status(t, release(s), x); st != redis.OK {
 		t.Fatalf("release by the owner = %v", st)
 	}
 	if r := claim(t, s, req("x", tok(5)), time.Minute); r.Status != redis.Acquired {
@@ -198,10 +206,10 @@ func TestDeadlineIsTheCallers(t *testing.T) {
 			return s.Claim(ctx, []redis.Request{req("k", tok(1))}, time.Minute, make([]redis.Result, 1))
 		},
 		"commit": func(ctx context.Context) error {
-			return s.Commit(ctx, []redis.Request{req("k", tok(1))}, make([]redis.Status, 1))
+			return s.Commit(ctx, 0, []redis.Request{req("k", tok(1))}, make([]redis.Status, 1))
 		},
 		"release": func(ctx context.Context) error {
-			return s.Release(ctx, []redis.Request{req("k", tok(1))}, make([]redis.Status, 1))
+			return s.Release(ctx, 0, []redis.Request{req("k", tok(1))}, false, make([]redis.Status, 1))
 		},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), deadline)
@@ -250,11 +258,11 @@ func TestRedisDownIsTransient(t *testing.T) {
 	if err := s.Claim(ctx, []redis.Request{req("k2", tok(2))}, time.Minute, out); !errors.Is(err, redis.ErrUnavailable) {
 		t.Fatalf("claim with Redis down: %v", err)
 	}
-	if err := s.Commit(ctx, []redis.Request{a}, make([]redis.Status, 1)); !errors.Is(err, redis.ErrUnavailable) {
+	if err := s.Commit(ctx, 0, []redis.Request{a}, make([]redis.Status, 1)); !errors.Is(err, redis.ErrUnavailable) {
 		t.Fatalf("commit with Redis down: %v", err)
 	}
 	srv.Restart()
-	if st := status(t, s.Commit, a); st != redis.OK {
+	if st := status(t, commit(s), a); st != redis.OK {
 		t.Fatalf("commit after Redis returned = %v (the claim survived in the AOF)", st)
 	}
 }
@@ -380,7 +388,7 @@ func TestClusterSpreadsKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := make([]redis.Status, len(reqs))
-	if err := s.Commit(context.Background(), reqs, st); err != nil {
+	if err := s.Commit(context.Background(), 0, reqs, st); err != nil {
 		t.Fatal(err)
 	}
 	for i := range reqs {
@@ -410,7 +418,7 @@ func TestAttemptsAreShared(t *testing.T) {
 	if r := claim(t, a, k(1), time.Minute); r.Status != redis.Acquired || r.Attempts != 0 {
 		t.Fatalf("first claim = %+v", r)
 	}
-	if st := status(t, a.Release, k(1)); st != redis.OK { // attempt 1, process a
+	if st := status(t, release(a), k(1)); st != redis.OK { // attempt 1, process a
 		t.Fatal(st)
 	}
 	if r := claim(t, b, k(2), 50*time.Millisecond); r.Status != redis.Acquired || r.Attempts != 1 {
@@ -421,10 +429,10 @@ func TestAttemptsAreShared(t *testing.T) {
 	if r.Status != redis.Acquired || r.Attempts != 2 || !r.Expired {
 		t.Fatalf("claim after an expired lease = %+v, want attempts 2, expired", r)
 	}
-	if st := status(t, b.Commit, k(2)); st != redis.Lost {
+	if st := status(t, commit(b), k(2)); st != redis.Lost {
 		t.Fatalf("the expired claim's commit = %v, want lost", st)
 	}
-	if st := status(t, a.Release, k(3)); st != redis.OK { // attempt 3
+	if st := status(t, release(a), k(3)); st != redis.OK { // attempt 3
 		t.Fatal(st)
 	}
 	for _, s := range []*redis.Store{a, b} {

@@ -1,0 +1,43 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/tierdedup/tierdedup/bench"
+)
+
+func compareCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var w workloadFlags
+	w.bind(fs, 2_000_000)
+	redisAddr := fs.String("redis", "127.0.0.1:6379", "Redis for the SET NX EX baseline (empty: skip)")
+	dsn := fs.String("postgres", "postgres://postgres@127.0.0.1:5432/test", "PostgreSQL for the unique-index baseline (empty: skip)")
+	budget := fs.Duration("budget", 10*time.Second, "time limit of each baseline")
+	asJSON, report := bindOutput(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	rc, err := w.config()
+	if err != nil {
+		return err
+	}
+	say := func(format string, args ...any) {
+		if !*asJSON {
+			fmt.Fprintf(stderr, format+"\n", args...)
+		}
+	}
+	say("engine (%s), %d keys...", rc.Engine.Tiers, w.keys)
+	res, err := bench.Run(ctx, rc)
+	if err != nil {
+		return err
+	}
+	rows := []bench.CompareRow{{Name: "engine " + res.Tiers + ", batch 256", Keys: res.Keys, Elapsed: res.Elapsed, KeysPerSec: res.KeysPerSec}}
+	rows = append(rows, baselines(ctx, rc.Workload, *redisAddr, *dsn, *budget, say)...)
+	bench.Ratios(res.KeysPerSec, rows)
+	return finish(stdout, *report, *asJSON, res, rows, rows, func() { bench.PrintCompare(stdout, rows) })
+}

@@ -1,0 +1,156 @@
+package tier
+
+import (
+	"context"
+	"time"
+)
+
+// Exact is an exact, durable tier: the source of truth for every key that
+// memory does not decide. The engine holds at most one, behind the memory
+// table and an optional filter, and talks to it only through this contract
+// and the optional interfaces below; which implementation it is matters only
+// when the engine is opened.
+//
+// Every method takes a batch: reqs[i] is answered in out[i], and out must
+// have len(reqs). The engine calls the methods concurrently, from many
+// goroutines, with batches that may name the same key; an implementation is
+// safe for that, and never keeps a reference to reqs, out or their key
+// bytes after returning.
+//
+// # Where claims live
+//
+// ClaimsInEngine (Pebble): one process owns the tier, and the engine's memory
+// table holds every claim and fences it (only the claim's token may commit
+// or release it). Claim is then a read: the tier answers Absent,
+// Committed (with the record's Partition) or Released (with its attempt
+// count). Commit writes committed records; Release writes the attempt
+// counts the engine gives it. The tier never sees a lease.
+//
+// ClaimsInStore (Redis): many processes share the tier, so a claim must be
+// taken in it, atomically, and every commit and release is fenced by the
+// claim's owner token there. Claim acquires: Acquired (the caller's token
+// now holds the key, for lease), Held, Committed (with the committer's
+// Token) or Poisoned; Commit and Release answer OK or Lost per key.
+//
+// # Errors
+//
+// An error means the call's outcome is not known for any key of the batch
+// (out is then unspecified). For ClaimsInEngine nothing was written: a
+// failed write wrote nothing, and a read or write failure may latch (see
+// Latching). For ClaimsInStore the commands may or may not have been
+// applied (a reply lost on the way back): the engine keeps the claims'
+// tokens so that a retry can recognise its own writes. No method answers
+// Absent or Acquired for a key it could not read.
+type Exact interface {
+	// Claims says where claims live.
+	Claims() Where
+	// Claim answers each key (see "Where claims live"). lease is the
+	// claim's lease (ClaimsInStore only).
+	Claim(ctx context.Context, reqs []Request, lease time.Duration, out []Answer) error
+	// Commit makes each key committed for the window: in partition
+	// (ClaimsInEngine), or when reqs[i].Token still holds it (ClaimsInStore;
+	// out[i] Lost otherwise). On success every key answers Committed to
+	// later claims, durably as configured.
+	Commit(ctx context.Context, partition int64, reqs []Request, out []Status) error
+	// Release ends claims that did not commit. ClaimsInEngine: writes, in
+	// partition, the attempt count reqs[i].Attempts of each key that has one
+	// (none with giveBack). ClaimsInStore: frees each key its token holds
+	// (out[i] Lost otherwise), counting an attempt, or with giveBack counting
+	// none and undoing a commit the same token made.
+	Release(ctx context.Context, partition int64, reqs []Request, giveBack bool, out []Status) error
+	// Close releases the tier's resources; nothing is called after it.
+	Close() error
+}
+
+// Where says where an Exact tier's claims live.
+type Where uint8
+
+// Where claims live.
+const (
+	// ClaimsInEngine: the engine's memory table holds and fences claims; the
+	// tier stores commits and attempt counts.
+	ClaimsInEngine Where = iota + 1
+	// ClaimsInStore: the tier holds and fences claims, shared by every
+	// process that uses it.
+	ClaimsInStore
+)
+
+// Request is one key of a batch for an Exact tier.
+type Request struct {
+	NS  string
+	Key []byte
+	// Token is the claim's owner token (ClaimsInStore).
+	Token Token
+	// Digest is the payload digest Commit stores; zero for none.
+	Digest Digest
+	// Oldest and Mask are a filter's hint to Claim (partitioned tiers):
+	// the key can be held only in partitions p >= Oldest whose bit
+	// p mod 64 is set in Mask. ^0 names every live partition.
+	Oldest int64
+	Mask   uint64
+	// Attempts is the attempt count Release writes (ClaimsInEngine).
+	Attempts uint16
+}
+
+// Answer is an Exact tier's answer to Claim for one key.
+type Answer struct {
+	// Status is Absent, Committed or Released (ClaimsInEngine), or
+	// Acquired, Held, Committed or Poisoned (ClaimsInStore).
+	Status Status
+	// Digest is the committed payload digest (Committed).
+	Digest Digest
+	// Partition holds the record (Committed, Released) in a partitioned
+	// tier: the engine may cache a committed key until that partition
+	// expires. -1 when the tier cannot tell, and then nothing is cached:
+	// memory must never outlive the tier's own expiry.
+	Partition int64
+	// Token is the committer's owner token (Committed, ClaimsInStore): a
+	// retried commit recognises its own write by it.
+	Token Token
+	// Attempts is the key's attempt count: a Released record's, an
+	// Acquired claim's carried count, a Poisoned key's reached one.
+	Attempts uint16
+	// Expired reports that this claim found another's lease ended and
+	// counted it as an attempt (ClaimsInStore).
+	Expired bool
+}
+
+// Write is a caller's own record, written with commits by a tier that
+// implements CommitWriter, in a keyspace that retention never touches.
+type Write struct {
+	Key, Value []byte
+}
+
+// CommitWriter is an Exact tier that can write the caller's records in
+// the same atomic, durable batch as a commit.
+type CommitWriter interface {
+	// CommitWith is Commit plus writes, all or nothing. With no reqs it
+	// writes the records alone.
+	CommitWith(ctx context.Context, partition int64, reqs []Request, writes []Write, out []Status) error
+	// ScanWrites calls fn for every record written with commits whose key
+	// starts with prefix, in key order; key and value are valid only
+	// during the call.
+	ScanWrites(prefix []byte, fn func(key, value []byte) error) error
+}
+
+// Dropper is a partitioned Exact tier whose retention the engine drives.
+type Dropper interface {
+	// Drop deletes every record of partitions before `before` and
+	// records highWater, the engine's clock, durably, in one step.
+	Drop(before, highWater int64) error
+}
+
+// Scanner is a partitioned Exact tier that can list what it holds, so the
+// engine can rebuild a filter from it.
+type Scanner interface {
+	// Scan calls fn for every committed or released record in partitions
+	// at or after from; ns and key are valid only during the call.
+	Scan(ctx context.Context, from int64, fn func(partition int64, ns, key []byte) error) error
+}
+
+// Latching is an Exact tier that stops after a failure it cannot recover
+// from (a failed WAL write, an unreadable block) until it is reopened.
+type Latching interface {
+	// Broken returns the failure that stopped the tier, nil while it works.
+	Broken() error
+}

@@ -1,0 +1,76 @@
+package pebble
+
+import (
+	"context"
+
+	"github.com/tierdedup/tierdedup/tier"
+)
+
+// The Store is the engine's embedded exact tier.
+var (
+	_ tier.Exact        = (*Store)(nil)
+	_ tier.CommitWriter = (*Store)(nil)
+	_ tier.Dropper      = (*Store)(nil)
+	_ tier.Scanner      = (*Store)(nil)
+	_ tier.Latching     = (*Store)(nil)
+)
+
+// Commit writes a committed record of each key in partition, with its
+// digest, in one batch, and returns once it is durable as configured; out
+// (if not nil) is OK for every key. On failure nothing is written and the
+// Store refuses further calls (ErrStorage).
+func (s *Store) Commit(ctx context.Context, partition int64, reqs []tier.Request, out []tier.Status) error {
+	return s.CommitWith(ctx, partition, reqs, nil, out)
+}
+
+// CommitWith is Commit with the caller's records in the same atomic batch,
+// in a keyspace retention never touches. With no reqs it writes writes
+// alone.
+func (s *Store) CommitWith(_ context.Context, partition int64, reqs []tier.Request, writes []tier.Write, out []tier.Status) error {
+	return s.writeRequests(partition, reqs, writes, out, func(r *tier.Request) (Value, bool) {
+		return Value{State: StateCommitted, Digest: r.Digest}, true
+	})
+}
+
+// Release writes, in partition, a released record of each key with an
+// attempt count (reqs[i].Attempts > 0), so that every restart sees the
+// count; with giveBack, or with no count, there is nothing to write. out
+// (if not nil) is OK for every key.
+func (s *Store) Release(_ context.Context, partition int64, reqs []tier.Request, giveBack bool, out []tier.Status) error {
+	if giveBack {
+		for i := range out {
+			out[i] = tier.OK
+		}
+		return nil
+	}
+	return s.writeRequests(partition, reqs, nil, out, func(r *tier.Request) (Value, bool) {
+		return Value{State: StateReleased, Attempts: r.Attempts}, r.Attempts > 0
+	})
+}
+
+// writeRequests writes the record value(r) says for each request that has
+// one, and writes, in one batch.
+func (s *Store) writeRequests(partition int64, reqs []tier.Request, writes []tier.Write, out []tier.Status, value func(*tier.Request) (Value, bool)) error {
+	rp := s.records.Get().(*[]Record)
+	recs := (*rp)[:0]
+	for i := range reqs {
+		r := &reqs[i]
+		if v, ok := value(r); ok {
+			recs = append(recs, Record{Partition: partition, NS: r.NS, Key: r.Key, Value: v})
+		}
+	}
+	var err error
+	if len(recs) > 0 || len(writes) > 0 {
+		err = s.writeWith(recs, writes)
+	}
+	clear(recs) // drop references to the caller's keys
+	*rp = recs[:0]
+	s.records.Put(rp)
+	if err != nil {
+		return err
+	}
+	for i := range out {
+		out[i] = tier.OK
+	}
+	return nil
+}
