@@ -58,11 +58,15 @@ func claim(t *testing.T, s *redis.Store, r redis.Request, lease time.Duration) r
 }
 
 func commit(s *redis.Store) func(context.Context, []redis.Request, []redis.Status) error {
-	return func(ctx context.Context, r []redis.Request, out []redis.Status) error { return s.Commit(ctx, 0, r, out) }
+	return func(ctx context.Context, r []redis.Request, out []redis.Status) error {
+		return s.Commit(ctx, 0, r, out)
+	}
 }
 
 func release(s *redis.Store) func(context.Context, []redis.Request, []redis.Status) error {
-	return func(ctx context.Context, r []redis.Request, out []redis.Status) error { return s.Release(ctx, 0, r, false, out) }
+	return func(ctx context.Context, r []redis.Request, out []redis.Status) error {
+		return s.Release(ctx, 0, r, false, out)
+	}
 }
 
 func status(t *testing.T, fn func(context.Context, []redis.Request, []redis.Status) error, r redis.Request) redis.Status {
