@@ -94,7 +94,7 @@ func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digest
 			return err
 		}
 		if len(cand) < n {
-			repeatsFollow(b, out)
+			repeatsFollow(b.res, out)
 		}
 	}
 	for i := range out {
@@ -108,23 +108,22 @@ func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digest
 // repeatsFollow gives a key repeated in a batch the answer its first
 // occurrence got from a slower tier: while that occurrence was being decided
 // memory held its claim, so the repeats saw InFlight. A first occurrence
-// that turned out New keeps its repeats InFlight: it holds the claim.
-func repeatsFollow(b *batch, out []Claim) {
+// that turned out New keeps its repeats InFlight: it holds the claim. res
+// are memory's answers to the batch: the first occurrence is the earliest
+// one memory did not answer Held.
+func repeatsFollow(res []memory.Result, out []Claim) {
 	for i := range out {
-		if out[i].Outcome != InFlight || b.res[i].Status != tier.Held {
+		if out[i].Outcome != InFlight || res[i].Status != tier.Held {
 			continue
 		}
-		for j, first := range b.cand {
-			if first >= i {
-				break
-			}
-			if out[first].fp != out[i].fp {
+		for first := range i {
+			if out[first].fp != out[i].fp || res[first].Status == tier.Held {
 				continue
 			}
 			switch out[first].Outcome {
 			case Duplicate, Conflict:
 				out[i].Outcome = Duplicate
-				if conflicts(out[i].digest, b.digests[j]) {
+				if conflicts(out[i].digest, out[first].stored) {
 					out[i].Outcome = Conflict
 				}
 			}

@@ -80,6 +80,7 @@ type Claim struct {
 	token  uint64 // the memory tier's claim
 	rtoken uint64 // the counter of the Redis owner token (Tiers: Redis)
 	digest Digest
+	stored Digest // the committed digest a slower tier found (Duplicate, Conflict)
 }
 
 // Owned reports whether the caller holds the key and must Commit or Release.

@@ -164,7 +164,7 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 			if conflicts(out[i].digest, a.Digest) {
 				out[i].Outcome = Conflict
 			}
-			digests[j] = a.Digest
+			digests[j], out[i].stored = a.Digest, a.Digest
 			actions[j] = memory.Drop
 			if a.Partition >= 0 {
 				// Cached until its partition expires. A tier that cannot
