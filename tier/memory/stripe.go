@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/tierdedup/tierdedup/shard"
+	"github.com/tierdedup/tierdedup/tier"
 )
 
 // entry states.
@@ -260,15 +261,15 @@ func (s *stripe) acquireLocked(f shard.Fingerprint, token uint64, now, leaseUnti
 	if idx == 0 {
 		idx = s.insertLocked(slot, f)
 		s.claimLocked(idx, token, leaseUntil)
-		return Result{Status: Acquired}
+		return Result{Status: tier.Acquired}
 	}
 	e := &s.entries[idx]
 	switch e.state {
 	case committing:
-		return Result{Status: Held}
+		return Result{Status: tier.Held}
 	case claimed:
 		if e.until > now {
-			return Result{Status: Held}
+			return Result{Status: tier.Held}
 		}
 		// The holder let its lease run out (it crashed, or its handler
 		// hangs on this message): that is an attempt too, remembered as
@@ -278,29 +279,29 @@ func (s *stripe) acquireLocked(f shard.Fingerprint, token uint64, now, leaseUnti
 			if int(e.attempts) >= s.maxAttempts {
 				a := e.attempts
 				s.releaseToLRULocked(idx, keepUntil)
-				return Result{Status: Poisoned, Attempts: a, Expired: true}
+				return Result{Status: tier.Poisoned, Attempts: a, Expired: true}
 			}
 		}
 		s.claimLocked(idx, token, leaseUntil)
-		return Result{Status: TakenOver, Attempts: e.attempts, Expired: s.maxAttempts > 0}
+		return Result{Status: tier.TakenOver, Attempts: e.attempts, Expired: s.maxAttempts > 0}
 	case released:
 		if e.until <= now {
 			e.attempts = 0
 		} else if int(e.attempts) >= s.maxAttempts {
 			s.unlinkLocked(idx)
 			s.pushFrontLocked(idx)
-			return Result{Status: Poisoned, Attempts: e.attempts}
+			return Result{Status: tier.Poisoned, Attempts: e.attempts}
 		}
 		s.claimLocked(idx, token, leaseUntil)
-		return Result{Status: Acquired, Attempts: e.attempts}
+		return Result{Status: tier.Acquired, Attempts: e.attempts}
 	default: // committed
 		if e.until > now {
 			s.unlinkLocked(idx)
 			s.pushFrontLocked(idx)
-			return Result{Status: Committed, Digest: wordsDigest(e.word)}
+			return Result{Status: tier.Committed, Digest: wordsDigest(e.word)}
 		}
 		s.claimLocked(idx, token, leaseUntil)
-		return Result{Status: Acquired}
+		return Result{Status: tier.Acquired}
 	}
 }
 
@@ -317,10 +318,10 @@ func (s *stripe) ownLocked(f shard.Fingerprint, token uint64, state uint8) (uint
 func (s *stripe) beginLocked(f shard.Fingerprint, token uint64, now int64) Status {
 	_, idx, ok := s.ownLocked(f, token, claimed)
 	if !ok || s.entries[idx].until <= now {
-		return Lost
+		return tier.Lost
 	}
 	s.entries[idx].state = committing
-	return OK
+	return tier.OK
 }
 
 func (s *stripe) finishLocked(f shard.Fingerprint, token uint64, ok bool, expires int64, digest Digest) {
@@ -338,11 +339,11 @@ func (s *stripe) finishLocked(f shard.Fingerprint, token uint64, ok bool, expire
 func (s *stripe) releaseLocked(f shard.Fingerprint, token uint64, now, keepUntil int64, count bool) Result {
 	slot, idx, ok := s.ownLocked(f, token, claimed)
 	if !ok || s.entries[idx].until <= now {
-		return Result{Status: Lost}
+		return Result{Status: tier.Lost}
 	}
 	if s.maxAttempts == 0 {
 		s.removeLocked(slot)
-		return Result{Status: OK}
+		return Result{Status: tier.OK}
 	}
 	a := s.entries[idx].attempts
 	if count {
@@ -350,11 +351,11 @@ func (s *stripe) releaseLocked(f shard.Fingerprint, token uint64, now, keepUntil
 	}
 	if s.limit == 0 || a == 0 {
 		s.removeLocked(slot)
-		return Result{Status: OK, Attempts: a}
+		return Result{Status: tier.OK, Attempts: a}
 	}
 	s.entries[idx].attempts = a
 	s.releaseToLRULocked(idx, keepUntil)
-	return Result{Status: OK, Attempts: a}
+	return Result{Status: tier.OK, Attempts: a}
 }
 
 // releaseToLRULocked turns claim idx into a released entry that remembers

@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/tierdedup/tierdedup/shard"
+	"github.com/tierdedup/tierdedup/tier"
 )
 
 // d is a digest whose value n sits in its last 8 bytes, so a table that
@@ -94,46 +95,46 @@ func TestClaimLifecycle(t *testing.T) {
 	tb := newTable(t, nil)
 	k := fp(1)
 	const lease = 10
-	if r := acquire(tb, k, 1, 0, lease); r.Status != Acquired {
+	if r := acquire(tb, k, 1, 0, lease); r.Status != tier.Acquired {
 		t.Fatalf("first acquire = %v", r.Status)
 	}
-	if r := acquire(tb, k, 2, 5, lease); r.Status != Held {
+	if r := acquire(tb, k, 2, 5, lease); r.Status != tier.Held {
 		t.Fatalf("second acquire inside lease = %v, want held", r.Status)
 	}
-	if s := one(tb.Begin, k, 2, 5); s != Lost {
+	if s := one(tb.Begin, k, 2, 5); s != tier.Lost {
 		t.Fatalf("begin by non-owner = %v, want lost", s)
 	}
-	if s := one(release(tb), k, 2, 5); s != Lost {
+	if s := one(release(tb), k, 2, 5); s != tier.Lost {
 		t.Fatalf("release by non-owner = %v, want lost", s)
 	}
 	// Lease expires: another owner takes over, the first is fenced out.
-	if r := acquire(tb, k, 3, 10, lease); r.Status != TakenOver {
+	if r := acquire(tb, k, 3, 10, lease); r.Status != tier.TakenOver {
 		t.Fatalf("acquire after lease = %v, want taken-over", r.Status)
 	}
-	if s := one(tb.Begin, k, 1, 11); s != Lost {
+	if s := one(tb.Begin, k, 1, 11); s != tier.Lost {
 		t.Fatalf("begin by expired owner = %v, want lost", s)
 	}
-	if s := one(tb.Begin, k, 3, 11); s != OK {
+	if s := one(tb.Begin, k, 3, 11); s != tier.OK {
 		t.Fatalf("begin by owner = %v", s)
 	}
 	// A committing claim cannot expire or be released.
-	if r := acquire(tb, k, 4, 100, lease); r.Status != Held {
+	if r := acquire(tb, k, 4, 100, lease); r.Status != tier.Held {
 		t.Fatalf("acquire while committing = %v, want held", r.Status)
 	}
-	if s := one(release(tb), k, 3, 12); s != Lost {
+	if s := one(release(tb), k, 3, 12); s != tier.Lost {
 		t.Fatalf("release while committing = %v, want lost", s)
 	}
 	tb.Finish([]shard.Fingerprint{k}, []uint64{3}, []bool{true}, 50, []Digest{d(77)})
-	if r := acquire(tb, k, 5, 20, lease); r.Status != Committed || r.Digest != d(77) {
+	if r := acquire(tb, k, 5, 20, lease); r.Status != tier.Committed || r.Digest != d(77) {
 		t.Fatalf("acquire after commit = %+v, want committed/77", r)
 	}
-	if r := acquire(tb, k, 6, 50, lease); r.Status != Acquired {
+	if r := acquire(tb, k, 6, 50, lease); r.Status != tier.Acquired {
 		t.Fatalf("acquire after expiry = %v, want acquired", r.Status)
 	}
-	if s := one(release(tb), k, 6, 51); s != OK {
+	if s := one(release(tb), k, 6, 51); s != tier.OK {
 		t.Fatalf("release by owner = %v", s)
 	}
-	if s := one(release(tb), k, 6, 51); s != Lost {
+	if s := one(release(tb), k, 6, 51); s != tier.Lost {
 		t.Fatalf("second release = %v, want lost", s)
 	}
 	if c, m := tb.Len(); c != 0 || m != 0 {
@@ -147,7 +148,7 @@ func TestFailedCommitRestoresClaim(t *testing.T) {
 	acquire(tb, k, 1, 0, 10)
 	one(tb.Begin, k, 1, 1)
 	tb.Finish([]shard.Fingerprint{k}, []uint64{1}, []bool{false}, 0, []Digest{d(0)})
-	if s := one(release(tb), k, 1, 2); s != OK {
+	if s := one(release(tb), k, 1, 2); s != tier.OK {
 		t.Fatalf("release after failed commit = %v, want ok", s)
 	}
 }
@@ -163,35 +164,35 @@ func TestPoison(t *testing.T) {
 	rel := func(tok uint64) {
 		out := make([]Result, 1)
 		tb.Release([]shard.Fingerprint{k}, []uint64{tok}, now, now+500, true, out)
-		if out[0].Status != OK {
+		if out[0].Status != tier.OK {
 			t.Fatalf("release = %v", out[0].Status)
 		}
 	}
-	if s := attempt(1); s != Acquired {
+	if s := attempt(1); s != tier.Acquired {
 		t.Fatal(s)
 	}
 	rel(1) // attempt 1
-	if s := attempt(2); s != Acquired {
+	if s := attempt(2); s != tier.Acquired {
 		t.Fatal(s)
 	}
 	now += 20 // lease runs out: attempt 2
-	if s := attempt(3); s != TakenOver {
+	if s := attempt(3); s != tier.TakenOver {
 		t.Fatal(s)
 	}
 	rel(3) // attempt 3
-	if s := attempt(4); s != Poisoned {
+	if s := attempt(4); s != tier.Poisoned {
 		t.Fatalf("fourth attempt = %v, want poisoned", s)
 	}
-	if s := attempt(5); s != Poisoned {
+	if s := attempt(5); s != tier.Poisoned {
 		t.Fatalf("poisoned again = %v", s)
 	}
 	now += 600 // the count is kept until 500 after the last release
-	if s := attempt(6); s != Acquired {
+	if s := attempt(6); s != tier.Acquired {
 		t.Fatalf("after the keep time = %v, want acquired", s)
 	}
 	one(tb.Begin, k, 6, now)
 	tb.Finish([]shard.Fingerprint{k}, []uint64{6}, []bool{true}, now+1000, []Digest{d(0)})
-	if s := attempt(7); s != Committed {
+	if s := attempt(7); s != tier.Committed {
 		t.Fatalf("after commit = %v", s)
 	}
 }
@@ -201,7 +202,7 @@ func TestBatchRepeatsSeeEarlierOccurrence(t *testing.T) {
 	fps := []shard.Fingerprint{fp(1), fp(2), fp(1), fp(3), fp(2), fp(1)}
 	out := make([]Result, len(fps))
 	tb.Acquire(fps, []uint64{1, 2, 3, 4, 5, 6}, 0, 10, 10, out)
-	want := []Status{Acquired, Acquired, Held, Acquired, Held, Held}
+	want := []Status{tier.Acquired, tier.Acquired, tier.Held, tier.Acquired, tier.Held, tier.Held}
 	for i := range want {
 		if out[i].Status != want[i] {
 			t.Errorf("key %d: %v, want %v", i, out[i].Status, want[i])
@@ -223,15 +224,15 @@ func TestLRUEvictsLeastRecentlyUsedCommitted(t *testing.T) {
 	// An outstanding claim is never evicted, whatever the pressure.
 	acquire(tb, fp(50), 50, 1, 1000)
 	commit(4)
-	if r := acquire(tb, fp(2), 98, 1, 10); r.Status != Acquired {
+	if r := acquire(tb, fp(2), 98, 1, 10); r.Status != tier.Acquired {
 		t.Fatalf("key 2 = %v, want evicted (acquired)", r.Status)
 	}
 	for _, i := range []int{1, 3, 4} {
-		if r := acquire(tb, fp(i), 97, 1, 10); r.Status != Committed {
+		if r := acquire(tb, fp(i), 97, 1, 10); r.Status != tier.Committed {
 			t.Errorf("key %d = %v, want committed", i, r.Status)
 		}
 	}
-	if r := acquire(tb, fp(50), 96, 2, 10); r.Status != Held {
+	if r := acquire(tb, fp(50), 96, 2, 10); r.Status != tier.Held {
 		t.Errorf("claim = %v, want held", r.Status)
 	}
 }
@@ -242,7 +243,7 @@ func TestNoCommittedKeepsClaimsOnly(t *testing.T) {
 	acquire(tb, k, 1, 0, 10)
 	one(tb.Begin, k, 1, 0)
 	tb.Finish([]shard.Fingerprint{k}, []uint64{1}, []bool{true}, 100, []Digest{d(0)})
-	if r := acquire(tb, k, 2, 1, 10); r.Status != Acquired {
+	if r := acquire(tb, k, 2, 1, 10); r.Status != tier.Acquired {
 		t.Fatalf("acquire after commit with NoCommitted = %v, want acquired", r.Status)
 	}
 }
@@ -275,18 +276,18 @@ func TestAgainstModel(t *testing.T) {
 			var want Status
 			switch {
 			case m == nil || (!m.claimed && m.until <= now):
-				want = Acquired
+				want = tier.Acquired
 			case m.claimed && (m.inflight || m.until > now):
-				want = Held
+				want = tier.Held
 			case m.claimed:
-				want = TakenOver
+				want = tier.TakenOver
 			default:
-				want = Committed
+				want = tier.Committed
 			}
-			if r.Status != want || (want == Committed && r.Digest != m.digest) {
+			if r.Status != want || (want == tier.Committed && r.Digest != m.digest) {
 				t.Fatalf("op %d key %d: acquire = %+v, want %v (model %+v)", op, k, r, want, m)
 			}
-			if want == Acquired || want == TakenOver {
+			if want == tier.Acquired || want == tier.TakenOver {
 				model[k] = &state{claimed: true, token: token, until: now + 50}
 			}
 		case 2:
@@ -294,10 +295,10 @@ func TestAgainstModel(t *testing.T) {
 				continue
 			}
 			s := one(tb.Begin, f, m.token, now)
-			if (s == OK) != (m.until > now) {
+			if (s == tier.OK) != (m.until > now) {
 				t.Fatalf("op %d key %d: begin = %v, model %+v now %d", op, k, s, m, now)
 			}
-			if s != OK {
+			if s != tier.OK {
 				continue
 			}
 			ok := rng.IntN(4) != 0
@@ -311,9 +312,9 @@ func TestAgainstModel(t *testing.T) {
 				tok = m.token
 			}
 			s := one(release(tb), f, tok, now)
-			want := Lost
+			want := tier.Lost
 			if m != nil && m.claimed && !m.inflight && m.token == tok && m.until > now {
-				want = OK
+				want = tier.OK
 				delete(model, k)
 			}
 			if s != want {
@@ -370,19 +371,19 @@ func TestPoisonByExpiryIsKept(t *testing.T) {
 	tb := newTable(t, &Options{MaxAttempts: 2})
 	k := fp(1)
 	var now int64
-	if r := acquire(tb, k, 1, now, 10); r.Status != Acquired || r.Attempts != 0 {
+	if r := acquire(tb, k, 1, now, 10); r.Status != tier.Acquired || r.Attempts != 0 {
 		t.Fatal(r)
 	}
 	now += 20
-	if r := acquire(tb, k, 2, now, 10); r.Status != TakenOver || r.Attempts != 1 || !r.Expired {
+	if r := acquire(tb, k, 2, now, 10); r.Status != tier.TakenOver || r.Attempts != 1 || !r.Expired {
 		t.Fatalf("first expiry = %+v", r)
 	}
 	now += 20
-	if r := acquire(tb, k, 3, now, 10); r.Status != Poisoned || r.Attempts != 2 || !r.Expired {
+	if r := acquire(tb, k, 3, now, 10); r.Status != tier.Poisoned || r.Attempts != 2 || !r.Expired {
 		t.Fatalf("second expiry = %+v", r)
 	}
 	now += 50 // past a lease, inside the keep time (1000)
-	if r := acquire(tb, k, 4, now, 10); r.Status != Poisoned || r.Expired {
+	if r := acquire(tb, k, 4, now, 10); r.Status != tier.Poisoned || r.Expired {
 		t.Fatalf("a key poisoned by expiries, one lease later = %+v, want Poisoned", r)
 	}
 }
@@ -397,13 +398,13 @@ func TestSettleCarriesAttempts(t *testing.T) {
 	tb.Settle([]shard.Fingerprint{a, b}, []uint64{1, 2}, []Action{Keep, Poison}, []int64{0, 500}, make([]Digest, 2), []uint16{2, 3})
 	out := make([]Result, 1)
 	tb.Release([]shard.Fingerprint{a}, []uint64{1}, 1, 500, true, out)
-	if out[0].Status != OK || out[0].Attempts != 3 {
+	if out[0].Status != tier.OK || out[0].Attempts != 3 {
 		t.Fatalf("release after a carried count of 2 = %+v, want attempt 3", out[0])
 	}
-	if r := acquire(tb, a, 3, 2, 10); r.Status != Poisoned {
+	if r := acquire(tb, a, 3, 2, 10); r.Status != tier.Poisoned {
 		t.Fatalf("a after its third attempt = %+v", r)
 	}
-	if r := acquire(tb, b, 4, 2, 10); r.Status != Poisoned || r.Attempts != 3 {
+	if r := acquire(tb, b, 4, 2, 10); r.Status != tier.Poisoned || r.Attempts != 3 {
 		t.Fatalf("b settled as poison = %+v", r)
 	}
 }

@@ -6,17 +6,6 @@ import "github.com/tierdedup/tierdedup/tier"
 // every tier's answers without translating them.
 type Status = tier.Status
 
-// Statuses, as in package tier.
-const (
-	Acquired  = tier.Acquired
-	TakenOver = tier.TakenOver
-	Held      = tier.Held
-	Committed = tier.Committed
-	Lost      = tier.Lost
-	OK        = tier.OK
-	Poisoned  = tier.Poisoned
-)
-
 // Digest is a payload digest (tier.Digest), stored whole.
 type Digest = tier.Digest
 

@@ -413,17 +413,17 @@ func (s *Store) claimNX(ctx context.Context, reqs []Request, lease time.Duration
 		old, err := cmd.Result()
 		switch {
 		case errors.Is(err, goredis.Nil):
-			out[i] = Result{Status: Acquired}
+			out[i] = Result{Status: tier.Acquired}
 		case err != nil:
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
 		case len(old) == 17 && old[0] == claimTag && old[1:] == string(reqs[i].Token[:]):
-			out[i] = Result{Status: Acquired} // our own claim: a retried SET the server had applied
+			out[i] = Result{Status: tier.Acquired} // our own claim: a retried SET the server had applied
 		case len(old) > 0 && (old[0] == 'R' || old[0] == claimTag && len(old) > 17):
 			// An attempt count, or a claim with its lease in the value,
 			// left while the prefix had MaxAttempts: the script knows them.
 			later = append(later, i)
 		default:
-			if out[i], err = decodeClaim(old); err != nil || out[i].Status != Held && out[i].Status != Committed {
+			if out[i], err = decodeClaim(old); err != nil || out[i].Status != tier.Held && out[i].Status != tier.Committed {
 				return fmt.Errorf("%w: unexpected value of %d bytes at %q", ErrUnavailable, len(old), s.Key(reqs[i].NS, reqs[i].Key))
 			}
 		}
@@ -455,18 +455,18 @@ func decodeClaim(v string) (Result, error) {
 		if err != nil {
 			return Result{}, fmt.Errorf("claim answer %q: %w", v, err)
 		}
-		r := Result{Status: Acquired, Attempts: uint16(n), Expired: v[0] == 'T' || v[0] == 'Q'}
+		r := Result{Status: tier.Acquired, Attempts: uint16(n), Expired: v[0] == 'T' || v[0] == 'Q'}
 		if v[0] == 'P' || v[0] == 'Q' {
-			r.Status = Poisoned
+			r.Status = tier.Poisoned
 		}
 		return r, nil
 	case claimTag:
-		return Result{Status: Held}, nil
+		return Result{Status: tier.Held}, nil
 	case commitTag:
 		if len(v) < 17 {
 			return Result{}, fmt.Errorf("committed value of %d bytes", len(v))
 		}
-		r := Result{Status: Committed}
+		r := Result{Status: tier.Committed}
 		copy(r.Token[:], v[1:17])
 		copy(r.Digest[:], v[17:])
 		return r, nil
@@ -517,9 +517,9 @@ func (s *Store) runScript(ctx context.Context, sc *goredis.Script, reqs []Reques
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
-		out[i] = Lost
+		out[i] = tier.Lost
 		if n == 1 {
-			out[i] = OK
+			out[i] = tier.OK
 		}
 	}
 	return nil

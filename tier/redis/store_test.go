@@ -14,6 +14,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/redis"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
@@ -85,19 +86,19 @@ func TestClaimCommitReleaseAndFencing(t *testing.T) {
 	ctx := context.Background()
 
 	a, b := req("k", tok(1)), req("k", tok(2))
-	if r := claim(t, s, a, time.Minute); r.Status != redis.Acquired {
+	if r := claim(t, s, a, time.Minute); r.Status != tier.Acquired {
 		t.Fatalf("first claim = %v", r.Status)
 	}
-	if r := claim(t, s, a, time.Minute); r.Status != redis.Acquired {
+	if r := claim(t, s, a, time.Minute); r.Status != tier.Acquired {
 		t.Fatalf("the same token again (a retry) = %v, want acquired", r.Status)
 	}
-	if r := claim(t, s, b, time.Minute); r.Status != redis.Held {
+	if r := claim(t, s, b, time.Minute); r.Status != tier.Held {
 		t.Fatalf("another token = %v, want held", r.Status)
 	}
-	if st := status(t, commit(s), b); st != redis.Lost {
+	if st := status(t, commit(s), b); st != tier.Lost {
 		t.Fatalf("commit by a non-owner = %v", st)
 	}
-	if st := status(t, release(s), b); st != redis.Lost {
+	if st := status(t, release(s), b); st != tier.Lost {
 		t.Fatalf("release by a non-owner = %v", st)
 	}
 	// The lease ends (forced server-side): b takes over, a is fenced out.
@@ -105,23 +106,23 @@ func TestClaimCommitReleaseAndFencing(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitGone(t, c, s.Key("", []byte("k")))
-	if r := claim(t, s, b, time.Minute); r.Status != redis.Acquired {
+	if r := claim(t, s, b, time.Minute); r.Status != tier.Acquired {
 		t.Fatalf("claim after the lease = %v", r.Status)
 	}
-	if st := status(t, commit(s), a); st != redis.Lost {
+	if st := status(t, commit(s), a); st != tier.Lost {
 		t.Fatalf("commit by the expired owner = %v", st)
 	}
-	if st := status(t, release(s), a); st != redis.Lost {
+	if st := status(t, release(s), a); st != tier.Lost {
 		t.Fatalf("release by the expired owner = %v", st)
 	}
 	b.Digest = redis.Digest{9}
-	if st := status(t, commit(s), b); st != redis.OK {
+	if st := status(t, commit(s), b); st != tier.OK {
 		t.Fatalf("commit by the owner = %v", st)
 	}
-	if st := status(t, commit(s), b); st != redis.OK {
+	if st := status(t, commit(s), b); st != tier.OK {
 		t.Fatalf("a retried commit = %v, want ok", st)
 	}
-	if r := claim(t, s, req("k", tok(3)), time.Minute); r.Status != redis.Committed || r.Digest != (redis.Digest{9}) {
+	if r := claim(t, s, req("k", tok(3)), time.Minute); r.Status != tier.Committed || r.Digest != (redis.Digest{9}) {
 		t.Fatalf("claim after commit = %+v", r)
 	}
 	ttl, _ := c.PTTL(ctx, s.Key("", []byte("k"))).Result()
@@ -131,10 +132,10 @@ func TestClaimCommitReleaseAndFencing(t *testing.T) {
 	// Release frees the key for a redelivery.
 	x := req("x", tok(4))
 	claim(t, s, x, time.Minute)
-	if st := status(t, release(s), x); st != redis.OK {
+	if st := status(t, release(s), x); st != tier.OK {
 		t.Fatalf("release by the owner = %v", st)
 	}
-	if r := claim(t, s, req("x", tok(5)), time.Minute); r.Status != redis.Acquired {
+	if r := claim(t, s, req("x", tok(5)), time.Minute); r.Status != tier.Acquired {
 		t.Fatalf("claim after release = %v", r.Status)
 	}
 }
@@ -159,7 +160,7 @@ func TestKeysAreExactAndNamespaced(t *testing.T) {
 	a := redis.Request{NS: "a", Key: []byte("bc"), Token: tok(1)}
 	b := redis.Request{NS: "ab", Key: []byte("c"), Token: tok(2)}
 	claim(t, s, a, time.Minute)
-	if r := claim(t, s, b, time.Minute); r.Status != redis.Acquired {
+	if r := claim(t, s, b, time.Minute); r.Status != tier.Acquired {
 		t.Fatalf("(ab, c) collides with (a, bc): %v", r.Status)
 	}
 	for _, p := range []string{"{tag}", "a\x00b"} {
@@ -185,10 +186,10 @@ func TestPrefixesNeverShareKeys(t *testing.T) {
 	if len(crafted.NS) != 'b' {
 		t.Fatalf("namespace of %d bytes", len(crafted.NS))
 	}
-	if r := claim(t, short, crafted, time.Minute); r.Status != redis.Acquired {
+	if r := claim(t, short, crafted, time.Minute); r.Status != tier.Acquired {
 		t.Fatal(r.Status)
 	}
-	if r := claim(t, long, victim, time.Minute); r.Status != redis.Acquired {
+	if r := claim(t, long, victim, time.Minute); r.Status != tier.Acquired {
 		t.Fatalf("prefix a:b: sees a claim of prefix a: (%v): the layouts overlap", r.Status)
 	}
 }
@@ -266,7 +267,7 @@ func TestRedisDownIsTransient(t *testing.T) {
 		t.Fatalf("commit with Redis down: %v", err)
 	}
 	srv.Restart()
-	if st := status(t, commit(s), a); st != redis.OK {
+	if st := status(t, commit(s), a); st != tier.OK {
 		t.Fatalf("commit after Redis returned = %v (the claim survived in the AOF)", st)
 	}
 }
@@ -286,7 +287,7 @@ func TestRetriedClaimIsOwnClaim(t *testing.T) {
 			s := newStore(t, c, redis.Options{MaxAttempts: maxAttempts})
 			r := req("retried", tok(7))
 			p.dropNextReply.Store(true)
-			if got := claim(t, s, r, time.Minute); got.Status != redis.Acquired {
+			if got := claim(t, s, r, time.Minute); got.Status != tier.Acquired {
 				t.Fatalf("retried claim = %v, want acquired", got.Status)
 			}
 			if p.dropped.Load() != 1 {
@@ -296,7 +297,7 @@ func TestRetriedClaimIsOwnClaim(t *testing.T) {
 			if !strings.HasPrefix(v, "C"+string(r.Token[:])) {
 				t.Fatalf("stored value %q is not the caller's claim", v)
 			}
-			if other := claim(t, s, req("retried", tok(8)), time.Minute); other.Status != redis.Held {
+			if other := claim(t, s, req("retried", tok(8)), time.Minute); other.Status != tier.Held {
 				t.Fatalf("another token after the retry = %v, want held", other.Status)
 			}
 		})
@@ -396,7 +397,7 @@ func TestClusterSpreadsKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range reqs {
-		if out[i].Status != redis.Acquired || st[i] != redis.OK {
+		if out[i].Status != tier.Acquired || st[i] != tier.OK {
 			t.Fatalf("key %d: claim %v commit %v", i, out[i].Status, st[i])
 		}
 	}
@@ -419,28 +420,28 @@ func TestAttemptsAreShared(t *testing.T) {
 	a := newStore(t, client(t, srv), redis.Options{Prefix: "att:", MaxAttempts: 3, Window: time.Hour})
 	b := newStore(t, client(t, srv), redis.Options{Prefix: "att:", MaxAttempts: 3, Window: time.Hour})
 	k := func(i byte) redis.Request { return req("poison", tok(i)) }
-	if r := claim(t, a, k(1), time.Minute); r.Status != redis.Acquired || r.Attempts != 0 {
+	if r := claim(t, a, k(1), time.Minute); r.Status != tier.Acquired || r.Attempts != 0 {
 		t.Fatalf("first claim = %+v", r)
 	}
-	if st := status(t, release(a), k(1)); st != redis.OK { // attempt 1, process a
+	if st := status(t, release(a), k(1)); st != tier.OK { // attempt 1, process a
 		t.Fatal(st)
 	}
-	if r := claim(t, b, k(2), 50*time.Millisecond); r.Status != redis.Acquired || r.Attempts != 1 {
+	if r := claim(t, b, k(2), 50*time.Millisecond); r.Status != tier.Acquired || r.Attempts != 1 {
 		t.Fatalf("claim after a release elsewhere = %+v, want attempts 1", r)
 	}
 	time.Sleep(120 * time.Millisecond) // b's lease ends unreleased (its worker hung)
 	r := claim(t, a, k(3), time.Minute)
-	if r.Status != redis.Acquired || r.Attempts != 2 || !r.Expired {
+	if r.Status != tier.Acquired || r.Attempts != 2 || !r.Expired {
 		t.Fatalf("claim after an expired lease = %+v, want attempts 2, expired", r)
 	}
-	if st := status(t, commit(b), k(2)); st != redis.Lost {
+	if st := status(t, commit(b), k(2)); st != tier.Lost {
 		t.Fatalf("the expired claim's commit = %v, want lost", st)
 	}
-	if st := status(t, release(a), k(3)); st != redis.OK { // attempt 3
+	if st := status(t, release(a), k(3)); st != tier.OK { // attempt 3
 		t.Fatal(st)
 	}
 	for _, s := range []*redis.Store{a, b} {
-		if r := claim(t, s, k(4), time.Minute); r.Status != redis.Poisoned || r.Attempts != 3 {
+		if r := claim(t, s, k(4), time.Minute); r.Status != tier.Poisoned || r.Attempts != 3 {
 			t.Fatalf("after three attempts = %+v, want poisoned", r)
 		}
 	}
