@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"math"
 	"strings"
 	"time"
 
@@ -236,23 +235,25 @@ func (o *Options) Validate() error {
 	if o.MemoryCapacity < 0 || o.MemoryCapacity > MaxMemoryCapacity {
 		bad("MemoryCapacity %d is outside [0, %d]", o.MemoryCapacity, MaxMemoryCapacity)
 	}
-	if s := o.Stripes; s < 0 || s > shard.MaxStripes || (s != 0 && s&(s-1) != 0) {
-		bad("Stripes %d is not a power of two in [1, %d]", s, shard.MaxStripes)
+	if o.Stripes != 0 {
+		if err := shard.CheckStripes(o.Stripes); err != nil {
+			bad("%v", err)
+		}
 	}
 	if o.ExpectedKeys < 0 || o.ExpectedKeys > MaxExpectedKeys {
 		bad("ExpectedKeys %d is outside [0, %d]", o.ExpectedKeys, MaxExpectedKeys)
 	}
-	if fp := o.FalsePositive; fp != 0 && (!(fp > 0 && fp < 1) || math.IsNaN(fp)) {
-		bad("FalsePositive %v is outside (0, 1)", fp)
-	} else if fp != 0 {
+	if fp := o.FalsePositive; fp != 0 {
+		live := 1
 		if parts, err := tier.NewPartitions(d.Window, d.Partition); err == nil {
-			if k := bloom.Sizing(d.ExpectedKeys, fp, parts.Live).K; k > bloom.MaxK {
-				bad("FalsePositive %v needs %d hashes per key, max %d", fp, k, bloom.MaxK)
-			}
+			live = parts.Live
+		}
+		if err := bloom.CheckFalsePositive(fp, max(d.ExpectedKeys, 1), live); err != nil {
+			bad("%v", err)
 		}
 	}
-	if o.MaxAttempts < 0 || o.MaxAttempts > 1<<16-1 {
-		bad("MaxAttempts %d is outside [0, 65535]", o.MaxAttempts)
+	if err := tier.CheckAttempts(o.MaxAttempts); err != nil {
+		bad("%v", err)
 	}
 	if o.MaxKeySize < 0 || o.MaxKeySize > MaxKeySize {
 		bad("MaxKeySize %d is outside [1, %d]", o.MaxKeySize, MaxKeySize)

@@ -8,8 +8,9 @@ import (
 	"math/bits"
 )
 
-// ErrStripes reports a stripe count that is not a power of two in [1, 1<<16].
-var ErrStripes = errors.New("shard: stripes must be a power of two in [1, 65536]")
+// ErrStripes reports a stripe count that is not a power of two in [1,
+// MaxStripes].
+var ErrStripes = errors.New("shard: invalid stripe count")
 
 // MaxStripes bounds the stripe count: beyond it the per-stripe overhead
 // dominates and no 2-core machine gains from more locks.
@@ -34,10 +35,19 @@ type Router struct {
 	mask   uint64
 }
 
+// CheckStripes is the one rule for a stripe count: a power of two in [1,
+// MaxStripes]. It returns an error matching ErrStripes otherwise.
+func CheckStripes(n int) error {
+	if n < 1 || n > MaxStripes || n&(n-1) != 0 {
+		return fmt.Errorf("%w: Stripes %d is not a power of two in [1, %d]", ErrStripes, n, MaxStripes)
+	}
+	return nil
+}
+
 // NewRouter returns a Router over n stripes keyed by secret.
 func NewRouter(secret Secret, n int) (Router, error) {
-	if n < 1 || n > MaxStripes || n&(n-1) != 0 {
-		return Router{}, fmt.Errorf("%w: got %d", ErrStripes, n)
+	if err := CheckStripes(n); err != nil {
+		return Router{}, err
 	}
 	return Router{
 		k0:   binary.LittleEndian.Uint64(secret[:8]),

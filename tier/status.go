@@ -1,6 +1,9 @@
 package tier
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
 
 // Digest is a message payload's 128-bit digest, stored whole with a
 // commit by every tier; the zero value means none.
@@ -49,4 +52,18 @@ func (s Status) String() string {
 		return statusNames[s]
 	}
 	return fmt.Sprintf("Status(%d)", s)
+}
+
+// MaxAttempts bounds an attempt limit: counts are stored in 16 bits.
+const MaxAttempts = 1<<16 - 1
+
+// ErrAttempts reports an attempt limit outside [0, MaxAttempts].
+var ErrAttempts = errors.New("tier: invalid attempt limit")
+
+// CheckAttempts is the one rule for an attempt limit (zero counts nothing).
+func CheckAttempts(n int) error {
+	if n < 0 || n > MaxAttempts {
+		return fmt.Errorf("%w: MaxAttempts %d is outside [0, %d]", ErrAttempts, n, MaxAttempts)
+	}
+	return nil
 }

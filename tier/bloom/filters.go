@@ -54,8 +54,10 @@ func (o *Options) Validate() error {
 	if o.ExpectedKeys < 0 {
 		errs = append(errs, fmt.Errorf("%w: ExpectedKeys %d is negative", ErrOptions, o.ExpectedKeys))
 	}
-	if fp := o.FalsePositive; fp != 0 && !(fp > 0 && fp < 1) {
-		errs = append(errs, fmt.Errorf("%w: FalsePositive %v is outside (0, 1)", ErrOptions, fp))
+	if fp := o.FalsePositive; fp != 0 {
+		if err := CheckFalsePositive(fp, max(o.ExpectedKeys, 1), max(o.Partitions.Live, 1)); err != nil {
+			errs = append(errs, fmt.Errorf("%w: %w", ErrOptions, err))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -112,9 +114,6 @@ func New(opts *Options, newest int64) (*Filters, error) {
 		o.FalsePositive = DefaultFalsePositive
 	}
 	sz := Sizing(o.ExpectedKeys, o.FalsePositive, o.Partitions.Live)
-	if sz.K > MaxK {
-		return nil, fmt.Errorf("%w: FalsePositive %v needs %d hashes per key, max %d", ErrOptions, o.FalsePositive, sz.K, MaxK)
-	}
 	f := &Filters{parts: o.Partitions, m: sz.M, k: sz.K, perFP: sz.PerFilter, expect: o.ExpectedKeys}
 	f.cur.Store(&ring{newest: newest, filters: make([]*filter, o.Partitions.Live)})
 	return f, nil
@@ -128,6 +127,19 @@ type Size struct {
 	// PerFilter is each filter's false-positive target at capacity; Window
 	// the union's over the live filters (the configured rate).
 	PerFilter, Window float64
+}
+
+// CheckFalsePositive is the one rule for a whole-window false-positive
+// target: in (0, 1), and reachable with at most MaxK hashes per key by live
+// filters of expectedKeys keys.
+func CheckFalsePositive(fp float64, expectedKeys, live int) error {
+	if !(fp > 0 && fp < 1) {
+		return fmt.Errorf("FalsePositive %v is outside (0, 1)", fp)
+	}
+	if k := Sizing(expectedKeys, fp, live).K; k > MaxK {
+		return fmt.Errorf("FalsePositive %v needs %d hashes per key, max %d", fp, k, MaxK)
+	}
+	return nil
 }
 
 // Sizing is the one rule that sizes the filters, for them, for the

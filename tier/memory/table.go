@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/tierdedup/tierdedup/shard"
+	"github.com/tierdedup/tierdedup/tier"
 )
 
 // Result is the per-key answer of a batch call.
@@ -73,11 +74,13 @@ func (o *Options) Validate() error {
 	if o.NoCommitted && o.Capacity != 0 {
 		errs = append(errs, fmt.Errorf("%w: NoCommitted conflicts with Capacity %d", ErrOptions, o.Capacity))
 	}
-	if o.MaxAttempts < 0 || o.MaxAttempts > 1<<16-1 {
-		errs = append(errs, fmt.Errorf("%w: MaxAttempts %d is outside [0, 65535]", ErrOptions, o.MaxAttempts))
+	if err := tier.CheckAttempts(o.MaxAttempts); err != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrOptions, err))
 	}
-	if s := o.Stripes; s != 0 && (s < 0 || s > shard.MaxStripes || s&(s-1) != 0) {
-		errs = append(errs, fmt.Errorf("%w: Stripes %d is not a power of two in [1, %d]", ErrOptions, s, shard.MaxStripes))
+	if o.Stripes != 0 {
+		if err := shard.CheckStripes(o.Stripes); err != nil {
+			errs = append(errs, fmt.Errorf("%w: %w", ErrOptions, err))
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -67,8 +67,8 @@ func (o *Options) Validate() error {
 	if o.Window < time.Millisecond {
 		errs = append(errs, fmt.Errorf("%w: Window %v is below a millisecond", ErrOptions, o.Window))
 	}
-	if o.MaxAttempts < 0 || o.MaxAttempts > 1<<16-1 {
-		errs = append(errs, fmt.Errorf("%w: MaxAttempts %d is outside [0, 65535]", ErrOptions, o.MaxAttempts))
+	if err := tier.CheckAttempts(o.MaxAttempts); err != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrOptions, err))
 	}
 	return errors.Join(errs...)
 }
