@@ -43,6 +43,9 @@ func PrintResult(w io.Writer, r *Result) {
 		dups = "duplicates not checked (they reach past the window)"
 	}
 	p("answers", "%d New for %d distinct keys, checked key by key: %d new keys dropped, %s", r.New, r.Fresh, r.WronglyDropped, dups)
+	for _, w := range r.Warnings() {
+		p("warning", "%s", w)
+	}
 	tw.Flush()
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"runtime"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/memory"
 )
 
 // RunConfig describes one measured run of an engine over a workload.
@@ -107,7 +109,9 @@ type Result struct {
 	Fresh, New                     int64
 	WronglyDropped, DupsLetThrough int64
 	DupsChecked                    bool
-	Series                         []Point
+	// MemoryCapacity is the memory tier's capacity in committed keys.
+	MemoryCapacity int
+	Series         []Point
 	// PerDay is the throughput of each simulated day, from the series.
 	PerDay []DayRate
 	Stats  engine.Stats
@@ -118,19 +122,57 @@ type Result struct {
 var ErrExactness = errors.New("bench: wrong answers")
 
 // Exactness returns an error matching ErrExactness when the run's answers
-// broke a promise of its configuration: a new key dropped (every
-// configuration but bloom-only, whose false positives do that at the
-// configured rate) or a duplicate let through (every configuration but
-// memory-only, which forgets after eviction).
+// broke a promise of its configuration:
+//   - a new key dropped, in every configuration but bloom-only; bloom-only
+//     drops new keys at its false-positive rate, and breaks its promise
+//     when it drops more than the configured rate, beyond four standard
+//     deviations of the sample, with no filter over its ExpectedKeys (past
+//     them the rate is not promised: Warnings says so);
+//   - a duplicate let through, in every configuration but memory-only;
+//     memory-only forgets after eviction, and breaks its promise when it
+//     lets one through although every distinct key fitted its cache.
 func (r *Result) Exactness() error {
 	var errs []error
-	if r.WronglyDropped > 0 && r.Tiers != engine.BloomOnly.String() {
+	switch {
+	case r.WronglyDropped == 0:
+	case r.Tiers != engine.BloomOnly.String():
 		errs = append(errs, fmt.Errorf("%w: %s dropped %d new keys", ErrExactness, r.Tiers, r.WronglyDropped))
+	case r.Fresh > 0 && !r.bloomOverfilled():
+		p := r.BloomFPConfigured
+		bound := p + 4*math.Sqrt(p*(1-p)/float64(r.Fresh)) + 1/float64(r.Fresh)
+		if rate := float64(r.WronglyDropped) / float64(r.Fresh); rate > bound {
+			errs = append(errs, fmt.Errorf("%w: %s dropped %.4f%% of new keys, above its false-positive rate (%.4f%% allowed)", ErrExactness, r.Tiers, 100*rate, 100*bound))
+		}
 	}
-	if r.DupsLetThrough > 0 && r.Tiers != engine.MemoryOnly.String() {
+	switch {
+	case r.DupsLetThrough == 0:
+	case r.Tiers != engine.MemoryOnly.String():
 		errs = append(errs, fmt.Errorf("%w: %s let %d duplicates through", ErrExactness, r.Tiers, r.DupsLetThrough))
+	case r.Fresh <= int64(r.MemoryCapacity):
+		errs = append(errs, fmt.Errorf("%w: %s let %d duplicates through although its %d distinct keys fitted a cache of %d", ErrExactness, r.Tiers, r.DupsLetThrough, r.Fresh, r.MemoryCapacity))
 	}
 	return errors.Join(errs...)
+}
+
+// bloomOverfilled reports filters past their capacity: their own estimate
+// of the false-positive rate exceeds the configured one, which it reaches
+// only when every filter holds ExpectedKeys.
+func (r *Result) bloomOverfilled() bool {
+	return r.Stats.BloomEstimatedFP > r.BloomFPConfigured*1.01
+}
+
+// Warnings says what a run did not exercise, so that a clean result is not
+// read as more than it shows.
+func (r *Result) Warnings() []string {
+	var w []string
+	durable := r.Tiers == engine.Default.String() || r.Tiers == engine.Redis.String()
+	if r.Tiers == engine.BloomOnly.String() && r.bloomOverfilled() {
+		w = append(w, fmt.Sprintf("the filters hold more keys than ExpectedKeys (estimated false-positive rate %.4f%%, configured %.4f%%): the rate is not promised past it", 100*r.Stats.BloomEstimatedFP, 100*r.BloomFPConfigured))
+	}
+	if durable && r.DupsChecked && r.Fresh < r.Keys && r.Stats.StoreHits == 0 {
+		w = append(w, "no duplicate reached past the memory tier: the durable tier's duplicate check was not exercised (raise -reach or lower -memory)")
+	}
+	return w
 }
 
 // DayRate is the throughput sustained during one simulated day.
@@ -209,7 +251,11 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 	}
 	total := max(rc.Workload.Keys, 0)
 	warm := min(max(rc.Warmup, 0), total)
-	res := &Result{Tiers: o.Tiers.String(), Workload: stream.Config(), Batch: rc.Batch, Workers: rc.Workers, Warmup: warm}
+	res := &Result{Tiers: o.Tiers.String(), Workload: stream.Config(), Batch: rc.Batch, Workers: rc.Workers, Warmup: warm,
+		MemoryCapacity: o.MemoryCapacity}
+	if res.MemoryCapacity == 0 {
+		res.MemoryCapacity = memory.DefaultCapacity
+	}
 	var (
 		mu        sync.Mutex // guards stream, produced and newsPerKey
 		produced  int64

@@ -60,9 +60,28 @@ func TestExactnessFailsBrokenPromises(t *testing.T) {
 		{Tiers: engine.Redis.String(), DupsLetThrough: 1},
 		{Tiers: engine.MemoryOnly.String(), WronglyDropped: 1},
 		{Tiers: engine.BloomOnly.String(), DupsLetThrough: 1},
+		// Bloom-only dropping well above its rate; memory-only letting a
+		// duplicate through with every key in its cache.
+		{Tiers: engine.BloomOnly.String(), Fresh: 100_000, WronglyDropped: 2_000, BloomFPConfigured: 0.01},
+		{Tiers: engine.MemoryOnly.String(), Fresh: 1_000, MemoryCapacity: 1_000, DupsLetThrough: 1},
 	} {
 		if err := r.Exactness(); !errors.Is(err, ErrExactness) {
 			t.Errorf("%s dropped %d, let through %d: Exactness = %v", r.Tiers, r.WronglyDropped, r.DupsLetThrough, err)
+		}
+	}
+}
+
+// TestExactnessAllowsWhatTheConfigurationSays: drops at bloom-only's rate
+// and let-throughs of a memory-only cache that evicted are no broken
+// promise.
+func TestExactnessAllowsWhatTheConfigurationSays(t *testing.T) {
+	for _, r := range []Result{
+		{Tiers: engine.BloomOnly.String(), Fresh: 100_000, WronglyDropped: 1_000, BloomFPConfigured: 0.01},
+		{Tiers: engine.BloomOnly.String(), Fresh: 100_000, WronglyDropped: 5_000, BloomFPConfigured: 0.01, Stats: engine.Stats{BloomEstimatedFP: 0.05}}, // overfilled: no rate promised
+		{Tiers: engine.MemoryOnly.String(), Fresh: 1_001, MemoryCapacity: 1_000, DupsLetThrough: 10},
+	} {
+		if err := r.Exactness(); err != nil {
+			t.Errorf("%+v: %v", r, err)
 		}
 	}
 }

@@ -39,5 +39,8 @@ func compareCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	rows := []bench.CompareRow{{Name: "engine " + res.Tiers + ", batch 256", Keys: res.Keys, Elapsed: res.Elapsed, KeysPerSec: res.KeysPerSec}}
 	rows = append(rows, baselines(ctx, rc.Workload, *redisAddr, *dsn, *budget, say)...)
 	bench.Ratios(res.KeysPerSec, rows)
-	return finish(stdout, *report, *asJSON, res, rows, rows, func() { bench.PrintCompare(stdout, rows) })
+	if err := finish(stdout, *report, *asJSON, res, rows, rows, func() { bench.PrintCompare(stdout, rows) }); err != nil {
+		return err
+	}
+	return res.Exactness()
 }

@@ -46,9 +46,12 @@ func planCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if !*asJSON {
 		fmt.Fprintf(stderr, "calibrating: a store of up to %d %s keys through %s, then %d keys timed, on this machine...\n", *calStore, shape, tiers, *calKeys)
 	}
-	cal, _, err := bench.Calibrate(ctx, in, bench.CalibrateConfig{Measure: *calKeys, Store: *calStore, Segments: *segments})
+	cal, cres, err := bench.Calibrate(ctx, in, bench.CalibrateConfig{Measure: *calKeys, Store: *calStore, Segments: *segments})
 	if err != nil {
 		return err
+	}
+	if err := cres.Exactness(); err != nil {
+		return fmt.Errorf("the calibration run: %w", err) // a plan on a broken engine is worthless
 	}
 	pl, err := bench.MakePlan(in, cal)
 	if err != nil {
