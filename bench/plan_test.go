@@ -24,6 +24,12 @@ func TestMakePlanRejectsBadInput(t *testing.T) {
 		{IDsPerDay: 1, Window: time.Hour, Partition: time.Hour, FalsePositive: 0.01, KeySize: 20},                    // shorter than a UUID
 		{IDsPerDay: 1, Window: time.Hour, Partition: time.Hour, FalsePositive: 0.01, DupReach: -time.Second},         // reach
 		{IDsPerDay: 1, Window: time.Hour, Partition: time.Hour, FalsePositive: 0.01, Shape: Business, KeySize: 2000}, // longer than the engine takes
+		{IDsPerDay: math.NaN(), Window: time.Hour, Partition: time.Hour, FalsePositive: 0.01},
+		{IDsPerDay: math.Inf(1), Window: time.Hour, Partition: time.Hour, FalsePositive: 0.01},
+		{IDsPerDay: 0.001, Window: time.Hour, Partition: time.Hour, FalsePositive: 0.01},
+		{IDsPerDay: 1e6, Window: time.Hour, Partition: time.Hour, FalsePositive: 0.01, MemoryCapacity: -5},
+		{IDsPerDay: 1e6, Window: time.Hour, Partition: time.Hour, FalsePositive: 1e-12},                         // more hashes than a filter takes
+		{IDsPerDay: 1e6, Window: time.Hour, Partition: time.Hour, FalsePositive: 0.01, DupReach: 2 * time.Hour}, // past the window
 	} {
 		if _, err := MakePlan(in, Calibration{}); !errors.Is(err, ErrPlan) {
 			t.Errorf("%+v: %v", in, err)

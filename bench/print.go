@@ -89,6 +89,11 @@ func PrintPlan(w io.Writer, pl Plan) {
 		derate = fmt.Sprintf(" (calibration × %.2f: the planned store is larger than the calibration's)", pl.Derate)
 	}
 	p("headroom", "%.2f×: one process sustains %.3g IDs/day%s", pl.Headroom, pl.CapacityPerDay, derate)
+	if c.StoreKeys > 0 && pl.Derate != 1 {
+		if x := pl.KeysHeld / float64(c.StoreKeys); x > 10 {
+			p("warning", "the planned store is %.0f× the calibration's; the derate was measured at 9×: run the load at a fraction of its scale on the target machine (dedupbench run) before relying on the headroom", x)
+		}
+	}
 	tw.Flush()
 }
 

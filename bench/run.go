@@ -34,7 +34,8 @@ type RunConfig struct {
 	// Progress, if set, is called after each sample.
 	Progress func(Point)
 	// Compact, in the default configuration, compacts the store after the
-	// run (untimed) so that TableBytes measures compacted data.
+	// run (untimed) and measures its SSTs again (CompactedTableBytes); the
+	// other figures describe the store as the run left it.
 	Compact bool
 	// Warmup is the number of the workload's messages processed before
 	// the measurement starts, to bring the engine to a steady state (a
@@ -91,6 +92,8 @@ type Result struct {
 	// RunConfig.Compact is set) and WALBytes its live WAL.
 	DiskBytes, TableBytes, WALBytes   uint64
 	DiskBytesPerKey, TableBytesPerKey float64
+	// CompactedTableBytes are the SSTs once compacted (RunConfig.Compact).
+	CompactedTableBytes uint64
 	// BloomFPMeasured is the share of keys absent from Pebble that the
 	// filters called maybe; BloomFPConfigured is the whole-window target.
 	BloomFPMeasured, BloomFPConfigured float64
@@ -426,13 +429,14 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 		}
 	}
 
+	st := e.Stats()
+	res.Stats = st
 	if rc.Compact && o.Tiers == engine.Default {
 		if err := e.Compact(context.WithoutCancel(ctx)); err != nil {
 			return nil, err
 		}
+		res.CompactedTableBytes = e.Stats().TableBytes
 	}
-	st := e.Stats()
-	res.Stats = st
 	runtime.GC()
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)

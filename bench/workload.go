@@ -61,7 +61,7 @@ func (s KeyShape) minSize() int {
 	case Snowflake:
 		return 20
 	case Business:
-		return 25
+		return 26
 	default:
 		return 36
 	}
@@ -74,11 +74,11 @@ type WorkloadConfig struct {
 	// Shape is the key form.
 	Shape KeyShape
 	// KeySize, if not zero, is every key's length in bytes, at least the
-	// shape's own (MaxKeySize at most): Business keys are zero-padded to
-	// it ("order:0000012345"), the other shapes get a constant prefix, the
-	// way keys are often namespaced ("tenant/eu-1/…"). Zero leaves each
-	// shape its natural length (36 for UUIDs, ≈ 19 for snowflakes, 7–15
-	// for business keys).
+	// shape's own (MaxKeySize at most), padded with varied characters that
+	// the store cannot compress away: after a business key's number
+	// ("order:12345/k3v…"), before the other shapes' own form. Zero leaves
+	// each shape its natural length (36 for UUIDs, ≈ 19 for snowflakes,
+	// 7–15 for business keys).
 	KeySize int
 	// DupRatio is the share of messages that repeat an earlier key, [0, 1).
 	DupRatio float64
@@ -245,29 +245,38 @@ func (s *Stream) earlier() int64 {
 	return s.fresh - 1 - back
 }
 
-// keyPrefix pads keys to WorkloadConfig.KeySize: a constant namespace.
-const keyPrefix = "tenant/eu-west-1/payments/ledger/"
+// padAlphabet is what pads keys to WorkloadConfig.KeySize: varied
+// characters, as real long keys carry (tenants, types, random suffixes),
+// so the store cannot compress the padding away.
+const padAlphabet = "abcdefghijklmnopqrstuvwxyz234567"
 
-// appendKey appends the key of fresh index i, padded to KeySize.
+// appendKey appends the key of fresh index i, padded to KeySize: business
+// keys after their number ("order:123/k3v…"), other shapes before their
+// own form. The padding is a function of i, so a duplicate repeats it.
 func (s *Stream) appendKey(dst []byte, i int64) []byte {
 	if s.c.KeySize == 0 {
 		return s.appendShaped(dst, i)
 	}
-	if s.c.Shape == Business {
-		var num [20]byte
-		d := strconv.AppendInt(num[:0], i, 10)
-		dst = append(dst, "order:"...)
-		for range s.c.KeySize - len("order:") - len(d) {
-			dst = append(dst, '0')
-		}
-		return append(dst, d...)
-	}
 	var buf [36]byte
 	k := s.appendShaped(buf[:0], i)
-	for j := range s.c.KeySize - len(k) {
-		dst = append(dst, keyPrefix[j%len(keyPrefix)])
+	if s.c.Shape == Business {
+		dst = append(append(dst, k...), '/')
+		return s.appendPad(dst, i, s.c.KeySize-len(k)-1)
 	}
+	dst = s.appendPad(dst, i, s.c.KeySize-len(k))
 	return append(dst, k...)
+}
+
+// appendPad appends n padding characters drawn from fresh index i.
+func (s *Stream) appendPad(dst []byte, i int64, n int) []byte {
+	h := uint64(i) ^ s.c.Seed*0x9e3779b97f4a7c15 ^ 0x7061646469676e67
+	for j := 0; j < n; j++ {
+		if j%12 == 0 {
+			h = shard.Mix(h + 1)
+		}
+		dst = append(dst, padAlphabet[(h>>(5*(j%12)))&31])
+	}
+	return dst
 }
 
 // appendShaped appends the key of fresh index i in its shape's own length.
