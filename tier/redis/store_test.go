@@ -449,3 +449,24 @@ func TestAttemptsAreShared(t *testing.T) {
 		t.Fatalf("the count is kept for %v, want the window", ttl)
 	}
 }
+
+// TestCommitAfterLeaseIsLost: with MaxAttempts a claim keeps its lease end
+// in its value (its TTL is the window, to keep the count), so the commit
+// script itself must compare that lease with the server's clock: a commit
+// after the lease ended is Lost, and the key stays free, with the expiry
+// counted, for the next claim.
+func TestCommitAfterLeaseIsLost(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, client(t, srv), redis.Options{Prefix: "lease:", MaxAttempts: 5})
+	a := req("k", tok(1))
+	if r := claim(t, s, a, 50*time.Millisecond); r.Status != tier.Acquired {
+		t.Fatalf("claim = %+v", r)
+	}
+	time.Sleep(120 * time.Millisecond)
+	if st := status(t, commit(s), a); st != tier.Lost {
+		t.Fatalf("commit after the lease = %v, want lost", st)
+	}
+	if r := claim(t, s, req("k", tok(2)), time.Minute); r.Status != tier.Acquired || !r.Expired || r.Attempts != 1 {
+		t.Fatalf("claim after the expired lease = %+v, want acquired with the expiry counted", r)
+	}
+}
