@@ -13,8 +13,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/engine"
 )
@@ -37,7 +40,11 @@ var Strategies = []Strategy{OffsetFirst, ProcessFirst, WithEngine, WithLedger}
 
 // Kill is one SIGKILL of the consumer: just before it processes message At,
 // or, with AfterEffect, after that message's effect and before it is
-// marked (for WithLedger, just before the one write that does both).
+// marked. For WithLedger, whose effect and mark are one write, an
+// AfterEffect kill lands inside that write: at the first file sync it
+// makes, when its first bytes are written and not yet synced. An atomic
+// write leaves both halves or neither; a write in two steps would leave the
+// effect without its mark.
 type Kill struct {
 	At          int
 	AfterEffect bool
@@ -112,37 +119,43 @@ type CrashRow struct {
 // child(args...) must return a command that runs CrashChild with args.
 func CrashTable(ctx context.Context, c CrashConfig, child func(args ...string) *exec.Cmd) ([]CrashRow, error) {
 	var rows []CrashRow
-	for i, s := range Strategies {
-		dir, err := os.MkdirTemp("", "dedupbench-crash-")
+	for _, s := range Strategies {
+		row, err := CrashRun(ctx, c, s, child)
 		if err != nil {
 			return nil, err
 		}
-		defer os.RemoveAll(dir)
-		args := []string{"-strategy", strconv.Itoa(i), "-dir", dir, "-messages", strconv.Itoa(c.Messages), "-every", strconv.Itoa(c.Every)}
-		for _, k := range c.kills() {
-			phase := "before"
-			if k.AfterEffect {
-				phase = "effect"
-			}
-			if err := runUntilKilled(ctx, child(append(args, "-kill-at", strconv.Itoa(k.At), "-kill-phase", phase)...), k.At, phase); err != nil {
-				return nil, fmt.Errorf("%s: kill at %d (%s): %w", s, k.At, phase, err)
-			}
-		}
-		if out, err := child(args...).CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("%s: restart: %w\n%s", s, err, out)
-		}
-		count := countEffects
-		if s == WithLedger {
-			count = countLedger
-		}
-		row, err := count(dir, c.Messages)
-		if err != nil {
-			return nil, err
-		}
-		row.Strategy = s
 		rows = append(rows, row)
 	}
 	return rows, nil
+}
+
+// CrashRun runs the experiment for one strategy.
+func CrashRun(ctx context.Context, c CrashConfig, s Strategy, child func(args ...string) *exec.Cmd) (CrashRow, error) {
+	dir, err := os.MkdirTemp("", "dedupbench-crash-")
+	if err != nil {
+		return CrashRow{}, err
+	}
+	defer os.RemoveAll(dir)
+	args := []string{"-strategy", strconv.Itoa(slices.Index(Strategies, s)), "-dir", dir, "-messages", strconv.Itoa(c.Messages), "-every", strconv.Itoa(c.Every)}
+	for _, k := range c.kills() {
+		phase := "before"
+		if k.AfterEffect {
+			phase = "effect"
+		}
+		if err := runUntilKilled(ctx, child(append(args, "-kill-at", strconv.Itoa(k.At), "-kill-phase", phase)...), k.At, phase); err != nil {
+			return CrashRow{}, fmt.Errorf("%s: kill at %d (%s): %w", s, k.At, phase, err)
+		}
+	}
+	if out, err := child(args...).CombinedOutput(); err != nil {
+		return CrashRow{}, fmt.Errorf("%s: restart: %w\n%s", s, err, out)
+	}
+	count := countEffects
+	if s == WithLedger {
+		count = countLedger
+	}
+	row, err := count(dir, c.Messages)
+	row.Strategy = s
+	return row, err
 }
 
 // runUntilKilled starts cmd, waits until it reports reaching message at in
@@ -260,8 +273,11 @@ func CrashChild(ctx context.Context, strategy Strategy, dir string, messages, ev
 		}
 	}
 	var e *engine.Engine
+	// For WithLedger's kill inside its commit: the store's files stop at
+	// their first sync once armed, say so, and wait for the SIGKILL.
+	hook := &syncHook{FS: vfs.Default}
 	if strategy == WithEngine || strategy == WithLedger {
-		if e, err = engine.Open(&engine.Options{Dir: filepath.Join(dir, "dedup"), ExpectedKeys: 10_000}); err != nil {
+		if e, err = engine.Open(&engine.Options{Dir: filepath.Join(dir, "dedup"), FS: hook, ExpectedKeys: 10_000}); err != nil {
 			return err
 		}
 		defer e.Close()
@@ -316,8 +332,10 @@ func CrashChild(ctx context.Context, strategy Strategy, dir string, messages, ev
 				if c.Outcome != engine.New {
 					continue
 				}
-				if err := afterThisEffect(); err != nil { // the effect is the write below
-					return err
+				// The effect is the write below, with the mark: the kill
+				// lands inside it, at its first sync.
+				if m == killAt && afterEffect {
+					hook.arm(func() { _ = wait(m, "effect") })
 				}
 				record := []engine.Write{{Key: fmt.Appendf(nil, "effect/%d/%d-%d", m, os.Getpid(), m), Value: []byte{1}}}
 				if err := e.CommitBatchWith(ctx, []engine.Claim{c}, nil, record); err != nil {
@@ -353,4 +371,61 @@ func writeSynced(path, content string) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// syncHook is a filesystem whose files, once armed, run the hook at their
+// first sync (before syncing): where a kill lands inside a durable write.
+type syncHook struct {
+	vfs.FS
+	armed atomic.Pointer[func()]
+}
+
+func (h *syncHook) arm(fn func()) { h.armed.Store(&fn) }
+
+func (h *syncHook) fire() {
+	if fn := h.armed.Swap(nil); fn != nil {
+		(*fn)()
+	}
+}
+
+func (h *syncHook) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
+	f, err := h.FS.Create(name, c)
+	return h.wrap(f, err)
+}
+
+func (h *syncHook) ReuseForWrite(oldname, newname string, c vfs.DiskWriteCategory) (vfs.File, error) {
+	f, err := h.FS.ReuseForWrite(oldname, newname, c)
+	return h.wrap(f, err)
+}
+
+func (h *syncHook) OpenReadWrite(name string, c vfs.DiskWriteCategory, opts ...vfs.OpenOption) (vfs.File, error) {
+	f, err := h.FS.OpenReadWrite(name, c, opts...)
+	return h.wrap(f, err)
+}
+
+func (h *syncHook) wrap(f vfs.File, err error) (vfs.File, error) {
+	if err != nil {
+		return nil, err
+	}
+	return hookedFile{File: f, h: h}, nil
+}
+
+type hookedFile struct {
+	vfs.File
+	h *syncHook
+}
+
+func (f hookedFile) Sync() error {
+	f.h.fire()
+	return f.File.Sync()
+}
+
+func (f hookedFile) SyncData() error {
+	f.h.fire()
+	return f.File.SyncData()
+}
+
+func (f hookedFile) SyncTo(length int64) (bool, error) {
+	f.h.fire()
+	return f.File.SyncTo(length)
 }

@@ -29,9 +29,14 @@ func TestMain(m *testing.M) {
 }
 
 // TestCrashTable reproduces the crash table with real processes killed by
-// SIGKILL at message 505 of 1000 (offsets every 100) and asserts its shape:
-// committing the offset first loses the uncommitted tail, processing first
-// repeats it, and the engine repeats nothing and loses nothing.
+// SIGKILL ten times, at random messages of 2000 (offsets every 100), some
+// before a message and some between its effect and its mark (for the
+// ledger strategy: inside the one write that does both), and asserts every
+// row against what the kill points imply: committing the offset first
+// loses the uncommitted tails, processing first repeats them, the engine
+// with a separate effect repeats exactly the kills that fell after an
+// effect, and the effect written in the engine's commit repeats and loses
+// nothing.
 func TestCrashTable(t *testing.T) {
 	child := func(a ...string) *exec.Cmd {
 		cmd := exec.Command(os.Args[0], append([]string{"crash-child"}, a...)...)
@@ -67,6 +72,33 @@ func TestCrashTable(t *testing.T) {
 	}
 	if e := cfg.Expected(bench.WithLedger); e.Duplicated != 0 || e.Lost != 0 || e.Processed != cfg.Messages {
 		t.Fatalf("expected row of the ledger in the commit: %+v", e)
+	}
+}
+
+// TestCrashLedgerKilledInsideCommit kills the consumer that writes its
+// effect in the engine's commit 30 times, each at a random instant after it
+// starts that write (before it reaches the disk, while it does, or after):
+// an atomic write leaves every message's effect exactly once. A build that
+// writes the effect and the mark in two steps repeats effects here (a kill
+// between them leaves the effect without its mark).
+func TestCrashLedgerKilledInsideCommit(t *testing.T) {
+	child := func(a ...string) *exec.Cmd {
+		cmd := exec.Command(os.Args[0], append([]string{"crash-child"}, a...)...)
+		cmd.Env = append(os.Environ(), "DEDUPBENCH_CHILD=1")
+		return cmd
+	}
+	rng := rand.New(rand.NewPCG(2, 0))
+	cfg := bench.CrashConfig{Messages: 600, Every: 20, Kills: bench.RandomKills(600, 20, 30, rng)}
+	for i := range cfg.Kills {
+		cfg.Kills[i].AfterEffect = true
+	}
+	row, err := bench.CrashRun(context.Background(), cfg, bench.WithLedger, child)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("30 kills inside the commit: processed %d, duplicated %d, lost %d", row.Processed, row.Duplicated, row.Lost)
+	if want := cfg.Expected(bench.WithLedger); row != want {
+		t.Fatalf("got %+v, want %+v", row, want)
 	}
 }
 
