@@ -76,7 +76,7 @@ func (w *workloadFlags) bind(fs *flag.FlagSet, keys int64) {
 	fs.StringVar(&w.shape, "shape", "uuid4", "key shape: uuid4, uuid7, snowflake or business")
 	fs.IntVar(&w.keySize, "key-size", 0, "key size in bytes, padding the shape (0: the shape's own)")
 	fs.Float64Var(&w.dup, "dup", 0.1, "share of messages that repeat an earlier key")
-	fs.DurationVar(&w.reach, "reach", time.Hour, "how far back in simulated time duplicates reach")
+	fs.DurationVar(&w.reach, "reach", 6*time.Hour, "how far back in simulated time duplicates reach (6h: past the memory tier, so the store answers them)")
 	fs.Float64Var(&w.zipf, "zipf", 0, "Zipf exponent (> 1) skewing duplicates to recent keys; 0 is uniform")
 	fs.Float64Var(&w.inBatch, "inbatch", 0.005, "share of messages repeating a key of the same batch")
 	fs.DurationVar(&w.span, "span", 24*time.Hour, "simulated time the stream covers (e.g. 168h for 7 days)")
