@@ -57,6 +57,7 @@ type Point struct {
 	KeysPerSec float64       // over the last sample
 	SimTime    time.Time     // the stream's simulated time
 	Rotations  uint64        // partitions dropped so far
+	DiskBytes  uint64        // Stats.DiskBytes now (default configuration)
 }
 
 // Percentiles of a latency distribution.
@@ -358,8 +359,9 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 			case <-t.C:
 			}
 			n, at := processed.Load(), time.Since(start)
+			st := e.Stats()
 			p := Point{At: at, Keys: n, KeysPerSec: float64(n-last) / (at - lastAt).Seconds(),
-				SimTime: o.Clock.Now(), Rotations: e.Stats().PartitionDropped}
+				SimTime: o.Clock.Now(), Rotations: st.PartitionDropped, DiskBytes: st.DiskBytes}
 			last, lastAt = n, at
 			res.Series = append(res.Series, p)
 			if rc.Progress != nil {
