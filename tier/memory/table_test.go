@@ -347,13 +347,18 @@ func TestHeapBytesPerEntry(t *testing.T) {
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&after)
+	// The inputs were allocated before the first reading: they must still
+	// be there at this one, or the difference reads low (or below zero).
+	runtime.KeepAlive(fps)
+	runtime.KeepAlive(expires)
+	runtime.KeepAlive(digests)
 	// Each stripe keeps Capacity/Stripes, so a random spread fills slightly
 	// less than Capacity before the fullest stripes start evicting.
 	_, c := tb.Len()
 	if c < n*98/100 {
 		t.Fatalf("holds %d committed entries, want ≥ 98%% of %d", c, n)
 	}
-	perEntry := float64(after.HeapAlloc-before.HeapAlloc) / float64(c)
+	perEntry := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(c)
 	t.Logf("heap bytes per entry at %d entries: %.1f", c, perEntry)
 	// The capacity planner's MemoryEntryBytes (bench) is this figure, 66.5:
 	// both bounds keep it honest.
