@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
@@ -117,8 +118,9 @@ type Calibration struct {
 	// keys one flushed memtable's WAL file held (zero if the calibration
 	// flushed none).
 	WALBytesPerKey, WALFileKeys float64
-	// FixedDiskBytes is what else Stats.DiskBytes counted at the end: the
-	// manifest and options files, obsolete SSTs, compactions in progress.
+	// FixedDiskBytes is what else Stats.DiskBytes counted, the median over
+	// the run's samples: the manifest and options files, obsolete SSTs,
+	// compactions in progress.
 	FixedDiskBytes float64
 	// Keys is the number of measured messages, Elapsed their time.
 	Keys    int64
@@ -303,6 +305,7 @@ func Calibrate(ctx context.Context, in PlanInput, cc CalibrateConfig) (Calibrati
 	}
 	rc := RunConfig{
 		Compact:  true,
+		Sample:   250 * time.Millisecond,
 		Workload: in.workload(total, span),
 		Warmup:   warm,
 		Segments: cc.Segments,
@@ -350,8 +353,21 @@ func CalibrationOf(res *Result) Calibration {
 		if st.WALRecycledFiles > 0 && cal.WALBytesPerKey > 0 {
 			cal.WALFileKeys = float64(st.WALRecycledBytes) / float64(st.WALRecycledFiles) / cal.WALBytesPerKey
 		}
-		known := st.TableBytes + st.WALBytes + st.WALRecycledBytes
-		cal.FixedDiskBytes = float64(st.DiskBytes - min(st.DiskBytes, known))
+		// The rest of the disk, as it stood through the run (compactions
+		// in flight come and go; one instant may catch a large one).
+		var other []float64
+		for _, p := range res.Series {
+			if p.DiskBytes > 0 {
+				other = append(other, float64(p.OtherDiskBytes))
+			}
+		}
+		if len(other) > 0 {
+			slices.Sort(other)
+			cal.FixedDiskBytes = other[len(other)/2]
+		} else {
+			known := st.TableBytes + st.WALBytes + st.WALRecycledBytes
+			cal.FixedDiskBytes = float64(st.DiskBytes - min(st.DiskBytes, known))
+		}
 	}
 	return cal
 }

@@ -58,6 +58,10 @@ type Point struct {
 	SimTime    time.Time     // the stream's simulated time
 	Rotations  uint64        // partitions dropped so far
 	DiskBytes  uint64        // Stats.DiskBytes now (default configuration)
+	// OtherDiskBytes is what DiskBytes holds beside the live SSTs and the
+	// live and recycled WAL: manifest, obsolete files, compactions' output
+	// in flight.
+	OtherDiskBytes uint64
 }
 
 // Percentiles of a latency distribution.
@@ -362,6 +366,9 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 			st := e.Stats()
 			p := Point{At: at, Keys: n, KeysPerSec: float64(n-last) / (at - lastAt).Seconds(),
 				SimTime: o.Clock.Now(), Rotations: st.PartitionDropped, DiskBytes: st.DiskBytes}
+			if known := st.TableBytes + st.WALBytes + st.WALRecycledBytes; st.DiskBytes > known {
+				p.OtherDiskBytes = st.DiskBytes - known
+			}
 			last, lastAt = n, at
 			res.Series = append(res.Series, p)
 			if rc.Progress != nil {
