@@ -1,0 +1,26 @@
+// Package postgres is an exact tier shared by many processes in one
+// PostgreSQL table, for teams whose system of record is PostgreSQL: claims,
+// commits and releases of a whole batch are one statement each, fenced by
+// the claim's owner token and leased by the server's clock, with the same
+// answers as the Redis tier (tier.ClaimsInStore).
+//
+// It owns its table's rows and their layout. It must never answer Acquired
+// for a key another live claim or commit holds, never let a token commit
+// or release a key it does not hold, and never keep a reference to a
+// caller's buffers.
+//
+// # Concurrency
+//
+// A Store is safe for concurrent use when its DB is (a *pgxpool.Pool).
+// Batches lock their rows in key order, so concurrent batches cannot
+// deadlock.
+//
+// # Invariants
+//
+//  1. Every time is the server's (clock_timestamp), so leases and expiries
+//     do not depend on the clocks of the processes.
+//  2. A row is a claim, a commit or an attempt count, and carries its
+//     expiry; an expired row answers as absent before it is deleted.
+//  3. A commit or release changes a row only when the request's token holds
+//     it: a claim whose lease ended, or was taken over, gets Lost.
+package postgres

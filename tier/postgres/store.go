@@ -1,0 +1,344 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tierdedup/tierdedup/tier"
+)
+
+// Errors returned by a Store; match them with errors.Is.
+var (
+	// ErrUnavailable wraps every failure to reach PostgreSQL or run a
+	// statement: the outcome of the call is unknown for every key of it.
+	ErrUnavailable = errors.New("postgres: unavailable")
+	// ErrOptions reports invalid Options.
+	ErrOptions = errors.New("postgres: invalid options")
+)
+
+// DB is what a Store needs of its database handle: a *pgxpool.Pool (safe
+// for concurrent use, which the engine needs), or anything else that runs
+// a query. The Store never closes it.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Options configure a Store.
+type Options struct {
+	// Table is the table of dedup rows, created if missing; several
+	// deployments sharing a database use several tables. Zero means
+	// "tierdedup". Letters, digits and underscores only.
+	Table string
+	// Window is how long a committed key stays a duplicate; required.
+	Window time.Duration
+	// MaxAttempts, when positive, counts each key's releases and lease
+	// takeovers, and answers Poisoned once the count reaches it.
+	MaxAttempts int
+}
+
+var tableName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// Validate reports every invalid field at once.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.Table != "" && !tableName.MatchString(o.Table) {
+		errs = append(errs, fmt.Errorf("%w: Table %q: letters, digits and underscores, at most 63", ErrOptions, o.Table))
+	}
+	if o.Window < time.Millisecond {
+		errs = append(errs, fmt.Errorf("%w: Window %v is below a millisecond", ErrOptions, o.Window))
+	}
+	if err := tier.CheckAttempts(o.MaxAttempts); err != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrOptions, err))
+	}
+	return errors.Join(errs...)
+}
+
+// Store is a shared exact tier in one PostgreSQL table: a row per key,
+// holding a claim (its owner token and lease end), a commit (its token and
+// digest) or an attempt count, each with its expiry. Every time is the
+// server's clock, so processes whose clocks differ agree on leases. A
+// Store is safe for concurrent use if its DB is.
+type Store struct {
+	db                               DB
+	table                            string
+	window                           time.Duration
+	max                              int
+	claimQ, commitQ, releaseQ, dropQ string
+}
+
+// New returns a Store over db, creating its table if needed.
+func New(ctx context.Context, db DB, opts *Options) (*Store, error) {
+	if opts == nil {
+		return nil, fmt.Errorf("%w: nil options", ErrOptions)
+	}
+	o := *opts
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if o.Table == "" {
+		o.Table = "tierdedup"
+	}
+	s := &Store{db: db, table: o.Table, window: o.Window, max: o.MaxAttempts}
+	s.prepare()
+	if _, err := db.Exec(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+		ns bytea NOT NULL, key bytea NOT NULL,
+		state "char" NOT NULL, -- 'C' claimed, 'D' committed, 'R' released (a count only)
+		token bytea NOT NULL, lease_until bigint NOT NULL, attempts integer NOT NULL,
+		digest bytea, expires bigint NOT NULL,
+		PRIMARY KEY (ns, key))`, s.table)); err != nil {
+		return nil, fmt.Errorf("%w: creating %s: %w", ErrUnavailable, s.table, err)
+	}
+	return s, nil
+}
+
+// Claims reports where claims live: in the table, shared by every process.
+func (s *Store) Claims() tier.Where { return tier.ClaimsInStore }
+
+// Close does nothing: the DB stays the caller's.
+func (s *Store) Close() error { return nil }
+
+// now is the server's clock in milliseconds, read once per statement.
+const now = `(extract(epoch FROM clock_timestamp()) * 1000)::bigint`
+
+func (s *Store) prepare() {
+	// Claim: one INSERT … ON CONFLICT for the batch, in key order (two
+	// batches locking rows in one order cannot deadlock). A row is taken
+	// when it expired, when it is free (a count below the limit), or when
+	// it is a claim of this token or one whose lease ended (a takeover,
+	// counted). The outer SELECT reads every key's row as the statement
+	// began, for the keys not taken: held, committed or poisoned.
+	s.claimQ = fmt.Sprintf(`
+WITH c AS (SELECT %[2]s AS ms),
+r AS (SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::bytea[]) WITH ORDINALITY AS r(ns, key, token, i)),
+up AS (
+	INSERT INTO %[1]s AS t (ns, key, state, token, lease_until, attempts, digest, expires)
+	SELECT r.ns, r.key, 'C', r.token, c.ms + $4, 0, NULL, c.ms + $5 FROM r, c ORDER BY r.ns, r.key
+	ON CONFLICT (ns, key) DO UPDATE SET
+		state = 'C', token = EXCLUDED.token, lease_until = EXCLUDED.lease_until, digest = NULL,
+		expires = GREATEST(t.expires, EXCLUDED.expires),
+		attempts = CASE
+			WHEN t.expires <= EXCLUDED.lease_until - $4 THEN 0
+			WHEN t.state = 'C' AND t.token <> EXCLUDED.token THEN t.attempts + 1
+			ELSE t.attempts END
+	WHERE t.expires <= EXCLUDED.lease_until - $4
+	   OR (t.state = 'R' AND ($6 = 0 OR t.attempts < $6))
+	   OR (t.state = 'C' AND t.token = EXCLUDED.token)
+	   OR (t.state = 'C' AND t.lease_until <= EXCLUDED.lease_until - $4
+	       AND ($6 = 0 OR t.attempts + 1 < $6))
+	RETURNING t.ns, t.key, t.attempts)
+SELECT r.i, up.attempts IS NOT NULL, COALESCE(up.attempts, 0),
+	o.state::text, o.token, o.lease_until, o.attempts, o.digest, o.expires, c.ms
+FROM r CROSS JOIN c
+LEFT JOIN up ON up.ns = r.ns AND up.key = r.key
+LEFT JOIN %[1]s o ON o.ns = r.ns AND o.key = r.key
+ORDER BY r.i`, s.table, now)
+	// Commit: the claim of this token, unexpired, becomes a commit for the
+	// window; a commit this token already made stays (a retry).
+	s.commitQ = fmt.Sprintf(`
+WITH c AS (SELECT %[2]s AS ms),
+r AS (SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bytea[]) WITH ORDINALITY AS r(ns, key, token, digest, i)),
+up AS (
+	UPDATE %[1]s AS t SET state = 'D', digest = NULLIF(r.digest, '\x'::bytea), lease_until = 0,
+		expires = CASE WHEN t.state = 'D' THEN t.expires ELSE c.ms + $5 END
+	FROM r, c
+	WHERE t.ns = r.ns AND t.key = r.key AND t.token = r.token AND t.expires > c.ms
+	  AND ((t.state = 'C' AND t.lease_until > c.ms) OR t.state = 'D')
+	RETURNING r.i)
+SELECT r.i, up.i IS NOT NULL FROM r LEFT JOIN up ON up.i = r.i ORDER BY r.i`, s.table, now)
+	// Release: the claim of this token, unexpired, ends. Counted ($4 = 1),
+	// the row goes, or with MaxAttempts ($6) keeps its count, one more, as
+	// a released row. A give-back ($5 = 1) counts nothing, also undoes a
+	// commit of this token, and keeps a count the row had.
+	s.releaseQ = fmt.Sprintf(`
+WITH c AS (SELECT %[2]s AS ms),
+r AS (SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::bytea[]) WITH ORDINALITY AS r(ns, key, token, i)),
+del AS (
+	DELETE FROM %[1]s AS t USING r, c
+	WHERE t.ns = r.ns AND t.key = r.key AND t.token = r.token AND t.expires > c.ms
+	  AND (($4 = 1 AND $6 = 0) OR ($5 = 1 AND t.attempts = 0))
+	  AND ((t.state = 'C' AND t.lease_until > c.ms) OR ($5 = 1 AND t.state = 'D'))
+	RETURNING r.i),
+up AS (
+	UPDATE %[1]s AS t SET state = 'R', token = '\x'::bytea, lease_until = 0, digest = NULL, attempts = t.attempts + $4
+	FROM r, c
+	WHERE t.ns = r.ns AND t.key = r.key AND t.token = r.token AND t.expires > c.ms
+	  AND NOT (($4 = 1 AND $6 = 0) OR ($5 = 1 AND t.attempts = 0))
+	  AND ((t.state = 'C' AND t.lease_until > c.ms) OR ($5 = 1 AND t.state = 'D'))
+	RETURNING r.i)
+SELECT r.i, (del.i IS NOT NULL OR up.i IS NOT NULL) FROM r
+LEFT JOIN del ON del.i = r.i LEFT JOIN up ON up.i = r.i ORDER BY r.i`, s.table, now)
+	s.dropQ = fmt.Sprintf(`DELETE FROM %s WHERE expires <= %s`, s.table, now)
+}
+
+// columns splits a batch into the statement's arrays.
+func columns(reqs []tier.Request) (ns, keys, tokens [][]byte) {
+	ns, keys, tokens = make([][]byte, len(reqs)), make([][]byte, len(reqs)), make([][]byte, len(reqs))
+	for i := range reqs {
+		ns[i], keys[i], tokens[i] = []byte(reqs[i].NS), reqs[i].Key, reqs[i].Token[:]
+	}
+	return ns, keys, tokens
+}
+
+// Claim claims every key for lease, in one statement; out must have
+// len(reqs), and no key may appear twice in reqs. Answers: Acquired (with
+// the count the claim carries, and Expired when it took over a lease that
+// ended), Held, Committed (with the committer's Token and the Digest) or
+// Poisoned. Partition is -1: rows expire by the table's own clock. On error
+// nothing is known: some keys may hold the caller's claims until their
+// lease ends (a retry with the same tokens acquires them again).
+func (s *Store) Claim(ctx context.Context, reqs []tier.Request, lease time.Duration, out []tier.Answer) error {
+	if len(reqs) == 0 {
+		return nil
+	}
+	ns, keys, tokens := columns(reqs)
+	rows, err := s.db.Query(ctx, s.claimQ, ns, keys, tokens, max(lease.Milliseconds(), 1), s.window.Milliseconds(), s.max)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		var (
+			i                 int64
+			taken             bool
+			attempts          int32
+			state             *string
+			token, digest     []byte
+			leaseEnd, expires *int64
+			oldAttempts       *int32
+			ms                int64
+		)
+		if err := rows.Scan(&i, &taken, &attempts, &state, &token, &leaseEnd, &oldAttempts, &digest, &expires, &ms); err != nil {
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		j := int(i - 1)
+		if j < 0 || j >= len(out) {
+			return fmt.Errorf("%w: answer for key %d of %d", ErrUnavailable, i, len(out))
+		}
+		a := tier.Answer{Partition: -1}
+		live := expires != nil && *expires > ms
+		switch {
+		case taken:
+			a.Status, a.Attempts = tier.Acquired, uint16(attempts)
+			// A takeover of another token's ended lease is counted.
+			a.Expired = s.max > 0 && live && state != nil && *state == "C" && string(token) != string(reqs[j].Token[:])
+		case !live || state == nil:
+			// Not taken, yet free as the statement began: another
+			// process took it meanwhile. Held until it says otherwise.
+			a.Status = tier.Held
+		case *state == "D":
+			a.Status = tier.Committed
+			copy(a.Token[:], token)
+			copy(a.Digest[:], digest)
+		case s.max > 0 && oldAttempts != nil && (*state == "R" && int(*oldAttempts) >= s.max ||
+			*state == "C" && leaseEnd != nil && *leaseEnd <= ms && int(*oldAttempts)+1 >= s.max):
+			a.Status = tier.Poisoned
+			a.Attempts = uint16(*oldAttempts)
+			if *state == "C" {
+				a.Attempts++
+				a.Expired = true
+			}
+		default:
+			a.Status = tier.Held
+		}
+		out[j] = a
+		n++
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	if n != len(reqs) {
+		return fmt.Errorf("%w: %d answers for %d keys", ErrUnavailable, n, len(reqs))
+	}
+	return nil
+}
+
+// Commit turns each unexpired claim of its token into a commit for the
+// window, in one statement; out[i] is OK or Lost. partition is not used. On
+// error the outcome of each commit is unknown (a retry is safe: a commit
+// that finds its own token's commit succeeds).
+func (s *Store) Commit(ctx context.Context, _ int64, reqs []tier.Request, out []tier.Status) error {
+	if len(reqs) == 0 {
+		return nil
+	}
+	ns, keys, tokens := columns(reqs)
+	digests := make([][]byte, len(reqs))
+	for i := range reqs {
+		if reqs[i].Digest != (tier.Digest{}) {
+			digests[i] = reqs[i].Digest[:]
+		} else {
+			digests[i] = []byte{}
+		}
+	}
+	return s.statuses(ctx, out, s.commitQ, ns, keys, tokens, digests, s.window.Milliseconds())
+}
+
+// Release frees each key its token still holds, in one statement; out[i]
+// is OK or Lost. Counted (with MaxAttempts) the key keeps its attempt
+// count, one more; with giveBack nothing is counted and a commit of the
+// same token, applied although the caller was told it failed, is undone.
+// partition is not used.
+func (s *Store) Release(ctx context.Context, _ int64, reqs []tier.Request, giveBack bool, out []tier.Status) error {
+	if len(reqs) == 0 {
+		return nil
+	}
+	ns, keys, tokens := columns(reqs)
+	count, undo := 1, 0
+	if giveBack {
+		count, undo = 0, 1
+	}
+	return s.statuses(ctx, out, s.releaseQ, ns, keys, tokens, count, undo, s.max)
+}
+
+func (s *Store) statuses(ctx context.Context, out []tier.Status, q string, args ...any) error {
+	rows, err := s.db.Query(ctx, q, args...)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		var i int64
+		var ok bool
+		if err := rows.Scan(&i, &ok); err != nil {
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		if i < 1 || int(i) > len(out) {
+			return fmt.Errorf("%w: answer for key %d of %d", ErrUnavailable, i, len(out))
+		}
+		out[i-1] = tier.Lost
+		if ok {
+			out[i-1] = tier.OK
+		}
+		n++
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	if n != len(out) {
+		return fmt.Errorf("%w: %d answers for %d keys", ErrUnavailable, n, len(out))
+	}
+	return nil
+}
+
+// Drop deletes every row whose expiry has passed by the server's clock
+// (before and highWater are the engine's; the table dates rows itself).
+func (s *Store) Drop(_, _ int64) error {
+	if _, err := s.db.Exec(context.Background(), s.dropQ); err != nil {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return nil
+}
+
+// The Store is a shared exact tier whose retention the engine drives.
+var (
+	_ tier.Exact   = (*Store)(nil)
+	_ tier.Dropper = (*Store)(nil)
+)

@@ -1,0 +1,270 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tierdedup/tierdedup/tier"
+	"github.com/tierdedup/tierdedup/tier/postgres"
+)
+
+const dsn = "postgres://postgres:test@127.0.0.1:5432/test"
+
+// pool connects to the loopback PostgreSQL; with TIERDEDUP_REQUIRE_POSTGRES
+// set (CI) a server that cannot be reached fails the test.
+func pool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	p, err := pgxpool.New(ctx, dsn)
+	if err == nil {
+		err = p.Ping(ctx)
+	}
+	if err != nil {
+		if os.Getenv("TIERDEDUP_REQUIRE_POSTGRES") != "" {
+			t.Fatalf("PostgreSQL at %s: %v", dsn, err)
+		}
+		t.Skipf("no PostgreSQL at %s: %v", dsn, err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// store opens a Store over its own table, dropped after the test.
+func store(t *testing.T, p *pgxpool.Pool, o postgres.Options) *postgres.Store {
+	t.Helper()
+	if o.Table == "" {
+		o.Table = fmt.Sprintf("t_%d", time.Now().UnixNano())
+	}
+	if o.Window == 0 {
+		o.Window = time.Hour
+	}
+	s, err := postgres.New(context.Background(), p, &o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+o.Table) })
+	return s
+}
+
+func tok(i byte) tier.Token { return tier.Token{i, 1, 2, 3} }
+
+func req(key string, t tier.Token) tier.Request { return tier.Request{Key: []byte(key), Token: t} }
+
+func claim(t *testing.T, s *postgres.Store, r tier.Request, lease time.Duration) tier.Answer {
+	t.Helper()
+	out := make([]tier.Answer, 1)
+	if err := s.Claim(context.Background(), []tier.Request{r}, lease, out); err != nil {
+		t.Fatal(err)
+	}
+	return out[0]
+}
+
+func commit(t *testing.T, s *postgres.Store, r tier.Request) tier.Status {
+	t.Helper()
+	out := make([]tier.Status, 1)
+	if err := s.Commit(context.Background(), 0, []tier.Request{r}, out); err != nil {
+		t.Fatal(err)
+	}
+	return out[0]
+}
+
+func release(t *testing.T, s *postgres.Store, r tier.Request, giveBack bool) tier.Status {
+	t.Helper()
+	out := make([]tier.Status, 1)
+	if err := s.Release(context.Background(), 0, []tier.Request{r}, giveBack, out); err != nil {
+		t.Fatal(err)
+	}
+	return out[0]
+}
+
+// TestClaimCommitFencing walks one key through the protocol: a claim
+// excludes other tokens, only its token commits, a retried claim or commit
+// of the same token succeeds, and a commit answers Committed with its
+// token and digest to everyone after.
+func TestClaimCommitFencing(t *testing.T) {
+	s := store(t, pool(t), postgres.Options{})
+	a, b := req("k", tok(1)), req("k", tok(2))
+	if r := claim(t, s, a, time.Minute); r.Status != tier.Acquired || r.Partition != -1 {
+		t.Fatalf("first claim = %+v", r)
+	}
+	if r := claim(t, s, b, time.Minute); r.Status != tier.Held {
+		t.Fatalf("second token = %+v, want held", r)
+	}
+	if st := commit(t, s, b); st != tier.Lost {
+		t.Fatalf("commit by a token that does not hold the key = %v", st)
+	}
+	if st := release(t, s, b, false); st != tier.Lost {
+		t.Fatalf("release by a token that does not hold the key = %v", st)
+	}
+	if r := claim(t, s, a, time.Minute); r.Status != tier.Acquired {
+		t.Fatalf("retried claim of the same token = %+v", r)
+	}
+	a.Digest = tier.Digest{9}
+	if st := commit(t, s, a); st != tier.OK {
+		t.Fatalf("commit = %v", st)
+	}
+	if st := commit(t, s, a); st != tier.OK {
+		t.Fatalf("retried commit = %v", st)
+	}
+	if r := claim(t, s, req("k", tok(3)), time.Minute); r.Status != tier.Committed || r.Token != tok(1) || r.Digest != (tier.Digest{9}) {
+		t.Fatalf("claim after the commit = %+v", r)
+	}
+	if st := release(t, s, a, false); st != tier.Lost {
+		t.Fatalf("release after the commit = %v", st)
+	}
+	if r := claim(t, s, tier.Request{NS: "other", Key: []byte("k"), Token: tok(4)}, time.Minute); r.Status != tier.Acquired {
+		t.Fatalf("the same key in another namespace = %+v", r)
+	}
+}
+
+// TestLeaseEndsAndIsTakenOver: a claim whose lease ended loses its key to
+// the next claim, and its commit is Lost.
+func TestLeaseEndsAndIsTakenOver(t *testing.T) {
+	s := store(t, pool(t), postgres.Options{})
+	a, b := req("k", tok(1)), req("k", tok(2))
+	claim(t, s, a, 50*time.Millisecond)
+	time.Sleep(120 * time.Millisecond)
+	if st := commit(t, s, a); st != tier.Lost {
+		t.Fatalf("commit after the lease = %v", st)
+	}
+	if r := claim(t, s, b, time.Minute); r.Status != tier.Acquired {
+		t.Fatalf("claim after the lease = %+v", r)
+	}
+	if st := commit(t, s, b); st != tier.OK {
+		t.Fatalf("commit of the new owner = %v", st)
+	}
+}
+
+// TestReleaseAndGiveBack: a release frees the key; a give-back also undoes
+// a commit its token made (one the caller was told had failed).
+func TestReleaseAndGiveBack(t *testing.T) {
+	s := store(t, pool(t), postgres.Options{})
+	a := req("k", tok(1))
+	claim(t, s, a, time.Minute)
+	if st := release(t, s, a, false); st != tier.OK {
+		t.Fatalf("release = %v", st)
+	}
+	if r := claim(t, s, req("k", tok(2)), time.Minute); r.Status != tier.Acquired {
+		t.Fatalf("claim after release = %+v", r)
+	}
+	c := req("c", tok(3))
+	claim(t, s, c, time.Minute)
+	commit(t, s, c)
+	if st := release(t, s, c, true); st != tier.OK {
+		t.Fatalf("give-back of a commit = %v", st)
+	}
+	if r := claim(t, s, req("c", tok(4)), time.Minute); r.Status != tier.Acquired {
+		t.Fatalf("claim after the give-back = %+v", r)
+	}
+}
+
+// TestAttemptsPoison: with MaxAttempts, releases and lease takeovers are
+// counted in the table, across tokens, and the key answers Poisoned at
+// the limit; a give-back counts nothing.
+func TestAttemptsPoison(t *testing.T) {
+	s := store(t, pool(t), postgres.Options{MaxAttempts: 3})
+	k := func(i byte) tier.Request { return req("k", tok(i)) }
+	claim(t, s, k(1), time.Minute)
+	release(t, s, k(1), true) // a give-back: not an attempt
+	if r := claim(t, s, k(2), time.Minute); r.Status != tier.Acquired || r.Attempts != 0 {
+		t.Fatalf("after a give-back = %+v", r)
+	}
+	release(t, s, k(2), false) // attempt 1
+	if r := claim(t, s, k(3), 50*time.Millisecond); r.Status != tier.Acquired || r.Attempts != 1 {
+		t.Fatalf("after one release = %+v", r)
+	}
+	time.Sleep(120 * time.Millisecond) // attempt 2: the lease ends
+	r := claim(t, s, k(4), time.Minute)
+	if r.Status != tier.Acquired || r.Attempts != 2 || !r.Expired {
+		t.Fatalf("after a lease ended = %+v", r)
+	}
+	release(t, s, k(4), false) // attempt 3
+	if r := claim(t, s, k(5), time.Minute); r.Status != tier.Poisoned || r.Attempts != 3 {
+		t.Fatalf("at the limit = %+v", r)
+	}
+}
+
+// TestConcurrentClaimsOneAcquired: eight goroutines claim the same keys in
+// batches with their own tokens: each key is Acquired exactly once.
+func TestConcurrentClaimsOneAcquired(t *testing.T) {
+	s := store(t, pool(t), postgres.Options{})
+	const n, workers = 2000, 8
+	var mu sync.Mutex
+	got := make([]int, n)
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for lo := 0; lo < n; lo += 250 {
+				reqs := make([]tier.Request, 0, 250)
+				for i := lo; i < lo+250; i++ {
+					// Each worker walks the keys in its own order.
+					j := (i*7 + w*131) % n
+					reqs = append(reqs, tier.Request{Key: fmt.Appendf(nil, "k%d", j), Token: tok(byte(w + 1))})
+				}
+				out := make([]tier.Answer, len(reqs))
+				if err := s.Claim(context.Background(), reqs, time.Minute, out); err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				for i, a := range out {
+					if a.Status == tier.Acquired {
+						var j int
+						fmt.Sscanf(string(reqs[i].Key), "k%d", &j)
+						got[j]++
+					}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	for j, c := range got {
+		if c != 1 {
+			t.Fatalf("key %d acquired %d times", j, c)
+		}
+	}
+}
+
+// TestUnreachableIsUnavailable: a server that does not answer gives
+// ErrUnavailable, never an answer.
+func TestUnreachableIsUnavailable(t *testing.T) {
+	p := pool(t)
+	s := store(t, p, postgres.Options{})
+	p.Close()
+	out := make([]tier.Answer, 1)
+	if err := s.Claim(context.Background(), []tier.Request{req("k", tok(1))}, time.Minute, out); !errors.Is(err, postgres.ErrUnavailable) {
+		t.Fatalf("claim on a closed pool: %v", err)
+	}
+	st := make([]tier.Status, 1)
+	if err := s.Commit(context.Background(), 0, []tier.Request{req("k", tok(1))}, st); !errors.Is(err, postgres.ErrUnavailable) {
+		t.Fatalf("commit on a closed pool: %v", err)
+	}
+}
+
+func TestOptionsValidate(t *testing.T) {
+	for _, o := range []postgres.Options{
+		{Table: "a;drop", Window: time.Hour},
+		{Window: 0},
+		{Window: time.Hour, MaxAttempts: -1},
+	} {
+		if err := o.Validate(); !errors.Is(err, postgres.ErrOptions) {
+			t.Errorf("%+v: %v", o, err)
+		}
+	}
+}
