@@ -14,6 +14,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
@@ -63,7 +64,13 @@ type confConfig struct {
 	// each clock jump forward the test ages every key of the run by the
 	// same step (ageRedis).
 	redis func(t *testing.T) goredis.UniversalClient
+	// postgres supplies a database for Tiers: Postgres (a fresh table per
+	// run), aged like Redis after each clock jump forward (agePostgres).
+	postgres func(t *testing.T) *pgxpool.Pool
 }
+
+// shared reports a configuration whose claims live in a shared tier.
+func (c confConfig) shared() bool { return c.redis != nil || c.postgres != nil }
 
 var confConfigs = []confConfig{
 	{name: "memory", tiers: engine.MemoryOnly, capacity: 4096},
@@ -209,8 +216,15 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 	if cfg.tiers == engine.Default || cfg.snapshots {
 		opts.Dir = "db"
 	}
-	if cfg.tiers == engine.MemoryOnly || cfg.tiers == engine.Redis {
+	if cfg.tiers == engine.MemoryOnly || cfg.shared() {
 		opts.FS = nil
+	}
+	var pool *pgxpool.Pool
+	if cfg.postgres != nil {
+		pool = cfg.postgres(t)
+		opts.Postgres = pool
+		opts.PostgresTable = fmt.Sprintf("conf_%d_%d", seed, time.Now().UnixNano())
+		t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+opts.PostgresTable) })
 	}
 	if cfg.redis != nil {
 		opts.Redis = cfg.redis(t)
@@ -362,17 +376,23 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 		case r < 88: // time passes
 			steps := []time.Duration{time.Second, 10 * time.Second, cLease + time.Second, cPartition, cWindow, cWindow + cPartition + time.Second, -30 * time.Minute, -cWindow - 2*cPartition}
 			step := steps[rng.IntN(len(steps))]
-			if cfg.redis != nil {
+			if cfg.shared() {
 				if step < 0 {
-					// Redis keeps its own time, which never steps back
-					// with a host's clock; steps back are exercised by the
-					// other configurations.
+					// A shared tier keeps its own time, which never steps
+					// back with a host's clock; steps back are exercised
+					// by the other configurations.
 					continue
 				}
-				// Redis expires leases and windows on its own clock: age
+				// It expires leases and windows on its own clock: age
 				// every key of this run by the same step.
-				if err := ageRedis(ctx, opts.Redis, opts.RedisPrefix, step); err != nil {
-					fail(op, "ageing Redis: %v", err)
+				var err error
+				if cfg.redis != nil {
+					err = ageRedis(ctx, opts.Redis, opts.RedisPrefix, step)
+				} else {
+					err = agePostgres(ctx, pool, opts.PostgresTable, step)
+				}
+				if err != nil {
+					fail(op, "ageing the shared tier: %v", err)
 				}
 			}
 			clock.Add(step)
@@ -411,7 +431,7 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 				}
 			}
 			e = open(t, opts)
-			m.restart(clock.Now().UnixNano(), cfg.tiers == engine.Default || cfg.snapshots || cfg.redis != nil)
+			m.restart(clock.Now().UnixNano(), cfg.tiers == engine.Default || cfg.snapshots || cfg.shared())
 			outstanding = reclaimNamespaces(t, e, namespaces, outstanding)
 		default: // crash: abandon the engine, reopen what was synced
 			if !cfg.crashes {
@@ -468,7 +488,7 @@ func (m *model) restart(clock int64, keeps bool) {
 		// Claims live in this process, or in Redis until their lease ends:
 		// there a restarted consumer still sees them, and their old owners
 		// (the test's stale claims) can no longer commit.
-		s.claimed = s.claimed && m.cfg.redis != nil
+		s.claimed = s.claimed && m.cfg.shared()
 		s.owner = -1
 		if !keeps {
 			delete(m.keys, k)
@@ -656,4 +676,12 @@ func ageRedis(ctx context.Context, c goredis.UniversalClient, prefix string, d t
 		return cc.ForEachMaster(ctx, func(ctx context.Context, m *goredis.Client) error { return age(ctx, m) })
 	}
 	return age(ctx, c)
+}
+
+// agePostgres makes the table's clock follow a jump of the test's clock:
+// every lease end and expiry of the run comes d closer.
+func agePostgres(ctx context.Context, p *pgxpool.Pool, table string, d time.Duration) error {
+	ms := d.Milliseconds()
+	_, err := p.Exec(ctx, fmt.Sprintf("UPDATE %s SET lease_until = CASE WHEN lease_until > 0 THEN lease_until - $1 ELSE 0 END, expires = expires - $1", table), ms)
+	return err
 }

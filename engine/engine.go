@@ -16,6 +16,7 @@ import (
 	"github.com/tierdedup/tierdedup/tier/bloom"
 	"github.com/tierdedup/tierdedup/tier/memory"
 	"github.com/tierdedup/tierdedup/tier/pebble"
+	"github.com/tierdedup/tierdedup/tier/postgres"
 	"github.com/tierdedup/tierdedup/tier/redis"
 )
 
@@ -105,10 +106,11 @@ func Open(opts *Options) (*Engine, error) {
 	switch o.Tiers {
 	case BloomOnly:
 		mopts.Capacity, mopts.NoCommitted = 0, true
-	case Redis:
-		// Redis alone counts attempts: it sees every process's, and keeps
-		// them exactly as long as it says (a count here could outlive or
-		// exceed the shared one, and answer Poison for a committed key).
+	case Redis, Postgres:
+		// The shared tier alone counts attempts: it sees every process's,
+		// and keeps them exactly as long as it says (a count here could
+		// outlive or exceed the shared one, and answer Poison for a
+		// committed key).
 		mopts.MaxAttempts = 0
 	}
 	var err error
@@ -165,6 +167,22 @@ func Open(opts *Options) (*Engine, error) {
 		e.exact = rs
 		if o.FailOpen {
 			e.exact = failOpen{Exact: rs, answered: &e.stats.failOpen}
+		}
+		_, _ = rand.Read(e.process[:])
+	}
+	if o.Tiers == Postgres {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		ps, err := postgres.New(ctx, o.Postgres, &postgres.Options{Table: o.PostgresTable, Window: window, MaxAttempts: o.MaxAttempts})
+		switch {
+		case errors.Is(err, postgres.ErrOptions):
+			return nil, fmt.Errorf("%w: %w", ErrOptions, err)
+		case err != nil:
+			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		e.exact = ps
+		if o.FailOpen {
+			e.exact = failOpen{Exact: ps, answered: &e.stats.failOpen}
 		}
 		_, _ = rand.Read(e.process[:])
 	}

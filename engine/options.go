@@ -13,6 +13,7 @@ import (
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/bloom"
+	"github.com/tierdedup/tierdedup/tier/postgres"
 )
 
 // Tiers selects which tiers an Engine stacks.
@@ -34,6 +35,11 @@ const (
 	// same Redis (or Redis Cluster) and RedisPrefix; durable as the Redis
 	// persistence settings allow. Options.Redis is required.
 	Redis
+	// Postgres is memory + PostgreSQL: exact and shared by every process
+	// using the same database and PostgresTable, for teams whose system of
+	// record is PostgreSQL; durable as the database is. Options.Postgres is
+	// required.
+	Postgres
 )
 
 // String returns the configuration's name.
@@ -47,6 +53,8 @@ func (t Tiers) String() string {
 		return "bloom"
 	case Redis:
 		return "memory+redis"
+	case Postgres:
+		return "memory+postgres"
 	}
 	return fmt.Sprintf("Tiers(%d)", uint8(t))
 }
@@ -167,9 +175,18 @@ type Options struct {
 	// '{', '}' or NUL; deployments with different prefixes never share a
 	// key, even when one prefix starts the other.
 	RedisPrefix string
+	// Postgres is the database of the PostgreSQL tier (Tiers: Postgres),
+	// a *pgxpool.Pool (safe for concurrent use). The caller owns it and
+	// closes it after the Engine.
+	Postgres postgres.DB
+	// PostgresTable is the table of dedup rows, created if missing; zero
+	// means "tierdedup". Processes that deduplicate together use the same
+	// table.
+	PostgresTable string
+
 	// FailOpen makes claims answer New, and commits succeed locally, while
-	// Redis is unavailable, instead of failing with ErrUnavailable (the
-	// default: fail closed). Every such answer is counted in
+	// the shared tier (Redis or PostgreSQL) is unavailable, instead of
+	// failing with ErrUnavailable (the default: fail closed). Every such answer is counted in
 	// Stats.FailOpen. Only for consumers that prefer a duplicate effect to a
 	// stalled queue.
 	FailOpen bool
@@ -202,11 +219,24 @@ func (o *Options) Validate() error {
 		if o.Dir != "" {
 			bad("Dir %q is not used by %v", o.Dir, o.Tiers)
 		}
+	case Postgres:
+		if o.Postgres == nil {
+			bad("Postgres database is required for %v", o.Tiers)
+		}
+		if o.Dir != "" {
+			bad("Dir %q is not used by %v", o.Dir, o.Tiers)
+		}
 	default:
 		bad("Tiers %d is not a configuration", o.Tiers)
 	}
-	if o.Tiers != Redis && (o.Redis != nil || o.FailOpen || o.RedisPrefix != "" || o.RequireNoEviction) {
-		bad("Redis, RedisPrefix, FailOpen and RequireNoEviction apply only to Tiers: Redis")
+	if o.Tiers != Redis && (o.Redis != nil || o.RedisPrefix != "" || o.RequireNoEviction) {
+		bad("Redis, RedisPrefix and RequireNoEviction apply only to Tiers: Redis")
+	}
+	if o.Tiers != Postgres && (o.Postgres != nil || o.PostgresTable != "") {
+		bad("Postgres and PostgresTable apply only to Tiers: Postgres")
+	}
+	if o.FailOpen && o.Tiers != Redis && o.Tiers != Postgres {
+		bad("FailOpen applies only to a shared tier (Tiers: Redis or Postgres)")
 	}
 	if strings.ContainsAny(o.RedisPrefix, "{}") {
 		bad("RedisPrefix %q contains a hash-tag brace, which would pin every key to one cluster slot", o.RedisPrefix)
