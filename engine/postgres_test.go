@@ -86,3 +86,10 @@ func TestPostgresFencing(t *testing.T) {
 		t.Fatalf("a third process after B's commit: %v, %v", cc.Outcome, err)
 	}
 }
+
+// TestPostgresProcessesRace: four OS processes claim the same keys through
+// one table; each key is New in exactly one process.
+func TestPostgresProcessesRace(t *testing.T) {
+	postgresPool(t) // fails here, not in the children, when the server is missing
+	runProcessesRace(t, postgresDSN)
+}

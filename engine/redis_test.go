@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
@@ -254,8 +255,8 @@ func TestRedisFailOpenIsCounted(t *testing.T) {
 }
 
 // The multi-process race: four OS processes (this test binary re-executed)
-// claim the same keys in different orders through one Redis; exactly one
-// claim per key is New across all of them.
+// claim the same keys in different orders through one Redis (or one
+// PostgreSQL table); exactly one claim per key is New across all of them.
 
 const redisChildEnv = "TIERDEDUP_REDIS_CHILD"
 
@@ -264,12 +265,24 @@ func redisChild(spec string) int {
 	addr, prefix := parts[0], parts[1]
 	id, _ := strconv.Atoi(parts[2])
 	n, _ := strconv.Atoi(parts[3])
-	var c goredis.UniversalClient = goredis.NewClient(&goredis.Options{Addr: addr})
-	if strings.Contains(addr, ",") { // a cluster's masters
-		c = goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: strings.Split(addr, ",")})
+	o := engine.Options{Tiers: engine.Redis, RedisPrefix: prefix, Logger: quiet}
+	if strings.HasPrefix(addr, "postgres://") { // the PostgreSQL tier; prefix names its table
+		p, err := pgxpool.New(context.Background(), addr)
+		if err != nil {
+			fmt.Println("ERR", err)
+			return 1
+		}
+		defer p.Close()
+		o = engine.Options{Tiers: engine.Postgres, Postgres: p, PostgresTable: prefix, Logger: quiet}
+	} else {
+		var c goredis.UniversalClient = goredis.NewClient(&goredis.Options{Addr: addr})
+		if strings.Contains(addr, ",") { // a cluster's masters
+			c = goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: strings.Split(addr, ",")})
+		}
+		defer c.Close()
+		o.Redis = c
 	}
-	defer c.Close()
-	e, err := engine.Open(&engine.Options{Tiers: engine.Redis, Redis: c, RedisPrefix: prefix, Logger: quiet})
+	e, err := engine.Open(&o)
 	if err != nil {
 		fmt.Println("ERR", err)
 		return 1
@@ -315,6 +328,11 @@ func TestRedisProcessesRace(t *testing.T) {
 func runProcessesRace(t *testing.T, addr string) {
 	const procs, keys = 4, 3000
 	prefix := fmt.Sprintf("race-%d:", time.Now().UnixNano())
+	if strings.HasPrefix(addr, "postgres://") {
+		prefix = fmt.Sprintf("race_%d", time.Now().UnixNano())
+		p := postgresPool(t)
+		t.Cleanup(func() { _, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+prefix) })
+	}
 	news := map[string]int{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
