@@ -3,7 +3,10 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -92,4 +95,110 @@ func TestPostgresFencing(t *testing.T) {
 func TestPostgresProcessesRace(t *testing.T) {
 	postgresPool(t) // fails here, not in the children, when the server is missing
 	runProcessesRace(t, postgresDSN)
+}
+
+// TestPostgresConnectionsKilledMidRun: while four workers claim and commit,
+// the server terminates every connection of the engine's pool, again and
+// again for 300 ms (pg_terminate_backend: what a server restart or a
+// failover does to its clients). Calls fail with ErrUnavailable, never
+// with a wrong answer; then the engine recovers, and every commit it
+// acknowledged is a Duplicate in the table, read by another engine whose
+// memory has not cached it.
+func TestPostgresConnectionsKilledMidRun(t *testing.T) {
+	ctx := context.Background()
+	app := fmt.Sprintf("tdkill_%d", time.Now().UnixNano())
+	p, err := pgxpool.New(ctx, postgresDSN+"?application_name="+app)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	admin := postgresPool(t)
+	table := app
+	t.Cleanup(func() { _, _ = admin.Exec(ctx, "DROP TABLE IF EXISTS "+table) })
+	e := open(t, engine.Options{Tiers: engine.Postgres, Postgres: p, PostgresTable: table})
+	defer e.Close()
+	var (
+		mu          sync.Mutex
+		acked       [][]byte
+		unavailable atomic.Int64
+		wrong       atomic.Int64
+	)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				keys := make([][]byte, 16)
+				for j := range keys {
+					keys[j] = fmt.Appendf(nil, "w%d-%d-%d", w, i, j)
+				}
+				claims := make([]engine.Claim, len(keys))
+				cctx, cancel := context.WithTimeout(ctx, time.Second)
+				err := e.ClaimBatch(cctx, keys, nil, claims)
+				if err == nil {
+					for _, c := range claims {
+						if c.Outcome != engine.New {
+							wrong.Add(1)
+						}
+					}
+					if err = e.CommitBatch(cctx, claims, nil); err == nil {
+						mu.Lock()
+						acked = append(acked, keys...)
+						mu.Unlock()
+					}
+				}
+				cancel()
+				switch {
+				case err == nil:
+				case errors.Is(err, engine.ErrUnavailable):
+					unavailable.Add(1)
+					time.Sleep(5 * time.Millisecond)
+				default:
+					t.Errorf("worker %d: %v", w, err)
+					return
+				}
+			}
+		}()
+	}
+	time.Sleep(200 * time.Millisecond)
+	killed := 0
+	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
+		var n int
+		if err := admin.QueryRow(ctx, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		killed += n
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	if wrong.Load() != 0 {
+		t.Fatalf("%d fresh keys were not New", wrong.Load())
+	}
+	if killed == 0 || unavailable.Load() == 0 {
+		t.Fatalf("connections killed %d, calls unavailable %d: the outage was not exercised", killed, unavailable.Load())
+	}
+	check := open(t, engine.Options{Tiers: engine.Postgres, Postgres: admin, PostgresTable: table})
+	defer check.Close()
+	for i := 0; i < len(acked); i += 256 {
+		batch := acked[i:min(i+256, len(acked))]
+		out := make([]engine.Claim, len(batch))
+		if err := check.ClaimBatch(ctx, batch, nil, out); err != nil {
+			t.Fatal(err)
+		}
+		for j, c := range out {
+			if c.Outcome != engine.Duplicate {
+				t.Fatalf("acknowledged %s = %v after the outage", batch[j], c.Outcome)
+			}
+		}
+	}
+	t.Logf("%d connections killed, %d calls unavailable, %d acknowledged commits all duplicates afterwards", killed, unavailable.Load(), len(acked))
 }
