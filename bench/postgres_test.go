@@ -3,7 +3,6 @@ package bench_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"testing"
 	"time"
@@ -11,25 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/postgres/pgtest"
 )
-
-const postgresDSN = "postgres://postgres:test@127.0.0.1:5432/test"
-
-func postgresPool(b *testing.B) *pgxpool.Pool {
-	b.Helper()
-	p, err := pgxpool.New(context.Background(), postgresDSN)
-	if err == nil {
-		err = p.Ping(context.Background())
-	}
-	if err != nil {
-		if os.Getenv("TIERDEDUP_REQUIRE_POSTGRES") != "" {
-			b.Fatalf("PostgreSQL at %s: %v", postgresDSN, err)
-		}
-		b.Skipf("no PostgreSQL at %s: %v", postgresDSN, err)
-	}
-	b.Cleanup(p.Close)
-	return p
-}
 
 // BenchmarkPostgres compares, on the loopback PostgreSQL, the engine's
 // batch marks through the PostgreSQL tier (memory + PostgreSQL: a claim
@@ -39,7 +21,7 @@ func postgresPool(b *testing.B) *pgxpool.Pool {
 //
 //	go test -run '^$' -bench Postgres -benchtime 200000x -cpu 2 ./bench/
 func BenchmarkPostgres(b *testing.B) {
-	p := postgresPool(b)
+	p := pgtest.Pool(b)
 	b.Run("tier=postgres/op=mark/batch=256", func(b *testing.B) {
 		table := fmt.Sprintf("bench_%d", time.Now().UnixNano())
 		b.Cleanup(func() { _, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })

@@ -164,11 +164,7 @@ func Open(opts *Options) (*Engine, error) {
 		case err != nil:
 			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
-		e.exact = rs
-		if o.FailOpen {
-			e.exact = failOpen{Exact: rs, answered: &e.stats.failOpen}
-		}
-		_, _ = rand.Read(e.process[:])
+		e.share(rs, o.FailOpen)
 	}
 	if o.Tiers == Postgres {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -180,11 +176,7 @@ func Open(opts *Options) (*Engine, error) {
 		case err != nil:
 			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
-		e.exact = ps
-		if o.FailOpen {
-			e.exact = failOpen{Exact: ps, answered: &e.stats.failOpen}
-		}
-		_, _ = rand.Read(e.process[:])
+		e.share(ps, o.FailOpen)
 	}
 	if e.exact != nil {
 		e.where = e.exact.Claims()
@@ -321,6 +313,17 @@ func (e *Engine) loadState(o Options) (highWater int64, err error) {
 	default:
 		return 0, fmt.Errorf("%w: bloom-only state: %w (remove the file to start empty)", ErrStorage, err)
 	}
+}
+
+// share makes x, a tier shared by many processes, the exact tier (behind
+// the fail-open wrapper if asked), and draws this engine's random ID, which
+// with a claim's counter makes its owner token there.
+func (e *Engine) share(x tier.Exact, failOpenOn bool) {
+	e.exact = x
+	if failOpenOn {
+		e.exact = failOpen{Exact: x, answered: &e.stats.failOpen}
+	}
+	_, _ = rand.Read(e.process[:])
 }
 
 func (e *Engine) closeStore() {

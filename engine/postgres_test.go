@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,30 +12,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/postgres/pgtest"
 )
 
-const postgresDSN = "postgres://postgres:test@127.0.0.1:5432/test"
+const postgresDSN = pgtest.DSN
 
-// postgresPool connects to the loopback PostgreSQL; with
-// TIERDEDUP_REQUIRE_POSTGRES set (CI) a server that cannot be reached
-// fails the test.
-func postgresPool(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	p, err := pgxpool.New(ctx, postgresDSN)
-	if err == nil {
-		err = p.Ping(ctx)
-	}
-	if err != nil {
-		if os.Getenv("TIERDEDUP_REQUIRE_POSTGRES") != "" {
-			t.Fatalf("PostgreSQL at %s: %v", postgresDSN, err)
-		}
-		t.Skipf("no PostgreSQL at %s: %v", postgresDSN, err)
-	}
-	t.Cleanup(p.Close)
-	return p
-}
+func postgresPool(t *testing.T) *pgxpool.Pool { return pgtest.Pool(t) }
 
 // TestConformancePostgres runs the conformance model against the
 // PostgreSQL tier: the same operations, crashes of the consumer, clock
@@ -107,11 +88,7 @@ func TestPostgresProcessesRace(t *testing.T) {
 func TestPostgresConnectionsKilledMidRun(t *testing.T) {
 	ctx := context.Background()
 	app := fmt.Sprintf("tdkill_%d", time.Now().UnixNano())
-	p, err := pgxpool.New(ctx, postgresDSN+"?application_name="+app)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	p := pgtest.Pool(t, "application_name="+app)
 	admin := postgresPool(t)
 	table := app
 	t.Cleanup(func() { _, _ = admin.Exec(ctx, "DROP TABLE IF EXISTS "+table) })

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -13,29 +12,10 @@ import (
 
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/postgres"
+	"github.com/tierdedup/tierdedup/tier/postgres/pgtest"
 )
 
-const dsn = "postgres://postgres:test@127.0.0.1:5432/test"
-
-// pool connects to the loopback PostgreSQL; with TIERDEDUP_REQUIRE_POSTGRES
-// set (CI) a server that cannot be reached fails the test.
-func pool(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	p, err := pgxpool.New(ctx, dsn)
-	if err == nil {
-		err = p.Ping(ctx)
-	}
-	if err != nil {
-		if os.Getenv("TIERDEDUP_REQUIRE_POSTGRES") != "" {
-			t.Fatalf("PostgreSQL at %s: %v", dsn, err)
-		}
-		t.Skipf("no PostgreSQL at %s: %v", dsn, err)
-	}
-	t.Cleanup(p.Close)
-	return p
-}
+func pool(t *testing.T) *pgxpool.Pool { return pgtest.Pool(t) }
 
 // store opens a Store over its own table, dropped after the test.
 func store(t *testing.T, p *pgxpool.Pool, o postgres.Options) *postgres.Store {
