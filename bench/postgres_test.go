@@ -22,16 +22,18 @@ import (
 //	go test -run '^$' -bench Postgres -benchtime 200000x -cpu 2 ./bench/
 func BenchmarkPostgres(b *testing.B) {
 	p := pgtest.Pool(b)
-	b.Run("tier=postgres/op=mark/batch=256", func(b *testing.B) {
-		table := fmt.Sprintf("bench_%d", time.Now().UnixNano())
-		b.Cleanup(func() { _, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
-		e, err := engine.Open(&engine.Options{Tiers: engine.Postgres, Postgres: p, PostgresTable: table, Logger: quiet})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer e.Close()
-		runMark(b, redisOp{e, "mark"}, 256)
-	})
+	for _, op := range []string{"claim", "mark"} {
+		b.Run("tier=postgres/op="+op+"/batch=256", func(b *testing.B) {
+			table := fmt.Sprintf("bench_%d", time.Now().UnixNano())
+			b.Cleanup(func() { _, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
+			e, err := engine.Open(&engine.Options{Tiers: engine.Postgres, Postgres: p, PostgresTable: table, Logger: quiet})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer e.Close()
+			runMark(b, redisOp{e, op}, 256)
+		})
+	}
 	b.Run("tier=baseline-insert-on-conflict/batch=256", func(b *testing.B) {
 		table := fmt.Sprintf("raw_%d", time.Now().UnixNano())
 		if _, err := p.Exec(context.Background(), "CREATE TABLE "+table+" (id bytea PRIMARY KEY)"); err != nil {
