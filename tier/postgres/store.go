@@ -66,11 +66,11 @@ func (o *Options) Validate() error {
 // server's clock, so processes whose clocks differ agree on leases. A
 // Store is safe for concurrent use if its DB is.
 type Store struct {
-	db                               DB
-	table                            string
-	window                           time.Duration
-	max                              int
-	claimQ, commitQ, releaseQ, dropQ string
+	db                                       DB
+	table                                    string
+	window                                   time.Duration
+	max                                      int
+	claimQ, stateQ, commitQ, releaseQ, dropQ string
 }
 
 // New returns a Store over db, creating its table if needed.
@@ -92,8 +92,12 @@ func New(ctx context.Context, db DB, opts *Options) (*Store, error) {
 		state "char" NOT NULL, -- 'C' claimed, 'D' committed, 'R' released (a count only)
 		token bytea NOT NULL, lease_until bigint NOT NULL, attempts integer NOT NULL,
 		digest bytea, expires bigint NOT NULL,
+		taken_over boolean NOT NULL DEFAULT false, -- the last claim took over an ended lease
 		PRIMARY KEY (ns, key))`, s.table)); err != nil {
 		return nil, fmt.Errorf("%w: creating %s: %w", ErrUnavailable, s.table, err)
+	}
+	if _, err := db.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS taken_over boolean NOT NULL DEFAULT false`, s.table)); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, s.table, err)
 	}
 	return s, nil
 }
@@ -112,33 +116,30 @@ func (s *Store) prepare() {
 	// batches locking rows in one order cannot deadlock). A row is taken
 	// when it expired, when it is free (a count below the limit), or when
 	// it is a claim of this token or one whose lease ended (a takeover,
-	// counted). The outer SELECT reads every key's row as the statement
-	// began, for the keys not taken: held, committed or poisoned.
+	// counted). It returns the rows it took; the others (held, committed
+	// or poisoned) are read by stateQ, only when there are any.
 	s.claimQ = fmt.Sprintf(`
-WITH c AS (SELECT %[2]s AS ms),
-r AS (SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::bytea[]) WITH ORDINALITY AS r(ns, key, token, i)),
-up AS (
-	INSERT INTO %[1]s AS t (ns, key, state, token, lease_until, attempts, digest, expires)
-	SELECT r.ns, r.key, 'C', r.token, c.ms + $4, 0, NULL, c.ms + $5 FROM r, c ORDER BY r.ns, r.key
-	ON CONFLICT (ns, key) DO UPDATE SET
-		state = 'C', token = EXCLUDED.token, lease_until = EXCLUDED.lease_until, digest = NULL,
-		expires = GREATEST(t.expires, EXCLUDED.expires),
-		attempts = CASE
-			WHEN t.expires <= EXCLUDED.lease_until - $4 THEN 0
-			WHEN t.state = 'C' AND t.token <> EXCLUDED.token THEN t.attempts + 1
-			ELSE t.attempts END
-	WHERE t.expires <= EXCLUDED.lease_until - $4
-	   OR (t.state = 'R' AND ($6 = 0 OR t.attempts < $6))
-	   OR (t.state = 'C' AND t.token = EXCLUDED.token)
-	   OR (t.state = 'C' AND t.lease_until <= EXCLUDED.lease_until - $4
-	       AND ($6 = 0 OR t.attempts + 1 < $6))
-	RETURNING t.ns, t.key, t.attempts)
-SELECT r.i, up.attempts IS NOT NULL, COALESCE(up.attempts, 0),
-	o.state::text, o.token, o.lease_until, o.attempts, o.digest, o.expires, c.ms
-FROM r CROSS JOIN c
-LEFT JOIN up ON up.ns = r.ns AND up.key = r.key
-LEFT JOIN %[1]s o ON o.ns = r.ns AND o.key = r.key
-ORDER BY r.i`, s.table, now)
+WITH c AS (SELECT %[2]s AS ms)
+INSERT INTO %[1]s AS t (ns, key, state, token, lease_until, attempts, digest, expires, taken_over)
+SELECT r.ns, r.key, 'C', r.token, c.ms + $4, 0, NULL, c.ms + $5, false
+FROM unnest($1::bytea[], $2::bytea[], $3::bytea[]) AS r(ns, key, token), c ORDER BY r.ns, r.key
+ON CONFLICT (ns, key) DO UPDATE SET
+	state = 'C', token = EXCLUDED.token, lease_until = EXCLUDED.lease_until, digest = NULL,
+	expires = GREATEST(t.expires, EXCLUDED.expires),
+	attempts = CASE
+		WHEN t.expires <= EXCLUDED.lease_until - $4 THEN 0
+		WHEN t.state = 'C' AND t.token <> EXCLUDED.token THEN t.attempts + 1
+		ELSE t.attempts END,
+	taken_over = t.expires > EXCLUDED.lease_until - $4 AND t.state = 'C' AND t.token <> EXCLUDED.token
+WHERE t.expires <= EXCLUDED.lease_until - $4
+   OR (t.state = 'R' AND ($6 = 0 OR t.attempts < $6))
+   OR (t.state = 'C' AND t.token = EXCLUDED.token)
+   OR (t.state = 'C' AND t.lease_until <= EXCLUDED.lease_until - $4
+       AND ($6 = 0 OR t.attempts + 1 < $6))
+RETURNING t.ns, t.key, t.attempts, t.taken_over`, s.table, now)
+	s.stateQ = fmt.Sprintf(`
+SELECT t.ns, t.key, t.state::text, t.token, t.lease_until, t.attempts, t.digest, t.expires, %[2]s
+FROM %[1]s t JOIN unnest($1::bytea[], $2::bytea[]) AS r(ns, key) ON t.ns = r.ns AND t.key = r.key`, s.table, now)
 	// Commit: the claim of this token, unexpired, becomes a commit for the
 	// window; a commit this token already made stays (a retry).
 	s.commitQ = fmt.Sprintf(`
@@ -151,7 +152,7 @@ up AS (
 	WHERE t.ns = r.ns AND t.key = r.key AND t.token = r.token AND t.expires > c.ms
 	  AND ((t.state = 'C' AND t.lease_until > c.ms) OR t.state = 'D')
 	RETURNING r.i)
-SELECT r.i, up.i IS NOT NULL FROM r LEFT JOIN up ON up.i = r.i ORDER BY r.i`, s.table, now)
+SELECT i FROM up`, s.table, now)
 	// Release: the claim of this token, unexpired, ends. Counted ($4 = 1),
 	// the row goes, or with MaxAttempts ($6) keeps its count, one more, as
 	// a released row. A give-back ($5 = 1) counts nothing, also undoes a
@@ -172,8 +173,7 @@ up AS (
 	  AND NOT (($4 = 1 AND $6 = 0) OR ($5 = 1 AND t.attempts = 0))
 	  AND ((t.state = 'C' AND t.lease_until > c.ms) OR ($5 = 1 AND t.state = 'D'))
 	RETURNING r.i)
-SELECT r.i, (del.i IS NOT NULL OR up.i IS NOT NULL) FROM r
-LEFT JOIN del ON del.i = r.i LEFT JOIN up ON up.i = r.i ORDER BY r.i`, s.table, now)
+SELECT i FROM del UNION ALL SELECT i FROM up`, s.table, now)
 	s.dropQ = fmt.Sprintf(`DELETE FROM %s WHERE expires <= %s`, s.table, now)
 }
 
@@ -198,66 +198,94 @@ func (s *Store) Claim(ctx context.Context, reqs []tier.Request, lease time.Durat
 		return nil
 	}
 	ns, keys, tokens := columns(reqs)
+	at := make(map[string]int, len(reqs)) // (ns, key) → index in reqs
+	for i := range reqs {
+		at[rowID(ns[i], keys[i])] = i
+		out[i] = tier.Answer{}
+	}
 	rows, err := s.db.Query(ctx, s.claimQ, ns, keys, tokens, max(lease.Milliseconds(), 1), s.window.Milliseconds(), s.max)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	defer rows.Close()
-	n := 0
+	taken := 0
 	for rows.Next() {
-		var (
-			i                 int64
-			taken             bool
-			attempts          int32
-			state             *string
-			token, digest     []byte
-			leaseEnd, expires *int64
-			oldAttempts       *int32
-			ms                int64
-		)
-		if err := rows.Scan(&i, &taken, &attempts, &state, &token, &leaseEnd, &oldAttempts, &digest, &expires, &ms); err != nil {
+		var rns, rkey []byte
+		var attempts int32
+		var takenOver bool
+		if err := rows.Scan(&rns, &rkey, &attempts, &takenOver); err != nil {
+			rows.Close()
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
-		j := int(i - 1)
-		if j < 0 || j >= len(out) {
-			return fmt.Errorf("%w: answer for key %d of %d", ErrUnavailable, i, len(out))
+		i, ok := at[rowID(rns, rkey)]
+		if !ok || out[i].Status != 0 {
+			rows.Close()
+			return fmt.Errorf("%w: an answer for a key not asked", ErrUnavailable)
 		}
-		a := tier.Answer{Partition: -1}
-		live := expires != nil && *expires > ms
+		out[i] = tier.Answer{Status: tier.Acquired, Attempts: uint16(attempts), Expired: s.max > 0 && takenOver, Partition: -1}
+		taken++
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	if taken == len(reqs) {
+		return nil
+	}
+	// The keys not taken: read as they stand now.
+	var sns, skeys [][]byte
+	for i := range reqs {
+		if out[i].Status == 0 {
+			sns, skeys = append(sns, ns[i]), append(skeys, keys[i])
+			out[i] = tier.Answer{Status: tier.Held, Partition: -1} // unless the row says more
+		}
+	}
+	rows, err = s.db.Query(ctx, s.stateQ, sns, skeys)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			rns, rkey, token, digest []byte
+			state                    string
+			leaseEnd, expires, ms    int64
+			attempts                 int32
+		)
+		if err := rows.Scan(&rns, &rkey, &state, &token, &leaseEnd, &attempts, &digest, &expires, &ms); err != nil {
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		i, ok := at[rowID(rns, rkey)]
+		if !ok || out[i].Status == tier.Acquired {
+			continue
+		}
+		a := tier.Answer{Status: tier.Held, Partition: -1}
 		switch {
-		case taken:
-			a.Status, a.Attempts = tier.Acquired, uint16(attempts)
-			// A takeover of another token's ended lease is counted.
-			a.Expired = s.max > 0 && live && state != nil && *state == "C" && string(token) != string(reqs[j].Token[:])
-		case !live || state == nil:
-			// Not taken, yet free as the statement began: another
-			// process took it meanwhile. Held until it says otherwise.
-			a.Status = tier.Held
-		case *state == "D":
+		case expires <= ms:
+			// Expired since the claim ran: free now, but not taken by it.
+		case state == "D":
 			a.Status = tier.Committed
 			copy(a.Token[:], token)
 			copy(a.Digest[:], digest)
-		case s.max > 0 && oldAttempts != nil && (*state == "R" && int(*oldAttempts) >= s.max ||
-			*state == "C" && leaseEnd != nil && *leaseEnd <= ms && int(*oldAttempts)+1 >= s.max):
-			a.Status = tier.Poisoned
-			a.Attempts = uint16(*oldAttempts)
-			if *state == "C" {
+		case s.max > 0 && (state == "R" && int(attempts) >= s.max ||
+			state == "C" && leaseEnd <= ms && int(attempts)+1 >= s.max):
+			a.Status, a.Attempts = tier.Poisoned, uint16(attempts)
+			if state == "C" {
 				a.Attempts++
 				a.Expired = true
 			}
-		default:
-			a.Status = tier.Held
 		}
-		out[j] = a
-		n++
+		out[i] = a
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	if n != len(reqs) {
-		return fmt.Errorf("%w: %d answers for %d keys", ErrUnavailable, n, len(reqs))
-	}
 	return nil
+}
+
+// rowID is the map key of a row's (ns, key): the namespace's length
+// first, so two pairs never run together.
+func rowID(ns, key []byte) string {
+	return string(append(append([]byte{byte(len(ns))}, ns...), key...))
 }
 
 // Commit turns each unexpired claim of its token into a commit for the
@@ -297,33 +325,29 @@ func (s *Store) Release(ctx context.Context, _ int64, reqs []tier.Request, giveB
 	return s.statuses(ctx, out, s.releaseQ, ns, keys, tokens, count, undo, s.max)
 }
 
+// statuses runs a statement that returns the (1-based) index of every
+// request it applied: those are OK, the others Lost.
 func (s *Store) statuses(ctx context.Context, out []tier.Status, q string, args ...any) error {
 	rows, err := s.db.Query(ctx, q, args...)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	defer rows.Close()
-	n := 0
+	for i := range out {
+		out[i] = tier.Lost
+	}
 	for rows.Next() {
 		var i int64
-		var ok bool
-		if err := rows.Scan(&i, &ok); err != nil {
+		if err := rows.Scan(&i); err != nil {
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
-		if i < 1 || int(i) > len(out) {
+		if i < 1 || int(i) > len(out) || out[i-1] == tier.OK {
 			return fmt.Errorf("%w: answer for key %d of %d", ErrUnavailable, i, len(out))
 		}
-		out[i-1] = tier.Lost
-		if ok {
-			out[i-1] = tier.OK
-		}
-		n++
+		out[i-1] = tier.OK
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
-	}
-	if n != len(out) {
-		return fmt.Errorf("%w: %d answers for %d keys", ErrUnavailable, n, len(out))
 	}
 	return nil
 }
