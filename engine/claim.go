@@ -21,7 +21,7 @@ func (e *Engine) checkKeys(keys [][]byte) error {
 	return nil
 }
 
-func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digests []Digest, out []Claim) error {
+func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digests []Digest, out []Claim, mark bool) error {
 	n := len(keys)
 	if len(out) != n || (digests != nil && len(digests) != n) {
 		return fmt.Errorf("%w: %d keys, %d digests, %d claims", ErrBatch, n, len(digests), len(out))
@@ -88,7 +88,7 @@ func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digest
 		return err
 	}
 	if len(cand) > 0 {
-		if err := e.resolve(ctx, b, ns, out, &c, now); err != nil {
+		if err := e.resolve(ctx, b, ns, out, &c, now, mark); err != nil {
 			c.errors++
 			e.stats.add(&c)
 			return err

@@ -47,6 +47,7 @@ type Engine struct {
 	dropper tier.Dropper
 	scanner tier.Scanner
 	latch   tier.Latching
+	marker  tier.Marker
 	// store is the embedded Pebble store (Default), for what its lifecycle
 	// alone needs: its layout, snapshot epochs, compaction, disk figures.
 	store   *pebble.Store
@@ -184,6 +185,7 @@ func Open(opts *Options) (*Engine, error) {
 		e.dropper, _ = e.exact.(tier.Dropper)
 		e.scanner, _ = e.exact.(tier.Scanner)
 		e.latch, _ = e.exact.(tier.Latching)
+		e.marker, _ = e.exact.(tier.Marker)
 	}
 
 	if o.Tiers == Default || o.Tiers == BloomOnly {

@@ -70,7 +70,7 @@ func (n *Namespace) ClaimDigest(ctx context.Context, key []byte, d Digest) (Clai
 	keys := [1][]byte{key}
 	digests := [1]Digest{d}
 	var out [1]Claim
-	err := n.e.claim(ctx, n, keys[:], digests[:], out[:])
+	err := n.e.claim(ctx, n, keys[:], digests[:], out[:], false)
 	return out[0], err
 }
 
@@ -79,7 +79,7 @@ func (n *Namespace) ClaimDigest(ctx context.Context, key []byte, d Digest) (Clai
 // batch is New at most once, its repeats InFlight. On error no claim is
 // held and out is unspecified.
 func (n *Namespace) ClaimBatch(ctx context.Context, keys [][]byte, digests []Digest, out []Claim) error {
-	return n.e.claim(ctx, n, keys, digests, out)
+	return n.e.claim(ctx, n, keys, digests, out, false)
 }
 
 // MarkIfAbsent claims and commits key in one step: New means it was absent
@@ -102,10 +102,15 @@ func (n *Namespace) MarkBatch(ctx context.Context, keys [][]byte, digests []Dige
 	b := n.e.getBatch(len(keys))
 	defer n.e.putBatch(b)
 	claims, errs := b.claims[:len(keys)], b.errs[:len(keys)]
-	if err := n.e.claim(ctx, n, keys, digests, claims); err != nil {
+	// A tier that marks in one step (Marker) commits every New key in
+	// the claim itself.
+	marked := n.e.marker != nil
+	if err := n.e.claim(ctx, n, keys, digests, claims, marked); err != nil {
 		return err
 	}
-	if err := n.e.commitMarks(ctx, claims, errs); err != nil && !errors.Is(err, ErrLeaseLost) {
+	if marked {
+		clear(errs)
+	} else if err := n.e.commitMarks(ctx, claims, errs); err != nil && !errors.Is(err, ErrLeaseLost) {
 		// Nothing is known to be durable (a failed Pebble batch wrote
 		// nothing; a Redis commit whose reply was lost is remembered, so
 		// the retry of this mark is New): give the claims back.

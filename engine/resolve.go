@@ -18,7 +18,9 @@ import (
 // every acquired key is New; with a filter alone, its "maybe" is final
 // (answered Duplicate, at its false-positive rate); with an exact tier, a
 // warm filter's "no" is final and everything else is the tier's answer.
-func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Claim, c *tally, now int64) error {
+// With mark (MarkBatch over a Marker tier) the tier commits every key it
+// acquires in the same step, and memory keeps them as committed.
+func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Claim, c *tally, now int64, mark bool) error {
 	cand := b.cand
 	if e.bloom == nil && e.exact == nil {
 		for _, i := range cand {
@@ -74,7 +76,7 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 			c.bloomNegatives++
 			continue
 		}
-		r := tier.Request{NS: ns.name, Key: out[i].Key, Oldest: oldest, Mask: probes[j].Maybe}
+		r := tier.Request{NS: ns.name, Key: out[i].Key, Digest: out[i].digest, Oldest: oldest, Mask: probes[j].Maybe}
 		if shared {
 			out[i].rtoken = out[i].token
 			if rt, ok := e.retries.take(out[i].fp, now); ok {
@@ -98,7 +100,12 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 	}
 	ans := b.ans[:len(reqs)]
 	c.storeReads += uint64(len(reqs))
-	err := e.exact.Claim(ctx, reqs, time.Duration(e.lease), ans)
+	var err error
+	if mark {
+		err = e.marker.Mark(ctx, reqs, ans)
+	} else {
+		err = e.exact.Claim(ctx, reqs, time.Duration(e.lease), ans)
+	}
 	if err != nil {
 		if shared {
 			// The claims may hold the keys in the tier now: remember their
@@ -108,8 +115,11 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 			for q, j := range qidx {
 				i := cand[j]
 				fps[q], tokens[q], leases[q] = out[i].fp, out[i].rtoken, out[i].LeaseUntil
+				if mark {
+					leases[q] = now + e.window // a mark may have committed: its retry must find it its own
+				}
 			}
-			e.retries.remember(fps, tokens, leases, now, false)
+			e.retries.remember(fps, tokens, leases, now, mark)
 		}
 		clear(reqs)
 		for j := range actions {
@@ -133,6 +143,11 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 		case tier.Acquired:
 			out[i].Outcome = New
 			attempts[j] = a.Attempts
+			if mark {
+				// Committed by the tier in the same step.
+				actions[j], expires[j], digests[j] = memory.Commit, now+e.window, out[i].digest
+				c.commits++
+			}
 		case tier.Released:
 			// Not committed, but its claims failed before: the stored
 			// count, or this process's if higher, decides Poison.

@@ -73,7 +73,7 @@ type counters struct {
 // tally counts one call's events before they are added to the counters.
 type tally struct {
 	claims, fresh, dups, inflight, conflicts, poisoned uint64
-	leaseExpiries, errors                              uint64
+	leaseExpiries, errors, commits                     uint64
 	memHits, memMisses                                 uint64
 	bloomNegatives, bloomFalsePositives                uint64
 	storeReads, storeHits                              uint64
@@ -100,7 +100,7 @@ func (c *counters) add(t *tally) {
 		n   uint64
 	}{
 		{&c.claims, t.claims}, {&c.fresh, t.fresh}, {&c.dups, t.dups}, {&c.inflight, t.inflight},
-		{&c.conflicts, t.conflicts}, {&c.poisoned, t.poisoned}, {&c.leaseExpiries, t.leaseExpiries}, {&c.errors, t.errors},
+		{&c.conflicts, t.conflicts}, {&c.poisoned, t.poisoned}, {&c.leaseExpiries, t.leaseExpiries}, {&c.errors, t.errors}, {&c.commits, t.commits},
 		{&c.memHits, t.memHits}, {&c.memMisses, t.memMisses}, {&c.bloomNegatives, t.bloomNegatives},
 		{&c.bloomFalsePositives, t.bloomFalsePositives}, {&c.storeReads, t.storeReads}, {&c.storeHits, t.storeHits},
 	} {

@@ -133,6 +133,16 @@ type CommitWriter interface {
 	ScanWrites(prefix []byte, fn func(key, value []byte) error) error
 }
 
+// Marker is a shared Exact tier that can claim and commit in one step, for
+// a caller that processes nothing between the two (the engine's
+// MarkBatch): one statement or pipeline instead of two.
+type Marker interface {
+	// Mark is Claim followed, for every key it acquires, by Commit: the
+	// answer Acquired means the key is now committed by reqs[i].Token with
+	// reqs[i].Digest. Other answers and errors are Claim's.
+	Mark(ctx context.Context, reqs []Request, out []Answer) error
+}
+
 // Dropper is a partitioned Exact tier whose retention the engine drives.
 type Dropper interface {
 	// Drop deletes every record of partitions before `before` and

@@ -66,11 +66,11 @@ func (o *Options) Validate() error {
 // server's clock, so processes whose clocks differ agree on leases. A
 // Store is safe for concurrent use if its DB is.
 type Store struct {
-	db                                       DB
-	table                                    string
-	window                                   time.Duration
-	max                                      int
-	claimQ, stateQ, commitQ, releaseQ, dropQ string
+	db                                              DB
+	table                                           string
+	window                                          time.Duration
+	max                                             int
+	claimQ, markQ, stateQ, commitQ, releaseQ, dropQ string
 }
 
 // New returns a Store over db, creating its table if needed.
@@ -87,17 +87,27 @@ func New(ctx context.Context, db DB, opts *Options) (*Store, error) {
 	}
 	s := &Store{db: db, table: o.Table, window: o.Window, max: o.MaxAttempts}
 	s.prepare()
-	if _, err := db.Exec(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	// Processes starting together race to create the table; PostgreSQL's
+	// IF NOT EXISTS does not settle that race (a unique violation in its
+	// catalog), so a creation that lost it is tried again, and then finds
+	// the table.
+	create := fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
 		ns bytea NOT NULL, key bytea NOT NULL,
 		state "char" NOT NULL, -- 'C' claimed, 'D' committed, 'R' released (a count only)
 		token bytea NOT NULL, lease_until bigint NOT NULL, attempts integer NOT NULL,
 		digest bytea, expires bigint NOT NULL,
 		taken_over boolean NOT NULL DEFAULT false, -- the last claim took over an ended lease
-		PRIMARY KEY (ns, key))`, s.table)); err != nil {
-		return nil, fmt.Errorf("%w: creating %s: %w", ErrUnavailable, s.table, err)
-	}
-	if _, err := db.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS taken_over boolean NOT NULL DEFAULT false`, s.table)); err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, s.table, err)
+		PRIMARY KEY (ns, key))`, s.table)
+	for try := 0; ; try++ {
+		_, err := db.Exec(ctx, create)
+		var pe *pgconn.PgError
+		if err != nil && try < 3 && errors.As(err, &pe) && (pe.Code == "23505" || pe.Code == "42P07") {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: creating %s: %w", ErrUnavailable, s.table, err)
+		}
+		break
 	}
 	return s, nil
 }
@@ -135,6 +145,26 @@ WHERE t.expires <= EXCLUDED.lease_until - $4
    OR (t.state = 'R' AND ($6 = 0 OR t.attempts < $6))
    OR (t.state = 'C' AND t.token = EXCLUDED.token)
    OR (t.state = 'C' AND t.lease_until <= EXCLUDED.lease_until - $4
+       AND ($6 = 0 OR t.attempts + 1 < $6))
+RETURNING t.ns, t.key, t.attempts, t.taken_over`, s.table, now)
+	// Mark: Claim, with every key it takes committed at once.
+	s.markQ = fmt.Sprintf(`
+WITH c AS (SELECT %[2]s AS ms)
+INSERT INTO %[1]s AS t (ns, key, state, token, lease_until, attempts, digest, expires, taken_over)
+SELECT r.ns, r.key, 'D', r.token, 0, 0, NULLIF(r.digest, '\x'::bytea), c.ms + $5, false
+FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bytea[]) AS r(ns, key, token, digest), c ORDER BY r.ns, r.key
+ON CONFLICT (ns, key) DO UPDATE SET
+	state = 'D', token = EXCLUDED.token, lease_until = 0, digest = EXCLUDED.digest,
+	expires = EXCLUDED.expires,
+	attempts = CASE
+		WHEN t.expires <= EXCLUDED.expires - $5 THEN 0
+		WHEN t.state = 'C' AND t.token <> EXCLUDED.token THEN t.attempts + 1
+		ELSE t.attempts END,
+	taken_over = t.expires > EXCLUDED.expires - $5 AND t.state = 'C' AND t.token <> EXCLUDED.token
+WHERE t.expires <= EXCLUDED.expires - $5
+   OR (t.state = 'R' AND ($6 = 0 OR t.attempts < $6))
+   OR (t.state = 'C' AND t.token = EXCLUDED.token)
+   OR (t.state = 'C' AND t.lease_until <= EXCLUDED.expires - $5
        AND ($6 = 0 OR t.attempts + 1 < $6))
 RETURNING t.ns, t.key, t.attempts, t.taken_over`, s.table, now)
 	s.stateQ = fmt.Sprintf(`
@@ -177,6 +207,18 @@ SELECT i FROM del UNION ALL SELECT i FROM up`, s.table, now)
 	s.dropQ = fmt.Sprintf(`DELETE FROM %s WHERE expires <= %s`, s.table, now)
 }
 
+// digestColumn is the batch's digests, empty for none.
+func digestColumn(reqs []tier.Request) [][]byte {
+	digests := make([][]byte, len(reqs))
+	for i := range reqs {
+		digests[i] = []byte{}
+		if reqs[i].Digest != (tier.Digest{}) {
+			digests[i] = reqs[i].Digest[:]
+		}
+	}
+	return digests
+}
+
 // columns splits a batch into the statement's arrays.
 func columns(reqs []tier.Request) (ns, keys, tokens [][]byte) {
 	ns, keys, tokens = make([][]byte, len(reqs)), make([][]byte, len(reqs)), make([][]byte, len(reqs))
@@ -198,12 +240,28 @@ func (s *Store) Claim(ctx context.Context, reqs []tier.Request, lease time.Durat
 		return nil
 	}
 	ns, keys, tokens := columns(reqs)
+	return s.take(ctx, reqs, out, ns, keys, s.claimQ, ns, keys, tokens, max(lease.Milliseconds(), 1), s.window.Milliseconds(), s.max)
+}
+
+// Mark is Claim with every key it takes committed at once, with its digest
+// (tier.Marker): one statement instead of a claim and a commit.
+func (s *Store) Mark(ctx context.Context, reqs []tier.Request, out []tier.Answer) error {
+	if len(reqs) == 0 {
+		return nil
+	}
+	ns, keys, tokens := columns(reqs)
+	return s.take(ctx, reqs, out, ns, keys, s.markQ, ns, keys, tokens, digestColumn(reqs), s.window.Milliseconds(), s.max)
+}
+
+// take runs a claim or mark statement q, which returns the rows it took,
+// and reads the others.
+func (s *Store) take(ctx context.Context, reqs []tier.Request, out []tier.Answer, ns, keys [][]byte, q string, args ...any) error {
 	at := make(map[string]int, len(reqs)) // (ns, key) → index in reqs
 	for i := range reqs {
 		at[rowID(ns[i], keys[i])] = i
 		out[i] = tier.Answer{}
 	}
-	rows, err := s.db.Query(ctx, s.claimQ, ns, keys, tokens, max(lease.Milliseconds(), 1), s.window.Milliseconds(), s.max)
+	rows, err := s.db.Query(ctx, q, args...)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
@@ -297,15 +355,7 @@ func (s *Store) Commit(ctx context.Context, _ int64, reqs []tier.Request, out []
 		return nil
 	}
 	ns, keys, tokens := columns(reqs)
-	digests := make([][]byte, len(reqs))
-	for i := range reqs {
-		if reqs[i].Digest != (tier.Digest{}) {
-			digests[i] = reqs[i].Digest[:]
-		} else {
-			digests[i] = []byte{}
-		}
-	}
-	return s.statuses(ctx, out, s.commitQ, ns, keys, tokens, digests, s.window.Milliseconds())
+	return s.statuses(ctx, out, s.commitQ, ns, keys, tokens, digestColumn(reqs), s.window.Milliseconds())
 }
 
 // Release frees each key its token still holds, in one statement; out[i]
@@ -364,5 +414,6 @@ func (s *Store) Drop(_, _ int64) error {
 // The Store is a shared exact tier whose retention the engine drives.
 var (
 	_ tier.Exact   = (*Store)(nil)
+	_ tier.Marker  = (*Store)(nil)
 	_ tier.Dropper = (*Store)(nil)
 )

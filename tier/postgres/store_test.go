@@ -248,3 +248,25 @@ func TestOptionsValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestMarkCommitsInOneStep: a mark takes a free key committed at once,
+// with its digest; a key another token holds stays Held, and a committed
+// one answers Committed with its committer's token.
+func TestMarkCommitsInOneStep(t *testing.T) {
+	s := store(t, pool(t), postgres.Options{})
+	claim(t, s, req("held", tok(1)), time.Minute)
+	reqs := []tier.Request{
+		{Key: []byte("free"), Token: tok(2), Digest: tier.Digest{5}},
+		{Key: []byte("held"), Token: tok(2)},
+	}
+	out := make([]tier.Answer, len(reqs))
+	if err := s.Mark(context.Background(), reqs, out); err != nil {
+		t.Fatal(err)
+	}
+	if out[0].Status != tier.Acquired || out[1].Status != tier.Held {
+		t.Fatalf("mark = %+v", out)
+	}
+	if r := claim(t, s, req("free", tok(3)), time.Minute); r.Status != tier.Committed || r.Token != tok(2) || r.Digest != (tier.Digest{5}) {
+		t.Fatalf("after the mark = %+v", r)
+	}
+}
