@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -121,6 +122,23 @@ func (s *Store) Close() error { return nil }
 // now is the server's clock in milliseconds, read once per statement.
 const now = `(extract(epoch FROM clock_timestamp()) * 1000)::bigint`
 
+// taking is the end of a claim or mark statement: which rows it takes
+// (expired, a count below the limit, this token's claim, or a claim whose
+// lease ended, counted as an attempt) and what it returns. clock is the
+// statement's reading of the server clock, in milliseconds.
+func taking(clock string) string {
+	return strings.NewReplacer("NOW", clock).Replace(`	attempts = CASE
+		WHEN t.expires <= NOW THEN 0
+		WHEN t.state = 'C' AND t.token <> EXCLUDED.token THEN t.attempts + 1
+		ELSE t.attempts END,
+	taken_over = t.expires > NOW AND t.state = 'C' AND t.token <> EXCLUDED.token
+WHERE t.expires <= NOW
+   OR (t.state = 'R' AND ($6 = 0 OR t.attempts < $6))
+   OR (t.state = 'C' AND t.token = EXCLUDED.token)
+   OR (t.state = 'C' AND t.lease_until <= NOW AND ($6 = 0 OR t.attempts + 1 < $6))
+RETURNING t.ns, t.key, t.attempts, t.taken_over`)
+}
+
 func (s *Store) prepare() {
 	// Claim: one INSERT … ON CONFLICT for the batch, in key order (two
 	// batches locking rows in one order cannot deadlock). A row is taken
@@ -136,17 +154,7 @@ FROM unnest($1::bytea[], $2::bytea[], $3::bytea[]) AS r(ns, key, token), c ORDER
 ON CONFLICT (ns, key) DO UPDATE SET
 	state = 'C', token = EXCLUDED.token, lease_until = EXCLUDED.lease_until, digest = NULL,
 	expires = GREATEST(t.expires, EXCLUDED.expires),
-	attempts = CASE
-		WHEN t.expires <= EXCLUDED.lease_until - $4 THEN 0
-		WHEN t.state = 'C' AND t.token <> EXCLUDED.token THEN t.attempts + 1
-		ELSE t.attempts END,
-	taken_over = t.expires > EXCLUDED.lease_until - $4 AND t.state = 'C' AND t.token <> EXCLUDED.token
-WHERE t.expires <= EXCLUDED.lease_until - $4
-   OR (t.state = 'R' AND ($6 = 0 OR t.attempts < $6))
-   OR (t.state = 'C' AND t.token = EXCLUDED.token)
-   OR (t.state = 'C' AND t.lease_until <= EXCLUDED.lease_until - $4
-       AND ($6 = 0 OR t.attempts + 1 < $6))
-RETURNING t.ns, t.key, t.attempts, t.taken_over`, s.table, now)
+%[3]s`, s.table, now, taking("EXCLUDED.lease_until - $4"))
 	// Mark: Claim, with every key it takes committed at once.
 	s.markQ = fmt.Sprintf(`
 WITH c AS (SELECT %[2]s AS ms)
@@ -156,17 +164,7 @@ FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bytea[]) AS r(ns, key, to
 ON CONFLICT (ns, key) DO UPDATE SET
 	state = 'D', token = EXCLUDED.token, lease_until = 0, digest = EXCLUDED.digest,
 	expires = EXCLUDED.expires,
-	attempts = CASE
-		WHEN t.expires <= EXCLUDED.expires - $5 THEN 0
-		WHEN t.state = 'C' AND t.token <> EXCLUDED.token THEN t.attempts + 1
-		ELSE t.attempts END,
-	taken_over = t.expires > EXCLUDED.expires - $5 AND t.state = 'C' AND t.token <> EXCLUDED.token
-WHERE t.expires <= EXCLUDED.expires - $5
-   OR (t.state = 'R' AND ($6 = 0 OR t.attempts < $6))
-   OR (t.state = 'C' AND t.token = EXCLUDED.token)
-   OR (t.state = 'C' AND t.lease_until <= EXCLUDED.expires - $5
-       AND ($6 = 0 OR t.attempts + 1 < $6))
-RETURNING t.ns, t.key, t.attempts, t.taken_over`, s.table, now)
+%[3]s`, s.table, now, taking("EXCLUDED.expires - $5"))
 	s.stateQ = fmt.Sprintf(`
 SELECT t.ns, t.key, t.state::text, t.token, t.lease_until, t.attempts, t.digest, t.expires, %[2]s
 FROM %[1]s t JOIN unnest($1::bytea[], $2::bytea[]) AS r(ns, key) ON t.ns = r.ns AND t.key = r.key`, s.table, now)
