@@ -149,7 +149,7 @@ func (s *Store) prepare() {
 	s.claimQ = fmt.Sprintf(`
 WITH c AS (SELECT %[2]s AS ms)
 INSERT INTO %[1]s AS t (ns, key, state, token, lease_until, attempts, digest, expires, taken_over)
-SELECT r.ns, r.key, 'C', r.token, c.ms + $4, 0, NULL, c.ms + $5, false
+SELECT r.ns, r.key, 'C', r.token, c.ms + $4, 0, NULL, c.ms + GREATEST($4, $5), false
 FROM unnest($1::bytea[], $2::bytea[], $3::bytea[]) AS r(ns, key, token), c ORDER BY r.ns, r.key
 ON CONFLICT (ns, key) DO UPDATE SET
 	state = 'C', token = EXCLUDED.token, lease_until = EXCLUDED.lease_until, digest = NULL,
@@ -222,6 +222,9 @@ func columns(reqs []tier.Request) (ns, keys, tokens [][]byte) {
 	ns, keys, tokens = make([][]byte, len(reqs)), make([][]byte, len(reqs)), make([][]byte, len(reqs))
 	for i := range reqs {
 		ns[i], keys[i], tokens[i] = []byte(reqs[i].NS), reqs[i].Key, reqs[i].Token[:]
+		if keys[i] == nil {
+			keys[i] = []byte{} // pgx sends nil as NULL
+		}
 	}
 	return ns, keys, tokens
 }
@@ -257,35 +260,29 @@ func (s *Store) take(ctx context.Context, reqs []tier.Request, out []tier.Answer
 	at := make(map[string]int, len(reqs)) // (ns, key) → index in reqs
 	for i := range reqs {
 		at[rowID(ns[i], keys[i])] = i
-		out[i] = tier.Answer{}
-	}
-	rows, err := s.db.Query(ctx, q, args...)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	taken := 0
-	for rows.Next() {
-		var rns, rkey []byte
-		var attempts int32
-		var takenOver bool
-		if err := rows.Scan(&rns, &rkey, &attempts, &takenOver); err != nil {
-			rows.Close()
-			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	err := s.run(ctx, func(rows pgx.Rows) error {
+		taken = 0
+		clear(out)
+		for rows.Next() {
+			var rns, rkey []byte
+			var attempts int32
+			var takenOver bool
+			if err := rows.Scan(&rns, &rkey, &attempts, &takenOver); err != nil {
+				return err
+			}
+			i, ok := at[rowID(rns, rkey)]
+			if !ok || out[i].Status != 0 {
+				return errors.New("an answer for a key not asked")
+			}
+			out[i] = tier.Answer{Status: tier.Acquired, Attempts: uint16(attempts), Expired: s.max > 0 && takenOver, Partition: -1}
+			taken++
 		}
-		i, ok := at[rowID(rns, rkey)]
-		if !ok || out[i].Status != 0 {
-			rows.Close()
-			return fmt.Errorf("%w: an answer for a key not asked", ErrUnavailable)
-		}
-		out[i] = tier.Answer{Status: tier.Acquired, Attempts: uint16(attempts), Expired: s.max > 0 && takenOver, Partition: -1}
-		taken++
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
-	}
-	if taken == len(reqs) {
 		return nil
+	}, q, args...)
+	if err != nil || taken == len(reqs) {
+		return err
 	}
 	// The keys not taken: read as they stand now.
 	var sns, skeys [][]byte
@@ -295,47 +292,41 @@ func (s *Store) take(ctx context.Context, reqs []tier.Request, out []tier.Answer
 			out[i] = tier.Answer{Status: tier.Held, Partition: -1} // unless the row says more
 		}
 	}
-	rows, err = s.db.Query(ctx, s.stateQ, sns, skeys)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var (
-			rns, rkey, token, digest []byte
-			state                    string
-			leaseEnd, expires, ms    int64
-			attempts                 int32
-		)
-		if err := rows.Scan(&rns, &rkey, &state, &token, &leaseEnd, &attempts, &digest, &expires, &ms); err != nil {
-			return fmt.Errorf("%w: %w", ErrUnavailable, err)
-		}
-		i, ok := at[rowID(rns, rkey)]
-		if !ok || out[i].Status == tier.Acquired {
-			continue
-		}
-		a := tier.Answer{Status: tier.Held, Partition: -1}
-		switch {
-		case expires <= ms:
-			// Expired since the claim ran: free now, but not taken by it.
-		case state == "D":
-			a.Status = tier.Committed
-			copy(a.Token[:], token)
-			copy(a.Digest[:], digest)
-		case s.max > 0 && (state == "R" && int(attempts) >= s.max ||
-			state == "C" && leaseEnd <= ms && int(attempts)+1 >= s.max):
-			a.Status, a.Attempts = tier.Poisoned, uint16(attempts)
-			if state == "C" {
-				a.Attempts++
-				a.Expired = true
+	return s.run(ctx, func(rows pgx.Rows) error {
+		for rows.Next() {
+			var (
+				rns, rkey, token, digest []byte
+				state                    string
+				leaseEnd, expires, ms    int64
+				attempts                 int32
+			)
+			if err := rows.Scan(&rns, &rkey, &state, &token, &leaseEnd, &attempts, &digest, &expires, &ms); err != nil {
+				return err
 			}
+			i, ok := at[rowID(rns, rkey)]
+			if !ok || out[i].Status == tier.Acquired {
+				continue
+			}
+			a := tier.Answer{Status: tier.Held, Partition: -1}
+			switch {
+			case expires <= ms:
+				// Expired since the claim ran: free now, but not taken by it.
+			case state == "D":
+				a.Status = tier.Committed
+				copy(a.Token[:], token)
+				copy(a.Digest[:], digest)
+			case s.max > 0 && (state == "R" && int(attempts) >= s.max ||
+				state == "C" && leaseEnd <= ms && int(attempts)+1 >= s.max):
+				a.Status, a.Attempts = tier.Poisoned, uint16(attempts)
+				if state == "C" {
+					a.Attempts++
+					a.Expired = true
+				}
+			}
+			out[i] = a
 		}
-		out[i] = a
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
-	}
-	return nil
+		return nil
+	}, s.stateQ, sns, skeys)
 }
 
 // rowID is the map key of a row's (ns, key): the namespace's length
@@ -373,31 +364,53 @@ func (s *Store) Release(ctx context.Context, _ int64, reqs []tier.Request, giveB
 	return s.statuses(ctx, out, s.releaseQ, ns, keys, tokens, count, undo, s.max)
 }
 
+// run runs one statement and hands its rows to read, and runs both again
+// when PostgreSQL aborted the statement as a deadlock's victim (40P01) or
+// a serialization failure (40001): a single statement is its own
+// transaction, rolled back whole, so running it again is safe, and read
+// starts its answers afresh. Claims lock rows in key order, but commits
+// and releases (UPDATE … FROM) lock them in their join's order, and the
+// two can meet.
+func (s *Store) run(ctx context.Context, read func(pgx.Rows) error, q string, args ...any) error {
+	for try := 0; ; try++ {
+		rows, err := s.db.Query(ctx, q, args...)
+		if err == nil {
+			err = read(rows)
+			rows.Close()
+			if err == nil {
+				err = rows.Err()
+			}
+		}
+		var pe *pgconn.PgError
+		if err != nil && try < 5 && ctx.Err() == nil && errors.As(err, &pe) && (pe.Code == "40P01" || pe.Code == "40001") {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		return nil
+	}
+}
+
 // statuses runs a statement that returns the (1-based) index of every
 // request it applied: those are OK, the others Lost.
 func (s *Store) statuses(ctx context.Context, out []tier.Status, q string, args ...any) error {
-	rows, err := s.db.Query(ctx, q, args...)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
-	}
-	defer rows.Close()
-	for i := range out {
-		out[i] = tier.Lost
-	}
-	for rows.Next() {
-		var i int64
-		if err := rows.Scan(&i); err != nil {
-			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	return s.run(ctx, func(rows pgx.Rows) error {
+		for i := range out {
+			out[i] = tier.Lost
 		}
-		if i < 1 || int(i) > len(out) || out[i-1] == tier.OK {
-			return fmt.Errorf("%w: answer for key %d of %d", ErrUnavailable, i, len(out))
+		for rows.Next() {
+			var i int64
+			if err := rows.Scan(&i); err != nil {
+				return err
+			}
+			if i < 1 || int(i) > len(out) || out[i-1] == tier.OK {
+				return fmt.Errorf("answer for key %d of %d", i, len(out))
+			}
+			out[i-1] = tier.OK
 		}
-		out[i-1] = tier.OK
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
-	}
-	return nil
+		return nil
+	}, q, args...)
 }
 
 // Drop deletes every row whose expiry has passed by the server's clock

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -268,5 +269,76 @@ func TestMarkCommitsInOneStep(t *testing.T) {
 	}
 	if r := claim(t, s, req("free", tok(3)), time.Minute); r.Status != tier.Committed || r.Token != tok(2) || r.Digest != (tier.Digest{5}) {
 		t.Fatalf("after the mark = %+v", r)
+	}
+}
+
+// TestContentionIsNotAnError: goroutines claiming random overlapping keys
+// while others commit and release theirs make PostgreSQL abort some
+// statements as deadlock victims (claims lock rows in key order, commits
+// and releases in their join's); the Store runs them again, so no call
+// fails, and no key is held by two live claims.
+func TestContentionIsNotAnError(t *testing.T) {
+	s := store(t, pool(t), postgres.Options{Window: time.Minute})
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	deadline := time.Now().Add(2 * time.Second)
+	for w := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 1))
+			for n := 0; time.Now().Before(deadline); n++ {
+				seen := map[int]bool{}
+				var reqs []tier.Request
+				for len(reqs) < 50 {
+					k := rng.IntN(200)
+					if !seen[k] {
+						seen[k] = true
+						reqs = append(reqs, tier.Request{Key: fmt.Appendf(nil, "k%03d", k), Token: tier.Token{byte(w), byte(n), byte(n >> 8)}})
+					}
+				}
+				out := make([]tier.Answer, len(reqs))
+				if err := s.Claim(ctx, reqs, 20*time.Millisecond, out); err != nil {
+					errs <- fmt.Errorf("claim: %w", err)
+					return
+				}
+				var mine []tier.Request
+				for i, a := range out {
+					if a.Status == tier.Acquired {
+						mine = append(mine, reqs[i])
+					}
+				}
+				st := make([]tier.Status, len(mine))
+				var err error
+				if n%2 == 0 {
+					err = s.Commit(ctx, 0, mine, st)
+				} else {
+					err = s.Release(ctx, 0, mine, false, st)
+				}
+				if err != nil {
+					errs <- fmt.Errorf("commit or release: %w", err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// TestLeaseLongerThanWindow: a claim's row lives at least as long as its
+// lease, so a second token cannot take the key while the first lease runs.
+func TestLeaseLongerThanWindow(t *testing.T) {
+	s := store(t, pool(t), postgres.Options{Window: 100 * time.Millisecond})
+	if r := claim(t, s, req("k", tok(1)), 10*time.Second); r.Status != tier.Acquired {
+		t.Fatalf("first claim = %+v", r)
+	}
+	time.Sleep(150 * time.Millisecond)
+	if r := claim(t, s, req("k", tok(2)), 10*time.Second); r.Status != tier.Held {
+		t.Fatalf("second claim while the first lease runs = %+v, want held", r)
 	}
 }
