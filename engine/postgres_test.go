@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -94,56 +92,7 @@ func TestPostgresConnectionsKilledMidRun(t *testing.T) {
 	t.Cleanup(func() { _, _ = admin.Exec(ctx, "DROP TABLE IF EXISTS "+table) })
 	e := open(t, engine.Options{Tiers: engine.Postgres, Postgres: p, PostgresTable: table})
 	defer e.Close()
-	var (
-		mu          sync.Mutex
-		acked       [][]byte
-		unavailable atomic.Int64
-		wrong       atomic.Int64
-	)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				keys := make([][]byte, 16)
-				for j := range keys {
-					keys[j] = fmt.Appendf(nil, "w%d-%d-%d", w, i, j)
-				}
-				claims := make([]engine.Claim, len(keys))
-				cctx, cancel := context.WithTimeout(ctx, time.Second)
-				err := e.ClaimBatch(cctx, keys, nil, claims)
-				if err == nil {
-					for _, c := range claims {
-						if c.Outcome != engine.New {
-							wrong.Add(1)
-						}
-					}
-					if err = e.CommitBatch(cctx, claims, nil); err == nil {
-						mu.Lock()
-						acked = append(acked, keys...)
-						mu.Unlock()
-					}
-				}
-				cancel()
-				switch {
-				case err == nil:
-				case errors.Is(err, engine.ErrUnavailable):
-					unavailable.Add(1)
-					time.Sleep(5 * time.Millisecond)
-				default:
-					t.Errorf("worker %d: %v", w, err)
-					return
-				}
-			}
-		}()
-	}
+	load := startOutageLoad(e)
 	time.Sleep(200 * time.Millisecond)
 	killed := 0
 	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
@@ -155,11 +104,11 @@ func TestPostgresConnectionsKilledMidRun(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	time.Sleep(300 * time.Millisecond)
-	close(stop)
-	wg.Wait()
-	if wrong.Load() != 0 {
-		t.Fatalf("%d fresh keys were not New", wrong.Load())
+	load.finish(t)
+	if t.Failed() {
+		t.FailNow()
 	}
+	acked, unavailable := load.acked, &load.unavailable
 	if killed == 0 || unavailable.Load() == 0 {
 		t.Fatalf("connections killed %d, calls unavailable %d: the outage was not exercised", killed, unavailable.Load())
 	}

@@ -141,77 +141,20 @@ func TestRedisKilledMidRun(t *testing.T) {
 	defer c.Close()
 	e := openRedis(t, c, engine.Options{RedisPrefix: "kill:"})
 	defer e.Close()
-	acked := map[string]bool{}
-	var mu sync.Mutex
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var unavailable, wrong sync.Map
-	for w := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				keys := make([][]byte, 16)
-				for j := range keys {
-					keys[j] = fmt.Appendf(nil, "w%d-%d-%d", w, i, j)
-				}
-				claims := make([]engine.Claim, len(keys))
-				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				err := e.ClaimBatch(ctx, keys, nil, claims)
-				if err == nil {
-					for _, cl := range claims {
-						if cl.Outcome != engine.New {
-							wrong.Store(string(cl.Key), cl.Outcome)
-						}
-					}
-					err = e.CommitBatch(ctx, claims, nil)
-					if err == nil {
-						mu.Lock()
-						for _, k := range keys {
-							acked[string(k)] = true
-						}
-						mu.Unlock()
-					}
-				}
-				cancel()
-				if err != nil {
-					if !errors.Is(err, engine.ErrUnavailable) {
-						wrong.Store(fmt.Sprint("error ", w, i), err)
-					}
-					unavailable.Store(w, true)
-					time.Sleep(5 * time.Millisecond)
-				}
-			}
-		}()
-	}
+	load := startOutageLoad(e)
 	time.Sleep(200 * time.Millisecond)
 	srv.Kill()
 	time.Sleep(time.Second)
 	srv.Restart()
 	time.Sleep(300 * time.Millisecond)
-	close(stop)
-	wg.Wait()
-	wrong.Range(func(k, v any) bool {
-		t.Errorf("%v: %v", k, v)
-		return true
-	})
-	n := 0
-	unavailable.Range(func(any, any) bool { n++; return true })
-	if n == 0 {
-		t.Fatalf("no call saw Redis down (%d acknowledged)", len(acked))
+	load.finish(t)
+	if load.unavailable.Load() == 0 {
+		t.Fatalf("no call saw Redis down (%d acknowledged)", len(load.acked))
 	}
 	if st := e.Stats(); st.Errors == 0 {
 		t.Error("Stats.Errors did not count the outage")
 	}
-	keys := make([][]byte, 0, len(acked))
-	for k := range acked {
-		keys = append(keys, []byte(k))
-	}
+	keys := load.acked
 	// Checked through a second engine on the same prefix: the first one's
 	// memory holds its own commits and would answer Duplicate without
 	// asking Redis.
