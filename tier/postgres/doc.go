@@ -23,4 +23,17 @@
 //     expiry; an expired row answers as absent before it is deleted.
 //  3. A commit or release changes a row only when the request's token holds
 //     it: a claim whose lease ended, or was taken over, gets Lost.
+//
+// # Retention
+//
+// PostgreSQL cannot keep (namespace, key) unique across the partitions of a
+// partitioned table (a unique index must include the partition key), and a
+// uniqueness check across partitions would race at their boundaries, so the
+// table is one heap and every row carries its expiry: an expired row is
+// absent to every statement at once, and space is reclaimed by a sweep that
+// the engine's partition rotation starts (Drop). The sweep runs in the
+// background, deleting the expired rows of one block range per statement by
+// a TID range scan: no index on the write path, and no claim waits behind a
+// long delete. Its cost is a scan of the table per partition, not a cost
+// per key on every write.
 package postgres

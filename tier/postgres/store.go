@@ -42,6 +42,11 @@ type Options struct {
 	// MaxAttempts, when positive, counts each key's releases and lease
 	// takeovers, and answers Poisoned once the count reaches it.
 	MaxAttempts int
+	// SweepBlocks is how many of the table's 8 KiB blocks one statement of
+	// a sweep deletes expired rows from (see Store.Drop): the rows it
+	// deletes are locked only for that statement, so a claim of an expired
+	// key waits at most that long. Zero means 4096 (32 MiB).
+	SweepBlocks int
 }
 
 var tableName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
@@ -58,6 +63,9 @@ func (o *Options) Validate() error {
 	if err := tier.CheckAttempts(o.MaxAttempts); err != nil {
 		errs = append(errs, fmt.Errorf("%w: %w", ErrOptions, err))
 	}
+	if o.SweepBlocks < 0 || o.SweepBlocks > 1<<20 {
+		errs = append(errs, fmt.Errorf("%w: SweepBlocks %d is outside [0, %d]", ErrOptions, o.SweepBlocks, 1<<20))
+	}
 	return errors.Join(errs...)
 }
 
@@ -67,11 +75,12 @@ func (o *Options) Validate() error {
 // server's clock, so processes whose clocks differ agree on leases. A
 // Store is safe for concurrent use if its DB is.
 type Store struct {
-	db                                              DB
-	table                                           string
-	window                                          time.Duration
-	max                                             int
-	claimQ, markQ, stateQ, commitQ, releaseQ, dropQ string
+	db                                                      DB
+	table                                                   string
+	window                                                  time.Duration
+	max                                                     int
+	claimQ, markQ, stateQ, commitQ, releaseQ, sizeQ, sweepQ string
+	sweeps                                                  sweeper
 }
 
 // New returns a Store over db, creating its table if needed.
@@ -86,7 +95,11 @@ func New(ctx context.Context, db DB, opts *Options) (*Store, error) {
 	if o.Table == "" {
 		o.Table = "tierdedup"
 	}
+	if o.SweepBlocks == 0 {
+		o.SweepBlocks = 4096
+	}
 	s := &Store{db: db, table: o.Table, window: o.Window, max: o.MaxAttempts}
+	s.sweeps.init(int64(o.SweepBlocks))
 	s.prepare()
 	// Processes starting together race to create the table; PostgreSQL's
 	// IF NOT EXISTS does not settle that race (a unique violation in its
@@ -116,8 +129,12 @@ func New(ctx context.Context, db DB, opts *Options) (*Store, error) {
 // Claims reports where claims live: in the table, shared by every process.
 func (s *Store) Claims() tier.Where { return tier.ClaimsInStore }
 
-// Close does nothing: the DB stays the caller's.
-func (s *Store) Close() error { return nil }
+// Close stops a sweep in progress and waits for it; the DB stays the
+// caller's.
+func (s *Store) Close() error {
+	s.sweeps.stop()
+	return nil
+}
 
 // now is the server's clock in milliseconds, read once per statement.
 const now = `(extract(epoch FROM clock_timestamp()) * 1000)::bigint`
@@ -202,7 +219,10 @@ up AS (
 	  AND ((t.state = 'C' AND t.lease_until > c.ms) OR ($5 = 1 AND t.state = 'D'))
 	RETURNING r.i)
 SELECT i FROM del UNION ALL SELECT i FROM up`, s.table, now)
-	s.dropQ = fmt.Sprintf(`DELETE FROM %s WHERE expires <= %s`, s.table, now)
+	s.sizeQ = fmt.Sprintf(`SELECT pg_relation_size('%s') / current_setting('block_size')::bigint`, s.table)
+	// Sweep: the expired rows of blocks [$1, $2), found by a TID range
+	// scan (no index on the write path).
+	s.sweepQ = fmt.Sprintf(`DELETE FROM %s WHERE ctid >= format('(%%s,0)', $1::bigint)::tid AND ctid < format('(%%s,0)', $2::bigint)::tid AND expires <= %s`, s.table, now)
 }
 
 // digestColumn is the batch's digests, empty for none.
@@ -413,13 +433,48 @@ func (s *Store) statuses(ctx context.Context, out []tier.Status, q string, args 
 	}, q, args...)
 }
 
-// Drop deletes every row whose expiry has passed by the server's clock
-// (before and highWater are the engine's; the table dates rows itself).
+// Drop starts a sweep of the table's expired rows in the background and
+// returns at once (before and highWater are the engine's; every row carries
+// its own expiry and answers as absent once it passed, so a sweep only
+// reclaims space and no answer waits for it). A sweep deletes block range
+// by block range (Options.SweepBlocks), one short statement each, so no
+// claim waits behind a long delete; a Drop during a sweep runs one more
+// after it. LastSweep reports how the last one ended.
 func (s *Store) Drop(_, _ int64) error {
-	if _, err := s.db.Exec(context.Background(), s.dropQ); err != nil {
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
-	}
+	s.sweeps.start(s.sweep)
 	return nil
+}
+
+// LastSweep reports when the last finished sweep ended, how many rows it
+// deleted and the error that stopped it (nil when it swept the whole
+// table). A zero time means no sweep has finished.
+func (s *Store) LastSweep() (at time.Time, deleted int64, err error) {
+	return s.sweeps.last()
+}
+
+// sweep deletes the expired rows of the whole table, block range by block
+// range, and returns how many it deleted.
+func (s *Store) sweep(ctx context.Context) (int64, error) {
+	var blocks int64
+	if err := s.run(ctx, func(rows pgx.Rows) error {
+		for rows.Next() {
+			if err := rows.Scan(&blocks); err != nil {
+				return err
+			}
+		}
+		return nil
+	}, s.sizeQ); err != nil {
+		return 0, err
+	}
+	var deleted int64
+	for from := int64(0); from < blocks; from += s.sweeps.blocks {
+		tag, err := s.db.Exec(ctx, s.sweepQ, from, from+s.sweeps.blocks)
+		if err != nil {
+			return deleted, fmt.Errorf("%w: sweeping blocks %d to %d: %w", ErrUnavailable, from, from+s.sweeps.blocks, err)
+		}
+		deleted += tag.RowsAffected()
+	}
+	return deleted, nil
 }
 
 // The Store is a shared exact tier whose retention the engine drives.

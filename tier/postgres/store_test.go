@@ -342,3 +342,78 @@ func TestLeaseLongerThanWindow(t *testing.T) {
 		t.Fatalf("second claim while the first lease runs = %+v, want held", r)
 	}
 }
+
+// TestDropSweepsExpiredRowsInRanges: Drop returns at once and a background
+// sweep deletes exactly the expired rows, one block range per statement,
+// over a table of many blocks; the live rows still answer Committed.
+func TestDropSweepsExpiredRowsInRanges(t *testing.T) {
+	p := pool(t)
+	table := fmt.Sprintf("t_%d", time.Now().UnixNano())
+	live := store(t, p, postgres.Options{Table: table, Window: time.Hour})
+	short := store(t, p, postgres.Options{Table: table, Window: 50 * time.Millisecond, SweepBlocks: 1})
+	defer short.Close()
+	mark := func(s *postgres.Store, prefix string, n int) []tier.Request {
+		reqs := make([]tier.Request, n)
+		for i := range reqs {
+			reqs[i] = tier.Request{Key: fmt.Appendf(nil, "%s-%06d-%032d", prefix, i, i), Token: tok(1)}
+		}
+		out := make([]tier.Answer, n)
+		if err := s.Mark(context.Background(), reqs, out); err != nil {
+			t.Fatal(err)
+		}
+		return reqs
+	}
+	// Interleaved, so expired and live rows share blocks.
+	var keep []tier.Request
+	for range 10 {
+		mark(short, fmt.Sprintf("gone%d", len(keep)), 300)
+		keep = append(keep, mark(live, fmt.Sprintf("keep%d", len(keep)), 300)...)
+	}
+	var blocks int64
+	if err := p.QueryRow(context.Background(), "SELECT pg_relation_size($1) / 8192", table).Scan(&blocks); err != nil {
+		t.Fatal(err)
+	}
+	if blocks < 10 {
+		t.Fatalf("the table has %d blocks: too few to show block ranges", blocks)
+	}
+	time.Sleep(100 * time.Millisecond)
+	began := time.Now()
+	if err := short.Drop(0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(began); d > 50*time.Millisecond {
+		t.Fatalf("Drop waited %v for the sweep", d)
+	}
+	var deleted int64
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		at, n, err := short.LastSweep()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !at.IsZero() {
+			deleted = n
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no sweep finished in 10 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var rows int
+	if err := p.QueryRow(context.Background(), "SELECT count(*) FROM "+table).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if deleted != 3000 || rows != len(keep) {
+		t.Fatalf("the sweep deleted %d rows and left %d; want 3000 deleted, %d left", deleted, rows, len(keep))
+	}
+	out := make([]tier.Answer, len(keep))
+	if err := live.Claim(context.Background(), keep, time.Minute, out); err != nil {
+		t.Fatal(err)
+	}
+	for i, a := range out {
+		if a.Status != tier.Committed {
+			t.Fatalf("live key %s after the sweep: %v", keep[i].Key, a.Status)
+		}
+	}
+	t.Logf("%d blocks swept one per statement: %d expired rows deleted, %d live kept", blocks, deleted, rows)
+}
