@@ -112,12 +112,19 @@ func TestPostgresConnectionsKilledMidRun(t *testing.T) {
 	if killed == 0 || unavailable.Load() == 0 {
 		t.Fatalf("connections killed %d, calls unavailable %d: the outage was not exercised", killed, unavailable.Load())
 	}
-	check := open(t, engine.Options{Tiers: engine.Postgres, Postgres: admin, PostgresTable: table})
+	assertDuplicates(t, open(t, engine.Options{Tiers: engine.Postgres, Postgres: admin, PostgresTable: table}), acked)
+	t.Logf("%d connections killed, %d calls unavailable, %d acknowledged commits all duplicates afterwards", killed, unavailable.Load(), len(acked))
+}
+
+// assertDuplicates checks, through check (an engine whose memory has cached
+// none of them), that every key is a Duplicate, and closes check.
+func assertDuplicates(t *testing.T, check *engine.Engine, keys [][]byte) {
+	t.Helper()
 	defer check.Close()
-	for i := 0; i < len(acked); i += 256 {
-		batch := acked[i:min(i+256, len(acked))]
+	for i := 0; i < len(keys); i += 256 {
+		batch := keys[i:min(i+256, len(keys))]
 		out := make([]engine.Claim, len(batch))
-		if err := check.ClaimBatch(ctx, batch, nil, out); err != nil {
+		if err := check.ClaimBatch(context.Background(), batch, nil, out); err != nil {
 			t.Fatal(err)
 		}
 		for j, c := range out {
@@ -126,5 +133,59 @@ func TestPostgresConnectionsKilledMidRun(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d connections killed, %d calls unavailable, %d acknowledged commits all duplicates afterwards", killed, unavailable.Load(), len(acked))
+}
+
+// TestPostgresServerKilledMidRun: while four workers claim and commit, a
+// private PostgreSQL server is SIGKILLed with all its processes, kept down
+// for half a second and started again on its data directory (crash
+// recovery). Calls fail with ErrUnavailable while it is down, never with a
+// wrong answer; marks succeed again after the restart; and every commit the
+// engine acknowledged, before the kill or after, is a Duplicate in the
+// recovered table, read by another engine.
+func TestPostgresServerKilledMidRun(t *testing.T) {
+	srv := pgtest.StartServer(t)
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(srv.DSN + "?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	o := engine.Options{Tiers: engine.Postgres, Postgres: p, PostgresTable: "dedup"}
+	e := open(t, o)
+	defer e.Close()
+	load := startOutageLoad(e)
+	acked := func() int {
+		load.mu.Lock()
+		defer load.mu.Unlock()
+		return len(load.acked)
+	}
+	time.Sleep(300 * time.Millisecond)
+	srv.Kill()
+	atKill := acked()
+	time.Sleep(500 * time.Millisecond)
+	srv.Start()
+	atRestart := acked()
+	time.Sleep(time.Second)
+	load.finish(t)
+	if t.Failed() {
+		t.FailNow()
+	}
+	unavailable := load.unavailable.Load()
+	if atKill == 0 || unavailable == 0 || len(load.acked) == atRestart {
+		t.Fatalf("acknowledged %d before the kill, %d after the restart; %d calls unavailable: the outage was not exercised",
+			atKill, len(load.acked)-atRestart, unavailable)
+	}
+	check, err := pgxpool.New(ctx, srv.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer check.Close()
+	o.Postgres = check
+	assertDuplicates(t, open(t, o), load.acked)
+	t.Logf("server killed and restarted: %d calls unavailable; acknowledged %d before the kill, %d while it came back (before Start saw it ready), %d after; all %d duplicates in the recovered table",
+		unavailable, atKill, atRestart-atKill, len(load.acked)-atRestart, len(load.acked))
 }

@@ -1,0 +1,171 @@
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Server is a private PostgreSQL a test can kill: its own data directory
+// and loopback port, started with the machine's PostgreSQL binaries (as the
+// postgres user when the test runs as root, which initdb refuses).
+type Server struct {
+	// DSN reaches the server's postgres database, trust authentication.
+	DSN  string
+	t    testing.TB
+	bin  string
+	data string
+	port int
+	cred *syscall.Credential
+	cmd  *exec.Cmd
+	exit chan error
+}
+
+// StartServer initialises a data directory and starts a server on it; it
+// is killed and removed when the test ends. Without PostgreSQL's binaries
+// the test is skipped, or fails under TIERDEDUP_REQUIRE_POSTGRES.
+func StartServer(t testing.TB) *Server {
+	t.Helper()
+	bin, err := binDir()
+	if err != nil {
+		if os.Getenv("TIERDEDUP_REQUIRE_POSTGRES") != "" {
+			t.Fatalf("PostgreSQL server binaries: %v", err)
+		}
+		t.Skipf("PostgreSQL server binaries: %v", err)
+	}
+	s := &Server{t: t, bin: bin}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			t.Fatalf("running as root, a private server needs the postgres user: %v", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		s.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	}
+	root, err := os.MkdirTemp("", "tierdedup-pg-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	if err := os.Chmod(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s.data = filepath.Join(root, "data")
+	if err := os.Mkdir(s.data, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if s.cred != nil {
+		if err := os.Chown(s.data, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	initdb := s.command("initdb", "-D", s.data, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8")
+	if out, err := initdb.CombinedOutput(); err != nil {
+		t.Fatalf("initdb: %v\n%s", err, out)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.port = l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	s.DSN = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres", s.port)
+	s.Start()
+	t.Cleanup(s.Kill)
+	return s
+}
+
+// binDir finds the directory of initdb and postgres.
+func binDir() (string, error) {
+	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
+		dir := strings.TrimSpace(string(out))
+		if _, err := os.Stat(filepath.Join(dir, "initdb")); err == nil {
+			return dir, nil
+		}
+	}
+	found, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	if len(found) == 0 {
+		return "", fmt.Errorf("no initdb found (pg_config --bindir, /usr/lib/postgresql/*/bin)")
+	}
+	return filepath.Dir(found[len(found)-1]), nil
+}
+
+func (s *Server) command(name string, args ...string) *exec.Cmd {
+	c := exec.Command(filepath.Join(s.bin, name), args...)
+	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: s.cred}
+	return c
+}
+
+// Start starts the server on its data directory (after Kill: with crash
+// recovery) and waits until it accepts connections.
+func (s *Server) Start() {
+	s.t.Helper()
+	s.cmd = s.command("postgres", "-D", s.data, "-p", strconv.Itoa(s.port),
+		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
+		"-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "max_connections=50")
+	log, err := os.Create(filepath.Join(filepath.Dir(s.data), "server.log"))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer log.Close()
+	s.cmd.Stdout, s.cmd.Stderr = log, log
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatalf("starting postgres: %v", err)
+	}
+	s.exit = make(chan error, 1)
+	go func(c *exec.Cmd, exit chan error) { exit <- c.Wait() }(s.cmd, s.exit)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		p, err := pgxpool.New(ctx, s.DSN)
+		if err == nil {
+			err = p.Ping(ctx)
+			p.Close()
+		}
+		cancel()
+		if err == nil {
+			return
+		}
+		select {
+		case werr := <-s.exit:
+			body, _ := os.ReadFile(log.Name())
+			s.t.Fatalf("postgres exited at start: %v\n%s", werr, body)
+		default:
+		}
+		if time.Now().After(deadline) {
+			body, _ := os.ReadFile(log.Name())
+			s.t.Fatalf("postgres not ready in 30 s: %v\n%s", err, body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Kill SIGKILLs the server and every process it started (a crash: what
+// reached the operating system stays, what was in the processes' memory is
+// gone), and waits until they are gone.
+func (s *Server) Kill() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+	<-s.exit
+	// The backends are in the same process group; wait until none is left.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if err := syscall.Kill(-s.cmd.Process.Pid, 0); err != nil {
+			break
+		}
+	}
+	s.cmd = nil
+}
