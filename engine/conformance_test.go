@@ -14,6 +14,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 
@@ -682,6 +683,13 @@ func ageRedis(ctx context.Context, c goredis.UniversalClient, prefix string, d t
 // every lease end and expiry of the run comes d closer.
 func agePostgres(ctx context.Context, p *pgxpool.Pool, table string, d time.Duration) error {
 	ms := d.Milliseconds()
-	_, err := p.Exec(ctx, fmt.Sprintf("UPDATE %s SET lease_until = CASE WHEN lease_until > 0 THEN lease_until - $1 ELSE 0 END, expires = expires - $1", table), ms)
-	return err
+	for try := 0; ; try++ {
+		// The store's background sweep deletes rows while this updates
+		// all of them: one of the two may be chosen as a deadlock victim.
+		_, err := p.Exec(ctx, fmt.Sprintf("UPDATE %s SET lease_until = CASE WHEN lease_until > 0 THEN lease_until - $1 ELSE 0 END, expires = expires - $1", table), ms)
+		var pe *pgconn.PgError
+		if err == nil || try == 5 || !errors.As(err, &pe) || pe.Code != "40P01" {
+			return err
+		}
+	}
 }

@@ -174,6 +174,8 @@ func Open(opts *Options) (*Engine, error) {
 		switch {
 		case errors.Is(err, postgres.ErrOptions):
 			return nil, fmt.Errorf("%w: %w", ErrOptions, err)
+		case errors.Is(err, postgres.ErrLayout):
+			return nil, fmt.Errorf("%w: %w", ErrLayout, err)
 		case err != nil:
 			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}

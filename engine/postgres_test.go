@@ -189,3 +189,17 @@ func TestPostgresServerKilledMidRun(t *testing.T) {
 	t.Logf("server killed and restarted: %d calls unavailable; acknowledged %d before the kill, %d while it came back (before Start saw it ready), %d after; all %d duplicates in the recovered table",
 		unavailable, atKill, atRestart-atKill, len(load.acked)-atRestart, len(load.acked))
 }
+
+// TestPostgresLayoutMismatch: a process whose window differs from the one
+// the table recorded is refused with ErrLayout at Open.
+func TestPostgresLayoutMismatch(t *testing.T) {
+	pool := postgresPool(t)
+	table := fmt.Sprintf("layout_%d", time.Now().UnixNano())
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
+	o := engine.Options{Tiers: engine.Postgres, Postgres: pool, PostgresTable: table, Window: 24 * time.Hour, Partition: time.Hour}
+	open(t, o).Close()
+	o.Window = 48 * time.Hour
+	if _, err := engine.Open(&o); !errors.Is(err, engine.ErrLayout) {
+		t.Fatalf("Open with another window: %v, want ErrLayout", err)
+	}
+}

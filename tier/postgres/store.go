@@ -21,6 +21,9 @@ var (
 	ErrUnavailable = errors.New("postgres: unavailable")
 	// ErrOptions reports invalid Options.
 	ErrOptions = errors.New("postgres: invalid options")
+	// ErrLayout reports a table whose recorded window or MaxAttempts differ
+	// from the Options: processes sharing a table must agree on them.
+	ErrLayout = errors.New("postgres: table layout mismatch")
 )
 
 // DB is what a Store needs of its database handle: a *pgxpool.Pool (safe
@@ -123,7 +126,54 @@ func New(ctx context.Context, db DB, opts *Options) (*Store, error) {
 		}
 		break
 	}
+	if err := s.checkLayout(ctx); err != nil {
+		return nil, err
+	}
 	return s, nil
+}
+
+// checkLayout records the table's window and MaxAttempts in its comment
+// (dropped with the table, so it never outlives the rows it describes) on
+// first use, and refuses a Store whose Options disagree. To change them,
+// stop every process on the table and drop it, or use a new table.
+func (s *Store) checkLayout(ctx context.Context) error {
+	want := fmt.Sprintf("tierdedup layout 1 window=%dms max-attempts=%d", s.window.Milliseconds(), s.max)
+	read := func() (string, error) {
+		var got *string
+		err := s.run(ctx, func(rows pgx.Rows) error {
+			for rows.Next() {
+				if err := rows.Scan(&got); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, `SELECT obj_description($1::regclass, 'pg_class')`, s.table)
+		if err != nil || got == nil {
+			return "", err
+		}
+		return *got, nil
+	}
+	got, err := read()
+	if err == nil && got == "" {
+		// First use: record it under a lock, so of two processes opening
+		// with different options one records and the other is refused.
+		_, err = s.db.Exec(ctx, fmt.Sprintf(`DO $$ BEGIN
+	LOCK TABLE %[1]s IN SHARE ROW EXCLUSIVE MODE;
+	IF obj_description('%[1]s'::regclass, 'pg_class') IS NULL THEN
+		COMMENT ON TABLE %[1]s IS '%[2]s';
+	END IF;
+END $$`, s.table, want))
+		if err == nil {
+			got, err = read()
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("%w: the layout of %s: %w", ErrUnavailable, s.table, err)
+	}
+	if got != want {
+		return fmt.Errorf("%w: table %s records %q, these options %q", ErrLayout, s.table, got, want)
+	}
+	return nil
 }
 
 // Claims reports where claims live: in the table, shared by every process.
@@ -401,8 +451,7 @@ func (s *Store) run(ctx context.Context, read func(pgx.Rows) error, q string, ar
 				err = rows.Err()
 			}
 		}
-		var pe *pgconn.PgError
-		if err != nil && try < 5 && ctx.Err() == nil && errors.As(err, &pe) && (pe.Code == "40P01" || pe.Code == "40001") {
+		if err != nil && try < 5 && ctx.Err() == nil && aborted(err) {
 			continue
 		}
 		if err != nil {
@@ -410,6 +459,14 @@ func (s *Store) run(ctx context.Context, read func(pgx.Rows) error, q string, ar
 		}
 		return nil
 	}
+}
+
+// aborted reports a statement PostgreSQL rolled back as a deadlock's
+// victim (40P01) or a serialization failure (40001): running it again is
+// safe.
+func aborted(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "40P01" || pe.Code == "40001")
 }
 
 // statuses runs a statement that returns the (1-based) index of every
@@ -469,6 +526,11 @@ func (s *Store) sweep(ctx context.Context) (int64, error) {
 	var deleted int64
 	for from := int64(0); from < blocks; from += s.sweeps.blocks {
 		tag, err := s.db.Exec(ctx, s.sweepQ, from, from+s.sweeps.blocks)
+		for try := 0; err != nil && try < 5 && ctx.Err() == nil && aborted(err); try++ {
+			// A claim taking an expired row locks it in key order, the
+			// sweep in the heap's: they can deadlock.
+			tag, err = s.db.Exec(ctx, s.sweepQ, from, from+s.sweeps.blocks)
+		}
 		if err != nil {
 			return deleted, fmt.Errorf("%w: sweeping blocks %d to %d: %w", ErrUnavailable, from, from+s.sweeps.blocks, err)
 		}

@@ -349,8 +349,8 @@ func TestLeaseLongerThanWindow(t *testing.T) {
 func TestDropSweepsExpiredRowsInRanges(t *testing.T) {
 	p := pool(t)
 	table := fmt.Sprintf("t_%d", time.Now().UnixNano())
-	live := store(t, p, postgres.Options{Table: table, Window: time.Hour})
-	short := store(t, p, postgres.Options{Table: table, Window: 50 * time.Millisecond, SweepBlocks: 1})
+	live := store(t, p, postgres.Options{Table: table})
+	short := store(t, p, postgres.Options{Table: table, SweepBlocks: 1})
 	defer short.Close()
 	mark := func(s *postgres.Store, prefix string, n int) []tier.Request {
 		reqs := make([]tier.Request, n)
@@ -376,7 +376,9 @@ func TestDropSweepsExpiredRowsInRanges(t *testing.T) {
 	if blocks < 10 {
 		t.Fatalf("the table has %d blocks: too few to show block ranges", blocks)
 	}
-	time.Sleep(100 * time.Millisecond)
+	if _, err := p.Exec(context.Background(), "UPDATE "+table+" SET expires = expires - 7200000 WHERE key LIKE 'gone%'"); err != nil {
+		t.Fatal(err)
+	}
 	began := time.Now()
 	if err := short.Drop(0, 0); err != nil {
 		t.Fatal(err)
@@ -416,4 +418,57 @@ func TestDropSweepsExpiredRowsInRanges(t *testing.T) {
 		}
 	}
 	t.Logf("%d blocks swept one per statement: %d expired rows deleted, %d live kept", blocks, deleted, rows)
+}
+
+// TestLayoutRecorded: a table records the window and MaxAttempts it was
+// opened with; a Store that disagrees is refused with ErrLayout, one that
+// agrees opens, and a new table takes new options.
+func TestLayoutRecorded(t *testing.T) {
+	p := pool(t)
+	table := fmt.Sprintf("t_%d", time.Now().UnixNano())
+	store(t, p, postgres.Options{Table: table, Window: time.Hour, MaxAttempts: 3})
+	for _, o := range []postgres.Options{
+		{Table: table, Window: 2 * time.Hour, MaxAttempts: 3},
+		{Table: table, Window: time.Hour},
+	} {
+		if _, err := postgres.New(context.Background(), p, &o); !errors.Is(err, postgres.ErrLayout) {
+			t.Fatalf("window %v, max attempts %d over a table of 1h, 3: %v, want ErrLayout", o.Window, o.MaxAttempts, err)
+		}
+	}
+	if _, err := postgres.New(context.Background(), p, &postgres.Options{Table: table, Window: time.Hour, MaxAttempts: 3}); err != nil {
+		t.Fatalf("the same options again: %v", err)
+	}
+}
+
+// TestLayoutRaceOneWins: processes opening one new table at once with
+// different windows: every Store that opens agrees with the one recorded.
+func TestLayoutRaceOneWins(t *testing.T) {
+	p := pool(t)
+	table := fmt.Sprintf("t_%d", time.Now().UnixNano())
+	t.Cleanup(func() { _, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
+	opened := make([]time.Duration, 8)
+	var wg sync.WaitGroup
+	for i := range opened {
+		wg.Go(func() {
+			w := time.Duration(1+i%2) * time.Hour
+			if _, err := postgres.New(context.Background(), p, &postgres.Options{Table: table, Window: w}); err == nil {
+				opened[i] = w
+			} else if !errors.Is(err, postgres.ErrLayout) {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	var won time.Duration
+	for _, w := range opened {
+		if w != 0 && won != 0 && w != won {
+			t.Fatalf("stores opened with windows %v and %v on one table", won, w)
+		}
+		if w != 0 {
+			won = w
+		}
+	}
+	if won == 0 {
+		t.Fatal("no store opened")
+	}
 }
