@@ -182,12 +182,24 @@ func Open(opts *Options) (*Engine, error) {
 		e.share(ps, o.FailOpen)
 	}
 	if e.exact != nil {
-		e.where = e.exact.Claims()
-		e.writer, _ = e.exact.(tier.CommitWriter)
-		e.dropper, _ = e.exact.(tier.Dropper)
-		e.scanner, _ = e.exact.(tier.Scanner)
-		e.latch, _ = e.exact.(tier.Latching)
-		e.marker, _ = e.exact.(tier.Marker)
+		// Capabilities are the tier's own, found under the fail-open
+		// wrapper; marks go through it, as claims and commits do.
+		base := e.exact
+		f, wrapped := base.(failOpen)
+		if wrapped {
+			base = f.Exact
+		}
+		e.where = base.Claims()
+		e.writer, _ = base.(tier.CommitWriter)
+		e.dropper, _ = base.(tier.Dropper)
+		e.scanner, _ = base.(tier.Scanner)
+		e.latch, _ = base.(tier.Latching)
+		if m, ok := base.(tier.Marker); ok {
+			e.marker = m
+			if wrapped {
+				e.marker = failOpenMarker{f, m}
+			}
+		}
 	}
 
 	if o.Tiers == Default || o.Tiers == BloomOnly {

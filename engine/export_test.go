@@ -3,3 +3,6 @@ package engine
 // SetRebuildGate makes every later Bloom rebuild wait for gate to close
 // before it starts, so tests can observe the cold state.
 func SetRebuildGate(gate chan struct{}) { rebuildGate = gate }
+
+// Capabilities names the optional tier capabilities the engine found.
+func (e *Engine) Capabilities() (dropper, marker bool) { return e.dropper != nil, e.marker != nil }

@@ -203,3 +203,41 @@ func TestPostgresLayoutMismatch(t *testing.T) {
 		t.Fatalf("Open with another window: %v, want ErrLayout", err)
 	}
 }
+
+// TestPostgresFailOpen: with FailOpen the tier keeps its capabilities
+// (sweeps, one-statement marks) behind the wrapper; with the server killed
+// a fail-closed engine's marks fail with ErrUnavailable, and a fail-open
+// engine's answer New, each key counted once as a fail-open answer.
+func TestPostgresFailOpen(t *testing.T) {
+	srv := pgtest.StartServer(t)
+	ctx := context.Background()
+	p, err := pgxpool.New(ctx, srv.DSN+"?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	o := engine.Options{Tiers: engine.Postgres, Postgres: p, PostgresTable: "dedup"}
+	closed := open(t, o)
+	defer closed.Close()
+	o.FailOpen = true
+	opened := open(t, o)
+	defer opened.Close()
+	if dropper, marker := opened.Capabilities(); !dropper || !marker {
+		t.Fatalf("fail-open engine found dropper %v, marker %v: want both", dropper, marker)
+	}
+	keys := [][]byte{[]byte("a"), []byte("b"), []byte("c")}
+	out := make([]engine.Outcome, len(keys))
+	if err := opened.MarkBatch(ctx, keys[:1], nil, out[:1]); err != nil || out[0] != engine.New {
+		t.Fatalf("mark with the server up: %v, %v", out[0], err)
+	}
+	srv.Kill()
+	if err := closed.MarkBatch(ctx, keys[1:], nil, out[1:]); !errors.Is(err, engine.ErrUnavailable) {
+		t.Fatalf("fail-closed mark with the server down: %v", err)
+	}
+	if err := opened.MarkBatch(ctx, keys[1:], nil, out[1:]); err != nil || out[1] != engine.New || out[2] != engine.New {
+		t.Fatalf("fail-open mark with the server down: %v, %v", out[1:], err)
+	}
+	if st := opened.Stats(); st.FailOpen != 2 {
+		t.Fatalf("Stats.FailOpen = %d after two keys marked fail-open, want 2", st.FailOpen)
+	}
+}
