@@ -59,6 +59,7 @@ func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digest
 			if conflicts(d, r.Digest) {
 				out[i].Outcome = Conflict
 			}
+			out[i].digest = r.Digest
 		case tier.Held:
 			out[i].Outcome = InFlight
 		case tier.Poisoned:
@@ -123,7 +124,7 @@ func repeatsFollow(res []memory.Result, out []Claim) {
 			switch out[first].Outcome {
 			case Duplicate, Conflict:
 				out[i].Outcome = Duplicate
-				if conflicts(out[i].digest, out[first].stored) {
+				if conflicts(out[i].digest, out[first].digest) {
 					out[i].Outcome = Conflict
 				}
 			}

@@ -79,8 +79,11 @@ type Claim struct {
 	fp     shard.Fingerprint
 	token  uint64 // the memory tier's claim
 	rtoken uint64 // the counter of the Redis owner token (Tiers: Redis)
+	// digest is the caller's payload digest, or, once a slower tier answered
+	// Duplicate or Conflict (the claim is not owned and commits nothing),
+	// the digest it found committed: a repeat of the key in the batch
+	// compares its own with it.
 	digest Digest
-	stored Digest // the committed digest a slower tier found (Duplicate, Conflict)
 }
 
 // Owned reports whether the caller holds the key and must Commit or Release.

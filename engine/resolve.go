@@ -58,6 +58,7 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 			out[i].Outcome = New
 			if probes[j].Maybe != 0 {
 				out[i].Outcome = Duplicate
+				out[i].digest = Digest{} // no digest is known: none conflicts
 				actions[j] = memory.Drop
 			}
 		}
@@ -179,7 +180,7 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 			if conflicts(out[i].digest, a.Digest) {
 				out[i].Outcome = Conflict
 			}
-			digests[j], out[i].stored = a.Digest, a.Digest
+			digests[j], out[i].digest = a.Digest, a.Digest
 			actions[j] = memory.Drop
 			if a.Partition >= 0 {
 				// Cached until its partition expires. A tier that cannot
