@@ -12,10 +12,11 @@ import (
 // when the engine is opened.
 //
 // Every method takes a batch: reqs[i] is answered in out[i], and out must
-// have len(reqs). The engine calls the methods concurrently, from many
-// goroutines, with batches that may name the same key; an implementation is
-// safe for that, and never keeps a reference to reqs, out or their key
-// bytes after returning.
+// have len(reqs). No key appears twice in one batch (the engine settles a
+// batch's repeats in its memory table first), but the engine calls the
+// methods concurrently, from many goroutines, with batches that name the
+// same keys; an implementation is safe for that, and never keeps a
+// reference to reqs, out or their key bytes after returning.
 //
 // # Where claims live
 //

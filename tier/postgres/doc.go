@@ -23,6 +23,10 @@
 //     expiry; an expired row answers as absent before it is deleted.
 //  3. A commit or release changes a row only when the request's token holds
 //     it: a claim whose lease ended, or was taken over, gets Lost.
+//  4. A row's key is the full key (up to MaxStoredKey bytes) or, for a
+//     longer one, its SHA-256, in two forms that cannot meet.
+//  5. The table records its format, window and MaxAttempts; a Store never
+//     uses a table whose record disagrees or that it cannot vouch for.
 //
 // # Retention
 //

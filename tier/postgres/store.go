@@ -2,6 +2,8 @@ package postgres
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"regexp"
@@ -101,7 +103,8 @@ func New(ctx context.Context, db DB, opts *Options) (*Store, error) {
 	if o.SweepBlocks == 0 {
 		o.SweepBlocks = 4096
 	}
-	s := &Store{db: db, table: o.Table, window: o.Window, max: o.MaxAttempts}
+	// Quoted: a valid name may still be a reserved word ("user").
+	s := &Store{db: db, table: pgx.Identifier{o.Table}.Sanitize(), window: o.Window, max: o.MaxAttempts}
 	s.sweeps.init(int64(o.SweepBlocks))
 	s.prepare()
 	// Processes starting together race to create the table; PostgreSQL's
@@ -132,29 +135,45 @@ func New(ctx context.Context, db DB, opts *Options) (*Store, error) {
 	return s, nil
 }
 
-// checkLayout records the table's window and MaxAttempts in its comment
-// (dropped with the table, so it never outlives the rows it describes) on
-// first use, and refuses a Store whose Options disagree. To change them,
+// layoutVersion is the format of the rows: 2 stores every key with a
+// one-byte form (see storedKey).
+const layoutVersion = 2
+
+// columnNames are the table's columns; a table of that name without them
+// is not one this Store can use.
+var columnNames = []string{"ns", "key", "state", "token", "lease_until", "attempts", "digest", "expires", "taken_over"}
+
+// checkLayout records the table's format, window and MaxAttempts in its
+// comment (dropped with the table, so it never outlives the rows it
+// describes) on first use, and refuses a Store whose Options disagree. A
+// table without a comment is recorded only while it is empty and has every
+// column: rows of unknown format are never trusted. To change the options,
 // stop every process on the table and drop it, or use a new table.
 func (s *Store) checkLayout(ctx context.Context) error {
-	want := fmt.Sprintf("tierdedup layout 1 window=%dms max-attempts=%d", s.window.Milliseconds(), s.max)
-	read := func() (string, error) {
-		var got *string
-		err := s.run(ctx, func(rows pgx.Rows) error {
+	want := fmt.Sprintf("tierdedup layout %d window=%dms max-attempts=%d", layoutVersion, s.window.Milliseconds(), s.max)
+	var got *string
+	var columns int64
+	var empty bool
+	read := func() error {
+		return s.run(ctx, func(rows pgx.Rows) error {
 			for rows.Next() {
-				if err := rows.Scan(&got); err != nil {
+				if err := rows.Scan(&got, &columns, &empty); err != nil {
 					return err
 				}
 			}
 			return nil
-		}, `SELECT obj_description($1::regclass, 'pg_class')`, s.table)
-		if err != nil || got == nil {
-			return "", err
-		}
-		return *got, nil
+		}, fmt.Sprintf(`SELECT obj_description($1::regclass, 'pg_class'),
+	(SELECT count(*) FROM pg_attribute WHERE attrelid = $1::regclass AND attname = ANY($2) AND NOT attisdropped),
+	NOT EXISTS (SELECT 1 FROM %s)`, s.table), s.table, columnNames)
 	}
-	got, err := read()
-	if err == nil && got == "" {
+	err := read()
+	if err == nil && got == nil {
+		if columns != int64(len(columnNames)) {
+			return fmt.Errorf("%w: table %s records no layout and has %d of the %d columns", ErrLayout, s.table, columns, len(columnNames))
+		}
+		if !empty {
+			return fmt.Errorf("%w: table %s records no layout and holds rows of an unknown format", ErrLayout, s.table)
+		}
 		// First use: record it under a lock, so of two processes opening
 		// with different options one records and the other is refused.
 		_, err = s.db.Exec(ctx, fmt.Sprintf(`DO $$ BEGIN
@@ -164,16 +183,23 @@ func (s *Store) checkLayout(ctx context.Context) error {
 	END IF;
 END $$`, s.table, want))
 		if err == nil {
-			got, err = read()
+			err = read()
 		}
 	}
 	if err != nil {
 		return fmt.Errorf("%w: the layout of %s: %w", ErrUnavailable, s.table, err)
 	}
-	if got != want {
-		return fmt.Errorf("%w: table %s records %q, these options %q", ErrLayout, s.table, got, want)
+	if got == nil || *got != want {
+		return fmt.Errorf("%w: table %s records %q, these options %q", ErrLayout, s.table, deref(got), want)
 	}
 	return nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }
 
 // Claims reports where claims live: in the table, shared by every process.
@@ -287,16 +313,31 @@ func digestColumn(reqs []tier.Request) [][]byte {
 	return digests
 }
 
-// columns splits a batch into the statement's arrays.
+// columns splits a batch into the statement's arrays, keys in their
+// stored form.
 func columns(reqs []tier.Request) (ns, keys, tokens [][]byte) {
 	ns, keys, tokens = make([][]byte, len(reqs)), make([][]byte, len(reqs)), make([][]byte, len(reqs))
 	for i := range reqs {
-		ns[i], keys[i], tokens[i] = []byte(reqs[i].NS), reqs[i].Key, reqs[i].Token[:]
-		if keys[i] == nil {
-			keys[i] = []byte{} // pgx sends nil as NULL
-		}
+		ns[i], keys[i], tokens[i] = []byte(reqs[i].NS), storedKey(reqs[i].Key), reqs[i].Token[:]
 	}
 	return ns, keys, tokens
+}
+
+// MaxStoredKey is the longest key stored as it is; a longer one is stored
+// as its SHA-256 (a B-tree index entry holds at most about 2.7 kB, and the
+// engine accepts keys up to 64 KiB).
+const MaxStoredKey = 1024
+
+// storedKey is a key's form in the table: 0x00 and the key, or, over
+// MaxStoredKey bytes, 0x01 and its SHA-256. The first byte keeps the two
+// forms apart, so no short key can equal a long key's digest; SHA-256 is
+// collision resistant, so nobody can make two long keys that collide.
+func storedKey(key []byte) []byte {
+	if len(key) > MaxStoredKey {
+		sum := sha256.Sum256(key)
+		return append([]byte{1}, sum[:]...)
+	}
+	return append([]byte{0}, key...)
 }
 
 // Claim claims every key for lease, in one statement; out must have
@@ -402,7 +443,7 @@ func (s *Store) take(ctx context.Context, reqs []tier.Request, out []tier.Answer
 // rowID is the map key of a row's (ns, key): the namespace's length
 // first, so two pairs never run together.
 func rowID(ns, key []byte) string {
-	return string(append(append([]byte{byte(len(ns))}, ns...), key...))
+	return string(append(append(binary.AppendUvarint(nil, uint64(len(ns))), ns...), key...))
 }
 
 // Commit turns each unexpired claim of its token into a commit for the

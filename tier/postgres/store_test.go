@@ -1,6 +1,7 @@
 package postgres_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -376,7 +377,7 @@ func TestDropSweepsExpiredRowsInRanges(t *testing.T) {
 	if blocks < 10 {
 		t.Fatalf("the table has %d blocks: too few to show block ranges", blocks)
 	}
-	if _, err := p.Exec(context.Background(), "UPDATE "+table+" SET expires = expires - 7200000 WHERE key LIKE 'gone%'"); err != nil {
+	if _, err := p.Exec(context.Background(), "UPDATE "+table+" SET expires = expires - 7200000 WHERE substr(key, 2, 4) = 'gone'::bytea"); err != nil {
 		t.Fatal(err)
 	}
 	began := time.Now()
@@ -470,5 +471,94 @@ func TestLayoutRaceOneWins(t *testing.T) {
 	}
 	if won == 0 {
 		t.Fatal("no store opened")
+	}
+}
+
+// TestNamespaceLengthsDoNotCollide: (ns of 256 bytes, "k") and ("", those
+// 256 bytes + "k") are two rows; one batch claiming both gets each its own
+// answer (a namespace length that wrapped at 256 once made them one).
+func TestNamespaceLengthsDoNotCollide(t *testing.T) {
+	s := store(t, pool(t), postgres.Options{})
+	x := bytes.Repeat([]byte("a"), 256)
+	committed := tier.Request{NS: string(x), Key: []byte("k"), Token: tok(1)}
+	claim(t, s, committed, time.Minute)
+	if st := commit(t, s, committed); st != tier.OK {
+		t.Fatalf("setup commit = %v", st)
+	}
+	reqs := []tier.Request{
+		{NS: "", Key: append(bytes.Clone(x), 'k'), Token: tok(2)},
+		{NS: string(x), Key: []byte("k"), Token: tok(2)},
+	}
+	out := make([]tier.Answer, 2)
+	if err := s.Claim(context.Background(), reqs, time.Minute, out); err != nil {
+		t.Fatal(err)
+	}
+	if out[0].Status != tier.Acquired || out[1].Status != tier.Committed {
+		t.Fatalf("fresh key %v, key committed by another token %v: want Acquired, Committed", out[0].Status, out[1].Status)
+	}
+}
+
+// TestLongKeys: keys over MaxStoredKey (up to the engine's 64 KiB) are
+// stored as their digest: claimed, committed and found again, and two long
+// keys that differ only in their last byte stay two keys.
+func TestLongKeys(t *testing.T) {
+	s := store(t, pool(t), postgres.Options{})
+	a := bytes.Repeat([]byte{'x'}, 64<<10)
+	b := append(bytes.Clone(a[:len(a)-1]), 'y')
+	edge := bytes.Repeat([]byte{'z'}, postgres.MaxStoredKey)
+	for _, k := range [][]byte{a, edge} {
+		r := tier.Request{Key: k, Token: tok(1)}
+		if got := claim(t, s, r, time.Minute); got.Status != tier.Acquired {
+			t.Fatalf("claim of a %d-byte key = %v", len(k), got.Status)
+		}
+		if st := commit(t, s, r); st != tier.OK {
+			t.Fatalf("commit of a %d-byte key = %v", len(k), st)
+		}
+		if got := claim(t, s, tier.Request{Key: k, Token: tok(2)}, time.Minute); got.Status != tier.Committed {
+			t.Fatalf("the %d-byte key again = %v, want Committed", len(k), got.Status)
+		}
+	}
+	if got := claim(t, s, tier.Request{Key: b, Token: tok(2)}, time.Minute); got.Status != tier.Acquired {
+		t.Fatalf("a long key differing in its last byte = %v, want Acquired", got.Status)
+	}
+}
+
+// TestTableOfUnknownFormatRefused: a table without the recorded layout is
+// used only when it is empty and has every column: one from an older
+// format (a column missing), or holding rows no layout describes, is
+// refused with ErrLayout.
+func TestTableOfUnknownFormatRefused(t *testing.T) {
+	p := pool(t)
+	ctx := context.Background()
+	older := fmt.Sprintf("t_old_%d", time.Now().UnixNano())
+	filled := fmt.Sprintf("t_rows_%d", time.Now().UnixNano())
+	t.Cleanup(func() { _, _ = p.Exec(ctx, "DROP TABLE IF EXISTS "+older+", "+filled) })
+	if _, err := p.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (
+		ns bytea NOT NULL, key bytea NOT NULL, state "char" NOT NULL,
+		token bytea NOT NULL, lease_until bigint NOT NULL, attempts integer NOT NULL,
+		digest bytea, expires bigint NOT NULL, PRIMARY KEY (ns, key))`, older)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := postgres.New(ctx, p, &postgres.Options{Table: older, Window: time.Hour}); !errors.Is(err, postgres.ErrLayout) {
+		t.Fatalf("a table missing a column: %v, want ErrLayout", err)
+	}
+	store(t, p, postgres.Options{Table: filled})
+	claim(t, store(t, p, postgres.Options{Table: filled}), req("k", tok(1)), time.Minute)
+	if _, err := p.Exec(ctx, "COMMENT ON TABLE "+filled+" IS NULL"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := postgres.New(ctx, p, &postgres.Options{Table: filled, Window: time.Hour}); !errors.Is(err, postgres.ErrLayout) {
+		t.Fatalf("a table with rows and no layout: %v, want ErrLayout", err)
+	}
+}
+
+// TestReservedWordTable: a table name that SQL reserves works (it is
+// quoted).
+func TestReservedWordTable(t *testing.T) {
+	p := pool(t)
+	t.Cleanup(func() { _, _ = p.Exec(context.Background(), `DROP TABLE IF EXISTS "user"`) })
+	s := store(t, p, postgres.Options{Table: "user"})
+	if got := claim(t, s, req("k", tok(1)), time.Minute); got.Status != tier.Acquired {
+		t.Fatalf("claim in table \"user\" = %v", got.Status)
 	}
 }
