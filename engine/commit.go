@@ -220,7 +220,7 @@ func (e *Engine) durable(ctx context.Context, claims []Claim, b *batch, k int, n
 			}
 		}
 	}
-	e.mem.Finish(cfps, ctokens, ok, now+e.window, digests)
+	e.mem.Finish(cfps, ctokens, ok, now+e.cacheFor, digests)
 	var committed uint64
 	for j := range ok {
 		if ok[j] {

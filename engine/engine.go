@@ -23,8 +23,13 @@ import (
 // Engine answers claims for keys in one or more namespaces. It is safe for
 // concurrent use.
 type Engine struct {
-	tiers       Tiers
-	window      int64 // nanoseconds
+	tiers  Tiers
+	window int64 // nanoseconds
+	// cacheFor is how long memory keeps the engine's own commits: the window,
+	// or, when a shared tier's server clock expires them, half of it, so a
+	// process clock behind the server's by less than that cannot make memory
+	// outlive the tier's record.
+	cacheFor    int64
 	lease       int64
 	maxKey      int
 	maxAttempts int
@@ -93,6 +98,7 @@ func Open(opts *Options) (*Engine, error) {
 	e := &Engine{
 		tiers:       o.Tiers,
 		window:      int64(window),
+		cacheFor:    int64(window),
 		lease:       int64(o.Lease),
 		maxKey:      o.MaxKeySize,
 		maxAttempts: o.MaxAttempts,
@@ -190,6 +196,9 @@ func Open(opts *Options) (*Engine, error) {
 			base = f.Exact
 		}
 		e.where = base.Claims()
+		if e.where == tier.ClaimsInStore {
+			e.cacheFor = e.window / 2
+		}
 		e.writer, _ = base.(tier.CommitWriter)
 		e.dropper, _ = base.(tier.Dropper)
 		e.scanner, _ = base.(tier.Scanner)
@@ -337,7 +346,7 @@ func (e *Engine) loadState(o Options) (highWater int64, err error) {
 func (e *Engine) share(x tier.Exact, failOpenOn bool) {
 	e.exact = x
 	if failOpenOn {
-		e.exact = failOpen{Exact: x, answered: &e.stats.failOpen}
+		e.exact = newFailOpen(x, &e.stats.failOpen, time.Duration(e.lease))
 	}
 	_, _ = rand.Read(e.process[:])
 }

@@ -70,7 +70,10 @@ func conflicts(requested, stored Digest) bool {
 // ErrLeaseLost and changes nothing.
 type Claim struct {
 	Outcome Outcome
-	Key     []byte
+	// undo: New over the caller's own commit in a shared tier, made by a
+	// mark whose reply was lost; a release must undo that commit.
+	undo bool
+	Key  []byte
 	// LeaseUntil is when the claim stops excluding other workers, in Unix
 	// nanoseconds of the engine's clock (New only).
 	LeaseUntil int64

@@ -69,6 +69,7 @@ func (e *Engine) releaseAs(ctx context.Context, claims []Claim, errs []error, gi
 	lost := 0
 	// The claims released in memory that the exact tier must hear of.
 	reqs, qidx := b.reqs[:0], b.qidx[:0]
+	var undo []int // claims over their own lost mark's commit: given back
 	for j, s := range st {
 		if s.Status != tier.OK {
 			lost++
@@ -79,6 +80,9 @@ func (e *Engine) releaseAs(ctx context.Context, claims []Claim, errs []error, gi
 		}
 		c := &claims[b.cand[j]]
 		switch {
+		case shared && c.undo && !giveBack:
+			undo = append(undo, b.cand[j])
+			continue
 		case shared:
 			reqs = append(reqs, tier.Request{NS: c.ns.name, Key: c.Key, Token: e.ownerToken(c.rtoken)})
 		case counted:
@@ -111,6 +115,24 @@ func (e *Engine) releaseAs(ctx context.Context, claims []Claim, errs []error, gi
 				lost++
 				if errs != nil {
 					errs[qidx[q]] = ErrLeaseLost
+				}
+			}
+		}
+	}
+	if len(undo) > 0 {
+		ureqs, ust := make([]tier.Request, len(undo)), make([]tier.Status, len(undo))
+		for q, i := range undo {
+			ureqs[q] = tier.Request{NS: claims[i].ns.name, Key: claims[i].Key, Token: e.ownerToken(claims[i].rtoken)}
+		}
+		if err := e.exact.Release(ctx, e.parts.Of(now), ureqs, true, ust); err != nil {
+			e.stats.errors.Add(1)
+			return e.tierError(err)
+		}
+		for q, s := range ust {
+			if s != tier.OK {
+				lost++
+				if errs != nil {
+					errs[undo[q]] = ErrLeaseLost
 				}
 			}
 		}

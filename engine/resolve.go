@@ -146,7 +146,7 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 			attempts[j] = a.Attempts
 			if mark {
 				// Committed by the tier in the same step.
-				actions[j], expires[j], digests[j] = memory.Commit, now+e.window, out[i].digest
+				actions[j], expires[j], digests[j] = memory.Commit, now+e.cacheFor, out[i].digest
 				c.commits++
 			}
 		case tier.Released:
@@ -173,6 +173,16 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 				// The commit of a mark whose reply was lost: the caller
 				// never learnt it was New, so it still is.
 				out[i].Outcome = New
+				if mark {
+					// This mark's retry: committed, as a mark is.
+					actions[j], expires[j], digests[j] = memory.Commit, now+e.cacheFor, out[i].digest
+					c.commits++
+				} else {
+					// A claim: its commit finds its own and succeeds;
+					// its release must undo the commit, or a message
+					// never processed would stay a duplicate.
+					out[i].undo = true
+				}
 				continue
 			}
 			c.storeHits++
