@@ -136,7 +136,7 @@ func New(ctx context.Context, db DB, opts *Options) (*Store, error) {
 }
 
 // layoutVersion is the format of the rows: 2 stores every key with a
-// one-byte form (see storedKey).
+// one-byte form (see appendStoredKey).
 const layoutVersion = 2
 
 // columnNames are the table's columns; a table of that name without them
@@ -317,8 +317,15 @@ func digestColumn(reqs []tier.Request) [][]byte {
 // stored form.
 func columns(reqs []tier.Request) (ns, keys, tokens [][]byte) {
 	ns, keys, tokens = make([][]byte, len(reqs)), make([][]byte, len(reqs)), make([][]byte, len(reqs))
+	size := 0
 	for i := range reqs {
-		ns[i], keys[i], tokens[i] = []byte(reqs[i].NS), storedKey(reqs[i].Key), reqs[i].Token[:]
+		size += 1 + min(len(reqs[i].Key), sha256.Size+MaxStoredKey)
+	}
+	buf := make([]byte, 0, size) // one allocation for the batch's stored keys
+	for i := range reqs {
+		start := len(buf)
+		buf = appendStoredKey(buf, reqs[i].Key)
+		ns[i], keys[i], tokens[i] = []byte(reqs[i].NS), buf[start:len(buf):len(buf)], reqs[i].Token[:]
 	}
 	return ns, keys, tokens
 }
@@ -328,16 +335,16 @@ func columns(reqs []tier.Request) (ns, keys, tokens [][]byte) {
 // engine accepts keys up to 64 KiB).
 const MaxStoredKey = 1024
 
-// storedKey is a key's form in the table: 0x00 and the key, or, over
+// appendStoredKey appends a key's form in the table: 0x00 and the key, or, over
 // MaxStoredKey bytes, 0x01 and its SHA-256. The first byte keeps the two
 // forms apart, so no short key can equal a long key's digest; SHA-256 is
 // collision resistant, so nobody can make two long keys that collide.
-func storedKey(key []byte) []byte {
+func appendStoredKey(buf, key []byte) []byte {
 	if len(key) > MaxStoredKey {
 		sum := sha256.Sum256(key)
-		return append([]byte{1}, sum[:]...)
+		return append(append(buf, 1), sum[:]...)
 	}
-	return append([]byte{0}, key...)
+	return append(append(buf, 0), key...)
 }
 
 // Claim claims every key for lease, in one statement; out must have
