@@ -68,6 +68,43 @@ func BenchmarkPerMessage(b *testing.B) {
 			lat.report(b)
 		})
 	}
+	b.Run("op=claim-commit-async/goroutines=1", func(b *testing.B) {
+		e := openDefault(b)
+		defer e.Close()
+		stream := keys(b, b.N)
+		var done atomic.Int64
+		var failed atomic.Value
+		all := make(chan struct{})
+		finish := func(err error) {
+			if err != nil {
+				failed.Store(err)
+			}
+			if done.Add(1) == int64(b.N) {
+				close(all)
+			}
+		}
+		ctx := context.Background()
+		b.ResetTimer()
+		for i := range b.N {
+			c, err := e.Claim(ctx, stream[i])
+			if err != nil {
+				b.Fatal(err)
+			}
+			if c.Outcome != engine.New {
+				finish(nil) // a duplicate is done at once: ack it
+				continue
+			}
+			e.CommitAsync(ctx, c, finish) // the handler: nothing
+		}
+		<-all
+		b.StopTimer()
+		if err, ok := failed.Load().(error); ok {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+		st := e.Stats()
+		b.ReportMetric(float64(st.Commits)/float64(max(st.CommitGroups, 1)), "commits/group")
+	})
 	b.Run("op=fsync", func(b *testing.B) {
 		f, err := os.Create(filepath.Join(b.TempDir(), "f"))
 		if err != nil {

@@ -34,6 +34,10 @@ type batch struct {
 	// MarkBatch's own claims and their commit errors.
 	claims []Claim
 	errs   []error
+	// A merged commit's New claims per span, before and after fencing,
+	// and the records it writes.
+	news, kept []int
+	writes     []Write
 }
 
 func (e *Engine) getBatch(n int) *batch {
@@ -61,5 +65,7 @@ func (e *Engine) putBatch(b *batch) {
 	clear(b.reqs[:cap(b.reqs)]) // drop references to caller keys
 	clear(b.claims[:cap(b.claims)])
 	clear(b.errs[:cap(b.errs)])
+	clear(b.writes[:cap(b.writes)])
+	b.writes = b.writes[:0]
 	e.scratch.Put(b)
 }

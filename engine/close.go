@@ -9,10 +9,14 @@ import (
 	"github.com/tierdedup/tierdedup/tier/bloom"
 )
 
-// Close stops background work, saves the Bloom filters (so the next Open is
+// Close flushes the commit queue, stops background work, saves the Bloom filters (so the next Open is
 // warm) and closes the store. It is idempotent; calls after it return
 // ErrClosed.
 func (e *Engine) Close() error {
+	if e.queue != nil {
+		// Every commit enqueued before Close is written and its done run.
+		e.queue.close()
+	}
 	e.life.Lock()
 	if e.life.closed {
 		e.life.Unlock()

@@ -34,6 +34,9 @@ func (e *Engine) single(ctx context.Context, c Claim, op func(context.Context, [
 // returns nil when every New claim committed; otherwise an error matching
 // ErrLeaseLost or ErrStorage, and errs says which.
 func (e *Engine) CommitBatch(ctx context.Context, claims []Claim, errs []error) error {
+	if e.queue != nil {
+		return e.queued(ctx, claims, errs, nil)
+	}
 	return e.commit(ctx, claims, errs, nil)
 }
 
@@ -55,7 +58,7 @@ func (e *Engine) CommitBatchWith(ctx context.Context, claims []Claim, errs []err
 	if err := e.need(e.writer != nil, "CommitBatchWith", "a tier that writes with commits"); err != nil {
 		return err
 	}
-	return e.commit(ctx, claims, errs, writes)
+	return e.queued(ctx, claims, errs, writes)
 }
 
 // owned gathers the New claims of a batch into b.cand, b.cfps and b.ctokens.
@@ -98,31 +101,59 @@ func (e *Engine) commitAs(ctx context.Context, claims []Claim, errs []error, wri
 		return fmt.Errorf("%w: %d claims, %d errors", ErrBatch, len(claims), len(errs))
 	}
 	clear(errs)
-	now, err := e.start(ctx)
+	one := [1]span{{hi: len(claims), writes: writes}}
+	lost, m, err := e.commitSpans(ctx, claims, errs, one[:], mark)
 	if err != nil {
 		return err
+	}
+	if lost > 0 {
+		return fmt.Errorf("%w: %d of %d claims", ErrLeaseLost, lost, m)
+	}
+	return nil
+}
+
+// span is one commit call's share of a commit: claims[lo:hi] and the
+// caller's records, written only if the span has no New claim or one of
+// them still owns its key (records of work whose claims are all void are
+// not written).
+type span struct {
+	lo, hi int
+	writes []Write
+}
+
+// commitSpans commits the New claims of every span in one durable write,
+// with the records each span may write. errs (nil or one per claim) gets
+// ErrLeaseLost or the tier's error per claim. It returns how many New
+// claims lost their lease, how many there were, and the error that failed
+// the write (nothing of it is acknowledged then).
+func (e *Engine) commitSpans(ctx context.Context, claims []Claim, errs []error, spans []span, mark bool) (lost, m int, err error) {
+	now, err := e.start(ctx)
+	if err != nil {
+		return 0, 0, err
 	}
 	defer e.leave()
 	b := e.getBatch(len(claims))
 	defer e.putBatch(b)
 	b.owned(e, claims, !mark) // MarkBatch holds its claims itself: no caller could change their keys
-	m := len(b.cand)
+	m = len(b.cand)
 	if m == 0 {
-		if len(writes) > 0 {
-			// No message of the batch was New (all duplicates, say), but
-			// the caller's records (a consumed offset) must still land.
+		// No claim was New (all duplicates, say), but the callers' records
+		// (a consumed offset) must still land.
+		if writes := b.spanWrites(spans, nil, nil); len(writes) > 0 {
 			if err := e.writer.CommitWith(ctx, e.parts.Of(now), nil, writes, nil); err != nil {
 				e.stats.errors.Add(1)
-				return e.tierError(err)
+				return 0, 0, e.tierError(err)
 			}
 		}
-		return nil
+		return 0, 0, nil
 	}
 	cfps, ctokens, st := b.cfps[:m], b.ctokens[:m], b.st[:m]
 	e.mem.Begin(cfps, ctokens, now, st)
 
-	// Compact the batch to the claims that still own their keys.
-	lost := 0
+	// Compact the batch to the claims that still own their keys, counting
+	// per span the New claims before and after.
+	b.news = b.spanCounts(spans, b.cand[:m], b.news)
+	news := b.news
 	k := 0
 	for j := range m {
 		i := b.cand[j]
@@ -137,16 +168,60 @@ func (e *Engine) commitAs(ctx context.Context, claims []Claim, errs []error, wri
 		b.digests[k] = claims[i].digest
 		k++
 	}
-	if k > 0 {
+	b.kept = b.spanCounts(spans, b.cand[:k], b.kept)
+	kept := b.kept
+	writes := b.spanWrites(spans, news, kept)
+	switch {
+	case k > 0:
 		if err := e.durable(ctx, claims, b, k, now, errs, &lost, writes, mark); err != nil {
-			return err
+			return lost, m, err
+		}
+	case len(writes) > 0:
+		// Every New claim lost its lease, but spans without New claims
+		// have records to write.
+		if err := e.writer.CommitWith(ctx, e.parts.Of(now), nil, writes, nil); err != nil {
+			e.stats.errors.Add(1)
+			return lost, m, e.tierError(err)
 		}
 	}
 	if lost > 0 {
 		e.stats.leaseLost.Add(uint64(lost))
-		return fmt.Errorf("%w: %d of %d claims", ErrLeaseLost, lost, m)
 	}
-	return nil
+	return lost, m, nil
+}
+
+// spanCounts counts, per span, the claim indices in idx (ascending) that
+// fall in it, into counts (reused).
+func (b *batch) spanCounts(spans []span, idx []int, counts []int) []int {
+	if len(spans) == 1 {
+		return append(counts[:0], len(idx))
+	}
+	counts = append(counts[:0], make([]int, len(spans))...)
+	s := 0
+	for _, i := range idx {
+		for i >= spans[s].hi {
+			s++
+		}
+		counts[s]++
+	}
+	return counts
+}
+
+// spanWrites is the records to write: those of every span with no New
+// claim or one still owning its key. news and kept nil mean no span has a
+// New claim.
+func (b *batch) spanWrites(spans []span, news, kept []int) []Write {
+	if len(spans) == 1 && (news == nil || news[0] == 0 || kept[0] > 0) {
+		return spans[0].writes
+	}
+	w := b.writes[:0]
+	for s := range spans {
+		if news == nil || news[s] == 0 || kept[s] > 0 {
+			w = append(w, spans[s].writes...)
+		}
+	}
+	b.writes = w
+	return w
 }
 
 // durable makes the first k claims of b.cand durable (the filter first,

@@ -56,8 +56,9 @@ type Engine struct {
 	// store is the embedded Pebble store (Default), for what its lifecycle
 	// alone needs: its layout, snapshot epochs, compaction, disk figures.
 	store   *pebble.Store
-	process [8]byte // random; with a claim's counter, its owner token in a shared tier
-	retries retries // claims in a shared tier whose reply was lost, for their retries
+	process [8]byte      // random; with a claim's counter, its owner token in a shared tier
+	retries retries      // claims in a shared tier whose reply was lost, for their retries
+	queue   *commitQueue // the group commit; nil without an exact tier
 
 	// warm is true while the Bloom filters have seen every key the store
 	// holds, so a "no" may skip the store.
@@ -300,6 +301,10 @@ func Open(opts *Options) (*Engine, error) {
 			e.workers.Add(1)
 			go e.rebuild(ctx)
 		}
+	}
+	if e.exact != nil {
+		// Last: nothing after it fails, so its goroutines never leak.
+		e.queue = newCommitQueue(e, o.CommitQueue)
 	}
 	return e, nil
 }

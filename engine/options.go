@@ -88,6 +88,10 @@ const (
 	// MinPartition is the shortest partition: the on-disk layout numbers
 	// partitions in 32 bits from the Unix epoch.
 	MinPartition = time.Second
+	// DefaultCommitQueue is the default Options.CommitQueue.
+	DefaultCommitQueue = 4096
+	// MaxCommitQueue is the largest Options.CommitQueue.
+	MaxCommitQueue = 1 << 20
 	// MaxNamespace is the longest namespace name, in bytes.
 	MaxNamespace = 255
 	// MaxWindow bounds Window and Partition: ten years. Engine time is Unix
@@ -161,6 +165,11 @@ type Options struct {
 	// MaxKeySize is the longest key accepted, in bytes, at most MaxKeySize.
 	// Zero means DefaultMaxKeySize.
 	MaxKeySize int
+	// CommitQueue bounds the commit calls waiting in the commit queue
+	// (with an exact tier: every commit goes through it, and pending calls
+	// are written together); when it is full, CommitAsync and Commit wait
+	// for room. Zero means DefaultCommitQueue; at most MaxCommitQueue.
+	CommitQueue int
 	// Clock tells the time; nil means the system clock.
 	Clock Clock
 	// Logger receives storage error logs; nil means the standard logger.
@@ -285,6 +294,9 @@ func (o *Options) Validate() error {
 	if err := tier.CheckAttempts(o.MaxAttempts); err != nil {
 		bad("%v", err)
 	}
+	if o.CommitQueue < 0 || o.CommitQueue > MaxCommitQueue {
+		bad("CommitQueue %d is outside [0, %d]", o.CommitQueue, MaxCommitQueue)
+	}
 	if o.MaxKeySize < 0 || o.MaxKeySize > MaxKeySize {
 		bad("MaxKeySize %d is outside [1, %d]", o.MaxKeySize, MaxKeySize)
 	}
@@ -305,6 +317,9 @@ func (o Options) WithDefaults() Options {
 	}
 	if o.MaxKeySize == 0 {
 		o.MaxKeySize = DefaultMaxKeySize
+	}
+	if o.CommitQueue == 0 {
+		o.CommitQueue = DefaultCommitQueue
 	}
 	if o.ExpectedKeys == 0 {
 		o.ExpectedKeys = bloom.DefaultExpectedKeys

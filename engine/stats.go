@@ -22,8 +22,13 @@ type Stats struct {
 	// Errors counts calls that failed in a tier.
 	Errors uint64
 	// FailOpen counts keys answered New, or commits acknowledged, while
-	// Redis was unavailable (Options.FailOpen).
+	// the shared tier was unavailable (Options.FailOpen).
 	FailOpen uint64
+	// CommitGroups counts the durable writes of the commit queue: commit
+	// calls (Commit, Do, CommitAsync...) enqueued together are written as
+	// one group. CommitsPending is how many calls wait in it now.
+	CommitGroups   uint64
+	CommitsPending int
 
 	// MemoryHits counts keys answered from memory as committed;
 	// MemoryMisses, keys that memory did not know.
@@ -68,6 +73,7 @@ type counters struct {
 	bloomNegatives, bloomFalsePositives                atomic.Uint64
 	storeReads, storeHits                              atomic.Uint64
 	rebuilt, partitionsDropped, failOpen               atomic.Uint64
+	commitGroups                                       atomic.Uint64
 }
 
 // tally counts one call's events before they are added to the counters.
@@ -119,7 +125,7 @@ func (e *Engine) Stats() Stats {
 		InFlight: c.inflight.Load(), Conflicts: c.conflicts.Load(), Poisoned: c.poisoned.Load(),
 		Commits: c.commits.Load(), Releases: c.releases.Load(),
 		LeaseExpiries: c.leaseExpiries.Load(), LeaseLost: c.leaseLost.Load(), Errors: c.errors.Load(),
-		FailOpen:   c.failOpen.Load(),
+		FailOpen: c.failOpen.Load(), CommitGroups: c.commitGroups.Load(),
 		MemoryHits: c.memHits.Load(), MemoryMisses: c.memMisses.Load(),
 		BloomNegatives: c.bloomNegatives.Load(), BloomFalsePositives: c.bloomFalsePositives.Load(),
 		BloomRebuiltKeys: c.rebuilt.Load(), PartitionDropped: c.partitionsDropped.Load(),
@@ -127,6 +133,9 @@ func (e *Engine) Stats() Stats {
 		Window: time.Duration(e.window),
 	}
 	s.MemoryClaims, s.MemoryEntries = e.mem.Len()
+	if e.queue != nil {
+		s.CommitsPending = e.queue.pending()
+	}
 	if e.bloom != nil {
 		switch {
 		case e.warm.Load():
