@@ -38,6 +38,7 @@ type batch struct {
 	// and the records it writes.
 	news, kept []int
 	writes     []Write
+	n          int // keys of the call using it
 }
 
 func (e *Engine) getBatch(n int) *batch {
@@ -58,13 +59,16 @@ func (e *Engine) getBatch(n int) *batch {
 		}
 	}
 	b.fps, b.tokens, b.res = b.fps[:n], b.tokens[:n], b.res[:n]
+	b.n = n
 	return b
 }
 
 func (e *Engine) putBatch(b *batch) {
-	clear(b.reqs[:cap(b.reqs)]) // drop references to caller keys
-	clear(b.claims[:cap(b.claims)])
-	clear(b.errs[:cap(b.errs)])
+	// Drop references to the caller's keys: no call uses more than its n
+	// entries (the capacity may be a far larger call's).
+	clear(b.reqs[:b.n])
+	clear(b.claims[:b.n])
+	clear(b.errs[:b.n])
 	clear(b.writes[:cap(b.writes)])
 	b.writes = b.writes[:0]
 	e.scratch.Put(b)
