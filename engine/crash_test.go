@@ -3,12 +3,14 @@ package engine_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -42,15 +44,19 @@ func TestMain(m *testing.M) {
 }
 
 // crashChild runs round r over dir until killed: each batch mixes fresh keys
-// with keys of earlier rounds, acknowledged or not.
+// with keys of earlier rounds, acknowledged or not. In the async mode each
+// New key is committed alone with CommitBatchAsync, with a ledger record
+// of its own in the same write, and acknowledged when its done runs.
 func crashChild(spec string) int {
-	dir, round, _ := strings.Cut(spec, "|")
-	r, _ := strconv.Atoi(round)
+	parts := strings.Split(spec, "|")
+	dir, mode := parts[0], parts[2]
+	r, _ := strconv.Atoi(parts[1])
 	e, err := engine.Open(&engine.Options{Dir: dir, ExpectedKeys: 100_000})
 	if err != nil {
 		fmt.Println("ERR", err)
 		return 1
 	}
+	var mu sync.Mutex // stdout is shared with the dones
 	out := bufio.NewWriter(os.Stdout)
 	rng := rand.New(rand.NewPCG(uint64(r), 7))
 	ctx := context.Background()
@@ -59,7 +65,10 @@ func crashChild(spec string) int {
 	for i := 0; ; i++ {
 		select {
 		case <-term:
-			if err := e.Close(); err != nil {
+			err := e.Close() // runs every pending done first
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
 				fmt.Fprintln(out, "ERR", err)
 				out.Flush()
 				return 1
@@ -84,28 +93,64 @@ func crashChild(spec string) int {
 			out.Flush()
 			return 1
 		}
+		mu.Lock()
 		for _, c := range claims {
 			if c.Outcome == engine.New {
 				fmt.Fprintln(out, "N", string(c.Key))
 			}
 		}
 		out.Flush()
+		mu.Unlock()
+		if mode == "async" {
+			for _, c := range claims {
+				if c.Outcome != engine.New {
+					continue
+				}
+				key := string(c.Key)
+				ledger := []engine.Write{{Key: []byte("ledger/" + key), Value: []byte{1}}}
+				e.CommitBatchAsync(ctx, []engine.Claim{c}, ledger, func(err error) {
+					mu.Lock()
+					defer mu.Unlock()
+					if err != nil {
+						fmt.Fprintln(out, "ERR", err)
+					} else {
+						fmt.Fprintln(out, "A", key)
+					}
+					out.Flush()
+				})
+			}
+			continue
+		}
 		if err := e.CommitBatch(ctx, claims, nil); err != nil {
 			fmt.Fprintln(out, "ERR", err)
 			out.Flush()
 			return 1
 		}
+		mu.Lock()
 		for _, c := range claims {
 			if c.Outcome == engine.New {
 				fmt.Fprintln(out, "A", string(c.Key))
 			}
 		}
 		out.Flush()
+		mu.Unlock()
 	}
 }
 
+// TestCrashRecovery runs the crash rounds with synchronous batch commits,
+// and with asynchronous commits (CommitBatchAsync, a ledger record in each
+// write, acknowledged in done), where it also checks that no write was
+// half-applied: a claimed key is committed exactly when its ledger record
+// exists.
 func TestCrashRecovery(t *testing.T) {
+	for _, mode := range []string{"sync", "async"} {
+		t.Run(mode, func(t *testing.T) { crashRounds(t, mode) })
+	}
+}
+
+func crashRounds(t *testing.T, mode string) {
 	dir := t.TempDir()
+	claimed := map[string]bool{}
 	acked := map[string]bool{}
 	rng := rand.New(rand.NewPCG(42, 1))
 	rounds := 6
@@ -114,7 +159,7 @@ func TestCrashRecovery(t *testing.T) {
 	}
 	clean, checked := 0, 0
 	for r := range rounds {
-		cmd, stdout := startChild(t, crashChildEnv+"="+dir+"|"+strconv.Itoa(r))
+		cmd, stdout := startChild(t, crashChildEnv+"="+dir+"|"+strconv.Itoa(r)+"|"+mode)
 		// The kill comes at a random moment after the child's first
 		// acknowledged commit, however slow its start on a loaded machine.
 		kill := time.Duration(100+rng.IntN(600)) * time.Millisecond
@@ -140,6 +185,7 @@ func TestCrashRecovery(t *testing.T) {
 			case "N":
 				news++
 				checked++
+				claimed[key] = true
 				if acked[key] {
 					t.Fatalf("round %d: key %s answered New after its commit was acknowledged", r, key)
 				}
@@ -180,6 +226,39 @@ func TestCrashRecovery(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d rounds (%d closed cleanly, %d killed): %d New answers checked against earlier acknowledgements, %d acknowledged keys all Duplicate at the end, 0 wrong answers",
-		rounds, clean, rounds-clean, checked, len(acked))
+	half := 0
+	if mode == "async" {
+		// Never half-applied: every key ever claimed is committed exactly
+		// when its ledger record, written in the same write, exists.
+		ledger := map[string]bool{}
+		if err := e.ScanWrites([]byte("ledger/"), func(k, _ []byte) error {
+			ledger[strings.TrimPrefix(string(k), "ledger/")] = true
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		keys = keys[:0]
+		for k := range claimed {
+			keys = append(keys, []byte(k))
+		}
+		for i := 0; i < len(keys); i += 256 {
+			batch := keys[i:min(i+256, len(keys))]
+			out := make([]engine.Claim, len(batch))
+			if err := e.ClaimBatch(context.Background(), batch, nil, out); err != nil {
+				t.Fatal(err)
+			}
+			for j, c := range out {
+				if committed := c.Outcome == engine.Duplicate; committed != ledger[string(batch[j])] {
+					half++
+					t.Errorf("key %s: %v, ledger record %v: a half-applied write", batch[j], c.Outcome, ledger[string(batch[j])])
+				}
+			}
+			if err := e.ReleaseBatch(context.Background(), out, nil); err != nil && !errors.Is(err, engine.ErrNotClaimed) {
+				t.Fatal(err)
+			}
+		}
+		t.Logf("%d claimed keys: committed exactly when their ledger record exists (%d ledger records)", len(claimed), len(ledger))
+	}
+	t.Logf("%s: %d rounds (%d closed cleanly, %d killed): %d New answers checked against earlier acknowledgements, %d acknowledged keys all Duplicate at the end, %d half-applied writes",
+		mode, rounds, clean, rounds-clean, checked, len(acked), half)
 }
