@@ -85,6 +85,7 @@ func (q *commitQueue) push(ctx context.Context, p *pending, bounded bool) error 
 	if q.shut {
 		q.mu.Unlock()
 		if p.slot {
+			p.slot = false
 			<-q.slots
 		}
 		return ErrClosed

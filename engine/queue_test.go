@@ -1,0 +1,339 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/tierdedup/tierdedup/engine"
+)
+
+// gateFS holds every file sync while it is shut: the commit queue's writer
+// then waits inside its durable write, and what is enqueued meanwhile
+// piles up behind it.
+type gateFS struct {
+	vfs.FS
+	mu     sync.Mutex
+	shut   bool
+	open   chan struct{}
+	synced atomic.Int64 // syncs that waited
+}
+
+func newGateFS() *gateFS { return &gateFS{FS: vfs.NewMem(), open: make(chan struct{})} }
+
+func (g *gateFS) close() {
+	g.mu.Lock()
+	g.shut, g.open = true, make(chan struct{})
+	g.mu.Unlock()
+}
+
+func (g *gateFS) release() {
+	g.mu.Lock()
+	if g.shut {
+		g.shut = false
+		close(g.open)
+	}
+	g.mu.Unlock()
+}
+
+func (g *gateFS) wait() {
+	g.mu.Lock()
+	shut, open := g.shut, g.open
+	g.mu.Unlock()
+	if shut {
+		g.synced.Add(1)
+		<-open
+	}
+}
+
+func (g *gateFS) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
+	f, err := g.FS.Create(name, c)
+	return g.wrap(f, err)
+}
+
+func (g *gateFS) ReuseForWrite(oldname, newname string, c vfs.DiskWriteCategory) (vfs.File, error) {
+	f, err := g.FS.ReuseForWrite(oldname, newname, c)
+	return g.wrap(f, err)
+}
+
+func (g *gateFS) OpenReadWrite(name string, c vfs.DiskWriteCategory, opts ...vfs.OpenOption) (vfs.File, error) {
+	f, err := g.FS.OpenReadWrite(name, c, opts...)
+	return g.wrap(f, err)
+}
+
+func (g *gateFS) wrap(f vfs.File, err error) (vfs.File, error) {
+	if err != nil {
+		return nil, err
+	}
+	return gatedFile{File: f, g: g}, nil
+}
+
+type gatedFile struct {
+	vfs.File
+	g *gateFS
+}
+
+func (f gatedFile) Sync() error {
+	f.g.wait()
+	return f.File.Sync()
+}
+
+func (f gatedFile) SyncData() error {
+	f.g.wait()
+	return f.File.SyncData()
+}
+
+func (f gatedFile) SyncTo(length int64) (bool, error) {
+	f.g.wait()
+	return f.File.SyncTo(length)
+}
+
+// waitFor polls cond for up to 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 10 s for %s", what)
+		}
+	}
+}
+
+func claimNew(t *testing.T, e *engine.Engine, key string) engine.Claim {
+	t.Helper()
+	c, err := e.Claim(context.Background(), []byte(key))
+	if err != nil || c.Outcome != engine.New {
+		t.Fatalf("claim %s: %v, %v", key, c.Outcome, err)
+	}
+	return c
+}
+
+// TestCommitAsyncOrderAndDurability: goroutines each enqueue commits with
+// CommitAsync; every done runs once, with nil, in its goroutine's enqueue
+// order, and only after its commit is durable: while the writer is held
+// inside its sync, no done runs.
+func TestCommitAsyncOrderAndDurability(t *testing.T) {
+	fs := newGateFS()
+	e := open(t, engine.Options{Dir: "db", FS: fs})
+	ctx := context.Background()
+	const workers, each = 4, 500
+	fs.close()
+	var ran atomic.Int64
+	got := make([][]int, workers)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range each {
+				c := claimNew(t, e, fmt.Sprintf("w%d-%d", w, i))
+				e.CommitAsync(ctx, c, func(err error) {
+					if err != nil {
+						t.Errorf("w%d-%d: %v", w, i, err)
+					}
+					ran.Add(1)
+					mu.Lock()
+					got[w] = append(got[w], i)
+					mu.Unlock()
+				})
+			}
+		})
+	}
+	wg.Wait()
+	waitFor(t, "the writer to wait in its sync", func() bool { return fs.synced.Load() > 0 })
+	if n := ran.Load(); n != 0 {
+		t.Fatalf("%d dones ran while the write was not yet durable", n)
+	}
+	if st := e.Stats(); st.CommitsPending == 0 {
+		t.Fatalf("no commit waits behind the held write: %+v", st.CommitsPending)
+	}
+	fs.release()
+	if err := e.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := ran.Load(); n != workers*each {
+		t.Fatalf("Flush returned with %d of %d dones run", n, workers*each)
+	}
+	for w, seq := range got {
+		for i, v := range seq {
+			if v != i {
+				t.Fatalf("worker %d: done %d ran in place %d", w, v, i)
+			}
+		}
+	}
+	st := e.Stats()
+	if st.CommitGroups >= workers*each/2 {
+		t.Fatalf("%d commits in %d groups: pending commits were not written together", st.Commits, st.CommitGroups)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e = open(t, engine.Options{Dir: "db", FS: fs})
+	defer e.Close()
+	for w := range workers {
+		for i := range each {
+			if o, err := e.MarkIfAbsent(ctx, fmt.Appendf(nil, "w%d-%d", w, i)); err != nil || o != engine.Duplicate {
+				t.Fatalf("w%d-%d after reopening: %v, %v", w, i, o, err)
+			}
+		}
+	}
+	t.Logf("%d async commits in %d groups, dones in order", st.Commits, st.CommitGroups)
+}
+
+// TestCommitAsyncFencedAndNotClaimed: a claim whose lease ended and was
+// taken over gets ErrLeaseLost in its done, and changes nothing; a claim
+// that is not New gets ErrNotClaimed, in order with the others.
+func TestCommitAsyncFencedAndNotClaimed(t *testing.T) {
+	clock := newClock()
+	e := open(t, engine.Options{Dir: t.TempDir(), Clock: clock, Lease: time.Second})
+	defer e.Close()
+	ctx := context.Background()
+	stale := claimNew(t, e, "k")
+	clock.Add(2 * time.Second)
+	owner := claimNew(t, e, "k")
+	dup, err := e.Claim(ctx, []byte("k"))
+	if err != nil || dup.Outcome != engine.InFlight {
+		t.Fatalf("third claim: %v, %v", dup.Outcome, err)
+	}
+	var errs []error
+	var mu sync.Mutex
+	record := func(err error) { mu.Lock(); errs = append(errs, err); mu.Unlock() }
+	e.CommitAsync(ctx, stale, record)
+	e.CommitAsync(ctx, dup, record)
+	e.CommitAsync(ctx, owner, record)
+	if err := e.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(errs) != 3 || !errors.Is(errs[0], engine.ErrLeaseLost) || !errors.Is(errs[1], engine.ErrNotClaimed) || errs[2] != nil {
+		t.Fatalf("dones got %v; want ErrLeaseLost, ErrNotClaimed, nil", errs)
+	}
+}
+
+// TestCommitQueueBound: with CommitQueue 2 and the writer held, a third
+// CommitAsync waits for room; its ctx ending gets it ctx's error in done,
+// in order after the two before it, which succeed once the writer goes on.
+func TestCommitQueueBound(t *testing.T) {
+	fs := newGateFS()
+	e := open(t, engine.Options{Dir: "db", FS: fs, CommitQueue: 2})
+	defer e.Close()
+	ctx := context.Background()
+	a, b, c := claimNew(t, e, "a"), claimNew(t, e, "b"), claimNew(t, e, "c")
+	fs.close()
+	var order []string
+	var mu sync.Mutex
+	note := func(name string) func(error) {
+		return func(err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			order = append(order, fmt.Sprintf("%s:%v", name, err))
+		}
+	}
+	e.CommitAsync(ctx, a, note("a"))
+	waitFor(t, "a's write to wait in its sync", func() bool { return fs.synced.Load() > 0 })
+	e.CommitAsync(ctx, b, note("b"))
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	began := time.Now()
+	e.CommitAsync(short, c, note("c"))
+	if d := time.Since(began); d < 40*time.Millisecond {
+		t.Fatalf("the third CommitAsync returned after %v with the queue full", d)
+	}
+	fs.release()
+	if err := e.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"a:<nil>", "b:<nil>", "c:" + context.DeadlineExceeded.Error()}
+	if fmt.Sprint(order) != fmt.Sprint(want) {
+		t.Fatalf("dones %v, want %v", order, want)
+	}
+	if o, err := e.MarkIfAbsent(ctx, []byte("c")); err != nil || o != engine.InFlight {
+		t.Fatalf("c, never written: %v, %v; want InFlight (its claim stands)", o, err)
+	}
+}
+
+// TestCommitGroupKeepsEachCallsRecords: calls written in one group keep
+// CommitBatchWith's rule each: the records of a call whose claims all lost
+// their lease are not written, those of the others are, and a call with no
+// New claim writes its records.
+func TestCommitGroupKeepsEachCallsRecords(t *testing.T) {
+	fs := newGateFS()
+	clock := newClock()
+	e := open(t, engine.Options{Dir: "db", FS: fs, Clock: clock, Lease: time.Second})
+	defer e.Close()
+	ctx := context.Background()
+	stale := claimNew(t, e, "stale")
+	clock.Add(2 * time.Second)
+	claimNew(t, e, "stale") // takes it over
+	first := claimNew(t, e, "first")
+	kept := claimNew(t, e, "kept")
+	dup, _ := e.Claim(ctx, []byte("kept"))
+	fs.close()
+	results := make(chan string, 4)
+	e.CommitAsync(ctx, first, func(err error) { results <- fmt.Sprint("first:", err) })
+	waitFor(t, "the first write to wait in its sync", func() bool { return fs.synced.Load() > 0 })
+	rec := func(k string) []engine.Write { return []engine.Write{{Key: []byte("rec/" + k), Value: []byte(k)}} }
+	e.CommitBatchAsync(ctx, []engine.Claim{stale}, rec("stale"), func(err error) { results <- fmt.Sprint("stale:", errors.Is(err, engine.ErrLeaseLost)) })
+	e.CommitBatchAsync(ctx, []engine.Claim{kept}, rec("kept"), func(err error) { results <- fmt.Sprint("kept:", err) })
+	e.CommitBatchAsync(ctx, []engine.Claim{dup}, rec("none-new"), func(err error) { results <- fmt.Sprint("none-new:", err) })
+	groups := e.Stats().CommitGroups
+	fs.release()
+	if err := e.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	close(results)
+	var got []string
+	for r := range results {
+		got = append(got, r)
+	}
+	if want := "[first:<nil> stale:true kept:<nil> none-new:<nil>]"; fmt.Sprint(got) != want {
+		t.Fatalf("dones %v, want %s", got, want)
+	}
+	if n := e.Stats().CommitGroups - groups; n != 2 {
+		t.Fatalf("%d groups written after the held one: the three calls were not written together", n-1)
+	}
+	var recs []string
+	if err := e.ScanWrites([]byte("rec/"), func(k, _ []byte) error { recs = append(recs, string(k)); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if want := "[rec/kept rec/none-new]"; fmt.Sprint(recs) != want {
+		t.Fatalf("records %v, want %s", recs, want)
+	}
+}
+
+// TestCloseFlushesCommitQueue: Close writes every commit enqueued before it
+// and runs its done; a CommitAsync after Close gets ErrClosed.
+func TestCloseFlushesCommitQueue(t *testing.T) {
+	fs := newGateFS()
+	e := open(t, engine.Options{Dir: "db", FS: fs})
+	ctx := context.Background()
+	var ran atomic.Int64
+	for i := range 100 {
+		e.CommitAsync(ctx, claimNew(t, e, fmt.Sprint(i)), func(err error) {
+			if err == nil {
+				ran.Add(1)
+			}
+		})
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := ran.Load(); n != 100 {
+		t.Fatalf("Close returned with %d of 100 dones run", n)
+	}
+	var after error
+	e.CommitAsync(ctx, engine.Claim{Outcome: engine.New}, func(err error) { after = err })
+	if !errors.Is(after, engine.ErrClosed) && !errors.Is(after, engine.ErrLeaseLost) {
+		t.Fatalf("CommitAsync after Close: %v", after)
+	}
+	e = open(t, engine.Options{Dir: "db", FS: fs})
+	defer e.Close()
+	for i := range 100 {
+		if o, err := e.MarkIfAbsent(ctx, fmt.Append(nil, i)); err != nil || o != engine.Duplicate {
+			t.Fatalf("%d after reopening: %v, %v", i, o, err)
+		}
+	}
+}
