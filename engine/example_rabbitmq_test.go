@@ -57,3 +57,59 @@ func Example_rabbitMQ() {
 }
 
 func handleOrder(context.Context, []byte) error { return nil }
+
+// A RabbitMQ consumer that handles one message at a time at batch speed:
+// it claims, runs the handler, and hands the commit to the engine's commit
+// queue with CommitAsync, acking the message in done, once the commit is
+// durable; the next message is handled meanwhile, and commits waiting
+// together share one fsync. A failed handler releases the claim and
+// requeues the message; a failed commit requeues it too (its redelivery
+// finds the commit, if it landed, as a Duplicate).
+func Example_rabbitMQAsync() {
+	dedup, err := engine.Open(&engine.Options{Dir: "/var/lib/orders-consumer/dedup"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer dedup.Close() // writes every pending commit and runs its done first
+
+	conn, err := amqp.Dial("amqp://guest:guest@127.0.0.1:5672/")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := ch.Qos(1024, 0, false); err != nil { // room for the commits in flight
+		log.Fatal(err)
+	}
+	deliveries, err := ch.Consume("orders", "", false /* manual ack */, false, false, false, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	for d := range deliveries {
+		c, err := dedup.Claim(ctx, []byte(d.MessageId))
+		switch {
+		case err != nil, c.Outcome == engine.InFlight:
+			_ = d.Nack(false, true)
+			continue
+		case c.Outcome == engine.Duplicate:
+			_ = d.Ack(false)
+			continue
+		}
+		if err := handleOrder(ctx, d.Body); err != nil {
+			_ = dedup.Release(ctx, c)
+			_ = d.Nack(false, true)
+			continue
+		}
+		dedup.CommitAsync(ctx, c, func(err error) {
+			if err != nil {
+				_ = d.Nack(false, true)
+				return
+			}
+			_ = d.Ack(false) // durable: ack
+		})
+	}
+}

@@ -53,14 +53,17 @@ func dialRabbit(t *testing.T) *amqp.Connection {
 // rabbitChild consumes queue until killed. Mode "redis": Do with a file
 // ledger written by the handler (the effect), dedup shared in Redis. Mode
 // "atomic": the ledger entry is written by CommitBatchWith in the same
-// atomic step as the commit, dedup in a Pebble directory. Every phase is
+// atomic step as the commit, dedup in a Pebble directory. Mode
+// "atomic-async": the same write through CommitBatchAsync, the message
+// acked in its done, the next message handled meanwhile. Every phase is
 // logged on stdout before it starts: C claim, E effect, M commit, A ack.
 func rabbitChild(spec string) int {
 	f := strings.Split(spec, "|")
 	mode, queue, store, ledgerPath := f[0], f[1], f[2], f[3]
 	out := bufio.NewWriter(os.Stdout)
-	say := func(phase, id string) { fmt.Fprintln(out, phase, id); out.Flush() }
-	fail := func(err error) int { fmt.Fprintln(out, "ERR", err); out.Flush(); return 1 }
+	var mu sync.Mutex // the dones of async commits log too
+	say := func(phase, id string) { mu.Lock(); fmt.Fprintln(out, phase, id); out.Flush(); mu.Unlock() }
+	fail := func(err error) int { say("ERR", err.Error()); return 1 }
 
 	var e *engine.Engine
 	var err error
@@ -144,6 +147,21 @@ func rabbitChild(spec string) int {
 				if err := e.Commit(ctx, c); err != nil {
 					return fail(err)
 				}
+			} else if mode == "atomic-async" {
+				// One message at a time without waiting for the disk:
+				// the effect and the mark go into the commit queue as one
+				// write, and the message is acked once it is durable.
+				say("M", id)
+				d := d
+				e.CommitBatchAsync(ctx, []engine.Claim{c}, effect, func(err error) {
+					if err != nil {
+						say("ERR", err.Error())
+						return
+					}
+					say("A", id)
+					_ = d.Ack(false)
+				})
+				continue
 			} else {
 				say("M", id) // effect and commit are one atomic write
 				if err := e.CommitBatchWith(ctx, []engine.Claim{c}, nil, effect); err != nil {
@@ -211,7 +229,7 @@ func (c *consumer) kill() (string, string) {
 }
 
 func TestRabbitMQRedelivery(t *testing.T) {
-	for _, mode := range []string{"redis", "atomic"} {
+	for _, mode := range []string{"redis", "atomic", "atomic-async"} {
 		t.Run(mode, func(t *testing.T) { runRabbit(t, mode) })
 	}
 }
@@ -344,7 +362,7 @@ func runRabbit(t *testing.T, mode string) {
 			residue += c - 1
 		}
 	}
-	if mode == "atomic" && residue > 0 {
+	if mode != "redis" && residue > 0 {
 		t.Errorf("%d repeated effects with the ledger in the commit: want exactly once (each message's effect counted from its appended records)", residue)
 	}
 	t.Logf("%s: %d messages (+ republished copies), kills by phase %v, %d redeliveries, %d duplicates absorbed, %d repeated effects (the at-least-once residue)",
