@@ -98,6 +98,9 @@ func Example_rabbitMQAsync() {
 		case c.Outcome == engine.Duplicate:
 			_ = d.Ack(false)
 			continue
+		case c.Outcome != engine.New: // Conflict or Poison
+			_ = d.Nack(false, false) // to the dead-letter exchange
+			continue
 		}
 		if err := handleOrder(ctx, d.Body); err != nil {
 			_ = dedup.Release(ctx, c)
