@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
 // gateFS holds every file sync while it is shut: the commit queue's writer
@@ -335,5 +337,91 @@ func TestCloseFlushesCommitQueue(t *testing.T) {
 		if o, err := e.MarkIfAbsent(ctx, fmt.Append(nil, i)); err != nil || o != engine.Duplicate {
 			t.Fatalf("%d after reopening: %v, %v", i, o, err)
 		}
+	}
+}
+
+// TestCommitAsyncSharedTiers: on Redis, a 3-master Redis Cluster and
+// PostgreSQL, asynchronous commits from several goroutines are written
+// together (fewer writes than commits: one pipeline or statement per
+// group), every done runs with nil in its goroutine's order, and every key
+// is a Duplicate to another process afterwards.
+func TestCommitAsyncSharedTiers(t *testing.T) {
+	configs := []struct {
+		name string
+		open func(t *testing.T) engine.Options
+	}{
+		{"redis", func(t *testing.T) engine.Options {
+			c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr, PoolSize: 16})
+			t.Cleanup(func() { c.Close() })
+			return engine.Options{Tiers: engine.Redis, Redis: c, RedisPrefix: "async:"}
+		}},
+		{"redis-cluster", func(t *testing.T) engine.Options {
+			c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: redistest.StartCluster(t).Addrs(), PoolSize: 16})
+			t.Cleanup(func() { c.Close() })
+			return engine.Options{Tiers: engine.Redis, Redis: c, RedisPrefix: "async:"}
+		}},
+		{"postgres", func(t *testing.T) engine.Options {
+			p := postgresPool(t)
+			table := fmt.Sprintf("async_%d", time.Now().UnixNano())
+			t.Cleanup(func() { _, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
+			return engine.Options{Tiers: engine.Postgres, Postgres: p, PostgresTable: table}
+		}},
+	}
+	for _, cfg := range configs {
+		t.Run(cfg.name, func(t *testing.T) {
+			o := cfg.open(t)
+			e := open(t, o)
+			ctx := context.Background()
+			const workers, each = 4, 300
+			got := make([][]int, workers)
+			var mu sync.Mutex
+			var wg sync.WaitGroup
+			for w := range workers {
+				wg.Go(func() {
+					for i := range each {
+						c := claimNew(t, e, fmt.Sprintf("w%d-%d", w, i))
+						e.CommitAsync(ctx, c, func(err error) {
+							if err != nil {
+								t.Errorf("w%d-%d: %v", w, i, err)
+							}
+							mu.Lock()
+							got[w] = append(got[w], i)
+							mu.Unlock()
+						})
+					}
+				})
+			}
+			wg.Wait()
+			if err := e.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for w, seq := range got {
+				if len(seq) != each {
+					t.Fatalf("worker %d: %d of %d dones ran before Flush returned", w, len(seq), each)
+				}
+				for i, v := range seq {
+					if v != i {
+						t.Fatalf("worker %d: done %d ran in place %d", w, v, i)
+					}
+				}
+			}
+			st := e.Stats()
+			if st.CommitGroups >= st.Commits {
+				t.Fatalf("%d commits in %d writes: nothing was written together", st.Commits, st.CommitGroups)
+			}
+			if err := e.Close(); err != nil {
+				t.Fatal(err)
+			}
+			other := open(t, o)
+			defer other.Close()
+			for w := range workers {
+				for i := range each {
+					if c, err := other.Claim(ctx, fmt.Appendf(nil, "w%d-%d", w, i)); err != nil || c.Outcome != engine.Duplicate {
+						t.Fatalf("w%d-%d in another process: %v, %v", w, i, c.Outcome, err)
+					}
+				}
+			}
+			t.Logf("%d async commits in %d writes", st.Commits, st.CommitGroups)
+		})
 	}
 }
