@@ -11,22 +11,41 @@ import (
 
 // CompareRow is one line of a side-by-side comparison.
 type CompareRow struct {
-	Name       string
-	Keys       int64
-	Elapsed    time.Duration
-	KeysPerSec float64
-	// Ratio is the engine's keys/s divided by this row's (zero for the
-	// engine itself).
+	Name string
+	// Group is GroupBatch or GroupPerMessage: rows are compared within
+	// their group, with the engine's row of the group.
+	Group string
+	// Batch is the keys per call; Concurrency the goroutines (or
+	// connections) calling.
+	Batch, Concurrency int
+	Keys               int64
+	Elapsed            time.Duration
+	KeysPerSec         float64
+	// Ratio is the keys/s of the engine's row of the group divided by this
+	// row's (zero for the engine's rows).
 	Ratio float64
 	// Skipped says why the row did not run (no server answered).
 	Skipped string `json:",omitempty"`
 }
+
+// The groups of a comparison.
+const (
+	GroupBatch      = "batch"
+	GroupPerMessage = "per message"
+)
 
 // Baseline is a dedup table that users replace: it marks a batch of keys
 // and reports, per key, whether it was new.
 type Baseline interface {
 	Mark(ctx context.Context, keys [][]byte, fresh []bool) error
 	Close()
+}
+
+// Flusher is a Baseline whose marks complete after Mark returns (an
+// engine committing asynchronously): RunBaseline calls Flush before it
+// stops the clock.
+type Flusher interface {
+	Flush(ctx context.Context) error
 }
 
 // RunBaseline pushes the workload through b from workers goroutines in
@@ -69,18 +88,32 @@ func RunBaseline(ctx context.Context, name string, b Baseline, wc WorkloadConfig
 		}()
 	}
 	wg.Wait()
+	if f, ok := b.(Flusher); ok && firstErr == nil {
+		firstErr = f.Flush(context.WithoutCancel(ctx))
+	}
 	el := time.Since(start)
 	if firstErr != nil {
 		return CompareRow{}, fmt.Errorf("%s: %w", name, firstErr)
 	}
-	return CompareRow{Name: name, Keys: done.Load(), Elapsed: el, KeysPerSec: float64(done.Load()) / el.Seconds()}, nil
+	group := GroupBatch
+	if batch == 1 {
+		group = GroupPerMessage
+	}
+	return CompareRow{Name: name, Group: group, Batch: batch, Concurrency: workers, Keys: done.Load(), Elapsed: el, KeysPerSec: float64(done.Load()) / el.Seconds()}, nil
 }
 
-// Ratios fills each row's Ratio against the engine's keys/s.
-func Ratios(engineKeysPerSec float64, rows []CompareRow) {
+// Ratios fills each row's Ratio against the keys/s of the first engine row
+// of its group.
+func Ratios(rows []CompareRow) {
+	ref := map[string]float64{}
+	for _, r := range rows {
+		if _, ok := ref[r.Group]; !ok && strings.HasPrefix(r.Name, "engine") && r.KeysPerSec > 0 {
+			ref[r.Group] = r.KeysPerSec
+		}
+	}
 	for i := range rows {
-		if rows[i].KeysPerSec > 0 && !strings.HasPrefix(rows[i].Name, "engine") {
-			rows[i].Ratio = engineKeysPerSec / rows[i].KeysPerSec
+		if rows[i].KeysPerSec > 0 && !strings.HasPrefix(rows[i].Name, "engine") && ref[rows[i].Group] > 0 {
+			rows[i].Ratio = ref[rows[i].Group] / rows[i].KeysPerSec
 		}
 	}
 }

@@ -100,17 +100,20 @@ func PrintPlan(w io.Writer, pl Plan) {
 // PrintCompare writes a comparison table for a person.
 func PrintCompare(w io.Writer, rows []CompareRow) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "what\tkeys\tkeys/s\tengine is")
+	fmt.Fprintln(tw, "group\twhat\tbatch\tconcurrency\tkeys\tkeys/s\tthe group's engine row is")
 	for _, r := range rows {
 		if r.Skipped != "" {
-			fmt.Fprintf(tw, "%s\t-\t-\tskipped: %s\n", r.Name, r.Skipped)
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\tskipped: %s\n", r.Group, r.Name, r.Skipped)
 			continue
 		}
 		ratio := ""
-		if r.Ratio > 0 {
+		switch {
+		case r.Ratio >= 1:
 			ratio = fmt.Sprintf("%.1f× faster", r.Ratio)
+		case r.Ratio > 0:
+			ratio = fmt.Sprintf("%.1f× slower", 1/r.Ratio)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\n", r.Name, r.Keys, r.KeysPerSec, ratio)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.0f\t%s\n", r.Group, r.Name, r.Batch, r.Concurrency, r.Keys, r.KeysPerSec, ratio)
 	}
 	tw.Flush()
 }

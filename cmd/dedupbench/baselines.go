@@ -1,42 +1,72 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/bench"
+	"github.com/tierdedup/tierdedup/engine"
 )
 
 // baselines runs the dedup tables users replace on the same workload; a
 // server that does not answer gives a skipped row, not an error.
-func baselines(ctx context.Context, wc bench.WorkloadConfig, redisAddr, dsn string, budget time.Duration, say func(string, ...any)) []bench.CompareRow {
+// baselines runs, beside the engine's MarkBatch row, the engine consumed
+// one message at a time (CommitAsync from one goroutine, Do from 16) and
+// the dedup tables users replace, per message and in batches: Redis SET NX
+// EX (one per message from 1 and 16 clients, and pipelined batches of 256
+// from 4) and a PostgreSQL unique index (one INSERT per message from 1 and
+// 16 connections, and sorted batches of 256 from 1 and 4).
+func baselines(ctx context.Context, rc bench.RunConfig, redisAddr, dsn string, budget time.Duration, say func(string, ...any)) []bench.CompareRow {
+	wc := rc.Workload
 	var rows []bench.CompareRow
-	skip := func(name, why string) {
+	skip := func(name string, batch int, why string) {
 		say("%s: skipped: %s", name, why)
-		rows = append(rows, bench.CompareRow{Name: name, Skipped: why})
+		group := bench.GroupBatch
+		if batch == 1 {
+			group = bench.GroupPerMessage
+		}
+		rows = append(rows, bench.CompareRow{Name: name, Group: group, Batch: batch, Skipped: why})
 	}
 	add := func(name string, b bench.Baseline, batch, workers int) {
 		defer b.Close()
 		say("%s...", name)
 		row, err := bench.RunBaseline(ctx, name, b, wc, batch, workers, budget)
 		if err != nil {
-			skip(name, err.Error())
+			skip(name, batch, err.Error())
 			return
 		}
 		rows = append(rows, row)
 	}
+	for _, async := range []bool{true, false} {
+		name, workers := "engine "+rc.Engine.Tiers.String()+" Claim + CommitAsync", 1
+		if !async {
+			name, workers = "engine "+rc.Engine.Tiers.String()+" Do", 16
+		}
+		b, err := openEngineBaseline(rc.Engine, async)
+		if err != nil {
+			skip(name, 1, err.Error())
+			continue
+		}
+		add(name, b, 1, workers)
+	}
 	if redisAddr != "" {
-		name := "redis SET NX EX per message, 16 clients"
 		c := goredis.NewClient(&goredis.Options{Addr: redisAddr, PoolSize: 16})
+		prefix := "dedupbench:" + time.Now().Format("150405.000") + ":"
 		if err := c.Ping(ctx).Err(); err != nil {
-			skip(name, "no Redis at "+redisAddr+": "+err.Error())
+			skip("redis SET NX EX per message", 1, "no Redis at "+redisAddr+": "+err.Error())
+			skip("redis SET NX EX pipelined", 256, "no Redis at "+redisAddr+": "+err.Error())
 		} else {
-			add(name, redisSetNX{C: c, Prefix: "dedupbench:" + time.Now().Format("150405.000") + ":", Window: time.Hour}, 1, 16)
+			add("redis SET NX EX per message", redisSetNX{C: c, Prefix: prefix + "1:", Window: time.Hour}, 1, 1)
+			add("redis SET NX EX per message", redisSetNX{C: c, Prefix: prefix + "16:", Window: time.Hour}, 1, 16)
+			add("redis SET NX EX pipelined", redisSetNX{C: c, Prefix: prefix + "p:", Window: time.Hour, Pipelined: true}, 256, 4)
 		}
 		c.Close()
 	}
@@ -46,14 +76,14 @@ func baselines(ctx context.Context, wc bench.WorkloadConfig, redisAddr, dsn stri
 			conns, batch int
 			batched      bool
 		}{
-			{"postgres INSERT ON CONFLICT per message, 1 connection", 1, 1, false},
-			{"postgres INSERT ON CONFLICT per message, 16 connections", 16, 1, false},
-			{"postgres batch of 256 (sorted unnest), 1 connection", 1, 256, true},
-			{"postgres batch of 256 (sorted unnest), 4 connections", 4, 256, true},
+			{"postgres INSERT ON CONFLICT per message", 1, 1, false},
+			{"postgres INSERT ON CONFLICT per message", 16, 1, false},
+			{"postgres INSERT ON CONFLICT, sorted unnest", 1, 256, true},
+			{"postgres INSERT ON CONFLICT, sorted unnest", 4, 256, true},
 		} {
 			p, err := newPostgres(ctx, dsn, pg.conns, pg.batched)
 			if err != nil {
-				skip(pg.name, "no PostgreSQL at "+dsn+": "+err.Error())
+				skip(pg.name, pg.batch, "no PostgreSQL at "+dsn+": "+err.Error())
 				continue
 			}
 			add(pg.name, p, pg.batch, pg.conns)
@@ -65,13 +95,29 @@ func baselines(ctx context.Context, wc bench.WorkloadConfig, redisAddr, dsn stri
 // redisSetNX is the common recipe: SET key 1 NX EX window per message, one
 // round trip each.
 type redisSetNX struct {
-	C      *goredis.Client
-	Prefix string
-	Window time.Duration
+	C         *goredis.Client
+	Prefix    string
+	Window    time.Duration
+	Pipelined bool // a batch in one pipeline
 }
 
 // Mark implements bench.Baseline.
 func (r redisSetNX) Mark(ctx context.Context, keys [][]byte, fresh []bool) error {
+	if r.Pipelined {
+		cmds := make([]*goredis.BoolCmd, len(keys))
+		if _, err := r.C.Pipelined(ctx, func(p goredis.Pipeliner) error {
+			for i, k := range keys {
+				cmds[i] = p.SetNX(ctx, r.Prefix+string(k), 1, r.Window)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		for i, c := range cmds {
+			fresh[i] = c.Val()
+		}
+		return nil
+	}
 	for i, k := range keys {
 		ok, err := r.C.SetNX(ctx, r.Prefix+string(k), 1, r.Window).Result()
 		if err != nil {
@@ -174,5 +220,82 @@ func (p *postgresTable) Close() {
 		default:
 			return
 		}
+	}
+}
+
+// engineBaseline is the engine consumed one message at a time: Claim and
+// CommitAsync (done counted at Flush), or Do, with a no-op handler.
+type engineBaseline struct {
+	e      *engine.Engine
+	dir    string
+	async  bool
+	failed atomic.Pointer[error]
+}
+
+func openEngineBaseline(o engine.Options, async bool) (*engineBaseline, error) {
+	b := &engineBaseline{async: async}
+	o.Clock = nil // the system clock: these rows run in real time
+	if o.Tiers == engine.Default {
+		dir, err := os.MkdirTemp("", "dedupbench-")
+		if err != nil {
+			return nil, err
+		}
+		o.Dir, b.dir = dir, dir
+	}
+	e, err := engine.Open(&o)
+	if err != nil {
+		b.Close()
+		return nil, err
+	}
+	b.e = e
+	return b, nil
+}
+
+// Mark implements bench.Baseline.
+func (b *engineBaseline) Mark(ctx context.Context, keys [][]byte, fresh []bool) error {
+	for i, k := range keys {
+		if !b.async {
+			o, err := b.e.Do(ctx, k, func(context.Context) error { return nil })
+			if err != nil {
+				return err
+			}
+			fresh[i] = o == engine.New
+			continue
+		}
+		k = bytes.Clone(k) // the caller reuses its buffers; a claim's key must outlive done
+		c, err := b.e.Claim(ctx, k)
+		if err != nil {
+			return err
+		}
+		fresh[i] = c.Outcome == engine.New
+		if fresh[i] {
+			b.e.CommitAsync(ctx, c, func(err error) {
+				if err != nil {
+					b.failed.CompareAndSwap(nil, &err)
+				}
+			})
+		}
+	}
+	return nil
+}
+
+// Flush implements bench.Flusher: every commit is durable and its done ran.
+func (b *engineBaseline) Flush(ctx context.Context) error {
+	if err := b.e.Flush(ctx); err != nil {
+		return err
+	}
+	if err := b.failed.Load(); err != nil {
+		return *err
+	}
+	return nil
+}
+
+// Close implements bench.Baseline.
+func (b *engineBaseline) Close() {
+	if b.e != nil {
+		_ = b.e.Close()
+	}
+	if b.dir != "" {
+		_ = os.RemoveAll(b.dir)
 	}
 }

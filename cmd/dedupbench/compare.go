@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/tierdedup/tierdedup/bench"
@@ -36,9 +38,11 @@ func compareCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	rows := []bench.CompareRow{{Name: "engine " + res.Tiers + ", batch 256", Keys: res.Keys, Elapsed: res.Elapsed, KeysPerSec: res.KeysPerSec}}
-	rows = append(rows, baselines(ctx, rc.Workload, *redisAddr, *dsn, *budget, say)...)
-	bench.Ratios(res.KeysPerSec, rows)
+	rows := []bench.CompareRow{{Name: "engine " + res.Tiers + " MarkBatch", Group: bench.GroupBatch, Batch: res.Batch, Concurrency: res.Workers,
+		Keys: res.Keys, Elapsed: res.Elapsed, KeysPerSec: res.KeysPerSec}}
+	rows = append(rows, baselines(ctx, rc, *redisAddr, *dsn, *budget, say)...)
+	slices.SortStableFunc(rows, func(a, b bench.CompareRow) int { return strings.Compare(a.Group, b.Group) })
+	bench.Ratios(rows)
 	if err := finish(stdout, *report, *asJSON, res, rows, rows, func() { bench.PrintCompare(stdout, rows) }); err != nil {
 		return err
 	}

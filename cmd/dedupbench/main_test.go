@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -159,17 +160,43 @@ func TestPlanJSON(t *testing.T) {
 func TestCompareAgainstRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	var out, errOut bytes.Buffer
-	args := []string{"compare", "-keys", "50000", "-redis", srv.Addr, "-postgres", "postgres://nobody@127.0.0.1:1/none", "-budget", "1s"}
+	args := []string{"compare", "-keys", "50000", "-batch", "64", "-workers", "3", "-redis", srv.Addr, "-postgres", "postgres://nobody@127.0.0.1:1/none", "-budget", "1s"}
 	if err := run(context.Background(), args, &out, &errOut); err != nil {
 		t.Fatal(err, errOut.String())
 	}
 	s := out.String()
-	if !strings.Contains(s, "redis SET NX EX per message") || !strings.Contains(s, "faster") {
-		t.Errorf("no Redis row with a ratio:\n%s", s)
+	// Each row says its group, batch size and concurrency as run; baselines
+	// carry a ratio to their group's engine row.
+	for _, row := range []struct {
+		group, name, batch, conc string
+		ratio                    bool
+	}{
+		{"batch", "engine memory+bloom+pebble MarkBatch", "64", "3", false},
+		{"batch", "redis SET NX EX pipelined", "256", "4", true},
+		{"per message", "engine memory+bloom+pebble Claim + CommitAsync", "1", "1", false},
+		{"per message", "engine memory+bloom+pebble Do", "1", "16", false},
+		{"per message", "redis SET NX EX per message", "1", "1", true},
+		{"per message", "redis SET NX EX per message", "1", "16", true},
+	} {
+		if !hasRow(s, row.group, row.name, row.batch, row.conc, row.ratio) {
+			t.Errorf("no row %q (group %s, batch %s, concurrency %s, ratio %v):\n%s", row.name, row.group, row.batch, row.conc, row.ratio, s)
+		}
 	}
 	if !strings.Contains(s, "skipped: no PostgreSQL") {
 		t.Errorf("an unreachable PostgreSQL is not reported as skipped:\n%s", s)
 	}
+}
+
+// hasRow reports whether compare's table has a row of group and name with
+// that batch and concurrency, and a ratio when ratio.
+func hasRow(table, group, name, batch, conc string, ratio bool) bool {
+	re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(group) + `\s+` + regexp.QuoteMeta(name) + `\s+` + batch + `\s+` + conc + `\s+\d+\s+\d+[ \t]*(.*)$`)
+	for _, m := range re.FindAllStringSubmatch(table, -1) {
+		if has := strings.Contains(m[1], "faster") || strings.Contains(m[1], "slower"); has == ratio {
+			return true
+		}
+	}
+	return false
 }
 
 // TestCompareAgainstPostgres runs the PostgreSQL dedup-table baselines the
@@ -194,15 +221,14 @@ func TestCompareAgainstPostgres(t *testing.T) {
 		}
 		t.Skipf("no PostgreSQL at %s (set TIERDEDUP_REQUIRE_POSTGRES to make this a failure)", dsn)
 	}
-	for _, row := range []string{"per message, 1 connection", "per message, 16 connections", "batch of 256 (sorted unnest), 1 connection", "batch of 256 (sorted unnest), 4 connections"} {
-		found := false
-		for _, line := range strings.Split(s, "\n") {
-			if strings.Contains(line, "postgres") && strings.Contains(line, row) && strings.Contains(line, "faster") {
-				found = true
-			}
-		}
-		if !found {
-			t.Errorf("no PostgreSQL row %q with a ratio:\n%s", row, s)
+	for _, row := range []struct{ group, name, batch, conc string }{
+		{"per message", "postgres INSERT ON CONFLICT per message", "1", "1"},
+		{"per message", "postgres INSERT ON CONFLICT per message", "1", "16"},
+		{"batch", "postgres INSERT ON CONFLICT, sorted unnest", "256", "1"},
+		{"batch", "postgres INSERT ON CONFLICT, sorted unnest", "256", "4"},
+	} {
+		if !hasRow(s, row.group, row.name, row.batch, row.conc, true) {
+			t.Errorf("no PostgreSQL row %q (batch %s, concurrency %s) with a ratio:\n%s", row.name, row.batch, row.conc, s)
 		}
 	}
 	t.Log("\n" + s)
