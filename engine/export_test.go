@@ -6,3 +6,11 @@ func SetRebuildGate(gate chan struct{}) { rebuildGate = gate }
 
 // Capabilities names the optional tier capabilities the engine found.
 func (e *Engine) Capabilities() (dropper, marker bool) { return e.dropper != nil, e.marker != nil }
+
+// HoldCommits holds the commit queue's writer back until the returned
+// function is called: what is enqueued meanwhile is written as one group.
+func HoldCommits() (release func()) {
+	gate := make(chan struct{})
+	holdCommits.Store(&gate)
+	return func() { holdCommits.Store(nil); close(gate) }
+}

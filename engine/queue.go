@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -35,6 +36,10 @@ type commitQueue struct {
 	errs   []error
 	spans  []span
 }
+
+// holdCommits, when set by tests, holds the writer back until it is
+// closed, so that what is enqueued meanwhile is written as one group.
+var holdCommits atomic.Pointer[chan struct{}]
 
 // pending is one enqueued commit call.
 type pending struct {
@@ -112,6 +117,11 @@ func (q *commitQueue) commit() {
 			}
 			q.mu.Unlock()
 			<-q.wake
+			q.mu.Lock()
+		}
+		if gate := holdCommits.Load(); gate != nil {
+			q.mu.Unlock()
+			<-*gate
 			q.mu.Lock()
 		}
 		n, claims := 0, 0
