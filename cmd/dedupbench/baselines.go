@@ -269,7 +269,9 @@ func (b *engineBaseline) Mark(ctx context.Context, keys [][]byte, fresh []bool) 
 		}
 		fresh[i] = c.Outcome == engine.New
 		if fresh[i] {
-			b.e.CommitAsync(ctx, c, func(err error) {
+			// The run's time budget stops new messages, not the commits
+			// already handed over: they are written and counted.
+			b.e.CommitAsync(context.WithoutCancel(ctx), c, func(err error) {
 				if err != nil {
 					b.failed.CompareAndSwap(nil, &err)
 				}
