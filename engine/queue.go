@@ -11,30 +11,35 @@ import (
 
 // commitQueue is the engine's one group commit, for an engine with an exact
 // tier. Every commit (Commit, CommitBatch, CommitBatchWith, their Async
-// forms, Do) is enqueued; one committer goroutine takes everything pending
-// as soon as the previous write returns (up to maxGroup claims) and makes it
+// forms, Do) is enqueued; one writer goroutine takes everything pending as
+// soon as the previous write returns (up to maxGroup claims) and makes it
 // durable in one write: one synced Pebble batch, one Redis pipeline, one
 // statement. Synchronous callers wait for their result; the done functions
 // of asynchronous ones run on one notifier goroutine, in enqueue order.
 //
-// Order: commits are taken in enqueue order, each group is durable before
-// the next is written, and dones run in enqueue order after their group is
+// Order: calls are taken in enqueue order, each group is durable before the
+// next is written, and dones run in enqueue order after their group is
 // durable, so one goroutine's commits become durable, and call done, in the
-// order it enqueued them.
+// order it enqueued them. A call refused before it was written (a claim
+// that is not New, a closed engine) still has its done run in that order.
+//
+// Bound: an asynchronous call holds a slot from its enqueue until its done
+// has run, so Options.CommitQueue bounds the memory of everything pending.
+// Synchronous calls hold none (each is bounded by its waiting goroutine),
+// and the writer never waits for the notifier: a done may call Commit or Do
+// without deadlocking the queue.
 type commitQueue struct {
 	e     *Engine
-	slots chan struct{} // one per pending commit call: the bound
+	slots chan struct{} // one per pending asynchronous call: the bound
 	wake  chan struct{} // cap 1: something was enqueued
 	mu    sync.Mutex
-	items []*pending
-	shut  bool
-	// notify carries each written group to the notifier, in order.
-	notify   chan []*pending
-	finished chan struct{} // the notifier has run every done
-	// The committer's own scratch, reused between groups.
-	claims []Claim
-	errs   []error
-	spans  []span
+	items []*pending // to write, in order
+	notes []*pending // written, their dones to run, in order
+	cond  *sync.Cond // on mu: notes were added, or the writer ended
+	shut  bool       // no call is accepted any more
+	wrote bool       // the writer has ended: everything accepted is written
+	noted bool       // the notifier has ended: every done has run
+	ended chan struct{}
 }
 
 // holdCommits, when set by tests, holds the writer back until it is
@@ -60,39 +65,39 @@ const maxGroup = 4096
 
 func newCommitQueue(e *Engine, bound int) *commitQueue {
 	q := &commitQueue{
-		e:        e,
-		slots:    make(chan struct{}, bound),
-		wake:     make(chan struct{}, 1),
-		notify:   make(chan []*pending, 64),
-		finished: make(chan struct{}),
+		e:     e,
+		slots: make(chan struct{}, bound),
+		wake:  make(chan struct{}, 1),
+		ended: make(chan struct{}),
 	}
+	q.cond = sync.NewCond(&q.mu)
 	go q.commit()
 	go q.notifier()
 	return q
 }
 
-// push enqueues p; with bounded it first waits for a slot (respecting ctx).
-func (q *commitQueue) push(ctx context.Context, p *pending, bounded bool) error {
-	if bounded {
-		select {
-		case q.slots <- struct{}{}:
-			p.slot = true
-		default:
-			select {
-			case q.slots <- struct{}{}:
-				p.slot = true
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
+// reserve waits for a slot of the bound, or until ctx ends.
+func (q *commitQueue) reserve(ctx context.Context, p *pending) error {
+	select {
+	case q.slots <- struct{}{}:
+		p.slot = true
+		return nil
+	default:
 	}
+	select {
+	case q.slots <- struct{}{}:
+		p.slot = true
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// push enqueues p to be written.
+func (q *commitQueue) push(p *pending) error {
 	q.mu.Lock()
 	if q.shut {
 		q.mu.Unlock()
-		if p.slot {
-			p.slot = false
-			<-q.slots
-		}
 		return ErrClosed
 	}
 	q.items = append(q.items, p)
@@ -104,14 +109,37 @@ func (q *commitQueue) push(ctx context.Context, p *pending, bounded bool) error 
 	return nil
 }
 
-// commit is the committer: it writes what is pending, group by group,
-// until the queue is shut and empty.
+// refuse has p's done run with p.err, in order after every done already
+// due; it reports false when the notifier has ended (every earlier done has
+// run): the caller then runs it.
+func (q *commitQueue) refuse(p *pending) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	switch {
+	case !q.wrote:
+		q.items = append(q.items, p) // through the writer, which skips it
+		select {
+		case q.wake <- struct{}{}:
+		default:
+		}
+	case !q.noted:
+		q.notes = append(q.notes, p)
+		q.cond.Signal()
+	default:
+		return false
+	}
+	return true
+}
+
+// commit is the writer: it writes what is pending, group by group, until
+// the queue is shut and empty.
 func (q *commitQueue) commit() {
-	defer close(q.notify)
 	for {
 		q.mu.Lock()
 		for len(q.items) == 0 {
 			if q.shut {
+				q.wrote = true // in the same step: refuse sees it
+				q.cond.Signal()
 				q.mu.Unlock()
 				return
 			}
@@ -137,22 +165,28 @@ func (q *commitQueue) commit() {
 		q.mu.Unlock()
 
 		q.write(group)
+		q.mu.Lock()
 		for _, p := range group {
-			if p.slot {
-				<-q.slots
-			}
 			if p.wait != nil {
 				p.wait <- p.err
+			} else {
+				q.notes = append(q.notes, p)
 			}
 		}
-		q.notify <- group
+		q.cond.Signal()
+		q.mu.Unlock()
 	}
 }
 
 // write makes one group durable in one write and sets each call's error.
 func (q *commitQueue) write(group []*pending) {
-	q.claims, q.errs, q.spans = q.claims[:0], q.errs[:0], q.spans[:0]
+	var claims []Claim
+	var spans []span
+	// A shared tier's call runs until the latest caller's deadline (none if
+	// a caller has none): one caller's short deadline must not fail the
+	// others; each synchronous caller stops waiting at its own.
 	var deadline time.Time
+	bounded := true
 	for _, p := range group {
 		if p.err != nil || p.flush != nil {
 			continue
@@ -161,42 +195,39 @@ func (q *commitQueue) write(group []*pending) {
 			p.err = err // given up before it was written: nothing changes
 			continue
 		}
-		if d, ok := p.ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
+		if d, ok := p.ctx.Deadline(); !ok {
+			bounded = false
+		} else if d.After(deadline) {
 			deadline = d
 		}
-		lo := len(q.claims)
-		q.claims = append(q.claims, p.claims...)
-		q.spans = append(q.spans, span{lo: lo, hi: len(q.claims), writes: p.writes})
+		lo := len(claims)
+		claims = append(claims, p.claims...)
+		spans = append(spans, span{lo: lo, hi: len(claims), writes: p.writes})
 	}
-	if len(q.spans) == 0 {
+	if len(spans) == 0 {
 		return
 	}
-	q.errs = append(q.errs, make([]error, len(q.claims))...)
-	// A shared tier's call returns by the earliest caller's deadline.
+	errs := make([]error, len(claims))
 	ctx := context.Background()
-	if !deadline.IsZero() {
+	if bounded {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
 	}
-	_, _, err := q.e.commitSpans(ctx, q.claims, q.errs, q.spans, false)
+	_, _, err := q.e.commitSpans(ctx, claims, errs, spans, false)
 	q.e.stats.commitGroups.Add(1)
 	s := 0
 	for _, p := range group {
 		if p.err != nil || p.flush != nil {
 			continue
 		}
-		sp := q.spans[s]
+		sp := spans[s]
 		s++
-		errs := q.errs[sp.lo:sp.hi]
 		if p.errs != nil {
-			copy(p.errs, errs)
+			copy(p.errs, errs[sp.lo:sp.hi])
 		}
-		p.err = spanError(err, p.claims, errs, len(p.writes) > 0)
+		p.err = spanError(err, p.claims, errs[sp.lo:sp.hi], len(p.writes) > 0)
 	}
-	clear(q.claims)
-	clear(q.errs)
-	clear(q.spans)
 }
 
 // spanError is one call's error from its share of a group: the write's
@@ -230,26 +261,41 @@ func spanError(err error, claims []Claim, errs []error, writes bool) error {
 }
 
 // notifier runs the asynchronous callers' dones, and ends the flushes, in
-// enqueue order.
+// enqueue order, giving back each call's slot once its done has run.
 func (q *commitQueue) notifier() {
-	defer close(q.finished)
-	for group := range q.notify {
-		for _, p := range group {
+	defer close(q.ended)
+	for {
+		q.mu.Lock()
+		for len(q.notes) == 0 && !q.wrote {
+			q.cond.Wait()
+		}
+		if len(q.notes) == 0 {
+			q.noted = true // in the same step: refuse sees it
+			q.mu.Unlock()
+			return
+		}
+		notes := q.notes
+		q.notes = nil
+		q.mu.Unlock()
+		for _, p := range notes {
 			if p.done != nil {
 				p.done(p.err)
 			}
 			if p.flush != nil {
 				close(p.flush)
 			}
+			if p.slot {
+				<-q.slots
+			}
 		}
 	}
 }
 
-// pending is how many calls wait now.
+// pending is how many calls wait now, to be written or for their done.
 func (q *commitQueue) pending() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return len(q.items)
+	return len(q.items) + len(q.notes)
 }
 
 // close refuses new commits, writes every pending one and waits until every
@@ -262,19 +308,21 @@ func (q *commitQueue) close() {
 	case q.wake <- struct{}{}:
 	default:
 	}
-	<-q.finished
+	<-q.ended
 }
 
 // CommitAsync commits a New claim like Commit, but returns at once: done
 // runs with Commit's error once the commit is durable as configured (or has
 // failed). The dones of one goroutine's commits run in the order it called
 // CommitAsync, each after its commit is durable, on one goroutine shared by
-// the engine: keep done short (ack the message, record an offset), and do
-// not call Flush or Close from it. The claim's Key bytes must stay unchanged
-// until done runs.
+// the engine: keep done short (ack the message, record an offset). It may
+// call Commit or Do; not Flush or Close, which wait for it. The claim's Key
+// bytes must stay unchanged until done runs.
 //
-// When Options.CommitQueue commits are pending, CommitAsync waits for room,
-// or until ctx ends (done then gets ctx's error, in order). A commit whose
+// When Options.CommitQueue asynchronous calls are pending (written or not,
+// until their done has run), CommitAsync waits for room, or until ctx ends
+// (done then gets ctx's error, in order); room is made as dones run, so a
+// CommitAsync made from a done needs a ctx that ends. A commit whose
 // ctx has ended when its turn comes is not written. Without an exact tier
 // (memory- or bloom-only) there is nothing to wait for: the commit is made
 // and done runs before CommitAsync returns.
@@ -305,6 +353,9 @@ func (e *Engine) commitAsync(ctx context.Context, claims []Claim, writes []Write
 	if done == nil {
 		done = func(error) {}
 	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	if e.queue == nil {
 		if failed == nil {
 			failed = e.commit(ctx, claims, nil, writes)
@@ -312,29 +363,39 @@ func (e *Engine) commitAsync(ctx context.Context, claims []Claim, writes []Write
 		done(failed)
 		return
 	}
+	q := e.queue
 	p := &pending{ctx: ctx, claims: claims, writes: writes, done: done, err: failed}
-	if failed == nil {
-		if err := e.queue.push(ctx, p, true); err == nil {
-			return
-		} else {
-			p.err = err
-		}
+	if err := q.reserve(ctx, p); err != nil && p.err == nil {
+		p.err = err // no room before ctx ended: its done says so, in order
 	}
-	// Failed before it was enqueued: its done still runs in order.
-	if err := e.queue.push(ctx, p, false); err != nil {
-		done(err) // the queue is shut: no done is pending
+	if p.err == nil {
+		if err := q.push(p); err == nil {
+			return
+		}
+		p.err = ErrClosed
+	}
+	if !q.refuse(p) {
+		// The queue has ended: every earlier done has run.
+		if p.slot {
+			<-q.slots
+		}
+		done(p.err)
 	}
 }
 
 // Flush returns once every commit enqueued before it is durable (or
 // failed) and its done has run: before a partition is revoked, or at
-// shutdown. It returns ctx's error if ctx ends first. Close flushes.
+// shutdown. It returns ctx's error if ctx ends first. Close flushes. Do not
+// call it from a done.
 func (e *Engine) Flush(ctx context.Context) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	if e.queue == nil {
 		return ctx.Err()
 	}
 	p := &pending{ctx: ctx, flush: make(chan struct{})}
-	if err := e.queue.push(ctx, p, false); err != nil {
+	if err := e.queue.push(p); err != nil {
 		return err
 	}
 	select {
@@ -345,20 +406,36 @@ func (e *Engine) Flush(ctx context.Context) error {
 	}
 }
 
-// queued commits claims through the queue and waits for the result.
+// queued commits claims through the queue and waits for the result, or
+// until ctx ends: the commit may then still be written (its outcome is
+// unknown, as with a reply lost on the way back).
 func (e *Engine) queued(ctx context.Context, claims []Claim, errs []error, writes []Write) error {
 	if errs != nil && len(errs) != len(claims) {
 		return fmt.Errorf("%w: %d claims, %d errors", ErrBatch, len(claims), len(errs))
+	}
+	if ctx == nil {
+		ctx = context.Background()
 	}
 	clear(errs)
 	if len(writes) == 0 && !anyNew(claims) {
 		return nil
 	}
-	p := &pending{ctx: ctx, claims: claims, errs: errs, writes: writes, wait: make(chan error, 1)}
-	if err := e.queue.push(ctx, p, true); err != nil {
+	// The caller waits: the queue keeps its own copies, so that a caller
+	// that stops waiting may reuse its slices.
+	p := &pending{ctx: ctx, claims: append([]Claim(nil), claims...), writes: append([]Write(nil), writes...), wait: make(chan error, 1)}
+	if errs != nil {
+		p.errs = make([]error, len(errs))
+	}
+	if err := e.queue.push(p); err != nil {
 		return err
 	}
-	return <-p.wait
+	select {
+	case err := <-p.wait:
+		copy(errs, p.errs)
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("tierdedup: stopped waiting for a queued commit, which may still be written: %w", ctx.Err())
+	}
 }
 
 func anyNew(claims []Claim) bool {
