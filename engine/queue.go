@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tierdedup/tierdedup/tier"
 )
 
 // commitQueue is the engine's one group commit, for an engine with an exact
@@ -434,7 +436,12 @@ func (e *Engine) queued(ctx context.Context, claims []Claim, errs []error, write
 		copy(errs, p.errs)
 		return err
 	case <-ctx.Done():
-		return fmt.Errorf("tierdedup: stopped waiting for a queued commit, which may still be written: %w", ctx.Err())
+		err := fmt.Errorf("stopped waiting for a queued commit, which may still be written: %w", ctx.Err())
+		if e.where == tier.ClaimsInStore {
+			// As a reply lost on the way back from a shared tier.
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		return fmt.Errorf("tierdedup: %w", err)
 	}
 }
 
