@@ -83,6 +83,7 @@ func (e *Engine) enter(ctx context.Context) error {
 	if e.latch != nil {
 		if err := e.latch.Broken(); err != nil {
 			e.life.RUnlock()
+			e.stats.errors.Add(1) // refused by a failed tier: a failed call
 			return fmt.Errorf("%w: %w", ErrStorage, err)
 		}
 	}

@@ -173,7 +173,9 @@ func (e *Engine) commitSpans(ctx context.Context, claims []Claim, errs []error, 
 	writes := b.spanWrites(spans, news, kept)
 	switch {
 	case k > 0:
-		if err := e.durable(ctx, claims, b, k, now, errs, &lost, writes, mark); err != nil {
+		fenced, err := e.durable(ctx, commitCall{claims, errs, writes, mark}, b, k, now)
+		lost += fenced
+		if err != nil {
 			return lost, m, err
 		}
 	case len(writes) > 0:
@@ -224,11 +226,22 @@ func (b *batch) spanWrites(spans []span, news, kept []int) []Write {
 	return w
 }
 
+// commitCall is what a commit was asked: the claims, the errors to set
+// per claim (or nil), the caller's records, and whether it is a mark's.
+type commitCall struct {
+	claims []Claim
+	errs   []error
+	writes []Write
+	mark   bool
+}
+
 // durable makes the first k claims of b.cand durable (the filter first,
-// then the exact tier), then turns their memory claims into committed entries. On a tier
-// failure the claims go back to their leased state and every one gets the
-// error.
-func (e *Engine) durable(ctx context.Context, claims []Claim, b *batch, k int, now int64, errs []error, lost *int, writes []Write, mark bool) error {
+// then the exact tier), then turns their memory claims into committed
+// entries, and returns how many the shared tier fenced out (their lease
+// ended there). On a tier failure the claims go back to their leased state
+// and every one gets the error.
+func (e *Engine) durable(ctx context.Context, call commitCall, b *batch, k int, now int64) (fenced int, err error) {
+	claims, errs, writes, mark := call.claims, call.errs, call.writes, call.mark
 	cfps, ctokens, digests := b.cfps[:k], b.ctokens[:k], b.digests[:k]
 	ok := b.ok[:k]
 	for j := range ok {
@@ -281,14 +294,14 @@ func (e *Engine) durable(ctx context.Context, claims []Claim, b *batch, k int, n
 				}
 				e.retries.remember(cfps, tokens, keep, now, true)
 			}
-			return fail(e.tierError(err))
+			return 0, fail(e.tierError(err))
 		}
 		for j := range st {
 			if st[j] != tier.OK {
 				// The shared tier gave the key to another owner (our lease
 				// ended there): fenced out, and our local claim is void.
 				ok[j] = false
-				*lost++
+				fenced++
 				if errs != nil {
 					errs[b.cand[j]] = ErrLeaseLost
 				}
@@ -314,5 +327,5 @@ func (e *Engine) durable(ctx context.Context, claims []Claim, b *batch, k int, n
 		e.mem.Settle(cfps, ctokens, b.actions[:k], b.expires[:k], digests, nil)
 	}
 	e.stats.commits.Add(committed)
-	return nil
+	return fenced, nil
 }

@@ -19,7 +19,8 @@ type Stats struct {
 	// LeaseExpiries counts claims taken over after their lease ended;
 	// LeaseLost counts Commit and Release calls refused for that reason.
 	LeaseExpiries, LeaseLost uint64
-	// Errors counts calls that failed in a tier.
+	// Errors counts calls that failed in a tier, or were refused because
+	// the embedded store had failed.
 	Errors uint64
 	// FailOpen counts keys answered New, or commits acknowledged, while
 	// the shared tier was unavailable (Options.FailOpen).
