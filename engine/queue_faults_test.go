@@ -401,22 +401,24 @@ type failFS struct {
 
 func (f *failFS) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
 	x, err := f.FS.Create(name, c)
-	return f.wrap(x, err)
+	return f.wrap(name, x, err)
 }
 
 func (f *failFS) ReuseForWrite(o, n string, c vfs.DiskWriteCategory) (vfs.File, error) {
 	x, err := f.FS.ReuseForWrite(o, n, c)
-	return f.wrap(x, err)
+	return f.wrap(n, x, err)
 }
 
 func (f *failFS) OpenReadWrite(name string, c vfs.DiskWriteCategory, opts ...vfs.OpenOption) (vfs.File, error) {
 	x, err := f.FS.OpenReadWrite(name, c, opts...)
-	return f.wrap(x, err)
+	return f.wrap(name, x, err)
 }
 
-func (f *failFS) wrap(x vfs.File, err error) (vfs.File, error) {
-	if err != nil {
-		return nil, err
+// wrap fails the syncs of WAL files only: a failed manifest sync in a
+// background compaction is fatal to Pebble, outside any call.
+func (f *failFS) wrap(name string, x vfs.File, err error) (vfs.File, error) {
+	if err != nil || !strings.HasSuffix(name, ".log") {
+		return x, err
 	}
 	return failFile{File: x, fs: f}, nil
 }
