@@ -255,7 +255,8 @@ func openEngineBaseline(o engine.Options, async bool) (*engineBaseline, error) {
 func (b *engineBaseline) Mark(ctx context.Context, keys [][]byte, fresh []bool) error {
 	for i, k := range keys {
 		if !b.async {
-			o, err := b.e.Do(ctx, k, func(context.Context) error { return nil })
+			// The run's budget stops new messages, not one being handled.
+			o, err := b.e.Do(context.WithoutCancel(ctx), k, func(context.Context) error { return nil })
 			if err != nil {
 				return err
 			}
