@@ -214,18 +214,11 @@ func crashRounds(t *testing.T, mode string) {
 	for k := range acked {
 		keys = append(keys, []byte(k))
 	}
-	for i := 0; i < len(keys); i += 256 {
-		batch := keys[i:min(i+256, len(keys))]
-		out := make([]engine.Claim, len(batch))
-		if err := e.ClaimBatch(context.Background(), batch, nil, out); err != nil {
-			t.Fatal(err)
+	claimEach(t, e, keys, func(key []byte, c engine.Claim) {
+		if c.Outcome != engine.Duplicate {
+			t.Fatalf("acknowledged key %s is %v after the crashes", key, c.Outcome)
 		}
-		for j, c := range out {
-			if c.Outcome != engine.Duplicate {
-				t.Fatalf("acknowledged key %s is %v after the crashes", batch[j], c.Outcome)
-			}
-		}
-	}
+	})
 	half := 0
 	if mode == "async" {
 		// Never half-applied: every key ever claimed is committed exactly

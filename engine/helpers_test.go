@@ -147,3 +147,32 @@ func (l *outageLoad) finish(t *testing.T) {
 		t.Errorf("%d fresh keys were not New", n)
 	}
 }
+
+// claimEach claims keys in batches of 256 through e and hands each key's
+// claim to check.
+func claimEach(t *testing.T, e *engine.Engine, keys [][]byte, check func(key []byte, c engine.Claim)) {
+	t.Helper()
+	for i := 0; i < len(keys); i += 256 {
+		batch := keys[i:min(i+256, len(keys))]
+		out := make([]engine.Claim, len(batch))
+		if err := e.ClaimBatch(context.Background(), batch, nil, out); err != nil {
+			t.Fatal(err)
+		}
+		for j, c := range out {
+			check(batch[j], c)
+		}
+	}
+}
+
+// checkDoneOrder fails unless every worker's dones (got[w], the indices
+// of its commits in the order their dones ran) ran in its enqueue order.
+func checkDoneOrder(t *testing.T, got [][]int) {
+	t.Helper()
+	for w, seq := range got {
+		for i, v := range seq {
+			if v != i {
+				t.Fatalf("worker %d: done %d ran in place %d", w, v, i)
+			}
+		}
+	}
+}

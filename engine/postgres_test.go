@@ -121,18 +121,11 @@ func TestPostgresConnectionsKilledMidRun(t *testing.T) {
 func assertDuplicates(t *testing.T, check *engine.Engine, keys [][]byte) {
 	t.Helper()
 	defer check.Close()
-	for i := 0; i < len(keys); i += 256 {
-		batch := keys[i:min(i+256, len(keys))]
-		out := make([]engine.Claim, len(batch))
-		if err := check.ClaimBatch(context.Background(), batch, nil, out); err != nil {
-			t.Fatal(err)
+	claimEach(t, check, keys, func(key []byte, c engine.Claim) {
+		if c.Outcome != engine.Duplicate {
+			t.Fatalf("acknowledged %s = %v after the outage", key, c.Outcome)
 		}
-		for j, c := range out {
-			if c.Outcome != engine.Duplicate {
-				t.Fatalf("acknowledged %s = %v after the outage", batch[j], c.Outcome)
-			}
-		}
-	}
+	})
 }
 
 // TestPostgresServerKilledMidRun: while four workers claim and commit, a

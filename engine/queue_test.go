@@ -160,13 +160,7 @@ func TestCommitAsyncOrderAndDurability(t *testing.T) {
 	if n := ran.Load(); n != workers*each {
 		t.Fatalf("Flush returned with %d of %d dones run", n, workers*each)
 	}
-	for w, seq := range got {
-		for i, v := range seq {
-			if v != i {
-				t.Fatalf("worker %d: done %d ran in place %d", w, v, i)
-			}
-		}
-	}
+	checkDoneOrder(t, got)
 	st := e.Stats()
 	if st.CommitGroups >= workers*each/2 {
 		t.Fatalf("%d commits in %d groups: pending commits were not written together", st.Commits, st.CommitGroups)
@@ -395,12 +389,8 @@ func TestCommitAsyncSharedTiers(t *testing.T) {
 				if len(seq) != each {
 					t.Fatalf("worker %d: %d of %d dones ran before Flush returned", w, len(seq), each)
 				}
-				for i, v := range seq {
-					if v != i {
-						t.Fatalf("worker %d: done %d ran in place %d", w, v, i)
-					}
-				}
 			}
+			checkDoneOrder(t, got)
 			st := e.Stats()
 			if st.CommitGroups >= st.Commits {
 				t.Fatalf("%d commits in %d writes: nothing was written together", st.Commits, st.CommitGroups)
