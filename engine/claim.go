@@ -29,11 +29,11 @@ func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digest
 	if err := e.checkKeys(keys); err != nil {
 		return err
 	}
-	now, err := e.start(ctx)
+	now, slot, err := e.start(ctx)
 	if err != nil {
 		return err
 	}
-	defer e.leave()
+	defer e.finish(slot)
 	b := e.getBatch(n)
 	defer e.putBatch(b)
 	first := e.tokens.Add(uint64(n)) - uint64(n) + 1

@@ -66,6 +66,7 @@ func (e *Engine) rotate(p, t int64) error {
 		e.stats.partitionsDropped.Add(uint64(e.bloom.Rotate(p)))
 	}
 	e.current.Store(p)
+	e.sealWakeup()
 	return nil
 }
 
@@ -93,15 +94,21 @@ func (e *Engine) enter(ctx context.Context) error {
 func (e *Engine) leave() { e.life.RUnlock() }
 
 // start enters a call that may answer New or write, and reads the engine's
-// time; on success the caller must leave.
-func (e *Engine) start(ctx context.Context) (int64, error) {
+// time; on success the caller must finish(slot).
+func (e *Engine) start(ctx context.Context) (now int64, slot int, err error) {
 	if err := e.enter(ctx); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	now, err := e.now()
-	if err != nil {
-		e.leave()
-		return 0, err
+	slot = e.gate.enter() // before the time is read: see writeGate
+	if now, err = e.now(); err != nil {
+		e.finish(slot)
+		return 0, 0, err
 	}
-	return now, nil
+	return now, slot, nil
+}
+
+// finish ends a call begun by start.
+func (e *Engine) finish(slot int) {
+	e.gate.exit(slot)
+	e.leave()
 }

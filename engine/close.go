@@ -28,6 +28,13 @@ func (e *Engine) Close() error {
 	e.workers.Wait()
 	var errs []error
 	healthy := e.store == nil || e.store.Broken() == nil
+	if e.sealWake != nil && healthy {
+		// No call is in flight: seal what closed since the sealer's last
+		// pass (a crash then needs to rebuild only the open partition).
+		if err := e.sealClosed(context.Background()); err != nil {
+			e.logger.Printf("tierdedup: sealing a closed partition's bloom filter: %v", err)
+		}
+	}
 	hw := e.highWater.Load()
 	meta := bloom.SnapshotMeta{Kind: bloom.SnapshotState, Secret: e.secret, HighWater: hw}
 	if e.store != nil && healthy {
@@ -60,11 +67,12 @@ func (e *Engine) Close() error {
 	return errors.Join(errs...)
 }
 
-// rebuild refills the Bloom filters from Pebble after an unclean shutdown.
-// Commits made meanwhile add to the filters themselves, and records written
-// before the scan began are all visible to it, so when it ends the filters
-// cover the store and become warm.
-func (e *Engine) rebuild(ctx context.Context) {
+// rebuild refills the Bloom filters from Pebble after an unclean shutdown,
+// scanning the partitions of each span [from, to) (those without a sealed
+// filter). Commits made meanwhile add to the filters themselves, and
+// records written before the scan began are all visible to it, so when it
+// ends the filters cover the store and become warm.
+func (e *Engine) rebuild(ctx context.Context, spans [][2]int64) {
 	defer e.workers.Done()
 	defer e.rebuilding.Store(false)
 	if gate := rebuildGate; gate != nil {
@@ -84,15 +92,21 @@ func (e *Engine) rebuild(ctx context.Context) {
 			fps = fps[:0]
 		}
 	}
-	err := e.scanner.Scan(ctx, e.parts.Oldest(e.current.Load()), func(p int64, ns, key []byte) error {
-		if p != part || len(fps) == chunk {
-			flush()
-			part = p
+	var err error
+	for _, s := range spans {
+		err = e.scanner.Scan(ctx, s[0], s[1], func(p int64, ns, key []byte) error {
+			if p != part || len(fps) == chunk {
+				flush()
+				part = p
+			}
+			fps = append(fps, shard.Sum(e.hasher, ns, key))
+			return nil
+		})
+		flush()
+		if err != nil {
+			break
 		}
-		fps = append(fps, shard.Sum(e.hasher, ns, key))
-		return nil
-	})
-	flush()
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			e.logger.Printf("tierdedup: bloom rebuild failed, staying on Pebble reads: %v", err)
@@ -100,6 +114,7 @@ func (e *Engine) rebuild(ctx context.Context) {
 		return
 	}
 	e.warm.Store(true)
+	e.sealWakeup()
 }
 
 // rebuildGate, when set by tests, holds rebuilds back until it is closed.

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
@@ -127,11 +128,11 @@ type span struct {
 // claims lost their lease, how many there were, and the error that failed
 // the write (nothing of it is acknowledged then).
 func (e *Engine) commitSpans(ctx context.Context, claims []Claim, errs []error, spans []span, mark bool) (lost, m int, err error) {
-	now, err := e.start(ctx)
+	now, slot, err := e.start(ctx)
 	if err != nil {
 		return 0, 0, err
 	}
-	defer e.leave()
+	defer e.finish(slot)
 	b := e.getBatch(len(claims))
 	defer e.putBatch(b)
 	b.owned(e, claims, !mark) // MarkBatch holds its claims itself: no caller could change their keys
@@ -226,6 +227,10 @@ func (b *batch) spanWrites(spans []span, news, kept []int) []Write {
 	return w
 }
 
+// beforeDurable, when set by tests, runs in every durable write after the
+// engine's time is read and before anything is written.
+var beforeDurable atomic.Pointer[func()]
+
 // commitCall is what a commit was asked: the claims, the errors to set
 // per claim (or nil), the caller's records, and whether it is a mark's.
 type commitCall struct {
@@ -257,6 +262,9 @@ func (e *Engine) durable(ctx context.Context, call commitCall, b *batch, k int, 
 			}
 		}
 		return err
+	}
+	if h := beforeDurable.Load(); h != nil {
+		(*h)()
 	}
 	part := e.parts.Of(now)
 	if e.bloom != nil {

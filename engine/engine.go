@@ -64,6 +64,13 @@ type Engine struct {
 	// holds, so a "no" may skip the store.
 	warm       atomic.Bool
 	rebuilding atomic.Bool
+	// gate tracks the writes in flight, so the sealer knows when a closed
+	// partition gets no more; sealed is the sealer's (and Open's) set of
+	// partitions whose filter is saved with a seal the store holds; the
+	// sealer wakes on sealWake (nil when partitions are not sealed).
+	gate     writeGate
+	sealed   map[int64]bool
+	sealWake chan struct{}
 
 	highWater atomic.Int64 // highest clock reading seen, Unix ns
 	current   atomic.Int64 // current partition
@@ -269,6 +276,7 @@ func Open(opts *Options) (*Engine, error) {
 			return nil, fmt.Errorf("%w: %w", ErrStorage, err)
 		}
 		id := e.store.Layout().ID
+		e.sealed = make(map[int64]bool)
 		err = e.snapshots.load(e.bloom, func(h bloom.SnapshotHeader) error {
 			switch {
 			case h.Kind != bloom.SnapshotCache:
@@ -286,21 +294,32 @@ func Open(opts *Options) (*Engine, error) {
 			e.closeStore()
 			return nil, fmt.Errorf("%w: %w", ErrStorage, derr)
 		}
+		var rebuild []int64
 		switch {
-		case err == nil:
+		case err == nil || e.store.Fresh():
+			// Warm from the snapshot, or a store created by this Open,
+			// which holds nothing the filters have not seen.
 			e.warm.Store(true)
-		case e.store.Fresh():
-			// A store created by this Open holds nothing the filters have
-			// not seen.
-			e.warm.Store(true)
+			err = e.keepSealed(parts.Of(now))
 		default:
 			if !isNotExist(err) {
 				e.logger.Printf("tierdedup: bloom snapshot not used, rebuilding from Pebble: %v", err)
 			}
+			rebuild, err = e.loadSealed(parts.Of(now))
+		}
+		if err != nil {
+			e.closeStore()
+			return nil, fmt.Errorf("%w: %w", ErrStorage, err)
+		}
+		if !e.warm.Load() {
 			e.rebuilding.Store(true)
 			e.workers.Add(1)
-			go e.rebuild(ctx)
+			go e.rebuild(ctx, spans(rebuild))
 		}
+		e.sealWake = make(chan struct{}, 1)
+		e.workers.Add(1)
+		go e.sealer(ctx)
+		e.sealWakeup() // partitions that closed while the engine was down
 	}
 	if e.exact != nil {
 		// Last: nothing after it fails, so its goroutines never leak.

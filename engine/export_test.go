@@ -14,3 +14,13 @@ func HoldCommits() (release func()) {
 	holdCommits.Store(&gate)
 	return func() { holdCommits.Store(nil); close(gate) }
 }
+
+// SetBeforeDurable runs fn in every durable write after the engine's time
+// is read and before anything is written; nil removes it.
+func SetBeforeDurable(fn func()) {
+	if fn == nil {
+		beforeDurable.Store(nil)
+		return
+	}
+	beforeDurable.Store(&fn)
+}

@@ -44,6 +44,7 @@ func (e *Engine) releaseAs(ctx context.Context, claims []Claim, errs []error, gi
 	if e.life.closed {
 		return ErrClosed
 	}
+	defer e.gate.exit(e.gate.enter()) // it may write attempt counts
 	// The embedded tier keeps attempt counts; a shared tier counts them
 	// itself.
 	shared := e.where == tier.ClaimsInStore

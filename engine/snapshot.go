@@ -34,17 +34,25 @@ func newSnapshotFile(fsys vfs.FS, dir string) *snapshotFile {
 	return &snapshotFile{fs: fsys, dir: dir, path: fsys.PathJoin(dir, snapshotName)}
 }
 
-// save writes the filters to a temporary file, fsyncs it, renames it over
-// the snapshot and fsyncs the directory: a crash leaves the old file or the
-// new one, never half of one.
-func (s *snapshotFile) save(f *bloom.Filters, meta bloom.SnapshotMeta) (err error) {
+// save writes the filters to the snapshot file.
+func (s *snapshotFile) save(f *bloom.Filters, meta bloom.SnapshotMeta) error {
+	_, _, err := s.saveAs(snapshotName, func(w io.Writer) (uint32, error) { return f.WriteSnapshot(w, meta) })
+	return err
+}
+
+// saveAs writes name in Dir with write, through a temporary file that is
+// fsynced, renamed over name, and the directory fsynced: a crash leaves the
+// old file or the new one, never half of one. It returns write's checksum
+// and the file's size.
+func (s *snapshotFile) saveAs(name string, write func(io.Writer) (uint32, error)) (sum uint32, size int64, err error) {
 	if err := s.fs.MkdirAll(s.dir, 0o755); err != nil {
-		return err
+		return 0, 0, err
 	}
-	tmp := s.path + ".tmp"
+	path := s.fs.PathJoin(s.dir, name)
+	tmp := path + ".tmp"
 	file, err := s.fs.Create(tmp, vfs.WriteCategoryUnspecified)
 	if err != nil {
-		return err
+		return 0, 0, err
 	}
 	defer func() {
 		if err != nil {
@@ -52,19 +60,57 @@ func (s *snapshotFile) save(f *bloom.Filters, meta bloom.SnapshotMeta) (err erro
 			_ = s.fs.Remove(tmp)
 		}
 	}()
-	if err = f.WriteSnapshot(file, meta); err != nil {
-		return err
+	cw := &countingWriter{w: file}
+	if sum, err = write(cw); err != nil {
+		return 0, 0, err
 	}
 	if err = file.Sync(); err != nil {
-		return err
+		return 0, 0, err
 	}
 	if err = file.Close(); err != nil {
+		return 0, 0, err
+	}
+	if err = s.fs.Rename(tmp, path); err != nil {
+		return 0, 0, err
+	}
+	return sum, cw.n, s.syncDir()
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// loadAs opens name in Dir and, if it is size bytes long, calls read with it.
+func (s *snapshotFile) loadAs(name string, size int64, read func(io.ReaderAt, int64) error) error {
+	file, err := s.fs.Open(s.fs.PathJoin(s.dir, name))
+	if err != nil {
 		return err
 	}
-	if err = s.fs.Rename(tmp, s.path); err != nil {
+	defer file.Close()
+	st, err := file.Stat()
+	if err != nil {
 		return err
 	}
-	return s.syncDir()
+	if st.Size() != size {
+		return fmt.Errorf("%s is %d bytes, its seal says %d", name, st.Size(), size)
+	}
+	return read(file, size)
+}
+
+// size returns the size of name in Dir.
+func (s *snapshotFile) size(name string) (int64, error) {
+	st, err := s.fs.Stat(s.fs.PathJoin(s.dir, name))
+	if err != nil {
+		return 0, err
+	}
+	return st.Size(), nil
 }
 
 func (s *snapshotFile) syncDir() error {

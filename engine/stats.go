@@ -47,6 +47,11 @@ type Stats struct {
 	BloomBytes                         int64
 	BloomTargetFP, BloomEstimatedFP    float64
 	BloomRebuiltKeys, PartitionDropped uint64
+	// BloomSealed is the live closed partitions whose filter is saved with
+	// a seal the store holds; BloomSealedLoaded, those whose saved filter
+	// this Open loaded after an unclean shutdown instead of rebuilding
+	// them from Pebble; BloomSealFailures, failed attempts to save one.
+	BloomSealed, BloomSealedLoaded, BloomSealFailures uint64
 
 	// StoreReads counts keys looked up in the durable tier (Pebble or
 	// Redis); StoreHits, those found committed.
@@ -75,6 +80,7 @@ type counters struct {
 	storeReads, storeHits                              atomic.Uint64
 	rebuilt, partitionsDropped, failOpen               atomic.Uint64
 	commitGroups                                       atomic.Uint64
+	sealed, sealedLoaded, sealFailures                 atomic.Uint64
 }
 
 // tally counts one call's events before they are added to the counters.
@@ -130,6 +136,7 @@ func (e *Engine) Stats() Stats {
 		MemoryHits: c.memHits.Load(), MemoryMisses: c.memMisses.Load(),
 		BloomNegatives: c.bloomNegatives.Load(), BloomFalsePositives: c.bloomFalsePositives.Load(),
 		BloomRebuiltKeys: c.rebuilt.Load(), PartitionDropped: c.partitionsDropped.Load(),
+		BloomSealed: c.sealed.Load(), BloomSealedLoaded: c.sealedLoaded.Load(), BloomSealFailures: c.sealFailures.Load(),
 		StoreReads: c.storeReads.Load(), StoreHits: c.storeHits.Load(),
 		Window: time.Duration(e.window),
 	}

@@ -155,8 +155,8 @@ type Dropper interface {
 // engine can rebuild a filter from it.
 type Scanner interface {
 	// Scan calls fn for every committed or released record in partitions
-	// at or after from; ns and key are valid only during the call.
-	Scan(ctx context.Context, from int64, fn func(partition int64, ns, key []byte) error) error
+	// [from, to); ns and key are valid only during the call.
+	Scan(ctx context.Context, from, to int64, fn func(partition int64, ns, key []byte) error) error
 }
 
 // Latching is an Exact tier that stops after a failure it cannot recover

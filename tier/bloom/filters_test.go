@@ -123,7 +123,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	f.Add(in[1000:], 100)
 	var buf bytes.Buffer
 	meta := SnapshotMeta{Kind: SnapshotCache, StoreID: [16]byte{1, 2}, Epoch: 77, Secret: [16]byte{9}, HighWater: 12345}
-	if err := f.WriteSnapshot(&buf, meta); err != nil {
+	if _, err := f.WriteSnapshot(&buf, meta); err != nil {
 		t.Fatal(err)
 	}
 	g := newFilters(t, 5000, 0.01, 99)
@@ -151,7 +151,7 @@ func TestSnapshotRejectsDamageAndKeepsState(t *testing.T) {
 	f := newFilters(t, 1000, 0.01, 7)
 	f.Add(keys("k", 100), 7)
 	var buf bytes.Buffer
-	if err := f.WriteSnapshot(&buf, SnapshotMeta{Kind: SnapshotState}); err != nil {
+	if _, err := f.WriteSnapshot(&buf, SnapshotMeta{Kind: SnapshotState}); err != nil {
 		t.Fatal(err)
 	}
 	good := buf.Bytes()
@@ -165,7 +165,7 @@ func TestSnapshotRejectsDamageAndKeepsState(t *testing.T) {
 	}
 	other := newFilters(t, 2000, 0.01, 7) // other parameters
 	var ob bytes.Buffer
-	_ = other.WriteSnapshot(&ob, SnapshotMeta{})
+	_, _ = other.WriteSnapshot(&ob, SnapshotMeta{})
 	damaged["params"] = ob.Bytes()
 	v1 := append([]byte{}, good...)
 	binary.LittleEndian.PutUint32(v1[8:], 1)
@@ -206,7 +206,7 @@ func FuzzReadSnapshot(f *testing.F) {
 	fl := newFilters(f, 64, 0.1, 3)
 	fl.Add(keys("k", 10), 3)
 	var buf bytes.Buffer
-	if err := fl.WriteSnapshot(&buf, SnapshotMeta{Kind: SnapshotState}); err != nil {
+	if _, err := fl.WriteSnapshot(&buf, SnapshotMeta{Kind: SnapshotState}); err != nil {
 		f.Fatal(err)
 	}
 	f.Add(buf.Bytes())

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"slices"
 	"sync/atomic"
 
 	bitsbloom "github.com/bits-and-blooms/bloom/v3"
@@ -34,6 +35,11 @@ const (
 	// SnapshotState filters are the only state there is (bloom-only): they
 	// carry their own fingerprint secret and clock.
 	SnapshotState SnapshotKind = 2
+	// SnapshotPartition holds one closed partition's filter
+	// (WritePartition), a cache of a durable store like SnapshotCache:
+	// valid only while the store named by StoreID holds the seal whose ID
+	// is Epoch.
+	SnapshotPartition SnapshotKind = 3
 )
 
 // SnapshotMeta is what a snapshot records about the state it describes.
@@ -57,6 +63,9 @@ type SnapshotHeader struct {
 	PartitionLength int64  // ns
 	Live            int
 	Newest          int64 // newest partition
+	// Sum is the snapshot's checksum, verified (set for accept, not by
+	// ReadSnapshotHeader).
+	Sum uint32
 }
 
 // Snapshot layout, version 2, little endian unless noted:
@@ -84,24 +93,47 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 func recordSize(m uint64) int64 { return recordHead + int64(m/8) }
 
-// WriteSnapshot writes every allocated filter to w, with meta. Rotation
-// waits while it runs; keys added concurrently may or may not be in the
-// snapshot, so the engine takes it when no more keys can arrive.
-func (f *Filters) WriteSnapshot(w io.Writer, meta SnapshotMeta) error {
+// WriteSnapshot writes every allocated filter to w, with meta, and returns
+// the snapshot's checksum. Rotation waits while it runs; keys added
+// concurrently may or may not be in the snapshot, so the engine takes it
+// when no more keys can arrive.
+func (f *Filters) WriteSnapshot(w io.Writer, meta SnapshotMeta) (sum uint32, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	r := f.cur.Load()
-	crc := crc32.New(castagnoli)
-	// The checksum sees each buffer before w does: a writer may reuse or
-	// scribble on a buffer once Write returns (Pebble's MemFS does so in
-	// race builds, to catch callers that rely on it).
-	bw := bufio.NewWriterSize(io.MultiWriter(crc, w), 1<<16)
 	var live []*filter
 	for _, fl := range r.filters {
 		if fl != nil {
 			live = append(live, fl)
 		}
 	}
+	return f.write(w, meta, r.newest, live)
+}
+
+// WritePartition writes partition p's filter alone (none if p has no keys)
+// to w, with meta, and returns the snapshot's checksum; MergeSnapshot reads
+// it back. It fails if p is not live. The engine writes a partition once no
+// key can be added to it any more.
+func (f *Filters) WritePartition(w io.Writer, p int64, meta SnapshotMeta) (sum uint32, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r := f.cur.Load()
+	if p > r.newest || p < f.parts.Oldest(r.newest) {
+		return 0, fmt.Errorf("%w: partition %d is not live (newest %d)", ErrOptions, p, r.newest)
+	}
+	var one []*filter
+	if fl := r.filter(f, p); fl != nil {
+		one = append(one, fl)
+	}
+	return f.write(w, meta, p, one)
+}
+
+func (f *Filters) write(w io.Writer, meta SnapshotMeta, newest int64, live []*filter) (uint32, error) {
+	crc := crc32.New(castagnoli)
+	// The checksum sees each buffer before w does: a writer may reuse or
+	// scribble on a buffer once Write returns (Pebble's MemFS does so in
+	// race builds, to catch callers that rely on it).
+	bw := bufio.NewWriterSize(io.MultiWriter(crc, w), 1<<16)
 	var h [headerSize]byte
 	copy(h[:8], snapshotMagic)
 	binary.LittleEndian.PutUint32(h[8:], snapshotVersion)
@@ -110,39 +142,40 @@ func (f *Filters) WriteSnapshot(w io.Writer, meta SnapshotMeta) error {
 	binary.LittleEndian.PutUint64(h[24:], uint64(f.parts.Length))
 	binary.LittleEndian.PutUint32(h[32:], uint32(f.parts.Live))
 	binary.LittleEndian.PutUint32(h[36:], uint32(len(live)))
-	binary.LittleEndian.PutUint64(h[40:], uint64(r.newest))
+	binary.LittleEndian.PutUint64(h[40:], uint64(newest))
 	h[48] = byte(meta.Kind)
 	copy(h[56:72], meta.StoreID[:])
 	binary.LittleEndian.PutUint64(h[72:], meta.Epoch)
 	copy(h[80:96], meta.Secret[:])
 	binary.LittleEndian.PutUint64(h[96:], uint64(meta.HighWater))
 	if _, err := bw.Write(h[:]); err != nil {
-		return err
+		return 0, err
 	}
+	words := make([]uint64, f.m/64)
 	for _, fl := range live {
 		var r [16]byte
 		binary.LittleEndian.PutUint64(r[:], uint64(fl.part))
 		binary.LittleEndian.PutUint64(r[8:], uint64(fl.adds.Load()))
 		if _, err := bw.Write(r[:]); err != nil {
-			return err
+			return 0, err
 		}
 		// Adds set bits atomically, so the words are copied with atomic
 		// loads into a bits-and-blooms filter of their own for encoding.
-		words := make([]uint64, len(fl.words))
 		for i := range words {
 			words[i] = atomic.LoadUint64(&fl.words[i])
 		}
 		if _, err := bitsbloom.FromWithM(words, uint(f.m), uint(f.k)).WriteTo(bw); err != nil {
-			return err
+			return 0, err
 		}
 	}
 	if err := bw.Flush(); err != nil {
-		return err
+		return 0, err
 	}
+	sum := crc.Sum32()
 	var t [4]byte
-	binary.LittleEndian.PutUint32(t[:], crc.Sum32())
+	binary.LittleEndian.PutUint32(t[:], sum)
 	_, err := w.Write(t[:])
-	return err
+	return sum, err
 }
 
 // ReadSnapshotHeader reads and checks a snapshot's header (size bytes
@@ -191,35 +224,14 @@ func ReadSnapshotHeader(r io.ReaderAt, size int64) (SnapshotHeader, int, error) 
 // nothing. The newest partition becomes the later of the current one and
 // the snapshot's.
 func (f *Filters) ReadSnapshot(r io.ReaderAt, size int64, accept func(SnapshotHeader) error) error {
-	hd, count, err := ReadSnapshotHeader(r, size)
+	hd, loaded, err := f.read(r, size, accept)
 	if err != nil {
 		return err
 	}
-	if err := verifyChecksum(r, size); err != nil {
-		return err
-	}
-	if accept != nil {
-		if err := accept(hd); err != nil {
-			return err
-		}
-	}
-	if hd.K != f.k || hd.M != f.m || hd.PartitionLength != f.parts.Length || hd.Live != f.parts.Live {
-		return fmt.Errorf("%w: m=%d k=%d partition=%d live=%d, want m=%d k=%d partition=%d live=%d",
-			ErrSnapshotParams, hd.M, hd.K, hd.PartitionLength, hd.Live, f.m, f.k, f.parts.Length, f.parts.Live)
-	}
 	filters := make([]*filter, f.parts.Live)
-	for i := int64(0); i < int64(count); i++ {
-		off := headerSize + i*recordSize(f.m)
-		fl, err := f.readRecord(io.NewSectionReader(r, off, recordSize(f.m)))
-		if err != nil {
-			return err
-		}
-		if fl.part > hd.Newest || fl.part < f.parts.Oldest(hd.Newest) || filters[f.slot(fl.part)] != nil {
-			return fmt.Errorf("%w: partition %d outside the window or repeated", ErrSnapshot, fl.part)
-		}
+	for _, fl := range loaded {
 		filters[f.slot(fl.part)] = fl
 	}
-
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	cur := f.cur.Load().newest
@@ -228,19 +240,90 @@ func (f *Filters) ReadSnapshot(r io.ReaderAt, size int64, accept func(SnapshotHe
 	return nil
 }
 
-func verifyChecksum(r io.ReaderAt, size int64) error {
+// MergeSnapshot adds the filters in r (size bytes long) to the current
+// ones, checked as ReadSnapshot checks them: each becomes the union of
+// itself and the snapshot's filter of its partition. A union keeps every
+// key either side holds, so merging never loses one. Filters of partitions
+// that are not live now are ignored. On any error it changes nothing.
+func (f *Filters) MergeSnapshot(r io.ReaderAt, size int64, accept func(SnapshotHeader) error) error {
+	_, loaded, err := f.read(r, size, accept)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	cur := f.cur.Load()
+	next := &ring{newest: cur.newest, filters: slices.Clone(cur.filters)}
+	for _, fl := range loaded {
+		if fl.part > cur.newest || fl.part < f.parts.Oldest(cur.newest) {
+			continue
+		}
+		old := cur.filter(f, fl.part)
+		if old == nil {
+			next.filters[f.slot(fl.part)] = fl
+			continue
+		}
+		// Readers hold the old filter: its bits are set in place.
+		for i, w := range fl.words {
+			if w != 0 {
+				atomic.OrUint64(&old.words[i], w)
+			}
+		}
+		old.adds.Add(fl.adds.Load())
+	}
+	f.cur.Store(next)
+	return nil
+}
+
+// read verifies a snapshot and decodes its filters.
+func (f *Filters) read(r io.ReaderAt, size int64, accept func(SnapshotHeader) error) (SnapshotHeader, []*filter, error) {
+	hd, count, err := ReadSnapshotHeader(r, size)
+	if err != nil {
+		return hd, nil, err
+	}
+	if hd.Sum, err = verifyChecksum(r, size); err != nil {
+		return hd, nil, err
+	}
+	if accept != nil {
+		if err := accept(hd); err != nil {
+			return hd, nil, err
+		}
+	}
+	if hd.K != f.k || hd.M != f.m || hd.PartitionLength != f.parts.Length || hd.Live != f.parts.Live {
+		return hd, nil, fmt.Errorf("%w: m=%d k=%d partition=%d live=%d, want m=%d k=%d partition=%d live=%d",
+			ErrSnapshotParams, hd.M, hd.K, hd.PartitionLength, hd.Live, f.m, f.k, f.parts.Length, f.parts.Live)
+	}
+	loaded := make([]*filter, 0, count)
+	seen := make(map[int64]bool, count)
+	for i := int64(0); i < int64(count); i++ {
+		off := headerSize + i*recordSize(f.m)
+		fl, err := f.readRecord(io.NewSectionReader(r, off, recordSize(f.m)))
+		if err != nil {
+			return hd, nil, err
+		}
+		if fl.part > hd.Newest || fl.part < f.parts.Oldest(hd.Newest) || seen[fl.part] {
+			return hd, nil, fmt.Errorf("%w: partition %d outside the window or repeated", ErrSnapshot, fl.part)
+		}
+		seen[fl.part] = true
+		loaded = append(loaded, fl)
+	}
+	return hd, loaded, nil
+}
+
+func verifyChecksum(r io.ReaderAt, size int64) (uint32, error) {
 	crc := crc32.New(castagnoli)
 	if _, err := io.Copy(crc, io.NewSectionReader(r, 0, size-4)); err != nil {
-		return fmt.Errorf("%w: %w", ErrSnapshot, err)
+		return 0, fmt.Errorf("%w: %w", ErrSnapshot, err)
 	}
 	var t [4]byte
 	if _, err := r.ReadAt(t[:], size-4); err != nil {
-		return fmt.Errorf("%w: trailer: %w", ErrSnapshot, err)
+		return 0, fmt.Errorf("%w: trailer: %w", ErrSnapshot, err)
 	}
-	if got, want := crc.Sum32(), binary.LittleEndian.Uint32(t[:]); got != want {
-		return fmt.Errorf("%w: checksum %08x, want %08x", ErrSnapshot, got, want)
+	got, want := crc.Sum32(), binary.LittleEndian.Uint32(t[:])
+	if got != want {
+		return 0, fmt.Errorf("%w: checksum %08x, want %08x", ErrSnapshot, got, want)
 	}
-	return nil
+	return want, nil
 }
 
 func (f *Filters) readRecord(r *io.SectionReader) (*filter, error) {

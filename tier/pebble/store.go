@@ -113,9 +113,10 @@ type Store struct {
 	compactions chan [2][]byte // ranges to compact after a drop
 	stop        context.CancelFunc
 	done        chan struct{}
-	health      io.Closer // the disk-health checker this Store wrapped around the OS filesystem, or nil
-	layout      Layout    // as recorded; set by Open
-	fresh       bool      // Open created the store
+	health      io.Closer    // the disk-health checker this Store wrapped around the OS filesystem, or nil
+	layout      Layout       // as recorded; set by Open
+	fresh       bool         // Open created the store
+	sealed      atomic.Int64 // highest sealed partition, -1 if none: writes at or before it are refused
 }
 
 func (s *Store) closeHealth() {
@@ -205,7 +206,11 @@ func Open(opts *Options) (*Store, error) {
 		s.writeOpts = pebble.NoSync
 	}
 	s.records.New = func() any { return new([]Record) }
-	if err := s.initLayout(o.Partition, o.Window, o.Now); err != nil {
+	err = s.initLayout(o.Partition, o.Window, o.Now)
+	if err == nil {
+		err = s.loadSealed()
+	}
+	if err != nil {
 		cancel()
 		_ = db.Close()
 		s.closeHealth()
@@ -379,10 +384,14 @@ func (s *Store) writeWith(recs []Record, user []tier.Write) (err error) {
 	defer b.Close()
 	bp := s.buffer()
 	defer s.buffers.Put(bp)
+	sealed := s.sealed.Load()
 	for i := range recs {
 		r := &recs[i]
 		if r.Partition < 0 || r.Partition > MaxPartition {
 			return fmt.Errorf("%w: partition %d outside [0, %d]", ErrOptions, r.Partition, MaxPartition)
+		}
+		if r.Partition <= sealed {
+			return fmt.Errorf("%w: partition %d (sealed up to %d)", ErrSealed, r.Partition, sealed)
 		}
 		buf := appendRecordKey((*bp)[:0], r.Partition, r.NS, r.Key)
 		n := len(buf)
@@ -461,6 +470,10 @@ func (s *Store) Drop(before, highWater int64) (err error) {
 	defer b.Close()
 	if before > 0 {
 		if err := b.DeleteRange(start, end, nil); err != nil {
+			return s.fail(err)
+		}
+		// The seals of dropped partitions go with them.
+		if err := b.DeleteRange(sealKey(0), sealKey(before), nil); err != nil {
 			return s.fail(err)
 		}
 	}
@@ -591,16 +604,19 @@ func (s *Store) Disk() DiskUsage {
 	return d
 }
 
-// Scan calls fn for every committed record in partitions at or after from,
+// Scan calls fn for every committed record in partitions [from, to),
 // in key order. ns and key alias Pebble's buffers and are valid only during
 // the call. It stops at the first error fn returns, or when ctx ends. A
 // read failure or a corrupt key latches, as in Claim.
-func (s *Store) Scan(ctx context.Context, from int64, fn func(partition int64, ns, key []byte) error) (err error) {
+func (s *Store) Scan(ctx context.Context, from, to int64, fn func(partition int64, ns, key []byte) error) (err error) {
 	if err := s.usable(); err != nil {
 		return err
 	}
+	if to <= from {
+		return nil
+	}
 	defer s.guard(&err)
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: recordPrefix(from), UpperBound: []byte{spaceRecords + 1}})
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: recordPrefix(from), UpperBound: recordPrefix(to)})
 	if err != nil {
 		return s.fail(err)
 	}

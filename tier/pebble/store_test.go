@@ -190,7 +190,7 @@ func TestWriteLookupDropReopen(t *testing.T) {
 		t.Errorf("biz/a lost across reopen")
 	}
 	var seen []string
-	if err := s.Scan(context.Background(), 0, func(p int64, ns, key []byte) error {
+	if err := s.Scan(context.Background(), 0, MaxPartition+1, func(p int64, ns, key []byte) error {
 		seen = append(seen, fmt.Sprintf("%d/%s/%s", p, ns, key))
 		return nil
 	}); err != nil {

@@ -1,0 +1,251 @@
+package engine
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/tierdedup/tierdedup/tier/bloom"
+	"github.com/tierdedup/tierdedup/tier/pebble"
+)
+
+// Sealed partitions. When the clock moves to a new partition, the previous
+// one is closed: no record is written in it again (every write is in the
+// partition of the engine's clock, which never runs back and is persisted
+// before the rotation). Its Bloom filter is then saved to a file of its own
+// and the store records a seal naming the file (a random ID, the file's
+// checksum and size), synced, after the file is. After a crash, Open loads
+// each sealed partition's file that its seal vouches for and rebuilds from
+// Pebble only the partitions without one: the open partition, and any that
+// closed while the filters were not warm.
+//
+// What makes a sealed file invalid, and who checks: a file with no seal in
+// the store (a crash between the two writes, a partition dropped since) or
+// another seal's ID, another store's ID, another checksum or size, other
+// filter parameters (Options.ExpectedKeys or FalsePositive changed) is not
+// loaded by Open and is removed; its partition is rebuilt from Pebble. The
+// store refuses writes into a sealed partition (pebble.ErrSealed), so a seal
+// cannot come to describe fewer keys than the store holds. Drop deletes
+// seals with their partitions.
+
+// sealedPrefix and sealedSuffix frame a sealed partition's file name in Dir.
+const (
+	sealedPrefix = "tierdedup-bloom.p"
+	sealedSuffix = ".sealed"
+)
+
+func sealedName(p int64) string { return sealedPrefix + strconv.FormatInt(p, 10) + sealedSuffix }
+
+// sealedPartition parses a sealed file's name.
+func sealedPartition(name string) (int64, bool) {
+	s, ok := strings.CutPrefix(name, sealedPrefix)
+	if !ok {
+		return 0, false
+	}
+	if s, ok = strings.CutSuffix(s, sealedSuffix); !ok {
+		return 0, false
+	}
+	p, err := strconv.ParseInt(s, 10, 64)
+	return p, err == nil && strconv.FormatInt(p, 10) == s
+}
+
+// writeGate tells when every write that may be in a closed partition has
+// ended. A write enters before it reads the engine's time and exits when it
+// has written. wait flips the generation new writes enter under and waits
+// for the old one to drain, twice: a write that entered before wait began
+// read a generation at most the current one, so one of the two drains
+// covers it, and a write that enters later reads the time after the
+// rotation that wait follows, so it writes in a later partition.
+type writeGate struct {
+	gen atomic.Uint64
+	n   [2]atomic.Int64
+}
+
+func (g *writeGate) enter() int {
+	i := int(g.gen.Load() & 1)
+	g.n[i].Add(1)
+	return i
+}
+
+func (g *writeGate) exit(i int) { g.n[i].Add(-1) }
+
+// wait returns once every write that entered before it has exited, or ctx
+// ended.
+func (g *writeGate) wait(ctx context.Context) error {
+	for range 2 {
+		i := (g.gen.Add(1) - 1) & 1
+		for g.n[i].Load() != 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(200 * time.Microsecond):
+			}
+		}
+	}
+	return nil
+}
+
+// sealWakeup asks the sealer to look for closed partitions to seal.
+func (e *Engine) sealWakeup() {
+	if e.sealWake != nil {
+		select {
+		case e.sealWake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// sealer seals closed partitions whenever the clock moves on or the filters
+// become warm, until ctx ends.
+func (e *Engine) sealer(ctx context.Context) {
+	defer e.workers.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.sealWake:
+		}
+		if err := e.sealClosed(ctx); err != nil && ctx.Err() == nil {
+			// The partition stays unsealed: a crash rebuilds it from
+			// Pebble. The next rotation, or Close, tries again.
+			e.stats.sealFailures.Add(1)
+			e.logger.Printf("tierdedup: sealing a closed partition's bloom filter: %v", err)
+		}
+	}
+}
+
+// sealClosed saves the filter of every live partition before the current
+// one that has no seal yet, then removes sealed files nothing vouches for.
+// The filters must be warm: only then do they hold every key of the store.
+func (e *Engine) sealClosed(ctx context.Context) error {
+	if !e.warm.Load() {
+		return nil
+	}
+	cur := e.current.Load()
+	// Writes that read the time before the rotation to cur may still be
+	// writing in an older partition: wait for them.
+	if err := e.gate.wait(ctx); err != nil {
+		return err
+	}
+	id := e.store.Layout().ID
+	for p := e.parts.Oldest(cur); p < cur; p++ {
+		if e.sealed[p] {
+			continue
+		}
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		meta := bloom.SnapshotMeta{Kind: bloom.SnapshotPartition, StoreID: id, Epoch: binary.LittleEndian.Uint64(b[:]), HighWater: e.highWater.Load()}
+		sum, size, err := e.snapshots.saveAs(sealedName(p), func(w io.Writer) (uint32, error) {
+			return e.bloom.WritePartition(w, p, meta)
+		})
+		if err == nil {
+			err = e.store.SealPartition(p, pebble.Seal{ID: meta.Epoch, Sum: sum, Size: size})
+		}
+		if err != nil {
+			return fmt.Errorf("partition %d: %w", p, err)
+		}
+		e.sealed[p] = true
+	}
+	return e.removeStaleSealed(e.parts.Oldest(cur))
+}
+
+// removeStaleSealed removes the sealed files of partitions before oldest or
+// without a seal this engine trusts, and forgets dropped partitions.
+func (e *Engine) removeStaleSealed(oldest int64) error {
+	for p := range e.sealed {
+		if p < oldest {
+			delete(e.sealed, p)
+		}
+	}
+	e.stats.sealed.Store(uint64(len(e.sealed)))
+	names, err := e.snapshots.fs.List(e.snapshots.dir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, n := range names {
+		if p, ok := sealedPartition(n); ok && !e.sealed[p] {
+			errs = append(errs, e.snapshots.fs.Remove(e.snapshots.fs.PathJoin(e.snapshots.dir, n)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// loadSealed loads, after an unclean shutdown, every sealed partition's
+// filter its seal vouches for, and returns the partitions left to rebuild
+// from Pebble: every live one up to current without a loaded filter.
+func (e *Engine) loadSealed(current int64) (rebuild []int64, err error) {
+	oldest := e.parts.Oldest(current)
+	seals, err := e.store.Seals(oldest)
+	if err != nil {
+		return nil, err
+	}
+	id := e.store.Layout().ID
+	for p := oldest; p <= current; p++ {
+		seal, ok := seals[p]
+		if !ok || p == current {
+			rebuild = append(rebuild, p)
+			continue
+		}
+		err := e.snapshots.loadAs(sealedName(p), seal.Size, func(r io.ReaderAt, size int64) error {
+			return e.bloom.MergeSnapshot(r, size, func(h bloom.SnapshotHeader) error {
+				switch {
+				case h.Kind != bloom.SnapshotPartition:
+					return fmt.Errorf("snapshot kind %d is not a sealed partition's", h.Kind)
+				case h.StoreID != id:
+					return errors.New("sealed partition of another store")
+				case h.Epoch != seal.ID || h.Sum != seal.Sum || h.Newest != p:
+					return errors.New("not the file the store's seal names")
+				}
+				return nil
+			})
+		})
+		if err != nil {
+			e.logger.Printf("tierdedup: sealed bloom filter of partition %d not used, rebuilding it from Pebble: %v", p, err)
+			rebuild = append(rebuild, p)
+			continue
+		}
+		e.sealed[p] = true
+		e.stats.sealedLoaded.Add(1)
+	}
+	return rebuild, e.removeStaleSealed(oldest)
+}
+
+// keepSealed marks as sealed, when the filters are warm at Open from the
+// clean-shutdown snapshot, the partitions whose seal names a file of the
+// right size: a crash later loads and verifies them.
+func (e *Engine) keepSealed(current int64) error {
+	oldest := e.parts.Oldest(current)
+	seals, err := e.store.Seals(oldest)
+	if err != nil {
+		return err
+	}
+	for p, seal := range seals {
+		if size, err := e.snapshots.size(sealedName(p)); err == nil && size == seal.Size && p < current {
+			e.sealed[p] = true
+		}
+	}
+	return e.removeStaleSealed(oldest)
+}
+
+// spans groups ascending partitions into runs [from, to).
+func spans(parts []int64) [][2]int64 {
+	var out [][2]int64
+	slices.Sort(parts)
+	for _, p := range parts {
+		if n := len(out); n > 0 && out[n-1][1] == p {
+			out[n-1][1] = p + 1
+			continue
+		}
+		out = append(out, [2]int64{p, p + 1})
+	}
+	return out
+}
