@@ -69,6 +69,7 @@ type Engine struct {
 	// partitions whose filter is saved with a seal the store holds; the
 	// sealer wakes on sealWake (nil when partitions are not sealed).
 	gate     writeGate
+	sealMu   sync.Mutex // held by a sealing pass
 	sealed   map[int64]bool
 	sealWake chan struct{}
 

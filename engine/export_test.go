@@ -1,5 +1,7 @@
 package engine
 
+import "time"
+
 // SetRebuildGate makes every later Bloom rebuild wait for gate to close
 // before it starts, so tests can observe the cold state.
 func SetRebuildGate(gate chan struct{}) { rebuildGate = gate }
@@ -23,4 +25,14 @@ func SetBeforeDurable(fn func()) {
 		return
 	}
 	beforeDurable.Store(&fn)
+}
+
+// Sealed reports whether the partition of t is sealed; false while a
+// sealing pass runs.
+func (e *Engine) Sealed(t time.Time) bool {
+	if !e.sealMu.TryLock() {
+		return false
+	}
+	defer e.sealMu.Unlock()
+	return e.sealed[e.parts.Of(t.UnixNano())]
 }

@@ -126,6 +126,8 @@ func (e *Engine) sealer(ctx context.Context) {
 // one that has no seal yet, then removes sealed files nothing vouches for.
 // The filters must be warm: only then do they hold every key of the store.
 func (e *Engine) sealClosed(ctx context.Context) error {
+	e.sealMu.Lock()
+	defer e.sealMu.Unlock()
 	if !e.warm.Load() {
 		return nil
 	}
@@ -137,8 +139,8 @@ func (e *Engine) sealClosed(ctx context.Context) error {
 	}
 	id := e.store.Layout().ID
 	for p := e.parts.Oldest(cur); p < cur; p++ {
-		if e.sealed[p] {
-			continue
+		if e.sealed[p] || p < e.parts.Oldest(e.current.Load()) {
+			continue // sealed, or dropped by a rotation since cur was read
 		}
 		var b [8]byte
 		_, _ = rand.Read(b[:])
@@ -149,10 +151,10 @@ func (e *Engine) sealClosed(ctx context.Context) error {
 		if err == nil {
 			err = e.store.SealPartition(p, pebble.Seal{ID: meta.Epoch, Sum: sum, Size: size})
 		}
-		if err != nil {
+		if err != nil && p >= e.parts.Oldest(e.current.Load()) {
 			return fmt.Errorf("partition %d: %w", p, err)
 		}
-		e.sealed[p] = true
+		e.sealed[p] = err == nil
 	}
 	return e.removeStaleSealed(e.parts.Oldest(cur))
 }

@@ -1,0 +1,301 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/tierdedup/tierdedup/engine"
+)
+
+// sealedEngine opens an engine with hour partitions over a 4-hour window
+// (5 live partitions) on fs and marks perHour keys in each of hours hours,
+// moving the clock an hour after each but the last; it waits until every
+// closed partition of the window is sealed (those before the store was
+// created too: they hold no key).
+func sealedEngine(t *testing.T, fs vfs.FS, clock *fakeClock, hours, perHour int) (*engine.Engine, engine.Options, [][]byte) {
+	t.Helper()
+	o := engine.Options{Dir: "db", FS: fs, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
+	e := open(t, o)
+	var all [][]byte
+	for h := range hours {
+		keys := make([][]byte, perHour)
+		for i := range keys {
+			keys[i] = fmt.Appendf(nil, "hour-%d-key-%d", h, i)
+		}
+		out := make([]engine.Outcome, len(keys))
+		if err := e.MarkBatch(context.Background(), keys, nil, out); err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, keys...)
+		if h < hours-1 {
+			clock.Add(time.Hour)
+		}
+	}
+	waitSealed(t, e, clock.Now().Add(-time.Hour))
+	return e, o, all
+}
+
+// closed is the number of closed partitions in the window.
+const closed = 4
+
+// hourFile is the sealed file of hour h of sealedEngine's history.
+func hourFile(h int) string {
+	return fmt.Sprintf("db/tierdedup-bloom.p%d.sealed", newClock().Now().Add(time.Duration(h)*time.Hour).UnixNano()/int64(time.Hour))
+}
+
+// waitSealed waits until the partition of at is sealed, and with it every
+// closed partition of the window.
+func waitSealed(t *testing.T, e *engine.Engine, at time.Time) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !e.Sealed(at) {
+		if time.Now().After(deadline) {
+			t.Fatalf("partition of %v not sealed (%d sealed)", at, e.Stats().BloomSealed)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if n := e.Stats().BloomSealed; n != closed {
+		t.Fatalf("%d partitions sealed, want %d", n, closed)
+	}
+}
+
+// allDuplicates claims every key once warm: each must be a Duplicate.
+func allDuplicates(t *testing.T, e *engine.Engine, keys [][]byte) {
+	t.Helper()
+	waitWarm(t, e)
+	claims := make([]engine.Claim, len(keys))
+	if err := e.ClaimBatch(context.Background(), keys, nil, claims); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range claims {
+		if c.Outcome != engine.Duplicate {
+			t.Fatalf("acknowledged key %s is %v after the crash", keys[i], c.Outcome)
+		}
+	}
+}
+
+func sealedFiles(t *testing.T, fs vfs.FS) []string {
+	t.Helper()
+	names, err := fs.List("db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, n := range names {
+		if strings.HasPrefix(n, "tierdedup-bloom.p") {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// TestCrashRebuildsOnlyTheOpenPartition: four hours of keys, the closed
+// partitions sealed as the clock left them, then a crash. The next Open
+// loads the four sealed filters and rebuilds from Pebble the open
+// partition alone; every key is a Duplicate once warm, and a new key New.
+func TestCrashRebuildsOnlyTheOpenPartition(t *testing.T) {
+	mem := vfs.NewCrashableMem()
+	clock := newClock()
+	const perHour = 50
+	e, o, keys := sealedEngine(t, mem, clock, 4, perHour)
+	crashed := mem.CrashClone(vfs.CrashCloneCfg{})
+	_ = e.Close()
+
+	gate := make(chan struct{})
+	engine.SetRebuildGate(gate)
+	defer engine.SetRebuildGate(nil)
+	o.FS = crashed
+	e = open(t, o)
+	defer e.Close()
+	if s := e.Stats(); s.BloomSealedLoaded != closed || s.BloomMode != "rebuilding" {
+		t.Fatalf("after the crash: %d sealed filters loaded, mode %s; want %d, rebuilding", s.BloomSealedLoaded, s.BloomMode, closed)
+	}
+	close(gate)
+	allDuplicates(t, e, keys)
+	if got := e.Stats().BloomRebuiltKeys; got != perHour {
+		t.Fatalf("rebuilt %d keys from Pebble, want %d (the open partition's)", got, perHour)
+	}
+	if o, err := e.MarkIfAbsent(context.Background(), []byte("brand-new")); err != nil || o != engine.New {
+		t.Fatalf("a new key: %v, %v", o, err)
+	}
+}
+
+// TestSealWaitsForWritesInFlight holds a commit after it read the engine's
+// time (in hour 0) and before it wrote, moves the clock into hour 1 and
+// rotates: the sealer must not save hour 0's filter until that commit has
+// written, or the saved filter would lack its key and a crash would answer
+// it New.
+func TestSealWaitsForWritesInFlight(t *testing.T) {
+	ctx := context.Background()
+	mem := vfs.NewCrashableMem()
+	clock := newClock()
+	o := engine.Options{Dir: "db", FS: mem, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
+	e := open(t, o)
+	late := []byte("late")
+	c, err := e.Claim(ctx, late)
+	if err != nil || c.Outcome != engine.New {
+		t.Fatal(c.Outcome, err)
+	}
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	engine.SetBeforeDurable(func() {
+		once.Do(func() {
+			close(held)
+			<-release
+		})
+	})
+	defer engine.SetBeforeDurable(nil)
+	committed := make(chan error, 1)
+	go func() { committed <- e.Commit(ctx, c) }()
+	<-held
+	engine.SetBeforeDurable(nil)
+
+	clock.Add(time.Hour)
+	if _, err := e.Claim(ctx, []byte("rotates")); err != nil { // rotates to hour 1
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if e.Sealed(clock.Now().Add(-time.Hour)) {
+		t.Fatal("hour 0 was sealed while a write that read its time was in flight")
+	}
+	close(release)
+	if err := <-committed; err != nil {
+		t.Fatalf("the held commit: %v", err)
+	}
+	waitSealed(t, e, clock.Now().Add(-time.Hour))
+	crashed := mem.CrashClone(vfs.CrashCloneCfg{})
+	_ = e.Close()
+
+	o.FS = crashed
+	e = open(t, o)
+	defer e.Close()
+	if n := e.Stats().BloomSealedLoaded; n != closed {
+		t.Fatalf("%d sealed filters loaded, want %d", n, closed)
+	}
+	allDuplicates(t, e, [][]byte{late})
+}
+
+// TestSealedFilesThatMustNotBeTrusted damages, replaces or orphans sealed
+// files between a crash and the next Open: a file is loaded only if the
+// store's seal names it (ID, checksum, size), it was written for this
+// store and these filter parameters; any other is removed and its
+// partition rebuilt, and no acknowledged key is lost.
+func TestSealedFilesThatMustNotBeTrusted(t *testing.T) {
+	const perHour = 40
+	for _, tc := range []struct {
+		name   string
+		tamper func(t *testing.T, fs vfs.FS, other vfs.FS)
+		opts   func(*engine.Options)
+		loaded uint64
+		// rebuilt is the hours of keys rebuilt from Pebble.
+		rebuilt int
+	}{
+		{name: "untouched", loaded: closed, rebuilt: 1},
+		{name: "removed", loaded: closed - 1, rebuilt: 2, tamper: func(t *testing.T, fs, _ vfs.FS) {
+			if err := fs.Remove(hourFile(0)); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "flipped byte", loaded: closed - 1, rebuilt: 2, tamper: func(t *testing.T, fs, _ vfs.FS) {
+			rewrite(t, fs, hourFile(1), func(b []byte) { b[len(b)/2] ^= 1 })
+		}},
+		{name: "truncated", loaded: closed - 1, rebuilt: 2, tamper: func(t *testing.T, fs, _ vfs.FS) {
+			b := read(t, fs, hourFile(2))
+			write(t, fs, hourFile(2), b[:len(b)-8])
+		}},
+		{name: "another store's file", loaded: 0, rebuilt: 4, tamper: func(t *testing.T, fs, other vfs.FS) {
+			for _, n := range sealedFiles(t, fs) {
+				write(t, fs, "db/"+n, read(t, other, "db/"+n))
+			}
+		}},
+		{name: "other filter parameters", loaded: 0, rebuilt: 4, opts: func(o *engine.Options) { o.ExpectedKeys = 2000 }},
+		{name: "orphan", loaded: closed, rebuilt: 1, tamper: func(t *testing.T, fs, _ vfs.FS) {
+			// One of a partition long dropped, one of the open partition.
+			write(t, fs, "db/tierdedup-bloom.p12.sealed", []byte("no seal names me"))
+			write(t, fs, hourFile(3), read(t, fs, hourFile(2)))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mem := vfs.NewCrashableMem()
+			e, o, keys := sealedEngine(t, mem, newClock(), 4, perHour)
+			crashed := mem.CrashClone(vfs.CrashCloneCfg{})
+			_ = e.Close()
+			// The same history in another store: its files have the
+			// same names and partitions, another store ID and seal IDs.
+			otherMem := vfs.NewCrashableMem()
+			other, _, _ := sealedEngine(t, otherMem, newClock(), 4, perHour)
+			_ = other.Close()
+			if tc.tamper != nil {
+				tc.tamper(t, crashed, otherMem)
+			}
+			o.FS = crashed
+			if tc.opts != nil {
+				tc.opts(&o)
+			}
+			e = open(t, o)
+			defer e.Close()
+			allDuplicates(t, e, keys)
+			s := e.Stats()
+			if s.BloomSealedLoaded != tc.loaded {
+				t.Fatalf("%d sealed filters loaded, want %d", s.BloomSealedLoaded, tc.loaded)
+			}
+			if want := uint64(perHour * tc.rebuilt); s.BloomRebuiltKeys != want {
+				t.Fatalf("rebuilt %d keys, want %d", s.BloomRebuiltKeys, want)
+			}
+			// Every partition rebuilt is sealed again once warm, and no
+			// file nothing vouches for is left.
+			waitSealed(t, e, newClock().Now().Add(2*time.Hour))
+			if files := sealedFiles(t, crashed); len(files) != closed {
+				t.Fatalf("sealed files after the reseal: %v", files)
+			}
+		})
+	}
+}
+
+func read(t *testing.T, fs vfs.FS, name string) []byte {
+	t.Helper()
+	f, err := fs.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, st.Size())
+	if _, err := f.ReadAt(b, 0); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func write(t *testing.T, fs vfs.FS, name string, b []byte) {
+	t.Helper()
+	f, err := fs.Create(name, vfs.WriteCategoryUnspecified)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func rewrite(t *testing.T, fs vfs.FS, name string, change func([]byte)) {
+	t.Helper()
+	b := read(t, fs, name)
+	change(b)
+	write(t, fs, name, b)
+}
