@@ -114,6 +114,7 @@ func (e *Engine) rebuild(ctx context.Context, spans [][2]int64) {
 		return
 	}
 	e.warm.Store(true)
+	e.cold.Store(nil)
 	e.sealWakeup()
 }
 

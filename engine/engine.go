@@ -64,6 +64,10 @@ type Engine struct {
 	// holds, so a "no" may skip the store.
 	warm       atomic.Bool
 	rebuilding atomic.Bool
+	// cold, while rebuilding, lists the partitions whose filter the
+	// rebuild is refilling; every other live partition's filter is
+	// complete. Nil when warm, or when no filter is known complete.
+	cold atomic.Pointer[[]int64]
 	// gate tracks the writes in flight, so the sealer knows when a closed
 	// partition gets no more; sealed is the sealer's (and Open's) set of
 	// partitions whose filter is saved with a seal the store holds; the
@@ -313,6 +317,7 @@ func Open(opts *Options) (*Engine, error) {
 			return nil, fmt.Errorf("%w: %w", ErrStorage, err)
 		}
 		if !e.warm.Load() {
+			e.cold.Store(&rebuild)
 			e.rebuilding.Store(true)
 			e.workers.Add(1)
 			go e.rebuild(ctx, spans(rebuild))

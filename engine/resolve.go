@@ -43,9 +43,26 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 	probes := b.probes[:m]
 	oldest := e.parts.Oldest(e.current.Load())
 	warm := e.bloom != nil && e.warm.Load()
-	if warm {
+	cold := e.cold.Load()
+	switch {
+	case warm:
 		oldest = e.bloom.Test(cfps, probes)
-	} else {
+	case e.bloom != nil && cold != nil:
+		// Rebuilding: the filters of the partitions loaded sealed (and of
+		// those begun since Open) hold every key, the others (cold) may
+		// not, so every key is read in the cold partitions and only where
+		// a complete filter says maybe in the rest.
+		oldest = e.bloom.Test(cfps, probes)
+		var force uint64
+		for _, p := range *cold {
+			if d := p - oldest; d >= 0 && d < int64(e.parts.Live) {
+				force |= 1 << d
+			}
+		}
+		for j := range probes {
+			probes[j].Maybe |= force
+		}
+	default:
 		allLive := uint64(1)<<e.parts.Live - 1
 		for j := range probes {
 			probes[j] = bloom.Probe{Maybe: allLive}

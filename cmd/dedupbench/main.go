@@ -5,6 +5,7 @@
 //	dedupbench plan [flags]    size memory, Bloom filters and disk for a load
 //	dedupbench compare [flags] the engine beside Redis SET NX and PostgreSQL
 //	dedupbench crash [flags]   the crash table, reproduced with real processes
+//	dedupbench recover [flags] reopening after a kill -9: time to warm filters
 //
 // Every subcommand takes -json for machines; run and compare take -report
 // out.html for a self-contained page. It only binds flags: the work is in
@@ -51,8 +52,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return crashCmd(ctx, args, stdout, stderr)
 	case "crash-child":
 		return crashChildCmd(ctx, args)
+	case "recover":
+		return recoverCmd(ctx, args, stdout, stderr)
+	case "recover-child":
+		return recoverChildCmd(ctx, args, stdout)
 	default:
-		return fmt.Errorf("unknown command %q (want run, plan, compare or crash)", cmd)
+		return fmt.Errorf("unknown command %q (want run, plan, compare, crash or recover)", cmd)
 	}
 }
 
