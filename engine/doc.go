@@ -37,8 +37,14 @@
 //     snapshot of the exact store state they were saved with (the store's
 //     ID and the epoch it sealed at a clean Close, forgotten by the next
 //     Open before anything is written; the file is removed whatever the
-//     outcome), or rebuilt from Pebble. While cold every key that memory
-//     does not know is read from Pebble.
+//     outcome), or rebuilt from Pebble. A closed partition's filter is
+//     saved once no write can reach that partition (every write that read
+//     the time before the rotation has ended), with a seal in the store
+//     naming the file; after a crash each file its seal vouches for is
+//     loaded and the other partitions are rebuilt. While rebuilding, every
+//     key that memory does not know is read from Pebble in each partition
+//     being rebuilt, and in the others where their complete filter says
+//     maybe.
 //  5. Time never runs backwards inside an engine: it uses the highest clock
 //     reading seen (persisted with each partition drop, and in bloom-only
 //     state), so a clock step back neither expires leases late nor drops

@@ -174,7 +174,9 @@ func (e *Engine) removeStaleSealed(oldest int64) error {
 	}
 	var errs []error
 	for _, n := range names {
-		if p, ok := sealedPartition(n); ok && !e.sealed[p] {
+		p, ok := sealedPartition(n)
+		// A temporary file is a save a crash interrupted.
+		if ok && !e.sealed[p] || strings.HasPrefix(n, sealedPrefix) && strings.HasSuffix(n, sealedSuffix+".tmp") {
 			errs = append(errs, e.snapshots.fs.Remove(e.snapshots.fs.PathJoin(e.snapshots.dir, n)))
 		}
 	}

@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -231,6 +232,7 @@ func TestSealedFilesThatMustNotBeTrusted(t *testing.T) {
 		{name: "orphan", loaded: closed, rebuilt: 1, tamper: func(t *testing.T, fs, _ vfs.FS) {
 			// One of a partition long dropped, one of the open partition.
 			write(t, fs, "db/tierdedup-bloom.p12.sealed", []byte("no seal names me"))
+			write(t, fs, hourFile(1)+".tmp", []byte("a save a crash interrupted"))
 			write(t, fs, hourFile(3), read(t, fs, hourFile(2)))
 		}},
 	} {
@@ -264,7 +266,7 @@ func TestSealedFilesThatMustNotBeTrusted(t *testing.T) {
 			// Every partition rebuilt is sealed again once warm, and no
 			// file nothing vouches for is left.
 			waitSealed(t, e, newClock().Now().Add(2*time.Hour))
-			if files := sealedFiles(t, crashed); len(files) != closed {
+			if files := sealedFiles(t, crashed); len(files) != closed || slices.ContainsFunc(files, func(f string) bool { return !strings.HasSuffix(f, ".sealed") }) {
 				t.Fatalf("sealed files after the reseal: %v", files)
 			}
 		})

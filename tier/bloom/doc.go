@@ -2,7 +2,8 @@
 // retention partition, probed with locations computed once per key from its
 // fingerprint, so a key that no filter may hold can skip the durable tier.
 //
-// It owns the filters, their rotation and their snapshot encoding. It must never
+// It owns the filters, their rotation and their snapshot encoding (all
+// filters, or one partition's, which MergeSnapshot adds to the others). It must never
 // answer "seen": a probe says which partitions may hold a key, and only an
 // exact tier may turn that into Duplicate. Whether a "no" may be trusted (the
 // filters saw every key the durable tier holds) is the engine's decision, not
@@ -25,4 +26,6 @@
 //     caller's acceptance of its meta (the store and epoch it describes, or
 //     bloom-only's secret and clock) and its parameters are verified before
 //     any filter is allocated.
+//  4. MergeSnapshot only adds: each filter becomes the union of itself and
+//     the snapshot's, so merging never removes a key.
 package bloom

@@ -113,10 +113,8 @@ func (f *Filters) WriteSnapshot(w io.Writer, meta SnapshotMeta) (sum uint32, err
 // WritePartition writes partition p's filter alone (none if p has no keys)
 // to w, with meta, and returns the snapshot's checksum; MergeSnapshot reads
 // it back. It fails if p is not live. The engine writes a partition once no
-// key can be added to it any more.
+// key can be added to it any more; rotation does not wait for it.
 func (f *Filters) WritePartition(w io.Writer, p int64, meta SnapshotMeta) (sum uint32, err error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	r := f.cur.Load()
 	if p > r.newest || p < f.parts.Oldest(r.newest) {
 		return 0, fmt.Errorf("%w: partition %d is not live (newest %d)", ErrOptions, p, r.newest)

@@ -4,8 +4,9 @@
 // It owns the on-disk layout (partition ‖ namespace ‖ key, so retention is
 // one range deletion per expired span of partitions), the versioned value
 // encoding, the store's recorded Layout (partition length, window,
-// fingerprint secret, store ID, format version) and snapshot epoch, WAL
-// durability and the translation of every Pebble failure into ErrStorage. It must never hold claims in flight (the engine's memory tier
+// fingerprint secret, store ID, format version), snapshot epoch and
+// partition seals, WAL durability and the translation of every Pebble
+// failure into ErrStorage. It must never hold claims in flight (the engine's memory tier
 // does, and an exclusive directory makes them void at the next open anyway),
 // never compare fingerprints instead of key bytes, and never exit the
 // process: a Pebble fatal error or panic inside a call of this package (its
@@ -39,4 +40,9 @@
 //  6. A snapshot epoch sealed by SealSnapshot is returned by the next
 //     TakeSnapshotEpoch only, which deletes it (synced) before any other
 //     write.
+//  7. A partition is sealed (SealPartition, synced) only before the
+//     partition of the persisted clock, and from then on no record is
+//     written in it or before it (ErrSealed), across reopens; Drop deletes
+//     seals with their partitions. So a seal never describes fewer records
+//     than its partition holds.
 package pebble
