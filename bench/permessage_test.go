@@ -66,6 +66,8 @@ func BenchmarkPerMessage(b *testing.B) {
 			b.StopTimer()
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 			lat.report(b)
+			st := e.Stats()
+			b.ReportMetric(float64(st.Commits)/float64(max(st.CommitGroups, 1)), "commits/group")
 		})
 	}
 	b.Run("op=claim-commit-async/goroutines=1", func(b *testing.B) {

@@ -147,7 +147,7 @@ func Open(opts *Options) (*Engine, error) {
 		if err := e.snapshots.refuseState(); err != nil {
 			return nil, err
 		}
-		e.store, err = pebble.Open(&pebble.Options{Dir: o.Dir, FS: o.FS, NoSync: o.NoSync, Logger: o.Logger, Partition: partition, Window: window, Now: now})
+		e.store, err = pebble.Open(&pebble.Options{Dir: o.Dir, FS: o.FS, NoSync: o.NoSync, CacheSize: o.CacheSize, Logger: o.Logger, Partition: partition, Window: window, Now: now})
 		switch {
 		case errors.Is(err, pebble.ErrLocked):
 			return nil, fmt.Errorf("%w: %w", ErrLocked, err)

@@ -105,6 +105,8 @@ const (
 	// MaxExpectedKeys bounds ExpectedKeys: 4.3×10⁹ keys a partition, a
 	// filter of ≈ 7.5 GiB at the default false-positive rate.
 	MaxExpectedKeys = 1 << 32
+	// MaxCacheSize bounds CacheSize: 1 TiB.
+	MaxCacheSize = 1 << 40
 )
 
 // Options configure an Engine. The zero value of every field is a
@@ -135,6 +137,12 @@ type Options struct {
 	// Lease is how long a claim excludes other workers. It must be shorter
 	// than Window. Zero means DefaultLease.
 	Lease time.Duration
+	// CacheSize is Pebble's block cache in bytes (Default), at most
+	// MaxCacheSize. Zero means 64 MiB. Reads of duplicates that memory does
+	// not hold go through it, as do Pebble's own filter and index blocks:
+	// a store much larger than it reads them from the operating system's
+	// page cache, decoding and checksumming each block again.
+	CacheSize int
 	// MemoryCapacity is the number of committed keys cached in memory, at
 	// most MaxMemoryCapacity. Zero means 1<<20 (≈ 66 MiB). Memory grows
 	// with use up to it; claims in flight are not counted.
@@ -270,6 +278,9 @@ func (o *Options) Validate() error {
 	}
 	if d.Lease > 0 && d.Window > 0 && d.Lease >= d.Window {
 		bad("Lease %v must be shorter than Window %v", d.Lease, d.Window)
+	}
+	if o.CacheSize < 0 || o.CacheSize > MaxCacheSize {
+		bad("CacheSize %d is outside [0, %d]", o.CacheSize, MaxCacheSize)
 	}
 	if o.MemoryCapacity < 0 || o.MemoryCapacity > MaxMemoryCapacity {
 		bad("MemoryCapacity %d is outside [0, %d]", o.MemoryCapacity, MaxMemoryCapacity)

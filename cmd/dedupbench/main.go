@@ -72,6 +72,7 @@ type workloadFlags struct {
 	fp                     float64
 	memCap, batch, workers int
 	keySize                int
+	cache                  int
 	noSync                 bool
 	seed                   uint64
 }
@@ -90,6 +91,7 @@ func (w *workloadFlags) bind(fs *flag.FlagSet, keys int64) {
 	fs.DurationVar(&w.partition, "partition", engine.DefaultPartition, "retention partition")
 	fs.Float64Var(&w.fp, "fp", 0.01, "Bloom false-positive target over the whole window")
 	fs.IntVar(&w.memCap, "memory", 1<<20, "committed keys cached in memory")
+	fs.IntVar(&w.cache, "cache", 0, "Pebble block cache in bytes (0: 64 MiB)")
 	fs.IntVar(&w.batch, "batch", 256, "keys per batch")
 	fs.IntVar(&w.workers, "workers", 0, "goroutines (0: 4 per CPU)")
 	fs.BoolVar(&w.noSync, "nosync", false, "do not fsync commits")
@@ -120,7 +122,7 @@ func (w *workloadFlags) config() (bench.RunConfig, error) {
 	return bench.RunConfig{
 		Workload: wc,
 		Engine: engine.Options{Tiers: tiers, Window: w.window, Partition: w.partition, FalsePositive: w.fp,
-			MemoryCapacity: w.memCap, ExpectedKeys: max(1000, int(perPartition)), NoSync: w.noSync},
+			MemoryCapacity: w.memCap, ExpectedKeys: max(1000, int(perPartition)), NoSync: w.noSync, CacheSize: w.cache},
 		Batch: w.batch, Workers: w.workers,
 	}, nil
 }
