@@ -12,8 +12,10 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tierdedup/tierdedup/bench"
+	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -237,5 +239,42 @@ func TestCompareAgainstPostgres(t *testing.T) {
 func TestUnknownCommand(t *testing.T) {
 	if err := run(context.Background(), []string{"frobnicate"}, &bytes.Buffer{}, &bytes.Buffer{}); err == nil {
 		t.Fatal("unknown command accepted")
+	}
+}
+
+// TestRecover runs the recovery measurement small: 400k keys over the
+// default window's 8 days, a real SIGKILL while the filling child writes,
+// then the two reopens. With the sealed filters the seven closed days load
+// from their files and only the open day is scanned; without them the
+// whole window is.
+func TestRecover(t *testing.T) {
+	dir := t.TempDir()
+	args := []string{"-keys", "400000", "-dir", dir, "-after", "300ms"}
+	child := func(a ...string) *exec.Cmd {
+		cmd := exec.Command(os.Args[0], append(append([]string{"recover-child"}, args...), a...)...)
+		cmd.Env = append(os.Environ(), "DEDUPBENCH_CHILD=1")
+		cmd.Stderr = os.Stderr
+		return cmd
+	}
+	rs, err := bench.Recover(context.Background(), bench.RecoverConfig{Keys: 400000, Engine: engine.Options{Dir: dir}, After: 300 * time.Millisecond}, child)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != 2 {
+		t.Fatalf("results %+v", rs)
+	}
+	sealed, all := rs[0], rs[1]
+	t.Logf("%+v\n%+v", sealed, all)
+	if sealed.Mode != "sealed" || sealed.SealedLoaded != 7 || all.Mode != "rebuild all" || all.SealedLoaded != 0 {
+		t.Fatalf("modes and sealed filters loaded: %+v, %+v", sealed, all)
+	}
+	// Seven of the eight days hold ≈ 7/8 of the 360k distinct keys.
+	if saved := int64(all.RebuiltKeys) - int64(sealed.RebuiltKeys); saved < 250000 {
+		t.Fatalf("the sealed filters spared %d keys of the rebuild, want ≈ 315k", saved)
+	}
+	for _, r := range rs {
+		if r.Open <= 0 || r.Warm < r.Open || r.WarmRate <= 0 {
+			t.Fatalf("%s: open %v, warm %v, warm rate %v", r.Mode, r.Open, r.Warm, r.WarmRate)
+		}
 	}
 }
