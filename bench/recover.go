@@ -188,16 +188,8 @@ func RecoverMeasure(ctx context.Context, c RecoverConfig, at int64, all bool, ou
 	res := RecoverResult{Mode: "sealed", StoreKeys: c.Keys}
 	if all {
 		res.Mode = "rebuild all"
-		names, err := os.ReadDir(c.Engine.Dir)
-		if err != nil {
+		if err := os.RemoveAll(filepath.Join(c.Engine.Dir, "tierdedup-sealed")); err != nil {
 			return err
-		}
-		for _, n := range names {
-			if strings.HasPrefix(n.Name(), "tierdedup-bloom.p") {
-				if err := os.Remove(filepath.Join(c.Engine.Dir, n.Name())); err != nil {
-					return err
-				}
-			}
 		}
 	}
 	// Each reopen sends keys of its own: the other's are in the store.

@@ -37,6 +37,7 @@ type Engine struct {
 	clock       Clock
 	logger      *log.Logger
 	snapshots   *snapshotFile // nil when the Bloom filters are not persisted
+	sealedDir   *snapshotFile // the sealed partitions' directory (Default)
 	dirLock     io.Closer     // bloom-only's hold on Dir
 
 	secret shard.Secret // keys the fingerprints; persisted by Default and BloomOnly
@@ -139,6 +140,7 @@ func Open(opts *Options) (*Engine, error) {
 	}
 	if o.Dir != "" {
 		e.snapshots = newSnapshotFile(o.FS, o.Dir)
+		e.sealedDir = newSnapshotFile(o.FS, e.snapshots.fs.PathJoin(o.Dir, sealedSubdir))
 	}
 
 	now := e.reading()

@@ -36,8 +36,12 @@ import (
 // cannot come to describe fewer keys than the store holds. Drop deletes
 // seals with their partitions.
 
-// sealedPrefix and sealedSuffix frame a sealed partition's file name in Dir.
+// sealedPrefix and sealedSuffix frame a sealed partition's file name in
+// sealedSubdir, a directory of Dir of their own, whose entries only the
+// engine changes and syncs (Pebble's own syncs of Dir do not make a
+// removal durable there by chance).
 const (
+	sealedSubdir = "tierdedup-sealed"
 	sealedPrefix = "tierdedup-bloom.p"
 	sealedSuffix = ".sealed"
 )
@@ -145,16 +149,19 @@ func (e *Engine) sealClosed(ctx context.Context) error {
 		var b [8]byte
 		_, _ = rand.Read(b[:])
 		meta := bloom.SnapshotMeta{Kind: bloom.SnapshotPartition, StoreID: id, Epoch: binary.LittleEndian.Uint64(b[:]), HighWater: e.highWater.Load()}
-		sum, size, err := e.snapshots.saveAs(sealedName(p), func(w io.Writer) (uint32, error) {
+		sum, size, err := e.sealedDir.saveAs(sealedName(p), func(w io.Writer) (uint32, error) {
 			return e.bloom.WritePartition(w, p, meta)
 		})
 		if err == nil {
 			err = e.store.SealPartition(p, pebble.Seal{ID: meta.Epoch, Sum: sum, Size: size})
 		}
-		if err != nil && p >= e.parts.Oldest(e.current.Load()) {
+		if errors.Is(err, bloom.ErrNotLive) {
+			continue // a rotation dropped it since it was checked
+		}
+		if err != nil {
 			return fmt.Errorf("partition %d: %w", p, err)
 		}
-		e.sealed[p] = err == nil
+		e.sealed[p] = true
 	}
 	return e.removeStaleSealed(e.parts.Oldest(cur))
 }
@@ -168,17 +175,23 @@ func (e *Engine) removeStaleSealed(oldest int64) error {
 		}
 	}
 	e.stats.sealed.Store(uint64(len(e.sealed)))
-	names, err := e.snapshots.fs.List(e.snapshots.dir)
+	names, err := e.sealedDir.fs.List(e.sealedDir.dir)
 	if err != nil {
-		return err
+		return nil // no directory: no file has been sealed yet
 	}
 	var errs []error
+	removed := false
 	for _, n := range names {
 		p, ok := sealedPartition(n)
 		// A temporary file is a save a crash interrupted.
 		if ok && !e.sealed[p] || strings.HasPrefix(n, sealedPrefix) && strings.HasSuffix(n, sealedSuffix+".tmp") {
-			errs = append(errs, e.snapshots.fs.Remove(e.snapshots.fs.PathJoin(e.snapshots.dir, n)))
+			errs = append(errs, e.sealedDir.fs.Remove(e.sealedDir.fs.PathJoin(e.sealedDir.dir, n)))
+			removed = true
 		}
+	}
+	if removed {
+		// Durably: a crash must not bring back what nothing vouches for.
+		errs = append(errs, e.sealedDir.syncDir())
 	}
 	return errors.Join(errs...)
 }
@@ -199,18 +212,8 @@ func (e *Engine) loadSealed(current int64) (rebuild []int64, err error) {
 			rebuild = append(rebuild, p)
 			continue
 		}
-		err := e.snapshots.loadAs(sealedName(p), seal.Size, func(r io.ReaderAt, size int64) error {
-			return e.bloom.MergeSnapshot(r, size, func(h bloom.SnapshotHeader) error {
-				switch {
-				case h.Kind != bloom.SnapshotPartition:
-					return fmt.Errorf("snapshot kind %d is not a sealed partition's", h.Kind)
-				case h.StoreID != id:
-					return errors.New("sealed partition of another store")
-				case h.Epoch != seal.ID || h.Sum != seal.Sum || h.Newest != p:
-					return errors.New("not the file the store's seal names")
-				}
-				return nil
-			})
+		err := e.sealedDir.loadAs(sealedName(p), seal.Size, func(r io.ReaderAt, size int64) error {
+			return e.bloom.MergeSnapshot(r, size, func(h bloom.SnapshotHeader) error { return sealedAccept(h, id, p, seal) })
 		})
 		if err != nil {
 			e.logger.Printf("tierdedup: sealed bloom filter of partition %d not used, rebuilding it from Pebble: %v", p, err)
@@ -223,6 +226,23 @@ func (e *Engine) loadSealed(current int64) (rebuild []int64, err error) {
 	return rebuild, e.removeStaleSealed(oldest)
 }
 
+// sealedAccept accepts the header of partition p's sealed file only if it
+// is a sealed partition's, written for store id, for partition p, and is
+// the file seal names (its random ID and checksum).
+func sealedAccept(h bloom.SnapshotHeader, id [16]byte, p int64, seal pebble.Seal) error {
+	switch {
+	case h.Kind != bloom.SnapshotPartition:
+		return fmt.Errorf("snapshot kind %d is not a sealed partition's", h.Kind)
+	case h.StoreID != id:
+		return errors.New("sealed partition of another store")
+	case h.Newest != p:
+		return fmt.Errorf("the file of partition %d holds partition %d", p, h.Newest)
+	case h.Epoch != seal.ID || h.Sum != seal.Sum:
+		return errors.New("not the file the store's seal names")
+	}
+	return nil
+}
+
 // keepSealed marks as sealed, when the filters are warm at Open from the
 // clean-shutdown snapshot, the partitions whose seal names a file of the
 // right size: a crash later loads and verifies them.
@@ -233,7 +253,7 @@ func (e *Engine) keepSealed(current int64) error {
 		return err
 	}
 	for p, seal := range seals {
-		if size, err := e.snapshots.size(sealedName(p)); err == nil && size == seal.Size && p < current {
+		if size, err := e.sealedDir.size(sealedName(p)); err == nil && size == seal.Size && p < current {
 			e.sealed[p] = true
 		}
 	}

@@ -47,7 +47,7 @@ const closed = 4
 
 // hourFile is the sealed file of hour h of sealedEngine's history.
 func hourFile(h int) string {
-	return fmt.Sprintf("db/tierdedup-bloom.p%d.sealed", newClock().Now().Add(time.Duration(h)*time.Hour).UnixNano()/int64(time.Hour))
+	return fmt.Sprintf("db/tierdedup-sealed/tierdedup-bloom.p%d.sealed", newClock().Now().Add(time.Duration(h)*time.Hour).UnixNano()/int64(time.Hour))
 }
 
 // waitSealed waits until the partition of at is sealed, and with it every
@@ -83,7 +83,7 @@ func allDuplicates(t *testing.T, e *engine.Engine, keys [][]byte) {
 
 func sealedFiles(t *testing.T, fs vfs.FS) []string {
 	t.Helper()
-	names, err := fs.List("db")
+	names, err := fs.List("db/tierdedup-sealed")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,14 +224,14 @@ func TestSealedFilesThatMustNotBeTrusted(t *testing.T) {
 			write(t, fs, hourFile(2), b[:len(b)-8])
 		}},
 		{name: "another store's file", loaded: 0, rebuilt: 4, tamper: func(t *testing.T, fs, other vfs.FS) {
-			for _, n := range sealedFiles(t, fs) {
-				write(t, fs, "db/"+n, read(t, other, "db/"+n))
+			for h := -1; h < 3; h++ { // the four closed partitions
+				write(t, fs, hourFile(h), read(t, other, hourFile(h)))
 			}
 		}},
 		{name: "other filter parameters", loaded: 0, rebuilt: 4, opts: func(o *engine.Options) { o.ExpectedKeys = 2000 }},
 		{name: "orphan", loaded: closed, rebuilt: 1, tamper: func(t *testing.T, fs, _ vfs.FS) {
 			// One of a partition long dropped, one of the open partition.
-			write(t, fs, "db/tierdedup-bloom.p12.sealed", []byte("no seal names me"))
+			write(t, fs, "db/tierdedup-sealed/tierdedup-bloom.p12.sealed", []byte("no seal names me"))
 			write(t, fs, hourFile(1)+".tmp", []byte("a save a crash interrupted"))
 			write(t, fs, hourFile(3), read(t, fs, hourFile(2)))
 		}},
@@ -313,4 +313,27 @@ func rewrite(t *testing.T, fs vfs.FS, name string, change func([]byte)) {
 	b := read(t, fs, name)
 	change(b)
 	write(t, fs, name, b)
+}
+
+// TestRemovedSealedFileStaysRemoved: the file of a partition that left the
+// window is removed durably, so a crash does not bring it back.
+func TestRemovedSealedFileStaysRemoved(t *testing.T) {
+	mem := vfs.NewCrashableMem()
+	clock := newClock()
+	o := engine.Options{Dir: "db", FS: mem, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
+	e := open(t, o)
+	defer e.Close()
+	waitSealed(t, e, clock.Now().Add(-time.Hour)) // hours -4..-1
+	gone := strings.TrimPrefix(hourFile(-4), "db/tierdedup-sealed/")
+	clock.Add(time.Hour)
+	if _, err := e.MarkIfAbsent(context.Background(), []byte("rotates")); err != nil {
+		t.Fatal(err)
+	}
+	waitSealed(t, e, clock.Now().Add(-time.Hour)) // hour 0 sealed, hour -4 dropped
+	if files := sealedFiles(t, mem); slices.Contains(files, gone) {
+		t.Fatalf("%s left the window and is still there: %v", gone, files)
+	}
+	if files := sealedFiles(t, mem.CrashClone(vfs.CrashCloneCfg{})); slices.Contains(files, gone) {
+		t.Fatalf("after a crash, %s is back: %v", gone, files)
+	}
 }

@@ -45,8 +45,14 @@ func (s *snapshotFile) save(f *bloom.Filters, meta bloom.SnapshotMeta) error {
 // old file or the new one, never half of one. It returns write's checksum
 // and the file's size.
 func (s *snapshotFile) saveAs(name string, write func(io.Writer) (uint32, error)) (sum uint32, size int64, err error) {
-	if err := s.fs.MkdirAll(s.dir, 0o755); err != nil {
-		return 0, 0, err
+	if _, err := s.fs.Stat(s.dir); err != nil {
+		// A new directory: its entry in the parent is made durable too.
+		if err := s.fs.MkdirAll(s.dir, 0o755); err != nil {
+			return 0, 0, err
+		}
+		if err := syncDir(s.fs, s.fs.PathDir(s.dir)); err != nil {
+			return 0, 0, err
+		}
 	}
 	path := s.fs.PathJoin(s.dir, name)
 	tmp := path + ".tmp"
@@ -113,8 +119,10 @@ func (s *snapshotFile) size(name string) (int64, error) {
 	return st.Size(), nil
 }
 
-func (s *snapshotFile) syncDir() error {
-	d, err := s.fs.OpenDir(s.dir)
+func (s *snapshotFile) syncDir() error { return syncDir(s.fs, s.dir) }
+
+func syncDir(fs vfs.FS, dir string) error {
+	d, err := fs.OpenDir(dir)
 	if err != nil {
 		return err
 	}

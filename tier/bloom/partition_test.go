@@ -57,23 +57,36 @@ func TestPartitionSnapshotMerge(t *testing.T) {
 		}
 	}
 
-	// An empty partition round-trips as no filter.
+	// An empty partition round-trips as no filter: merging it allocates
+	// nothing.
 	var empty bytes.Buffer
 	if _, err := f.WritePartition(&empty, 99, meta); err != nil {
 		t.Fatal(err)
 	}
+	before := g.Bytes()
 	if err := g.MergeSnapshot(bytes.NewReader(empty.Bytes()), int64(empty.Len()), nil); err != nil {
 		t.Fatal(err)
 	}
+	if g.Bytes() != before {
+		t.Fatalf("merging an empty partition allocated a filter: %d bytes, %d before", g.Bytes(), before)
+	}
 
-	// A reader whose window left 98 behind ignores it.
-	h := newFilters(t, 5000, 0.01, 110)
+	// A reader whose window left 98 behind ignores it, and keeps the
+	// filter of the live partition in the same slot of its ring.
+	live := 98 + int64(f.parts.Live)
+	h := newFilters(t, 5000, 0.01, live)
+	h.Add(d, live)
 	if err := h.MergeSnapshot(bytes.NewReader(buf.Bytes()), int64(buf.Len()), nil); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range probe(h, b) {
-		if p.Maybe != 0 {
+		if p.Maybe&^(1<<(f.parts.Live-1)) != 0 {
 			t.Fatalf("a partition outside the window was merged: %b", p.Maybe)
+		}
+	}
+	for i, p := range probe(h, d) {
+		if p.Maybe&(1<<(f.parts.Live-1)) == 0 {
+			t.Fatalf("d[%d] of live partition %d lost to a merge of partition 98", i, live)
 		}
 	}
 

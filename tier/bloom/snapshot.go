@@ -20,6 +20,9 @@ import (
 // written for other parameters. Nothing is loaded when it is returned.
 var ErrSnapshot = errors.New("bloom: unusable snapshot")
 
+// ErrNotLive reports a partition outside the window of live filters.
+var ErrNotLive = errors.New("bloom: partition not live")
+
 // ErrSnapshotParams is the ErrSnapshot of a sound snapshot written for other
 // filter parameters (bits, hashes, partition length or count).
 var ErrSnapshotParams = fmt.Errorf("%w: written for other parameters", ErrSnapshot)
@@ -117,7 +120,7 @@ func (f *Filters) WriteSnapshot(w io.Writer, meta SnapshotMeta) (sum uint32, err
 func (f *Filters) WritePartition(w io.Writer, p int64, meta SnapshotMeta) (sum uint32, err error) {
 	r := f.cur.Load()
 	if p > r.newest || p < f.parts.Oldest(r.newest) {
-		return 0, fmt.Errorf("%w: partition %d is not live (newest %d)", ErrOptions, p, r.newest)
+		return 0, fmt.Errorf("%w: partition %d (newest %d)", ErrNotLive, p, r.newest)
 	}
 	var one []*filter
 	if fl := r.filter(f, p); fl != nil {
