@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier/bloom"
@@ -75,9 +76,9 @@ func (e *Engine) Close() error {
 func (e *Engine) rebuild(ctx context.Context, spans [][2]int64) {
 	defer e.workers.Done()
 	defer e.rebuilding.Store(false)
-	if gate := rebuildGate; gate != nil {
+	if gate := rebuildGate.Load(); gate != nil {
 		select {
-		case <-gate:
+		case <-*gate:
 		case <-ctx.Done():
 			return
 		}
@@ -119,6 +120,6 @@ func (e *Engine) rebuild(ctx context.Context, spans [][2]int64) {
 }
 
 // rebuildGate, when set by tests, holds rebuilds back until it is closed.
-var rebuildGate chan struct{}
+var rebuildGate atomic.Pointer[chan struct{}]
 
 func isNotExist(err error) bool { return errors.Is(err, errNoSnapshot) }

@@ -227,8 +227,9 @@ func (b *batch) spanWrites(spans []span, news, kept []int) []Write {
 	return w
 }
 
-// beforeDurable, when set by tests, runs in every durable write after the
-// engine's time is read and before anything is written.
+// beforeDurable, when set by tests, runs in every durable write (commits,
+// attempt counts) after the engine's time is read and before anything is
+// written.
 var beforeDurable atomic.Pointer[func()]
 
 // commitCall is what a commit was asked: the claims, the errors to set

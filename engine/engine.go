@@ -318,13 +318,13 @@ func Open(opts *Options) (*Engine, error) {
 			e.closeStore()
 			return nil, fmt.Errorf("%w: %w", ErrStorage, err)
 		}
+		e.sealWake = make(chan struct{}, 1) // before the rebuild, which wakes the sealer
 		if !e.warm.Load() {
 			e.cold.Store(&rebuild)
 			e.rebuilding.Store(true)
 			e.workers.Add(1)
 			go e.rebuild(ctx, spans(rebuild))
 		}
-		e.sealWake = make(chan struct{}, 1)
 		e.workers.Add(1)
 		go e.sealer(ctx)
 		e.sealWakeup() // partitions that closed while the engine was down

@@ -4,7 +4,13 @@ import "time"
 
 // SetRebuildGate makes every later Bloom rebuild wait for gate to close
 // before it starts, so tests can observe the cold state.
-func SetRebuildGate(gate chan struct{}) { rebuildGate = gate }
+func SetRebuildGate(gate chan struct{}) {
+	if gate == nil {
+		rebuildGate.Store(nil)
+		return
+	}
+	rebuildGate.Store(&gate)
+}
 
 // Capabilities names the optional tier capabilities the engine found.
 func (e *Engine) Capabilities() (dropper, marker bool) { return e.dropper != nil, e.marker != nil }

@@ -155,6 +155,9 @@ func (e *Engine) nowNoRotate() (int64, error) {
 // live in the engine, adding their keys to the filter first: it must cover
 // every record the tier holds.
 func (e *Engine) writeAttempts(ctx context.Context, fps []shard.Fingerprint, part int64, reqs []tier.Request, out []tier.Status) error {
+	if h := beforeDurable.Load(); h != nil {
+		(*h)()
+	}
 	if e.bloom != nil {
 		e.bloom.Add(fps, part)
 	}

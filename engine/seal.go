@@ -243,17 +243,25 @@ func sealedAccept(h bloom.SnapshotHeader, id [16]byte, p int64, seal pebble.Seal
 	return nil
 }
 
-// keepSealed marks as sealed, when the filters are warm at Open from the
-// clean-shutdown snapshot, the partitions whose seal names a file of the
-// right size: a crash later loads and verifies them.
+// keepSealed marks as sealed, when the filters are warm at Open, the
+// partitions whose file its seal vouches for (verified as loadSealed
+// would, without loading it: the filters hold its keys already); the
+// sealer writes the others again.
 func (e *Engine) keepSealed(current int64) error {
 	oldest := e.parts.Oldest(current)
 	seals, err := e.store.Seals(oldest)
 	if err != nil {
 		return err
 	}
+	id := e.store.Layout().ID
 	for p, seal := range seals {
-		if size, err := e.sealedDir.size(sealedName(p)); err == nil && size == seal.Size && p < current {
+		if p >= current {
+			continue
+		}
+		err := e.sealedDir.loadAs(sealedName(p), seal.Size, func(r io.ReaderAt, size int64) error {
+			return e.bloom.CheckSnapshot(r, size, func(h bloom.SnapshotHeader) error { return sealedAccept(h, id, p, seal) })
+		})
+		if err == nil {
 			e.sealed[p] = true
 		}
 	}

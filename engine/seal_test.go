@@ -306,6 +306,15 @@ func write(t *testing.T, fs vfs.FS, name string, b []byte) {
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
+	// Durably, as a damage on disk would be: a crash keeps it.
+	d, err := fs.OpenDir(fs.PathDir(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func rewrite(t *testing.T, fs vfs.FS, name string, change func([]byte)) {
@@ -335,5 +344,77 @@ func TestRemovedSealedFileStaysRemoved(t *testing.T) {
 	}
 	if files := sealedFiles(t, mem.CrashClone(vfs.CrashCloneCfg{})); slices.Contains(files, gone) {
 		t.Fatalf("after a crash, %s is back: %v", gone, files)
+	}
+}
+
+// TestSealWaitsForReleasesInFlight is TestSealWaitsForWritesInFlight for a
+// release that writes its key's attempt count (MaxAttempts): held after it
+// read the time in hour 0, across the rotation to hour 1.
+func TestSealWaitsForReleasesInFlight(t *testing.T) {
+	ctx := context.Background()
+	mem := vfs.NewCrashableMem()
+	clock := newClock()
+	o := engine.Options{Dir: "db", FS: mem, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000, MaxAttempts: 3}
+	e := open(t, o)
+	defer e.Close()
+	c, err := e.Claim(ctx, []byte("failing"))
+	if err != nil || c.Outcome != engine.New {
+		t.Fatal(c.Outcome, err)
+	}
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	engine.SetBeforeDurable(func() {
+		once.Do(func() {
+			close(held)
+			<-release
+		})
+	})
+	defer engine.SetBeforeDurable(nil)
+	var freed sync.Once
+	free := func() { freed.Do(func() { close(release) }) }
+	defer free() // before Close, which waits for the held call
+	released := make(chan error, 1)
+	go func() { released <- e.Release(ctx, c) }()
+	<-held
+	engine.SetBeforeDurable(nil)
+	clock.Add(time.Hour)
+	if _, err := e.Claim(ctx, []byte("rotates")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if e.Sealed(clock.Now().Add(-time.Hour)) {
+		t.Fatal("hour 0 was sealed while a release that read its time was writing")
+	}
+	free()
+	if err := <-released; err != nil {
+		t.Fatalf("the held release: %v", err)
+	}
+	waitSealed(t, e, clock.Now().Add(-time.Hour))
+}
+
+// TestDamagedSealedFileIsRewritten: a sealed file damaged while the engine
+// was closed is not kept by a warm Open; the sealer writes it again, so the
+// next crash still rebuilds only the open partition.
+func TestDamagedSealedFileIsRewritten(t *testing.T) {
+	mem := vfs.NewCrashableMem()
+	clock := newClock()
+	e, o, keys := sealedEngine(t, mem, clock, 4, 40)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rewrite(t, mem, hourFile(1), func(b []byte) { b[len(b)/2] ^= 1 })
+	e = open(t, o) // warm from the clean snapshot
+	if e.Stats().BloomMode != "warm" {
+		t.Fatal("not warm after a clean Close")
+	}
+	waitSealed(t, e, clock.Now().Add(-2*time.Hour)) // hour 1 written again
+	crashed := mem.CrashClone(vfs.CrashCloneCfg{})
+	_ = e.Close()
+	o.FS = crashed
+	e = open(t, o)
+	defer e.Close()
+	allDuplicates(t, e, keys)
+	if s := e.Stats(); s.BloomSealedLoaded != closed {
+		t.Fatalf("after the crash: %d sealed filters loaded, want %d (rebuilt %d keys)", s.BloomSealedLoaded, closed, s.BloomRebuiltKeys)
 	}
 }

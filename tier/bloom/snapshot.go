@@ -276,6 +276,32 @@ func (f *Filters) MergeSnapshot(r io.ReaderAt, size int64, accept func(SnapshotH
 	return nil
 }
 
+// CheckSnapshot verifies a snapshot as MergeSnapshot does (header,
+// checksum, accept, parameters) without decoding or loading its filters.
+func (f *Filters) CheckSnapshot(r io.ReaderAt, size int64, accept func(SnapshotHeader) error) error {
+	hd, _, err := ReadSnapshotHeader(r, size)
+	if err != nil {
+		return err
+	}
+	if hd.Sum, err = verifyChecksum(r, size); err != nil {
+		return err
+	}
+	if accept != nil {
+		if err := accept(hd); err != nil {
+			return err
+		}
+	}
+	return f.checkParams(hd)
+}
+
+func (f *Filters) checkParams(hd SnapshotHeader) error {
+	if hd.K != f.k || hd.M != f.m || hd.PartitionLength != f.parts.Length || hd.Live != f.parts.Live {
+		return fmt.Errorf("%w: m=%d k=%d partition=%d live=%d, want m=%d k=%d partition=%d live=%d",
+			ErrSnapshotParams, hd.M, hd.K, hd.PartitionLength, hd.Live, f.m, f.k, f.parts.Length, f.parts.Live)
+	}
+	return nil
+}
+
 // read verifies a snapshot and decodes its filters.
 func (f *Filters) read(r io.ReaderAt, size int64, accept func(SnapshotHeader) error) (SnapshotHeader, []*filter, error) {
 	hd, count, err := ReadSnapshotHeader(r, size)
@@ -290,9 +316,8 @@ func (f *Filters) read(r io.ReaderAt, size int64, accept func(SnapshotHeader) er
 			return hd, nil, err
 		}
 	}
-	if hd.K != f.k || hd.M != f.m || hd.PartitionLength != f.parts.Length || hd.Live != f.parts.Live {
-		return hd, nil, fmt.Errorf("%w: m=%d k=%d partition=%d live=%d, want m=%d k=%d partition=%d live=%d",
-			ErrSnapshotParams, hd.M, hd.K, hd.PartitionLength, hd.Live, f.m, f.k, f.parts.Length, f.parts.Live)
+	if err := f.checkParams(hd); err != nil {
+		return hd, nil, err
 	}
 	loaded := make([]*filter, 0, count)
 	seen := make(map[int64]bool, count)
