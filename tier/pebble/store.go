@@ -117,6 +117,12 @@ type Store struct {
 	layout      Layout       // as recorded; set by Open
 	fresh       bool         // Open created the store
 	sealed      atomic.Int64 // highest sealed partition, -1 if none: writes at or before it are refused
+	// writes is read-held by the writes of calls (records, drops) and
+	// write-held by SealPartition, the one write made in the background:
+	// a write that fails can leave Pebble's commit pipeline locked for
+	// good, and a call must not be inside it then (it would hang instead
+	// of failing). Each write checks usable once it holds it.
+	writes sync.RWMutex
 }
 
 func (s *Store) closeHealth() {
@@ -408,6 +414,11 @@ func (s *Store) writeWith(recs []Record, user []tier.Write) (err error) {
 			return s.fail(err)
 		}
 	}
+	s.writes.RLock()
+	defer s.writes.RUnlock()
+	if err := s.usable(); err != nil {
+		return err
+	}
 	if err := b.Commit(s.writeOpts); err != nil {
 		return s.fail(err)
 	}
@@ -479,6 +490,11 @@ func (s *Store) Drop(before, highWater int64) (err error) {
 	}
 	if err := b.Set(keyHighWater, binary.LittleEndian.AppendUint64(nil, uint64(highWater)), nil); err != nil {
 		return s.fail(err)
+	}
+	s.writes.RLock()
+	defer s.writes.RUnlock()
+	if err := s.usable(); err != nil {
+		return err
 	}
 	if err := b.Commit(pebble.Sync); err != nil {
 		return s.fail(err)
