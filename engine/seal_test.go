@@ -50,16 +50,18 @@ func hourFile(h int) string {
 	return fmt.Sprintf("db/tierdedup-sealed/tierdedup-bloom.p%d.sealed", newClock().Now().Add(time.Duration(h)*time.Hour).UnixNano()/int64(time.Hour))
 }
 
-// waitSealed waits until the partition of at is sealed, and with it every
-// closed partition of the window.
-func waitSealed(t *testing.T, e *engine.Engine, at time.Time) {
+// waitSealed waits until the partitions of at are sealed, and with them
+// every closed partition of the window.
+func waitSealed(t *testing.T, e *engine.Engine, at ...time.Time) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
-	for !e.Sealed(at) {
-		if time.Now().After(deadline) {
-			t.Fatalf("partition of %v not sealed (%d sealed)", at, e.Stats().BloomSealed)
+	for _, a := range at {
+		for !e.Sealed(a) {
+			if time.Now().After(deadline) {
+				t.Fatalf("partition of %v not sealed (%d sealed)", a, e.Stats().BloomSealed)
+			}
+			time.Sleep(time.Millisecond)
 		}
-		time.Sleep(time.Millisecond)
 	}
 	if n := e.Stats().BloomSealed; n != closed {
 		t.Fatalf("%d partitions sealed, want %d", n, closed)
@@ -265,7 +267,8 @@ func TestSealedFilesThatMustNotBeTrusted(t *testing.T) {
 			}
 			// Every partition rebuilt is sealed again once warm, and no
 			// file nothing vouches for is left.
-			waitSealed(t, e, newClock().Now().Add(2*time.Hour))
+			start := newClock().Now() // the closed hours -1..2, rebuilt ones sealed again
+			waitSealed(t, e, start.Add(-time.Hour), start, start.Add(time.Hour), start.Add(2*time.Hour))
 			if files := sealedFiles(t, crashed); len(files) != closed || slices.ContainsFunc(files, func(f string) bool { return !strings.HasSuffix(f, ".sealed") }) {
 				t.Fatalf("sealed files after the reseal: %v", files)
 			}
