@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,6 +75,7 @@ type Engine struct {
 	// partitions whose filter is saved with a seal the store holds; the
 	// sealer wakes on sealWake (nil when partitions are not sealed).
 	gate     writeGate
+	sealFrom int64      // the partition the store was created in: the sealer skips older ones, which hold nothing
 	sealMu   sync.Mutex // held by a sealing pass
 	sealed   map[int64]bool
 	sealWake chan struct{}
@@ -166,8 +168,12 @@ func Open(opts *Options) (*Engine, error) {
 			return nil, fmt.Errorf("%w: %w", ErrStorage, err)
 		}
 		now = max(now, hw)
-		if created, err := e.store.Created(); err == nil && created < now {
-			e.openedAt = created
+		e.sealFrom = math.MinInt64
+		if created, err := e.store.Created(); err == nil {
+			if created < now {
+				e.openedAt = created
+			}
+			e.sealFrom = parts.Of(created)
 		}
 	}
 

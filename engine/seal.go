@@ -142,7 +142,11 @@ func (e *Engine) sealClosed(ctx context.Context) error {
 		return err
 	}
 	id := e.store.Layout().ID
-	for p := e.parts.Oldest(cur); p < cur; p++ {
+	// Partitions before the store's creation hold nothing: sealing them
+	// would only write. (A crash rebuilds them, empty, with the open one;
+	// if the recorded creation is late, a partition left unsealed here is
+	// rebuilt too: never trusted without a seal.)
+	for p := max(e.parts.Oldest(cur), e.sealFrom); p < cur; p++ {
 		if e.sealed[p] || p < e.parts.Oldest(e.current.Load()) {
 			continue // sealed, or dropped by a rotation since cur was read
 		}

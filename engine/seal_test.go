@@ -17,8 +17,8 @@ import (
 // sealedEngine opens an engine with hour partitions over a 4-hour window
 // (5 live partitions) on fs and marks perHour keys in each of hours hours,
 // moving the clock an hour after each but the last; it waits until every
-// closed partition of the window is sealed (those before the store was
-// created too: they hold no key).
+// closed partition since the store's creation is sealed (older ones hold
+// nothing and are not sealed).
 func sealedEngine(t *testing.T, fs vfs.FS, clock *fakeClock, hours, perHour int) (*engine.Engine, engine.Options, [][]byte) {
 	t.Helper()
 	o := engine.Options{Dir: "db", FS: fs, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
@@ -39,19 +39,23 @@ func sealedEngine(t *testing.T, fs vfs.FS, clock *fakeClock, hours, perHour int)
 		}
 	}
 	waitSealed(t, e, clock.Now().Add(-time.Hour))
+	if n, want := e.Stats().BloomSealed, uint64(min(hours-1, 4)); n != want { // 4: the window's closed partitions
+		t.Fatalf("%d partitions sealed, want %d", n, want)
+	}
 	return e, o, all
 }
 
-// closed is the number of closed partitions in the window.
-const closed = 4
+// closed is the number of closed partitions sealedEngine leaves sealed
+// with 4 hours: hours 0, 1 and 2.
+const closed = 3
 
 // hourFile is the sealed file of hour h of sealedEngine's history.
 func hourFile(h int) string {
 	return fmt.Sprintf("db/tierdedup-sealed/tierdedup-bloom.p%d.sealed", newClock().Now().Add(time.Duration(h)*time.Hour).UnixNano()/int64(time.Hour))
 }
 
-// waitSealed waits until the partitions of at are sealed, and with them
-// every closed partition of the window.
+// waitSealed waits until the partitions of at are sealed, and no sealing
+// pass runs.
 func waitSealed(t *testing.T, e *engine.Engine, at ...time.Time) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
@@ -62,9 +66,6 @@ func waitSealed(t *testing.T, e *engine.Engine, at ...time.Time) {
 			}
 			time.Sleep(time.Millisecond)
 		}
-	}
-	if n := e.Stats().BloomSealed; n != closed {
-		t.Fatalf("%d partitions sealed, want %d", n, closed)
 	}
 }
 
@@ -100,7 +101,7 @@ func sealedFiles(t *testing.T, fs vfs.FS) []string {
 
 // TestCrashRebuildsOnlyTheOpenPartition: four hours of keys, the closed
 // partitions sealed as the clock left them, then a crash. The next Open
-// loads the four sealed filters and rebuilds from Pebble the open
+// loads the three sealed filters and rebuilds from Pebble the open
 // partition alone; every key is a Duplicate once warm, and a new key New.
 func TestCrashRebuildsOnlyTheOpenPartition(t *testing.T) {
 	mem := vfs.NewCrashableMem()
@@ -191,8 +192,8 @@ func TestSealWaitsForWritesInFlight(t *testing.T) {
 	o.FS = crashed
 	e = open(t, o)
 	defer e.Close()
-	if n := e.Stats().BloomSealedLoaded; n != closed {
-		t.Fatalf("%d sealed filters loaded, want %d", n, closed)
+	if n := e.Stats().BloomSealedLoaded; n != 1 {
+		t.Fatalf("%d sealed filters loaded, want 1 (hour 0)", n)
 	}
 	allDuplicates(t, e, [][]byte{late})
 }
@@ -226,7 +227,7 @@ func TestSealedFilesThatMustNotBeTrusted(t *testing.T) {
 			write(t, fs, hourFile(2), b[:len(b)-8])
 		}},
 		{name: "another store's file", loaded: 0, rebuilt: 4, tamper: func(t *testing.T, fs, other vfs.FS) {
-			for h := -1; h < 3; h++ { // the four closed partitions
+			for h := 0; h < 3; h++ { // the closed partitions
 				write(t, fs, hourFile(h), read(t, other, hourFile(h)))
 			}
 		}},
@@ -267,8 +268,8 @@ func TestSealedFilesThatMustNotBeTrusted(t *testing.T) {
 			}
 			// Every partition rebuilt is sealed again once warm, and no
 			// file nothing vouches for is left.
-			start := newClock().Now() // the closed hours -1..2, rebuilt ones sealed again
-			waitSealed(t, e, start.Add(-time.Hour), start, start.Add(time.Hour), start.Add(2*time.Hour))
+			start := newClock().Now() // the closed hours 0..2, rebuilt ones sealed again
+			waitSealed(t, e, start, start.Add(time.Hour), start.Add(2*time.Hour))
 			if files := sealedFiles(t, crashed); len(files) != closed || slices.ContainsFunc(files, func(f string) bool { return !strings.HasSuffix(f, ".sealed") }) {
 				t.Fatalf("sealed files after the reseal: %v", files)
 			}
@@ -332,18 +333,19 @@ func rewrite(t *testing.T, fs vfs.FS, name string, change func([]byte)) {
 func TestRemovedSealedFileStaysRemoved(t *testing.T) {
 	mem := vfs.NewCrashableMem()
 	clock := newClock()
-	o := engine.Options{Dir: "db", FS: mem, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
-	e := open(t, o)
+	e, _, _ := sealedEngine(t, mem, clock, 5, 10) // hours 0..3 sealed
 	defer e.Close()
-	waitSealed(t, e, clock.Now().Add(-time.Hour)) // hours -4..-1
-	gone := strings.TrimPrefix(hourFile(-4), "db/tierdedup-sealed/")
-	clock.Add(time.Hour)
+	gone := strings.TrimPrefix(hourFile(0), "db/tierdedup-sealed/")
+	if files := sealedFiles(t, mem); !slices.Contains(files, gone) {
+		t.Fatalf("hour 0 not sealed: %v", files)
+	}
+	clock.Add(time.Hour) // hour 5: hour 0 leaves the window
 	if _, err := e.MarkIfAbsent(context.Background(), []byte("rotates")); err != nil {
 		t.Fatal(err)
 	}
-	waitSealed(t, e, clock.Now().Add(-time.Hour)) // hour 0 sealed, hour -4 dropped
-	if files := sealedFiles(t, mem); slices.Contains(files, gone) {
-		t.Fatalf("%s left the window and is still there: %v", gone, files)
+	waitSealed(t, e, clock.Now().Add(-time.Hour))
+	if files := sealedFiles(t, mem); slices.Contains(files, gone) || len(files) != 4 {
+		t.Fatalf("want hours 1..4 sealed and %s gone: %v", gone, files)
 	}
 	if files := sealedFiles(t, mem.CrashClone(vfs.CrashCloneCfg{})); slices.Contains(files, gone) {
 		t.Fatalf("after a crash, %s is back: %v", gone, files)
