@@ -87,15 +87,6 @@ type RecoverResult struct {
 	RebuildingKeys int64
 }
 
-// stepClock is simulated time: base plus step per message processed.
-type stepClock struct {
-	base      time.Time
-	step      time.Duration
-	processed *atomic.Int64
-}
-
-func (c stepClock) Now() time.Time { return c.base.Add(time.Duration(c.processed.Load()) * c.step) }
-
 // pumpStream runs workers MarkBatch calls over stream until it ends, ctx
 // ends or stop returns true (checked between batches), counting messages in
 // processed.
@@ -151,7 +142,7 @@ func RecoverFill(ctx context.Context, c RecoverConfig, out io.Writer) error {
 	o := c.Engine
 	// The last message is a minute before the last day ends: the writes
 	// that follow until the kill stay in that day's open partition.
-	o.Clock = stepClock{base: Start.Add(-time.Minute), step: stream.step, processed: &processed}
+	o.Clock = simClock{start: Start.Add(-time.Minute), step: stream.step, processed: &processed}
 	o.Lease = o.WithDefaults().Window / 2 // simulated time runs fast (see Run)
 	e, err := engine.Open(&o)
 	if err != nil {
@@ -205,7 +196,7 @@ func RecoverMeasure(ctx context.Context, c RecoverConfig, at int64, all bool, ou
 	o := c.Engine
 	// The clock stays where the kill left it: the load and the rebuild
 	// share the open partition, as right after a restart.
-	o.Clock = stepClock{base: time.Unix(0, at), processed: &processed}
+	o.Clock = simClock{start: time.Unix(0, at), processed: &processed}
 	o.Lease = o.WithDefaults().Window / 2
 	if all {
 		o.Logger = log.New(io.Discard, "", 0) // it would name each file removed above

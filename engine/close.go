@@ -32,9 +32,7 @@ func (e *Engine) Close() error {
 	if e.sealWake != nil && healthy {
 		// No call is in flight: seal what closed since the sealer's last
 		// pass (a crash then needs to rebuild only the open partition).
-		if err := e.sealClosed(context.Background()); err != nil {
-			e.logger.Printf("tierdedup: sealing a closed partition's bloom filter: %v", err)
-		}
+		e.seal(context.Background())
 	}
 	hw := e.highWater.Load()
 	meta := bloom.SnapshotMeta{Kind: bloom.SnapshotState, Secret: e.secret, HighWater: hw}

@@ -117,12 +117,17 @@ func (e *Engine) sealer(ctx context.Context) {
 			return
 		case <-e.sealWake:
 		}
-		if err := e.sealClosed(ctx); err != nil && ctx.Err() == nil {
-			// The partition stays unsealed: a crash rebuilds it from
-			// Pebble. The next rotation, or Close, tries again.
-			e.stats.sealFailures.Add(1)
-			e.logger.Printf("tierdedup: sealing a closed partition's bloom filter: %v", err)
-		}
+		e.seal(ctx)
+	}
+}
+
+// seal runs a sealing pass; a failure is counted and logged. The partition
+// stays unsealed (a crash rebuilds it from Pebble); the next rotation, or
+// Close, tries again.
+func (e *Engine) seal(ctx context.Context) {
+	if err := e.sealClosed(ctx); err != nil && ctx.Err() == nil {
+		e.stats.sealFailures.Add(1)
+		e.logger.Printf("tierdedup: sealing a closed partition's bloom filter: %v", err)
 	}
 }
 

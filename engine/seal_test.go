@@ -54,6 +54,25 @@ func hourFile(h int) string {
 	return fmt.Sprintf("db/tierdedup-sealed/tierdedup-bloom.p%d.sealed", newClock().Now().Add(time.Duration(h)*time.Hour).UnixNano()/int64(time.Hour))
 }
 
+// holdDurable holds the next durable write (a commit, an attempt count)
+// after it read the engine's time and before it writes: held is closed
+// once it waits, and free lets it go (once; later calls do nothing). Only
+// that one write is held.
+func holdDurable(t *testing.T) (held <-chan struct{}, free func()) {
+	t.Helper()
+	h, release := make(chan struct{}), make(chan struct{})
+	var once, freed sync.Once
+	engine.SetBeforeDurable(func() {
+		once.Do(func() {
+			engine.SetBeforeDurable(nil)
+			close(h)
+			<-release
+		})
+	})
+	t.Cleanup(func() { engine.SetBeforeDurable(nil) })
+	return h, func() { freed.Do(func() { close(release) }) }
+}
+
 // waitSealed waits until the partitions of at are sealed, and no sealing
 // pass runs.
 func waitSealed(t *testing.T, e *engine.Engine, at ...time.Time) {
@@ -159,19 +178,11 @@ func TestSealWaitsForWritesInFlight(t *testing.T) {
 	if err != nil || c.Outcome != engine.New {
 		t.Fatal(c.Outcome, err)
 	}
-	held, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	engine.SetBeforeDurable(func() {
-		once.Do(func() {
-			close(held)
-			<-release
-		})
-	})
-	defer engine.SetBeforeDurable(nil)
+	held, free := holdDurable(t)
+	defer free()
 	committed := make(chan error, 1)
 	go func() { committed <- e.Commit(ctx, c) }()
 	<-held
-	engine.SetBeforeDurable(nil)
 
 	clock.Add(time.Hour)
 	if _, err := e.Claim(ctx, []byte("rotates")); err != nil { // rotates to hour 1
@@ -181,7 +192,7 @@ func TestSealWaitsForWritesInFlight(t *testing.T) {
 	if e.Sealed(clock.Now().Add(-time.Hour)) {
 		t.Fatal("hour 0 was sealed while a write that read its time was in flight")
 	}
-	close(release)
+	free()
 	if err := <-committed; err != nil {
 		t.Fatalf("the held commit: %v", err)
 	}
@@ -277,40 +288,21 @@ func TestSealedFilesThatMustNotBeTrusted(t *testing.T) {
 	}
 }
 
+// read returns the file name, which must exist.
 func read(t *testing.T, fs vfs.FS, name string) []byte {
 	t.Helper()
-	f, err := fs.Open(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := make([]byte, st.Size())
-	if _, err := f.ReadAt(b, 0); err != nil {
-		t.Fatal(err)
+	b := readFile(t, fs, name)
+	if b == nil {
+		t.Fatalf("%s does not exist", name)
 	}
 	return b
 }
 
+// write replaces the file name with b, durably, as a damage on disk would
+// be: a crash keeps it.
 func write(t *testing.T, fs vfs.FS, name string, b []byte) {
 	t.Helper()
-	f, err := fs.Create(name, vfs.WriteCategoryUnspecified)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.Write(b); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Close(); err != nil {
-		t.Fatal(err)
-	}
-	// Durably, as a damage on disk would be: a crash keeps it.
+	writeFile(t, fs, name, b)
 	d, err := fs.OpenDir(fs.PathDir(name))
 	if err != nil {
 		t.Fatal(err)
@@ -366,22 +358,11 @@ func TestSealWaitsForReleasesInFlight(t *testing.T) {
 	if err != nil || c.Outcome != engine.New {
 		t.Fatal(c.Outcome, err)
 	}
-	held, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	engine.SetBeforeDurable(func() {
-		once.Do(func() {
-			close(held)
-			<-release
-		})
-	})
-	defer engine.SetBeforeDurable(nil)
-	var freed sync.Once
-	free := func() { freed.Do(func() { close(release) }) }
+	held, free := holdDurable(t)
 	defer free() // before Close, which waits for the held call
 	released := make(chan error, 1)
 	go func() { released <- e.Release(ctx, c) }()
 	<-held
-	engine.SetBeforeDurable(nil)
 	clock.Add(time.Hour)
 	if _, err := e.Claim(ctx, []byte("rotates")); err != nil {
 		t.Fatal(err)
