@@ -148,6 +148,11 @@ func Open(opts *Options) (*Engine, error) {
 	now := e.reading()
 	e.secret = shard.NewSecret() // memory-only and Redis: fingerprints live only in this process
 	if o.Tiers == Default {
+		// An Import of Dir a crash interrupted is finished first: Dir is
+		// never opened empty in place of the state it was replacing.
+		if err := finishImport(e.snapshots.fs, o.Dir); err != nil {
+			return nil, err
+		}
 		if err := e.snapshots.refuseState(); err != nil {
 			return nil, err
 		}

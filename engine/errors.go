@@ -45,6 +45,15 @@ var (
 	ErrLayout = errors.New("tierdedup: store layout differs from options")
 	// ErrBatch reports batch arguments of mismatched lengths.
 	ErrBatch = errors.New("tierdedup: mismatched batch arguments")
+	// ErrNoExport reports a directory that holds no export.
+	ErrNoExport = errors.New("tierdedup: no export")
+	// ErrExport reports an export that must not be imported: a damaged
+	// manifest, or a file missing or differing from it. Nothing was
+	// imported.
+	ErrExport = errors.New("tierdedup: invalid export")
+	// ErrStaleExport reports an export not newer than the state it would
+	// replace. Nothing was imported.
+	ErrStaleExport = errors.New("tierdedup: export not newer than the state it would replace")
 )
 
 // KeyError names the key of a batch that was rejected; it wraps ErrEmptyKey

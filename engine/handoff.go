@@ -1,0 +1,491 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// An export is a directory holding a consistent copy of an engine's whole
+// state (its Pebble store: marks, attempt counts and the caller's records,
+// and its sealed Bloom partitions) and a manifest that names every file
+// with its size and SHA-256, the caller's version of the state, and a
+// checksum of the manifest itself. It is what lets the state of a consumer
+// follow the work it describes to another process or machine: one engine
+// per unit of work (a Kafka partition), exported by its last owner,
+// imported by the next.
+//
+// What makes an export invalid, and who checks:
+//   - a file missing, of another size or content than the manifest says, or
+//     a damaged manifest: Import refuses it (ErrExport) and writes nothing
+//     into the destination;
+//   - an export not newer than the state it would replace (the caller's
+//     versions): Import refuses it (ErrStaleExport);
+//   - an Export or Import a crash interrupted: its temporary directory is
+//     removed by the next Export or Import; an Import interrupted between
+//     its two renames is completed or undone by the next Import or Open of
+//     the destination, which never finds the destination missing.
+//
+// The imported store opens as after a crash: its sealed partitions load
+// where their seals in the store name them, the rest is rebuilt from the
+// store, and until then claims read the store.
+const (
+	exportManifestName = "tierdedup-export.json"
+	exportFormat       = 1
+	exportTmpSuffix    = ".export-tmp"
+	exportOldSuffix    = ".export-old"
+	importTmpSuffix    = ".import-tmp"
+	importOldSuffix    = ".import-old"
+	// pebbleLock is the lock file Pebble takes inside its directory.
+	pebbleLock = "LOCK"
+)
+
+// ExportInfo describes an export.
+type ExportInfo struct {
+	// Version is the caller's version of the exported state, given to
+	// Export: Import refuses an export not newer than the state it would
+	// replace. A Kafka consumer uses the partition's next offset.
+	Version uint64
+	// Created is when the export was written, by the exporter's wall clock.
+	Created time.Time
+	// Files and Bytes count the files and bytes of the export.
+	Files int
+	Bytes int64
+}
+
+type exportManifest struct {
+	Format  int          `json:"format"`
+	Version uint64       `json:"version"`
+	Created int64        `json:"created_unix_nano"`
+	Files   []exportFile `json:"files"`
+}
+
+type exportFile struct {
+	Name   string `json:"name"`
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+}
+
+// exportEnvelope is the manifest file: the manifest and the SHA-256 of its
+// JSON encoding.
+type exportEnvelope struct {
+	Manifest json.RawMessage `json:"manifest"`
+	SHA256   string          `json:"sha256"`
+}
+
+func (m *exportManifest) info() ExportInfo {
+	info := ExportInfo{Version: m.Version, Created: time.Unix(0, m.Created), Files: len(m.Files)}
+	for _, f := range m.Files {
+		info.Bytes += f.Size
+	}
+	return info
+}
+
+// Export writes a consistent copy of the engine's state into dir (Default
+// only), replacing a previous export there, with version, the caller's
+// version of the state. It first waits for every commit enqueued before it
+// (Flush); commits made during the export may or may not be in it. The
+// copy is written beside dir and renamed into place once every file and the
+// manifest are synced, so dir always holds a whole export. Hard links are
+// used where dir is on the store's file system. Claims and commits proceed
+// meanwhile.
+func (e *Engine) Export(ctx context.Context, dir string, version uint64) (ExportInfo, error) {
+	if err := e.need(e.store != nil, "Export", "the embedded store"); err != nil {
+		return ExportInfo{}, err
+	}
+	if dir == "" {
+		return ExportInfo{}, fmt.Errorf("%w: Export to an empty path", ErrOptions)
+	}
+	if err := e.Flush(ctx); err != nil {
+		return ExportInfo{}, err
+	}
+	var info ExportInfo
+	err := e.unlessClosed(func() (err error) {
+		fs := e.snapshots.fs
+		tmp := dir + exportTmpSuffix
+		if err := fs.RemoveAll(tmp); err != nil {
+			return fmt.Errorf("%w: export: %w", ErrStorage, err)
+		}
+		defer func() {
+			if err != nil {
+				_ = fs.RemoveAll(tmp)
+			}
+		}()
+		if err := fs.MkdirAll(fs.PathDir(dir), 0o755); err != nil {
+			return fmt.Errorf("%w: export: %w", ErrStorage, err)
+		}
+		if err := e.store.Checkpoint(tmp); err != nil {
+			return fmt.Errorf("%w: export: %w", ErrStorage, err)
+		}
+		if err := e.copySealed(ctx, fs.PathJoin(tmp, sealedSubdir)); err != nil {
+			return err
+		}
+		m, err := manifestOf(ctx, fs, tmp)
+		if err != nil {
+			return err
+		}
+		m.Version, m.Created = version, time.Now().UnixNano()
+		if err := writeManifest(fs, tmp, m); err != nil {
+			return fmt.Errorf("%w: export: %w", ErrStorage, err)
+		}
+		if err := replaceDir(fs, tmp, dir, exportOldSuffix); err != nil {
+			return fmt.Errorf("%w: export: %w", ErrStorage, err)
+		}
+		info = m.info()
+		return nil
+	})
+	return info, err
+}
+
+// copySealed copies the sealed partitions' files into dir. A file the
+// sealer removes meanwhile is left out: its partition is then rebuilt from
+// the store when the export is opened, as is one whose seal the copy of the
+// store lacks.
+func (e *Engine) copySealed(ctx context.Context, dir string) error {
+	fs := e.sealedDir.fs
+	names, err := fs.List(e.sealedDir.dir)
+	if err != nil {
+		return nil // no sealed partition yet
+	}
+	if err := fs.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("%w: export: %w", ErrStorage, err)
+	}
+	for _, n := range names {
+		if !strings.HasSuffix(n, sealedSuffix) {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		_, _, err := copyFile(fs, fs.PathJoin(e.sealedDir.dir, n), fs.PathJoin(dir, n))
+		if err != nil && !fileMissing(err) {
+			return fmt.Errorf("%w: export: %w", ErrStorage, err)
+		}
+	}
+	return syncDir(fs, dir)
+}
+
+// manifestOf lists and checksums every file of the export in dir (its top
+// level and the sealed partitions' directory), syncing each.
+func manifestOf(ctx context.Context, fs vfs.FS, dir string) (*exportManifest, error) {
+	m := &exportManifest{Format: exportFormat}
+	for _, sub := range []string{"", sealedSubdir} {
+		names, err := fs.List(fs.PathJoin(dir, sub))
+		if err != nil {
+			if sub != "" && fileMissing(err) {
+				continue
+			}
+			return nil, fmt.Errorf("%w: export: %w", ErrStorage, err)
+		}
+		for _, n := range names {
+			name := path.Join(sub, n)
+			p := fs.PathJoin(dir, name)
+			st, err := fs.Stat(p)
+			if err != nil {
+				return nil, fmt.Errorf("%w: export: %w", ErrStorage, err)
+			}
+			if st.IsDir() || n == pebbleLock {
+				continue
+			}
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			sum, size, err := hashFile(fs, p)
+			if err != nil {
+				return nil, fmt.Errorf("%w: export: %w", ErrStorage, err)
+			}
+			m.Files = append(m.Files, exportFile{Name: name, Size: size, SHA256: sum})
+		}
+	}
+	return m, nil
+}
+
+func writeManifest(fs vfs.FS, dir string, m *exportManifest) error {
+	body, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	sum := sha256.Sum256(body)
+	env, err := json.Marshal(exportEnvelope{Manifest: body, SHA256: hex.EncodeToString(sum[:])})
+	if err != nil {
+		return err
+	}
+	f, err := fs.Create(fs.PathJoin(dir, exportManifestName), vfs.WriteCategoryUnspecified)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(env); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := syncDir(fs, fs.PathJoin(dir, sealedSubdir)); err != nil && !fileMissing(err) {
+		return err
+	}
+	return syncDir(fs, dir)
+}
+
+// maxManifest bounds the manifest file read: a store has a few hundred files.
+const maxManifest = 16 << 20
+
+// readManifest reads and checks the manifest of the export in dir. A
+// missing export is ErrNoExport; a damaged one ErrExport.
+func readManifest(fs vfs.FS, dir string) (*exportManifest, error) {
+	f, err := fs.Open(fs.PathJoin(dir, exportManifestName))
+	if err != nil {
+		if fileMissing(err) {
+			return nil, fmt.Errorf("%w: %s", ErrNoExport, dir)
+		}
+		return nil, fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	defer f.Close()
+	raw, err := io.ReadAll(io.LimitReader(f, maxManifest+1))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	bad := func(why string) error { return fmt.Errorf("%w: %s: manifest %s", ErrExport, dir, why) }
+	if len(raw) > maxManifest {
+		return nil, bad("too large")
+	}
+	var env exportEnvelope
+	if err := json.Unmarshal(raw, &env); err != nil {
+		return nil, bad("unreadable")
+	}
+	sum := sha256.Sum256(env.Manifest)
+	if env.SHA256 != hex.EncodeToString(sum[:]) {
+		return nil, bad("checksum mismatch")
+	}
+	var m exportManifest
+	dec := json.NewDecoder(bytes.NewReader(env.Manifest))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return nil, bad("unreadable")
+	}
+	if m.Format != exportFormat {
+		return nil, bad(fmt.Sprintf("format %d, want %d", m.Format, exportFormat))
+	}
+	for _, f := range m.Files {
+		if !validExportName(f.Name) || f.Size < 0 || len(f.SHA256) != 2*sha256.Size {
+			return nil, bad(fmt.Sprintf("file entry %q", f.Name))
+		}
+	}
+	return &m, nil
+}
+
+// validExportName accepts the names an export holds: a file at its top
+// level or in the sealed partitions' directory, nothing that leaves it.
+func validExportName(name string) bool {
+	dir, file := path.Split(name)
+	return file != "" && file != "." && file != ".." && !strings.ContainsAny(file, `/\`) &&
+		(dir == "" || dir == sealedSubdir+"/") && file != pebbleLock
+}
+
+// ReadExport returns the description of the export in dir (fsys nil means
+// the operating system's), checking its manifest but not its files (Import
+// checks those). No export there is ErrNoExport; a damaged manifest
+// ErrExport.
+func ReadExport(fsys vfs.FS, dir string) (ExportInfo, error) {
+	if fsys == nil {
+		fsys = vfs.Default
+	}
+	m, _, err := readExport(fsys, dir)
+	if err != nil {
+		return ExportInfo{}, err
+	}
+	return m.info(), nil
+}
+
+// readExport reads the manifest of the export in dir or, when an Export
+// was interrupted between its renames, of the previous export beside it,
+// and returns the directory it read.
+func readExport(fs vfs.FS, dir string) (*exportManifest, string, error) {
+	m, err := readManifest(fs, dir)
+	if errors.Is(err, ErrNoExport) {
+		if old, oerr := readManifest(fs, dir+exportOldSuffix); oerr == nil {
+			return old, dir + exportOldSuffix, nil
+		}
+	}
+	return m, dir, err
+}
+
+// Import replaces the engine directory dst (which no engine may hold open)
+// with the export in src (fsys nil means the operating system's), if the
+// export's Version is greater than newerThan, the caller's version of the
+// state in dst (0 when dst holds none). Every file is copied and checked
+// against the manifest's size and SHA-256 before dst is touched: a
+// damaged, incomplete or foreign export is ErrExport, one not newer
+// ErrStaleExport, a dst held by an engine ErrLocked, and each leaves dst as
+// it was. Open dst afterwards as after a crash.
+func Import(ctx context.Context, fsys vfs.FS, src, dst string, newerThan uint64) (ExportInfo, error) {
+	if fsys == nil {
+		fsys = vfs.Default
+	}
+	if src == "" || dst == "" {
+		return ExportInfo{}, fmt.Errorf("%w: Import with an empty path", ErrOptions)
+	}
+	if err := finishImport(fsys, dst); err != nil {
+		return ExportInfo{}, err
+	}
+	m, src, err := readExport(fsys, src)
+	if err != nil {
+		return ExportInfo{}, err
+	}
+	if m.Version <= newerThan {
+		return ExportInfo{}, fmt.Errorf("%w: export version %d, destination's %d", ErrStaleExport, m.Version, newerThan)
+	}
+	if _, err := fsys.Stat(dst); err == nil {
+		l, err := fsys.Lock(fsys.PathJoin(dst, pebbleLock))
+		if err != nil {
+			return ExportInfo{}, fmt.Errorf("%w: %s: %w", ErrLocked, dst, err)
+		}
+		defer l.Close()
+	}
+	tmp := dst + importTmpSuffix
+	if err := fsys.RemoveAll(tmp); err != nil {
+		return ExportInfo{}, fmt.Errorf("%w: import: %w", ErrStorage, err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			_ = fsys.RemoveAll(tmp)
+		}
+	}()
+	for _, sub := range []string{tmp, fsys.PathJoin(tmp, sealedSubdir)} {
+		if err := fsys.MkdirAll(sub, 0o755); err != nil {
+			return ExportInfo{}, fmt.Errorf("%w: import: %w", ErrStorage, err)
+		}
+	}
+	for _, f := range m.Files {
+		if err := ctx.Err(); err != nil {
+			return ExportInfo{}, err
+		}
+		sum, size, err := copyFile(fsys, fsys.PathJoin(src, f.Name), fsys.PathJoin(tmp, f.Name))
+		switch {
+		case fileMissing(err):
+			return ExportInfo{}, fmt.Errorf("%w: %s: %s missing", ErrExport, src, f.Name)
+		case err != nil:
+			return ExportInfo{}, fmt.Errorf("%w: import: %w", ErrStorage, err)
+		case size != f.Size || sum != f.SHA256:
+			return ExportInfo{}, fmt.Errorf("%w: %s: %s has %d bytes and SHA-256 %s, manifest says %d and %s",
+				ErrExport, src, f.Name, size, sum, f.Size, f.SHA256)
+		}
+	}
+	if err := syncDir(fsys, fsys.PathJoin(tmp, sealedSubdir)); err != nil {
+		return ExportInfo{}, fmt.Errorf("%w: import: %w", ErrStorage, err)
+	}
+	if err := replaceDir(fsys, tmp, dst, importOldSuffix); err != nil {
+		return ExportInfo{}, fmt.Errorf("%w: import: %w", ErrStorage, err)
+	}
+	done = true
+	return m.info(), nil
+}
+
+// finishImport completes or undoes an Import of dst that a crash
+// interrupted: the replaced directory is removed once dst is in place, or
+// put back when the crash came between the two renames; a partial copy is
+// removed.
+func finishImport(fs vfs.FS, dst string) error {
+	old := dst + importOldSuffix
+	if _, err := fs.Stat(old); err == nil {
+		if _, err := fs.Stat(dst); fileMissing(err) {
+			if err := fs.Rename(old, dst); err != nil {
+				return fmt.Errorf("%w: undo interrupted import: %w", ErrStorage, err)
+			}
+			if err := syncDir(fs, fs.PathDir(dst)); err != nil {
+				return fmt.Errorf("%w: undo interrupted import: %w", ErrStorage, err)
+			}
+		} else if err := fs.RemoveAll(old); err != nil {
+			return fmt.Errorf("%w: finish interrupted import: %w", ErrStorage, err)
+		}
+	}
+	if err := fs.RemoveAll(dst + importTmpSuffix); err != nil {
+		return fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	return nil
+}
+
+// replaceDir puts the synced directory tmp in dst's place: dst (if any)
+// moves to dst+oldSuffix, tmp to dst, the parent is synced and the old
+// directory removed.
+func replaceDir(fs vfs.FS, tmp, dst, oldSuffix string) error {
+	old := dst + oldSuffix
+	if err := fs.RemoveAll(old); err != nil {
+		return err
+	}
+	if _, err := fs.Stat(dst); err == nil {
+		if err := fs.Rename(dst, old); err != nil {
+			return err
+		}
+	}
+	if err := fs.Rename(tmp, dst); err != nil {
+		return err
+	}
+	if err := syncDir(fs, fs.PathDir(dst)); err != nil {
+		return err
+	}
+	return fs.RemoveAll(old)
+}
+
+// hashFile returns the hex SHA-256 and size of the file at p, synced.
+func hashFile(fs vfs.FS, p string) (string, int64, error) {
+	f, err := fs.Open(p)
+	if err != nil {
+		return "", 0, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return "", 0, err
+	}
+	if err := f.Sync(); err != nil {
+		return "", 0, err
+	}
+	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// copyFile copies src to dst (created), synced, and returns the hex
+// SHA-256 and size of what it copied.
+func copyFile(fs vfs.FS, src, dst string) (string, int64, error) {
+	in, err := fs.Open(src)
+	if err != nil {
+		return "", 0, err
+	}
+	defer in.Close()
+	out, err := fs.Create(dst, vfs.WriteCategoryUnspecified)
+	if err != nil {
+		return "", 0, err
+	}
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(out, h), in)
+	if err == nil {
+		err = out.Sync()
+	}
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", 0, err
+	}
+	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// fileMissing reports a file or directory that does not exist.
+func fileMissing(err error) bool { return errors.Is(err, os.ErrNotExist) }
