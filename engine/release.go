@@ -21,6 +21,14 @@ func (e *Engine) ReleaseBatch(ctx context.Context, claims []Claim, errs []error)
 	return e.release(ctx, claims, errs)
 }
 
+// UnclaimBatch gives back New claims whose messages were never handed to a
+// handler (a batch that stopped at an earlier message's failure): as
+// ReleaseBatch, but no attempt is counted, so Options.MaxAttempts counts
+// only the failures of handlers that ran.
+func (e *Engine) UnclaimBatch(ctx context.Context, claims []Claim, errs []error) error {
+	return e.releaseAs(ctx, claims, errs, true)
+}
+
 func (e *Engine) release(ctx context.Context, claims []Claim, errs []error) error {
 	return e.releaseAs(ctx, claims, errs, false)
 }

@@ -1,0 +1,220 @@
+package kafkadedup
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tierdedup/tierdedup/engine"
+)
+
+// Process handles one poll's fetches, partition by partition: it claims
+// the partition's records in its engine (one ClaimBatch), hands the New
+// ones to h in offset order, and commits their marks, h's records and the
+// partition's next offset with one CommitBatchWith, durable before
+// Process returns. A handler error stops the partition at that record:
+// the records before it commit, its claim is released (an attempt counted)
+// and the later ones given back uncounted, and the client is set to fetch
+// the partition again from that record. Records of a partition the Member
+// does not hold, or before its stored offset, are skipped unhandled.
+// Process returns the fetch errors, handler errors and storage errors,
+// joined; a partition whose commit failed resumes at its stored offset.
+func (m *Member) Process(ctx context.Context, cl *kgo.Client, fetches kgo.Fetches, h Handler) error {
+	var errs []error
+	for _, fe := range fetches.Errors() {
+		errs = append(errs, fmt.Errorf("kafkadedup: fetch %s/%d: %w", fe.Topic, fe.Partition, fe.Err))
+	}
+	fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
+		if len(fp.Records) == 0 {
+			return
+		}
+		t := tp{fp.Topic, fp.Partition}
+		m.mu.Lock()
+		p := m.parts[t]
+		m.mu.Unlock()
+		if p == nil {
+			return
+		}
+		if err := m.batch(ctx, cl, t, p, fp.Records, h); err != nil {
+			errs = append(errs, fmt.Errorf("kafkadedup: %s/%d: %w", t.topic, t.part, err))
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// Run polls cl and processes every poll until ctx ends or the client is
+// closed, allowing rebalances between polls. A poll under way when ctx
+// ends is finished first (its handlers get a context that is not
+// canceled), so its commits are not abandoned half-way. It returns ctx's
+// error, or nil once the client is closed; errors of single polls go to
+// the logger.
+func (m *Member) Run(ctx context.Context, cl *kgo.Client, h Handler) error {
+	for {
+		fetches := cl.PollFetches(ctx)
+		if fetches.IsClientClosed() {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			cl.AllowRebalance()
+			return err
+		}
+		if err := m.Process(context.WithoutCancel(ctx), cl, fetches, h); err != nil {
+			m.log.Printf("%v", err)
+		}
+		cl.AllowRebalance()
+	}
+}
+
+// batch handles one partition's records.
+func (m *Member) batch(ctx context.Context, cl *kgo.Client, t tp, p *partition, recs []*kgo.Record, h Handler) error {
+	// Records before the stored offset were handled and committed already.
+	first := 0
+	for first < len(recs) && recs[first].Offset < p.next {
+		first++
+	}
+	recs = recs[first:]
+	if len(recs) == 0 {
+		return nil
+	}
+	// Where the partition resumes if this batch does not commit.
+	resume := p.next
+	if resume < 0 {
+		resume = recs[0].Offset
+	}
+	m.stats.records.Add(uint64(len(recs)))
+	keys := make([][]byte, len(recs))
+	var digests []engine.Digest
+	if m.o.Digest != nil {
+		digests = make([]engine.Digest, len(recs))
+	}
+	// A key the engine refuses would fail the whole batch: reject the
+	// record instead (the engine's own limits decide).
+	bad := make([]error, len(recs))
+	valid := keys[:0:0]
+	var validAt []int
+	for i, r := range recs {
+		keys[i] = m.o.Key(r)
+		if err := checkKey(keys[i], m.o.Engine.MaxKeySize); err != nil {
+			bad[i] = err
+			continue
+		}
+		valid = append(valid, keys[i])
+		validAt = append(validAt, i)
+		if digests != nil {
+			digests[len(valid)-1] = m.o.Digest(r)
+		}
+	}
+	vclaims := make([]engine.Claim, len(valid))
+	var vdigests []engine.Digest
+	if digests != nil {
+		vdigests = digests[:len(valid)]
+	}
+	if err := p.e.ClaimBatch(ctx, valid, vdigests, vclaims); err != nil {
+		rewind(cl, t, resume)
+		return err
+	}
+	claims := make([]engine.Claim, len(recs))
+	for j, i := range validAt {
+		claims[i] = vclaims[j]
+	}
+
+	var writes []engine.Write
+	claimed := map[string]bool{} // keys claimed New earlier in this batch
+	stop := len(recs)
+	var herr error
+records:
+	for i, r := range recs {
+		c := &claims[i]
+		switch {
+		case bad[i] != nil:
+			m.reject(ctx, r, bad[i])
+		case c.Outcome == engine.New:
+			w, err := h(ctx, r)
+			if err != nil {
+				stop, herr = i, err
+				break records
+			}
+			writes = append(writes, w...)
+			claimed[string(c.Key)] = true
+		case c.Outcome == engine.Duplicate:
+			m.stats.dups.Add(1)
+		case c.Outcome == engine.InFlight && claimed[string(c.Key)]:
+			// A copy of a record handled earlier in this batch: it
+			// commits with it.
+			m.stats.dups.Add(1)
+		case c.Outcome == engine.InFlight:
+			// Held by a claim this batch did not make: resume here later.
+			stop, herr = i, fmt.Errorf("record at offset %d: key in flight elsewhere", r.Offset)
+			break records
+		case c.Outcome == engine.Poison:
+			m.reject(ctx, r, ErrPoison)
+		case c.Outcome == engine.Conflict:
+			m.reject(ctx, r, ErrConflict)
+		}
+	}
+
+	next := recs[len(recs)-1].Offset + 1
+	if stop < len(recs) {
+		next = recs[stop].Offset
+		m.stats.failed.Add(1)
+		if c := claims[stop]; c.Outcome == engine.New {
+			_ = p.e.Release(ctx, c) // the handler failed: an attempt
+		}
+		if err := p.e.UnclaimBatch(ctx, claims[stop+1:], nil); err != nil {
+			return errors.Join(herr, err)
+		}
+	}
+	var offset [8]byte
+	binary.BigEndian.PutUint64(offset[:], uint64(next))
+	writes = append(writes, engine.Write{Key: p.key, Value: offset[:]})
+	if err := p.e.CommitBatchWith(ctx, claims[:stop], nil, writes); err != nil {
+		// Nothing of the batch is durable: handle it again from the
+		// stored offset.
+		_ = p.e.UnclaimBatch(ctx, claims[:stop], nil)
+		rewind(cl, t, resume)
+		return errors.Join(herr, err)
+	}
+	for i := range stop {
+		if claims[i].Outcome == engine.New {
+			m.stats.news.Add(1)
+		}
+	}
+	p.next = next
+	if stop < len(recs) {
+		rewind(cl, t, next)
+	}
+	if m.o.CommitToGroup {
+		cl.MarkCommitOffsets(map[string]map[int32]kgo.EpochOffset{t.topic: {t.part: {Epoch: -1, Offset: next}}})
+	}
+	return herr
+}
+
+// rewind sets the client to fetch partition t again from offset at.
+func rewind(cl *kgo.Client, t tp, at int64) {
+	cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{t.topic: {t.part: {Epoch: -1, Offset: at}}})
+}
+
+func (m *Member) reject(ctx context.Context, r *kgo.Record, why error) {
+	m.stats.rejected.Add(1)
+	if m.o.Reject != nil {
+		m.o.Reject(ctx, r, why)
+	}
+}
+
+// checkKey applies the engine's key limits (max 0 means the engine's
+// default).
+func checkKey(key []byte, max int) error {
+	if max == 0 {
+		max = engine.DefaultMaxKeySize
+	}
+	switch {
+	case len(key) == 0:
+		return engine.ErrEmptyKey
+	case len(key) > max:
+		return fmt.Errorf("%w: %d bytes, max %d", engine.ErrKeyTooLong, len(key), max)
+	}
+	return nil
+}
