@@ -1,0 +1,207 @@
+package kafkadedup_test
+
+import (
+	"context"
+	"errors"
+	"log"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/engine/kafkadedup"
+)
+
+// consumeUntil polls cl, processing with h, until partition 0 of "orders"
+// stores offset want.
+func consumeUntil(t *testing.T, m *kafkadedup.Member, cl *kgo.Client, want int64, h kafkadedup.Handler) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		fetches := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("offset %d not reached", want)
+		}
+		_ = m.Process(ctx, cl, fetches, h)
+		cl.AllowRebalance()
+		if next, ok := m.Offset("orders", 0); ok && next == want {
+			return
+		}
+	}
+}
+
+func member(t *testing.T, o kafkadedup.Options, brokers []string) (*kafkadedup.Member, *kgo.Client) {
+	t.Helper()
+	o.Logger = quiet
+	m, err := kafkadedup.New(&o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(append(m.Opts(), kgo.SeedBrokers(brokers...), kgo.ConsumerGroup("g"),
+		kgo.ConsumeTopics("orders"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50*time.Millisecond))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, cl
+}
+
+// TestFailingHandler: a handler that keeps failing on one record stops its
+// partition there (the records before it commit, those after it wait and
+// are not counted as attempts) until the record turns Poison and is
+// rejected; a record with an empty key is rejected at once. Every other
+// record is handled exactly once, in offset order, and a restarted member
+// resumes at the stored offset without handling anything again.
+func TestFailingHandler(t *testing.T) {
+	cluster, err := kfake.NewCluster(kfake.SeedTopics(1, "orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Close()
+	brokers := cluster.ListenAddrs()
+	produce(brokers, "a", "", "b", "c")
+
+	var rejected []string
+	o := kafkadedup.Options{
+		Dir:    t.TempDir(),
+		Engine: engine.Options{MaxAttempts: 3},
+		Reject: func(_ context.Context, r *kgo.Record, why error) {
+			switch {
+			case errors.Is(why, kafkadedup.ErrPoison):
+				rejected = append(rejected, string(r.Key)+":poison")
+			case errors.Is(why, engine.ErrEmptyKey):
+				rejected = append(rejected, "empty")
+			default:
+				rejected = append(rejected, string(r.Key)+":"+why.Error())
+			}
+		},
+	}
+	m, cl := member(t, o, brokers)
+	var handled []string
+	h := func(_ context.Context, r *kgo.Record) ([]engine.Write, error) {
+		handled = append(handled, string(r.Key))
+		if string(r.Key) == "b" {
+			return nil, errors.New("b fails")
+		}
+		return []engine.Write{{Key: append([]byte("ledger/"), r.Key...), Value: []byte{1}}}, nil
+	}
+	consumeUntil(t, m, cl, 4, h)
+	if want := []string{"a", "b", "b", "b", "c"}; !slices.Equal(handled, want) {
+		t.Fatalf("handled %v, want %v", handled, want)
+	}
+	if want := []string{"empty", "b:poison"}; !slices.Equal(rejected, want) {
+		t.Fatalf("rejected %v, want %v", rejected, want)
+	}
+	if s := m.Stats(); s.New != 2 || s.Rejected != 2 || s.Failed != 3 {
+		t.Fatalf("stats %+v", s)
+	}
+	var ledger []string
+	if err := m.Engine("orders", 0).ScanWrites([]byte("ledger/"), func(k, _ []byte) error {
+		ledger = append(ledger, strings.TrimPrefix(string(k), "ledger/"))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(ledger, []string{"a", "c"}) {
+		t.Fatalf("ledger %v", ledger)
+	}
+	cl.Close()
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A restart resumes at offset 4: nothing is handled again, although
+	// the group has no committed offset (the client would start at 0).
+	produce(brokers, "d")
+	m, cl = member(t, o, brokers)
+	defer m.Close()
+	defer cl.Close()
+	handled = nil
+	consumeUntil(t, m, cl, 5, h)
+	if !slices.Equal(handled, []string{"d"}) {
+		t.Fatalf("after a restart handled %v, want [d]", handled)
+	}
+}
+
+// TestForeignDirectory: a partition directory holding another partition's
+// offset is refused at assignment rather than trusted.
+func TestForeignDirectory(t *testing.T) {
+	dir := t.TempDir()
+	e, err := engine.Open(&engine.Options{Dir: filepath.Join(dir, "orders.0"), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.CommitBatchWith(context.Background(), nil, nil, []engine.Write{{Key: []byte("kafkadedup/offset/payments/3"), Value: make([]byte, 8)}}); err != nil {
+		t.Fatal(err)
+	}
+	e.Close()
+	cluster, err := kfake.NewCluster(kfake.SeedTopics(1, "orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Close()
+	logged := &syncBuffer{}
+	m, err := kafkadedup.New(&kafkadedup.Options{Dir: dir, Logger: log.New(logged, "", 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	cl, err := kgo.NewClient(append(m.Opts(), kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumerGroup("g"), kgo.ConsumeTopics("orders"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(logged.String(), "another partition") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no refusal logged: %s", logged.String())
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		cl.PollFetches(ctx)
+		cancel()
+		cl.AllowRebalance()
+	}
+	if m.Engine("orders", 0) != nil {
+		t.Fatal("the foreign directory was taken")
+	}
+}
+
+// syncBuffer is a log destination the client's goroutines write to.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestOptions(t *testing.T) {
+	for _, o := range []kafkadedup.Options{
+		{},
+		{Dir: "x", Engine: engine.Options{Tiers: engine.Redis}},
+		{Dir: "x", OpenWait: -time.Second},
+		{Dir: "x", Engine: engine.Options{Window: -time.Hour}},
+	} {
+		if _, err := kafkadedup.New(&o); err == nil {
+			t.Errorf("New(%+v) accepted", o)
+		}
+	}
+	if _, err := kafkadedup.New(&kafkadedup.Options{}); !errors.Is(err, kafkadedup.ErrOptions) {
+		t.Errorf("empty Dir: %v, want ErrOptions", err)
+	}
+}
