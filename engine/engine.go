@@ -55,6 +55,9 @@ type Engine struct {
 	scanner tier.Scanner
 	latch   tier.Latching
 	marker  tier.Marker
+	// extender extends leases in the shared tier (nil: none, or claims
+	// live in memory).
+	extender tier.Extender
 	// store is the embedded Pebble store (Default), for what its lifecycle
 	// alone needs: its layout, snapshot epochs, compaction, disk figures.
 	store   *pebble.Store
@@ -229,6 +232,7 @@ func Open(opts *Options) (*Engine, error) {
 		e.dropper, _ = base.(tier.Dropper)
 		e.scanner, _ = base.(tier.Scanner)
 		e.latch, _ = base.(tier.Latching)
+		e.extender, _ = base.(tier.Extender)
 		if m, ok := base.(tier.Marker); ok {
 			e.marker = m
 			if wrapped {

@@ -134,6 +134,17 @@ type CommitWriter interface {
 	ScanWrites(prefix []byte, fn func(key, value []byte) error) error
 }
 
+// Extender is a shared Exact tier (ClaimsInStore) that can extend the
+// lease of a claim, for a handler that runs longer than it.
+type Extender interface {
+	// Extend makes the lease of each claim that reqs[i].Token holds with
+	// an unexpired lease end lease from now, unless it already ends later
+	// (out[i] OK); a key the token no longer holds is out[i] Lost and
+	// unchanged. Errors are Claim's: the outcome is unknown, and a retry is
+	// safe.
+	Extend(ctx context.Context, reqs []Request, lease time.Duration, out []Status) error
+}
+
 // Marker is a shared Exact tier that can claim and commit in one step, for
 // a caller that processes nothing between the two (the engine's
 // MarkBatch): one statement or pipeline instead of two.

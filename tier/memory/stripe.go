@@ -315,6 +315,15 @@ func (s *stripe) ownLocked(f shard.Fingerprint, token uint64, state uint8) (uint
 	return slot, idx, e.state == state && e.word[0] == token
 }
 
+func (s *stripe) extendLocked(f shard.Fingerprint, token uint64, now, leaseUntil int64) Status {
+	_, idx, ok := s.ownLocked(f, token, claimed)
+	if !ok || s.entries[idx].until <= now {
+		return tier.Lost
+	}
+	s.entries[idx].until = max(s.entries[idx].until, leaseUntil)
+	return tier.OK
+}
+
 func (s *stripe) beginLocked(f shard.Fingerprint, token uint64, now int64) Status {
 	_, idx, ok := s.ownLocked(f, token, claimed)
 	if !ok || s.entries[idx].until <= now {

@@ -153,6 +153,16 @@ func (t *Table) Acquire(fps []shard.Fingerprint, tokens []uint64, now, leaseUnti
 	})
 }
 
+// Extend moves the lease end of each claim that tokens[i] holds with an
+// unexpired lease (not being committed) to leaseUntil, if that is later
+// (out[i] OK); otherwise out[i] is Lost and nothing changes. A lease is
+// never shortened.
+func (t *Table) Extend(fps []shard.Fingerprint, tokens []uint64, now, leaseUntil int64, out []Status) {
+	t.each(fps, func(s *stripe, i int) {
+		out[i] = s.extendLocked(fps[i], tokens[i], now, leaseUntil)
+	})
+}
+
 // Begin starts committing each claim: where tokens[i] holds the key with an
 // unexpired lease the claim is pinned (it can no longer expire or be
 // released) and out[i] is OK; otherwise out[i] is Lost and nothing changes.

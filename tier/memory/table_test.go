@@ -142,6 +142,42 @@ func TestClaimLifecycle(t *testing.T) {
 	}
 }
 
+// TestExtend: only the owner of an unexpired, uncommitting claim extends
+// its lease, never shortening it; the extended claim holds past its first
+// lease end, and one that expired stays taken over.
+func TestExtend(t *testing.T) {
+	tb := newTable(t, nil)
+	k := fp(1)
+	extend := func(token uint64, now, until int64) Status {
+		out := make([]Status, 1)
+		tb.Extend([]shard.Fingerprint{k}, []uint64{token}, now, until, out)
+		return out[0]
+	}
+	acquire(tb, k, 1, 0, 10)
+	if s := extend(2, 5, 100); s != tier.Lost {
+		t.Fatalf("extend by a non-owner = %v, want lost", s)
+	}
+	if s := extend(1, 5, 30); s != tier.OK {
+		t.Fatalf("extend by the owner = %v", s)
+	}
+	if s := extend(1, 6, 20); s != tier.OK {
+		t.Fatalf("a shorter extension = %v", s)
+	}
+	if r := acquire(tb, k, 3, 25, 10); r.Status != tier.Held {
+		t.Fatalf("acquire inside the extended lease = %v, want held (a shorter extension must not shorten it)", r.Status)
+	}
+	if r := acquire(tb, k, 3, 30, 10); r.Status != tier.TakenOver {
+		t.Fatalf("acquire after the extended lease = %v, want taken-over", r.Status)
+	}
+	if s := extend(1, 31, 100); s != tier.Lost {
+		t.Fatalf("extend by the expired owner = %v, want lost", s)
+	}
+	one(tb.Begin, k, 3, 32)
+	if s := extend(3, 33, 100); s != tier.Lost {
+		t.Fatalf("extend while committing = %v, want lost", s)
+	}
+}
+
 func TestFailedCommitRestoresClaim(t *testing.T) {
 	tb := newTable(t, nil)
 	k := fp(1)

@@ -84,7 +84,7 @@ type Store struct {
 	table                                                   string
 	window                                                  time.Duration
 	max                                                     int
-	claimQ, markQ, stateQ, commitQ, releaseQ, sizeQ, sweepQ string
+	claimQ, markQ, stateQ, commitQ, releaseQ, extendQ, sizeQ, sweepQ string
 	sweeps                                                  sweeper
 }
 
@@ -295,6 +295,15 @@ up AS (
 	  AND ((t.state = 'C' AND t.lease_until > c.ms) OR ($5 = 1 AND t.state = 'D'))
 	RETURNING r.i)
 SELECT i FROM del UNION ALL SELECT i FROM up`, s.table, now)
+	// Extend: the caller's live claims last $4 ms from now, unless longer.
+	s.extendQ = fmt.Sprintf(`
+WITH c AS (SELECT %[2]s AS ms),
+r AS (SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::bytea[]) WITH ORDINALITY AS r(ns, key, token, i))
+UPDATE %[1]s AS t SET lease_until = GREATEST(t.lease_until, c.ms + $4), expires = GREATEST(t.expires, c.ms + $4)
+FROM r, c
+WHERE t.ns = r.ns AND t.key = r.key AND t.token = r.token AND t.state = 'C'
+  AND t.lease_until > c.ms AND t.expires > c.ms
+RETURNING r.i`, s.table, now)
 	s.sizeQ = fmt.Sprintf(`SELECT pg_relation_size('%s') / current_setting('block_size')::bigint`, s.table)
 	// Sweep: the expired rows of blocks [$1, $2), found by a TID range
 	// scan (no index on the write path).
@@ -480,6 +489,16 @@ func (s *Store) Release(ctx context.Context, _ int64, reqs []tier.Request, giveB
 		count, undo = 0, 1
 	}
 	return s.statuses(ctx, out, s.releaseQ, ns, keys, tokens, count, undo, s.max)
+}
+
+// Extend makes each claim that reqs[i].Token holds, unexpired, last lease
+// from now unless it lasts longer, in one statement; out[i] is OK or Lost.
+func (s *Store) Extend(ctx context.Context, reqs []tier.Request, lease time.Duration, out []tier.Status) error {
+	if len(reqs) == 0 {
+		return nil
+	}
+	ns, keys, tokens := columns(reqs)
+	return s.statuses(ctx, out, s.extendQ, ns, keys, tokens, max(lease.Milliseconds(), 1))
 }
 
 // run runs one statement and hands its rows to read, and runs both again

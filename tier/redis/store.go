@@ -189,6 +189,33 @@ else
 end
 return 1`)
 
+// extendScript makes the lease of the caller's unexpired claim (token
+// prefix ARGV[1]) end ARGV[2] ms from now unless it ends later, keeping an
+// attempt-counted claim (MaxAttempts) for ARGV[3] ms; a claim without a
+// recorded lease (SET NX: its TTL is its lease) has its TTL raised
+// instead. It returns 1, or 0 when the key does not hold the caller's live
+// claim.
+var extendScript = goredis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 1, 17) ~= ARGV[1] then return 0 end
+local rest = string.sub(v, 18)
+if rest == '' then
+  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
+  return 1
+end
+local lease, cnt = string.match(rest, '^(%d+):(%d+)$')
+if not lease then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if tonumber(lease) <= now then return 0 end
+local untilMS = now + tonumber(ARGV[2])
+if untilMS > tonumber(lease) then
+  redis.call('SET', KEYS[1], ARGV[1] .. untilMS .. ':' .. cnt, 'PX', ARGV[3])
+end
+return 1`)
+
 // Store is the Redis tier. It is safe for concurrent use.
 type Store struct {
 	c      goredis.UniversalClient
@@ -319,7 +346,7 @@ func (s *Store) checkPolicy(ctx context.Context, require bool) error {
 
 func (s *Store) loadScripts(ctx context.Context) error {
 	return s.eachServer(ctx, func(ctx context.Context, c goredis.Cmdable) error {
-		for _, sc := range []*goredis.Script{claimScript, commitScript, releaseScript} {
+		for _, sc := range []*goredis.Script{claimScript, commitScript, releaseScript, extendScript} {
 			if err := sc.Load(ctx, c).Err(); err != nil {
 				return fmt.Errorf("%w: loading scripts: %w", ErrUnavailable, err)
 			}
@@ -504,6 +531,15 @@ func (s *Store) Release(ctx context.Context, _ int64, reqs []Request, giveBack b
 	}
 	return s.runScript(ctx, releaseScript, reqs, out, func(r *Request) []any {
 		return []any{claimPrefix(r.Token), s.max, window, count, undo}
+	})
+}
+
+// Extend makes each claim that reqs[i].Token holds, unexpired, last lease
+// from now unless it lasts longer, in one pipeline; out[i] is OK or Lost.
+func (s *Store) Extend(ctx context.Context, reqs []Request, lease time.Duration, out []Status) error {
+	leaseMS, windowMS := max(lease.Milliseconds(), 1), s.window.Milliseconds()
+	return s.runScript(ctx, extendScript, reqs, out, func(r *Request) []any {
+		return []any{claimPrefix(r.Token), leaseMS, windowMS}
 	})
 }
 

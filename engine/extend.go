@@ -1,0 +1,68 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/tierdedup/tierdedup/shard"
+	"github.com/tierdedup/tierdedup/tier"
+)
+
+// Extend makes a New claim's lease end d from now (unless it already ends
+// later), for a handler that runs longer than Options.Lease: a heartbeat.
+// Only the claim's current owner may: a claim whose lease already ended,
+// that another worker took over, or that is being committed gets
+// ErrLeaseLost and changes nothing. On success c.LeaseUntil is the new
+// end. d must be positive and shorter than the window (ErrOptions).
+//
+// With a shared tier (Redis, PostgreSQL) the lease is extended there too,
+// in one round trip, fenced by the claim's owner token; a failure to reach
+// it is ErrUnavailable, and the claim keeps at least its earlier lease.
+// A lease is not durable: claims do not survive a restart of an embedded
+// store, whatever their lease.
+func (e *Engine) Extend(ctx context.Context, c *Claim, d time.Duration) error {
+	if c == nil || c.Outcome != New {
+		return fmt.Errorf("%w: Extend of a claim that is not New", ErrNotClaimed)
+	}
+	if d <= 0 || int64(d) >= e.window {
+		return fmt.Errorf("%w: Extend by %v: must be positive and shorter than the window %v", ErrOptions, d, time.Duration(e.window))
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	shared := e.where == tier.ClaimsInStore
+	if err := e.need(!shared || e.extender != nil, "Extend", "a shared tier that extends leases"); err != nil {
+		return err
+	}
+	e.life.RLock()
+	defer e.life.RUnlock()
+	if e.life.closed {
+		return ErrClosed
+	}
+	if c.ns == nil || c.ns.e != e || shard.Sum(e.hasher, c.ns.name, c.Key) != c.fp {
+		return fmt.Errorf("%w: the claim is another engine's, or its key bytes changed", ErrLeaseLost)
+	}
+	now, _ := e.nowNoRotate()
+	until := now + int64(d)
+	fps, tokens := [1]shard.Fingerprint{c.fp}, [1]uint64{c.token}
+	var st [1]tier.Status
+	e.mem.Extend(fps[:], tokens[:], now, until, st[:])
+	if st[0] != tier.OK {
+		e.stats.leaseLost.Add(1)
+		return ErrLeaseLost
+	}
+	if shared {
+		reqs := [1]tier.Request{{NS: c.ns.name, Key: c.Key, Token: e.ownerToken(c.rtoken)}}
+		if err := e.extender.Extend(ctx, reqs[:], d, st[:]); err != nil {
+			e.stats.errors.Add(1)
+			return e.tierError(err)
+		}
+		if st[0] != tier.OK {
+			e.stats.leaseLost.Add(1)
+			return ErrLeaseLost
+		}
+	}
+	c.LeaseUntil = max(c.LeaseUntil, until)
+	return nil
+}
