@@ -80,12 +80,12 @@ func (o *Options) Validate() error {
 // server's clock, so processes whose clocks differ agree on leases. A
 // Store is safe for concurrent use if its DB is.
 type Store struct {
-	db                                                      DB
-	table                                                   string
-	window                                                  time.Duration
-	max                                                     int
+	db                                                               DB
+	table                                                            string
+	window                                                           time.Duration
+	max                                                              int
 	claimQ, markQ, stateQ, commitQ, releaseQ, extendQ, sizeQ, sweepQ string
-	sweeps                                                  sweeper
+	sweeps                                                           sweeper
 }
 
 // New returns a Store over db, creating its table if needed.
