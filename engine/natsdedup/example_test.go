@@ -44,7 +44,9 @@ func Example() {
 	}
 	orders, err := natsdedup.New(dedup, &natsdedup.Options{
 		Namespace: "orders", AckWait: ackWait,
-		Reject: func(m jetstream.Msg, why error) { log.Printf("dead-letter %s: %v", m.Headers().Get(nats.MsgIdHdr), why) },
+		Reject: func(m jetstream.Msg, why error) {
+			log.Printf("dead-letter %s: %v", m.Headers().Get(nats.MsgIdHdr), why)
+		},
 	})
 	if err != nil {
 		log.Fatal(err)
