@@ -58,6 +58,9 @@ type Kill struct {
 type CrashConfig struct {
 	Messages, Every, KillAt int
 	Kills                   []Kill
+	// Kafka, if set, runs the consumers against a Kafka topic (see
+	// CrashTableKafka) instead of a file holding the committed offset.
+	Kafka *KafkaCrash
 }
 
 // Expected returns the row a strategy must produce for c's kills: what is
@@ -136,7 +139,12 @@ func CrashRun(ctx context.Context, c CrashConfig, s Strategy, child func(args ..
 		return CrashRow{}, err
 	}
 	defer os.RemoveAll(dir)
-	args := []string{"-strategy", strconv.Itoa(slices.Index(Strategies, s)), "-dir", dir, "-messages", strconv.Itoa(c.Messages), "-every", strconv.Itoa(c.Every)}
+	args := []string{"-strategy", strconv.Itoa(strategyIndex(s)), "-dir", dir, "-messages", strconv.Itoa(c.Messages), "-every", strconv.Itoa(c.Every)}
+	ledger := filepath.Join(dir, "dedup")
+	if c.Kafka != nil {
+		args = append(args, c.Kafka.args(s)...)
+		ledger = filepath.Join(ledger, c.Kafka.Topic+".0") // kafkadedup's directory of partition 0
+	}
 	for _, k := range c.kills() {
 		phase := "before"
 		if k.AfterEffect {
@@ -149,11 +157,12 @@ func CrashRun(ctx context.Context, c CrashConfig, s Strategy, child func(args ..
 	if out, err := child(args...).CombinedOutput(); err != nil {
 		return CrashRow{}, fmt.Errorf("%s: restart: %w\n%s", s, err, out)
 	}
-	count := countEffects
+	var row CrashRow
 	if s == WithLedger {
-		count = countLedger
+		row, err = countLedger(ledger, c.Messages)
+	} else {
+		row, err = countEffects(dir, c.Messages)
 	}
-	row, err := count(dir, c.Messages)
 	row.Strategy = s
 	return row, err
 }
@@ -209,10 +218,14 @@ func countEffects(dir string, messages int) (CrashRow, error) {
 	return tally(seen, messages), nil
 }
 
-// countLedger counts the effect records WithLedger appended in the store,
-// one per application (effect/<message>/<pid>-<n>), so a repeat is seen.
+// strategyIndex is s's index in Strategies, which names it to a child.
+func strategyIndex(s Strategy) int { return slices.Index(Strategies, s) }
+
+// countLedger counts the effect records WithLedger appended in the store
+// in dir, one per application (effect/<message>/<pid>-<n>), so a repeat is
+// seen.
 func countLedger(dir string, messages int) (CrashRow, error) {
-	e, err := engine.Open(&engine.Options{Dir: filepath.Join(dir, "dedup"), ExpectedKeys: 10_000})
+	e, err := engine.Open(&engine.Options{Dir: dir, ExpectedKeys: 10_000, Logger: crashQuiet})
 	if err != nil {
 		return CrashRow{}, err
 	}

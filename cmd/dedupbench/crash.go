@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/tierdedup/tierdedup/bench"
@@ -22,6 +23,7 @@ func crashCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	every := fs.Int("every", 100, "commit the offset every this many messages")
 	kills := fs.Int("kills", 10, "SIGKILL the consumer this many times, each at a random message and phase (before it, or between its effect and its mark)")
 	seed := fs.Uint64("seed", 1, "seed of the kill points")
+	broker := fs.String("broker", "file", "where offsets are committed: file (a synced file), kafka (a Kafka consumer group on an in-process cluster speaking the real protocol), or both (one table each)")
 	asJSON := fs.Bool("json", false, "print the table as JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -35,13 +37,33 @@ func crashCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		cmd.Env = os.Environ()
 		return cmd
 	}
+	var brokers []string
+	switch *broker {
+	case "file", "kafka":
+		brokers = []string{*broker}
+	case "both":
+		brokers = []string{"file", "kafka"}
+	default:
+		return fmt.Errorf("crash: -broker %q: want file, kafka or both", *broker)
+	}
 	cfg := bench.CrashConfig{Messages: *messages, Every: *every, Kills: bench.RandomKills(*messages, *every, *kills, rand.New(rand.NewPCG(*seed, 0)))}
-	rows, err := bench.CrashTable(ctx, cfg, child)
-	if err != nil {
-		return err
+	tables := map[string][]bench.CrashRow{}
+	for _, b := range brokers {
+		run := bench.CrashTable
+		if b == "kafka" {
+			run = bench.CrashTableKafka
+		}
+		rows, err := run(ctx, cfg, child)
+		if err != nil {
+			return fmt.Errorf("crash (%s): %w", b, err)
+		}
+		tables[b] = rows
 	}
 	if *asJSON {
-		return writeJSON(stdout, rows)
+		if len(brokers) == 1 {
+			return writeJSON(stdout, tables[brokers[0]])
+		}
+		return writeJSON(stdout, tables)
 	}
 	after := 0
 	for _, k := range cfg.Kills {
@@ -49,13 +71,25 @@ func crashCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			after++
 		}
 	}
-	fmt.Fprintf(stdout, "%d messages, offset committed every %d, consumer killed (SIGKILL) %d times at random messages (%d of them between an effect and its mark), restarted after each:\n\n", *messages, *every, len(cfg.Kills), after)
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "strategy\tprocessed\tduplicated\tlost")
-	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", r.Strategy, r.Processed, r.Duplicated, r.Lost)
+	for i, b := range brokers {
+		if i > 0 {
+			fmt.Fprintln(stdout)
+		}
+		where := "a synced file"
+		if b == "kafka" {
+			where = "a Kafka consumer group (kafkadedup's row: the offset stored with the marks)"
+		}
+		fmt.Fprintf(stdout, "%d messages, offset committed every %d to %s, consumer killed (SIGKILL) %d times at random messages (%d of them between an effect and its mark), restarted after each:\n\n", *messages, *every, where, len(cfg.Kills), after)
+		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "strategy\tprocessed\tduplicated\tlost")
+		for _, r := range tables[b] {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", r.Strategy, r.Processed, r.Duplicated, r.Lost)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
 	}
-	return tw.Flush()
+	return nil
 }
 
 func crashChildCmd(ctx context.Context, args []string) error {
@@ -66,11 +100,19 @@ func crashChildCmd(ctx context.Context, args []string) error {
 	every := fs.Int("every", 100, "")
 	killAt := fs.Int("kill-at", 0, "")
 	phase := fs.String("kill-phase", "before", "before, or effect (between the effect and its mark)")
+	brokers := fs.String("brokers", "", "Kafka brokers (comma-separated); none: the offset is a file")
+	topic := fs.String("topic", "", "Kafka topic")
+	group := fs.String("group", "", "Kafka consumer group")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *strategy < 0 || *strategy >= len(bench.Strategies) {
 		return fmt.Errorf("strategy %d", *strategy)
 	}
-	return bench.CrashChild(ctx, bench.Strategies[*strategy], *dir, *messages, *every, *killAt, *phase == "effect")
+	s := bench.Strategies[*strategy]
+	if *brokers != "" {
+		k := bench.KafkaCrash{Brokers: strings.Split(*brokers, ","), Topic: *topic}
+		return bench.CrashChildKafka(ctx, s, *dir, k, *group, *messages, *every, *killAt, *phase == "effect")
+	}
+	return bench.CrashChild(ctx, s, *dir, *messages, *every, *killAt, *phase == "effect")
 }

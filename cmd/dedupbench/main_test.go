@@ -32,7 +32,9 @@ func TestMain(m *testing.M) {
 }
 
 // TestCrashTable reproduces the crash table with real processes killed by
-// SIGKILL ten times, at random messages of 2000 (offsets every 100), some
+// SIGKILL ten times, with offsets committed to a file and to a Kafka
+// consumer group (an in-process cluster; the ledger row through
+// kafkadedup, its offset stored with its marks), at random messages of 2000 (offsets every 100), some
 // before a message and some between its effect and its mark (for the
 // ledger strategy: inside the one write that does both), and asserts every
 // row against what the kill points imply: committing the offset first
@@ -56,16 +58,21 @@ func TestCrashTable(t *testing.T) {
 	if after == 0 || after == len(cfg.Kills) {
 		t.Fatalf("kills %+v: want some between an effect and its mark, some before a message", cfg.Kills)
 	}
-	rows, err := bench.CrashTable(context.Background(), cfg, child)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, s := range bench.Strategies {
-		want := cfg.Expected(s)
-		if rows[i] != want {
-			t.Errorf("%s: got %+v, want %+v", s, rows[i], want)
+	for _, broker := range []struct {
+		name string
+		run  func(context.Context, bench.CrashConfig, func(...string) *exec.Cmd) ([]bench.CrashRow, error)
+	}{{"file", bench.CrashTable}, {"kafka", bench.CrashTableKafka}} {
+		rows, err := broker.run(context.Background(), cfg, child)
+		if err != nil {
+			t.Fatalf("%s: %v", broker.name, err)
 		}
-		t.Logf("%-60s processed %d duplicated %d lost %d", s, rows[i].Processed, rows[i].Duplicated, rows[i].Lost)
+		for i, s := range bench.Strategies {
+			want := cfg.Expected(s)
+			if rows[i] != want {
+				t.Errorf("%s: %s: got %+v, want %+v", broker.name, s, rows[i], want)
+			}
+			t.Logf("%-6s %-60s processed %d duplicated %d lost %d", broker.name, s, rows[i].Processed, rows[i].Duplicated, rows[i].Lost)
+		}
 	}
 	// The shape of the table: the engine with a separate effect repeats
 	// exactly the kills that fell between an effect and its mark; with the

@@ -1,0 +1,261 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/engine/kafkadedup"
+)
+
+// KafkaCrash is where the Kafka form of the crash experiment runs: a
+// cluster's brokers and a topic of one partition holding the messages
+// (message m at offset m-1). The offsets are committed to the consumer
+// group, except by WithLedger, whose consumer (kafkadedup) stores its
+// offset with its marks.
+type KafkaCrash struct {
+	Brokers []string
+	Topic   string
+}
+
+// CrashTableKafka runs the crash experiment against an in-process Kafka
+// cluster (kfake: the real protocol, consumer groups, offset commits, on
+// loopback), the consumer processes started by child as for CrashTable.
+func CrashTableKafka(ctx context.Context, c CrashConfig, child func(args ...string) *exec.Cmd) ([]CrashRow, error) {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "crash"), kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	if err != nil {
+		return nil, err
+	}
+	defer cluster.Close()
+	k := KafkaCrash{Brokers: cluster.ListenAddrs(), Topic: "crash"}
+	if err := k.produce(ctx, c.Messages); err != nil {
+		return nil, err
+	}
+	c.Kafka = &k
+	return CrashTable(ctx, c, child)
+}
+
+func (k KafkaCrash) produce(ctx context.Context, messages int) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...), kgo.DefaultProduceTopic(k.Topic))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	recs := make([]*kgo.Record, 0, messages)
+	for m := 1; m <= messages; m++ {
+		v := []byte(strconv.Itoa(m))
+		recs = append(recs, &kgo.Record{Key: append([]byte("msg-"), v...), Value: v})
+	}
+	return cl.ProduceSync(ctx, recs...).FirstErr()
+}
+
+// args are the child's arguments naming the cluster; group is one per
+// strategy.
+func (k KafkaCrash) args(s Strategy) []string {
+	return []string{"-brokers", strings.Join(k.Brokers, ","), "-topic", k.Topic, "-group", "crash-" + strconv.Itoa(strategyIndex(s))}
+}
+
+// crashQuiet discards the logs of the Kafka consumers.
+var crashQuiet = log.New(io.Discard, "", 0)
+
+// CrashChildKafka is CrashChild for the Kafka form: it consumes the
+// topic in group, in offset batches of every, committing the group's
+// offset per the strategy (WithLedger: through kafkadedup, the offset
+// stored with the marks), with the same kill points and effects.
+func CrashChildKafka(ctx context.Context, strategy Strategy, dir string, k KafkaCrash, group string, messages, every, killAt int, afterEffect bool) error {
+	effects, err := os.OpenFile(filepath.Join(dir, "effects"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	defer effects.Close()
+	effect := func(m int) error {
+		if _, err := fmt.Fprintf(effects, "%d\n", m); err != nil {
+			return err
+		}
+		return effects.Sync()
+	}
+	wait := func(m int, phase string) error {
+		fmt.Println("AT", m, phase)
+		select { // wait for the SIGKILL
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Minute):
+			return fmt.Errorf("not killed at %d %s", m, phase)
+		}
+	}
+	common := []kgo.Opt{
+		kgo.SeedBrokers(k.Brokers...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(k.Topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(20 * time.Millisecond),
+		kgo.SessionTimeout(500 * time.Millisecond), kgo.HeartbeatInterval(100 * time.Millisecond),
+	}
+	if strategy == WithLedger {
+		return crashLedgerKafka(ctx, dir, k, common, messages, every, killAt, afterEffect, wait)
+	}
+	var e *engine.Engine
+	if strategy == WithEngine {
+		if e, err = engine.Open(&engine.Options{Dir: filepath.Join(dir, "dedup"), ExpectedKeys: 10_000, Logger: crashQuiet}); err != nil {
+			return err
+		}
+		defer e.Close()
+	}
+	cl, err := kgo.NewClient(append(common, kgo.DisableAutoCommit())...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	commitOffset := func(end int) error {
+		// Message end is at offset end-1: the next to read is end.
+		var cerr error
+		cl.CommitOffsetsSync(ctx, map[string]map[int32]kgo.EpochOffset{k.Topic: {0: {Epoch: -1, Offset: int64(end)}}},
+			func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+				cerr = err
+				for _, t := range resp.Topics {
+					for _, p := range t.Partitions {
+						if err := kerr.ErrorForCode(p.ErrorCode); err != nil && cerr == nil {
+							cerr = err
+						}
+					}
+				}
+			})
+		return cerr
+	}
+	var buf []*kgo.Record
+	for {
+		// One offset batch: the records from the first one read (the
+		// group's committed offset, a batch boundary) to the batch's end.
+		for len(buf) == 0 || int(buf[len(buf)-1].Offset)+1 < min((int(buf[0].Offset)/every+1)*every, messages) {
+			if len(buf) == 0 && committedAll(cl, k.Topic, messages) {
+				return nil // OffsetFirst committed past the messages it was killed in
+			}
+			pctx, cancel := context.WithTimeout(ctx, time.Second)
+			fetches := cl.PollRecords(pctx, every)
+			cancel()
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			buf = append(buf, fetches.Records()...)
+		}
+		start := int(buf[0].Offset)
+		end := min((start/every+1)*every, messages)
+		batch := buf[:end-start]
+		buf = buf[end-start:]
+		if strategy == OffsetFirst {
+			if err := commitOffset(end); err != nil {
+				return err
+			}
+		}
+		for _, r := range batch {
+			m := int(r.Offset) + 1
+			if m == killAt && !afterEffect {
+				if err := wait(m, "before"); err != nil {
+					return err
+				}
+			}
+			afterThisEffect := func() error {
+				if m == killAt && afterEffect {
+					return wait(m, "effect")
+				}
+				return nil
+			}
+			switch strategy {
+			case OffsetFirst, ProcessFirst:
+				if err := effect(m); err != nil {
+					return err
+				}
+				if err := afterThisEffect(); err != nil {
+					return err
+				}
+			case WithEngine:
+				if _, err := e.Do(ctx, r.Key, func(context.Context) error {
+					if err := effect(m); err != nil {
+						return err
+					}
+					return afterThisEffect()
+				}); err != nil {
+					return err
+				}
+			}
+		}
+		if strategy != OffsetFirst {
+			if err := commitOffset(end); err != nil {
+				return err
+			}
+		}
+		if end == messages {
+			return nil
+		}
+	}
+}
+
+// crashLedgerKafka is WithLedger's consumer: kafkadedup, each record's
+// effect a record written with its mark and the partition's offset. A kill
+// after the effect lands inside that write, at its first file sync.
+func crashLedgerKafka(ctx context.Context, dir string, k KafkaCrash, common []kgo.Opt, messages, every, killAt int, afterEffect bool, wait func(int, string) error) error {
+	hook := &syncHook{FS: vfs.Default}
+	member, err := kafkadedup.New(&kafkadedup.Options{
+		Dir:    filepath.Join(dir, "dedup"),
+		Engine: engine.Options{FS: hook, ExpectedKeys: 10_000, Logger: crashQuiet},
+		Logger: crashQuiet,
+	})
+	if err != nil {
+		return err
+	}
+	defer member.Close()
+	cl, err := kgo.NewClient(append(common, member.Opts()...)...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	handle := func(_ context.Context, r *kgo.Record) ([]engine.Write, error) {
+		m := int(r.Offset) + 1
+		if m == killAt && !afterEffect {
+			if err := wait(m, "before"); err != nil {
+				return nil, err
+			}
+		}
+		if m == killAt && afterEffect {
+			hook.arm(func() { _ = wait(m, "effect") })
+		}
+		return []engine.Write{{Key: fmt.Appendf(nil, "effect/%d/%d-%d", m, os.Getpid(), m), Value: []byte{1}}}, nil
+	}
+	for {
+		// Polls end at offset batch boundaries, as the other strategies'
+		// batches do: a kill inside one batch's commit then never covers
+		// the next kill point.
+		next, _ := member.Offset(k.Topic, 0)
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		fetches := cl.PollRecords(pctx, every-int(next)%every)
+		cancel()
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := member.Process(ctx, cl, fetches, handle); err != nil {
+			return err
+		}
+		cl.AllowRebalance()
+		if next, ok := member.Offset(k.Topic, 0); ok && next >= int64(messages) {
+			return nil
+		}
+	}
+}
+
+// committedAll reports whether the group's committed offset, as the client
+// fetched it when it joined, is past the last message.
+func committedAll(cl *kgo.Client, topic string, messages int) bool {
+	o, ok := cl.CommittedOffsets()[topic][0]
+	return ok && o.Offset >= int64(messages)
+}
