@@ -113,7 +113,9 @@ type tp struct {
 // partition is one assigned partition's engine and where it resumes.
 type partition struct {
 	e    *engine.Engine
-	next int64 // the offset stored with the marks; -1 for none
+	// next is the offset stored with the marks, -1 for none: written by
+	// Process, read by assignment and Offset beside it.
+	next atomic.Int64
 	key  []byte
 }
 
@@ -210,23 +212,29 @@ func (m *Member) assign(ctx context.Context, offsets map[string]map[int32]kgo.Of
 	for topic, parts := range offsets {
 		for part := range parts {
 			t := tp{topic, part}
-			p, err := m.open(ctx, t)
-			if err != nil {
-				m.log.Printf("kafkadedup: assign %s/%d: %v", topic, part, err)
-				return nil, fmt.Errorf("kafkadedup: assign %s/%d: %w", topic, part, err)
-			}
-			opened = append(opened, t)
 			m.mu.Lock()
-			if old := m.parts[t]; old != nil {
-				_ = old.e.Close()
-			}
-			m.parts[t] = p
+			p := m.parts[t]
 			m.mu.Unlock()
-			m.stats.assigned.Add(1)
-			if p.next >= 0 {
-				parts[part] = kgo.NewOffset().At(p.next).WithEpoch(-1)
+			if p == nil {
+				// Assignment may run beside Process (kgo gates only
+				// OnPartitionsAssigned): a partition still held keeps its
+				// engine, which a batch may be using.
+				var err error
+				if p, err = m.open(ctx, t); err != nil {
+					m.log.Printf("kafkadedup: assign %s/%d: %v", topic, part, err)
+					return nil, fmt.Errorf("kafkadedup: assign %s/%d: %w", topic, part, err)
+				}
+				opened = append(opened, t)
+				m.mu.Lock()
+				m.parts[t] = p
+				m.mu.Unlock()
 			}
-			m.log.Printf("kafkadedup: assigned %s/%d at offset %d", topic, part, p.next)
+			m.stats.assigned.Add(1)
+			next := p.next.Load()
+			if next >= 0 {
+				parts[part] = kgo.NewOffset().At(next).WithEpoch(-1)
+			}
+			m.log.Printf("kafkadedup: assigned %s/%d at offset %d", topic, part, next)
 		}
 	}
 	return offsets, nil
@@ -247,13 +255,13 @@ func (m *Member) open(ctx context.Context, t tp) (*partition, error) {
 		// A damaged export is not trusted: the directory's own state is.
 		m.log.Printf("kafkadedup: %s/%d: export not used: %v", t.topic, t.part, err)
 		return p, nil
-	case int64(info.Version) <= p.next:
+	case int64(info.Version) <= p.next.Load():
 		return p, nil
 	}
 	if err := p.e.Close(); err != nil {
 		return nil, err
 	}
-	_, err = engine.Import(ctx, nil, m.exportDir(t), m.dir(t), uint64(max(p.next, 0)))
+	_, err = engine.Import(ctx, nil, m.exportDir(t), m.dir(t), uint64(max(p.next.Load(), 0)))
 	switch {
 	case errors.Is(err, engine.ErrExport), errors.Is(err, engine.ErrStaleExport):
 		// Refused on its merits: the directory's own state stands.
@@ -264,7 +272,7 @@ func (m *Member) open(ctx context.Context, t tp) (*partition, error) {
 		return nil, err
 	default:
 		m.stats.imports.Add(1)
-		m.log.Printf("kafkadedup: %s/%d: imported state at offset %d (directory had %d)", t.topic, t.part, info.Version, p.next)
+		m.log.Printf("kafkadedup: %s/%d: imported state at offset %d (directory had %d)", t.topic, t.part, info.Version, p.next.Load())
 	}
 	return m.openDir(ctx, t)
 }
@@ -282,10 +290,12 @@ func (m *Member) openDir(ctx context.Context, t tp) (*partition, error) {
 		e, err := engine.Open(&o)
 		if err == nil {
 			p := &partition{e: e, key: offsetKey(t.topic, t.part)}
-			if p.next, err = readOffset(e, p.key); err != nil {
+			next, err := readOffset(e, p.key)
+			if err != nil {
 				_ = e.Close()
 				return nil, err
 			}
+			p.next.Store(next)
 			return p, nil
 		}
 		if !errors.Is(err, engine.ErrLocked) || time.Now().After(deadline) {
@@ -375,10 +385,10 @@ func (m *Member) Offset(topic string, part int32) (int64, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	p := m.parts[tp{topic, part}]
-	if p == nil || p.next < 0 {
+	if p == nil || p.next.Load() < 0 {
 		return 0, false
 	}
-	return p.next, true
+	return p.next.Load(), true
 }
 
 // Engine returns the engine of an assigned partition, or nil: for reading

@@ -71,8 +71,9 @@ func (m *Member) Run(ctx context.Context, cl *kgo.Client, h Handler) error {
 // batch handles one partition's records.
 func (m *Member) batch(ctx context.Context, cl *kgo.Client, t tp, p *partition, recs []*kgo.Record, h Handler) error {
 	// Records before the stored offset were handled and committed already.
+	stored := p.next.Load()
 	first := 0
-	for first < len(recs) && recs[first].Offset < p.next {
+	for first < len(recs) && recs[first].Offset < stored {
 		first++
 	}
 	recs = recs[first:]
@@ -80,7 +81,7 @@ func (m *Member) batch(ctx context.Context, cl *kgo.Client, t tp, p *partition, 
 		return nil
 	}
 	// Where the partition resumes if this batch does not commit.
-	resume := p.next
+	resume := stored
 	if resume < 0 {
 		resume = recs[0].Offset
 	}
@@ -182,7 +183,7 @@ records:
 			m.stats.news.Add(1)
 		}
 	}
-	p.next = next
+	p.next.Store(next)
 	if stop < len(recs) {
 		rewind(cl, t, next)
 	}
