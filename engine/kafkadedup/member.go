@@ -112,7 +112,7 @@ type tp struct {
 
 // partition is one assigned partition's engine and where it resumes.
 type partition struct {
-	e    *engine.Engine
+	e *engine.Engine
 	// next is the offset stored with the marks, -1 for none: written by
 	// Process, read by assignment and Offset beside it.
 	next atomic.Int64
