@@ -224,8 +224,10 @@ func (c *Consumer) run(ctx context.Context, msg jetstream.Msg, cl *engine.Claim,
 			c.stats.extends.Add(1)
 		}
 	}()
-	writes, err := h(hctx, msg)
-	close(stop)
+	writes, err := func() ([]engine.Write, error) {
+		defer close(stop) // a panicking handler stops the heartbeat too
+		return h(hctx, msg)
+	}()
 	if lost := <-beat; lost != nil {
 		return nil, lost
 	}
