@@ -43,11 +43,12 @@ func BenchmarkHandoff(b *testing.B) {
 		b.Fatal(err)
 	}
 	t1 := time.Now()
-	if _, err := engine.Import(ctx, nil, filepath.Join(root, "export"), filepath.Join(root, "dst"), 0); err != nil {
+	dstOpts := engine.Options{Dir: filepath.Join(root, "dst"), ExpectedKeys: max(b.N, 1000), Logger: quiet}
+	if _, err := engine.Import(ctx, filepath.Join(root, "export"), &dstOpts, 0); err != nil {
 		b.Fatal(err)
 	}
 	t2 := time.Now()
-	dst, err := engine.Open(&engine.Options{Dir: filepath.Join(root, "dst"), ExpectedKeys: max(b.N, 1000), Logger: quiet})
+	dst, err := engine.Open(&dstOpts)
 	if err != nil {
 		b.Fatal(err)
 	}

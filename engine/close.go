@@ -58,10 +58,15 @@ func (e *Engine) Close() error {
 	if e.dirLock != nil {
 		_ = e.dirLock.Close()
 	}
+	closed := true
 	if e.exact != nil {
 		if err := e.exact.Close(); err != nil {
 			errs = append(errs, e.tierError(err))
+			closed = false // the store may still hold its directory
 		}
+	}
+	if closed {
+		e.releaseDir()
 	}
 	return errors.Join(errs...)
 }

@@ -153,7 +153,7 @@ func Open(opts *Options) (*Engine, error) {
 	if o.Tiers == Default {
 		// An Import of Dir a crash interrupted is finished first: Dir is
 		// never opened empty in place of the state it was replacing.
-		if err := finishImport(e.snapshots.fs, o.Dir); err != nil {
+		if err := finishImport(e.snapshots.fs, canonical(e.snapshots.fs, o.Dir)); err != nil {
 			return nil, err
 		}
 		if err := e.snapshots.refuseState(); err != nil {
@@ -347,6 +347,9 @@ func Open(opts *Options) (*Engine, error) {
 	if e.exact != nil {
 		// Last: nothing after it fails, so its goroutines never leak.
 		e.queue = newCommitQueue(e, o.CommitQueue)
+	}
+	if o.Dir != "" {
+		e.holdDir(e.snapshots.fs, o.Dir)
 	}
 	return e, nil
 }

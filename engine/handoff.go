@@ -65,10 +65,15 @@ type ExportInfo struct {
 }
 
 type exportManifest struct {
-	Format  int          `json:"format"`
-	Version uint64       `json:"version"`
-	Created int64        `json:"created_unix_nano"`
-	Files   []exportFile `json:"files"`
+	Format  int    `json:"format"`
+	Version uint64 `json:"version"`
+	Created int64  `json:"created_unix_nano"`
+	// Window and Partition are the exporter's layout (nanoseconds): an
+	// engine opened with another would refuse the copy (ErrLayout), so
+	// Import refuses it first.
+	Window    int64        `json:"window_ns"`
+	Partition int64        `json:"partition_ns"`
+	Files     []exportFile `json:"files"`
 }
 
 type exportFile struct {
@@ -107,6 +112,12 @@ func (e *Engine) Export(ctx context.Context, dir string, version uint64) (Export
 	if dir == "" {
 		return ExportInfo{}, fmt.Errorf("%w: Export to an empty path", ErrOptions)
 	}
+	dir = canonical(e.snapshots.fs, dir)
+	for _, d := range []string{dir, dir + exportTmpSuffix, dir + exportOldSuffix} {
+		if overlap(e.snapshots.fs, d, e.snapshots.dir) {
+			return ExportInfo{}, fmt.Errorf("%w: Export to %s, which is, holds or lies in the engine's directory %s", ErrOptions, d, e.snapshots.dir)
+		}
+	}
 	if err := e.Flush(ctx); err != nil {
 		return ExportInfo{}, err
 	}
@@ -136,6 +147,7 @@ func (e *Engine) Export(ctx context.Context, dir string, version uint64) (Export
 			return err
 		}
 		m.Version, m.Created = version, time.Now().UnixNano()
+		m.Window, m.Partition = e.window, e.parts.Length
 		if err := writeManifest(fs, tmp, m); err != nil {
 			return fmt.Errorf("%w: export: %w", ErrStorage, err)
 		}
@@ -325,20 +337,41 @@ func readExport(fs vfs.FS, dir string) (*exportManifest, string, error) {
 	return m, dir, err
 }
 
-// Import replaces the engine directory dst (which no engine may hold open)
-// with the export in src (fsys nil means the operating system's), if the
-// export's Version is greater than newerThan, the caller's version of the
-// state in dst (0 when dst holds none). Every file is copied and checked
-// against the manifest's size and SHA-256 before dst is touched: a
-// damaged, incomplete or foreign export is ErrExport, one not newer
-// ErrStaleExport, a dst held by an engine ErrLocked, and each leaves dst as
-// it was. Open dst afterwards as after a crash.
-func Import(ctx context.Context, fsys vfs.FS, src, dst string, newerThan uint64) (ExportInfo, error) {
+// Import replaces the engine directory o.Dir (on o.FS; no engine may hold
+// it open) with the export in src, if the export's Version is greater than
+// newerThan, the caller's version of the state in o.Dir (0 when it holds
+// none). o are the Options the directory will be opened with: an export
+// of another layout (Window, Partition) is refused (ErrLayout) rather than
+// left for Open to refuse. Every file is copied and checked against the
+// manifest's size and SHA-256 before o.Dir is touched: a damaged or
+// incomplete export is ErrExport, one not newer ErrStaleExport, a
+// directory held by an engine ErrLocked (in this process too, under any
+// spelling of its path), and each leaves o.Dir as it was. Open o.Dir
+// afterwards, as after a crash.
+func Import(ctx context.Context, src string, o *Options, newerThan uint64) (ExportInfo, error) {
+	if o == nil || o.Tiers != Default {
+		return ExportInfo{}, fmt.Errorf("%w: Import needs the Options of an embedded engine (Tiers: Default)", ErrOptions)
+	}
+	if err := o.Validate(); err != nil {
+		return ExportInfo{}, err
+	}
+	if src == "" {
+		return ExportInfo{}, fmt.Errorf("%w: Import from an empty path", ErrOptions)
+	}
+	opts := o.WithDefaults()
+	fsys := opts.FS
 	if fsys == nil {
 		fsys = vfs.Default
 	}
-	if src == "" || dst == "" {
-		return ExportInfo{}, fmt.Errorf("%w: Import with an empty path", ErrOptions)
+	dst := canonical(fsys, opts.Dir)
+	if overlap(fsys, src, dst) {
+		return ExportInfo{}, fmt.Errorf("%w: Import from %s into %s: one holds the other", ErrOptions, src, dst)
+	}
+	if st, err := fsys.Stat(dst); err == nil && !st.IsDir() {
+		return ExportInfo{}, fmt.Errorf("%w: Import into %s, which is not a directory", ErrOptions, dst)
+	}
+	if heldOpen(fsys, dst) {
+		return ExportInfo{}, fmt.Errorf("%w: %s is open in this process", ErrLocked, dst)
 	}
 	if err := finishImport(fsys, dst); err != nil {
 		return ExportInfo{}, err
@@ -346,6 +379,12 @@ func Import(ctx context.Context, fsys vfs.FS, src, dst string, newerThan uint64)
 	m, src, err := readExport(fsys, src)
 	if err != nil {
 		return ExportInfo{}, err
+	}
+	if m.Window != int64(opts.Window) {
+		return ExportInfo{}, fmt.Errorf("%w (export %s)", layoutError("Window", time.Duration(m.Window).String(), opts.Window.String()), src)
+	}
+	if m.Partition != int64(opts.Partition) {
+		return ExportInfo{}, fmt.Errorf("%w (export %s)", layoutError("Partition", time.Duration(m.Partition).String(), opts.Partition.String()), src)
 	}
 	if m.Version <= newerThan {
 		return ExportInfo{}, fmt.Errorf("%w: export version %d, destination's %d", ErrStaleExport, m.Version, newerThan)

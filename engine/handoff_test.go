@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 
@@ -60,11 +63,11 @@ func TestImportCarriesState(t *testing.T) {
 	if info, err := engine.ReadExport(fs, "exp"); err != nil || info.Version != 7 {
 		t.Fatalf("ReadExport: %+v %v", info, err)
 	}
-	info, err := engine.Import(ctx, fs, "exp", "other", 0)
+	o.Dir = "other"
+	info, err := engine.Import(ctx, "exp", &o, 0)
 	if err != nil || info.Version != 7 {
 		t.Fatalf("Import: %+v %v", info, err)
 	}
-	o.Dir = "other"
 	e := open(t, o)
 	defer e.Close()
 	if got := record(t, e, "offset"); got != "7" {
@@ -96,7 +99,7 @@ func TestImportRefusals(t *testing.T) {
 	if err := e.CommitBatchWith(ctx, []engine.Claim{c}, nil, []engine.Write{{Key: []byte("offset"), Value: []byte("mine")}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := engine.Import(ctx, fs, "exp", "dst", 0); !errors.Is(err, engine.ErrLocked) {
+	if _, err := engine.Import(ctx, "exp", &o, 0); !errors.Is(err, engine.ErrLocked) {
 		t.Fatalf("import into an open directory: %v, want ErrLocked", err)
 	}
 	if err := e.Close(); err != nil {
@@ -142,7 +145,7 @@ func TestImportRefusals(t *testing.T) {
 			}
 			copyDir(t, fs, "pristine", "exp")
 			tc.damage()
-			_, err := engine.Import(ctx, fs, "exp", "dst", tc.newer)
+			_, err := engine.Import(ctx, "exp", &o, tc.newer)
 			if !errors.Is(err, tc.want) || !strings.Contains(fmt.Sprint(err), tc.wantText) {
 				t.Fatalf("Import: %v, want %v naming %q", err, tc.want, tc.wantText)
 			}
@@ -168,14 +171,14 @@ func TestImportRefusals(t *testing.T) {
 func TestInterruptedImportIsFinished(t *testing.T) {
 	ctx := context.Background()
 	fs, _, o, keys := exported(t)
-	if _, err := engine.Import(ctx, fs, "exp", "dst", 0); err != nil {
+	o.Dir = "dst"
+	if _, err := engine.Import(ctx, "exp", &o, 0); err != nil {
 		t.Fatal(err)
 	}
 	// Between the renames: dst moved aside, the new copy not yet in place.
 	if err := fs.Rename("dst", "dst.import-old"); err != nil {
 		t.Fatal(err)
 	}
-	o.Dir = "dst"
 	e := open(t, o)
 	if got := record(t, e, "offset"); got != "7" {
 		t.Fatalf("record %q: the interrupted import's old state was not put back", got)
@@ -212,7 +215,9 @@ func TestExportReplacesExport(t *testing.T) {
 	if info, err := engine.ReadExport(fs, "exp"); err != nil || info.Version != 8 {
 		t.Fatalf("ReadExport of an interrupted export: %+v %v", info, err)
 	}
-	if _, err := engine.Import(ctx, fs, "exp", "dst", 0); err != nil {
+	dst := o
+	dst.Dir = "dst"
+	if _, err := engine.Import(ctx, "exp", &dst, 0); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.Export(ctx, "", 1); !errors.Is(err, engine.ErrOptions) {
@@ -251,5 +256,128 @@ func copyDir(t *testing.T, fs vfs.FS, from, to string) {
 	}
 	for _, n := range exportFiles(t, fs, from) {
 		write(t, fs, to+"/"+n, read(t, fs, from+"/"+n))
+	}
+}
+
+// commitKeys claims and commits each key.
+func commitKeys(t *testing.T, e *engine.Engine, keys ...string) {
+	t.Helper()
+	ctx := context.Background()
+	for _, k := range keys {
+		c, err := e.Claim(ctx, []byte(k))
+		if err != nil || c.Outcome != engine.New {
+			t.Fatalf("claim %s: %v %v", k, c.Outcome, err)
+		}
+		if err := e.Commit(ctx, c); err != nil {
+			t.Fatalf("commit %s: %v", k, err)
+		}
+	}
+}
+
+// osExport writes an export of an engine holding "theirs" (version 5) to
+// base/exp on the operating system's file system, with options o.
+func osExport(t *testing.T, base string, o engine.Options) string {
+	t.Helper()
+	o.Dir = filepath.Join(base, "exporter")
+	e := open(t, o)
+	commitKeys(t, e, "theirs")
+	exp := filepath.Join(base, "exp")
+	if _, err := e.Export(context.Background(), exp, 5); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return exp
+}
+
+// TestImportRefusesOpenDirectoryAnySpelling: an engine of this process
+// holds a directory; Import into it is refused under its absolute path, a
+// relative one and a symbolic link (a file lock does not exclude its own
+// process), and the engine's commits stay.
+func TestImportRefusesOpenDirectoryAnySpelling(t *testing.T) {
+	ctx := context.Background()
+	base := t.TempDir()
+	exp := osExport(t, base, engine.Options{})
+	// The engine opens the directory through a symbolic link, so its own
+	// lock is taken under the link's path.
+	db := filepath.Join(base, "db")
+	if err := os.Mkdir(db, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(db, filepath.Join(base, "link")); err != nil {
+		t.Fatal(err)
+	}
+	e := open(t, engine.Options{Dir: filepath.Join(base, "link")})
+	defer e.Close()
+	commitKeys(t, e, "mine")
+	t.Chdir(base)
+	for _, dst := range []string{db, "db", "./x/../db", "link", filepath.Join(base, "link")} {
+		o := engine.Options{Dir: dst}
+		if _, err := engine.Import(ctx, exp, &o, 0); !errors.Is(err, engine.ErrLocked) {
+			t.Errorf("Import into the open directory as %q: %v, want ErrLocked", dst, err)
+		}
+	}
+	if c, err := e.Claim(ctx, []byte("mine")); err != nil || c.Outcome != engine.Duplicate {
+		t.Fatalf("the open engine's key after the refused imports: %v %v", c.Outcome, err)
+	}
+}
+
+// TestExportRefusesItsOwnDirectory: an export into the engine's directory,
+// one of its ancestors or a directory inside it is refused, and the engine
+// keeps every key.
+func TestExportRefusesItsOwnDirectory(t *testing.T) {
+	ctx := context.Background()
+	base := t.TempDir()
+	db := filepath.Join(base, "p", "db")
+	e := open(t, engine.Options{Dir: db})
+	defer e.Close()
+	commitKeys(t, e, "mine")
+	for _, dir := range []string{db, filepath.Dir(db), base, filepath.Join(db, "sub"), db + "/../db"} {
+		if _, err := e.Export(ctx, dir, 1); !errors.Is(err, engine.ErrOptions) {
+			t.Errorf("Export to %s: %v, want ErrOptions", dir, err)
+		}
+	}
+	if _, err := e.Export(ctx, filepath.Join(base, "p", "exp"), 1); err != nil {
+		t.Fatalf("Export beside the directory: %v", err)
+	}
+	if c, err := e.Claim(ctx, []byte("mine")); err != nil || c.Outcome != engine.Duplicate {
+		t.Fatalf("the engine's key after the exports: %v %v", c.Outcome, err)
+	}
+}
+
+// TestImportRefusesAnotherLayout: an export of an engine with another
+// window or partition is refused before the destination is touched (Open
+// would refuse the copy, and the destination's own state would be gone).
+func TestImportRefusesAnotherLayout(t *testing.T) {
+	ctx := context.Background()
+	base := t.TempDir()
+	exp := osExport(t, base, engine.Options{Window: 4 * time.Hour, Partition: time.Hour})
+	o := engine.Options{Dir: filepath.Join(base, "dst")}
+	e := open(t, o)
+	commitKeys(t, e, "mine")
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := engine.Import(ctx, exp, &o, 0); !errors.Is(err, engine.ErrLayout) || !strings.Contains(err.Error(), "Window") {
+		t.Fatalf("Import of another layout: %v, want ErrLayout naming Window", err)
+	}
+	o.Window = 4 * time.Hour
+	if _, err := engine.Import(ctx, exp, &o, 0); !errors.Is(err, engine.ErrLayout) || !strings.Contains(err.Error(), "Partition") {
+		t.Fatalf("Import of another partition length: %v, want ErrLayout naming Partition", err)
+	}
+	o.Window = 0
+	e = open(t, o)
+	defer e.Close()
+	if c, err := e.Claim(ctx, []byte("mine")); err != nil || c.Outcome != engine.Duplicate {
+		t.Fatalf("the destination's key after the refused imports: %v %v", c.Outcome, err)
+	}
+	file := filepath.Join(base, "file")
+	if err := os.WriteFile(file, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fo := engine.Options{Dir: file}
+	if _, err := engine.Import(ctx, exp, &fo, 0); !errors.Is(err, engine.ErrOptions) {
+		t.Fatalf("Import over a file: %v, want ErrOptions", err)
 	}
 }

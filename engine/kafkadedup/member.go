@@ -261,9 +261,11 @@ func (m *Member) open(ctx context.Context, t tp) (*partition, error) {
 	if err := p.e.Close(); err != nil {
 		return nil, err
 	}
-	_, err = engine.Import(ctx, nil, m.exportDir(t), m.dir(t), uint64(max(p.next.Load(), 0)))
+	o := m.o.Engine
+	o.Dir = m.dir(t)
+	_, err = engine.Import(ctx, m.exportDir(t), &o, uint64(max(p.next.Load(), 0)))
 	switch {
-	case errors.Is(err, engine.ErrExport), errors.Is(err, engine.ErrStaleExport):
+	case errors.Is(err, engine.ErrExport), errors.Is(err, engine.ErrStaleExport), errors.Is(err, engine.ErrLayout):
 		// Refused on its merits: the directory's own state stands.
 		m.log.Printf("kafkadedup: %s/%d: import refused, keeping the directory's state: %v", t.topic, t.part, err)
 	case err != nil:

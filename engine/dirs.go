@@ -1,0 +1,115 @@
+package engine
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// openDirs is this process's open engine directories on the operating
+// system's file system, by file identity (device and inode, through
+// os.SameFile), so that another spelling of a path (relative, through a
+// symbolic link or a bind mount) names the same directory. Import refuses
+// them: a file lock does not exclude its own process.
+var openDirs struct {
+	sync.Mutex
+	m map[*Engine]os.FileInfo // protected by the mutex
+}
+
+// holdDir records e's directory as open (the operating system's file
+// system only; an in-memory one locks within the process itself).
+func (e *Engine) holdDir(fs vfs.FS, dir string) {
+	if fs != vfs.Default {
+		return
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return
+	}
+	openDirs.Lock()
+	defer openDirs.Unlock()
+	if openDirs.m == nil {
+		openDirs.m = map[*Engine]os.FileInfo{}
+	}
+	openDirs.m[e] = fi
+}
+
+func (e *Engine) releaseDir() {
+	openDirs.Lock()
+	defer openDirs.Unlock()
+	delete(openDirs.m, e)
+}
+
+// heldOpen reports whether an engine of this process holds dir.
+func heldOpen(fs vfs.FS, dir string) bool {
+	if fs != vfs.Default {
+		return false
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return false
+	}
+	openDirs.Lock()
+	defer openDirs.Unlock()
+	for _, o := range openDirs.m {
+		if os.SameFile(fi, o) {
+			return true
+		}
+	}
+	return false
+}
+
+// canonical returns path cleaned and, on the operating system's file
+// system, absolute with its symbolic links resolved where it exists: the
+// one spelling under which a directory is renamed and replaced.
+func canonical(fs vfs.FS, path string) string {
+	if fs != vfs.Default {
+		return filepath.Clean(path)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return filepath.Clean(path)
+	}
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		return real
+	}
+	return abs
+}
+
+// overlap reports whether the directories a and b are the same, or one
+// holds the other: by file identity along their existing ancestors on the
+// operating system's file system, by cleaned path on another.
+func overlap(fs vfs.FS, a, b string) bool {
+	if fs != vfs.Default {
+		a, b = filepath.Clean(a), filepath.Clean(b)
+		sep := string(filepath.Separator)
+		return a == b || strings.HasPrefix(a, b+sep) || strings.HasPrefix(b, a+sep) || a == "." || b == "."
+	}
+	return inside(a, b) || inside(b, a)
+}
+
+// inside reports whether path a is the directory b or lies inside it, by
+// file identity along a's existing ancestors (b must exist; a need not).
+func inside(a, b string) bool {
+	target, err := os.Stat(b)
+	if err != nil {
+		return false
+	}
+	p, err := filepath.Abs(a)
+	if err != nil {
+		return false
+	}
+	for {
+		if fi, err := os.Stat(p); err == nil && os.SameFile(fi, target) {
+			return true
+		}
+		parent := filepath.Dir(p)
+		if parent == p {
+			return false
+		}
+		p = parent
+	}
+}
