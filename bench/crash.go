@@ -143,7 +143,7 @@ func CrashRun(ctx context.Context, c CrashConfig, s Strategy, child func(args ..
 	ledger := filepath.Join(dir, "dedup")
 	if c.Kafka != nil {
 		args = append(args, c.Kafka.args(s)...)
-		ledger = filepath.Join(ledger, c.Kafka.Topic+".0") // kafkadedup's directory of partition 0
+		ledger = filepath.Join(ledger, crashGroup(s), c.Kafka.Topic+".0") // kafkadedup's directory of partition 0
 	}
 	for _, k := range c.kills() {
 		phase := "before"

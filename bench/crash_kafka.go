@@ -66,8 +66,11 @@ func (k KafkaCrash) produce(ctx context.Context, messages int) error {
 // args are the child's arguments naming the cluster; group is one per
 // strategy.
 func (k KafkaCrash) args(s Strategy) []string {
-	return []string{"-brokers", strings.Join(k.Brokers, ","), "-topic", k.Topic, "-group", "crash-" + strconv.Itoa(strategyIndex(s))}
+	return []string{"-brokers", strings.Join(k.Brokers, ","), "-topic", k.Topic, "-group", crashGroup(s)}
 }
+
+// crashGroup is the consumer group of strategy s's consumers.
+func crashGroup(s Strategy) string { return "crash-" + strconv.Itoa(strategyIndex(s)) }
 
 // crashQuiet discards the logs of the Kafka consumers.
 var crashQuiet = log.New(io.Discard, "", 0)
@@ -98,12 +101,12 @@ func CrashChildKafka(ctx context.Context, strategy Strategy, dir string, k Kafka
 		}
 	}
 	common := []kgo.Opt{
-		kgo.SeedBrokers(k.Brokers...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(k.Topic),
+		kgo.SeedBrokers(k.Brokers...), kgo.ConsumeTopics(k.Topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(20 * time.Millisecond),
 		kgo.SessionTimeout(500 * time.Millisecond), kgo.HeartbeatInterval(100 * time.Millisecond),
 	}
 	if strategy == WithLedger {
-		return crashLedgerKafka(ctx, dir, k, common, messages, every, killAt, afterEffect, wait)
+		return crashLedgerKafka(ctx, dir, k, group, common, messages, every, killAt, afterEffect, wait)
 	}
 	var e *engine.Engine
 	if strategy == WithEngine {
@@ -112,7 +115,7 @@ func CrashChildKafka(ctx context.Context, strategy Strategy, dir string, k Kafka
 		}
 		defer e.Close()
 	}
-	cl, err := kgo.NewClient(append(common, kgo.DisableAutoCommit())...)
+	cl, err := kgo.NewClient(append(common, kgo.ConsumerGroup(group), kgo.DisableAutoCommit())...)
 	if err != nil {
 		return err
 	}
@@ -204,9 +207,10 @@ func CrashChildKafka(ctx context.Context, strategy Strategy, dir string, k Kafka
 // crashLedgerKafka is WithLedger's consumer: kafkadedup, each record's
 // effect a record written with its mark and the partition's offset. A kill
 // after the effect lands inside that write, at its first file sync.
-func crashLedgerKafka(ctx context.Context, dir string, k KafkaCrash, common []kgo.Opt, messages, every, killAt int, afterEffect bool, wait func(int, string) error) error {
+func crashLedgerKafka(ctx context.Context, dir string, k KafkaCrash, group string, common []kgo.Opt, messages, every, killAt int, afterEffect bool, wait func(int, string) error) error {
 	hook := &syncHook{FS: vfs.Default}
 	member, err := kafkadedup.New(&kafkadedup.Options{
+		Group:  group,
 		Dir:    filepath.Join(dir, "dedup"),
 		Engine: engine.Options{FS: hook, ExpectedKeys: 10_000, Logger: crashQuiet},
 		Logger: crashQuiet,

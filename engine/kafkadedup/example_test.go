@@ -32,6 +32,7 @@ func Example() {
 	}
 	defer os.RemoveAll(dir)
 	member, err := kafkadedup.New(&kafkadedup.Options{
+		Group:  "billing",
 		Dir:    dir, // one engine directory per partition; Exports: a shared directory for handoffs
 		Engine: engine.Options{MaxAttempts: 5},
 		Reject: func(_ context.Context, r *kgo.Record, why error) { log.Printf("dead-letter %s: %v", r.Key, why) },
@@ -41,7 +42,7 @@ func Example() {
 	}
 	defer member.Close()
 	cl, err := kgo.NewClient(append(member.Opts(),
-		kgo.SeedBrokers(brokers...), kgo.ConsumerGroup("billing"), kgo.ConsumeTopics("orders"),
+		kgo.SeedBrokers(brokers...), kgo.ConsumeTopics("orders"),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))...)
 	if err != nil {
 		log.Fatal(err)

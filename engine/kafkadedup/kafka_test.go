@@ -73,7 +73,8 @@ func child(specJSON string) int {
 		mu.Unlock()
 	}
 	m, err := kafkadedup.New(&kafkadedup.Options{
-		Dir: spec.Dir, Exports: spec.Exports,
+		Group: spec.Group,
+		Dir:   spec.Dir, Exports: spec.Exports,
 		Engine:   engine.Options{ExpectedKeys: 100_000, MaxAttempts: 5, Logger: quiet},
 		OpenWait: time.Minute,
 		Logger:   log.New(writerFunc(func(p []byte) { say("L %s", strings.TrimSpace(string(p))) }), "", 0),
@@ -83,7 +84,7 @@ func child(specJSON string) int {
 		return 1
 	}
 	cl, err := kgo.NewClient(append(m.Opts(),
-		kgo.SeedBrokers(spec.Brokers...), kgo.ConsumerGroup(spec.Group), kgo.ConsumeTopics(spec.Topic),
+		kgo.SeedBrokers(spec.Brokers...), kgo.ConsumeTopics(spec.Topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.SessionTimeout(time.Second), kgo.HeartbeatInterval(100*time.Millisecond),
 		kgo.RebalanceTimeout(10*time.Second), kgo.FetchMaxWait(50*time.Millisecond),
@@ -409,7 +410,7 @@ func (r *run) checkExactlyOnce(effects map[string]int) (repeated int) {
 func partitionDirs(root, topic string, parts int32) []string {
 	var dirs []string
 	for p := range parts {
-		dirs = append(dirs, filepath.Join(root, topic+"."+strconv.Itoa(int(p))))
+		dirs = append(dirs, filepath.Join(root, "orders-consumers", topic+"."+strconv.Itoa(int(p))))
 	}
 	return dirs
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -43,14 +44,18 @@ type Handler func(ctx context.Context, r *kgo.Record) ([]engine.Write, error)
 
 // Options configure a Member. The zero value of each field is its default.
 type Options struct {
+	// Group is the consumer group; required. Opts sets it on the client,
+	// and it names the directories and the stored offsets, so members of
+	// two groups never take each other's state for their own.
+	Group string
 	// Dir holds one engine directory per assigned partition,
-	// Dir/<topic>.<partition>; required. Members that share it hand
-	// partitions over without a copy.
+	// Dir/<group>/<topic>.<partition>; required. Members that share it
+	// hand partitions over without a copy.
 	Dir string
 	// Exports, if not empty, is a directory every member can read and
 	// write: on revocation a member exports each partition's state to
-	// Exports/<topic>.<partition>, on assignment it imports that export
-	// when it is newer than its own directory's state.
+	// Exports/<group>/<topic>.<partition>, on assignment it imports that
+	// export when it is newer than its own directory's state.
 	Exports string
 	// Engine is the template of every partition's engine; Dir is set per
 	// partition, Tiers must be Default (the offset is written with the
@@ -67,8 +72,10 @@ type Options struct {
 	// Reject is called with each record that is skipped rather than
 	// handled, and why (ErrPoison, ErrConflict, or an error matching
 	// engine.ErrEmptyKey or engine.ErrKeyTooLong); dead-letter it there.
-	// Its offset is committed with the batch. nil: skipped (counted in
-	// Stats.Rejected).
+	// Its offset is committed with the batch, after Reject returned: a
+	// crash or a failed commit between the two calls Reject again for the
+	// same record (dead-lettering is at least once). nil: skipped (counted
+	// in Stats.Rejected).
 	Reject func(ctx context.Context, r *kgo.Record, why error)
 	// CommitToGroup also commits each partition's stored offset to the
 	// consumer group after it is durable (with kgo.AutoCommitMarks), for
@@ -116,7 +123,12 @@ type partition struct {
 	// next is the offset stored with the marks, -1 for none: written by
 	// Process, read by assignment and Offset beside it.
 	next atomic.Int64
-	key  []byte
+	// stopped is the offset a batch stopped at (a handler error, a key in
+	// flight, a failed commit), -1 for none: the partition's records are
+	// ignored until a batch starts there again, so records the caller
+	// already holds from beyond the stop are never committed past it.
+	stopped atomic.Int64
+	key     []byte
 }
 
 // maxOpenWait bounds Options.OpenWait.
@@ -128,6 +140,9 @@ func New(opts *Options) (*Member, error) {
 	var errs []error
 	if o.Dir == "" {
 		errs = append(errs, fmt.Errorf("%w: Dir is empty", ErrOptions))
+	}
+	if o.Group == "" || o.Group == "." || o.Group == ".." {
+		errs = append(errs, fmt.Errorf("%w: Group %q: want a consumer group's name", ErrOptions, o.Group))
 	}
 	if o.Engine.Tiers != engine.Default {
 		errs = append(errs, fmt.Errorf("%w: Engine.Tiers is %v, want Default (the offset is written with the marks)", ErrOptions, o.Engine.Tiers))
@@ -156,12 +171,16 @@ func New(opts *Options) (*Member, error) {
 	return m, nil
 }
 
-// Opts returns the group options the Member needs: rebalances only between
-// polls, partitions resumed at their stored offsets, flushed (and
-// exported) on revocation, and offsets committed to the group only as
-// Options.CommitToGroup says. Add them to the client's own options.
+// Opts returns the group options the Member needs: the group, rebalances
+// only between polls, partitions resumed at their stored offsets, flushed
+// (and exported) on revocation, and offsets committed to the group only as
+// Options.CommitToGroup says. Add them to the client's own options. With
+// rebalances only between polls, every poll must be followed by
+// cl.AllowRebalance() (Run does it), even one abandoned: a rebalance, and
+// closing the client, wait for it.
 func (m *Member) Opts() []kgo.Opt {
 	opts := []kgo.Opt{
+		kgo.ConsumerGroup(m.o.Group),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.AdjustFetchOffsetsFn(m.assign),
 		kgo.OnPartitionsRevoked(m.revoke(true)),
@@ -173,20 +192,21 @@ func (m *Member) Opts() []kgo.Opt {
 	return append(opts, kgo.DisableAutoCommit())
 }
 
-// offsetKey is the record that holds a partition's next offset.
-func offsetKey(topic string, part int32) []byte {
-	return []byte("kafkadedup/offset/" + topic + "/" + strconv.FormatInt(int64(part), 10))
+// offsetKey is the record that holds a partition's next offset for group.
+func offsetKey(group, topic string, part int32) []byte {
+	return []byte(offsetPrefix + url.PathEscape(group) + "/" + topic + "/" + strconv.FormatInt(int64(part), 10))
 }
 
 const offsetPrefix = "kafkadedup/offset/"
 
-func (m *Member) dir(t tp) string {
-	return filepath.Join(m.o.Dir, t.topic+"."+strconv.FormatInt(int64(t.part), 10))
+// partDir is partition t's directory under root: root/<group>/<topic>.<partition>,
+// the group escaped (a topic name has no separator).
+func (m *Member) partDir(root string, t tp) string {
+	return filepath.Join(root, url.PathEscape(m.o.Group), url.PathEscape(t.topic)+"."+strconv.FormatInt(int64(t.part), 10))
 }
 
-func (m *Member) exportDir(t tp) string {
-	return filepath.Join(m.o.Exports, t.topic+"."+strconv.FormatInt(int64(t.part), 10))
-}
+func (m *Member) dir(t tp) string       { return m.partDir(m.o.Dir, t) }
+func (m *Member) exportDir(t tp) string { return m.partDir(m.o.Exports, t) }
 
 // assign opens (importing first where an export is newer) the engine of
 // every newly assigned partition and resumes each at its stored offset.
@@ -284,14 +304,15 @@ func (m *Member) open(ctx context.Context, t tp) (*partition, error) {
 func (m *Member) openDir(ctx context.Context, t tp) (*partition, error) {
 	o := m.o.Engine
 	o.Dir = m.dir(t)
-	if err := os.MkdirAll(m.o.Dir, 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(o.Dir), 0o755); err != nil {
 		return nil, err
 	}
 	deadline := time.Now().Add(m.o.OpenWait)
 	for {
 		e, err := engine.Open(&o)
 		if err == nil {
-			p := &partition{e: e, key: offsetKey(t.topic, t.part)}
+			p := &partition{e: e, key: offsetKey(m.o.Group, t.topic, t.part)}
+			p.stopped.Store(-1)
 			next, err := readOffset(e, p.key)
 			if err != nil {
 				_ = e.Close()

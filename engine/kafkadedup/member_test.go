@@ -3,6 +3,7 @@ package kafkadedup_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log"
 	"path/filepath"
 	"slices"
@@ -27,6 +28,7 @@ func consumeUntil(t *testing.T, m *kafkadedup.Member, cl *kgo.Client, want int64
 	for {
 		fetches := cl.PollFetches(ctx)
 		if ctx.Err() != nil {
+			cl.AllowRebalance() // or closing the client waits for it forever
 			t.Fatalf("offset %d not reached", want)
 		}
 		_ = m.Process(ctx, cl, fetches, h)
@@ -44,7 +46,7 @@ func member(t *testing.T, o kafkadedup.Options, brokers []string) (*kafkadedup.M
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := kgo.NewClient(append(m.Opts(), kgo.SeedBrokers(brokers...), kgo.ConsumerGroup("g"),
+	cl, err := kgo.NewClient(append(m.Opts(), kgo.SeedBrokers(brokers...),
 		kgo.ConsumeTopics("orders"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50*time.Millisecond))...)
 	if err != nil {
 		t.Fatal(err)
@@ -69,6 +71,7 @@ func TestFailingHandler(t *testing.T) {
 
 	var rejected []string
 	o := kafkadedup.Options{
+		Group:  "g",
 		Dir:    t.TempDir(),
 		Engine: engine.Options{MaxAttempts: 3},
 		Reject: func(_ context.Context, r *kgo.Record, why error) {
@@ -133,7 +136,7 @@ func TestFailingHandler(t *testing.T) {
 // offset is refused at assignment rather than trusted.
 func TestForeignDirectory(t *testing.T) {
 	dir := t.TempDir()
-	e, err := engine.Open(&engine.Options{Dir: filepath.Join(dir, "orders.0"), Logger: quiet})
+	e, err := engine.Open(&engine.Options{Dir: filepath.Join(dir, "g", "orders.0"), Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,12 +150,12 @@ func TestForeignDirectory(t *testing.T) {
 	}
 	defer cluster.Close()
 	logged := &syncBuffer{}
-	m, err := kafkadedup.New(&kafkadedup.Options{Dir: dir, Logger: log.New(logged, "", 0)})
+	m, err := kafkadedup.New(&kafkadedup.Options{Group: "g", Dir: dir, Logger: log.New(logged, "", 0)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	cl, err := kgo.NewClient(append(m.Opts(), kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumerGroup("g"), kgo.ConsumeTopics("orders"))...)
+	cl, err := kgo.NewClient(append(m.Opts(), kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumeTopics("orders"))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,9 +196,12 @@ func (s *syncBuffer) String() string {
 func TestOptions(t *testing.T) {
 	for _, o := range []kafkadedup.Options{
 		{},
-		{Dir: "x", Engine: engine.Options{Tiers: engine.Redis}},
-		{Dir: "x", OpenWait: -time.Second},
-		{Dir: "x", Engine: engine.Options{Window: -time.Hour}},
+		{Group: "g"},
+		{Dir: "x"},
+		{Group: "..", Dir: "x"},
+		{Group: "g", Dir: "x", Engine: engine.Options{Tiers: engine.Redis}},
+		{Group: "g", Dir: "x", OpenWait: -time.Second},
+		{Group: "g", Dir: "x", Engine: engine.Options{Window: -time.Hour}},
 	} {
 		if _, err := kafkadedup.New(&o); err == nil {
 			t.Errorf("New(%+v) accepted", o)
@@ -203,5 +209,107 @@ func TestOptions(t *testing.T) {
 	}
 	if _, err := kafkadedup.New(&kafkadedup.Options{}); !errors.Is(err, kafkadedup.ErrOptions) {
 		t.Errorf("empty Dir: %v, want ErrOptions", err)
+	}
+}
+
+// offsetLedger is a handler that writes one record per handled Kafka
+// record, keyed by its offset, counts its calls, and fails where told.
+type offsetLedger struct {
+	mu      sync.Mutex
+	calls   map[int64]int
+	failing map[int64]int // offset -> times to fail
+}
+
+func newOffsetLedger() *offsetLedger {
+	return &offsetLedger{calls: map[int64]int{}, failing: map[int64]int{}}
+}
+
+func (l *offsetLedger) handle(_ context.Context, r *kgo.Record) ([]engine.Write, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.calls[r.Offset]++
+	if l.failing[r.Offset] > 0 {
+		l.failing[r.Offset]--
+		return nil, fmt.Errorf("offset %d fails", r.Offset)
+	}
+	return []engine.Write{{Key: fmt.Appendf(nil, "ledger/%d", r.Offset), Value: r.Value}}, nil
+}
+
+// TestStopHoldsLaterRecords: Process gets one partition's records in two
+// entries (as a caller that merges polls would pass them) and the handler
+// fails at offset 1: the partition stops there, and the later entry does
+// not commit past it; the records from offset 1 on are handled after.
+func TestStopHoldsLaterRecords(t *testing.T) {
+	cluster, err := kfake.NewCluster(kfake.SeedTopics(1, "orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Close()
+	brokers := cluster.ListenAddrs()
+	produce(brokers, "a", "b", "c", "d", "e", "f")
+	m, cl := member(t, kafkadedup.Options{Group: "g", Dir: t.TempDir(), Engine: engine.Options{MaxAttempts: 5}}, brokers)
+	defer m.Close()
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var recs []*kgo.Record
+	for len(recs) < 6 {
+		f := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatal("records not fetched")
+		}
+		recs = append(recs, f.Records()...)
+	}
+	split := kgo.Fetches{{Topics: []kgo.FetchTopic{{Topic: "orders", Partitions: []kgo.FetchPartition{
+		{Partition: 0, Records: recs[:3]},
+		{Partition: 0, Records: recs[3:]},
+	}}}}}
+	l := newOffsetLedger()
+	l.failing[1] = 1
+	_ = m.Process(ctx, cl, split, l.handle)
+	cl.AllowRebalance()
+	if next, _ := m.Offset("orders", 0); next != 1 {
+		t.Fatalf("the handler failed at offset 1, the stored offset is %d (calls %v)", next, l.calls)
+	}
+	consumeUntil(t, m, cl, 6, l.handle)
+	for off := range int64(6) {
+		if want := map[bool]int{true: 2, false: 1}[off == 1]; l.calls[off] != want {
+			t.Errorf("offset %d handled %d times, want %d (calls %v)", off, l.calls[off], want, l.calls)
+		}
+	}
+}
+
+// TestGroupsKeepTheirOwnState: two consumer groups sharing Dir and
+// Exports each handle every record: neither imports nor opens the other's
+// state.
+func TestGroupsKeepTheirOwnState(t *testing.T) {
+	cluster, err := kfake.NewCluster(kfake.SeedTopics(1, "orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Close()
+	brokers := cluster.ListenAddrs()
+	dir, exports := t.TempDir(), t.TempDir()
+	produce(brokers, "a", "b", "c")
+	l1 := newOffsetLedger()
+	m1, cl1 := member(t, kafkadedup.Options{Group: "g1", Dir: dir, Exports: exports}, brokers)
+	consumeUntil(t, m1, cl1, 3, l1.handle)
+	cl1.Close() // revocation exports g1's state at offset 3
+	if err := m1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if m1.Stats().Exports != 1 {
+		t.Fatalf("g1 made %d exports, want 1", m1.Stats().Exports)
+	}
+	produce(brokers, "d")
+	l2 := newOffsetLedger()
+	m2, cl2 := member(t, kafkadedup.Options{Group: "g2", Dir: dir, Exports: exports}, brokers)
+	defer m2.Close()
+	defer cl2.Close()
+	consumeUntil(t, m2, cl2, 4, l2.handle)
+	for off := range int64(4) {
+		if l2.calls[off] != 1 {
+			t.Errorf("group g2 handled offset %d %d times, want 1 (imports %d)", off, l2.calls[off], m2.Stats().Imports)
+		}
 	}
 }

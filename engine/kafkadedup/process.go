@@ -80,6 +80,12 @@ func (m *Member) batch(ctx context.Context, cl *kgo.Client, t tp, p *partition, 
 	if len(recs) == 0 {
 		return nil
 	}
+	if at := p.stopped.Load(); at >= 0 {
+		if recs[0].Offset > at {
+			return nil // from beyond the stop: the client fetches again from it
+		}
+		p.stopped.Store(-1)
+	}
 	// Where the partition resumes if this batch does not commit.
 	resume := stored
 	if resume < 0 {
@@ -114,7 +120,7 @@ func (m *Member) batch(ctx context.Context, cl *kgo.Client, t tp, p *partition, 
 		vdigests = digests[:len(valid)]
 	}
 	if err := p.e.ClaimBatch(ctx, valid, vdigests, vclaims); err != nil {
-		rewind(cl, t, resume)
+		p.stopAt(cl, t, resume)
 		return err
 	}
 	claims := make([]engine.Claim, len(recs))
@@ -175,7 +181,7 @@ records:
 		// Nothing of the batch is durable: handle it again from the
 		// stored offset.
 		_ = p.e.UnclaimBatch(ctx, claims[:stop], nil)
-		rewind(cl, t, resume)
+		p.stopAt(cl, t, resume)
 		return errors.Join(herr, err)
 	}
 	for i := range stop {
@@ -185,7 +191,7 @@ records:
 	}
 	p.next.Store(next)
 	if stop < len(recs) {
-		rewind(cl, t, next)
+		p.stopAt(cl, t, next)
 	}
 	if m.o.CommitToGroup {
 		cl.MarkCommitOffsets(map[string]map[int32]kgo.EpochOffset{t.topic: {t.part: {Epoch: -1, Offset: next}}})
@@ -193,8 +199,10 @@ records:
 	return herr
 }
 
-// rewind sets the client to fetch partition t again from offset at.
-func rewind(cl *kgo.Client, t tp, at int64) {
+// stopAt stops partition t at offset at: its records are ignored until a
+// batch starts there again, and the client is set to fetch from it.
+func (p *partition) stopAt(cl *kgo.Client, t tp, at int64) {
+	p.stopped.Store(at)
 	cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{t.topic: {t.part: {Epoch: -1, Offset: at}}})
 }
 

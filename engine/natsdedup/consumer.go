@@ -224,6 +224,19 @@ func (c *Consumer) run(ctx context.Context, msg jetstream.Msg, cl *engine.Claim,
 			c.stats.extends.Add(1)
 		}
 	}()
+	defer func() {
+		if r := recover(); r != nil {
+			// A panicking handler: the heartbeat has stopped (below);
+			// its claim is released and its message redelivered at once,
+			// not held until the lease ends, then the panic goes on.
+			<-beat
+			if err := c.e.Release(context.WithoutCancel(ctx), *cl); err != nil {
+				c.log.Printf("natsdedup: release after a panic: %v", err)
+			}
+			c.retry(msg)
+			panic(r)
+		}
+	}()
 	writes, err := func() ([]engine.Write, error) {
 		defer close(stop) // a panicking handler stops the heartbeat too
 		return h(hctx, msg)

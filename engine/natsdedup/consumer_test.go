@@ -7,6 +7,7 @@ import (
 	"log"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -203,5 +204,60 @@ func TestOutcomes(t *testing.T) {
 	s := c.Stats()
 	if s.Extends < 2 || s.InFlight < 1 || s.Duplicates < 2 || s.New != 3 {
 		t.Errorf("stats %+v: want ≥ 2 extends, ≥ 1 in flight, ≥ 2 duplicates (a, held), 3 new (a, slow, x)", s)
+	}
+}
+
+// TestPanickingHandler: a handler that panics (recovered by the caller)
+// has its claim released and its message redelivered at once: the next
+// delivery handles it, within an ack wait, and no heartbeat outlives the
+// handler.
+func TestPanickingHandler(t *testing.T) {
+	srv := startNATS(t)
+	const ackWait = 2 * time.Second
+	_, js, cons := stream(t, srv.URL, ackWait)
+	e, err := engine.Open(&engine.Options{Dir: t.TempDir(), Lease: ackWait, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	c, err := natsdedup.New(e, &natsdedup.Options{AckWait: ackWait, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var calls atomic.Int32
+	handled := make(chan struct{}, 1)
+	panicked := make(chan any, 1)
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		defer func() {
+			if r := recover(); r != nil {
+				panicked <- r
+			}
+		}()
+		c.Handle(ctx, m, func(context.Context, jetstream.Msg) ([]engine.Write, error) {
+			if calls.Add(1) == 1 {
+				panic("handler bug")
+			}
+			handled <- struct{}{}
+			return nil, nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Stop()
+	start := time.Now()
+	publish(t, js, "p", "p")
+	if r := <-panicked; r != "handler bug" {
+		t.Fatalf("the panic that reached the caller: %v", r)
+	}
+	select {
+	case <-handled:
+	case <-time.After(ackWait):
+		t.Fatalf("after a panic the message was not handled again within an ack wait (%d calls, stats %+v)", calls.Load(), c.Stats())
+	}
+	waitAcked(t, cons, 10*time.Second)
+	if s := c.Stats(); s.Extends != 0 {
+		t.Fatalf("%d lease extensions after %v: a heartbeat outlived its handler", s.Extends, time.Since(start))
 	}
 }
