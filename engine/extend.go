@@ -18,7 +18,11 @@ import (
 //
 // With a shared tier (Redis, PostgreSQL) the lease is extended there too,
 // in one round trip, fenced by the claim's owner token; a failure to reach
-// it is ErrUnavailable, and the claim keeps at least its earlier lease.
+// it is ErrUnavailable, and the claim keeps at least its earlier lease. The
+// lease in this process's memory is extended first: when the shared tier
+// answers that the claim was lost there (ErrLeaseLost), the key stays
+// InFlight for this process until that extended lease ends, and the
+// claim's Commit fails there, fenced.
 // A lease is not durable: claims do not survive a restart of an embedded
 // store, whatever their lease.
 func (e *Engine) Extend(ctx context.Context, c *Claim, d time.Duration) error {

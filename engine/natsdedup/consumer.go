@@ -47,9 +47,9 @@ type Options struct {
 	// with another digest terminates the message with ErrConflict.
 	Digest func(jetstream.Msg) engine.Digest
 	// AckWait is the JetStream consumer's AckWait; default 30s (the
-	// server's). While a handler runs, every AckWait/2 the message gets
-	// InProgress and its claim an Extend by AckWait. Set the engine's
-	// Lease to at least AckWait.
+	// server's). While a handler runs, every AckWait/2 (or half the
+	// claim's lease, if shorter) the message gets InProgress and its claim
+	// an Extend by AckWait.
 	AckWait time.Duration
 	// InFlightDelay is how long a message whose key another worker holds
 	// waits before its redelivery (NakWithDelay); default 1s.
@@ -200,7 +200,13 @@ func (c *Consumer) run(ctx context.Context, msg jetstream.Msg, cl *engine.Claim,
 	stop, beat := make(chan struct{}), make(chan error, 1)
 	go func() {
 		// The claim is this goroutine's until it returns.
-		t := time.NewTicker(c.o.AckWait / 2)
+		// Every half ack wait, or half the claim's lease if that is
+		// shorter: the claim never ends before a beat extends it.
+		every := c.o.AckWait / 2
+		if left := time.Until(time.Unix(0, cl.LeaseUntil)); left > 0 && left/2 < every {
+			every = left / 2
+		}
+		t := time.NewTicker(max(every, time.Millisecond))
 		defer t.Stop()
 		for {
 			select {
