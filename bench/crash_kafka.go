@@ -72,6 +72,9 @@ func (k KafkaCrash) args(s Strategy) []string {
 // crashGroup is the consumer group of strategy s's consumers.
 func crashGroup(s Strategy) string { return "crash-" + strconv.Itoa(strategyIndex(s)) }
 
+// crashChildTimeout bounds one Kafka consumer run of the crash experiment.
+const crashChildTimeout = 2 * time.Minute
+
 // crashQuiet discards the logs of the Kafka consumers.
 var crashQuiet = log.New(io.Discard, "", 0)
 
@@ -79,7 +82,17 @@ var crashQuiet = log.New(io.Discard, "", 0)
 // topic in group, in offset batches of every, committing the group's
 // offset per the strategy (WithLedger: through kafkadedup, the offset
 // stored with the marks), with the same kill points and effects.
-func CrashChildKafka(ctx context.Context, strategy Strategy, dir string, k KafkaCrash, group string, messages, every, killAt int, afterEffect bool) error {
+func CrashChildKafka(ctx context.Context, strategy Strategy, dir string, k KafkaCrash, group string, messages, every, killAt int, afterEffect bool) (err error) {
+	// A consumer that cannot make progress (a group that never settles)
+	// fails, saying where it was, instead of running forever.
+	ctx, cancel := context.WithTimeout(ctx, crashChildTimeout)
+	defer cancel()
+	var where string
+	defer func() {
+		if err != nil && ctx.Err() != nil {
+			err = fmt.Errorf("%s consumer gave up after %v at %s: %w", strategy, crashChildTimeout, where, err)
+		}
+	}()
 	effects, err := os.OpenFile(filepath.Join(dir, "effects"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
@@ -100,13 +113,17 @@ func CrashChildKafka(ctx context.Context, strategy Strategy, dir string, k Kafka
 			return fmt.Errorf("not killed at %d %s", m, phase)
 		}
 	}
+	// Short session and rebalance timeouts: each kill leaves a dead member
+	// that the group must drop before the restarted consumer gets the
+	// partition.
 	common := []kgo.Opt{
 		kgo.SeedBrokers(k.Brokers...), kgo.ConsumeTopics(k.Topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(20 * time.Millisecond),
-		kgo.SessionTimeout(500 * time.Millisecond), kgo.HeartbeatInterval(100 * time.Millisecond),
+		kgo.SessionTimeout(time.Second), kgo.HeartbeatInterval(100 * time.Millisecond),
+		kgo.RebalanceTimeout(3 * time.Second),
 	}
 	if strategy == WithLedger {
-		return crashLedgerKafka(ctx, dir, k, group, common, messages, every, killAt, afterEffect, wait)
+		return crashLedgerKafka(ctx, dir, k, group, common, messages, every, killAt, afterEffect, wait, &where)
 	}
 	var e *engine.Engine
 	if strategy == WithEngine {
@@ -141,6 +158,7 @@ func CrashChildKafka(ctx context.Context, strategy Strategy, dir string, k Kafka
 		// One offset batch: the records from the first one read (the
 		// group's committed offset, a batch boundary) to the batch's end.
 		for len(buf) == 0 || int(buf[len(buf)-1].Offset)+1 < min((int(buf[0].Offset)/every+1)*every, messages) {
+			where = fmt.Sprintf("%d records buffered, committed offsets %v", len(buf), cl.CommittedOffsets())
 			if len(buf) == 0 && committedAll(cl, k.Topic, messages) {
 				return nil // OffsetFirst committed past the messages it was killed in
 			}
@@ -207,7 +225,7 @@ func CrashChildKafka(ctx context.Context, strategy Strategy, dir string, k Kafka
 // crashLedgerKafka is WithLedger's consumer: kafkadedup, each record's
 // effect a record written with its mark and the partition's offset. A kill
 // after the effect lands inside that write, at its first file sync.
-func crashLedgerKafka(ctx context.Context, dir string, k KafkaCrash, group string, common []kgo.Opt, messages, every, killAt int, afterEffect bool, wait func(int, string) error) error {
+func crashLedgerKafka(ctx context.Context, dir string, k KafkaCrash, group string, common []kgo.Opt, messages, every, killAt int, afterEffect bool, wait func(int, string) error, where *string) error {
 	hook := &syncHook{FS: vfs.Default}
 	member, err := kafkadedup.New(&kafkadedup.Options{
 		Group:  group,
@@ -240,7 +258,8 @@ func crashLedgerKafka(ctx context.Context, dir string, k KafkaCrash, group strin
 		// Polls end at offset batch boundaries, as the other strategies'
 		// batches do: a kill inside one batch's commit then never covers
 		// the next kill point.
-		next, _ := member.Offset(k.Topic, 0)
+		next, held := member.Offset(k.Topic, 0)
+		*where = fmt.Sprintf("stored offset %d (held %v), stats %+v", next, held, member.Stats())
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		fetches := cl.PollRecords(pctx, every-int(next)%every)
 		cancel()

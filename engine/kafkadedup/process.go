@@ -25,6 +25,9 @@ import (
 func (m *Member) Process(ctx context.Context, cl *kgo.Client, fetches kgo.Fetches, h Handler) error {
 	var errs []error
 	for _, fe := range fetches.Errors() {
+		if errors.Is(fe.Err, context.Canceled) || errors.Is(fe.Err, context.DeadlineExceeded) {
+			continue // the poll's own context ended: nothing fetched
+		}
 		errs = append(errs, fmt.Errorf("kafkadedup: fetch %s/%d: %w", fe.Topic, fe.Partition, fe.Err))
 	}
 	fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
