@@ -6,6 +6,7 @@
 //	dedupbench compare [flags] the engine beside Redis SET NX and PostgreSQL
 //	dedupbench crash [flags]   the crash table, reproduced with real processes
 //	dedupbench recover [flags] reopening after a kill -9: time to warm filters
+//	dedupbench help [command]  every command and its flags, or one command's
 //
 // Every subcommand takes -json for machines; run and compare take -report
 // out.html for a self-contained page. It only binds flags: the work is in
@@ -15,6 +16,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -36,11 +38,68 @@ func main() {
 	}
 }
 
+// commands are the subcommands a user runs, in the order help lists them.
+var commands = []struct{ name, summary string }{
+	{"run", "the embedded default (or -tiers) on a realistic workload; the default command"},
+	{"plan", "size memory, Bloom filters and disk for a load, calibrated on this machine"},
+	{"compare", "the engine beside Redis SET NX and PostgreSQL, in batches and per message"},
+	{"crash", "the crash table with real processes and SIGKILL (-broker file, kafka or both)"},
+	{"recover", "reopening after a kill -9: time until the filters are warm, sealed or rebuilt"},
+}
+
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 {
+		switch args[0] {
+		case "help", "-h", "-help", "--help":
+			return help(ctx, args[1:], stdout)
+		}
+	}
 	cmd := "run"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cmd, args = args[0], args[1:]
 	}
+	err := dispatch(ctx, cmd, args, stdout, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil // CMD -h printed its flags
+	}
+	return err
+}
+
+// help prints every subcommand and its flags, or, given one, its flags.
+func help(ctx context.Context, args []string, stdout io.Writer) error {
+	if len(args) > 0 {
+		for _, c := range commands {
+			if c.name == args[0] {
+				fmt.Fprintf(stdout, "dedupbench %s: %s\n\n", c.name, c.summary)
+				return helpFlags(ctx, c.name, stdout)
+			}
+		}
+		return fmt.Errorf("help: unknown command %q (want run, plan, compare, crash or recover)", args[0])
+	}
+	fmt.Fprintln(stdout, "dedupbench measures tierdedup on this machine and turns the measurements into a capacity plan.")
+	fmt.Fprintln(stdout, "\nusage: dedupbench [command] [flags]    (dedupbench help command: one command's flags)")
+	fmt.Fprintln(stdout, "\ncommands:")
+	for _, c := range commands {
+		fmt.Fprintf(stdout, "  %-8s %s\n", c.name, c.summary)
+	}
+	for _, c := range commands {
+		fmt.Fprintf(stdout, "\n%s flags:\n", c.name)
+		if err := helpFlags(ctx, c.name, stdout); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// helpFlags prints command's flags to w, as its -h does.
+func helpFlags(ctx context.Context, command string, w io.Writer) error {
+	if err := dispatch(ctx, command, []string{"-h"}, w, w); !errors.Is(err, flag.ErrHelp) {
+		return fmt.Errorf("help %s: %v", command, err)
+	}
+	return nil
+}
+
+func dispatch(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) error {
 	switch cmd {
 	case "run":
 		return runCmd(ctx, args, stdout, stderr)

@@ -285,3 +285,34 @@ func TestRecover(t *testing.T) {
 		}
 	}
 }
+
+// TestHelp: --help, -h and help list every command with its flags and
+// succeed; help CMD and CMD -h print that command's flags and succeed; an
+// unknown command is an error.
+func TestHelp(t *testing.T) {
+	ctx := context.Background()
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}} {
+		var out, errOut bytes.Buffer
+		if err := run(ctx, args, &out, &errOut); err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		for _, want := range []string{"run", "plan", "compare", "crash", "recover", "-keys", "-ids-per-day", "-broker", "-report"} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("%v does not mention %q:\n%s", args, want, out.String())
+			}
+		}
+	}
+	for _, args := range [][]string{{"help", "crash"}, {"crash", "-h"}} {
+		var out, errOut bytes.Buffer
+		if err := run(ctx, args, &out, &errOut); err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		if got := out.String() + errOut.String(); !strings.Contains(got, "-broker") || !strings.Contains(got, "-kills") {
+			t.Errorf("%v does not list crash's flags:\n%s", args, got)
+		}
+	}
+	var out bytes.Buffer
+	if err := run(ctx, []string{"help", "nope"}, &out, &out); err == nil {
+		t.Error("help of an unknown command succeeded")
+	}
+}
