@@ -371,6 +371,9 @@ func (m *Member) revoke(export bool) func(context.Context, *kgo.Client, map[stri
 					continue
 				}
 				m.stats.revoked.Add(1)
+				if !export {
+					m.log.Printf("kafkadedup: %s/%d: lost (not exported: it may already be another member's)", t.topic, t.part)
+				}
 				m.release(ctx, t, p, export)
 			}
 		}
