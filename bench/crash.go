@@ -270,21 +270,8 @@ func CrashChild(ctx context.Context, strategy Strategy, dir string, messages, ev
 		return err
 	}
 	defer effects.Close()
-	effect := func(m int) error {
-		if _, err := fmt.Fprintf(effects, "%d\n", m); err != nil {
-			return err
-		}
-		return effects.Sync()
-	}
-	wait := func(m int, phase string) error {
-		fmt.Println("AT", m, phase)
-		select { // wait for the SIGKILL
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Minute):
-			return errors.New("not killed")
-		}
-	}
+	effect := func(m int) error { return appendEffect(effects, m) }
+	wait := func(m int, phase string) error { return waitKill(ctx, m, phase) }
 	var e *engine.Engine
 	// For WithLedger's kill inside its commit: the store's files stop at
 	// their first sync once armed, say so, and wait for the SIGKILL.
@@ -364,6 +351,26 @@ func CrashChild(ctx context.Context, strategy Strategy, dir string, messages, ev
 		offset = end
 	}
 	return nil
+}
+
+// appendEffect appends message m's effect to the effects file, synced.
+func appendEffect(effects *os.File, m int) error {
+	if _, err := fmt.Fprintf(effects, "%d\n", m); err != nil {
+		return err
+	}
+	return effects.Sync()
+}
+
+// waitKill says the consumer reached message m in phase and waits for the
+// SIGKILL that follows (an error if it does not come within a minute).
+func waitKill(ctx context.Context, m int, phase string) error {
+	fmt.Println("AT", m, phase)
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(time.Minute):
+		return fmt.Errorf("not killed at %d %s", m, phase)
+	}
 }
 
 func writeSynced(path, content string) error {

@@ -98,21 +98,8 @@ func CrashChildKafka(ctx context.Context, strategy Strategy, dir string, k Kafka
 		return err
 	}
 	defer effects.Close()
-	effect := func(m int) error {
-		if _, err := fmt.Fprintf(effects, "%d\n", m); err != nil {
-			return err
-		}
-		return effects.Sync()
-	}
-	wait := func(m int, phase string) error {
-		fmt.Println("AT", m, phase)
-		select { // wait for the SIGKILL
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Minute):
-			return fmt.Errorf("not killed at %d %s", m, phase)
-		}
-	}
+	effect := func(m int) error { return appendEffect(effects, m) }
+	wait := func(m int, phase string) error { return waitKill(ctx, m, phase) }
 	// Short session and rebalance timeouts: each kill leaves a dead member
 	// that the group must drop before the restarted consumer gets the
 	// partition.
