@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 
@@ -60,6 +61,7 @@ func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digest
 				out[i].Outcome = Conflict
 			}
 			out[i].digest = r.Digest
+			out[i].Result, out[i].CommittedAt = r.Result, r.At
 		case tier.Held:
 			out[i].Outcome = InFlight
 		case tier.Poisoned:
@@ -124,6 +126,7 @@ func repeatsFollow(res []memory.Result, out []Claim) {
 			switch out[first].Outcome {
 			case Duplicate, Conflict:
 				out[i].Outcome = Duplicate
+				out[i].Result, out[i].CommittedAt = bytes.Clone(out[first].Result), out[first].CommittedAt
 				if conflicts(out[i].digest, out[first].digest) {
 					out[i].Outcome = Conflict
 				}

@@ -35,6 +35,9 @@ func (e *Engine) single(ctx context.Context, c Claim, op func(context.Context, [
 // returns nil when every New claim committed; otherwise an error matching
 // ErrLeaseLost or ErrStorage, and errs says which.
 func (e *Engine) CommitBatch(ctx context.Context, claims []Claim, errs []error) error {
+	if err := e.checkResults(claims); err != nil {
+		return err
+	}
 	if e.queue != nil {
 		return e.queued(ctx, claims, errs, nil)
 	}
@@ -59,7 +62,28 @@ func (e *Engine) CommitBatchWith(ctx context.Context, claims []Claim, errs []err
 	if err := e.need(e.writer != nil, "CommitBatchWith", "a tier that writes with commits"); err != nil {
 		return err
 	}
+	if err := e.checkResults(claims); err != nil {
+		return err
+	}
 	return e.queued(ctx, claims, errs, writes)
+}
+
+// checkResults refuses a commit call before anything is written when a New
+// claim's Result is too long, or the tiers cannot store one.
+func (e *Engine) checkResults(claims []Claim) error {
+	for i := range claims {
+		c := &claims[i]
+		if c.Outcome != New || len(c.Result) == 0 {
+			continue
+		}
+		if len(c.Result) > e.maxResult {
+			return fmt.Errorf("%w: claim %d: %d bytes, max %d (Options.MaxResultSize)", ErrResultTooLarge, i, len(c.Result), e.maxResult)
+		}
+		if !e.results {
+			return fmt.Errorf("%w: a commit with a Result needs a tier that stores results (not %v)", ErrOptions, e.tiers)
+		}
+	}
+	return nil
 }
 
 // owned gathers the New claims of a batch into b.cand, b.cfps and b.ctokens.
@@ -249,6 +273,16 @@ type commitCall struct {
 func (e *Engine) durable(ctx context.Context, call commitCall, b *batch, k int, now int64) (fenced int, err error) {
 	claims, errs, writes, mark := call.claims, call.errs, call.writes, call.mark
 	cfps, ctokens, digests := b.cfps[:k], b.ctokens[:k], b.digests[:k]
+	var results [][]byte // nil unless a claim stores a result
+	for j := range k {
+		if r := claims[b.cand[j]].Result; len(r) > 0 {
+			if results == nil {
+				results = b.results[:k]
+				clear(results)
+			}
+			results[j] = r
+		}
+	}
 	ok := b.ok[:k]
 	for j := range ok {
 		ok[j] = true
@@ -279,6 +313,9 @@ func (e *Engine) durable(ctx context.Context, call commitCall, b *batch, k int, 
 		for j := range reqs {
 			c := &claims[b.cand[j]]
 			reqs[j] = tier.Request{NS: c.ns.name, Key: c.Key, Digest: c.digest}
+			if len(c.Result) > 0 {
+				reqs[j].Result, reqs[j].At = c.Result, now
+			}
 			if shared {
 				reqs[j].Token = e.ownerToken(c.rtoken)
 			}
@@ -317,7 +354,8 @@ func (e *Engine) durable(ctx context.Context, call commitCall, b *batch, k int, 
 			}
 		}
 	}
-	e.mem.Finish(cfps, ctokens, ok, now+e.cacheFor, digests)
+	e.mem.FinishResults(cfps, ctokens, ok, now+e.cacheFor, digests, results, now)
+	clear(results) // drop references to the caller's results
 	var committed uint64
 	for j := range ok {
 		if ok[j] {

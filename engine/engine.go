@@ -30,9 +30,13 @@ type Engine struct {
 	// or, when a shared tier's server clock expires them, half of it, so a
 	// process clock behind the server's by less than that cannot make memory
 	// outlive the tier's record.
-	cacheFor    int64
-	lease       int64
-	maxKey      int
+	cacheFor  int64
+	lease     int64
+	maxKey    int
+	maxResult int
+	// results: the tiers store a commit's result (memory-only, or an exact
+	// tier that keeps them); a commit with one is refused otherwise.
+	results     bool
 	maxAttempts int
 	parts       tier.Partitions
 	clock       Clock
@@ -120,6 +124,8 @@ func Open(opts *Options) (*Engine, error) {
 		cacheFor:    int64(window),
 		lease:       int64(o.Lease),
 		maxKey:      o.MaxKeySize,
+		maxResult:   o.MaxResultSize,
+		results:     o.Tiers == MemoryOnly,
 		maxAttempts: o.MaxAttempts,
 		parts:       parts,
 		clock:       o.Clock,
@@ -128,7 +134,7 @@ func Open(opts *Options) (*Engine, error) {
 	e.def = Namespace{e: e}
 	e.tokens.Store(uint64(time.Now().UnixNano()))
 
-	mopts := &memory.Options{Capacity: o.MemoryCapacity, Stripes: o.Stripes, MaxAttempts: o.MaxAttempts}
+	mopts := &memory.Options{Capacity: o.MemoryCapacity, Stripes: o.Stripes, MaxAttempts: o.MaxAttempts, Results: o.Tiers == MemoryOnly}
 	switch o.Tiers {
 	case BloomOnly:
 		mopts.Capacity, mopts.NoCommitted = 0, true
@@ -233,6 +239,9 @@ func Open(opts *Options) (*Engine, error) {
 		e.scanner, _ = base.(tier.Scanner)
 		e.latch, _ = base.(tier.Latching)
 		e.extender, _ = base.(tier.Extender)
+		if k, ok := base.(tier.ResultKeeper); ok {
+			e.results = k.KeepsResults()
+		}
 		if m, ok := base.(tier.Marker); ok {
 			e.marker = m
 			if wrapped {

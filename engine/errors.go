@@ -43,6 +43,9 @@ var (
 	// misjudge or lose acknowledged keys. The message names the field and
 	// both values. Nothing was changed.
 	ErrLayout = errors.New("tierdedup: store layout differs from options")
+	// ErrResultTooLarge reports a claim whose Result is longer than
+	// Options.MaxResultSize. Nothing of the call was written.
+	ErrResultTooLarge = errors.New("tierdedup: result too large")
 	// ErrBatch reports batch arguments of mismatched lengths.
 	ErrBatch = errors.New("tierdedup: mismatched batch arguments")
 	// ErrNoExport reports a directory that holds no export.

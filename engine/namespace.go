@@ -57,6 +57,12 @@ func (e *Engine) Do(ctx context.Context, key []byte, fn func(context.Context) er
 	return e.def.Do(ctx, key, fn)
 }
 
+// DoResult runs fn once for key in the default namespace and stores its
+// result; see Namespace.DoResult.
+func (e *Engine) DoResult(ctx context.Context, key []byte, fn func(context.Context) ([]byte, error)) (Outcome, []byte, error) {
+	return e.def.DoResult(ctx, key, fn)
+}
+
 // Claim asks whether key is new. New grants a claim leased for
 // Options.Lease: the caller must Commit it after processing or Release it
 // after a failure. Any other outcome grants nothing.
@@ -171,10 +177,27 @@ func giveBackContext(ctx context.Context) (context.Context, context.CancelFunc) 
 // outcome and fn's error or the engine's. Ack the message when the error is
 // nil and the outcome is New or Duplicate; leave InFlight for redelivery;
 // dead-letter Conflict and Poison.
-func (n *Namespace) Do(ctx context.Context, key []byte, fn func(context.Context) error) (o Outcome, err error) {
+func (n *Namespace) Do(ctx context.Context, key []byte, fn func(context.Context) error) (Outcome, error) {
+	o, _, err := n.do(ctx, key, fn, nil)
+	return o, err
+}
+
+// DoResult is Do for a handler with a result to give every duplicate: fn
+// runs once inside the window, its result (at most Options.MaxResultSize
+// bytes) is committed with the key, and a later call for the key returns
+// the stored result with Duplicate (or Conflict) instead of running fn, as
+// an API answers a retried request with its original response. On New it
+// returns fn's result. A result too long is ErrResultTooLarge, and the
+// claim is released, as for a failed fn.
+func (n *Namespace) DoResult(ctx context.Context, key []byte, fn func(context.Context) ([]byte, error)) (Outcome, []byte, error) {
+	return n.do(ctx, key, nil, fn)
+}
+
+// do is Do (fn) or DoResult (rfn).
+func (n *Namespace) do(ctx context.Context, key []byte, fn func(context.Context) error, rfn func(context.Context) ([]byte, error)) (o Outcome, result []byte, err error) {
 	c, err := n.Claim(ctx, key)
 	if err != nil || c.Outcome != New {
-		return c.Outcome, err
+		return c.Outcome, c.Result, err
 	}
 	committed := false
 	defer func() {
@@ -186,9 +209,17 @@ func (n *Namespace) Do(ctx context.Context, key []byte, fn func(context.Context)
 			}
 		}
 	}()
-	if err := fn(ctx); err != nil {
-		return New, err
+	if rfn != nil {
+		c.Result, err = rfn(ctx)
+		if err == nil {
+			err = n.e.checkResults([]Claim{c})
+		}
+	} else {
+		err = fn(ctx)
+	}
+	if err != nil {
+		return New, nil, err
 	}
 	committed = true
-	return New, n.e.Commit(ctx, c)
+	return New, c.Result, n.e.Commit(ctx, c)
 }

@@ -107,6 +107,11 @@ const (
 	MaxExpectedKeys = 1 << 32
 	// MaxCacheSize bounds CacheSize: 1 TiB.
 	MaxCacheSize = 1 << 40
+	// DefaultMaxResultSize is the default Options.MaxResultSize: room for a
+	// typical API response or a reference to a larger one.
+	DefaultMaxResultSize = 4 << 10
+	// MaxResultSize is the largest MaxResultSize accepted.
+	MaxResultSize = 64 << 10
 )
 
 // Options configure an Engine. The zero value of every field is a
@@ -173,6 +178,10 @@ type Options struct {
 	// MaxKeySize is the longest key accepted, in bytes, at most MaxKeySize.
 	// Zero means DefaultMaxKeySize.
 	MaxKeySize int
+	// MaxResultSize is the longest result a commit may store with its key
+	// (Claim.Result), in bytes, at most MaxResultSize; a longer one is
+	// refused with ErrResultTooLarge. Zero means DefaultMaxResultSize.
+	MaxResultSize int
 	// CommitQueue bounds the commit calls waiting in the commit queue
 	// (with an exact tier: every commit goes through it, and pending calls
 	// are written together); when it is full, CommitAsync and Commit wait
@@ -311,6 +320,9 @@ func (o *Options) Validate() error {
 	if o.MaxKeySize < 0 || o.MaxKeySize > MaxKeySize {
 		bad("MaxKeySize %d is outside [1, %d]", o.MaxKeySize, MaxKeySize)
 	}
+	if o.MaxResultSize < 0 || o.MaxResultSize > MaxResultSize {
+		bad("MaxResultSize %d is outside [1, %d]", o.MaxResultSize, MaxResultSize)
+	}
 	return errors.Join(errs...)
 }
 
@@ -328,6 +340,9 @@ func (o Options) WithDefaults() Options {
 	}
 	if o.MaxKeySize == 0 {
 		o.MaxKeySize = DefaultMaxKeySize
+	}
+	if o.MaxResultSize == 0 {
+		o.MaxResultSize = DefaultMaxResultSize
 	}
 	if o.CommitQueue == 0 {
 		o.CommitQueue = DefaultCommitQueue

@@ -77,6 +77,17 @@ type Claim struct {
 	// LeaseUntil is when the claim stops excluding other workers, in Unix
 	// nanoseconds of the engine's clock (New only).
 	LeaseUntil int64
+	// Result is a small result stored with the key's commit, so a
+	// duplicate can answer what the first processing answered (an API's
+	// response, a created resource's ID). For a New claim, set it before
+	// Commit (at most Options.MaxResultSize bytes; empty stores none); for
+	// a Duplicate or Conflict it is the result the key's commit stored,
+	// nil if none (the caller's copy).
+	Result []byte
+	// CommittedAt is when the commit that stored Result was made, in Unix
+	// nanoseconds of the committing engine's clock (Duplicate or Conflict
+	// with a Result; zero otherwise).
+	CommittedAt int64
 
 	ns     *Namespace
 	fp     shard.Fingerprint

@@ -355,6 +355,9 @@ func (e *Engine) commitAsync(ctx context.Context, claims []Claim, writes []Write
 	if done == nil {
 		done = func(error) {}
 	}
+	if failed == nil {
+		failed = e.checkResults(claims)
+	}
 	if ctx == nil {
 		ctx = context.Background()
 	}

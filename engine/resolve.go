@@ -208,11 +208,13 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 				out[i].Outcome = Conflict
 			}
 			digests[j], out[i].digest = a.Digest, a.Digest
+			out[i].Result, out[i].CommittedAt = a.Result, a.At
 			actions[j] = memory.Drop
-			if a.Partition >= 0 {
+			if a.Partition >= 0 && a.Result == nil {
 				// Cached until its partition expires. A tier that cannot
 				// date the commit (another process's, in a shared tier)
-				// is not cached: memory must never outlive it.
+				// is not cached: memory must never outlive it. Nor is a
+				// commit with a result: the tier answers with it.
 				actions[j], expires[j] = memory.Commit, e.parts.Expiry(a.Partition)
 			}
 		default:

@@ -91,6 +91,12 @@ type Request struct {
 	Mask   uint64
 	// Attempts is the attempt count Release writes (ClaimsInEngine).
 	Attempts uint16
+	// Result is the caller's result Commit stores with the key, nil for
+	// none, and At the commit's time (Unix nanoseconds of the engine's
+	// clock), stored with it. Tiers that keep results (ResultKeeper) return
+	// both with every later Committed answer.
+	Result []byte
+	At     int64
 }
 
 // Answer is an Exact tier's answer to Claim for one key.
@@ -114,6 +120,11 @@ type Answer struct {
 	// Expired reports that this claim found another's lease ended and
 	// counted it as an attempt (ClaimsInStore).
 	Expired bool
+	// Result and At are the result and time stored by the commit
+	// (Committed, ResultKeeper tiers); Result is nil when it stored none,
+	// and is the caller's (a copy, never the tier's buffer).
+	Result []byte
+	At     int64
 }
 
 // Write is a caller's own record, written with commits by a tier that
@@ -143,6 +154,14 @@ type Extender interface {
 	// unchanged. Errors are Claim's: the outcome is unknown, and a retry is
 	// safe.
 	Extend(ctx context.Context, reqs []Request, lease time.Duration, out []Status) error
+}
+
+// ResultKeeper is an Exact tier that stores Request.Result and
+// Request.At with a commit and returns them with every Committed answer.
+// The engine refuses a commit with a result over any other tier.
+type ResultKeeper interface {
+	// KeepsResults reports whether results are stored.
+	KeepsResults() bool
 }
 
 // Marker is a shared Exact tier that can claim and commit in one step, for

@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"bytes"
 	"encoding/binary"
 	"sync"
 
@@ -63,7 +64,17 @@ type stripe struct {
 	claims      int
 	committed   int // entries in the LRU: committed and released
 	seed        uint64
-	_           [24]byte // pad to two cache lines: stripes sit side by side
+	// results holds the result committed with entry i (Options.Results),
+	// deleted whenever entry i stops being that commit.
+	results     map[uint32]stored
+	keepResults bool
+	_           [15]byte // pad to two cache lines: stripes sit side by side
+}
+
+// stored is a result kept with a committed entry.
+type stored struct {
+	data []byte
+	at   int64
 }
 
 // eagerEntries is how many entries a whole table allocates before it is
@@ -77,6 +88,7 @@ const eagerEntries = 1 << 20
 func (s *stripe) init(limit, initial int, seed uint64) {
 	s.limit, s.seed = limit, seed
 	s.claims, s.committed, s.freeList = 0, 0, 0
+	s.results = nil
 	n := min(limit, initial)
 	s.slots = make([]uint32, slotsFor(n))
 	s.entries = make([]entry, 1, 1+n)
@@ -177,6 +189,7 @@ func (s *stripe) removeLocked(slot uint32) {
 	case claimed, committing:
 		s.claims--
 	}
+	s.dropResultLocked(idx)
 	*e = entry{next: s.freeList}
 	s.freeList = idx
 
@@ -215,6 +228,7 @@ func (s *stripe) claimLocked(idx uint32, token uint64, leaseUntil int64) {
 	switch e.state {
 	case committed:
 		e.attempts = 0
+		s.dropResultLocked(idx)
 		fallthrough
 	case released:
 		s.unlinkLocked(idx)
@@ -233,6 +247,7 @@ func (s *stripe) commitLocked(idx uint32, expires int64, digest Digest) {
 		s.removeLocked(s.slotOfLocked(idx))
 		return
 	}
+	s.dropResultLocked(idx)
 	e := &s.entries[idx]
 	switch e.state {
 	case committed, released:
@@ -249,6 +264,25 @@ func (s *stripe) commitLocked(idx uint32, expires int64, digest Digest) {
 		tail := s.entries[0].prev
 		s.removeLocked(s.slotOfLocked(tail))
 	}
+}
+
+// dropResultLocked forgets the result entry idx kept, if any.
+func (s *stripe) dropResultLocked(idx uint32) {
+	if s.results != nil {
+		delete(s.results, idx)
+	}
+}
+
+// resultLocked returns a copy of the result entry idx keeps.
+func (s *stripe) resultLocked(idx uint32) ([]byte, int64) {
+	if s.results == nil {
+		return nil, 0
+	}
+	r, ok := s.results[idx]
+	if !ok {
+		return nil, 0
+	}
+	return bytes.Clone(r.data), r.at
 }
 
 func (s *stripe) slotOfLocked(idx uint32) uint32 {
@@ -298,7 +332,9 @@ func (s *stripe) acquireLocked(f shard.Fingerprint, token uint64, now, leaseUnti
 		if e.until > now {
 			s.unlinkLocked(idx)
 			s.pushFrontLocked(idx)
-			return Result{Status: tier.Committed, Digest: wordsDigest(e.word)}
+			r := Result{Status: tier.Committed, Digest: wordsDigest(e.word)}
+			r.Result, r.At = s.resultLocked(idx)
+			return r
 		}
 		s.claimLocked(idx, token, leaseUntil)
 		return Result{Status: tier.Acquired}
@@ -333,16 +369,28 @@ func (s *stripe) beginLocked(f shard.Fingerprint, token uint64, now int64) Statu
 	return tier.OK
 }
 
-func (s *stripe) finishLocked(f shard.Fingerprint, token uint64, ok bool, expires int64, digest Digest) {
-	_, idx, own := s.ownLocked(f, token, committing)
+func (s *stripe) finishLocked(f shard.Fingerprint, token uint64, ok bool, expires int64, digest Digest, result []byte, at int64) {
+	slot, idx, own := s.ownLocked(f, token, committing)
 	if !own {
 		return
 	}
-	if ok {
+	if !ok {
+		s.entries[idx].state = claimed
+		return
+	}
+	if len(result) == 0 {
 		s.commitLocked(idx, expires, digest)
 		return
 	}
-	s.entries[idx].state = claimed
+	if !s.keepResults || s.limit == 0 {
+		s.removeLocked(slot) // the tier that stores the result answers for the key
+		return
+	}
+	s.commitLocked(idx, expires, digest) // idx is the most recent entry: not evicted
+	if s.results == nil {
+		s.results = make(map[uint32]stored)
+	}
+	s.results[idx] = stored{data: bytes.Clone(result), at: at}
 }
 
 func (s *stripe) releaseLocked(f shard.Fingerprint, token uint64, now, keepUntil int64, count bool) Result {

@@ -22,6 +22,10 @@ type Result struct {
 	// Expired reports that this call counted a lease expiry (a TakenOver
 	// claim, or a Poisoned one that the expiry made poison).
 	Expired bool
+	// Result and At are the result and time committed with the entry
+	// (Committed, with Options.Results): a copy, nil for none.
+	Result []byte
+	At     int64
 }
 
 // ErrOptions reports invalid Options.
@@ -63,6 +67,12 @@ type Options struct {
 	// engine keeps them durable in its store and hands them back through
 	// Settle. Zero counts nothing.
 	MaxAttempts int
+	// Results keeps the result a commit stores (FinishResults) with its
+	// committed entry and returns it with Committed answers: for a table
+	// that is the only tier. Without it, a commit with a result leaves no
+	// entry, so that the key's answer comes from the tier that stores the
+	// result. Results cost their bytes for as long as their entries live.
+	Results bool
 }
 
 // Validate reports every invalid field at once.
@@ -123,6 +133,7 @@ func New(opts *Options) (*Table, error) {
 	for i := range t.stripes {
 		t.stripes[i].init(per, initial, t.seed)
 		t.stripes[i].maxAttempts = o.MaxAttempts
+		t.stripes[i].keepResults = o.Results
 	}
 	return t, nil
 }
@@ -177,8 +188,20 @@ func (t *Table) Begin(fps []shard.Fingerprint, tokens []uint64, now int64, out [
 // returns to its leased state, so the owner may retry or release it. Keys
 // whose Begin was not OK must not be passed.
 func (t *Table) Finish(fps []shard.Fingerprint, tokens []uint64, ok []bool, expires int64, digests []Digest) {
+	t.FinishResults(fps, tokens, ok, expires, digests, nil, 0)
+}
+
+// FinishResults is Finish where a commit may store a result: results is
+// nil or one per key (nil or empty for none), at the commit's time. A
+// committed entry keeps its result with Options.Results; without it a
+// commit with a result leaves no entry at all.
+func (t *Table) FinishResults(fps []shard.Fingerprint, tokens []uint64, ok []bool, expires int64, digests []Digest, results [][]byte, at int64) {
 	t.each(fps, func(s *stripe, i int) {
-		s.finishLocked(fps[i], tokens[i], ok[i], expires, digests[i])
+		var r []byte
+		if results != nil {
+			r = results[i]
+		}
+		s.finishLocked(fps[i], tokens[i], ok[i], expires, digests[i], r, at)
 	})
 }
 

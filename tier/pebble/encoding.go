@@ -92,6 +92,10 @@ type Value struct {
 	Attempts uint16
 	// Digest is the payload digest, zero if none was given.
 	Digest Digest
+	// Result is the caller's result stored with a commit, nil for none,
+	// and At the commit's time in Unix nanoseconds, stored with it.
+	Result []byte
+	At     int64
 }
 
 // Value encoding, version 1:
@@ -102,11 +106,16 @@ type Value struct {
 //	claimed only: LeaseUntil u64 little endian, Token u64 little endian
 //	released only: Attempts u16 little endian
 //	then the 16-byte digest when flagged
+//	committed with a result (flag bit 1): At i64 little endian, then the
+//	result's bytes to the end of the value
 //
-// A committed record without digest is 3 bytes.
+// A committed record without digest or result is 3 bytes. A value with an
+// unknown flag is refused (ErrCorrupt), so an older version never reads a
+// result as nothing.
 const (
 	valueVersion  = 1
 	flagDigest    = 1
+	flagResult    = 2
 	valueFixedLen = 3
 )
 
@@ -114,6 +123,9 @@ func appendValue(dst []byte, v Value) []byte {
 	flags := byte(0)
 	if v.Digest != (Digest{}) {
 		flags |= flagDigest
+	}
+	if v.State == StateCommitted && len(v.Result) > 0 {
+		flags |= flagResult
 	}
 	dst = append(dst, valueVersion, byte(v.State), flags)
 	switch v.State {
@@ -125,6 +137,10 @@ func appendValue(dst []byte, v Value) []byte {
 	}
 	if flags&flagDigest != 0 {
 		dst = append(dst, v.Digest[:]...)
+	}
+	if flags&flagResult != 0 {
+		dst = binary.LittleEndian.AppendUint64(dst, uint64(v.At))
+		dst = append(dst, v.Result...)
 	}
 	return dst
 }
@@ -138,7 +154,7 @@ func decodeValue(b []byte) (Value, error) {
 	}
 	v := Value{State: State(b[1])}
 	flags, rest := b[2], b[valueFixedLen:]
-	if flags&^flagDigest != 0 {
+	if flags&^(flagDigest|flagResult) != 0 || flags&flagResult != 0 && v.State != StateCommitted {
 		return Value{}, fmt.Errorf("%w: unknown flags %#x", ErrCorrupt, flags)
 	}
 	switch v.State {
@@ -163,6 +179,13 @@ func decodeValue(b []byte) (Value, error) {
 		}
 		copy(v.Digest[:], rest)
 		rest = rest[len(v.Digest):]
+	}
+	if flags&flagResult != 0 {
+		if len(rest) < 9 {
+			return Value{}, fmt.Errorf("%w: truncated result", ErrCorrupt)
+		}
+		// Result aliases b: a caller that keeps it copies it.
+		v.At, v.Result, rest = int64(binary.LittleEndian.Uint64(rest)), rest[8:], nil
 	}
 	if len(rest) != 0 {
 		return Value{}, fmt.Errorf("%w: %d trailing bytes", ErrCorrupt, len(rest))

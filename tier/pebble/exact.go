@@ -13,10 +13,14 @@ var (
 	_ tier.Dropper      = (*Store)(nil)
 	_ tier.Scanner      = (*Store)(nil)
 	_ tier.Latching     = (*Store)(nil)
+	_ tier.ResultKeeper = (*Store)(nil)
 )
 
+// KeepsResults reports that a commit's result is stored with it.
+func (s *Store) KeepsResults() bool { return true }
+
 // Commit writes a committed record of each key in partition, with its
-// digest, in one batch, and returns once it is durable as configured; out
+// digest and result, in one batch, and returns once it is durable as configured; out
 // (if not nil) is OK for every key. On failure nothing is written and the
 // Store refuses further calls (ErrStorage).
 func (s *Store) Commit(ctx context.Context, partition int64, reqs []tier.Request, out []tier.Status) error {
@@ -28,7 +32,7 @@ func (s *Store) Commit(ctx context.Context, partition int64, reqs []tier.Request
 // alone.
 func (s *Store) CommitWith(_ context.Context, partition int64, reqs []tier.Request, writes []tier.Write, out []tier.Status) error {
 	return s.writeRequests(partition, reqs, writes, out, func(r *tier.Request) (Value, bool) {
-		return Value{State: StateCommitted, Digest: r.Digest}, true
+		return Value{State: StateCommitted, Digest: r.Digest, Result: r.Result, At: r.At}, true
 	})
 }
 

@@ -350,7 +350,10 @@ func (s *Store) Claim(_ context.Context, reqs []tier.Request, _ time.Duration, o
 			}
 			switch v.State {
 			case StateCommitted:
-				out[i] = tier.Answer{Status: tier.Committed, Partition: part, Digest: v.Digest}
+				out[i] = tier.Answer{Status: tier.Committed, Partition: part, Digest: v.Digest, At: v.At}
+				if v.Result != nil {
+					out[i].Result = bytes.Clone(v.Result) // v aliases the iterator's buffer
+				}
 			case StateReleased:
 				out[i] = tier.Answer{Status: tier.Released, Partition: part, Attempts: v.Attempts}
 			default:

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -57,6 +58,8 @@ func TestEncodingGolden(t *testing.T) {
 		{Value{State: StateCommitted, Digest: d}, "0102010102030405060708090a0b0c0d0e0f10"},
 		{Value{State: StateClaimed, LeaseUntil: 1764460800000000000, Token: 0xabcdef}, "01010000001ac4bf9f7c18efcdab0000000000"},
 		{Value{State: StateReleased, Attempts: 0x0203}, "0103000302"},
+		{Value{State: StateCommitted, Result: []byte("ok"), At: 0x0102}, "01020202010000000000006f6b"},
+		{Value{State: StateCommitted, Digest: d, Result: []byte{7}, At: 1}, "0102030102030405060708090a0b0c0d0e0f10010000000000000007"},
 	}
 	for _, tt := range tests {
 		got := appendValue(nil, tt.v)
@@ -64,7 +67,7 @@ func TestEncodingGolden(t *testing.T) {
 			t.Errorf("value %+v = %x, want %s", tt.v, got, tt.want)
 		}
 		back, err := decodeValue(got)
-		if err != nil || back != tt.v {
+		if err != nil || !reflect.DeepEqual(back, tt.v) {
 			t.Errorf("decode(%x) = %+v, %v", got, back, err)
 		}
 	}
@@ -75,6 +78,7 @@ func FuzzDecodeValue(f *testing.F) {
 	f.Add(appendValue(nil, Value{State: StateClaimed, Token: 9, Digest: Digest{1}}))
 	f.Add([]byte{1, 2, 1})
 	f.Add(appendValue(nil, Value{State: StateReleased, Attempts: 7}))
+	f.Add(appendValue(nil, Value{State: StateCommitted, Digest: Digest{2}, Result: []byte("{}"), At: 5}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		v, err := decodeValue(b)
 		if err != nil {
@@ -451,7 +455,7 @@ func TestExactContract(t *testing.T) {
 		{Status: tier.Absent, Partition: -1},
 	}
 	for i := range want {
-		if out[i] != want[i] {
+		if !reflect.DeepEqual(out[i], want[i]) {
 			t.Errorf("%s: %+v, want %+v", reqs[i].Key, out[i], want[i])
 		}
 	}

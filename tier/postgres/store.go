@@ -76,7 +76,8 @@ func (o *Options) Validate() error {
 
 // Store is a shared exact tier in one PostgreSQL table: a row per key,
 // holding a claim (its owner token and lease end), a commit (its token and
-// digest) or an attempt count, each with its expiry. Every time is the
+// digest, and its result if it stored one) or an attempt count, each with
+// its expiry. Every time is the
 // server's clock, so processes whose clocks differ agree on leases. A
 // Store is safe for concurrent use if its DB is.
 type Store struct {
@@ -310,6 +311,42 @@ RETURNING r.i`, s.table, now)
 	s.sweepQ = fmt.Sprintf(`DELETE FROM %s WHERE ctid >= format('(%%s,0)', $1::bigint)::tid AND ctid < format('(%%s,0)', $2::bigint)::tid AND expires <= %s`, s.table, now)
 }
 
+// committedColumn is the batch's digest column for Commit: a request's
+// digest (empty for none), or with a result digest (zero for none) ‖ At
+// (8 bytes, big endian) ‖ result, so a commit's result lives and expires
+// with its row and every statement that clears the digest clears it too.
+func committedColumn(reqs []tier.Request) [][]byte {
+	col := digestColumn(reqs)
+	for i := range reqs {
+		if r := &reqs[i]; len(r.Result) > 0 {
+			v := make([]byte, 0, len(r.Digest)+8+len(r.Result))
+			v = append(v, r.Digest[:]...)
+			v = binary.BigEndian.AppendUint64(v, uint64(r.At))
+			col[i] = append(v, r.Result...)
+		}
+	}
+	return col
+}
+
+// decodeCommitted reads a committed row's digest column into a.
+func decodeCommitted(a *tier.Answer, col []byte) error {
+	switch n := len(col); {
+	case n == 0:
+	case n == len(a.Digest):
+		copy(a.Digest[:], col)
+	case n > len(a.Digest)+8:
+		copy(a.Digest[:], col)
+		a.At = int64(binary.BigEndian.Uint64(col[16:24]))
+		a.Result = col[24:] // pgx scans bytea into a fresh slice
+	default:
+		return fmt.Errorf("%w: digest column of %d bytes", ErrLayout, n)
+	}
+	return nil
+}
+
+// KeepsResults reports that a commit's result is stored with it.
+func (s *Store) KeepsResults() bool { return true }
+
 // digestColumn is the batch's digests, empty for none.
 func digestColumn(reqs []tier.Request) [][]byte {
 	digests := make([][]byte, len(reqs))
@@ -441,7 +478,9 @@ func (s *Store) take(ctx context.Context, reqs []tier.Request, out []tier.Answer
 			case state == "D":
 				a.Status = tier.Committed
 				copy(a.Token[:], token)
-				copy(a.Digest[:], digest)
+				if err := decodeCommitted(&a, digest); err != nil {
+					return err
+				}
 			case s.max > 0 && (state == "R" && int(attempts) >= s.max ||
 				state == "C" && leaseEnd <= ms && int(attempts)+1 >= s.max):
 				a.Status, a.Attempts = tier.Poisoned, uint16(attempts)
@@ -471,7 +510,7 @@ func (s *Store) Commit(ctx context.Context, _ int64, reqs []tier.Request, out []
 		return nil
 	}
 	ns, keys, tokens := columns(reqs)
-	return s.statuses(ctx, out, s.commitQ, ns, keys, tokens, digestColumn(reqs), s.window.Milliseconds())
+	return s.statuses(ctx, out, s.commitQ, ns, keys, tokens, committedColumn(reqs), s.window.Milliseconds())
 }
 
 // Release frees each key its token still holds, in one statement; out[i]
@@ -608,7 +647,8 @@ func (s *Store) sweep(ctx context.Context) (int64, error) {
 
 // The Store is a shared exact tier whose retention the engine drives.
 var (
-	_ tier.Exact   = (*Store)(nil)
-	_ tier.Marker  = (*Store)(nil)
-	_ tier.Dropper = (*Store)(nil)
+	_ tier.Exact        = (*Store)(nil)
+	_ tier.Marker       = (*Store)(nil)
+	_ tier.Dropper      = (*Store)(nil)
+	_ tier.ResultKeeper = (*Store)(nil)
 )

@@ -13,4 +13,7 @@ type Digest = tier.Digest
 type Token = tier.Token
 
 // The Store is the shared exact tier.
-var _ tier.Exact = (*Store)(nil)
+var (
+	_ tier.Exact        = (*Store)(nil)
+	_ tier.ResultKeeper = (*Store)(nil)
+)

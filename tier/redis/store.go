@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log"
@@ -91,7 +92,8 @@ func (s *Store) Claims() tier.Where { return tier.ClaimsInStore }
 // Value layout:
 //
 //	claim      'C' ‖ token ‖ lease end (ms, server clock, decimal) ‖ ':' ‖ attempts (decimal)
-//	committed  'D' ‖ token ‖ [digest]
+//	committed  'D' ‖ token ‖ [digest], or with a result
+//	           'D' ‖ token ‖ digest (zero for none) ‖ At (8 bytes, big endian) ‖ result
 //	released   'R' ‖ attempts (decimal), with Options.MaxAttempts only
 //
 // Keeping the committer's token lets a retried commit recognise its own
@@ -376,13 +378,23 @@ func claimPrefix(t Token) string {
 	return string(append([]byte{claimTag}, t[:]...))
 }
 
-func commitValue(t Token, d Digest) string {
-	v := append([]byte{commitTag}, t[:]...)
-	if d != (Digest{}) {
-		v = append(v, d[:]...)
+// commitValue is the committed value of r (see Value layout).
+func commitValue(r *Request) string {
+	v := make([]byte, 0, 1+len(r.Token)+len(r.Digest)+8+len(r.Result))
+	v = append(append(v, commitTag), r.Token[:]...)
+	if len(r.Result) > 0 {
+		v = append(v, r.Digest[:]...)
+		v = binary.BigEndian.AppendUint64(v, uint64(r.At))
+		return string(append(v, r.Result...))
+	}
+	if r.Digest != (Digest{}) {
+		v = append(v, r.Digest[:]...)
 	}
 	return string(v)
 }
+
+// KeepsResults reports that a commit's result is stored with it.
+func (s *Store) KeepsResults() bool { return true }
 
 // Claim tries to claim every key for lease, in one pipeline of one script
 // call per key; out must have len(reqs). On error nothing is known: some
@@ -495,7 +507,17 @@ func decodeClaim(v string) (Result, error) {
 		}
 		r := Result{Status: tier.Committed}
 		copy(r.Token[:], v[1:17])
-		copy(r.Digest[:], v[17:])
+		switch n := len(v); {
+		case n == 17:
+		case n == 33:
+			copy(r.Digest[:], v[17:])
+		case n > 41:
+			copy(r.Digest[:], v[17:33])
+			r.At = int64(binary.BigEndian.Uint64([]byte(v[33:41])))
+			r.Result = []byte(v[41:])
+		default:
+			return Result{}, fmt.Errorf("committed value of %d bytes", n)
+		}
 		return r, nil
 	}
 	return Result{}, fmt.Errorf("unexpected claim answer of %d bytes", len(v))
@@ -509,7 +531,7 @@ func decodeClaim(v string) (Result, error) {
 func (s *Store) Commit(ctx context.Context, _ int64, reqs []Request, out []Status) error {
 	window := s.window.Milliseconds()
 	return s.runScript(ctx, commitScript, reqs, out, func(r *Request) []any {
-		return []any{claimPrefix(r.Token), commitValue(r.Token, r.Digest), window}
+		return []any{claimPrefix(r.Token), commitValue(r), window}
 	})
 }
 

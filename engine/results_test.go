@@ -1,0 +1,242 @@
+package engine_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/redis/redistest"
+)
+
+// resultConfigs are the configurations that store results, each with a
+// way to open a second engine over the same state: a restart (Default), a
+// second process (Redis, PostgreSQL), or none (memory-only).
+func resultConfigs(t *testing.T) []struct {
+	name string
+	// open returns an engine; again, when not nil, closes it and returns
+	// another over the same state.
+	open func(t *testing.T, clock engine.Clock) (*engine.Engine, func(*engine.Engine) *engine.Engine)
+} {
+	type cfg = struct {
+		name string
+		open func(t *testing.T, clock engine.Clock) (*engine.Engine, func(*engine.Engine) *engine.Engine)
+	}
+	return []cfg{
+		{"memory", func(t *testing.T, clock engine.Clock) (*engine.Engine, func(*engine.Engine) *engine.Engine) {
+			return open(t, engine.Options{Tiers: engine.MemoryOnly, Clock: clock}), nil
+		}},
+		{"default", func(t *testing.T, clock engine.Clock) (*engine.Engine, func(*engine.Engine) *engine.Engine) {
+			// A memory tier of 16 keys: most answers come from the store.
+			o := engine.Options{Dir: t.TempDir(), Clock: clock, MemoryCapacity: 16, ExpectedKeys: 1000}
+			return open(t, o), func(e *engine.Engine) *engine.Engine {
+				if err := e.Close(); err != nil {
+					t.Fatal(err)
+				}
+				return open(t, o)
+			}
+		}},
+		{"redis", func(t *testing.T, clock engine.Clock) (*engine.Engine, func(*engine.Engine) *engine.Engine) {
+			c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr})
+			t.Cleanup(func() { c.Close() })
+			o := engine.Options{Clock: clock, RedisPrefix: fmt.Sprintf("results-%d:", time.Now().UnixNano())}
+			return openRedis(t, c, o), func(e *engine.Engine) *engine.Engine {
+				e.Close()
+				return openRedis(t, c, o)
+			}
+		}},
+		{"postgres", func(t *testing.T, clock engine.Clock) (*engine.Engine, func(*engine.Engine) *engine.Engine) {
+			pool := postgresPool(t)
+			table := "results_" + time.Now().Format("150405000000")
+			t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
+			o := engine.Options{Tiers: engine.Postgres, Postgres: pool, PostgresTable: table, Clock: clock}
+			return open(t, o), func(e *engine.Engine) *engine.Engine {
+				e.Close()
+				return open(t, o)
+			}
+		}},
+	}
+}
+
+func mustNS(t *testing.T, e *engine.Engine) *engine.Namespace {
+	ns, err := e.Namespace("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+// TestStoredResult: a commit stores its claim's Result, and every later
+// claim of the key answers Duplicate with that result and the commit's
+// time, from memory, from the store, after a restart or from another
+// process; the digest rule is unchanged (another payload is a Conflict,
+// still with the result); a commit without a result returns none; a
+// result over the limit is refused and writes nothing; the caller's copy
+// is its own.
+func TestStoredResult(t *testing.T) {
+	ctx := context.Background()
+	for _, cfg := range resultConfigs(t) {
+		t.Run(cfg.name, func(t *testing.T) {
+			clock := newClock()
+			e, again := cfg.open(t, clock)
+			defer func() { e.Close() }()
+			d1, d2 := engine.DigestOf([]byte("payload-1")), engine.DigestOf([]byte("payload-2"))
+			resp := []byte(`{"order":42,"status":"created"}`)
+
+			c, err := mustNS(t, e).ClaimDigest(ctx, []byte("k1"), d1)
+			if err != nil || c.Outcome != engine.New {
+				t.Fatal(c.Outcome, err)
+			}
+			c.Result = resp
+			at := clock.Now().UnixNano()
+			if err := e.Commit(ctx, c); err != nil {
+				t.Fatal(err)
+			}
+			plain, _ := e.Claim(ctx, []byte("k2"))
+			if err := e.Commit(ctx, plain); err != nil {
+				t.Fatal(err)
+			}
+			clock.Add(time.Minute)
+
+			check := func(when string, e *engine.Engine) {
+				t.Helper()
+				ns := mustNS(t, e)
+				got, err := ns.ClaimDigest(ctx, []byte("k1"), d1)
+				if err != nil || got.Outcome != engine.Duplicate || !bytes.Equal(got.Result, resp) || got.CommittedAt != at {
+					t.Fatalf("%s: k1 = %v %q at %d, %v; want duplicate %q at %d", when, got.Outcome, got.Result, got.CommittedAt, err, resp, at)
+				}
+				got.Result[0] = 'X' // the caller's copy
+				if got, _ := ns.ClaimDigest(ctx, []byte("k1"), d2); got.Outcome != engine.Conflict || !bytes.Equal(got.Result, resp) {
+					t.Fatalf("%s: k1 with another digest = %v %q, want conflict with the result", when, got.Outcome, got.Result)
+				}
+				if got, _ := e.Claim(ctx, []byte("k2")); got.Outcome != engine.Duplicate || got.Result != nil || got.CommittedAt != 0 {
+					t.Fatalf("%s: k2 = %v %q at %d, want duplicate without result", when, got.Outcome, got.Result, got.CommittedAt)
+				}
+				// A batch that repeats the key: every occurrence has it.
+				keys := [][]byte{[]byte("k1"), []byte("k2"), []byte("k1"), []byte("k3-" + when)}
+				out := make([]engine.Claim, len(keys))
+				if err := e.ClaimBatch(ctx, keys, nil, out); err != nil {
+					t.Fatal(err)
+				}
+				for _, i := range []int{0, 2} {
+					if out[i].Outcome != engine.Duplicate || !bytes.Equal(out[i].Result, resp) || out[i].CommittedAt != at {
+						t.Fatalf("%s: batch[%d] = %v %q at %d", when, i, out[i].Outcome, out[i].Result, out[i].CommittedAt)
+					}
+				}
+				if err := e.ReleaseBatch(ctx, out, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			check("first", e)
+			check("again", e) // memory-only and cached answers
+			if again != nil {
+				e = again(e)
+				check("reopened", e)
+			}
+
+			// Too long: refused, nothing written, the claim still the caller's.
+			big, _ := e.Claim(ctx, []byte("big"))
+			big.Result = make([]byte, engine.DefaultMaxResultSize+1)
+			if err := e.Commit(ctx, big); !errors.Is(err, engine.ErrResultTooLarge) {
+				t.Fatalf("commit of %d bytes: %v, want ErrResultTooLarge", len(big.Result), err)
+			}
+			done := make(chan error, 1)
+			e.CommitAsync(ctx, big, func(err error) { done <- err })
+			if err := <-done; !errors.Is(err, engine.ErrResultTooLarge) {
+				t.Fatalf("async commit of %d bytes: %v, want ErrResultTooLarge", len(big.Result), err)
+			}
+			if err := e.Release(ctx, big); err != nil {
+				t.Fatalf("release after a refused commit: %v", err)
+			}
+			if c, _ := e.Claim(ctx, []byte("big")); c.Outcome != engine.New {
+				t.Fatalf("after a refused commit the key is %v, want New", c.Outcome)
+			} else {
+				c.Result = make([]byte, engine.DefaultMaxResultSize) // at the limit: stored
+				for i := range c.Result {
+					c.Result[i] = byte(i)
+				}
+				if err := e.Commit(ctx, c); err != nil {
+					t.Fatal(err)
+				}
+				want := c.Result
+				if again != nil {
+					e = again(e)
+				}
+				if got, _ := e.Claim(ctx, []byte("big")); !bytes.Equal(got.Result, want) {
+					t.Fatalf("a %d-byte result came back as %d bytes", len(want), len(got.Result))
+				}
+			}
+		})
+	}
+}
+
+// TestDoResult: fn runs once; every later call returns its stored result
+// without running it; a failing fn or a result over the limit leaves the
+// key New for the redelivery.
+func TestDoResult(t *testing.T) {
+	ctx := context.Background()
+	for _, cfg := range resultConfigs(t)[:2] {
+		t.Run(cfg.name, func(t *testing.T) {
+			e, _ := cfg.open(t, newClock())
+			defer e.Close()
+			runs := 0
+			handler := func(context.Context) ([]byte, error) {
+				runs++
+				return []byte("charge-7781"), nil
+			}
+			for i := range 3 {
+				o, res, err := e.DoResult(ctx, []byte("pay-1"), handler)
+				want := engine.Duplicate
+				if i == 0 {
+					want = engine.New
+				}
+				if err != nil || o != want || string(res) != "charge-7781" {
+					t.Fatalf("call %d: %v %q %v, want %v with the result", i, o, res, err, want)
+				}
+			}
+			if runs != 1 {
+				t.Fatalf("the handler ran %d times", runs)
+			}
+			fail := errors.New("card declined")
+			if _, _, err := e.DoResult(ctx, []byte("pay-2"), func(context.Context) ([]byte, error) { return nil, fail }); !errors.Is(err, fail) {
+				t.Fatal(err)
+			}
+			if _, _, err := e.DoResult(ctx, []byte("pay-2"), func(context.Context) ([]byte, error) {
+				return make([]byte, engine.DefaultMaxResultSize+1), nil
+			}); !errors.Is(err, engine.ErrResultTooLarge) {
+				t.Fatalf("oversized result: %v", err)
+			}
+			o, res, err := e.DoResult(ctx, []byte("pay-2"), handler)
+			if err != nil || o != engine.New || string(res) != "charge-7781" {
+				t.Fatalf("after a failure and a refused result: %v %q %v, want New", o, res, err)
+			}
+		})
+	}
+}
+
+// TestResultRefusedWithoutStore: bloom-only keeps no results, so a commit
+// with one is refused, and options bound the size.
+func TestResultRefusedWithoutStore(t *testing.T) {
+	ctx := context.Background()
+	e := open(t, engine.Options{Tiers: engine.BloomOnly, ExpectedKeys: 1000})
+	defer e.Close()
+	c, _ := e.Claim(ctx, []byte("k"))
+	c.Result = []byte("r")
+	if err := e.Commit(ctx, c); !errors.Is(err, engine.ErrOptions) {
+		t.Fatalf("bloom-only commit with a result: %v, want ErrOptions", err)
+	}
+	if got, _ := e.Claim(ctx, []byte("k")); got.Outcome != engine.InFlight {
+		t.Fatalf("after the refused commit: %v, want the claim still held", got.Outcome)
+	}
+	for _, n := range []int{-1, engine.MaxResultSize + 1} {
+		o := engine.Options{Tiers: engine.MemoryOnly, MaxResultSize: n}
+		if err := o.Validate(); !errors.Is(err, engine.ErrOptions) {
+			t.Errorf("MaxResultSize %d: %v", n, err)
+		}
+	}
+}
