@@ -62,6 +62,13 @@ type Engine struct {
 	// extender extends leases in the shared tier (nil: none, or claims
 	// live in memory).
 	extender tier.Extender
+	// looker reads a shared tier without claiming; forgetter removes keys
+	// from the exact tier (nil when it cannot).
+	looker    tier.Looker
+	forgetter tier.Forgetter
+	// noSharedCache: memory keeps no commits of a shared tier
+	// (Options.NoSharedCache), so a Forget reaches every process.
+	noSharedCache bool
 	// store is the embedded Pebble store (Default), for what its lifecycle
 	// alone needs: its layout, snapshot epochs, compaction, disk figures.
 	store   *pebble.Store
@@ -144,6 +151,10 @@ func Open(opts *Options) (*Engine, error) {
 		// outlive or exceed the shared one, and answer Poison for a
 		// committed key).
 		mopts.MaxAttempts = 0
+		if o.NoSharedCache {
+			mopts.Capacity, mopts.NoCommitted = 0, true
+			e.noSharedCache = true
+		}
 	}
 	var err error
 	if e.mem, err = memory.New(mopts); err != nil {
@@ -239,6 +250,8 @@ func Open(opts *Options) (*Engine, error) {
 		e.scanner, _ = base.(tier.Scanner)
 		e.latch, _ = base.(tier.Latching)
 		e.extender, _ = base.(tier.Extender)
+		e.looker, _ = base.(tier.Looker)
+		e.forgetter, _ = base.(tier.Forgetter)
 		if k, ok := base.(tier.ResultKeeper); ok {
 			e.results = k.KeepsResults()
 		}

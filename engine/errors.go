@@ -43,6 +43,9 @@ var (
 	// misjudge or lose acknowledged keys. The message names the field and
 	// both values. Nothing was changed.
 	ErrLayout = errors.New("tierdedup: store layout differs from options")
+	// ErrInFlight reports a Forget of a key that a claim holds: it was
+	// left as it is.
+	ErrInFlight = errors.New("tierdedup: key is claimed")
 	// ErrResultTooLarge reports a claim whose Result is longer than
 	// Options.MaxResultSize. Nothing of the call was written.
 	ErrResultTooLarge = errors.New("tierdedup: result too large")

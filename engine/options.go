@@ -216,6 +216,12 @@ type Options struct {
 	// Stats.FailOpen. Only for consumers that prefer a duplicate effect to a
 	// stalled queue.
 	FailOpen bool
+	// NoSharedCache keeps no committed keys of the shared tier in memory
+	// (Tiers: Redis or Postgres): every claim of a key not in flight in
+	// this process asks the shared tier. Forget needs it: otherwise the
+	// process that committed a key keeps answering Duplicate from memory,
+	// for up to Window/2, after another process forgot it.
+	NoSharedCache bool
 	// RequireNoEviction makes Open fail when a Redis server's
 	// maxmemory-policy could evict dedup keys; otherwise Open logs a warning.
 	RequireNoEviction bool
@@ -260,6 +266,9 @@ func (o *Options) Validate() error {
 	}
 	if o.Tiers != Postgres && (o.Postgres != nil || o.PostgresTable != "") {
 		bad("Postgres and PostgresTable apply only to Tiers: Postgres")
+	}
+	if o.NoSharedCache && o.Tiers != Redis && o.Tiers != Postgres {
+		bad("NoSharedCache applies only to a shared tier (Tiers: Redis or Postgres)")
 	}
 	if o.FailOpen && o.Tiers != Redis && o.Tiers != Postgres {
 		bad("FailOpen applies only to a shared tier (Tiers: Redis or Postgres)")

@@ -30,6 +30,9 @@ type Stats struct {
 	// one group. CommitsPending is how many calls wait in it now.
 	CommitGroups   uint64
 	CommitsPending int
+	// Lookups counts the keys looked up; Forgets, the keys whose commit
+	// or attempt count Forget removed.
+	Lookups, Forgets uint64
 
 	// MemoryHits counts keys answered from memory as committed;
 	// MemoryMisses, keys that memory did not know.
@@ -80,6 +83,7 @@ type counters struct {
 	storeReads, storeHits                              atomic.Uint64
 	rebuilt, partitionsDropped, failOpen               atomic.Uint64
 	commitGroups                                       atomic.Uint64
+	lookups, forgets                                   atomic.Uint64
 	sealed, sealedLoaded, sealFailures                 atomic.Uint64
 }
 
@@ -133,6 +137,7 @@ func (e *Engine) Stats() Stats {
 		Commits: c.commits.Load(), Releases: c.releases.Load(),
 		LeaseExpiries: c.leaseExpiries.Load(), LeaseLost: c.leaseLost.Load(), Errors: c.errors.Load(),
 		FailOpen: c.failOpen.Load(), CommitGroups: c.commitGroups.Load(),
+		Lookups: c.lookups.Load(), Forgets: c.forgets.Load(),
 		MemoryHits: c.memHits.Load(), MemoryMisses: c.memMisses.Load(),
 		BloomNegatives: c.bloomNegatives.Load(), BloomFalsePositives: c.bloomFalsePositives.Load(),
 		BloomRebuiltKeys: c.rebuilt.Load(), PartitionDropped: c.partitionsDropped.Load(),

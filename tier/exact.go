@@ -164,6 +164,29 @@ type ResultKeeper interface {
 	KeepsResults() bool
 }
 
+// Looker is an Exact tier whose claims live in it (ClaimsInStore) that
+// can tell a key's state without claiming it. (A ClaimsInEngine tier's
+// Claim is already a read.)
+type Looker interface {
+	// Lookup answers each key without changing anything: Absent, Held (a
+	// live claim), Committed (with Digest, Result and At), Released (an
+	// attempt count, or a claim whose lease ended, counted) or Poisoned.
+	// An error means nothing is known.
+	Lookup(ctx context.Context, reqs []Request, out []Answer) error
+}
+
+// Forgetter is an Exact tier that can remove a key's committed record or
+// attempt count, so that the next claim of it is New.
+type Forgetter interface {
+	// Forget removes every record of each key (every partition
+	// reqs[i].Oldest and Mask name, in a partitioned tier) unless a live
+	// claim holds it, atomically per key, and answers what it found, as
+	// Lookup does: Held keys are left as they are. It returns once the
+	// removal is durable as configured. An error means the outcome is not
+	// known (a retry is safe).
+	Forget(ctx context.Context, reqs []Request, out []Answer) error
+}
+
 // Marker is a shared Exact tier that can claim and commit in one step, for
 // a caller that processes nothing between the two (the engine's
 // MarkBatch): one statement or pipeline instead of two.

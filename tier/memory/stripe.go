@@ -464,3 +464,62 @@ func (s *stripe) putLocked(f shard.Fingerprint, expires int64, digest Digest) {
 	}
 	s.commitLocked(idx, expires, digest)
 }
+
+// peekLocked answers f without changing anything (not even LRU order).
+func (s *stripe) peekLocked(f shard.Fingerprint, now int64) Result {
+	_, idx := s.findLocked(f)
+	if idx == 0 {
+		return Result{Status: tier.Absent}
+	}
+	e := &s.entries[idx]
+	switch e.state {
+	case committing:
+		return Result{Status: tier.Held}
+	case claimed:
+		if e.until > now {
+			return Result{Status: tier.Held}
+		}
+		if s.maxAttempts == 0 {
+			return Result{Status: tier.Absent}
+		}
+		return s.countedLocked(e.attempts + 1)
+	case released:
+		if e.until <= now {
+			return Result{Status: tier.Absent}
+		}
+		return s.countedLocked(e.attempts)
+	default: // committed
+		if e.until <= now {
+			return Result{Status: tier.Absent}
+		}
+		r := Result{Status: tier.Committed, Digest: wordsDigest(e.word)}
+		r.Result, r.At = s.resultLocked(idx)
+		return r
+	}
+}
+
+// countedLocked is the answer for a key with attempts counted: Released,
+// or Poisoned at MaxAttempts.
+func (s *stripe) countedLocked(attempts uint16) Result {
+	if s.maxAttempts > 0 && int(attempts) >= s.maxAttempts {
+		return Result{Status: tier.Poisoned, Attempts: attempts}
+	}
+	return Result{Status: tier.Released, Attempts: attempts}
+}
+
+// seizeLocked makes f the caller's claim unless a live claim holds it,
+// whatever it held before (a commit, an attempt count), and answers that
+// as peekLocked does.
+func (s *stripe) seizeLocked(f shard.Fingerprint, token uint64, now, leaseUntil int64) Result {
+	r := s.peekLocked(f, now)
+	if r.Status == tier.Held {
+		return r
+	}
+	slot, idx := s.findLocked(f)
+	if idx == 0 {
+		idx = s.insertLocked(slot, f)
+	}
+	s.claimLocked(idx, token, leaseUntil)
+	s.entries[idx].attempts = 0
+	return r
+}

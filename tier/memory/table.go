@@ -164,6 +164,27 @@ func (t *Table) Acquire(fps []shard.Fingerprint, tokens []uint64, now, leaseUnti
 	})
 }
 
+// Peek answers each key without changing anything: Absent, Held (a live
+// claim, or one being committed), Committed (with its digest and, with
+// Options.Results, its result), Released (an attempt count; a claim whose
+// lease ended counts one more) or Poisoned.
+func (t *Table) Peek(fps []shard.Fingerprint, now int64, out []Result) {
+	t.each(fps, func(s *stripe, i int) {
+		out[i] = s.peekLocked(fps[i], now)
+	})
+}
+
+// Seize installs a claim with tokens[i], leased until leaseUntil, on each
+// key that no live claim holds, replacing a committed entry or an attempt
+// count, and answers what the key held before, as Peek does (Held keys are
+// left alone). The claim starts with no attempts: the engine seizes keys
+// to forget them, then drops the claims (Settle with Drop).
+func (t *Table) Seize(fps []shard.Fingerprint, tokens []uint64, now, leaseUntil int64, out []Result) {
+	t.each(fps, func(s *stripe, i int) {
+		out[i] = s.seizeLocked(fps[i], tokens[i], now, leaseUntil)
+	})
+}
+
 // Extend moves the lease end of each claim that tokens[i] holds with an
 // unexpired lease (not being committed) to leaseUntil, if that is later
 // (out[i] OK); otherwise out[i] is Lost and nothing changes. A lease is

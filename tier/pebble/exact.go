@@ -1,7 +1,11 @@
 package pebble
 
 import (
+	"bytes"
 	"context"
+	"math/bits"
+
+	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/tierdedup/tierdedup/tier"
 )
@@ -14,6 +18,7 @@ var (
 	_ tier.Scanner      = (*Store)(nil)
 	_ tier.Latching     = (*Store)(nil)
 	_ tier.ResultKeeper = (*Store)(nil)
+	_ tier.Forgetter    = (*Store)(nil)
 )
 
 // KeepsResults reports that a commit's result is stored with it.
@@ -75,6 +80,56 @@ func (s *Store) writeRequests(partition int64, reqs []tier.Request, writes []tie
 	}
 	for i := range out {
 		out[i] = tier.OK
+	}
+	return nil
+}
+
+// Forget deletes every record of each key in the partitions reqs[i].Oldest
+// and Mask name, in one batch, durable as configured, and answers, as Claim
+// does, the newest record it found (Absent if none). The engine holds each
+// key's claim meanwhile, so no commit of it can interleave. Deleting in a
+// sealed partition is allowed: a filter that still says "maybe" for a
+// deleted key costs a read, never a wrong answer. Failures latch as
+// Claim's and writes' do.
+func (s *Store) Forget(ctx context.Context, reqs []tier.Request, out []tier.Answer) (err error) {
+	if err := s.Claim(ctx, reqs, 0, out); err != nil {
+		return err
+	}
+	defer s.guard(&err)
+	it, err := s.db.NewIter(&pebble.IterOptions{UseL6Filters: true})
+	if err != nil {
+		return s.fail(err)
+	}
+	defer it.Close()
+	b := s.db.NewBatch()
+	defer b.Close()
+	var k []byte
+	for i := range reqs {
+		q := &reqs[i]
+		for m := q.Mask; m != 0; m &^= 1 << (63 - bits.LeadingZeros64(m)) {
+			part := q.Oldest + int64(63-bits.LeadingZeros64(m))
+			k = appendRecordKey(k[:0], part, q.NS, q.Key)
+			found := it.SeekPrefixGE(k)
+			if err := it.Error(); err != nil {
+				return s.fail(err)
+			}
+			if found && bytes.Equal(it.Key(), k) {
+				if err := b.Delete(k, nil); err != nil {
+					return s.fail(err)
+				}
+			}
+		}
+	}
+	if b.Empty() {
+		return nil
+	}
+	s.writes.RLock()
+	defer s.writes.RUnlock()
+	if err := s.usable(); err != nil {
+		return err
+	}
+	if err := b.Commit(s.writeOpts); err != nil {
+		return s.fail(err)
 	}
 	return nil
 }

@@ -86,6 +86,7 @@ type Store struct {
 	window                                                           time.Duration
 	max                                                              int
 	claimQ, markQ, stateQ, commitQ, releaseQ, extendQ, sizeQ, sweepQ string
+	forgetQ                                                          string
 	sweeps                                                           sweeper
 }
 
@@ -305,6 +306,20 @@ FROM r, c
 WHERE t.ns = r.ns AND t.key = r.key AND t.token = r.token AND t.state = 'C'
   AND t.lease_until > c.ms AND t.expires > c.ms
 RETURNING r.i`, s.table, now)
+	// Forget: every row of the batch goes unless a live claim holds it;
+	// the deleted rows and the held ones are returned, read as stateQ's.
+	s.forgetQ = fmt.Sprintf(`
+WITH c AS (SELECT %[2]s AS ms),
+r AS (SELECT * FROM unnest($1::bytea[], $2::bytea[]) AS r(ns, key)),
+del AS (
+	DELETE FROM %[1]s AS t USING r, c
+	WHERE t.ns = r.ns AND t.key = r.key AND NOT (t.state = 'C' AND t.lease_until > c.ms AND t.expires > c.ms)
+	RETURNING t.ns, t.key, t.state::text, t.token, t.lease_until, t.attempts, t.digest, t.expires, c.ms)
+SELECT * FROM del
+UNION ALL
+SELECT t.ns, t.key, t.state::text, t.token, t.lease_until, t.attempts, t.digest, t.expires, c.ms
+FROM %[1]s t JOIN r ON t.ns = r.ns AND t.key = r.key, c
+WHERE t.state = 'C' AND t.lease_until > c.ms AND t.expires > c.ms`, s.table, now)
 	s.sizeQ = fmt.Sprintf(`SELECT pg_relation_size('%s') / current_setting('block_size')::bigint`, s.table)
 	// Sweep: the expired rows of blocks [$1, $2), found by a TID range
 	// scan (no index on the write path).
@@ -495,6 +510,75 @@ func (s *Store) take(ctx context.Context, reqs []tier.Request, out []tier.Answer
 	}, s.stateQ, sns, skeys)
 }
 
+// Lookup answers each key without claiming it, in one statement: Absent,
+// Held, Committed (with Token, Digest, Result and At), Released (its
+// attempt count; a claim whose lease ended counts one more) or Poisoned.
+func (s *Store) Lookup(ctx context.Context, reqs []tier.Request, out []tier.Answer) error {
+	return s.look(ctx, reqs, out, s.stateQ)
+}
+
+// Forget deletes each key's row unless a live claim holds it, in one
+// statement, and answers what it found, as Lookup does.
+func (s *Store) Forget(ctx context.Context, reqs []tier.Request, out []tier.Answer) error {
+	return s.look(ctx, reqs, out, s.forgetQ)
+}
+
+// look runs q (stateQ or forgetQ) over the batch and answers each key from
+// its row; a key without one is Absent.
+func (s *Store) look(ctx context.Context, reqs []tier.Request, out []tier.Answer, q string) error {
+	if len(reqs) == 0 {
+		return nil
+	}
+	ns, keys, _ := columns(reqs)
+	at := make(map[string]int, len(reqs))
+	for i := range reqs {
+		at[rowID(ns[i], keys[i])] = i
+	}
+	return s.run(ctx, func(rows pgx.Rows) error {
+		for i := range out {
+			out[i] = tier.Answer{Status: tier.Absent, Partition: -1}
+		}
+		for rows.Next() {
+			var (
+				rns, rkey, token, digest []byte
+				state                    string
+				leaseEnd, expires, ms    int64
+				attempts                 int32
+			)
+			if err := rows.Scan(&rns, &rkey, &state, &token, &leaseEnd, &attempts, &digest, &expires, &ms); err != nil {
+				return err
+			}
+			i, ok := at[rowID(rns, rkey)]
+			if !ok {
+				continue
+			}
+			a := tier.Answer{Status: tier.Absent, Partition: -1}
+			switch {
+			case expires <= ms:
+			case state == "D":
+				a.Status = tier.Committed
+				copy(a.Token[:], token)
+				if err := decodeCommitted(&a, digest); err != nil {
+					return err
+				}
+			case state == "C" && leaseEnd > ms:
+				a.Status = tier.Held
+			default: // a count, or a claim whose lease ended (counted)
+				n := int(attempts)
+				if state == "C" && s.max > 0 {
+					n++
+				}
+				a.Status, a.Attempts = tier.Released, uint16(min(n, tier.MaxAttempts))
+				if s.max > 0 && n >= s.max {
+					a.Status = tier.Poisoned
+				}
+			}
+			out[i] = a
+		}
+		return nil
+	}, q, ns, keys)
+}
+
 // rowID is the map key of a row's (ns, key): the namespace's length
 // first, so two pairs never run together.
 func rowID(ns, key []byte) string {
@@ -651,4 +735,6 @@ var (
 	_ tier.Marker       = (*Store)(nil)
 	_ tier.Dropper      = (*Store)(nil)
 	_ tier.ResultKeeper = (*Store)(nil)
+	_ tier.Looker       = (*Store)(nil)
+	_ tier.Forgetter    = (*Store)(nil)
 )

@@ -16,4 +16,6 @@ type Token = tier.Token
 var (
 	_ tier.Exact        = (*Store)(nil)
 	_ tier.ResultKeeper = (*Store)(nil)
+	_ tier.Looker       = (*Store)(nil)
+	_ tier.Forgetter    = (*Store)(nil)
 )

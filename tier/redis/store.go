@@ -218,6 +218,24 @@ if untilMS > tonumber(lease) then
 end
 return 1`)
 
+// lookScript reads KEYS[1] without claiming it: ” (absent), 'H' (a live
+// claim), 'E' ‖ attempts (a claim whose lease ended) or the value of a
+// commit ('D'…) or an attempt count ('R'…). With ARGV[1] = 1 it also
+// deletes the key unless a live claim holds it (Forget).
+var lookScript = goredis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then return '' end
+local out = v
+if string.sub(v, 1, 1) == 'C' then
+  local lease, cnt = string.match(string.sub(v, 18), '^(%d+):(%d+)$')
+  if not lease then return 'H' end
+  local t = redis.call('TIME')
+  if tonumber(lease) > tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then return 'H' end
+  out = 'E' .. cnt
+end
+if ARGV[1] == '1' then redis.call('DEL', KEYS[1]) end
+return out`)
+
 // Store is the Redis tier. It is safe for concurrent use.
 type Store struct {
 	c      goredis.UniversalClient
@@ -348,7 +366,7 @@ func (s *Store) checkPolicy(ctx context.Context, require bool) error {
 
 func (s *Store) loadScripts(ctx context.Context) error {
 	return s.eachServer(ctx, func(ctx context.Context, c goredis.Cmdable) error {
-		for _, sc := range []*goredis.Script{claimScript, commitScript, releaseScript, extendScript} {
+		for _, sc := range []*goredis.Script{claimScript, commitScript, releaseScript, extendScript, lookScript} {
 			if err := sc.Load(ctx, c).Err(); err != nil {
 				return fmt.Errorf("%w: loading scripts: %w", ErrUnavailable, err)
 			}
@@ -521,6 +539,74 @@ func decodeClaim(v string) (Result, error) {
 		return r, nil
 	}
 	return Result{}, fmt.Errorf("unexpected claim answer of %d bytes", len(v))
+}
+
+// Lookup answers each key without claiming it, in one pipeline: Absent,
+// Held, Committed (with the committer's Token, Digest, Result and At),
+// Released (its attempt count; a claim whose lease ended counts one more)
+// or Poisoned.
+func (s *Store) Lookup(ctx context.Context, reqs []Request, out []Result) error {
+	return s.look(ctx, reqs, out, false)
+}
+
+// Forget deletes each key unless a live claim holds it (one script call
+// per key, atomic per key, in one pipeline), and answers what it found, as
+// Lookup does. Another process's cached answer is not reached: see the
+// engine's Forget.
+func (s *Store) Forget(ctx context.Context, reqs []Request, out []Result) error {
+	return s.look(ctx, reqs, out, true)
+}
+
+func (s *Store) look(ctx context.Context, reqs []Request, out []Result, forget bool) error {
+	flag := 0
+	if forget {
+		flag = 1
+	}
+	cmds, err := s.evalBatch(ctx, lookScript, reqs, func(*Request) []any { return []any{flag} })
+	if err != nil {
+		return err
+	}
+	for i, cmd := range cmds {
+		v, err := cmd.Text()
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		if out[i], err = s.decodeLook(v); err != nil {
+			return fmt.Errorf("%w: %w at %q", ErrUnavailable, err, s.Key(reqs[i].NS, reqs[i].Key))
+		}
+		out[i].Partition = -1
+	}
+	return nil
+}
+
+// decodeLook reads lookScript's answer.
+func (s *Store) decodeLook(v string) (Result, error) {
+	if v == "" {
+		return Result{Status: tier.Absent}, nil
+	}
+	counted := func(digits string, plus uint64) (Result, error) {
+		n, err := strconv.ParseUint(digits, 10, 16)
+		if err != nil {
+			return Result{}, fmt.Errorf("attempt count %q: %w", digits, err)
+		}
+		n = min(n+plus, tier.MaxAttempts)
+		r := Result{Status: tier.Released, Attempts: uint16(n)}
+		if s.max > 0 && int(n) >= s.max {
+			r.Status = tier.Poisoned
+		}
+		return r, nil
+	}
+	switch v[0] {
+	case 'H':
+		return Result{Status: tier.Held}, nil
+	case 'E':
+		return counted(v[1:], 1)
+	case 'R':
+		return counted(v[1:], 0)
+	case commitTag:
+		return decodeClaim(v)
+	}
+	return Result{}, fmt.Errorf("unexpected value of %d bytes", len(v))
 }
 
 // Commit turns each unexpired claim into a committed key with the window as

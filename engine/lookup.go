@@ -1,0 +1,261 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/tierdedup/tierdedup/shard"
+	"github.com/tierdedup/tierdedup/tier"
+	"github.com/tierdedup/tierdedup/tier/memory"
+)
+
+// KeyInfo is what the engine knows of one key, read by Lookup or found by
+// Forget.
+type KeyInfo struct {
+	// Outcome is what a claim of the key would have answered: New (nothing
+	// committed inside the window; Attempts may count failed claims),
+	// Duplicate (committed), InFlight (a claim holds it) or Poison.
+	Outcome Outcome
+	// Attempts counts the key's failed claims (Options.MaxAttempts).
+	Attempts uint16
+	// Digest, Result and CommittedAt are the commit's (Duplicate): its
+	// payload digest, stored result and time (zero without a result).
+	Digest      Digest
+	Result      []byte
+	CommittedAt int64
+}
+
+// Lookup reads key's state in the default namespace; see
+// Namespace.LookupBatch.
+func (e *Engine) Lookup(ctx context.Context, key []byte) (KeyInfo, error) {
+	return e.def.Lookup(ctx, key)
+}
+
+// Forget removes key from the default namespace; see Namespace.ForgetBatch.
+func (e *Engine) Forget(ctx context.Context, key []byte) (KeyInfo, error) {
+	return e.def.Forget(ctx, key)
+}
+
+// LookupBatch reads keys' states in the default namespace; see
+// Namespace.LookupBatch.
+func (e *Engine) LookupBatch(ctx context.Context, keys [][]byte, out []KeyInfo) error {
+	return e.def.LookupBatch(ctx, keys, out)
+}
+
+// ForgetBatch removes keys from the default namespace; see
+// Namespace.ForgetBatch.
+func (e *Engine) ForgetBatch(ctx context.Context, keys [][]byte, out []KeyInfo) error {
+	return e.def.ForgetBatch(ctx, keys, out)
+}
+
+// Lookup is LookupBatch for one key.
+func (n *Namespace) Lookup(ctx context.Context, key []byte) (KeyInfo, error) {
+	keys := [1][]byte{key}
+	var out [1]KeyInfo
+	err := n.LookupBatch(ctx, keys[:], out[:])
+	return out[0], err
+}
+
+// Forget is ForgetBatch for one key: an error matching ErrInFlight when a
+// claim holds it.
+func (n *Namespace) Forget(ctx context.Context, key []byte) (KeyInfo, error) {
+	keys := [1][]byte{key}
+	var out [1]KeyInfo
+	err := n.ForgetBatch(ctx, keys[:], out[:])
+	return out[0], err
+}
+
+// LookupBatch tells, for each key, what a claim would answer now, with the
+// commit's digest, result and time, without claiming anything: one out per
+// key. It reads the tiers as a claim does (memory, then the exact tier,
+// skipping it where warm filters prove a key new), so it is exact in the
+// configurations that are; the answer may change the moment it is read,
+// and only a claim decides who processes a key. Bloom-only cannot tell a
+// key it never saw from a false positive and refuses (ErrOptions).
+func (n *Namespace) LookupBatch(ctx context.Context, keys [][]byte, out []KeyInfo) error {
+	return n.e.lookup(ctx, n, keys, out, false)
+}
+
+// ForgetBatch removes each key's commit (and its attempt count), so that
+// its next claim is New: after a compensating action, or to let a
+// poisoned message run again. It is fenced like a claim: a key a claim
+// holds (in this process, or in the shared tier) is left as it is, its
+// out InFlight, and the call returns an error matching ErrInFlight after
+// forgetting the others. out[i] is what the key held before (New with no
+// attempts: there was nothing to forget). The removal is durable as a
+// commit is before ForgetBatch returns. Bloom-only cannot remove a key
+// (ErrOptions); with a shared tier it needs Options.NoSharedCache, so that
+// no other process answers from a cached copy of the commit.
+func (n *Namespace) ForgetBatch(ctx context.Context, keys [][]byte, out []KeyInfo) error {
+	return n.e.lookup(ctx, n, keys, out, true)
+}
+
+// lookup is LookupBatch, or ForgetBatch with forget.
+func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out []KeyInfo, forget bool) error {
+	op := "LookupBatch"
+	if forget {
+		op = "ForgetBatch"
+	}
+	switch {
+	case len(out) != len(keys):
+		return fmt.Errorf("%w: %d keys, %d infos", ErrBatch, len(keys), len(out))
+	case e.tiers == BloomOnly:
+		return fmt.Errorf("%w: %s needs exact tiers, have %v", ErrOptions, op, e.tiers)
+	case forget && e.where == tier.ClaimsInStore && !e.noSharedCache:
+		return fmt.Errorf("%w: %s with a shared tier needs Options.NoSharedCache (another process would answer from its cached commit)", ErrOptions, op)
+	}
+	if err := e.checkKeys(keys); err != nil {
+		return err
+	}
+	now, slot, err := e.start(ctx)
+	if err != nil {
+		return err
+	}
+	defer e.finish(slot)
+	n := len(keys)
+	b := e.getBatch(n)
+	defer e.putBatch(b)
+	for i, k := range keys {
+		b.fps[i] = shard.Sum(e.hasher, ns.name, k)
+	}
+	if forget {
+		first := e.tokens.Add(uint64(n)) - uint64(n) + 1
+		for i := range keys {
+			b.tokens[i] = first + uint64(i)
+		}
+		e.mem.Seize(b.fps, b.tokens, now, now+e.lease, b.res)
+	} else {
+		e.mem.Peek(b.fps, now, b.res)
+	}
+
+	// Memory's answers; the keys it cannot decide go to the exact tier.
+	cand := b.cand[:0]
+	for i := range keys {
+		r := &b.res[i]
+		out[i] = KeyInfo{Attempts: r.Attempts}
+		switch r.Status {
+		case tier.Held:
+			out[i].Outcome = InFlight
+			continue
+		case tier.Committed:
+			out[i] = KeyInfo{Outcome: Duplicate, Digest: r.Digest, Result: r.Result, CommittedAt: r.At}
+		case tier.Poisoned:
+			out[i].Outcome = Poison
+		default: // Absent, Released
+			out[i].Outcome = New
+		}
+		if forget || (e.exact != nil && out[i].Outcome != Duplicate) {
+			cand = append(cand, i)
+		}
+	}
+	b.cand = cand
+	var c tally
+	if e.exact != nil && len(cand) > 0 {
+		err = e.lookupExact(ctx, b, ns, keys, out, forget, &c)
+	}
+	if forget {
+		// Give back every claim Seize made: the key is free, or (on an
+		// error) the store still holds whatever it held.
+		m := len(cand)
+		for j, i := range cand {
+			b.cfps[j], b.ctokens[j], b.actions[j] = b.fps[i], b.tokens[i], memory.Drop
+		}
+		e.mem.Settle(b.cfps[:m], b.ctokens[:m], b.actions[:m], b.expires[:m], b.digests[:m], nil)
+	}
+	if err != nil {
+		c.errors++
+		e.stats.add(&c)
+		return e.tierError(err)
+	}
+	e.stats.add(&c)
+	held, forgot := 0, 0
+	for i := range out {
+		o := &out[i]
+		if o.Outcome == New && e.maxAttempts > 0 && int(o.Attempts) >= e.maxAttempts {
+			o.Outcome = Poison
+		}
+		switch {
+		case o.Outcome == InFlight:
+			held++
+		case o.Outcome != New || o.Attempts > 0:
+			forgot++
+		}
+	}
+	if forget {
+		e.stats.forgets.Add(uint64(forgot))
+	} else {
+		e.stats.lookups.Add(uint64(n))
+	}
+	if forget && held > 0 {
+		return fmt.Errorf("%w: %d of %d keys", ErrInFlight, held, n)
+	}
+	return nil
+}
+
+// lookupExact asks the exact tier about the keys of b.cand: a read (Claim
+// of a tier whose claims live in the engine, Lookup of a shared one), or
+// Forget.
+func (e *Engine) lookupExact(ctx context.Context, b *batch, ns *Namespace, keys [][]byte, out []KeyInfo, forget bool, c *tally) error {
+	cand := b.cand
+	m := len(cand)
+	oldest := e.parts.Oldest(e.current.Load())
+	allLive := uint64(1)<<e.parts.Live - 1
+	probes := b.probes[:m]
+	warm := !forget && e.bloom != nil && e.warm.Load()
+	if warm {
+		cfps := b.cfps[:m]
+		for j, i := range cand {
+			cfps[j] = b.fps[i]
+		}
+		oldest = e.bloom.Test(cfps, probes)
+	}
+	reqs, qidx := b.reqs[:0], b.qidx[:0]
+	for j, i := range cand {
+		mask := allLive
+		if warm {
+			if mask = probes[j].Maybe; mask == 0 {
+				c.bloomNegatives++
+				continue
+			}
+		}
+		reqs = append(reqs, tier.Request{NS: ns.name, Key: keys[i], Oldest: oldest, Mask: mask})
+		qidx = append(qidx, i)
+	}
+	b.reqs, b.qidx = reqs, qidx
+	defer clear(reqs)
+	if len(reqs) == 0 {
+		return nil
+	}
+	ans := b.ans[:len(reqs)]
+	c.storeReads += uint64(len(reqs))
+	var err error
+	switch {
+	case forget:
+		err = e.forgetter.Forget(ctx, reqs, ans)
+	case e.where == tier.ClaimsInEngine:
+		err = e.exact.Claim(ctx, reqs, 0, ans)
+	default:
+		err = e.looker.Lookup(ctx, reqs, ans)
+	}
+	if err != nil {
+		return err
+	}
+	for q, i := range qidx {
+		a := &ans[q]
+		o := &out[i]
+		switch a.Status {
+		case tier.Committed:
+			c.storeHits++
+			*o = KeyInfo{Outcome: Duplicate, Digest: a.Digest, Result: a.Result, CommittedAt: a.At}
+		case tier.Held:
+			o.Outcome = InFlight
+		case tier.Poisoned:
+			o.Outcome, o.Attempts = Poison, max(o.Attempts, a.Attempts)
+		case tier.Released:
+			if o.Outcome != Duplicate {
+				o.Outcome, o.Attempts = New, max(o.Attempts, a.Attempts)
+			}
+		}
+	}
+	return nil
+}
