@@ -216,7 +216,9 @@ func (q *commitQueue) write(group []*pending) {
 		ctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
 	}
+	t0 := time.Now()
 	_, _, err := q.e.commitSpans(ctx, claims, errs, spans, false)
+	q.e.stats.commitLatency.observe(time.Since(t0))
 	q.e.stats.commitGroups.Add(1)
 	s := 0
 	for _, p := range group {

@@ -30,6 +30,11 @@ type Stats struct {
 	// one group. CommitsPending is how many calls wait in it now.
 	CommitGroups   uint64
 	CommitsPending int
+	// CommitLatency is the time each group of the commit queue took to
+	// become durable (the exact tier's write: a synced Pebble batch, a
+	// Redis pipeline). FsyncLatency is the WAL's fsyncs (Default; Bounds
+	// are Pebble's own histogram's, nearest below the engine's).
+	CommitLatency, FsyncLatency Histogram
 	// Lookups counts the keys looked up; Forgets, the keys whose commit
 	// or attempt count Forget removed.
 	Lookups, Forgets uint64
@@ -84,6 +89,7 @@ type counters struct {
 	rebuilt, partitionsDropped, failOpen               atomic.Uint64
 	commitGroups                                       atomic.Uint64
 	lookups, forgets                                   atomic.Uint64
+	commitLatency                                      latency
 	sealed, sealedLoaded, sealFailures                 atomic.Uint64
 }
 
@@ -163,7 +169,10 @@ func (e *Engine) Stats() Stats {
 		s.BloomTargetFP = 1 - pow(1-per, e.parts.Live)
 		s.BloomEstimatedFP = e.bloom.EstimatedFalsePositive()
 	}
+	s.CommitLatency = c.commitLatency.snapshot()
 	if e.store != nil {
+		h := &s.FsyncLatency
+		h.Bounds, h.Counts, h.Count, h.Sum = e.store.FsyncLatency(latencyBounds)
 		d := e.store.Disk()
 		s.DiskBytes, s.TableBytes, s.WALBytes = d.Total, d.Tables, d.WAL
 		s.WALRecycledBytes, s.WALWrittenBytes, s.WALRecycledFiles = d.RecycledWAL, d.WALWritten, d.RecycledWALFiles

@@ -11,11 +11,14 @@ import (
 	"log"
 	"math/bits"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/cockroachdb/pebble/v2"
 	pebblebloom "github.com/cockroachdb/pebble/v2/bloom"
@@ -699,4 +702,34 @@ func (s *Store) Checkpoint(dir string) (err error) {
 		return fmt.Errorf("%w: checkpoint %s: %w", ErrStorage, dir, err)
 	}
 	return nil
+}
+
+// FsyncLatency returns the distribution of the WAL's fsyncs since Open, in
+// seconds, on bounds of Pebble's own histogram: for each bound of want,
+// the largest of Pebble's bounds at most it (want ascending, each bound
+// once) with the fsyncs that took at most that long (cumulative), and the
+// count and sum of all of them.
+func (s *Store) FsyncLatency(want []float64) (bounds []float64, counts []uint64, count uint64, sum float64) {
+	h := s.db.Metrics().LogWriter.FsyncLatency
+	if h == nil {
+		return nil, nil, 0, 0
+	}
+	var m dto.Metric
+	if err := h.Write(&m); err != nil || m.Histogram == nil {
+		return nil, nil, 0, 0
+	}
+	const ns = 1e-9 // Pebble observes nanoseconds
+	buckets := m.Histogram.GetBucket()
+	for _, w := range want {
+		i := sort.Search(len(buckets), func(i int) bool { return buckets[i].GetUpperBound()*ns > w }) - 1
+		if i < 0 {
+			continue
+		}
+		b := buckets[i].GetUpperBound() * ns
+		if n := len(bounds); n > 0 && bounds[n-1] == b {
+			continue
+		}
+		bounds, counts = append(bounds, b), append(counts, buckets[i].GetCumulativeCount())
+	}
+	return bounds, counts, m.Histogram.GetSampleCount(), m.Histogram.GetSampleSum() * ns
 }

@@ -1,0 +1,168 @@
+package promdedup_test
+
+import (
+	"context"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+
+	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/engine/promdedup"
+)
+
+// scrape fetches url and parses the text exposition format.
+func scrape(t testing.TB, url string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var p expfmt.TextParser
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fams
+}
+
+// value is the value of the family's metric with the given label pairs.
+func value(t *testing.T, fams map[string]*dto.MetricFamily, name string, labels ...string) float64 {
+	t.Helper()
+	f, ok := fams[name]
+	if !ok {
+		t.Fatalf("no metric %s", name)
+	}
+next:
+	for _, m := range f.Metric {
+		for i := 0; i < len(labels); i += 2 {
+			found := false
+			for _, l := range m.Label {
+				if l.GetName() == labels[i] && l.GetValue() == labels[i+1] {
+					found = true
+				}
+			}
+			if !found {
+				continue next
+			}
+		}
+		switch {
+		case m.Counter != nil:
+			return m.Counter.GetValue()
+		case m.Gauge != nil:
+			return m.Gauge.GetValue()
+		case m.Histogram != nil:
+			return float64(m.Histogram.GetSampleCount())
+		}
+	}
+	t.Fatalf("no %s%v", name, labels)
+	return 0
+}
+
+// TestScrape: the collector, registered in a pedantic registry (which
+// checks every metric against its description), served over HTTP and
+// scraped with the real client: every value is the engine's Stats.
+func TestScrape(t *testing.T) {
+	ctx := context.Background()
+	e, err := engine.Open(&engine.Options{Dir: t.TempDir(), ExpectedKeys: 1000, Logger: log.New(io.Discard, "", 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(promdedup.New(e, prometheus.Labels{"engine": "t"}))
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.HTTPErrorOnError}))
+	defer srv.Close()
+
+	keys := [][]byte{[]byte("a"), []byte("b"), []byte("c"), []byte("a")}
+	out := make([]engine.Claim, len(keys))
+	if err := e.ClaimBatch(ctx, keys, nil, out); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.CommitBatch(ctx, out[:2], nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Release(ctx, out[2]); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"a", "b", "d"} {
+		if _, err := e.MarkIfAbsent(ctx, []byte(k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.Lookup(ctx, []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Forget(ctx, []byte("b")); err != nil {
+		t.Fatal(err)
+	}
+
+	fams := scrape(t, srv.URL)
+	s := e.Stats()
+	checks := []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"tierdedup_claims_total", []string{"outcome", "new"}, float64(s.New)},
+		{"tierdedup_claims_total", []string{"outcome", "duplicate"}, float64(s.Duplicates)},
+		{"tierdedup_claims_total", []string{"outcome", "in_flight"}, float64(s.InFlight)},
+		{"tierdedup_commits_total", nil, float64(s.Commits)},
+		{"tierdedup_releases_total", nil, float64(s.Releases)},
+		{"tierdedup_tier_lookups_total", []string{"tier", "memory", "result", "hit"}, float64(s.MemoryHits)},
+		{"tierdedup_tier_lookups_total", []string{"tier", "memory", "result", "miss"}, float64(s.MemoryMisses)},
+		{"tierdedup_tier_lookups_total", []string{"tier", "bloom", "result", "negative"}, float64(s.BloomNegatives)},
+		{"tierdedup_commit_groups_total", nil, float64(s.CommitGroups)},
+		{"tierdedup_commit_batch_seconds", nil, float64(s.CommitLatency.Count)},
+		{"tierdedup_lookups_total", nil, float64(s.Lookups)},
+		{"tierdedup_forgets_total", nil, float64(s.Forgets)},
+		{"tierdedup_bloom_state", []string{"state", "warm"}, 1},
+		{"tierdedup_window_seconds", nil, s.Window.Seconds()},
+		{"tierdedup_memory_entries", []string{"kind", "committed"}, float64(s.MemoryEntries)},
+	}
+	for _, c := range checks {
+		if got := value(t, fams, c.name, append([]string{"engine", "t"}, c.labels...)...); got != c.want {
+			t.Errorf("%s%v = %v, Stats says %v", c.name, c.labels, got, c.want)
+		}
+	}
+	// Nothing above is zero by accident: the workload made each of them.
+	if s.New != 4 || s.Duplicates != 2 || s.InFlight != 1 || s.Commits != 3 || s.Releases != 1 || s.Lookups != 1 || s.Forgets != 1 || s.CommitGroups == 0 {
+		t.Errorf("Stats after the workload: %+v", s)
+	}
+	if fsyncs := value(t, fams, "tierdedup_wal_fsync_seconds", "engine", "t"); fsyncs == 0 || fsyncs > float64(s.FsyncLatency.Count) {
+		t.Errorf("%v fsyncs scraped, %d in Stats after", fsyncs, s.FsyncLatency.Count)
+	}
+	if disk := value(t, fams, "tierdedup_disk_bytes", "engine", "t", "kind", "total"); disk <= 0 {
+		t.Errorf("disk bytes %v", disk)
+	}
+}
+
+// BenchmarkScrape measures one scrape of the default configuration's
+// metrics: Stats (Pebble's metrics included), collection and encoding.
+func BenchmarkScrape(b *testing.B) {
+	e, err := engine.Open(&engine.Options{Dir: b.TempDir(), ExpectedKeys: 1000, Logger: log.New(io.Discard, "", 0)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(promdedup.New(e, nil))
+	h := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	req := httptest.NewRequest("GET", "/metrics", nil)
+	b.ReportAllocs()
+	for b.Loop() {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		if w.Code != http.StatusOK {
+			b.Fatal(w.Code)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "scrapes/s")
+}
