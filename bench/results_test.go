@@ -14,22 +14,34 @@ import (
 // configuration: b.N keys claimed and committed in batches of 256, each
 // with a random (incompressible) result of the sub-benchmark's size, then
 // every key claimed again as a duplicate; result=0B/memory=16 is the
-// baseline of duplicates read from the store (a memory tier of 16 keys).
+// baseline of duplicates read from the store (a memory tier of 16 keys),
+// result=0B/namespace-window the cost of dating every commit (a namespace
+// with a window of its own).
 // It reports the store's bytes per
 // key after a full compaction, commits per second (keys/s) and duplicate
 // answers per second (dup-keys/s): a duplicate with a result is read from
 // the store, never from memory, which keeps no results beside an exact
 // tier.
 func BenchmarkStoredResult(b *testing.B) {
-	for _, c := range []struct{ size, memory int }{{0, 0}, {0, 16}, {64, 0}, {512, 0}} {
+	for _, c := range []struct {
+		size, memory int
+		dated        bool
+	}{{0, 0, false}, {0, 16, false}, {0, 0, true}, {64, 0, false}, {512, 0, false}} {
 		size := c.size
 		name := fmt.Sprintf("result=%dB", size)
 		if c.memory > 0 {
 			name += fmt.Sprintf("/memory=%d", c.memory)
 		}
+		o := engine.Options{MemoryCapacity: c.memory, Logger: quiet}
+		if c.dated {
+			// A namespace window of its own: every commit stores its time.
+			name += "/namespace-window"
+			o.NamespaceWindows = map[string]time.Duration{"": 24 * time.Hour}
+		}
 		b.Run(name, func(b *testing.B) {
 			ctx := context.Background()
-			e, err := engine.Open(&engine.Options{Dir: b.TempDir(), ExpectedKeys: max(b.N, 1000), MemoryCapacity: c.memory, Logger: quiet})
+			o.Dir, o.ExpectedKeys = b.TempDir(), max(b.N, 1000)
+			e, err := engine.Open(&o)
 			if err != nil {
 				b.Fatal(err)
 			}

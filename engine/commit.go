@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
@@ -274,8 +275,11 @@ func (e *Engine) durable(ctx context.Context, call commitCall, b *batch, k int, 
 	claims, errs, writes, mark := call.claims, call.errs, call.writes, call.mark
 	cfps, ctokens, digests := b.cfps[:k], b.ctokens[:k], b.digests[:k]
 	var results [][]byte // nil unless a claim stores a result
+	expires := b.expires[:k]
 	for j := range k {
-		if r := claims[b.cand[j]].Result; len(r) > 0 {
+		c := &claims[b.cand[j]]
+		expires[j] = now + c.ns.cacheFor
+		if r := c.Result; len(r) > 0 {
 			if results == nil {
 				results = b.results[:k]
 				clear(results)
@@ -312,8 +316,10 @@ func (e *Engine) durable(ctx context.Context, call commitCall, b *batch, k int, 
 		reqs, st := b.reqs[:k], b.st[:k]
 		for j := range reqs {
 			c := &claims[b.cand[j]]
-			reqs[j] = tier.Request{NS: c.ns.name, Key: c.Key, Digest: c.digest}
-			if len(c.Result) > 0 {
+			reqs[j] = tier.Request{NS: c.ns.name, Key: c.Key, Digest: c.digest, Window: time.Duration(c.ns.window)}
+			if len(c.Result) > 0 || c.ns.window > 0 {
+				// Dated: a result carries its time, and a namespace with
+				// its own window is judged by it.
 				reqs[j].Result, reqs[j].At = c.Result, now
 			}
 			if shared {
@@ -354,7 +360,7 @@ func (e *Engine) durable(ctx context.Context, call commitCall, b *batch, k int, 
 			}
 		}
 	}
-	e.mem.FinishResults(cfps, ctokens, ok, now+e.cacheFor, digests, results, now)
+	e.mem.FinishResults(cfps, ctokens, ok, expires, digests, results, now)
 	clear(results) // drop references to the caller's results
 	var committed uint64
 	for j := range ok {

@@ -66,6 +66,8 @@ type Engine struct {
 	// from the exact tier (nil when it cannot).
 	looker    tier.Looker
 	forgetter tier.Forgetter
+	// nsWindows are the namespaces' own windows (Options.NamespaceWindows).
+	nsWindows map[string]int64
 	// noSharedCache: memory keeps no commits of a shared tier
 	// (Options.NoSharedCache), so a Forget reaches every process.
 	noSharedCache bool
@@ -262,6 +264,14 @@ func Open(opts *Options) (*Engine, error) {
 			}
 		}
 	}
+
+	if len(o.NamespaceWindows) > 0 {
+		e.nsWindows = make(map[string]int64, len(o.NamespaceWindows))
+		for name, w := range o.NamespaceWindows {
+			e.nsWindows[name] = int64(w)
+		}
+	}
+	e.def = *e.newNamespace("") // now that where claims live is known
 
 	if o.Tiers == Default || o.Tiers == BloomOnly {
 		bopts := &bloom.Options{Partitions: parts, ExpectedKeys: o.ExpectedKeys, FalsePositive: o.FalsePositive}

@@ -151,7 +151,7 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 	b.cand = cand
 	var c tally
 	if e.exact != nil && len(cand) > 0 {
-		err = e.lookupExact(ctx, b, ns, keys, out, forget, &c)
+		err = e.lookupExact(ctx, b, ns, keys, out, forget, &c, now)
 	}
 	if forget {
 		// Give back every claim Seize made: the key is free, or (on an
@@ -195,7 +195,7 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 // lookupExact asks the exact tier about the keys of b.cand: a read (Claim
 // of a tier whose claims live in the engine, Lookup of a shared one), or
 // Forget.
-func (e *Engine) lookupExact(ctx context.Context, b *batch, ns *Namespace, keys [][]byte, out []KeyInfo, forget bool, c *tally) error {
+func (e *Engine) lookupExact(ctx context.Context, b *batch, ns *Namespace, keys [][]byte, out []KeyInfo, forget bool, c *tally, now int64) error {
 	cand := b.cand
 	m := len(cand)
 	oldest := e.parts.Oldest(e.current.Load())
@@ -245,6 +245,9 @@ func (e *Engine) lookupExact(ctx context.Context, b *batch, ns *Namespace, keys 
 		o := &out[i]
 		switch a.Status {
 		case tier.Committed:
+			if ns.expired(a.Partition, a.At, now) {
+				continue // older than the namespace's window: New
+			}
 			c.storeHits++
 			*o = KeyInfo{Outcome: Duplicate, Digest: a.Digest, Result: a.Result, CommittedAt: a.At}
 		case tier.Held:

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/tierdedup/tierdedup/tier"
 )
 
 // Namespace is one key space of an Engine: the same key bytes in two
@@ -14,6 +16,9 @@ import (
 type Namespace struct {
 	e    *Engine
 	name string
+	// window is the namespace's own window (Options.NamespaceWindows),
+	// zero for the engine's; cacheFor is how long memory keeps its commits.
+	window, cacheFor int64
 }
 
 // Namespace returns the namespace called name (at most MaxNamespace bytes,
@@ -25,7 +30,44 @@ func (e *Engine) Namespace(name string) (*Namespace, error) {
 	if name == "" {
 		return &e.def, nil
 	}
-	return &Namespace{e: e, name: name}, nil
+	return e.newNamespace(name), nil
+}
+
+// newNamespace is the namespace called name with its window.
+func (e *Engine) newNamespace(name string) *Namespace {
+	n := &Namespace{e: e, name: name, cacheFor: e.cacheFor}
+	if w, ok := e.nsWindows[name]; ok {
+		n.window = w
+		n.cacheFor = w
+		if e.where == tier.ClaimsInStore {
+			n.cacheFor = w / 2 // as the engine's: a process clock behind the server's
+		}
+		n.cacheFor = min(n.cacheFor, e.cacheFor)
+	}
+	return n
+}
+
+// Window returns how long a commit in the namespace stays a Duplicate: its
+// own window (Options.NamespaceWindows), or the engine's.
+func (n *Namespace) Window() time.Duration {
+	if n.window > 0 {
+		return time.Duration(n.window)
+	}
+	return time.Duration(n.e.window)
+}
+
+// expired reports whether a commit the exact tier found in partition (at
+// at, zero if it stored no time) has outlived the namespace's own window
+// by now. A commit without a time is dated at its partition's end, so it
+// is never judged older than it is.
+func (n *Namespace) expired(partition, at, now int64) bool {
+	if n.window == 0 || partition < 0 {
+		return false
+	}
+	if at == 0 {
+		at = (partition + 1) * n.e.parts.Length
+	}
+	return now-at >= n.window
 }
 
 // Name returns the namespace's name.

@@ -216,6 +216,18 @@ type Options struct {
 	// Stats.FailOpen. Only for consumers that prefer a duplicate effect to a
 	// stalled queue.
 	FailOpen bool
+	// NamespaceWindows gives namespaces (by name; "" is the default one) a
+	// window of their own, shorter than Window (10 minutes for telemetry
+	// IDs beside 7 days for payments): a key committed in one is a
+	// Duplicate for exactly its window, then New. Storage is reclaimed at
+	// the engine's granularity (whole partitions after Window), so a short
+	// window saves no disk, only wrong answers. Each must exceed Lease and
+	// not exceed Window. Memory, Default and Redis; not BloomOnly (a filter
+	// cannot date a key) nor Postgres. Changing one between runs applies
+	// at once to keys already committed (the store dates each commit in
+	// such a namespace; a commit made while its namespace had no window of
+	// its own is dated at its partition's end).
+	NamespaceWindows map[string]time.Duration
 	// NoSharedCache keeps no committed keys of the shared tier in memory
 	// (Tiers: Redis or Postgres): every claim of a key not in flight in
 	// this process asks the shared tier. Forget needs it: otherwise the
@@ -289,6 +301,18 @@ func (o *Options) Validate() error {
 		bad("Lease %v is negative", o.Lease)
 	}
 	d := o.WithDefaults()
+	for name, w := range o.NamespaceWindows {
+		switch {
+		case o.Tiers == BloomOnly || o.Tiers == Postgres:
+			bad("NamespaceWindows are not supported by %v", o.Tiers)
+		case len(name) > MaxNamespace:
+			bad("NamespaceWindows: a name of %d bytes, max %d", len(name), MaxNamespace)
+		case w > d.Window:
+			bad("NamespaceWindows[%q] %v is longer than Window %v", name, w, d.Window)
+		case w <= d.Lease:
+			bad("NamespaceWindows[%q] %v must be longer than Lease %v", name, w, d.Lease)
+		}
+	}
 	if d.Window > 0 && d.Partition > 0 {
 		if _, err := tier.NewPartitions(d.Window, d.Partition); err != nil {
 			bad("Window %v / Partition %v: %v", d.Window, d.Partition, err)

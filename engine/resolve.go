@@ -186,6 +186,12 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 			out[i].Outcome = InFlight
 			actions[j] = memory.Drop
 		case tier.Committed:
+			if ns.expired(a.Partition, a.At, now) {
+				// Older than the namespace's own window: the key is new
+				// again, and its commit will write a newer record.
+				out[i].Outcome = New
+				continue
+			}
 			if marks[j] && a.Token == reqs[q].Token {
 				// The commit of a mark whose reply was lost: the caller
 				// never learnt it was New, so it still is.
@@ -211,11 +217,19 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 			out[i].Result, out[i].CommittedAt = a.Result, a.At
 			actions[j] = memory.Drop
 			if a.Partition >= 0 && a.Result == nil {
-				// Cached until its partition expires. A tier that cannot
-				// date the commit (another process's, in a shared tier)
-				// is not cached: memory must never outlive it. Nor is a
-				// commit with a result: the tier answers with it.
+				// Cached until its partition expires, or the namespace's
+				// window ends. A tier that cannot date the commit
+				// (another process's, in a shared tier) is not cached:
+				// memory must never outlive it. Nor is a commit with a
+				// result: the tier answers with it.
 				actions[j], expires[j] = memory.Commit, e.parts.Expiry(a.Partition)
+				if ns.window > 0 {
+					at := a.At
+					if at == 0 {
+						at = (a.Partition + 1) * e.parts.Length
+					}
+					expires[j] = min(expires[j], at+ns.window)
+				}
 			}
 		default:
 			clear(reqs)

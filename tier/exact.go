@@ -93,10 +93,16 @@ type Request struct {
 	Attempts uint16
 	// Result is the caller's result Commit stores with the key, nil for
 	// none, and At the commit's time (Unix nanoseconds of the engine's
-	// clock), stored with it. Tiers that keep results (ResultKeeper) return
-	// both with every later Committed answer.
+	// clock; zero for none). Tiers that keep results (ResultKeeper) return
+	// both with every later Committed answer; a partitioned tier stores At
+	// whenever it is given, so the engine can date a commit in a namespace
+	// whose window is shorter than the tier's.
 	Result []byte
 	At     int64
+	// Window, when positive, is how long Commit keeps the key committed in
+	// a tier that expires keys itself (shorter than its own window: a
+	// namespace's); zero means the tier's window.
+	Window time.Duration
 }
 
 // Answer is an Exact tier's answer to Claim for one key.

@@ -18,7 +18,7 @@ func commitResult(t *testing.T, tb *Table, f shard.Fingerprint, token uint64, no
 	if st := one(tb.Begin, f, token, now); st != tier.OK {
 		t.Fatalf("begin: %v", st)
 	}
-	tb.FinishResults([]shard.Fingerprint{f}, []uint64{token}, []bool{true}, now+1000, []Digest{d(token)}, [][]byte{r}, now)
+	tb.FinishResults([]shard.Fingerprint{f}, []uint64{token}, []bool{true}, []int64{now + 1000}, []Digest{d(token)}, [][]byte{r}, now)
 }
 
 // TestResults: with Options.Results a committed entry answers with its

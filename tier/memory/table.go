@@ -209,20 +209,22 @@ func (t *Table) Begin(fps []shard.Fingerprint, tokens []uint64, now int64, out [
 // returns to its leased state, so the owner may retry or release it. Keys
 // whose Begin was not OK must not be passed.
 func (t *Table) Finish(fps []shard.Fingerprint, tokens []uint64, ok []bool, expires int64, digests []Digest) {
-	t.FinishResults(fps, tokens, ok, expires, digests, nil, 0)
+	t.each(fps, func(s *stripe, i int) {
+		s.finishLocked(fps[i], tokens[i], ok[i], expires, digests[i], nil, 0)
+	})
 }
 
-// FinishResults is Finish where a commit may store a result: results is
-// nil or one per key (nil or empty for none), at the commit's time. A
-// committed entry keeps its result with Options.Results; without it a
-// commit with a result leaves no entry at all.
-func (t *Table) FinishResults(fps []shard.Fingerprint, tokens []uint64, ok []bool, expires int64, digests []Digest, results [][]byte, at int64) {
+// FinishResults is Finish with an expiry per key, where a commit may store
+// a result: results is nil or one per key (nil or empty for none), at the
+// commit's time. A committed entry keeps its result with Options.Results;
+// without it a commit with a result leaves no entry at all.
+func (t *Table) FinishResults(fps []shard.Fingerprint, tokens []uint64, ok []bool, expires []int64, digests []Digest, results [][]byte, at int64) {
 	t.each(fps, func(s *stripe, i int) {
 		var r []byte
 		if results != nil {
 			r = results[i]
 		}
-		s.finishLocked(fps[i], tokens[i], ok[i], expires, digests[i], r, at)
+		s.finishLocked(fps[i], tokens[i], ok[i], expires[i], digests[i], r, at)
 	})
 }
 

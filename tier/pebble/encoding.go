@@ -92,10 +92,11 @@ type Value struct {
 	Attempts uint16
 	// Digest is the payload digest, zero if none was given.
 	Digest Digest
-	// Result is the caller's result stored with a commit, nil for none,
-	// and At the commit's time in Unix nanoseconds, stored with it.
+	// At is a commit's time in Unix nanoseconds, zero if not stored (it
+	// is stored with a result, and in namespaces with their own window).
+	At int64
+	// Result is the caller's result stored with a commit, nil for none.
 	Result []byte
-	At     int64
 }
 
 // Value encoding, version 1:
@@ -106,16 +107,17 @@ type Value struct {
 //	claimed only: LeaseUntil u64 little endian, Token u64 little endian
 //	released only: Attempts u16 little endian
 //	then the 16-byte digest when flagged
-//	committed with a result (flag bit 1): At i64 little endian, then the
-//	result's bytes to the end of the value
+//	committed only: At i64 little endian when flagged (bit 1), then the
+//	result's bytes to the end of the value when flagged (bit 2)
 //
-// A committed record without digest or result is 3 bytes. A value with an
-// unknown flag is refused (ErrCorrupt), so an older version never reads a
-// result as nothing.
+// A committed record without digest, time or result is 3 bytes. A value
+// with an unknown flag is refused (ErrCorrupt), so an older version never
+// reads a time or a result as nothing.
 const (
 	valueVersion  = 1
 	flagDigest    = 1
-	flagResult    = 2
+	flagAt        = 2
+	flagResult    = 4
 	valueFixedLen = 3
 )
 
@@ -123,6 +125,9 @@ func appendValue(dst []byte, v Value) []byte {
 	flags := byte(0)
 	if v.Digest != (Digest{}) {
 		flags |= flagDigest
+	}
+	if v.State == StateCommitted && v.At != 0 {
+		flags |= flagAt
 	}
 	if v.State == StateCommitted && len(v.Result) > 0 {
 		flags |= flagResult
@@ -138,8 +143,10 @@ func appendValue(dst []byte, v Value) []byte {
 	if flags&flagDigest != 0 {
 		dst = append(dst, v.Digest[:]...)
 	}
-	if flags&flagResult != 0 {
+	if flags&flagAt != 0 {
 		dst = binary.LittleEndian.AppendUint64(dst, uint64(v.At))
+	}
+	if flags&flagResult != 0 {
 		dst = append(dst, v.Result...)
 	}
 	return dst
@@ -154,7 +161,7 @@ func decodeValue(b []byte) (Value, error) {
 	}
 	v := Value{State: State(b[1])}
 	flags, rest := b[2], b[valueFixedLen:]
-	if flags&^(flagDigest|flagResult) != 0 || flags&flagResult != 0 && v.State != StateCommitted {
+	if flags&^(flagDigest|flagAt|flagResult) != 0 || flags&(flagAt|flagResult) != 0 && v.State != StateCommitted {
 		return Value{}, fmt.Errorf("%w: unknown flags %#x", ErrCorrupt, flags)
 	}
 	switch v.State {
@@ -179,13 +186,25 @@ func decodeValue(b []byte) (Value, error) {
 		}
 		copy(v.Digest[:], rest)
 		rest = rest[len(v.Digest):]
+		if v.Digest == (Digest{}) {
+			return Value{}, fmt.Errorf("%w: a zero digest flagged", ErrCorrupt)
+		}
+	}
+	if flags&flagAt != 0 {
+		if len(rest) < 8 {
+			return Value{}, fmt.Errorf("%w: truncated time", ErrCorrupt)
+		}
+		v.At, rest = int64(binary.LittleEndian.Uint64(rest)), rest[8:]
+		if v.At == 0 {
+			return Value{}, fmt.Errorf("%w: a zero time flagged", ErrCorrupt)
+		}
 	}
 	if flags&flagResult != 0 {
-		if len(rest) < 9 {
-			return Value{}, fmt.Errorf("%w: truncated result", ErrCorrupt)
+		if len(rest) == 0 {
+			return Value{}, fmt.Errorf("%w: an empty result flagged", ErrCorrupt)
 		}
 		// Result aliases b: a caller that keeps it copies it.
-		v.At, v.Result, rest = int64(binary.LittleEndian.Uint64(rest)), rest[8:], nil
+		v.Result, rest = rest, nil
 	}
 	if len(rest) != 0 {
 		return Value{}, fmt.Errorf("%w: %d trailing bytes", ErrCorrupt, len(rest))

@@ -37,7 +37,7 @@ func (s *Store) Commit(ctx context.Context, partition int64, reqs []tier.Request
 // alone.
 func (s *Store) CommitWith(_ context.Context, partition int64, reqs []tier.Request, writes []tier.Write, out []tier.Status) error {
 	return s.writeRequests(partition, reqs, writes, out, func(r *tier.Request) (Value, bool) {
-		return Value{State: StateCommitted, Digest: r.Digest, Result: r.Result, At: r.At}, true
+		return Value{State: StateCommitted, Digest: r.Digest, At: r.At, Result: r.Result}, true
 	})
 }
 

@@ -58,8 +58,9 @@ func TestEncodingGolden(t *testing.T) {
 		{Value{State: StateCommitted, Digest: d}, "0102010102030405060708090a0b0c0d0e0f10"},
 		{Value{State: StateClaimed, LeaseUntil: 1764460800000000000, Token: 0xabcdef}, "01010000001ac4bf9f7c18efcdab0000000000"},
 		{Value{State: StateReleased, Attempts: 0x0203}, "0103000302"},
-		{Value{State: StateCommitted, Result: []byte("ok"), At: 0x0102}, "01020202010000000000006f6b"},
-		{Value{State: StateCommitted, Digest: d, Result: []byte{7}, At: 1}, "0102030102030405060708090a0b0c0d0e0f10010000000000000007"},
+		{Value{State: StateCommitted, Result: []byte("ok"), At: 0x0102}, "01020602010000000000006f6b"},
+		{Value{State: StateCommitted, Digest: d, Result: []byte{7}, At: 1}, "0102070102030405060708090a0b0c0d0e0f10010000000000000007"},
+		{Value{State: StateCommitted, At: 0x0102}, "0102020201000000000000"},
 	}
 	for _, tt := range tests {
 		got := appendValue(nil, tt.v)

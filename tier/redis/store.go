@@ -609,15 +609,19 @@ func (s *Store) decodeLook(v string) (Result, error) {
 	return Result{}, fmt.Errorf("unexpected value of %d bytes", len(v))
 }
 
-// Commit turns each unexpired claim into a committed key with the window as
-// TTL, in one pipeline; out[i] is OK or Lost. On error the outcome of each
+// Commit turns each unexpired claim into a committed key with the window
+// (or the request's shorter Window) as TTL, in one pipeline; out[i] is OK or Lost. On error the outcome of each
 // commit is unknown (a retry is safe: a commit that finds its own value
 // succeeds).
 // partition is not used: Redis dates keys by their TTL.
 func (s *Store) Commit(ctx context.Context, _ int64, reqs []Request, out []Status) error {
 	window := s.window.Milliseconds()
 	return s.runScript(ctx, commitScript, reqs, out, func(r *Request) []any {
-		return []any{claimPrefix(r.Token), commitValue(r), window}
+		w := window
+		if r.Window > 0 {
+			w = max(r.Window.Milliseconds(), 1)
+		}
+		return []any{claimPrefix(r.Token), commitValue(r), w}
 	})
 }
 
