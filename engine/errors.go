@@ -43,6 +43,13 @@ var (
 	// misjudge or lose acknowledged keys. The message names the field and
 	// both values. Nothing was changed.
 	ErrLayout = errors.New("tierdedup: store layout differs from options")
+	// ErrTokenUnknown reports a token that was never issued here (or not
+	// within the window).
+	ErrTokenUnknown = errors.New("tierdedup: unknown token")
+	// ErrTokenExpired reports a token whose ttl has passed.
+	ErrTokenExpired = errors.New("tierdedup: token expired")
+	// ErrTokenUsed reports a token already consumed.
+	ErrTokenUsed = errors.New("tierdedup: token already used")
 	// ErrInFlight reports a Forget of a key that a claim holds: it was
 	// left as it is.
 	ErrInFlight = errors.New("tierdedup: key is claimed")

@@ -24,6 +24,7 @@ func FuzzClaim(f *testing.F) {
 	f.Add("\x00", []byte{0xff, 0xfe, 0x00, 0x80}, []byte{0xc3, 0x28})
 	f.Add(strings.Repeat("n", 255), []byte("k"), []byte(nil))
 	f.Add(strings.Repeat("n", 256), []byte("k"), []byte(nil))
+	f.Add("\x00token/used", []byte("k"), []byte(nil))
 	f.Add("ns", []byte(strings.Repeat("x", engine.DefaultMaxKeySize)), []byte("p"))
 	f.Add("ns", []byte(strings.Repeat("x", engine.DefaultMaxKeySize+1)), []byte("p"))
 
@@ -36,9 +37,9 @@ func FuzzClaim(f *testing.F) {
 
 	f.Fuzz(func(t *testing.T, name string, key, payload []byte) {
 		ns, err := e.Namespace(name)
-		if len(name) > engine.MaxNamespace {
+		if len(name) > engine.MaxNamespace || strings.HasPrefix(name, "\x00") {
 			if !errors.Is(err, engine.ErrNamespace) {
-				t.Fatalf("namespace of %d bytes: %v", len(name), err)
+				t.Fatalf("namespace %q of %d bytes: %v", name, len(name), err)
 			}
 			return
 		}

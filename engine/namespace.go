@@ -22,15 +22,27 @@ type Namespace struct {
 }
 
 // Namespace returns the namespace called name (at most MaxNamespace bytes,
-// any bytes); "" is the default namespace.
+// not starting with a NUL byte, which marks the engine's own); "" is the
+// default namespace.
 func (e *Engine) Namespace(name string) (*Namespace, error) {
-	if len(name) > MaxNamespace {
-		return nil, fmt.Errorf("%w: name of %d bytes, max %d", ErrNamespace, len(name), MaxNamespace)
+	if err := checkNamespace(name); err != nil {
+		return nil, err
 	}
 	if name == "" {
 		return &e.def, nil
 	}
 	return e.newNamespace(name), nil
+}
+
+// checkNamespace is the rule for a caller's namespace name.
+func checkNamespace(name string) error {
+	switch {
+	case len(name) > MaxNamespace:
+		return fmt.Errorf("%w: name of %d bytes, max %d", ErrNamespace, len(name), MaxNamespace)
+	case len(name) > 0 && name[0] == 0:
+		return fmt.Errorf("%w: names starting with a NUL byte are the engine's own", ErrNamespace)
+	}
+	return nil
 }
 
 // newNamespace is the namespace called name with its window.

@@ -305,8 +305,8 @@ func (o *Options) Validate() error {
 		switch {
 		case o.Tiers == BloomOnly || o.Tiers == Postgres:
 			bad("NamespaceWindows are not supported by %v", o.Tiers)
-		case len(name) > MaxNamespace:
-			bad("NamespaceWindows: a name of %d bytes, max %d", len(name), MaxNamespace)
+		case checkNamespace(name) != nil:
+			bad("NamespaceWindows: %v", checkNamespace(name))
 		case w > d.Window:
 			bad("NamespaceWindows[%q] %v is longer than Window %v", name, w, d.Window)
 		case w <= d.Lease:

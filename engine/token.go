@@ -1,0 +1,92 @@
+package engine
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/binary"
+	"fmt"
+	"time"
+)
+
+// One-time tokens live in two namespaces of the engine's own, whose names
+// start with a NUL byte (refused to callers): a token's issue record, with
+// its expiry as the commit's result, and its use mark.
+const (
+	tokenIssued = "\x00token/issued"
+	tokenUsed   = "\x00token/used"
+	tokenBytes  = 16
+)
+
+// IssueToken returns a new one-time token: 128 random bits, URL-safe, stored
+// durably with its expiry ttl from now (at most the engine's Window: the
+// store keeps the token's record for the window). Hand it to the client
+// (a form, a retryable request) and ConsumeToken it once.
+func (e *Engine) IssueToken(ctx context.Context, ttl time.Duration) (string, error) {
+	if ttl <= 0 || int64(ttl) > e.window {
+		return "", fmt.Errorf("%w: token ttl %v is outside (0, %v]", ErrOptions, ttl, time.Duration(e.window))
+	}
+	if err := e.need(e.results, "IssueToken", "a tier that stores results"); err != nil {
+		return "", err
+	}
+	raw := make([]byte, tokenBytes)
+	if _, err := rand.Read(raw); err != nil {
+		return "", err
+	}
+	ns := e.newNamespace(tokenIssued)
+	c, err := ns.Claim(ctx, raw)
+	if err != nil {
+		return "", err
+	}
+	if c.Outcome != New {
+		// 128 random bits met an issued token: never in practice, and
+		// never handed out twice.
+		return "", fmt.Errorf("%w: a fresh token was %v", ErrStorage, c.Outcome)
+	}
+	now, err := e.now()
+	if err != nil {
+		_ = e.Release(ctx, c)
+		return "", err
+	}
+	c.Result = binary.BigEndian.AppendUint64(nil, uint64(now+int64(ttl)))
+	if err := e.Commit(ctx, c); err != nil {
+		return "", err
+	}
+	return base64.RawURLEncoding.EncodeToString(raw), nil
+}
+
+// ConsumeToken uses token once. It returns nil for the one call that
+// consumes it; ErrTokenUsed for every later one (and for a call racing the
+// one that consumes it); ErrTokenExpired once its ttl has passed, used or
+// not; ErrTokenUnknown for a token this engine's state never issued (or
+// issued more than a Window ago, or, memory-only, forgot by eviction or
+// restart). Other errors are the engine's: the token is then neither
+// consumed nor refused, and the call may be retried.
+func (e *Engine) ConsumeToken(ctx context.Context, token string) error {
+	raw, err := base64.RawURLEncoding.DecodeString(token)
+	if err != nil || len(raw) != tokenBytes {
+		return fmt.Errorf("%w: not a token", ErrTokenUnknown)
+	}
+	issued, err := e.newNamespace(tokenIssued).Lookup(ctx, raw)
+	if err != nil {
+		return err
+	}
+	if issued.Outcome != Duplicate || len(issued.Result) != 8 {
+		return ErrTokenUnknown
+	}
+	now, err := e.now()
+	if err != nil {
+		return err
+	}
+	if expiry := int64(binary.BigEndian.Uint64(issued.Result)); now >= expiry {
+		return fmt.Errorf("%w: expired %v ago", ErrTokenExpired, time.Duration(now-expiry))
+	}
+	switch o, err := e.newNamespace(tokenUsed).MarkIfAbsent(ctx, raw); {
+	case err != nil:
+		return err
+	case o == New:
+		return nil
+	default: // Duplicate, or InFlight: another call is using it now
+		return ErrTokenUsed
+	}
+}

@@ -1,0 +1,127 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tierdedup/tierdedup/engine"
+)
+
+// TestTokens: a token is consumed exactly once; a second use, an expired
+// token and one never issued are each their own error; the state survives
+// a restart (Default) and is shared (Redis, PostgreSQL: consumed by another
+// process); a reserved namespace name is refused to callers.
+func TestTokens(t *testing.T) {
+	ctx := context.Background()
+	for _, cfg := range adminConfigs() {
+		t.Run(cfg.name, func(t *testing.T) {
+			clock := newClock()
+			o := engine.Options{Window: time.Hour, Partition: 10 * time.Minute, Lease: time.Minute}
+			if cfg.name != "redis" && cfg.name != "postgres" {
+				o.Clock = clock // the shared tiers expire by the server's clock
+			}
+			e, other := cfg.open(t, o)
+			defer e.Close()
+			tok, err := e.IssueToken(ctx, 10*time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			short, err := e.IssueToken(ctx, 2*time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			unused, _ := e.IssueToken(ctx, 10*time.Minute)
+			if len(tok) != 22 || tok == short || strings.ContainsAny(tok, "+/=") {
+				t.Fatalf("tokens %q, %q", tok, short)
+			}
+			b := other() // a restart, another process, or the same engine
+			if err := b.ConsumeToken(ctx, tok); err != nil {
+				t.Fatalf("first use: %v", err)
+			}
+			for _, x := range []*engine.Engine{b, e} {
+				if x == e && cfg.name == "default" {
+					continue // closed by the restart
+				}
+				if err := x.ConsumeToken(ctx, tok); !errors.Is(err, engine.ErrTokenUsed) {
+					t.Fatalf("second use: %v, want ErrTokenUsed", err)
+				}
+			}
+			forged := []byte(tok)
+			forged[3] ^= 1
+			for _, bad := range []string{string(forged), "", "not-a-token", tok + "A"} {
+				if err := b.ConsumeToken(ctx, bad); !errors.Is(err, engine.ErrTokenUnknown) {
+					t.Fatalf("token %q: %v, want ErrTokenUnknown", bad, err)
+				}
+			}
+			if o.Clock != nil {
+				clock.Add(3 * time.Minute)
+				if err := b.ConsumeToken(ctx, short); !errors.Is(err, engine.ErrTokenExpired) {
+					t.Fatalf("expired token: %v, want ErrTokenExpired", err)
+				}
+				if err := b.ConsumeToken(ctx, unused); err != nil {
+					t.Fatalf("a token within its ttl: %v", err)
+				}
+			}
+			for _, ttl := range []time.Duration{0, -time.Second, 2 * time.Hour} {
+				if _, err := b.IssueToken(ctx, ttl); !errors.Is(err, engine.ErrOptions) {
+					t.Fatalf("ttl %v: %v, want ErrOptions", ttl, err)
+				}
+			}
+			if _, err := b.Namespace("\x00token/used"); !errors.Is(err, engine.ErrNamespace) {
+				t.Fatalf("a reserved namespace name: %v", err)
+			}
+		})
+	}
+}
+
+// TestTokenRace: of many concurrent uses of one token exactly one
+// succeeds, every other is ErrTokenUsed.
+func TestTokenRace(t *testing.T) {
+	ctx := context.Background()
+	for _, cfg := range adminConfigs()[:2] {
+		t.Run(cfg.name, func(t *testing.T) {
+			e, _ := cfg.open(t, engine.Options{})
+			defer e.Close()
+			for range 50 {
+				tok, err := e.IssueToken(ctx, time.Minute)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var ok, used atomic.Int32
+				var wg sync.WaitGroup
+				for range 8 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						switch err := e.ConsumeToken(ctx, tok); {
+						case err == nil:
+							ok.Add(1)
+						case errors.Is(err, engine.ErrTokenUsed):
+							used.Add(1)
+						default:
+							t.Error(err)
+						}
+					}()
+				}
+				wg.Wait()
+				if ok.Load() != 1 || used.Load() != 7 {
+					t.Fatalf("%d uses succeeded, %d refused as used", ok.Load(), used.Load())
+				}
+			}
+		})
+	}
+}
+
+// TestTokenBloomOnly: bloom-only cannot store tokens.
+func TestTokenBloomOnly(t *testing.T) {
+	e := open(t, engine.Options{Tiers: engine.BloomOnly, ExpectedKeys: 1000})
+	defer e.Close()
+	if _, err := e.IssueToken(context.Background(), time.Minute); !errors.Is(err, engine.ErrOptions) {
+		t.Fatalf("bloom-only IssueToken: %v, want ErrOptions", err)
+	}
+}
