@@ -17,6 +17,9 @@ func PrintResult(w io.Writer, r *Result) {
 	c := r.Workload
 	p("configuration", "%s, batch %d, %d workers", r.Tiers, r.Batch, r.Workers)
 	p("workload", "%d %s keys over %v simulated, %.0f%% duplicates reaching %v, %.1f%% in-batch repeats", r.Keys, c.Shape, c.Span, 100*c.DupRatio, c.DupReach, 100*c.InBatchRepeat)
+	if r.Rate > 0 {
+		p("offered", "%.0f keys/s, open loop: latencies from each batch's due time", r.Rate)
+	}
 	p("throughput", "%.0f keys/s (%d keys in %v)", r.KeysPerSec, r.Keys, r.Elapsed.Round(time.Millisecond))
 	p("extrapolated", "%.2f billion IDs/day on this machine", r.IDsPerDay/1e9)
 	p("batch latency", "p50 %v  p99 %v  p999 %v  max %v", r.BatchLatency.P50, r.BatchLatency.P99, r.BatchLatency.P999, r.BatchLatency.Max)
@@ -116,4 +119,20 @@ func PrintCompare(w io.Writer, rows []CompareRow) {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.0f\t%s\n", r.Group, r.Name, r.Batch, r.Concurrency, r.Keys, r.KeysPerSec, ratio)
 	}
 	tw.Flush()
+}
+
+// PrintSearch writes a rate search for a person.
+func PrintSearch(w io.Writer, s *Search) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "closed-loop ceiling\t%.0f keys/s\n", s.Ceiling)
+	fmt.Fprintf(tw, "offered keys/s\tachieved\tp50\tp99\tp999\tp99 <= %v and kept up\n", s.Target)
+	for _, p := range s.Tried {
+		fmt.Fprintf(tw, "%.0f\t%.0f\t%v\t%v\t%v\t%t\n", p.Rate, p.Achieved, p.Latency.P50, p.Latency.P99, p.Latency.P999, p.OK)
+	}
+	tw.Flush()
+	if s.Best.Rate > 0 {
+		fmt.Fprintf(w, "highest rate with p99 <= %v: %.0f keys/s (p99 %v)\n", s.Target, s.Best.Rate, s.Best.Latency.P99)
+	} else {
+		fmt.Fprintf(w, "no rate tried kept p99 <= %v\n", s.Target)
+	}
 }

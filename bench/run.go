@@ -43,6 +43,13 @@ type RunConfig struct {
 	// that has been written for a while, full filters). They are checked
 	// like the rest, but no rate, latency or series point counts them.
 	Warmup int64
+	// Rate, when positive, runs the measured messages open-loop at that
+	// many keys per second: batch i is due at start + i×Batch/Rate, a free
+	// worker starts it no earlier, and its latency is measured from when
+	// it was due, so a run that falls behind counts the waiting in every
+	// late batch (no coordinated omission). Zero runs closed-loop: each
+	// worker starts its next batch as soon as the last one returns.
+	Rate float64
 	// Segments splits the measured messages into that many equal parts;
 	// KeysPerSec is then the median of their rates (Result.SegmentRates),
 	// which a pause of a shared machine moves less than the mean. Zero
@@ -75,6 +82,10 @@ type Result struct {
 	Workload WorkloadConfig
 	Batch    int
 	Workers  int
+	// Rate is RunConfig.Rate: the offered load of an open-loop run, zero
+	// for closed-loop. BatchLatency is then measured from each batch's
+	// due time.
+	Rate float64
 	// Keys is the number of messages processed, Warmup included; Elapsed
 	// and KeysPerSec cover the Measured ones after the warm-up.
 	Keys, Warmup, Measured int64
@@ -260,7 +271,7 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 	total := max(rc.Workload.Keys, 0)
 	warm := min(max(rc.Warmup, 0), total)
 	res := &Result{Tiers: o.Tiers.String(), Workload: stream.Config(), Batch: rc.Batch, Workers: rc.Workers, Warmup: warm,
-		MemoryCapacity: o.MemoryCapacity}
+		MemoryCapacity: o.MemoryCapacity, Rate: max(rc.Rate, 0)}
 	if res.MemoryCapacity == 0 {
 		res.MemoryCapacity = memory.DefaultCapacity
 	}
@@ -275,7 +286,15 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 		segMu     sync.Mutex // guards segEnds
 		segEnds   = make([]time.Time, rc.Segments)
 		segLen    = max(1, (total-warm)/int64(rc.Segments))
+		// Open loop: the measured batches taken so far, and when the
+		// first was due.
+		batches  int64
+		due0     time.Time
+		interval time.Duration
 	)
+	if rc.Rate > 0 {
+		interval = time.Duration(float64(rc.Batch) / rc.Rate * float64(time.Second))
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// pump runs the workers until the stream has produced limit messages;
@@ -294,11 +313,26 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 					mu.Lock()
 					keys, kinds, idx = stream.IndexedBatch(keys, kinds, idx, int(min(int64(rc.Batch), limit-produced)))
 					produced += int64(len(keys))
+					var due time.Time
+					if measure && interval > 0 {
+						due = due0.Add(time.Duration(batches) * interval)
+						batches++
+					}
 					mu.Unlock()
 					if len(keys) == 0 {
 						return
 					}
 					t0 := time.Now()
+					if !due.IsZero() {
+						if wait := time.Until(due); wait > 0 {
+							select {
+							case <-time.After(wait):
+							case <-ctx.Done():
+								return
+							}
+						}
+						t0 = due // late batches count their waiting
+					}
 					if err := e.MarkBatch(ctx, keys, nil, out[:len(keys)]); err != nil {
 						errOnce.Do(func() { firstErr = err; cancel() })
 						return
@@ -350,6 +384,7 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 		pump(warm, false)
 	}
 	start := time.Now()
+	due0 = start
 	sampled := make(chan struct{})
 	go func() {
 		defer close(sampled)

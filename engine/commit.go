@@ -69,6 +69,14 @@ func (e *Engine) CommitBatchWith(ctx context.Context, claims []Claim, errs []err
 	return e.queued(ctx, claims, errs, writes)
 }
 
+// needResults refuses op unless the tiers store results.
+func (e *Engine) needResults(op string) error {
+	if !e.results {
+		return fmt.Errorf("%w: %s needs a tier that stores results (not %v)", ErrOptions, op, e.tiers)
+	}
+	return nil
+}
+
 // checkResults refuses a commit call before anything is written when a New
 // claim's Result is too long, or the tiers cannot store one.
 func (e *Engine) checkResults(claims []Claim) error {
@@ -80,8 +88,8 @@ func (e *Engine) checkResults(claims []Claim) error {
 		if len(c.Result) > e.maxResult {
 			return fmt.Errorf("%w: claim %d: %d bytes, max %d (Options.MaxResultSize)", ErrResultTooLarge, i, len(c.Result), e.maxResult)
 		}
-		if !e.results {
-			return fmt.Errorf("%w: a commit with a Result needs a tier that stores results (not %v)", ErrOptions, e.tiers)
+		if err := e.needResults("a commit with a Result"); err != nil {
+			return err
 		}
 	}
 	return nil

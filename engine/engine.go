@@ -209,7 +209,7 @@ func Open(opts *Options) (*Engine, error) {
 		defer cancel()
 		rs, err := redis.New(ctx, o.Redis, &redis.Options{
 			Prefix: o.RedisPrefix, Window: window, RequireNoEviction: o.RequireNoEviction, Logger: o.Logger,
-			MaxAttempts: o.MaxAttempts,
+			MaxAttempts: o.MaxAttempts, NamespaceWindows: o.NamespaceWindows,
 		})
 		switch {
 		case errors.Is(err, redis.ErrEvictionPolicy), errors.Is(err, redis.ErrOptions):

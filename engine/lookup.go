@@ -128,14 +128,28 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 		e.mem.Peek(b.fps, now, b.res)
 	}
 
-	// Memory's answers; the keys it cannot decide go to the exact tier.
+	// Memory's answers; the keys it cannot decide go to the exact tier. A
+	// key repeated in a forget batch finds the claim its first occurrence
+	// seized: it is answered as that one is (repeats).
 	cand := b.cand[:0]
+	var repeats map[int]int // index → its first occurrence
 	for i := range keys {
 		r := &b.res[i]
 		out[i] = KeyInfo{Attempts: r.Attempts}
 		switch r.Status {
 		case tier.Held:
 			out[i].Outcome = InFlight
+			if forget {
+				for j := range i {
+					if b.fps[j] == b.fps[i] && b.res[j].Status != tier.Held {
+						if repeats == nil {
+							repeats = map[int]int{}
+						}
+						repeats[i] = j
+						break
+					}
+				}
+			}
 			continue
 		case tier.Committed:
 			out[i] = KeyInfo{Outcome: Duplicate, Digest: r.Digest, Result: r.Result, CommittedAt: r.At}
@@ -168,9 +182,15 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 		return e.tierError(err)
 	}
 	e.stats.add(&c)
+	for i, j := range repeats {
+		out[i] = out[j]
+	}
 	held, forgot := 0, 0
 	for i := range out {
 		o := &out[i]
+		if _, ok := repeats[i]; ok {
+			continue
+		}
 		if o.Outcome == New && e.maxAttempts > 0 && int(o.Attempts) >= e.maxAttempts {
 			o.Outcome = Poison
 		}
@@ -249,7 +269,10 @@ func (e *Engine) lookupExact(ctx context.Context, b *batch, ns *Namespace, keys 
 				continue // older than the namespace's window: New
 			}
 			c.storeHits++
-			*o = KeyInfo{Outcome: Duplicate, Digest: a.Digest, Result: a.Result, CommittedAt: a.At}
+			*o = KeyInfo{Outcome: Duplicate, Digest: a.Digest, Result: a.Result}
+			if a.Result != nil {
+				o.CommittedAt = a.At // dated only with a result, whichever tier answers
+			}
 		case tier.Held:
 			o.Outcome = InFlight
 		case tier.Poisoned:

@@ -258,3 +258,30 @@ func TestLookupForgetRefusals(t *testing.T) {
 		t.Fatal("NoSharedCache accepted without a shared tier")
 	}
 }
+
+// TestForgetBatchRepeatedKey: a forget batch that repeats a key answers
+// every occurrence as the first (no false ErrInFlight from the claim the
+// first occurrence made), and the key is forgotten.
+func TestForgetBatchRepeatedKey(t *testing.T) {
+	ctx := context.Background()
+	for _, cfg := range adminConfigs()[:3] {
+		t.Run(cfg.name, func(t *testing.T) {
+			e, _ := cfg.open(t, engine.Options{})
+			defer e.Close()
+			k := []byte("k")
+			if o, err := e.MarkIfAbsent(ctx, k); err != nil || o != engine.New {
+				t.Fatal(o, err)
+			}
+			out := make([]engine.KeyInfo, 3)
+			if err := e.ForgetBatch(ctx, [][]byte{k, []byte("other"), k}, out); err != nil || out[0].Outcome != engine.Duplicate || out[2].Outcome != engine.Duplicate || out[1].Outcome != engine.New {
+				t.Fatalf("ForgetBatch([k other k]) = %v %v %v, %v", out[0].Outcome, out[1].Outcome, out[2].Outcome, err)
+			}
+			if s := e.Stats(); s.Forgets != 1 {
+				t.Fatalf("%d keys counted forgotten, want 1", s.Forgets)
+			}
+			if c, err := e.Claim(ctx, k); err != nil || c.Outcome != engine.New {
+				t.Fatalf("after forget: %v %v", c.Outcome, err)
+			}
+		})
+	}
+}

@@ -249,6 +249,11 @@ func (n *Namespace) DoResult(ctx context.Context, key []byte, fn func(context.Co
 
 // do is Do (fn) or DoResult (rfn).
 func (n *Namespace) do(ctx context.Context, key []byte, fn func(context.Context) error, rfn func(context.Context) ([]byte, error)) (o Outcome, result []byte, err error) {
+	if rfn != nil {
+		if err := n.e.needResults("DoResult"); err != nil {
+			return 0, nil, err // before claiming: fn must not run for a result nothing can keep
+		}
+	}
 	c, err := n.Claim(ctx, key)
 	if err != nil || c.Outcome != New {
 		return c.Outcome, c.Result, err

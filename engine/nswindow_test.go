@@ -165,3 +165,28 @@ func TestNamespaceWindowOptions(t *testing.T) {
 		}
 	}
 }
+
+// TestNamespaceWindowRedisLayout: Redis sets a commit's TTL from its
+// namespace's window when it is made, so a prefix records the namespace
+// windows and refuses a process with others (which would answer keys
+// committed under the old window by the new one).
+func TestNamespaceWindowRedisLayout(t *testing.T) {
+	c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr})
+	defer c.Close()
+	o := engine.Options{Window: time.Hour, RedisPrefix: fmt.Sprintf("nswl-%d:", time.Now().UnixNano()),
+		NamespaceWindows: map[string]time.Duration{"n": time.Minute}}
+	a := openRedis(t, c, o)
+	defer a.Close()
+	b := openRedis(t, c, o) // the same windows: accepted
+	b.Close()
+	for _, w := range []map[string]time.Duration{nil, {"n": 2 * time.Minute}, {"n": time.Minute, "m": time.Minute}} {
+		o.NamespaceWindows = w
+		o.Tiers, o.Redis = engine.Redis, c
+		if e, err := engine.Open(&o); !errors.Is(err, engine.ErrLayout) {
+			if e != nil {
+				e.Close()
+			}
+			t.Fatalf("namespace windows %v on a prefix recorded with n=1m: %v, want ErrLayout", w, err)
+		}
+	}
+}

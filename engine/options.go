@@ -223,10 +223,12 @@ type Options struct {
 	// the engine's granularity (whole partitions after Window), so a short
 	// window saves no disk, only wrong answers. Each must exceed Lease and
 	// not exceed Window. Memory, Default and Redis; not BloomOnly (a filter
-	// cannot date a key) nor Postgres. Changing one between runs applies
-	// at once to keys already committed (the store dates each commit in
-	// such a namespace; a commit made while its namespace had no window of
-	// its own is dated at its partition's end).
+	// cannot date a key) nor Postgres. In Default, changing one between
+	// runs applies at once to keys already committed (the store dates each
+	// commit in such a namespace; a commit made while its namespace had no
+	// window of its own is dated at its partition's end). Redis sets each
+	// commit's TTL from its namespace's window, so the prefix records them
+	// and refuses a process with others (ErrLayout), as it does the Window.
 	NamespaceWindows map[string]time.Duration
 	// NoSharedCache keeps no committed keys of the shared tier in memory
 	// (Tiers: Redis or Postgres): every claim of a key not in flight in

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -359,6 +360,13 @@ func (e *Engine) commitAsync(ctx context.Context, claims []Claim, writes []Write
 	}
 	if failed == nil {
 		failed = e.checkResults(claims)
+	}
+	for i := range claims {
+		// The caller may reuse its result's buffer once this returns: the
+		// queue writes a copy (claims is already the queue's own).
+		if r := claims[i].Result; len(r) > 0 {
+			claims[i].Result = bytes.Clone(r)
+		}
 	}
 	if ctx == nil {
 		ctx = context.Background()

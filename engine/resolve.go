@@ -214,7 +214,9 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 				out[i].Outcome = Conflict
 			}
 			digests[j], out[i].digest = a.Digest, a.Digest
-			out[i].Result, out[i].CommittedAt = a.Result, a.At
+			if a.Result != nil {
+				out[i].Result, out[i].CommittedAt = a.Result, a.At
+			}
 			actions[j] = memory.Drop
 			if a.Partition >= 0 && a.Result == nil {
 				// Cached until its partition expires, or the namespace's

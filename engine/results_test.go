@@ -240,3 +240,80 @@ func TestResultRefusedWithoutStore(t *testing.T) {
 		}
 	}
 }
+
+// TestCommitAsyncCopiesResult: CommitAsync returns before the write; the
+// caller may reuse its result's buffer at once, and the commit stores what
+// it was given.
+func TestCommitAsyncCopiesResult(t *testing.T) {
+	ctx := context.Background()
+	fs := newGateFS()
+	e := open(t, engine.Options{Dir: "db", FS: fs})
+	defer e.Close()
+	first := claimNew(t, e, "first")
+	fs.close() // the writer waits inside the first group's sync
+	e.CommitAsync(ctx, first, nil)
+	waitFor(t, "the writer in its sync", func() bool { return fs.synced.Load() > 0 })
+	c := claimNew(t, e, "k")
+	buf := []byte("response-for-k")
+	c.Result = buf
+	done := make(chan error, 1)
+	e.CommitAsync(ctx, c, func(err error) { done <- err })
+	copy(buf, "RESPONSE-FOR-X")
+	fs.release()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got, err := e.Claim(ctx, []byte("k")); err != nil || got.Outcome != engine.Duplicate || string(got.Result) != "response-for-k" {
+		t.Fatalf("k = %v %q, %v; want the result CommitAsync was called with", got.Outcome, got.Result, err)
+	}
+}
+
+// TestDoResultRefusedBeforeClaiming: where no result can be stored,
+// DoResult refuses before the handler runs.
+func TestDoResultRefusedBeforeClaiming(t *testing.T) {
+	e := open(t, engine.Options{Tiers: engine.BloomOnly, ExpectedKeys: 1000})
+	defer e.Close()
+	runs := 0
+	for range 2 {
+		if _, _, err := e.DoResult(context.Background(), []byte("k"), func(context.Context) ([]byte, error) {
+			runs++
+			return []byte("charged"), nil
+		}); !errors.Is(err, engine.ErrOptions) {
+			t.Fatalf("DoResult on bloom-only: %v, want ErrOptions", err)
+		}
+	}
+	if runs != 0 {
+		t.Fatalf("the handler ran %d times", runs)
+	}
+}
+
+// TestCommittedAtOnlyWithResult: a commit without a result answers no
+// time, whichever tier answers (a namespace with its own window dates its
+// commits in the store, for itself).
+func TestCommittedAtOnlyWithResult(t *testing.T) {
+	ctx := context.Background()
+	o := engine.Options{Dir: t.TempDir(), ExpectedKeys: 1000, NamespaceWindows: map[string]time.Duration{"s": time.Hour}}
+	e := open(t, o)
+	s := mustNamespace(t, e, "s")
+	if got, _ := s.MarkIfAbsent(ctx, []byte("k")); got != engine.New {
+		t.Fatal(got)
+	}
+	c1, _ := s.Claim(ctx, []byte("k")) // from memory
+	e.Close()
+	e = open(t, o)
+	defer e.Close()
+	c2, _ := mustNamespace(t, e, "s").Claim(ctx, []byte("k")) // from Pebble
+	l, _ := mustNamespace(t, e, "s").Lookup(ctx, []byte("k"))
+	if c1.Outcome != engine.Duplicate || c2.Outcome != engine.Duplicate || c1.CommittedAt != 0 || c2.CommittedAt != 0 || l.CommittedAt != 0 {
+		t.Fatalf("memory: %v at %d; pebble: %v at %d; lookup at %d", c1.Outcome, c1.CommittedAt, c2.Outcome, c2.CommittedAt, l.CommittedAt)
+	}
+}
+
+func mustNamespace(t *testing.T, e *engine.Engine, name string) *engine.Namespace {
+	t.Helper()
+	ns, err := e.Namespace(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}

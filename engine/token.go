@@ -26,7 +26,7 @@ func (e *Engine) IssueToken(ctx context.Context, ttl time.Duration) (string, err
 	if ttl <= 0 || int64(ttl) > e.window {
 		return "", fmt.Errorf("%w: token ttl %v is outside (0, %v]", ErrOptions, ttl, time.Duration(e.window))
 	}
-	if err := e.need(e.results, "IssueToken", "a tier that stores results"); err != nil {
+	if err := e.needResults("IssueToken"); err != nil {
 		return "", err
 	}
 	raw := make([]byte, tokenBytes)

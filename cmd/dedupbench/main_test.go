@@ -10,6 +10,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +19,7 @@ import (
 	"github.com/tierdedup/tierdedup/bench"
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
+	"golang.org/x/perf/benchfmt"
 )
 
 // TestMain lets the crash test re-execute this binary as the consumer.
@@ -314,5 +317,64 @@ func TestHelp(t *testing.T) {
 	var out bytes.Buffer
 	if err := run(ctx, []string{"help", "nope"}, &out, &out); err == nil {
 		t.Error("help of an unknown command succeeded")
+	}
+}
+
+// TestFormatBench: -format bench -count 3 prints the configuration once and
+// one result per run, which benchstat's own parser reads as three samples
+// of one benchmark, with the run's figures as units.
+func TestFormatBench(t *testing.T) {
+	var out bytes.Buffer
+	args := []string{"run", "-keys", "30000", "-tiers", "memory", "-batch", "100", "-format", "bench", "-count", "3"}
+	if err := run(context.Background(), args, &out, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	r := benchfmt.NewReader(bytes.NewReader(out.Bytes()), "run.txt")
+	n := 0
+	for r.Scan() {
+		res, ok := r.Result().(*benchfmt.Result)
+		if !ok {
+			if err, isErr := r.Result().(*benchfmt.SyntaxError); isErr {
+				t.Fatalf("benchstat cannot read the output: %v\n%s", err, out.String())
+			}
+			continue
+		}
+		n++
+		if got := string(res.Name.Full()); got != "Run-"+strconv.Itoa(runtime.GOMAXPROCS(0)) {
+			t.Fatalf("benchmark name %q", got)
+		}
+		if res.Iters != 30000 {
+			t.Fatalf("iterations %d, want the 30000 keys", res.Iters)
+		}
+		if v, ok := res.GetConfig("tiers"), true; v != "memory" || !ok {
+			t.Fatalf("config tiers = %q", v)
+		}
+		if res.GetConfig("batch") != "100" {
+			t.Fatalf("config batch = %q", res.GetConfig("batch"))
+		}
+		units := map[string]float64{}
+		for _, v := range res.Values {
+			units[v.Unit] = v.Value
+		}
+		for _, u := range []string{"sec/op", "keys/s", "p99-sec/batch"} {
+			if units[u] <= 0 {
+				t.Fatalf("unit %s = %v in %v", u, units[u], units)
+			}
+		}
+	}
+	if err := r.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n != 3 {
+		t.Fatalf("%d results for -count 3:\n%s", n, out.String())
+	}
+}
+
+// TestRunFlagsRefused: bad -format, -count and -rate values are errors.
+func TestRunFlagsRefused(t *testing.T) {
+	for _, args := range [][]string{{"-format", "xml"}, {"-count", "0"}, {"-rate", "-1"}, {"-max-p99", "-1s"}} {
+		if err := run(context.Background(), append([]string{"run", "-keys", "10"}, args...), &bytes.Buffer{}, &bytes.Buffer{}); err == nil {
+			t.Errorf("%v accepted", args)
+		}
 	}
 }

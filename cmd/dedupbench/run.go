@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/tierdedup/tierdedup/bench"
 )
@@ -15,29 +17,102 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	var w workloadFlags
 	w.bind(fs, 15_000_000)
 	asJSON, report := bindOutput(fs)
+	format := fs.String("format", "text", "output: text, json, or bench (Go benchmark format with configuration lines, for benchstat old.txt new.txt)")
+	count := fs.Int("count", 1, "run the measurement this many times, each with a fresh engine (benchstat wants several)")
+	rate := fs.Float64("rate", 0, "open loop: offer this many keys/s, batches due on a fixed schedule, latency measured from each batch's due time (0: closed loop)")
+	maxP99 := fs.Duration("max-p99", 0, "search for the highest open-loop rate whose batch p99 stays at most this (a closed-loop run, then -search-steps open-loop runs)")
+	steps := fs.Int("search-steps", 6, "open-loop runs of a -max-p99 search")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *asJSON {
+		*format = "json"
+	}
+	switch {
+	case *format != "text" && *format != "json" && *format != "bench":
+		return fmt.Errorf("unknown -format %q (want text, json or bench)", *format)
+	case *count < 1:
+		return fmt.Errorf("-count %d must be at least 1", *count)
+	case *rate < 0:
+		return fmt.Errorf("-rate %v must not be negative", *rate)
+	case *maxP99 < 0 || *steps < 1:
+		return fmt.Errorf("-max-p99 %v and -search-steps %d must be positive", *maxP99, *steps)
 	}
 	rc, err := w.config()
 	if err != nil {
 		return err
 	}
-	if isTerminal(stderr) && !*asJSON {
+	rc.Rate = *rate
+	if *maxP99 > 0 {
+		return searchCmd(ctx, rc, *maxP99, *steps, *format, stdout)
+	}
+	if isTerminal(stderr) && *format == "text" {
 		rc.Progress = func(p bench.Point) {
 			fmt.Fprintf(stderr, "\r%6.1fs %12d keys %10.0f keys/s  simulated %s  partitions dropped %d   ",
 				p.At.Seconds(), p.Keys, p.KeysPerSec, p.SimTime.Format("Jan 2 15:04"), p.Rotations)
 		}
 	}
-	res, err := bench.Run(ctx, rc)
-	if rc.Progress != nil {
-		fmt.Fprintln(stderr)
+	if *format == "bench" {
+		bench.PrintBenchHeader(stdout, rc)
 	}
+	var results []*bench.Result
+	var broken []error
+	for i := range *count {
+		res, err := bench.Run(ctx, rc)
+		if rc.Progress != nil {
+			fmt.Fprintln(stderr)
+		}
+		if err != nil {
+			return err
+		}
+		results = append(results, res)
+		// A broken promise fails the command, after its figures are out.
+		if err := res.Exactness(); err != nil {
+			broken = append(broken, fmt.Errorf("run %d: %w", i+1, err))
+		}
+		switch *format {
+		case "bench":
+			bench.PrintBench(stdout, res)
+		case "text":
+			if *count > 1 {
+				fmt.Fprintf(stdout, "run %d of %d\n", i+1, *count)
+			}
+			bench.PrintResult(stdout, res)
+			if i+1 < *count {
+				fmt.Fprintln(stdout)
+			}
+		}
+	}
+	last := results[len(results)-1]
+	if *report != "" {
+		if err := writeReport(*report, last, nil); err != nil {
+			return err
+		}
+	}
+	if *format == "json" {
+		var v any = last
+		if *count > 1 {
+			v = results
+		}
+		if err := writeJSON(stdout, v); err != nil {
+			return err
+		}
+	}
+	return errors.Join(broken...)
+}
+
+// searchCmd runs a -max-p99 search and prints it.
+func searchCmd(ctx context.Context, rc bench.RunConfig, target time.Duration, steps int, format string, stdout io.Writer) error {
+	s, err := bench.SearchRate(ctx, rc, target, steps)
 	if err != nil {
 		return err
 	}
-	if err := finish(stdout, *report, *asJSON, res, nil, res, func() { bench.PrintResult(stdout, res) }); err != nil {
-		return err
+	switch format {
+	case "json":
+		return writeJSON(stdout, s)
+	case "bench":
+		return errors.New("-format bench prints runs, not a search: use -rate with the rate the search found")
 	}
-	// A broken promise fails the command, after its figures are out.
-	return res.Exactness()
+	bench.PrintSearch(stdout, s)
+	return nil
 }

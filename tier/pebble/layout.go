@@ -10,10 +10,14 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 )
 
-// FormatVersion is the version of the store's layout and of everything
-// derived from its secret (the fingerprints the engine's Bloom filters are
-// built from). A store written with another version is refused.
-const FormatVersion = 1
+// FormatVersion is the version of the store's layout, of its values and
+// of everything derived from its secret (the fingerprints the engine's
+// Bloom filters are built from). A store written with a later version is
+// refused; one of version 1 is upgraded at Open (see initLayout).
+//
+// Version 2 adds a committed value's time and result (value flags 2 and
+// 4); its values are a superset of version 1's, which decode unchanged.
+const FormatVersion = 2
 
 // ErrLayout reports a store whose recorded layout differs from the one
 // requested; errors.As finds the *LayoutError naming the field.
@@ -49,6 +53,8 @@ type Layout struct {
 	// ID names this store; chosen at random when it is created. A Bloom
 	// snapshot is bound to it.
 	ID [16]byte
+	// version is the format version the layout was read with.
+	version uint32
 }
 
 var (
@@ -72,7 +78,8 @@ func decodeLayout(b []byte) (Layout, error) {
 	if len(b) < 4 {
 		return Layout{}, fmt.Errorf("%w: layout of %d bytes", ErrCorrupt, len(b))
 	}
-	if v := binary.LittleEndian.Uint32(b); v != FormatVersion {
+	v := binary.LittleEndian.Uint32(b)
+	if v != FormatVersion && v != 1 {
 		return Layout{}, &LayoutError{Field: "format version", Stored: fmt.Sprint(v), Wanted: fmt.Sprint(FormatVersion)}
 	}
 	if len(b) != layoutLen {
@@ -81,6 +88,7 @@ func decodeLayout(b []byte) (Layout, error) {
 	l := Layout{
 		Partition: time.Duration(binary.LittleEndian.Uint64(b[4:])),
 		Window:    time.Duration(binary.LittleEndian.Uint64(b[12:])),
+		version:   v,
 	}
 	copy(l.Secret[:], b[20:36])
 	copy(l.ID[:], b[36:52])
@@ -104,8 +112,12 @@ func (s *Store) initLayout(partition, window time.Duration, now int64) error {
 			return &LayoutError{Field: "Partition", Stored: l.Partition.String(), Wanted: partition.String()}
 		case window < l.Window:
 			return &LayoutError{Field: "Window", Stored: l.Window.String(), Wanted: window.String() + " (a window may grow, never shrink: keys were promised the stored one)"}
-		case window > l.Window:
-			l.Window = window
+		case window > l.Window || l.version < FormatVersion:
+			// A longer window keeps every promise; version 1's values read
+			// unchanged as version 2's. Recorded before anything is
+			// written, so a binary of version 1 then refuses the store at
+			// Open instead of failing on a value it cannot read.
+			l.Window, l.version = window, FormatVersion
 			if err := s.db.Set(keyLayout, appendLayout(nil, l), pebble.Sync); err != nil {
 				return fmt.Errorf("%w: %w", ErrStorage, err)
 			}
@@ -121,7 +133,7 @@ func (s *Store) initLayout(partition, window time.Duration, now int64) error {
 	} else if !errors.Is(err, pebble.ErrNotFound) {
 		return err
 	}
-	l := Layout{Partition: partition, Window: window}
+	l := Layout{Partition: partition, Window: window, version: FormatVersion}
 	_, _ = rand.Read(l.Secret[:]) // crypto/rand.Read never fails on supported platforms.
 	_, _ = rand.Read(l.ID[:])
 	b := s.db.NewBatch()

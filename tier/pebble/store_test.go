@@ -334,22 +334,65 @@ func TestOpenRefusedWhileAnotherProcessHoldsTheDirectory(t *testing.T) {
 
 // TestLayoutGolden freezes the layout record's encoding.
 func TestLayoutGolden(t *testing.T) {
-	l := Layout{Partition: time.Hour, Window: 7 * 24 * time.Hour, Secret: [16]byte{1, 2, 3}, ID: [16]byte{0xaa, 0xbb}}
+	l := Layout{Partition: time.Hour, Window: 7 * 24 * time.Hour, Secret: [16]byte{1, 2, 3}, ID: [16]byte{0xaa, 0xbb}, version: FormatVersion}
 	got := hex.EncodeToString(appendLayout(nil, l))
-	const want = "01000000" + "00a0b83046030000" + "000029f90f260200" + "01020300000000000000000000000000" + "aabb0000000000000000000000000000"
+	const want = "02000000" + "00a0b83046030000" + "000029f90f260200" + "01020300000000000000000000000000" + "aabb0000000000000000000000000000"
 	if got != want {
 		t.Fatalf("layout encoding\n got %s\nwant %s", got, want)
 	}
 	if back, err := decodeLayout(appendLayout(nil, l)); err != nil || back != l {
 		t.Fatalf("decode = %+v, %v", back, err)
 	}
-	for _, bad := range [][]byte{nil, {1, 0, 0, 0}, append(appendLayout(nil, l), 0)} {
+	for _, bad := range [][]byte{nil, {2, 0, 0, 0}, append(appendLayout(nil, l), 0)} {
 		if _, err := decodeLayout(bad); !errors.Is(err, ErrCorrupt) {
 			t.Errorf("decode of %d bytes: %v, want ErrCorrupt", len(bad), err)
 		}
 	}
-	if _, err := decodeLayout([]byte{2, 0, 0, 0}); !errors.Is(err, ErrLayout) {
-		t.Errorf("decode of version 2: %v, want ErrLayout", err)
+	for _, v := range []byte{0, 3} {
+		if _, err := decodeLayout([]byte{v, 0, 0, 0}); !errors.Is(err, ErrLayout) {
+			t.Errorf("decode of version %d: %v, want ErrLayout", v, err)
+		}
+	}
+}
+
+// TestLayoutVersion1IsUpgraded: a store whose layout records format
+// version 1 (values without times or results) opens, reads its records
+// unchanged, and records version 2 before anything is written, so a
+// binary of version 1 refuses it from then on.
+func TestLayoutVersion1IsUpgraded(t *testing.T) {
+	fs := vfs.NewMem()
+	o := &Options{Dir: "db", FS: fs, Logger: quiet, Partition: time.Hour, Window: 4 * time.Hour}
+	s, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := time.Now().UnixNano() / int64(time.Hour)
+	if err := s.Commit(context.Background(), p, []tier.Request{{NS: "n", Key: []byte("old"), Digest: Digest{7}}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	v1 := appendLayout(nil, s.Layout())
+	v1[0] = 1
+	if err := s.db.Set(keyLayout, v1, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err = Open(o); err != nil {
+		t.Fatalf("open of a version 1 store: %v", err)
+	}
+	defer s.Close()
+	raw, closer, err := s.db.Get(keyLayout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if raw[0] != FormatVersion {
+		t.Fatalf("layout still records version %d", raw[0])
+	}
+	closer.Close()
+	out := make([]tier.Answer, 1)
+	if err := s.Claim(context.Background(), []tier.Request{{NS: "n", Key: []byte("old"), Oldest: p, Mask: 1}}, 0, out); err != nil || out[0].Status != tier.Committed || out[0].Digest != (Digest{7}) {
+		t.Fatalf("a version 1 record after the upgrade: %+v, %v", out[0], err)
 	}
 }
 

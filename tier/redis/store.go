@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,6 +57,11 @@ type Options struct {
 	// Zero counts nothing: a released key is deleted and a claim lives for
 	// its lease only. At most 65535.
 	MaxAttempts int
+	// NamespaceWindows are the windows of namespaces that have their own
+	// (the engine's Options.NamespaceWindows): a commit's TTL is set from
+	// them when it is made, so processes sharing a prefix must agree on
+	// them, and the prefix's layout records them.
+	NamespaceWindows map[string]time.Duration
 	// Logger receives warnings; nil means the standard logger.
 	Logger *log.Logger
 }
@@ -243,7 +250,9 @@ type Store struct {
 	window time.Duration
 	max    int // Options.MaxAttempts
 	logger *log.Logger
-	late   sync.WaitGroup // pipelines still running after their caller's deadline
+	// nsWindows are Options.NamespaceWindows, recorded in the layout.
+	nsWindows map[string]time.Duration
+	late      sync.WaitGroup // pipelines still running after their caller's deadline
 }
 
 // exec runs pipe and returns by ctx's deadline, whatever the client's own
@@ -297,7 +306,7 @@ func New(ctx context.Context, client goredis.UniversalClient, opts *Options) (*S
 	if o.Logger == nil {
 		o.Logger = log.Default()
 	}
-	s := &Store{c: client, prefix: o.Prefix, window: o.Window, max: o.MaxAttempts, logger: o.Logger}
+	s := &Store{c: client, prefix: o.Prefix, window: o.Window, max: o.MaxAttempts, logger: o.Logger, nsWindows: o.NamespaceWindows}
 	if err := s.checkPolicy(ctx, o.RequireNoEviction); err != nil {
 		return nil, err
 	}
@@ -314,11 +323,20 @@ func New(ctx context.Context, client goredis.UniversalClient, opts *Options) (*S
 // a namespace length byte and a non-empty key after it).
 func (s *Store) layoutKey() string { return s.prefix + "\x00" }
 
-// checkLayout records the prefix's window and MaxAttempts on first use and
-// refuses a process that disagrees. To change them, stop every process on
-// the prefix and delete the layout key, or use a new prefix.
+// checkLayout records the prefix's window, MaxAttempts and namespace
+// windows on first use and refuses a process that disagrees. To change
+// them, stop every process on the prefix and delete the layout key, or use
+// a new prefix.
 func (s *Store) checkLayout(ctx context.Context) error {
 	want := fmt.Sprintf("tierdedup layout 1 window=%dms max-attempts=%d", s.window.Milliseconds(), s.max)
+	if len(s.nsWindows) > 0 {
+		names := slices.Sorted(maps.Keys(s.nsWindows))
+		var b strings.Builder
+		for _, n := range names {
+			fmt.Fprintf(&b, " %q=%dms", n, s.nsWindows[n].Milliseconds())
+		}
+		want += " namespace-windows:" + b.String()
+	}
 	set, err := s.c.SetNX(ctx, s.layoutKey(), want, 0).Result()
 	if err != nil {
 		return fmt.Errorf("%w: recording the layout: %w", ErrUnavailable, err)
