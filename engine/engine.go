@@ -66,6 +66,7 @@ type Engine struct {
 	// from the exact tier (nil when it cannot).
 	looker    tier.Looker
 	forgetter tier.Forgetter
+	advancer  tier.Advancer // compares versions in the shared tier
 	// nsWindows are the namespaces' own windows (Options.NamespaceWindows).
 	nsWindows map[string]int64
 	// noSharedCache: memory keeps no commits of a shared tier
@@ -254,6 +255,7 @@ func Open(opts *Options) (*Engine, error) {
 		e.extender, _ = base.(tier.Extender)
 		e.looker, _ = base.(tier.Looker)
 		e.forgetter, _ = base.(tier.Forgetter)
+		e.advancer, _ = base.(tier.Advancer)
 		if k, ok := base.(tier.ResultKeeper); ok {
 			e.results = k.KeepsResults()
 		}

@@ -50,6 +50,9 @@ var (
 	ErrTokenExpired = errors.New("tierdedup: token expired")
 	// ErrTokenUsed reports a token already consumed.
 	ErrTokenUsed = errors.New("tierdedup: token already used")
+	// ErrVersion reports a version of 0 given to Advance: versions start
+	// at 1.
+	ErrVersion = errors.New("tierdedup: invalid version")
 	// ErrInFlight reports a Forget of a key that a claim holds: it was
 	// left as it is.
 	ErrInFlight = errors.New("tierdedup: key is claimed")

@@ -31,9 +31,13 @@ const (
 	// times within the window: its handler keeps failing. Nothing was
 	// claimed; dead-letter the message instead of redelivering it forever.
 	Poison
+	// Stale (Advance only): the entity's stored version is higher than
+	// the one offered: an older event arriving after a newer one was
+	// applied. Skip it (and ack it).
+	Stale
 )
 
-var outcomeNames = [...]string{"", "new", "duplicate", "in-flight", "conflict", "poison"}
+var outcomeNames = [...]string{"", "new", "duplicate", "in-flight", "conflict", "poison", "stale"}
 
 // String returns the outcome's name.
 func (o Outcome) String() string {
@@ -88,6 +92,13 @@ type Claim struct {
 	// nanoseconds of the committing engine's clock (Duplicate or Conflict
 	// with a Result; zero otherwise).
 	CommittedAt int64
+	// Version is the entity's stored version (Advance): the one a New
+	// claim replaces (0 for none), or the one that made the answer
+	// Duplicate or Stale.
+	Version uint64
+	// advance: a claim of an entity's version (Advance): its release keeps
+	// the version it replaced and counts no attempt.
+	advance bool
 
 	ns     *Namespace
 	fp     shard.Fingerprint

@@ -93,7 +93,9 @@ func (e *Engine) releaseAs(ctx context.Context, claims []Claim, errs []error, gi
 			undo = append(undo, b.cand[j])
 			continue
 		case shared:
-			reqs = append(reqs, tier.Request{NS: c.ns.name, Key: c.Key, Token: e.ownerToken(c.rtoken)})
+			reqs = append(reqs, tier.Request{NS: c.ns.name, Key: c.Key, Token: e.ownerToken(c.rtoken), Versioned: c.advance})
+		case c.advance:
+			continue // the store still holds the version the claim would have replaced
 		case counted:
 			reqs = append(reqs, tier.Request{NS: c.ns.name, Key: c.Key, Attempts: s.Attempts})
 		default:

@@ -15,7 +15,10 @@ type Stats struct {
 	BloomMode string
 
 	Claims, New, Duplicates, InFlight, Conflicts, Poisoned uint64
-	Commits, Releases                                      uint64
+	// Stale counts Advance answers Stale (Claims and the others count
+	// Advance's answers too).
+	Stale             uint64
+	Commits, Releases uint64
 	// LeaseExpiries counts claims taken over after their lease ended;
 	// LeaseLost counts Commit and Release calls refused for that reason.
 	LeaseExpiries, LeaseLost uint64
@@ -81,6 +84,7 @@ type Stats struct {
 // counters are the engine's live counters, added once per batch.
 type counters struct {
 	claims, fresh, dups, inflight, conflicts, poisoned atomic.Uint64
+	stale                                              atomic.Uint64
 	commits, releases                                  atomic.Uint64
 	leaseExpiries, leaseLost, errors                   atomic.Uint64
 	memHits, memMisses                                 atomic.Uint64
@@ -96,6 +100,7 @@ type counters struct {
 // tally counts one call's events before they are added to the counters.
 type tally struct {
 	claims, fresh, dups, inflight, conflicts, poisoned uint64
+	stale                                              uint64
 	leaseExpiries, errors, commits                     uint64
 	memHits, memMisses                                 uint64
 	bloomNegatives, bloomFalsePositives                uint64
@@ -114,6 +119,8 @@ func (t *tally) count(o Outcome) {
 		t.conflicts++
 	case Poison:
 		t.poisoned++
+	case Stale:
+		t.stale++
 	}
 }
 
@@ -123,7 +130,7 @@ func (c *counters) add(t *tally) {
 		n   uint64
 	}{
 		{&c.claims, t.claims}, {&c.fresh, t.fresh}, {&c.dups, t.dups}, {&c.inflight, t.inflight},
-		{&c.conflicts, t.conflicts}, {&c.poisoned, t.poisoned}, {&c.leaseExpiries, t.leaseExpiries}, {&c.errors, t.errors}, {&c.commits, t.commits},
+		{&c.conflicts, t.conflicts}, {&c.poisoned, t.poisoned}, {&c.stale, t.stale}, {&c.leaseExpiries, t.leaseExpiries}, {&c.errors, t.errors}, {&c.commits, t.commits},
 		{&c.memHits, t.memHits}, {&c.memMisses, t.memMisses}, {&c.bloomNegatives, t.bloomNegatives},
 		{&c.bloomFalsePositives, t.bloomFalsePositives}, {&c.storeReads, t.storeReads}, {&c.storeHits, t.storeHits},
 	} {
@@ -139,7 +146,7 @@ func (e *Engine) Stats() Stats {
 	s := Stats{
 		Tiers:  e.tiers,
 		Claims: c.claims.Load(), New: c.fresh.Load(), Duplicates: c.dups.Load(),
-		InFlight: c.inflight.Load(), Conflicts: c.conflicts.Load(), Poisoned: c.poisoned.Load(),
+		InFlight: c.inflight.Load(), Conflicts: c.conflicts.Load(), Poisoned: c.poisoned.Load(), Stale: c.stale.Load(),
 		Commits: c.commits.Load(), Releases: c.releases.Load(),
 		LeaseExpiries: c.leaseExpiries.Load(), LeaseLost: c.leaseLost.Load(), Errors: c.errors.Load(),
 		FailOpen: c.failOpen.Load(), CommitGroups: c.commitGroups.Load(),

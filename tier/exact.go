@@ -99,6 +99,10 @@ type Request struct {
 	// whose window is shorter than the tier's.
 	Result []byte
 	At     int64
+	// Versioned marks an entity's version key (the engine's Advance): its
+	// committed Digest is the version; Release restores the version the
+	// claim replaced instead of freeing the key, and counts no attempt.
+	Versioned bool
 	// Window, when positive, is how long Commit keeps the key committed in
 	// a tier that expires keys itself (shorter than its own window: a
 	// namespace's); zero means the tier's window.
@@ -191,6 +195,20 @@ type Forgetter interface {
 	// removal is durable as configured. An error means the outcome is not
 	// known (a retry is safe).
 	Forget(ctx context.Context, reqs []Request, out []Answer) error
+}
+
+// Advancer is a shared Exact tier (ClaimsInStore) that claims an entity's
+// version key only for a higher version, atomically (the engine's
+// Advance).
+type Advancer interface {
+	// Advance claims each key for reqs[i].Token and lease when
+	// reqs[i].Digest, a version, is greater than the version stored
+	// (committed, or kept by a claim that replaced it): Acquired, with
+	// Digest the version it replaces (zero if none). Otherwise it changes
+	// nothing and answers Committed with Digest the stored version, or Held
+	// while another live claim holds the key. Versions compare as their
+	// Digest's bytes. Errors are Claim's.
+	Advance(ctx context.Context, reqs []Request, lease time.Duration, out []Answer) error
 }
 
 // Marker is a shared Exact tier that can claim and commit in one step, for

@@ -31,7 +31,7 @@ type metric struct {
 }
 
 var metrics = []metric{
-	{"claims_total", "Keys claimed, by the outcome they were answered.", []string{"outcome"}},
+	{"claims_total", "Keys claimed (and entities advanced), by the outcome they were answered.", []string{"outcome"}},
 	{"commits_total", "Claims committed.", nil},
 	{"releases_total", "Claims released.", nil},
 	{"lease_expiries_total", "Claims taken over after their lease ended.", nil},
@@ -80,7 +80,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for _, o := range []struct {
 		label string
 		n     uint64
-	}{{"new", s.New}, {"duplicate", s.Duplicates}, {"in_flight", s.InFlight}, {"conflict", s.Conflicts}, {"poison", s.Poisoned}} {
+	}{{"new", s.New}, {"duplicate", s.Duplicates}, {"in_flight", s.InFlight}, {"conflict", s.Conflicts}, {"poison", s.Poisoned}, {"stale", s.Stale}} {
 		counter("claims_total", o.n, o.label)
 	}
 	counter("commits_total", s.Commits)

@@ -64,4 +64,5 @@ func Example() {
 	// tierdedup_claims_total{engine="orders",outcome="in_flight"} 0
 	// tierdedup_claims_total{engine="orders",outcome="new"} 2
 	// tierdedup_claims_total{engine="orders",outcome="poison"} 0
+	// tierdedup_claims_total{engine="orders",outcome="stale"} 0
 }

@@ -18,4 +18,5 @@ var (
 	_ tier.ResultKeeper = (*Store)(nil)
 	_ tier.Looker       = (*Store)(nil)
 	_ tier.Forgetter    = (*Store)(nil)
+	_ tier.Advancer     = (*Store)(nil)
 )

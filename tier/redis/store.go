@@ -214,7 +214,7 @@ if rest == '' then
   end
   return 1
 end
-local lease, cnt = string.match(rest, '^(%d+):(%d+)$')
+local lease, cnt = string.match(rest, '^(%d+):(%x*)$')
 if not lease then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -242,6 +242,101 @@ if string.sub(v, 1, 1) == 'C' then
 end
 if ARGV[1] == '1' then redis.call('DEL', KEYS[1]) end
 return out`)
+
+// Versions (the engine's Advance) live in keys of the engine's own
+// namespaces: committed 'D' ‖ token ‖ version (16 hex digits, the Digest),
+// claimed 'C' ‖ token ‖ lease end ‖ ':' ‖ the version the claim replaced
+// (” for none), kept for the window, so a claim that ends without a
+// commit (released, or left to expire) never loses the version it
+// replaced. Versions compare byte by byte (string.byte: no locale).
+const versionLE = `
+local function le(a, b)
+  for i = 1, #a do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return true
+end
+`
+
+// advanceScript claims KEYS[1] for the token prefix ARGV[1] for ARGV[3] ms
+// (keeping the value ARGV[4] ms) when the version ARGV[2] is greater than
+// the stored one. It returns 'A' ‖ the version replaced, 'S' ‖ the stored
+// version (not greater), or 'H' (a live claim).
+var advanceScript = goredis.NewScript(versionLE + `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local v = redis.call('GET', KEYS[1])
+local stored = ''
+if v then
+  local kind = string.sub(v, 1, 1)
+  if kind == 'C' then
+    local lease, prev = string.match(string.sub(v, 18), '^(%d+):(%x*)$')
+    if not lease then return redis.error_reply('not a version key') end
+    if string.sub(v, 1, 17) ~= ARGV[1] and tonumber(lease) > now then return 'H' end
+    stored = prev
+  elseif kind == 'D' and #v == 33 then
+    stored = string.sub(v, 18, 33)
+  else
+    return redis.error_reply('not a version key')
+  end
+end
+if stored ~= '' and le(ARGV[2], stored) then return 'S' .. stored end
+redis.call('SET', KEYS[1], ARGV[1] .. (now + tonumber(ARGV[3])) .. ':' .. stored, 'PX', ARGV[4])
+return 'A' .. stored`)
+
+// unadvanceScript ends the caller's live claim of a version key (token
+// prefix ARGV[1]), restoring the version it replaced as committed value
+// ARGV[3] ‖ version for ARGV[2] ms, or deleting the key if it replaced
+// none. It returns 1, or 0 when the key does not hold the caller's live
+// claim.
+var unadvanceScript = goredis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 1, 17) ~= ARGV[1] then return 0 end
+local lease, prev = string.match(string.sub(v, 18), '^(%d+):(%x*)$')
+local t = redis.call('TIME')
+if not lease or tonumber(lease) <= tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then return 0 end
+if prev == '' then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('SET', KEYS[1], ARGV[3] .. prev, 'PX', ARGV[2])
+end
+return 1`)
+
+// Advance claims each version key whose requested version is greater than
+// the stored one (tier.Advancer), in one pipeline of one script call per
+// key.
+func (s *Store) Advance(ctx context.Context, reqs []Request, lease time.Duration, out []Result) error {
+	leaseMS, windowMS := max(lease.Milliseconds(), 1), s.window.Milliseconds()
+	cmds, err := s.evalBatch(ctx, advanceScript, reqs, func(r *Request) []any {
+		return []any{claimPrefix(r.Token), string(r.Digest[:]), leaseMS, windowMS}
+	})
+	if err != nil {
+		return err
+	}
+	for i, cmd := range cmds {
+		v, err := cmd.Text()
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		out[i] = Result{Partition: -1}
+		switch {
+		case v == "H":
+			out[i].Status = tier.Held
+		case len(v) == 1 && (v[0] == 'A'):
+			out[i].Status = tier.Acquired
+		case len(v) == 17 && (v[0] == 'A' || v[0] == 'S'):
+			out[i].Status = tier.Acquired
+			if v[0] == 'S' {
+				out[i].Status = tier.Committed
+			}
+			copy(out[i].Digest[:], v[1:])
+		default:
+			return fmt.Errorf("%w: unexpected advance answer of %d bytes at %q", ErrUnavailable, len(v), s.Key(reqs[i].NS, reqs[i].Key))
+		}
+	}
+	return nil
+}
 
 // Store is the Redis tier. It is safe for concurrent use.
 type Store struct {
@@ -384,7 +479,7 @@ func (s *Store) checkPolicy(ctx context.Context, require bool) error {
 
 func (s *Store) loadScripts(ctx context.Context) error {
 	return s.eachServer(ctx, func(ctx context.Context, c goredis.Cmdable) error {
-		for _, sc := range []*goredis.Script{claimScript, commitScript, releaseScript, extendScript, lookScript} {
+		for _, sc := range []*goredis.Script{claimScript, commitScript, releaseScript, extendScript, lookScript, advanceScript, unadvanceScript} {
 			if err := sc.Load(ctx, c).Err(); err != nil {
 				return fmt.Errorf("%w: loading scripts: %w", ErrUnavailable, err)
 			}
@@ -659,9 +754,49 @@ func (s *Store) Release(ctx context.Context, _ int64, reqs []Request, giveBack b
 	if giveBack {
 		count, undo = 0, 1
 	}
-	return s.runScript(ctx, releaseScript, reqs, out, func(r *Request) []any {
-		return []any{claimPrefix(r.Token), s.max, window, count, undo}
-	})
+	var versioned []int
+	for i := range reqs {
+		if reqs[i].Versioned {
+			versioned = append(versioned, i)
+		}
+	}
+	if len(versioned) == 0 {
+		return s.runScript(ctx, releaseScript, reqs, out, func(r *Request) []any {
+			return []any{claimPrefix(r.Token), s.max, window, count, undo}
+		})
+	}
+	// Version keys restore the version their claim replaced; the others
+	// are released as claims are.
+	var plain []int
+	for i := range reqs {
+		if !reqs[i].Versioned {
+			plain = append(plain, i)
+		}
+	}
+	restored := string(append([]byte{commitTag}, make([]byte, len(Token{}))...)) // no committer's token
+	for _, part := range []struct {
+		idx  []int
+		sc   *goredis.Script
+		args func(*Request) []any
+	}{
+		{plain, releaseScript, func(r *Request) []any { return []any{claimPrefix(r.Token), s.max, window, count, undo} }},
+		{versioned, unadvanceScript, func(r *Request) []any { return []any{claimPrefix(r.Token), window, restored} }},
+	} {
+		if len(part.idx) == 0 {
+			continue
+		}
+		sub, st := make([]Request, len(part.idx)), make([]Status, len(part.idx))
+		for j, i := range part.idx {
+			sub[j] = reqs[i]
+		}
+		if err := s.runScript(ctx, part.sc, sub, st, part.args); err != nil {
+			return err
+		}
+		for j, i := range part.idx {
+			out[i] = st[j]
+		}
+	}
+	return nil
 }
 
 // Extend makes each claim that reqs[i].Token holds, unexpired, last lease
