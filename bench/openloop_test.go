@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"math"
 	"testing"
 	"time"
 
@@ -34,6 +35,12 @@ func TestOpenLoop(t *testing.T) {
 	t.Logf("light: p99 %v over %v; overloaded: p99 %v over %v", light.BatchLatency.P99, light.Elapsed, heavy.BatchLatency.P99, heavy.Elapsed)
 	if heavy.BatchLatency.P99 < heavy.Elapsed/2 {
 		t.Fatalf("overloaded: p99 %v, yet the last batches waited for most of the %v run", heavy.BatchLatency.P99, heavy.Elapsed)
+	}
+	for _, bad := range []float64{-1, math.NaN(), math.Inf(1), 1e12, 1e-12} {
+		rc.Rate = bad
+		if _, err := Run(ctx, rc); err == nil {
+			t.Errorf("rate %v accepted: its schedule truncates or overflows, and the run would be closed-loop", bad)
+		}
 	}
 	if light.Rate != 40_000 || heavy.Rate != 1e10 {
 		t.Fatalf("results record rates %v and %v", light.Rate, heavy.Rate)

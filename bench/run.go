@@ -224,6 +224,9 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 	if rc.Workers <= 0 {
 		rc.Workers = 4 * runtime.GOMAXPROCS(0)
 	}
+	if err := CheckRate(rc.Rate, rc.Batch); err != nil {
+		return nil, err
+	}
 	if rc.Sample <= 0 {
 		rc.Sample = time.Second
 	}
@@ -519,6 +522,27 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 		return res, err
 	}
 	return res, nil
+}
+
+// CheckRate refuses an open-loop rate whose batches would not be due
+// between a nanosecond and an hour apart (NaN, infinite, negative, or so
+// extreme that the schedule truncates or overflows: the run would be
+// closed-loop while reporting the rate). Zero is closed-loop.
+func CheckRate(rate float64, batch int) error {
+	if rate == 0 {
+		return nil
+	}
+	if !(rate > 0) || math.IsInf(rate, 0) {
+		return fmt.Errorf("bench: Rate %v keys/s is not a rate", rate)
+	}
+	if batch <= 0 {
+		batch = 256 // Run's default
+	}
+	secs := float64(batch) / rate
+	if secs < 1e-9 || secs > 3600 {
+		return fmt.Errorf("bench: Rate %v keys/s puts batches of %d %gs apart: want between a nanosecond and an hour", rate, batch, secs)
+	}
+	return nil
 }
 
 // perDay groups the series by simulated day (counted from start); first

@@ -130,7 +130,7 @@ func (e *Engine) advance(ctx context.Context, ns *Namespace, entities [][]byte, 
 	var c tally
 	if len(cand) > 0 {
 		if e.where == tier.ClaimsInStore {
-			err = e.advanceShared(ctx, b, out, &c)
+			err = e.advanceShared(ctx, b, out, &c, now)
 		} else {
 			err = e.advanceLocal(ctx, b, out, &c)
 		}
@@ -258,16 +258,31 @@ func (e *Engine) advanceLocal(ctx context.Context, b *batch, out []Claim, c *tal
 
 // advanceShared decides b.cand in the shared tier: one atomic
 // compare-and-claim per entity.
-func (e *Engine) advanceShared(ctx context.Context, b *batch, out []Claim, c *tally) error {
+func (e *Engine) advanceShared(ctx context.Context, b *batch, out []Claim, c *tally, now int64) error {
 	reqs := b.reqs[:0]
 	defer func() { clear(reqs) }()
 	for _, i := range b.cand {
+		if rt, ok := e.retries.take(out[i].fp, now); ok {
+			// A retry of an advance whose reply was lost: the same token,
+			// which the tier recognises as its own claim, and no more
+			// lease than that claim has there.
+			out[i].rtoken = rt.token
+			out[i].LeaseUntil = min(out[i].LeaseUntil, rt.leaseUntil)
+		}
 		reqs = append(reqs, tier.Request{NS: out[i].ns.name, Key: out[i].Key, Token: e.ownerToken(out[i].rtoken), Digest: out[i].digest, Versioned: true})
 	}
 	b.reqs = reqs
 	ans := b.ans[:len(reqs)]
 	c.storeReads += uint64(len(reqs))
 	if err := e.advancer.Advance(ctx, reqs, time.Duration(e.lease), ans); err != nil {
+		// The tier may hold the entities for these tokens now: remember
+		// them, so the retries find their own claims.
+		m := len(b.cand)
+		fps, tokens, leases := make([]shard.Fingerprint, m), make([]uint64, m), make([]int64, m)
+		for j, i := range b.cand {
+			fps[j], tokens[j], leases[j] = out[i].fp, out[i].rtoken, out[i].LeaseUntil
+		}
+		e.retries.remember(fps, tokens, leases, now, false)
 		return err
 	}
 	for q, i := range b.cand {

@@ -86,7 +86,13 @@ func TestAdvance(t *testing.T) {
 			b := other()
 			adv(b, 7, engine.Duplicate, 7)
 			adv(b, 6, engine.Stale, 7)
-			commit(b, adv(b, 9, engine.New, 7))
+			withResult := adv(b, 9, engine.New, 7)
+			withResult.Result = []byte("shipped")
+			if err := b.Commit(ctx, withResult); !errors.Is(err, engine.ErrOptions) {
+				t.Fatalf("an Advance claim with a Result: %v, want ErrOptions", err)
+			}
+			withResult.Result = nil
+			commit(b, withResult)
 			if cfg.name == "redis" {
 				adv(e, 8, engine.Stale, 9) // the first process sees the second's
 			}

@@ -85,6 +85,9 @@ func (e *Engine) checkResults(claims []Claim) error {
 		if c.Outcome != New || len(c.Result) == 0 {
 			continue
 		}
+		if c.advance {
+			return fmt.Errorf("%w: claim %d: an Advance claim stores its version, not a Result", ErrOptions, i)
+		}
 		if len(c.Result) > e.maxResult {
 			return fmt.Errorf("%w: claim %d: %d bytes, max %d (Options.MaxResultSize)", ErrResultTooLarge, i, len(c.Result), e.maxResult)
 		}

@@ -26,8 +26,10 @@ func (e *Engine) IssueToken(ctx context.Context, ttl time.Duration) (string, err
 	if ttl <= 0 || int64(ttl) > e.window {
 		return "", fmt.Errorf("%w: token ttl %v is outside (0, %v]", ErrOptions, ttl, time.Duration(e.window))
 	}
-	if err := e.needResults("IssueToken"); err != nil {
-		return "", err
+	if e.exact == nil {
+		// Memory-only forgets at eviction: a used token's mark could go
+		// while its issue stays, and the token would be used twice.
+		return "", fmt.Errorf("%w: IssueToken needs an exact tier (Default, Redis or Postgres), have %v", ErrOptions, e.tiers)
 	}
 	raw := make([]byte, tokenBytes)
 	if _, err := rand.Read(raw); err != nil {
@@ -59,10 +61,13 @@ func (e *Engine) IssueToken(ctx context.Context, ttl time.Duration) (string, err
 // consumes it; ErrTokenUsed for every later one (and for a call racing the
 // one that consumes it); ErrTokenExpired once its ttl has passed, used or
 // not; ErrTokenUnknown for a token this engine's state never issued (or
-// issued more than a Window ago, or, memory-only, forgot by eviction or
-// restart). Other errors are the engine's: the token is then neither
+// issued more than a Window ago). Memory-only and bloom-only issue no
+// tokens (ErrOptions): they cannot keep a use. Other errors are the engine's: the token is then neither
 // consumed nor refused, and the call may be retried.
 func (e *Engine) ConsumeToken(ctx context.Context, token string) error {
+	if e.exact == nil {
+		return fmt.Errorf("%w: ConsumeToken needs an exact tier, have %v", ErrOptions, e.tiers)
+	}
 	raw, err := base64.RawURLEncoding.DecodeString(token)
 	if err != nil || len(raw) != tokenBytes {
 		return fmt.Errorf("%w: not a token", ErrTokenUnknown)

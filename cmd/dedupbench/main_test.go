@@ -372,7 +372,8 @@ func TestFormatBench(t *testing.T) {
 
 // TestRunFlagsRefused: bad -format, -count and -rate values are errors.
 func TestRunFlagsRefused(t *testing.T) {
-	for _, args := range [][]string{{"-format", "xml"}, {"-count", "0"}, {"-rate", "-1"}, {"-max-p99", "-1s"}} {
+	for _, args := range [][]string{{"-format", "xml"}, {"-count", "0"}, {"-rate", "-1"}, {"-rate", "NaN"}, {"-rate", "+Inf"}, {"-rate", "1e-12"},
+		{"-max-p99", "-1s"}, {"-max-p99", "1s", "-format", "bench"}} {
 		if err := run(context.Background(), append([]string{"run", "-keys", "10"}, args...), &bytes.Buffer{}, &bytes.Buffer{}); err == nil {
 			t.Errorf("%v accepted", args)
 		}

@@ -33,16 +33,19 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("unknown -format %q (want text, json or bench)", *format)
 	case *count < 1:
 		return fmt.Errorf("-count %d must be at least 1", *count)
-	case *rate < 0:
-		return fmt.Errorf("-rate %v must not be negative", *rate)
 	case *maxP99 < 0 || *steps < 1:
 		return fmt.Errorf("-max-p99 %v and -search-steps %d must be positive", *maxP99, *steps)
+	case *maxP99 > 0 && *format == "bench":
+		return errors.New("-format bench prints runs, not a search: use -rate with the rate the search finds")
 	}
 	rc, err := w.config()
 	if err != nil {
 		return err
 	}
 	rc.Rate = *rate
+	if err := bench.CheckRate(rc.Rate, rc.Batch); err != nil {
+		return err
+	}
 	if *maxP99 > 0 {
 		return searchCmd(ctx, rc, *maxP99, *steps, *format, stdout)
 	}
@@ -107,11 +110,8 @@ func searchCmd(ctx context.Context, rc bench.RunConfig, target time.Duration, st
 	if err != nil {
 		return err
 	}
-	switch format {
-	case "json":
+	if format == "json" {
 		return writeJSON(stdout, s)
-	case "bench":
-		return errors.New("-format bench prints runs, not a search: use -rate with the rate the search found")
 	}
 	bench.PrintSearch(stdout, s)
 	return nil

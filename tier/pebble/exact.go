@@ -123,13 +123,5 @@ func (s *Store) Forget(ctx context.Context, reqs []tier.Request, out []tier.Answ
 	if b.Empty() {
 		return nil
 	}
-	s.writes.RLock()
-	defer s.writes.RUnlock()
-	if err := s.usable(); err != nil {
-		return err
-	}
-	if err := b.Commit(s.writeOpts); err != nil {
-		return s.fail(err)
-	}
-	return nil
+	return s.commit(b)
 }

@@ -420,6 +420,12 @@ func (s *Store) writeWith(recs []Record, user []tier.Write) (err error) {
 			return s.fail(err)
 		}
 	}
+	return s.commit(b)
+}
+
+// commit makes b durable as configured, unless the Store has failed; a
+// failure latches.
+func (s *Store) commit(b *pebble.Batch) error {
 	s.writes.RLock()
 	defer s.writes.RUnlock()
 	if err := s.usable(); err != nil {

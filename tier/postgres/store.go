@@ -473,33 +473,28 @@ func (s *Store) take(ctx context.Context, reqs []tier.Request, out []tier.Answer
 	}
 	return s.run(ctx, func(rows pgx.Rows) error {
 		for rows.Next() {
-			var (
-				rns, rkey, token, digest []byte
-				state                    string
-				leaseEnd, expires, ms    int64
-				attempts                 int32
-			)
-			if err := rows.Scan(&rns, &rkey, &state, &token, &leaseEnd, &attempts, &digest, &expires, &ms); err != nil {
+			r, err := scanRow(rows)
+			if err != nil {
 				return err
 			}
-			i, ok := at[rowID(rns, rkey)]
+			i, ok := at[rowID(r.ns, r.key)]
 			if !ok || out[i].Status == tier.Acquired {
 				continue
 			}
 			a := tier.Answer{Status: tier.Held, Partition: -1}
 			switch {
-			case expires <= ms:
+			case r.expires <= r.ms:
 				// Expired since the claim ran: free now, but not taken by it.
-			case state == "D":
+			case r.state == "D":
 				a.Status = tier.Committed
-				copy(a.Token[:], token)
-				if err := decodeCommitted(&a, digest); err != nil {
+				copy(a.Token[:], r.token)
+				if err := decodeCommitted(&a, r.digest); err != nil {
 					return err
 				}
-			case s.max > 0 && (state == "R" && int(attempts) >= s.max ||
-				state == "C" && leaseEnd <= ms && int(attempts)+1 >= s.max):
-				a.Status, a.Attempts = tier.Poisoned, uint16(attempts)
-				if state == "C" {
+			case s.max > 0 && (r.state == "R" && int(r.attempts) >= s.max ||
+				r.state == "C" && r.leaseEnd <= r.ms && int(r.attempts)+1 >= s.max):
+				a.Status, a.Attempts = tier.Poisoned, uint16(r.attempts)
+				if r.state == "C" {
 					a.Attempts++
 					a.Expired = true
 				}
@@ -539,33 +534,28 @@ func (s *Store) look(ctx context.Context, reqs []tier.Request, out []tier.Answer
 			out[i] = tier.Answer{Status: tier.Absent, Partition: -1}
 		}
 		for rows.Next() {
-			var (
-				rns, rkey, token, digest []byte
-				state                    string
-				leaseEnd, expires, ms    int64
-				attempts                 int32
-			)
-			if err := rows.Scan(&rns, &rkey, &state, &token, &leaseEnd, &attempts, &digest, &expires, &ms); err != nil {
+			r, err := scanRow(rows)
+			if err != nil {
 				return err
 			}
-			i, ok := at[rowID(rns, rkey)]
+			i, ok := at[rowID(r.ns, r.key)]
 			if !ok {
 				continue
 			}
 			a := tier.Answer{Status: tier.Absent, Partition: -1}
 			switch {
-			case expires <= ms:
-			case state == "D":
+			case r.expires <= r.ms:
+			case r.state == "D":
 				a.Status = tier.Committed
-				copy(a.Token[:], token)
-				if err := decodeCommitted(&a, digest); err != nil {
+				copy(a.Token[:], r.token)
+				if err := decodeCommitted(&a, r.digest); err != nil {
 					return err
 				}
-			case state == "C" && leaseEnd > ms:
+			case r.state == "C" && r.leaseEnd > r.ms:
 				a.Status = tier.Held
 			default: // a count, or a claim whose lease ended (counted)
-				n := int(attempts)
-				if state == "C" && s.max > 0 {
+				n := int(r.attempts)
+				if r.state == "C" && s.max > 0 {
 					n++
 				}
 				a.Status, a.Attempts = tier.Released, uint16(min(n, tier.MaxAttempts))
@@ -577,6 +567,22 @@ func (s *Store) look(ctx context.Context, reqs []tier.Request, out []tier.Answer
 		}
 		return nil
 	}, q, ns, keys)
+}
+
+// row is one row as stateQ and forgetQ return it, with the statement's
+// clock reading.
+type row struct {
+	ns, key, token, digest []byte
+	state                  string
+	leaseEnd, expires, ms  int64
+	attempts               int32
+}
+
+// scanRow reads the current row of rows.
+func scanRow(rows pgx.Rows) (row, error) {
+	var r row
+	err := rows.Scan(&r.ns, &r.key, &r.state, &r.token, &r.leaseEnd, &r.attempts, &r.digest, &r.expires, &r.ms)
+	return r, err
 }
 
 // rowID is the map key of a row's (ns, key): the namespace's length

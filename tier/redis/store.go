@@ -308,22 +308,14 @@ return 1`)
 // key.
 func (s *Store) Advance(ctx context.Context, reqs []Request, lease time.Duration, out []Result) error {
 	leaseMS, windowMS := max(lease.Milliseconds(), 1), s.window.Milliseconds()
-	cmds, err := s.evalBatch(ctx, advanceScript, reqs, func(r *Request) []any {
+	return s.evalText(ctx, advanceScript, reqs, func(r *Request) []any {
 		return []any{claimPrefix(r.Token), string(r.Digest[:]), leaseMS, windowMS}
-	})
-	if err != nil {
-		return err
-	}
-	for i, cmd := range cmds {
-		v, err := cmd.Text()
-		if err != nil {
-			return fmt.Errorf("%w: %w", ErrUnavailable, err)
-		}
+	}, func(i int, v string) error {
 		out[i] = Result{Partition: -1}
 		switch {
 		case v == "H":
 			out[i].Status = tier.Held
-		case len(v) == 1 && (v[0] == 'A'):
+		case v == "A":
 			out[i].Status = tier.Acquired
 		case len(v) == 17 && (v[0] == 'A' || v[0] == 'S'):
 			out[i].Status = tier.Acquired
@@ -332,10 +324,10 @@ func (s *Store) Advance(ctx context.Context, reqs []Request, lease time.Duration
 			}
 			copy(out[i].Digest[:], v[1:])
 		default:
-			return fmt.Errorf("%w: unexpected advance answer of %d bytes at %q", ErrUnavailable, len(v), s.Key(reqs[i].NS, reqs[i].Key))
+			return fmt.Errorf("unexpected advance answer of %d bytes", len(v))
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // Store is the Redis tier. It is safe for concurrent use.
@@ -547,9 +539,18 @@ func (s *Store) Claim(ctx context.Context, reqs []Request, lease time.Duration, 
 // claimScripted is Claim through claimScript.
 func (s *Store) claimScripted(ctx context.Context, reqs []Request, lease time.Duration, out []Result) error {
 	leaseMS, windowMS := max(lease.Milliseconds(), 1), s.window.Milliseconds()
-	cmds, err := s.evalBatch(ctx, claimScript, reqs, func(r *Request) []any {
+	return s.evalText(ctx, claimScript, reqs, func(r *Request) []any {
 		return []any{claimPrefix(r.Token), leaseMS, windowMS, s.max}
+	}, func(i int, v string) (err error) {
+		out[i], err = decodeClaim(v)
+		return err
 	})
+}
+
+// evalText runs sc once per request in one pipeline and hands each
+// answer's text to decode; a decode error names the key.
+func (s *Store) evalText(ctx context.Context, sc *goredis.Script, reqs []Request, args func(*Request) []any, decode func(i int, v string) error) error {
+	cmds, err := s.evalBatch(ctx, sc, reqs, args)
 	if err != nil {
 		return err
 	}
@@ -558,7 +559,7 @@ func (s *Store) claimScripted(ctx context.Context, reqs []Request, lease time.Du
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
-		if out[i], err = decodeClaim(v); err != nil {
+		if err := decode(i, v); err != nil {
 			return fmt.Errorf("%w: %w at %q", ErrUnavailable, err, s.Key(reqs[i].NS, reqs[i].Key))
 		}
 	}
@@ -675,21 +676,11 @@ func (s *Store) look(ctx context.Context, reqs []Request, out []Result, forget b
 	if forget {
 		flag = 1
 	}
-	cmds, err := s.evalBatch(ctx, lookScript, reqs, func(*Request) []any { return []any{flag} })
-	if err != nil {
-		return err
-	}
-	for i, cmd := range cmds {
-		v, err := cmd.Text()
-		if err != nil {
-			return fmt.Errorf("%w: %w", ErrUnavailable, err)
-		}
-		if out[i], err = s.decodeLook(v); err != nil {
-			return fmt.Errorf("%w: %w at %q", ErrUnavailable, err, s.Key(reqs[i].NS, reqs[i].Key))
-		}
+	return s.evalText(ctx, lookScript, reqs, func(*Request) []any { return []any{flag} }, func(i int, v string) (err error) {
+		out[i], err = s.decodeLook(v)
 		out[i].Partition = -1
-	}
-	return nil
+		return err
+	})
 }
 
 // decodeLook reads lookScript's answer.
