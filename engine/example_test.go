@@ -95,3 +95,67 @@ func ExampleNamespace_MarkIfAbsent() {
 	// new new duplicate
 	// conflict
 }
+
+// An order's status machine fed by redelivered and reordered events:
+// only an event newer than the applied one runs.
+func ExampleEngine_Advance() {
+	dir, _ := os.MkdirTemp("", "tierdedup")
+	defer os.RemoveAll(dir)
+	e, err := engine.Open(&engine.Options{Dir: dir, ExpectedKeys: 1000})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer e.Close()
+
+	ctx := context.Background()
+	events := []struct {
+		status  string
+		version uint64
+	}{{"created", 1}, {"paid", 2}, {"paid", 2}, {"shipped", 4}, {"packed", 3}, {"delivered", 5}}
+	for _, ev := range events {
+		c, err := e.Advance(ctx, []byte("order-42"), ev.version)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if c.Outcome == engine.New {
+			// Apply the status here, then make its version the stored one.
+			if err := e.Commit(ctx, c); err != nil {
+				log.Fatal(err)
+			}
+		}
+		fmt.Printf("%-9s v%d: %v (stored v%d)\n", ev.status, ev.version, c.Outcome, c.Version)
+	}
+	// Output:
+	// created   v1: new (stored v0)
+	// paid      v2: new (stored v1)
+	// paid      v2: duplicate (stored v2)
+	// shipped   v4: new (stored v2)
+	// packed    v3: stale (stored v4)
+	// delivered v5: new (stored v4)
+}
+
+// An API handler that answers a retried request with the first response.
+func ExampleEngine_DoResult() {
+	e, err := engine.Open(&engine.Options{Tiers: engine.MemoryOnly})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer e.Close()
+
+	ctx := context.Background()
+	charge := func(context.Context) ([]byte, error) {
+		fmt.Println("charging the card")
+		return []byte(`{"charge":"ch_1","amount":4200}`), nil
+	}
+	for range 2 { // the client retries with the same idempotency key
+		outcome, resp, err := e.DoResult(ctx, []byte("idem-7f3a"), charge)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(outcome, string(resp))
+	}
+	// Output:
+	// charging the card
+	// new {"charge":"ch_1","amount":4200}
+	// duplicate {"charge":"ch_1","amount":4200}
+}
