@@ -182,9 +182,6 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 		return e.tierError(err)
 	}
 	e.stats.add(&c)
-	for i, j := range repeats {
-		out[i] = out[j]
-	}
 	held, forgot := 0, 0
 	for i := range out {
 		o := &out[i]
@@ -200,6 +197,9 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 		case o.Outcome != New || o.Attempts > 0:
 			forgot++
 		}
+	}
+	for i, j := range repeats {
+		out[i] = out[j] // after its first occurrence's answer is final
 	}
 	if forget {
 		e.stats.forgets.Add(uint64(forgot))
