@@ -4,6 +4,12 @@
 // Duplicate (skip it), InFlight (another worker holds it now) or a Conflict
 // (the key was committed with a different payload).
 //
+// Around that answer it offers what handlers and operators need: a small
+// result stored with a commit and returned with every Duplicate (DoResult),
+// Lookup and Forget, namespaces with windows of their own, versioned
+// entities (Advance: New only for a higher version, Stale for an older
+// one), one-time tokens (IssueToken, ConsumeToken), and Stats.
+//
 // It holds the memory table, an optional filter (tier/bloom) and at most one
 // exact tier (tier.Exact: tier/pebble, where claims live in the engine, or
 // tier/redis, where they live in the store); the configuration matters only
@@ -55,7 +61,11 @@
 //     format version; configuration and filter parameters of bloom-only
 //     state) and Open refuses a mismatch with ErrLayout, except a longer
 //     window, which keeps every key at least as long as promised.
-//  8. A Redis call returns by the caller's deadline; a claim that failed as
-//     unavailable is retried with the same owner token, so a claim Redis
-//     applied meanwhile is recognised as the caller's own.
+//  8. A Redis call returns by the caller's deadline; a claim (or an
+//     Advance) that failed as unavailable is retried with the same owner
+//     token, so a claim Redis applied meanwhile is recognised as the
+//     caller's own.
+//  9. Names starting with a NUL byte are the engine's own namespaces
+//     (versions, tokens): callers cannot name them, so no key of theirs
+//     meets a version or a token.
 package engine

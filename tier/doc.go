@@ -1,6 +1,7 @@
 // Package tier is what the tiers share: the contract of an exact, durable
-// tier (Exact, with its optional CommitWriter, Dropper, Scanner and
-// Latching), the vocabulary every tier answers in (Status, Digest, Token,
+// tier (Exact, with its optional CommitWriter, Dropper, Scanner,
+// Latching, Extender, Marker, ResultKeeper, Looker, Forgetter and
+// Advancer), the vocabulary every tier answers in (Status, Digest, Token,
 // Request, Answer), and how time is cut into retention partitions. It holds
 // no state and orders nothing; the engine decides which tier is asked what.
 //
