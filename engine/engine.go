@@ -210,7 +210,7 @@ func Open(opts *Options) (*Engine, error) {
 		defer cancel()
 		rs, err := redis.New(ctx, o.Redis, &redis.Options{
 			Prefix: o.RedisPrefix, Window: window, RequireNoEviction: o.RequireNoEviction, Logger: o.Logger,
-			MaxAttempts: o.MaxAttempts, NamespaceWindows: o.NamespaceWindows,
+			MaxAttempts: o.MaxAttempts, NamespaceWindows: o.NamespaceWindows, Uncached: o.NoSharedCache,
 		})
 		switch {
 		case errors.Is(err, redis.ErrEvictionPolicy), errors.Is(err, redis.ErrOptions):
@@ -225,7 +225,7 @@ func Open(opts *Options) (*Engine, error) {
 	if o.Tiers == Postgres {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		ps, err := postgres.New(ctx, o.Postgres, &postgres.Options{Table: o.PostgresTable, Window: window, MaxAttempts: o.MaxAttempts})
+		ps, err := postgres.New(ctx, o.Postgres, &postgres.Options{Table: o.PostgresTable, Window: window, MaxAttempts: o.MaxAttempts, Uncached: o.NoSharedCache})
 		switch {
 		case errors.Is(err, postgres.ErrOptions):
 			return nil, fmt.Errorf("%w: %w", ErrOptions, err)

@@ -285,3 +285,30 @@ func TestForgetBatchRepeatedKey(t *testing.T) {
 		})
 	}
 }
+
+// TestNoSharedCacheIsRecorded: every process sharing a Redis prefix or a
+// PostgreSQL table must agree on NoSharedCache, or a process that caches
+// its commits would answer Duplicate for a key another one forgot: the
+// layout records it and refuses a process that differs.
+func TestNoSharedCacheIsRecorded(t *testing.T) {
+	c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr})
+	defer c.Close()
+	pool := postgresPool(t)
+	table := "uncached_" + time.Now().Format("150405000000")
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
+	for _, o := range []engine.Options{
+		{Tiers: engine.Redis, Redis: c, RedisPrefix: fmt.Sprintf("uncached-%d:", time.Now().UnixNano())},
+		{Tiers: engine.Postgres, Postgres: pool, PostgresTable: table},
+	} {
+		o.NoSharedCache = true
+		a := open(t, o)
+		o.NoSharedCache = false
+		if b, err := engine.Open(&o); !errors.Is(err, engine.ErrLayout) {
+			if b != nil {
+				b.Close()
+			}
+			t.Fatalf("%v: a caching process on a prefix recorded uncached: %v, want ErrLayout", o.Tiers, err)
+		}
+		a.Close()
+	}
+}

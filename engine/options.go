@@ -234,7 +234,9 @@ type Options struct {
 	// (Tiers: Redis or Postgres): every claim of a key not in flight in
 	// this process asks the shared tier. Forget needs it: otherwise the
 	// process that committed a key keeps answering Duplicate from memory,
-	// for up to Window/2, after another process forgot it.
+	// for up to Window/2, after another process forgot it. The prefix (or
+	// table) records it, so every process sharing it must agree
+	// (ErrLayout otherwise).
 	NoSharedCache bool
 	// RequireNoEviction makes Open fail when a Redis server's
 	// maxmemory-policy could evict dedup keys; otherwise Open logs a warning.

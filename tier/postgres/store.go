@@ -47,6 +47,11 @@ type Options struct {
 	// MaxAttempts, when positive, counts each key's releases and lease
 	// takeovers, and answers Poisoned once the count reaches it.
 	MaxAttempts int
+	// Uncached records that every process sharing the table keeps no
+	// commits cached in memory (the engine's Options.NoSharedCache, which
+	// Forget needs): the layout records it, so a process that caches is
+	// refused rather than answering Duplicate for a key another forgot.
+	Uncached bool
 	// SweepBlocks is how many of the table's 8 KiB blocks one statement of
 	// a sweep deletes expired rows from (see Store.Drop): the rows it
 	// deletes are locked only for that statement, so a claim of an expired
@@ -88,6 +93,7 @@ type Store struct {
 	claimQ, markQ, stateQ, commitQ, releaseQ, extendQ, sizeQ, sweepQ string
 	forgetQ                                                          string
 	sweeps                                                           sweeper
+	uncached                                                         bool // Options.Uncached, recorded in the layout
 }
 
 // New returns a Store over db, creating its table if needed.
@@ -106,7 +112,7 @@ func New(ctx context.Context, db DB, opts *Options) (*Store, error) {
 		o.SweepBlocks = 4096
 	}
 	// Quoted: a valid name may still be a reserved word ("user").
-	s := &Store{db: db, table: pgx.Identifier{o.Table}.Sanitize(), window: o.Window, max: o.MaxAttempts}
+	s := &Store{db: db, table: pgx.Identifier{o.Table}.Sanitize(), window: o.Window, max: o.MaxAttempts, uncached: o.Uncached}
 	s.sweeps.init(int64(o.SweepBlocks))
 	s.prepare()
 	// Processes starting together race to create the table; PostgreSQL's
@@ -153,6 +159,9 @@ var columnNames = []string{"ns", "key", "state", "token", "lease_until", "attemp
 // stop every process on the table and drop it, or use a new table.
 func (s *Store) checkLayout(ctx context.Context) error {
 	want := fmt.Sprintf("tierdedup layout %d window=%dms max-attempts=%d", layoutVersion, s.window.Milliseconds(), s.max)
+	if s.uncached {
+		want += " uncached"
+	}
 	var got *string
 	var columns int64
 	var empty bool

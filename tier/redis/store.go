@@ -62,6 +62,11 @@ type Options struct {
 	// them when it is made, so processes sharing a prefix must agree on
 	// them, and the prefix's layout records them.
 	NamespaceWindows map[string]time.Duration
+	// Uncached records that every process sharing the prefix keeps no
+	// commits cached in memory (the engine's Options.NoSharedCache, which
+	// Forget needs): the layout records it, so a process that caches is
+	// refused rather than answering Duplicate for a key another forgot.
+	Uncached bool
 	// Logger receives warnings; nil means the standard logger.
 	Logger *log.Logger
 }
@@ -337,8 +342,10 @@ type Store struct {
 	window time.Duration
 	max    int // Options.MaxAttempts
 	logger *log.Logger
-	// nsWindows are Options.NamespaceWindows, recorded in the layout.
+	// nsWindows are Options.NamespaceWindows, and uncached
+	// Options.Uncached, recorded in the layout.
 	nsWindows map[string]time.Duration
+	uncached  bool
 	late      sync.WaitGroup // pipelines still running after their caller's deadline
 }
 
@@ -393,7 +400,7 @@ func New(ctx context.Context, client goredis.UniversalClient, opts *Options) (*S
 	if o.Logger == nil {
 		o.Logger = log.Default()
 	}
-	s := &Store{c: client, prefix: o.Prefix, window: o.Window, max: o.MaxAttempts, logger: o.Logger, nsWindows: o.NamespaceWindows}
+	s := &Store{c: client, prefix: o.Prefix, window: o.Window, max: o.MaxAttempts, logger: o.Logger, nsWindows: o.NamespaceWindows, uncached: o.Uncached}
 	if err := s.checkPolicy(ctx, o.RequireNoEviction); err != nil {
 		return nil, err
 	}
@@ -423,6 +430,9 @@ func (s *Store) checkLayout(ctx context.Context) error {
 			fmt.Fprintf(&b, " %q=%dms", n, s.nsWindows[n].Milliseconds())
 		}
 		want += " namespace-windows:" + b.String()
+	}
+	if s.uncached {
+		want += " uncached"
 	}
 	set, err := s.c.SetNX(ctx, s.layoutKey(), want, 0).Result()
 	if err != nil {
