@@ -27,8 +27,12 @@ import (
 // WAL, manifest, files awaiting deletion; sampled through the second day,
 // as compactions in flight come and go), and keys/s over the second day,
 // once the window is full (the calibration's steady state). Rates on a
-// shared machine swing, so calibration and run alternate three times and
-// their medians are compared.
+// shared machine swing, so calibration and run alternate three times, and
+// each calibration is compared with the run right after it (the nearest in
+// time, so the nearest in the machine's load): the median of the three
+// ratios must be within 25 % of one. (Comparing the medians of each, one
+// CI run failed with calibrations of 83, 67 and 157 k keys/s beside runs
+// of 93, 152 and 153 k: the machine, not the plan, moved.)
 func TestPlanAgreesWithRun(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -113,7 +117,12 @@ func TestPlanAgreesWithRun(t *testing.T) {
 				return m
 			}())
 			within(t, "disk (Stats.DiskBytes through the second day)", pl.DiskBytes, median(runDisk))
-			within(t, "keys/s (second day, medians)", median(calRates), median(runRates))
+			ratios := make([]float64, len(calRates))
+			for i := range calRates {
+				ratios[i] = calRates[i] / runRates[i]
+			}
+			t.Logf("keys/s, plan / run of each round: %.2f", ratios)
+			within(t, "keys/s (second day), plan / run of each round, median ×1000", 1000*median(ratios), 1000)
 		})
 	}
 }
