@@ -2,8 +2,9 @@ package engine
 
 import (
 	"context"
+	"encoding/binary"
+	"encoding/hex"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/tierdedup/tierdedup/shard"
@@ -15,11 +16,13 @@ import (
 // the versions of a caller's namespace's entities (Advance).
 const versionsPrefix = "\x00v/"
 
-// versionDigest is version v as stored: 16 hex digits in a Digest, so
-// versions compare as their bytes in every tier.
+// versionDigest is version v as stored: 16 lowercase hex digits in a
+// Digest, so versions compare as their bytes in every tier.
 func versionDigest(v uint64) Digest {
+	var raw [8]byte
+	binary.BigEndian.PutUint64(raw[:], v)
 	var d Digest
-	copy(d[:], fmt.Sprintf("%016x", v))
+	hex.Encode(d[:], raw[:])
 	return d
 }
 
@@ -28,11 +31,11 @@ func versionOf(d Digest) (uint64, error) {
 	if d == (Digest{}) {
 		return 0, nil
 	}
-	v, err := strconv.ParseUint(string(d[:]), 16, 64)
-	if err != nil {
+	var raw [8]byte
+	if _, err := hex.Decode(raw[:], d[:]); err != nil {
 		return 0, fmt.Errorf("%w: a version key holds %x", ErrStorage, d[:])
 	}
-	return v, nil
+	return binary.BigEndian.Uint64(raw[:]), nil
 }
 
 // Advance offers version of entity in the default namespace; see
@@ -106,11 +109,7 @@ func (e *Engine) advance(ctx context.Context, ns *Namespace, entities [][]byte, 
 	n := len(entities)
 	b := e.getBatch(n)
 	defer e.putBatch(b)
-	first := e.tokens.Add(uint64(n)) - uint64(n) + 1
-	for i, k := range entities {
-		b.fps[i] = shard.Sum(e.hasher, vns.name, k)
-		b.tokens[i] = first + uint64(i)
-	}
+	e.fingerprints(b, vns.name, entities, true)
 	leaseUntil := now + e.lease
 	// Seize, not Acquire: a committed version is what a higher one
 	// replaces. Memory holds the entity's claim from here, so no other
@@ -130,9 +129,9 @@ func (e *Engine) advance(ctx context.Context, ns *Namespace, entities [][]byte, 
 	var c tally
 	if len(cand) > 0 {
 		if e.where == tier.ClaimsInStore {
-			err = e.advanceShared(ctx, b, out, &c, now)
+			err = e.advanceShared(ctx, b, out, versions, &c, now)
 		} else {
-			err = e.advanceLocal(ctx, b, out, &c)
+			err = e.advanceLocal(ctx, b, out, versions, &c)
 		}
 		// Give back the claims of every entity that is not New.
 		m := 0
@@ -161,40 +160,24 @@ func (e *Engine) advance(ctx context.Context, ns *Namespace, entities [][]byte, 
 }
 
 // decide sets a candidate's outcome from the stored version.
-func decide(c *Claim, stored uint64, offered Digest) error {
-	v, err := versionOf(offered)
-	if err != nil {
-		return err
-	}
+func decide(c *Claim, stored, offered uint64) {
 	c.Version = stored
 	switch {
-	case v > stored:
+	case offered > stored:
 		c.Outcome = New
-	case v == stored:
+	case offered == stored:
 		c.Outcome = Duplicate
 	default:
 		c.Outcome = Stale
 	}
-	return nil
 }
 
 // advanceLocal decides b.cand in a tier whose claims live in the engine:
 // the version memory knows, or the store's (read in the partitions the
 // filter names).
-func (e *Engine) advanceLocal(ctx context.Context, b *batch, out []Claim, c *tally) error {
+func (e *Engine) advanceLocal(ctx context.Context, b *batch, out []Claim, versions []uint64, c *tally) error {
 	cand := b.cand
-	m := len(cand)
-	probes := b.probes[:m]
-	oldest := e.parts.Oldest(e.current.Load())
-	allLive := uint64(1)<<e.parts.Live - 1
-	warm := e.bloom != nil && e.warm.Load()
-	if warm {
-		cfps := b.cfps[:m]
-		for j, i := range cand {
-			cfps[j] = b.fps[i]
-		}
-		oldest = e.bloom.Test(cfps, probes)
-	}
+	oldest, warm := e.candidateMasks(b, true)
 	reqs, qidx := b.reqs[:0], b.qidx[:0]
 	defer func() { clear(reqs) }()
 	for j, i := range cand {
@@ -206,20 +189,14 @@ func (e *Engine) advanceLocal(ctx context.Context, b *batch, out []Claim, c *tal
 			if err != nil {
 				return err
 			}
-			if err := decide(&out[i], stored, out[i].digest); err != nil {
-				return err
-			}
+			decide(&out[i], stored, versions[i])
 			continue
 		}
-		mask := allLive
-		if warm {
-			if mask = probes[j].Maybe; mask == 0 {
-				c.bloomNegatives++
-				if err := decide(&out[i], 0, out[i].digest); err != nil {
-					return err
-				}
-				continue
-			}
+		mask := b.probes[j].Maybe
+		if warm && mask == 0 {
+			c.bloomNegatives++
+			decide(&out[i], 0, versions[i])
+			continue
 		}
 		reqs = append(reqs, tier.Request{NS: out[i].ns.name, Key: out[i].Key, Oldest: oldest, Mask: mask})
 		qidx = append(qidx, i)
@@ -249,16 +226,14 @@ func (e *Engine) advanceLocal(ctx context.Context, b *batch, out []Claim, c *tal
 			// version or nothing.
 			return fmt.Errorf("%w: a version key answered %v", ErrStorage, a.Status)
 		}
-		if err := decide(&out[i], stored, out[i].digest); err != nil {
-			return err
-		}
+		decide(&out[i], stored, versions[i])
 	}
 	return nil
 }
 
 // advanceShared decides b.cand in the shared tier: one atomic
 // compare-and-claim per entity.
-func (e *Engine) advanceShared(ctx context.Context, b *batch, out []Claim, c *tally, now int64) error {
+func (e *Engine) advanceShared(ctx context.Context, b *batch, out []Claim, versions []uint64, c *tally, now int64) error {
 	reqs := b.reqs[:0]
 	defer func() { clear(reqs) }()
 	for _, i := range b.cand {
@@ -296,9 +271,7 @@ func (e *Engine) advanceShared(ctx context.Context, b *batch, out []Claim, c *ta
 			out[i].Outcome, out[i].Version = New, stored
 		case tier.Committed:
 			c.storeHits++
-			if err := decide(&out[i], stored, out[i].digest); err != nil {
-				return err
-			}
+			decide(&out[i], stored, versions[i])
 		case tier.Held:
 			out[i].Outcome = InFlight
 		default:

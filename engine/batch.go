@@ -64,6 +64,43 @@ func (e *Engine) getBatch(n int) *batch {
 	return b
 }
 
+// fingerprints hashes keys in namespace name into b.fps and, with claims,
+// gives each key a fresh claim token in b.tokens.
+func (e *Engine) fingerprints(b *batch, name string, keys [][]byte, claims bool) {
+	for i, k := range keys {
+		b.fps[i] = shard.Sum(e.hasher, name, k)
+	}
+	if claims {
+		n := uint64(len(keys))
+		first := e.tokens.Add(n) - n + 1
+		for i := range keys {
+			b.tokens[i] = first + uint64(i)
+		}
+	}
+}
+
+// candidateMasks sets b.probes[j].Maybe for each key b.cand[j] to the live
+// partitions the store may hold it in: the filters' answer when filter is
+// set and they are warm (a zero mask then proves the key absent), every
+// live partition otherwise. It returns the partition the masks count from
+// and whether the filters answered.
+func (e *Engine) candidateMasks(b *batch, filter bool) (oldest int64, warm bool) {
+	m := len(b.cand)
+	probes := b.probes[:m]
+	if filter && e.bloom != nil && e.warm.Load() {
+		cfps := b.cfps[:m]
+		for j, i := range b.cand {
+			cfps[j] = b.fps[i]
+		}
+		return e.bloom.Test(cfps, probes), true
+	}
+	allLive := uint64(1)<<e.parts.Live - 1
+	for j := range probes {
+		probes[j] = bloom.Probe{Maybe: allLive}
+	}
+	return e.parts.Oldest(e.current.Load()), false
+}
+
 func (e *Engine) putBatch(b *batch) {
 	// Drop references to the caller's keys: no call uses more than its n
 	// entries (the capacity may be a far larger call's).

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/memory"
 )
@@ -37,11 +36,7 @@ func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digest
 	defer e.finish(slot)
 	b := e.getBatch(n)
 	defer e.putBatch(b)
-	first := e.tokens.Add(uint64(n)) - uint64(n) + 1
-	for i, k := range keys {
-		b.fps[i] = shard.Sum(e.hasher, ns.name, k)
-		b.tokens[i] = first + uint64(i)
-	}
+	e.fingerprints(b, ns.name, keys, true)
 	leaseUntil := now + e.lease
 	e.mem.Acquire(b.fps, b.tokens, now, leaseUntil, e.parts.Expiry(e.parts.Of(now)), b.res)
 

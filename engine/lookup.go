@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/memory"
 )
@@ -115,14 +114,8 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 	n := len(keys)
 	b := e.getBatch(n)
 	defer e.putBatch(b)
-	for i, k := range keys {
-		b.fps[i] = shard.Sum(e.hasher, ns.name, k)
-	}
+	e.fingerprints(b, ns.name, keys, forget)
 	if forget {
-		first := e.tokens.Add(uint64(n)) - uint64(n) + 1
-		for i := range keys {
-			b.tokens[i] = first + uint64(i)
-		}
 		e.mem.Seize(b.fps, b.tokens, now, now+e.lease, b.res)
 	} else {
 		e.mem.Peek(b.fps, now, b.res)
@@ -217,26 +210,15 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 // Forget.
 func (e *Engine) lookupExact(ctx context.Context, b *batch, ns *Namespace, keys [][]byte, out []KeyInfo, forget bool, c *tally, now int64) error {
 	cand := b.cand
-	m := len(cand)
-	oldest := e.parts.Oldest(e.current.Load())
-	allLive := uint64(1)<<e.parts.Live - 1
-	probes := b.probes[:m]
-	warm := !forget && e.bloom != nil && e.warm.Load()
-	if warm {
-		cfps := b.cfps[:m]
-		for j, i := range cand {
-			cfps[j] = b.fps[i]
-		}
-		oldest = e.bloom.Test(cfps, probes)
-	}
+	// Forget deletes in every live partition: a filter's "no" is for
+	// reads, not for what a record may have left.
+	oldest, warm := e.candidateMasks(b, !forget)
 	reqs, qidx := b.reqs[:0], b.qidx[:0]
 	for j, i := range cand {
-		mask := allLive
-		if warm {
-			if mask = probes[j].Maybe; mask == 0 {
-				c.bloomNegatives++
-				continue
-			}
+		mask := b.probes[j].Maybe
+		if warm && mask == 0 {
+			c.bloomNegatives++
+			continue
 		}
 		reqs = append(reqs, tier.Request{NS: ns.name, Key: keys[i], Oldest: oldest, Mask: mask})
 		qidx = append(qidx, i)

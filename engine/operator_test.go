@@ -169,7 +169,7 @@ func TestRedisResultBytes(t *testing.T) {
 	results := [][]byte{{'C'}, []byte("C0123456789abcdef:1"), bytes.Repeat([]byte{0}, 16), bytes.Repeat([]byte{'D'}, 8), []byte("R5"), bytes.Repeat([]byte{0xff}, 24), []byte("H"), []byte("E3")}
 	for i, r := range results {
 		k := []byte(fmt.Sprint("k", i))
-		cl, err := mustNS(t, a).ClaimDigest(ctx, k, engine.Digest{})
+		cl, err := mustNamespace(t, a, "").ClaimDigest(ctx, k, engine.Digest{})
 		if err != nil || cl.Outcome != engine.New {
 			t.Fatal(cl.Outcome, err)
 		}

@@ -63,14 +63,6 @@ func resultConfigs(t *testing.T) []struct {
 	}
 }
 
-func mustNS(t *testing.T, e *engine.Engine) *engine.Namespace {
-	ns, err := e.Namespace("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ns
-}
-
 // TestStoredResult: a commit stores its claim's Result, and every later
 // claim of the key answers Duplicate with that result and the commit's
 // time, from memory, from the store, after a restart or from another
@@ -88,7 +80,7 @@ func TestStoredResult(t *testing.T) {
 			d1, d2 := engine.DigestOf([]byte("payload-1")), engine.DigestOf([]byte("payload-2"))
 			resp := []byte(`{"order":42,"status":"created"}`)
 
-			c, err := mustNS(t, e).ClaimDigest(ctx, []byte("k1"), d1)
+			c, err := mustNamespace(t, e, "").ClaimDigest(ctx, []byte("k1"), d1)
 			if err != nil || c.Outcome != engine.New {
 				t.Fatal(c.Outcome, err)
 			}
@@ -105,7 +97,7 @@ func TestStoredResult(t *testing.T) {
 
 			check := func(when string, e *engine.Engine) {
 				t.Helper()
-				ns := mustNS(t, e)
+				ns := mustNamespace(t, e, "")
 				got, err := ns.ClaimDigest(ctx, []byte("k1"), d1)
 				if err != nil || got.Outcome != engine.Duplicate || !bytes.Equal(got.Result, resp) || got.CommittedAt != at {
 					t.Fatalf("%s: k1 = %v %q at %d, %v; want duplicate %q at %d", when, got.Outcome, got.Result, got.CommittedAt, err, resp, at)

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -47,8 +48,7 @@ func (e *Engine) IssueToken(ctx context.Context, ttl time.Duration) (string, err
 	}
 	now, err := e.now()
 	if err != nil {
-		_ = e.Release(ctx, c)
-		return "", err
+		return "", errors.Join(err, e.Release(ctx, c))
 	}
 	c.Result = binary.BigEndian.AppendUint64(nil, uint64(now+int64(ttl)))
 	if err := e.Commit(ctx, c); err != nil {

@@ -495,9 +495,7 @@ func (s *Store) take(ctx context.Context, reqs []tier.Request, out []tier.Answer
 			case r.expires <= r.ms:
 				// Expired since the claim ran: free now, but not taken by it.
 			case r.state == "D":
-				a.Status = tier.Committed
-				copy(a.Token[:], r.token)
-				if err := decodeCommitted(&a, r.digest); err != nil {
+				if err := r.committed(&a); err != nil {
 					return err
 				}
 			case s.max > 0 && (r.state == "R" && int(r.attempts) >= s.max ||
@@ -555,9 +553,7 @@ func (s *Store) look(ctx context.Context, reqs []tier.Request, out []tier.Answer
 			switch {
 			case r.expires <= r.ms:
 			case r.state == "D":
-				a.Status = tier.Committed
-				copy(a.Token[:], r.token)
-				if err := decodeCommitted(&a, r.digest); err != nil {
+				if err := r.committed(&a); err != nil {
 					return err
 				}
 			case r.state == "C" && r.leaseEnd > r.ms:
@@ -592,6 +588,14 @@ func scanRow(rows pgx.Rows) (row, error) {
 	var r row
 	err := rows.Scan(&r.ns, &r.key, &r.state, &r.token, &r.leaseEnd, &r.attempts, &r.digest, &r.expires, &r.ms)
 	return r, err
+}
+
+// committed makes a the answer for a committed row: its token, digest,
+// time and result.
+func (r *row) committed(a *tier.Answer) error {
+	a.Status = tier.Committed
+	copy(a.Token[:], r.token)
+	return decodeCommitted(a, r.digest)
 }
 
 // rowID is the map key of a row's (ns, key): the namespace's length
