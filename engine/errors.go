@@ -53,8 +53,9 @@ var (
 	// ErrVersion reports a version of 0 given to Advance: versions start
 	// at 1.
 	ErrVersion = errors.New("tierdedup: invalid version")
-	// ErrInFlight reports a Forget of a key that a claim holds: it was
-	// left as it is.
+	// ErrInFlight reports a Forget of a key that a claim holds (it was
+	// left as it is), or a ConsumeToken whose use another call holds now:
+	// nothing was decided, retry.
 	ErrInFlight = errors.New("tierdedup: key is claimed")
 	// ErrResultTooLarge reports a claim whose Result is longer than
 	// Options.MaxResultSize. Nothing of the call was written.

@@ -21,6 +21,13 @@ import (
 // back by the time that claim commits, the commit takes the key in the
 // tier then (claim and commit), so the processed message is recorded; a
 // key another worker holds or committed meanwhile is fenced as usual.
+//
+// It answers only for the caller's keys. A call touching one of the
+// engine's own namespaces (tokens, Advance's versions) fails closed
+// whole: their promises are "exactly once" and "never backwards", which
+// an answer made up while the tier is down would break (a token issued
+// that was never stored, or used twice; an entity's version that moves
+// back once the lease ends).
 type failOpen struct {
 	tier.Exact
 	answered *atomic.Uint64 // Stats.FailOpen
@@ -65,8 +72,23 @@ func newFailOpen(x tier.Exact, answered *atomic.Uint64, lease time.Duration) fai
 	return failOpen{Exact: x, answered: answered, lease: lease, open: &openClaims{}}
 }
 
+// mayAnswer reports whether failOpen may answer for every request of a
+// call: none is in one of the engine's own namespaces, whose names start
+// with a NUL byte.
+func mayAnswer(reqs []tier.Request) bool {
+	for i := range reqs {
+		if ownNamespace(reqs[i].NS) || reqs[i].Versioned {
+			return false
+		}
+	}
+	return true
+}
+
 func (f failOpen) Claim(ctx context.Context, reqs []tier.Request, lease time.Duration, out []tier.Answer) error {
 	if err := f.Exact.Claim(ctx, reqs, lease, out); err != nil {
+		if !mayAnswer(reqs) {
+			return err
+		}
 		for i := range out {
 			out[i] = tier.Answer{Status: tier.Acquired, Partition: -1}
 		}
@@ -78,6 +100,11 @@ func (f failOpen) Claim(ctx context.Context, reqs []tier.Request, lease time.Dur
 
 func (f failOpen) Commit(ctx context.Context, partition int64, reqs []tier.Request, out []tier.Status) error {
 	if err := f.Exact.Commit(ctx, partition, reqs, out); err != nil {
+		if !mayAnswer(reqs) {
+			// A group commit holding one of the engine's own keys fails
+			// closed as a whole: the tier returned one error for all.
+			return err
+		}
 		f.answerCommits(reqs, out)
 		return nil
 	}
@@ -155,6 +182,9 @@ type failOpenMarker struct {
 
 func (f failOpenMarker) Mark(ctx context.Context, reqs []tier.Request, out []tier.Answer) error {
 	if err := f.m.Mark(ctx, reqs, out); err != nil {
+		if !mayAnswer(reqs) {
+			return err
+		}
 		for i := range out {
 			out[i] = tier.Answer{Status: tier.Acquired, Partition: -1}
 		}

@@ -39,11 +39,15 @@ func checkNamespace(name string) error {
 	switch {
 	case len(name) > MaxNamespace:
 		return fmt.Errorf("%w: name of %d bytes, max %d", ErrNamespace, len(name), MaxNamespace)
-	case len(name) > 0 && name[0] == 0:
+	case ownNamespace(name):
 		return fmt.Errorf("%w: names starting with a NUL byte are the engine's own", ErrNamespace)
 	}
 	return nil
 }
+
+// ownNamespace reports whether name is one of the engine's own
+// namespaces (tokens, versions): their names start with a NUL byte.
+func ownNamespace(name string) bool { return len(name) > 0 && name[0] == 0 }
 
 // newNamespace is the namespace called name with its window.
 func (e *Engine) newNamespace(name string) *Namespace {

@@ -210,11 +210,19 @@ type Options struct {
 	// table.
 	PostgresTable string
 
-	// FailOpen makes claims answer New, and commits succeed locally, while
-	// the shared tier (Redis or PostgreSQL) is unavailable, instead of
-	// failing with ErrUnavailable (the default: fail closed). Every such answer is counted in
-	// Stats.FailOpen. Only for consumers that prefer a duplicate effect to a
-	// stalled queue.
+	// FailOpen makes claims and marks answer New, and commits succeed
+	// locally, while the shared tier (Redis or PostgreSQL) is unavailable,
+	// instead of failing with ErrUnavailable (the default: fail closed).
+	// Every such answer is counted in Stats.FailOpen. Only for consumers
+	// that prefer a duplicate effect to a stalled queue.
+	//
+	// It trades a duplicate effect and nothing else. Calls whose promise
+	// is not "at least once" fail closed with ErrUnavailable whatever it
+	// says: IssueToken and ConsumeToken (a token stored nowhere, or used
+	// twice), Advance and the Commit of its claim (a version that moves
+	// back), Lookup, Forget and Extend (they answer nothing a handler could
+	// proceed on). A commit batch holding such a claim beside the caller's
+	// fails closed whole (the tier reports one error for the batch).
 	FailOpen bool
 	// NamespaceWindows gives namespaces (by name; "" is the default one) a
 	// window of their own, shorter than Window (10 minutes for telemetry

@@ -58,18 +58,22 @@ func (e *Engine) IssueToken(ctx context.Context, ttl time.Duration) (string, err
 }
 
 // ConsumeToken uses token once. It returns nil for the one call that
-// consumes it; ErrTokenUsed for every later one (and for a call racing the
-// one that consumes it); ErrTokenExpired once its ttl has passed, used or
-// not; ErrTokenUnknown for a token this engine's state never issued (or
-// issued more than a Window ago). Memory-only and bloom-only issue no
-// tokens (ErrOptions): they cannot keep a use. Other errors are the engine's: the token is then neither
-// consumed nor refused, and the call may be retried.
+// consumes it; ErrTokenUsed for every call after that one; ErrInFlight
+// while another call is consuming it (or when this call stalled past the
+// Lease before its use was durable): the token is not used yet, retry;
+// ErrTokenExpired once its ttl has passed, used or not; ErrTokenUnknown
+// for a string IssueToken did not return (one token has one spelling), or
+// a token this engine's state never issued (or issued more than a Window
+// ago). Memory-only and bloom-only issue no tokens (ErrOptions): they
+// cannot keep a use. Options.FailOpen does not apply: an unavailable
+// shared tier is ErrUnavailable. Other errors are the engine's: the token
+// is then neither consumed nor refused, and the call may be retried.
 func (e *Engine) ConsumeToken(ctx context.Context, token string) error {
 	if e.exact == nil {
 		return fmt.Errorf("%w: ConsumeToken needs an exact tier, have %v", ErrOptions, e.tiers)
 	}
-	raw, err := base64.RawURLEncoding.DecodeString(token)
-	if err != nil || len(raw) != tokenBytes {
+	raw, ok := decodeToken(token)
+	if !ok {
 		return fmt.Errorf("%w: not a token", ErrTokenUnknown)
 	}
 	issued, err := e.newNamespace(tokenIssued).Lookup(ctx, raw)
@@ -91,7 +95,27 @@ func (e *Engine) ConsumeToken(ctx context.Context, token string) error {
 		return err
 	case o == New:
 		return nil
-	default: // Duplicate, or InFlight: another call is using it now
+	case o == Duplicate:
 		return ErrTokenUsed
+	default:
+		// InFlight: another call is consuming it now, or this call's own
+		// use lost its lease before it committed (a stall longer than the
+		// Lease). Neither used it yet: not a verdict, retry.
+		return fmt.Errorf("%w: the token's use is held (%v); retry", ErrInFlight, o)
 	}
+}
+
+// decodeToken returns the 128 bits a token string names, and false for any
+// string but the one IssueToken encodes for them: base64's decoder accepts
+// several spellings of one value (the last character's unused bits, line
+// breaks), and a string never issued must not consume a real token.
+func decodeToken(token string) ([]byte, bool) {
+	if len(token) != base64.RawURLEncoding.EncodedLen(tokenBytes) {
+		return nil, false
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(token)
+	if err != nil || len(raw) != tokenBytes || base64.RawURLEncoding.EncodeToString(raw) != token {
+		return nil, false
+	}
+	return raw, true
 }

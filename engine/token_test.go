@@ -80,7 +80,8 @@ func TestTokens(t *testing.T) {
 }
 
 // TestTokenRace: of many concurrent uses of one token exactly one
-// succeeds, every other is ErrTokenUsed.
+// succeeds; every other is ErrTokenUsed, or ErrInFlight while the winner's
+// use is being made durable, and a retry of those is ErrTokenUsed.
 func TestTokenRace(t *testing.T) {
 	ctx := context.Background()
 	for _, cfg := range adminConfigs()[1:3] {
@@ -92,7 +93,7 @@ func TestTokenRace(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				var ok, used atomic.Int32
+				var ok, used, busy atomic.Int32
 				var wg sync.WaitGroup
 				for range 8 {
 					wg.Add(1)
@@ -103,14 +104,19 @@ func TestTokenRace(t *testing.T) {
 							ok.Add(1)
 						case errors.Is(err, engine.ErrTokenUsed):
 							used.Add(1)
+						case errors.Is(err, engine.ErrInFlight):
+							busy.Add(1)
 						default:
 							t.Error(err)
 						}
 					}()
 				}
 				wg.Wait()
-				if ok.Load() != 1 || used.Load() != 7 {
-					t.Fatalf("%d uses succeeded, %d refused as used", ok.Load(), used.Load())
+				if ok.Load() != 1 || used.Load()+busy.Load() != 7 {
+					t.Fatalf("%d uses succeeded, %d refused as used, %d as in flight", ok.Load(), used.Load(), busy.Load())
+				}
+				if err := e.ConsumeToken(ctx, tok); !errors.Is(err, engine.ErrTokenUsed) {
+					t.Fatalf("a retry once the racers returned: %v, want ErrTokenUsed", err)
 				}
 			}
 		})
@@ -130,5 +136,83 @@ func TestTokenRefused(t *testing.T) {
 			t.Errorf("%v ConsumeToken: %v, want ErrOptions", tiers, err)
 		}
 		e.Close()
+	}
+}
+
+// TestTokenHasOneSpelling: every string within one edit of a real token
+// (each character replaced by every other of base64's alphabets, a
+// character removed or added, padding, a line break) is ErrTokenUnknown
+// and does not consume it, then the token itself is consumed once. The
+// lenient decoder read some of them as the same 128 bits (the last
+// character's unused bits, line breaks).
+func TestTokenHasOneSpelling(t *testing.T) {
+	ctx := context.Background()
+	e := open(t, engine.Options{Dir: t.TempDir(), ExpectedKeys: 1000})
+	defer e.Close()
+	tok, err := e.IssueToken(ctx, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_+/=\r\n. "
+	var near []string
+	for i := range len(tok) {
+		for _, r := range alphabet {
+			if byte(r) != tok[i] {
+				near = append(near, tok[:i]+string(r)+tok[i+1:])
+			}
+			near = append(near, tok[:i]+string(r)+tok[i:]) // inserted
+		}
+		near = append(near, tok[:i]+tok[i+1:]) // removed
+	}
+	near = append(near, tok+"==", tok+"\n", " "+tok, strings.ToUpper(tok), tok+tok)
+	for _, s := range near {
+		if err := e.ConsumeToken(ctx, s); !errors.Is(err, engine.ErrTokenUnknown) {
+			t.Fatalf("%q beside %q: %v, want ErrTokenUnknown", s, tok, err)
+		}
+	}
+	if err := e.ConsumeToken(ctx, tok); err != nil {
+		t.Fatalf("the token after %d neighbours: %v", len(near), err)
+	}
+}
+
+// steppingClock moves on by step at every reading once armed: a call that
+// reads the clock more than once sees each of its steps take longer than
+// the lease, as a call stalled by a pause or a slow disk would.
+type steppingClock struct {
+	fakeClock
+	step atomic.Int64
+}
+
+func (c *steppingClock) Now() time.Time {
+	if s := c.step.Load(); s > 0 {
+		c.fakeClock.Add(time.Duration(s))
+	}
+	return c.fakeClock.Now()
+}
+
+// TestTokenStallIsNotAUse: a ConsumeToken whose own use outlives the Lease
+// between its claim and its commit is ErrInFlight (nothing was decided,
+// retry), never ErrTokenUsed; the next call consumes it, and only once.
+func TestTokenStallIsNotAUse(t *testing.T) {
+	ctx := context.Background()
+	clock := &steppingClock{fakeClock: *newClock()}
+	e := open(t, engine.Options{Dir: t.TempDir(), ExpectedKeys: 1000, Clock: clock,
+		Window: 24 * time.Hour, Partition: time.Hour, Lease: time.Minute})
+	defer e.Close()
+	tok, err := e.IssueToken(ctx, 12*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.step.Store(int64(time.Minute + time.Second))
+	err = e.ConsumeToken(ctx, tok)
+	clock.step.Store(0)
+	if !errors.Is(err, engine.ErrInFlight) {
+		t.Fatalf("a use that stalled past its lease: %v, want ErrInFlight", err)
+	}
+	if err := e.ConsumeToken(ctx, tok); err != nil {
+		t.Fatalf("the retry: %v", err)
+	}
+	if err := e.ConsumeToken(ctx, tok); !errors.Is(err, engine.ErrTokenUsed) {
+		t.Fatalf("after the retry: %v, want ErrTokenUsed", err)
 	}
 }

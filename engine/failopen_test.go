@@ -1,0 +1,188 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/redis/redistest"
+)
+
+// outage makes a shared tier's every command fail, as an unreachable
+// server's do, while down is set.
+type outage struct{ down atomic.Bool }
+
+var errOutage = errors.New("connection refused (injected outage)")
+
+// redisHook is outage as a go-redis hook.
+func (o *outage) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (o *outage) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if o.down.Load() {
+			cmd.SetErr(errOutage)
+			return errOutage
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (o *outage) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		if o.down.Load() {
+			for _, c := range cmds {
+				c.SetErr(errOutage)
+			}
+			return errOutage
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// outageDB is outage for the PostgreSQL tier's database.
+type outageDB struct {
+	*pgxpool.Pool
+	*outage
+}
+
+func (d outageDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if d.down.Load() {
+		return pgconn.CommandTag{}, &net.OpError{Op: "dial", Net: "tcp", Err: errOutage}
+	}
+	return d.Pool.Exec(ctx, sql, args...)
+}
+
+func (d outageDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if d.down.Load() {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errOutage}
+	}
+	return d.Pool.Query(ctx, sql, args...)
+}
+
+// TestFailOpenScope: FailOpen trades a duplicate effect for availability
+// and nothing else. With the shared tier's commands failing, a FailOpen
+// engine still answers claims and marks New (counted), but every call
+// whose promise is not "at least once" fails closed with ErrUnavailable:
+// IssueToken (a token stored nowhere), ConsumeToken (a use another
+// process would not see), Advance and the Commit of an Advance claim made
+// before the outage (an entity whose version moves back), a commit batch
+// holding such a claim beside an ordinary one, Lookup, Forget and Extend.
+// Once the tier is back, another process consumes the token the failed
+// call did not, and sees no version the failed commit claimed.
+func TestFailOpenScope(t *testing.T) {
+	ctx := context.Background()
+	for _, shared := range []string{"redis", "postgres"} {
+		t.Run(shared, func(t *testing.T) {
+			out := &outage{}
+			o := engine.Options{Tiers: engine.Redis, NoSharedCache: true, Lease: time.Minute}
+			switch shared {
+			case "redis":
+				srv := redistest.Start(t)
+				c := goredis.NewClient(&goredis.Options{Addr: srv.Addr, MaxRetries: -1})
+				c.AddHook(out)
+				t.Cleanup(func() { c.Close() })
+				o.Redis, o.RedisPrefix = c, fmt.Sprintf("fo%d:", time.Now().UnixNano())
+			case "postgres":
+				p := postgresPool(t)
+				o.Tiers, o.Postgres, o.PostgresTable = engine.Postgres, outageDB{p, out}, pgTable(t, p, "failopen")
+			}
+			o.FailOpen = true
+			a := open(t, o)
+			defer a.Close()
+			ref := o
+			ref.FailOpen = false
+			if ref.Postgres != nil {
+				ref.Postgres = ref.Postgres.(outageDB).Pool
+			} else {
+				plain := goredis.NewClient(&goredis.Options{Addr: o.Redis.(*goredis.Client).Options().Addr})
+				t.Cleanup(func() { plain.Close() })
+				ref.Redis = plain
+			}
+			b := open(t, ref) // another process, on a healthy connection
+			defer b.Close()
+
+			tok, err := a.IssueToken(ctx, 10*time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			advance := shared == "redis" // PostgreSQL refuses Advance
+			var held, ordinary engine.Claim
+			if advance {
+				if held, err = a.Advance(ctx, []byte("order-1"), 5); err != nil || held.Outcome != engine.New {
+					t.Fatalf("Advance before the outage: %v %v", held.Outcome, err)
+				}
+			}
+			ext, err := a.Claim(ctx, []byte("extend-me"))
+			if err != nil || ext.Outcome != engine.New {
+				t.Fatalf("claim before the outage: %v %v", ext.Outcome, err)
+			}
+			if ordinary, err = a.Claim(ctx, []byte("ordinary")); err != nil || ordinary.Outcome != engine.New {
+				t.Fatalf("claim before the outage: %v %v", ordinary.Outcome, err)
+			}
+
+			out.down.Store(true)
+			before := a.Stats().FailOpen
+			closedCalls := map[string]func() error{
+				"IssueToken":   func() error { _, err := a.IssueToken(ctx, time.Minute); return err },
+				"ConsumeToken": func() error { return a.ConsumeToken(ctx, tok) },
+				"Lookup":       func() error { _, err := a.Lookup(ctx, []byte("never-seen")); return err },
+				"Forget":       func() error { _, err := a.Forget(ctx, []byte("forget-me")); return err },
+				"Extend":       func() error { return a.Extend(ctx, &ext, time.Minute) },
+			}
+			if advance {
+				closedCalls["Advance"] = func() error { _, err := a.Advance(ctx, []byte("order-2"), 1); return err }
+				closedCalls["Commit of an Advance claim"] = func() error { return a.Commit(ctx, held) }
+				closedCalls["CommitBatch with an Advance claim"] = func() error {
+					return a.CommitBatch(ctx, []engine.Claim{ordinary, held}, nil)
+				}
+			}
+			for name, call := range closedCalls {
+				if err := call(); !errors.Is(err, engine.ErrUnavailable) {
+					t.Errorf("%s during the outage: %v, want ErrUnavailable", name, err)
+				}
+			}
+			if n := a.Stats().FailOpen; n != before {
+				t.Errorf("Stats.FailOpen moved from %d to %d on calls that fail closed", before, n)
+			}
+			// What FailOpen is for still answers.
+			if c, err := a.Claim(ctx, []byte("during")); err != nil || c.Outcome != engine.New {
+				t.Errorf("a claim during the outage: %v %v, want New", c.Outcome, err)
+			} else if err := a.Commit(ctx, c); err != nil {
+				t.Errorf("its commit: %v", err)
+			}
+			if got, err := a.MarkIfAbsent(ctx, []byte("marked")); err != nil || got != engine.New {
+				t.Errorf("a mark during the outage: %v %v, want New", got, err)
+			}
+			want := before + 3 // a claim, its commit, a one-step mark
+			if shared == "redis" {
+				want++ // Redis marks by a claim and a commit
+			}
+			if n := a.Stats().FailOpen; n != want {
+				t.Errorf("Stats.FailOpen = %d, want %d", n, want)
+			}
+
+			out.down.Store(false)
+			if err := b.ConsumeToken(ctx, tok); err != nil {
+				t.Errorf("the token, consumed by another process once the tier is back: %v (the failed use must not have used it)", err)
+			}
+			if advance {
+				if err := a.Release(ctx, held); err != nil {
+					t.Errorf("releasing the Advance claim whose commit failed: %v", err)
+				}
+				if c, err := b.Advance(ctx, []byte("order-1"), 4); err != nil || c.Outcome != engine.New || c.Version != 0 {
+					t.Errorf("version 4 after a failed commit of 5: %v (stored %d) %v, want New over none", c.Outcome, c.Version, err)
+				}
+			}
+		})
+	}
+}
