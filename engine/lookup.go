@@ -1,9 +1,11 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 
+	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/memory"
 )
@@ -122,27 +124,21 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 	}
 
 	// Memory's answers; the keys it cannot decide go to the exact tier. A
-	// key repeated in a forget batch finds the claim its first occurrence
-	// seized: it is answered as that one is (repeats).
+	// key repeated in the batch is answered as its first occurrence is
+	// (repeats), and only that one reaches the exact tier, which is never
+	// given a key twice in a batch (tier.Exact). In a forget batch the
+	// repeats find the claim the first occurrence seized.
 	cand := b.cand[:0]
-	var repeats map[int]int // index → its first occurrence
+	repeats := firstOccurrences(b.fps[:n])
 	for i := range keys {
+		if _, ok := repeats[i]; ok {
+			continue
+		}
 		r := &b.res[i]
 		out[i] = KeyInfo{Attempts: r.Attempts}
 		switch r.Status {
 		case tier.Held:
 			out[i].Outcome = InFlight
-			if forget {
-				for j := range i {
-					if b.fps[j] == b.fps[i] && b.res[j].Status != tier.Held {
-						if repeats == nil {
-							repeats = map[int]int{}
-						}
-						repeats[i] = j
-						break
-					}
-				}
-			}
 			continue
 		case tier.Committed:
 			out[i] = KeyInfo{Outcome: Duplicate, Digest: r.Digest, Result: r.Result, CommittedAt: r.At}
@@ -193,6 +189,7 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 	}
 	for i, j := range repeats {
 		out[i] = out[j] // after its first occurrence's answer is final
+		out[i].Result = bytes.Clone(out[j].Result)
 	}
 	if forget {
 		e.stats.forgets.Add(uint64(forgot))
@@ -203,6 +200,39 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 		return fmt.Errorf("%w: %d of %d keys", ErrInFlight, held, n)
 	}
 	return nil
+}
+
+// firstOccurrences maps the index of each repeat of a key in fps to its
+// first occurrence; nil when no key repeats. Small batches are scanned
+// pairwise, larger ones through a map.
+func firstOccurrences(fps []shard.Fingerprint) map[int]int {
+	var repeats map[int]int
+	if len(fps) <= 16 {
+		for i := 1; i < len(fps); i++ {
+			for j := range i {
+				if fps[j] == fps[i] {
+					if repeats == nil {
+						repeats = map[int]int{}
+					}
+					repeats[i] = j
+					break
+				}
+			}
+		}
+		return repeats
+	}
+	first := make(map[shard.Fingerprint]int, len(fps))
+	for i, fp := range fps {
+		if j, ok := first[fp]; ok {
+			if repeats == nil {
+				repeats = map[int]int{}
+			}
+			repeats[i] = j
+			continue
+		}
+		first[fp] = i
+	}
+	return repeats
 }
 
 // lookupExact asks the exact tier about the keys of b.cand: a read (Claim
