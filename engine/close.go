@@ -10,9 +10,18 @@ import (
 	"github.com/tierdedup/tierdedup/tier/bloom"
 )
 
-// Close flushes the commit queue, stops background work, saves the Bloom filters (so the next Open is
-// warm) and closes the store. It is idempotent; calls after it return
-// ErrClosed.
+// Close flushes the commit queue, waits for the calls in progress, stops
+// background work, saves the Bloom filters (so the next Open is warm) and
+// closes the store. It is idempotent; calls after it return ErrClosed.
+//
+// A call Close interrupts completes or gives back what it took in every
+// tier before Close returns: a MarkBatch, IssueToken or ConsumeToken is
+// waited for from its first step to its last. A claim the caller holds
+// (Claim returned New, or a Do whose handler still runs) is the caller's:
+// Close does not wait for it, and its Commit or Release then returns
+// ErrClosed. In the embedded store such a claim is void at the next Open;
+// in a shared tier it holds its key until its lease ends, as a crashed
+// worker's claim does. Commit or Release every claim before Close.
 func (e *Engine) Close() error {
 	if e.queue != nil {
 		// Every commit enqueued before Close is written and its done run.

@@ -40,6 +40,9 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(rabbitChildEnv); spec != "" {
 		os.Exit(rabbitChild(spec))
 	}
+	if spec := os.Getenv(faultChildEnv); spec != "" {
+		os.Exit(faultChild(spec))
+	}
 	os.Exit(m.Run())
 }
 

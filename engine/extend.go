@@ -32,18 +32,15 @@ func (e *Engine) Extend(ctx context.Context, c *Claim, d time.Duration) error {
 	if d <= 0 || int64(d) >= e.window {
 		return fmt.Errorf("%w: Extend by %v: must be positive and shorter than the window %v", ErrOptions, d, time.Duration(e.window))
 	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
 	shared := e.where == tier.ClaimsInStore
 	if err := e.need(!shared || e.extender != nil, "Extend", "a shared tier that extends leases"); err != nil {
 		return err
 	}
-	e.life.RLock()
-	defer e.life.RUnlock()
-	if e.life.closed {
-		return ErrClosed
+	locked, err := e.admit(ctx)
+	if err != nil {
+		return err
 	}
+	defer e.leave(locked)
 	if c.ns == nil || c.ns.e != e || shard.Sum(e.hasher, c.ns.name, c.Key) != c.fp {
 		return fmt.Errorf("%w: the claim is another engine's, or its key bytes changed", ErrLeaseLost)
 	}

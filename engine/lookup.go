@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math"
 
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
@@ -118,7 +119,11 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 	defer e.putBatch(b)
 	e.fingerprints(b, ns.name, keys, forget)
 	if forget {
-		e.mem.Seize(b.fps, b.tokens, now, now+e.lease, b.res)
+		// The fence lasts as long as this call, not a lease: a Forget
+		// that stalls (a pause, a slow disk, the clock stepping on) must
+		// not let a claim take the key over, read or commit it, and then
+		// have the delete remove what that claim read or committed.
+		e.mem.Seize(b.fps, b.tokens, now, callFence, b.res)
 	} else {
 		e.mem.Peek(b.fps, now, b.res)
 	}
@@ -201,6 +206,11 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 	}
 	return nil
 }
+
+// callFence is the lease end of a memory claim that a call of this process
+// holds only while it runs (Forget's): it never ends by time, and the call
+// drops it before it returns, whatever happened.
+const callFence = math.MaxInt64
 
 // firstOccurrences maps the index of each repeat of a key in fps to its
 // first occurrence; nil when no key repeats. Small batches are scanned

@@ -163,6 +163,13 @@ func (n *Namespace) MarkBatch(ctx context.Context, keys [][]byte, digests []Dige
 	if len(out) != len(keys) {
 		return fmt.Errorf("%w: %d keys, %d outcomes", ErrBatch, len(keys), len(out))
 	}
+	// Close waits for the whole mark: its claim is committed or given
+	// back in every tier before Close returns.
+	ctx, done, err := n.e.hold(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
 	b := n.e.getBatch(len(keys))
 	defer n.e.putBatch(b)
 	claims, errs := b.claims[:len(keys)], b.errs[:len(keys)]
@@ -179,7 +186,9 @@ func (n *Namespace) MarkBatch(ctx context.Context, keys [][]byte, digests []Dige
 		// nothing; a Redis commit whose reply was lost is remembered, so
 		// the retry of this mark is New): give the claims back.
 		gctx, cancel := giveBackContext(ctx)
-		_ = n.e.releaseAs(gctx, claims, nil, true)
+		if rerr := n.e.releaseAs(gctx, claims, nil, true); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
+			err = errors.Join(err, fmt.Errorf("giving the claims back: %w", rerr))
+		}
 		cancel()
 		return err
 	}

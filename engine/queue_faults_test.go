@@ -393,9 +393,11 @@ func TestCommitNilContext(t *testing.T) {
 	t.Logf("%s", out)
 }
 
-// failFS fails every file sync once armed.
+// failFS fails every sync of the files whose names contain files (the
+// WAL's, ".log", when empty) once armed.
 type failFS struct {
 	vfs.FS
+	files string
 	armed atomic.Bool
 }
 
@@ -414,10 +416,15 @@ func (f *failFS) OpenReadWrite(name string, c vfs.DiskWriteCategory, opts ...vfs
 	return f.wrap(name, x, err)
 }
 
-// wrap fails the syncs of WAL files only: a failed manifest sync in a
-// background compaction is fatal to Pebble, outside any call.
+// wrap fails the syncs of WAL files only, unless told other files: a
+// failed manifest sync in a background compaction is fatal to Pebble,
+// outside any call (TestStorageFaultChild).
 func (f *failFS) wrap(name string, x vfs.File, err error) (vfs.File, error) {
-	if err != nil || !strings.HasSuffix(name, ".log") {
+	files := f.files
+	if files == "" {
+		files = ".log"
+	}
+	if err != nil || !strings.Contains(name, files) {
 		return x, err
 	}
 	return failFile{File: x, fs: f}, nil

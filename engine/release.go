@@ -44,14 +44,11 @@ func (e *Engine) releaseAs(ctx context.Context, claims []Claim, errs []error, gi
 	clear(errs)
 	// Release does not need a working store, so it is allowed after a
 	// storage failure: it only frees memory claims.
-	if err := ctx.Err(); err != nil {
+	locked, err := e.admit(ctx)
+	if err != nil {
 		return err
 	}
-	e.life.RLock()
-	defer e.life.RUnlock()
-	if e.life.closed {
-		return ErrClosed
-	}
+	defer e.leave(locked)
 	defer e.gate.exit(e.gate.enter()) // it may write attempt counts
 	// The embedded tier keeps attempt counts; a shared tier counts them
 	// itself.

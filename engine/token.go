@@ -32,6 +32,11 @@ func (e *Engine) IssueToken(ctx context.Context, ttl time.Duration) (string, err
 		// while its issue stays, and the token would be used twice.
 		return "", fmt.Errorf("%w: IssueToken needs an exact tier (Default, Redis or Postgres), have %v", ErrOptions, e.tiers)
 	}
+	ctx, done, err := e.hold(ctx) // Close waits for the claim's commit or release
+	if err != nil {
+		return "", err
+	}
+	defer done()
 	raw := make([]byte, tokenBytes)
 	if _, err := rand.Read(raw); err != nil {
 		return "", err
@@ -52,6 +57,13 @@ func (e *Engine) IssueToken(ctx context.Context, ttl time.Duration) (string, err
 	}
 	c.Result = binary.BigEndian.AppendUint64(nil, uint64(now+int64(ttl)))
 	if err := e.Commit(ctx, c); err != nil {
+		if !errors.Is(err, ErrLeaseLost) {
+			gctx, cancel := giveBackContext(ctx)
+			defer cancel()
+			if rerr := e.Release(gctx, c); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
+				err = errors.Join(err, rerr)
+			}
+		}
 		return "", err
 	}
 	return base64.RawURLEncoding.EncodeToString(raw), nil
@@ -76,6 +88,11 @@ func (e *Engine) ConsumeToken(ctx context.Context, token string) error {
 	if !ok {
 		return fmt.Errorf("%w: not a token", ErrTokenUnknown)
 	}
+	ctx, done, err := e.hold(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
 	issued, err := e.newNamespace(tokenIssued).Lookup(ctx, raw)
 	if err != nil {
 		return err

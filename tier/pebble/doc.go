@@ -11,15 +11,33 @@
 // never compare fingerprints instead of key bytes, and never exit the
 // process: a Pebble fatal error or panic inside a call of this package (its
 // own background compaction included) becomes ErrStorage and the Store
-// refuses every call from then on. Pebble's internal background work (flushes
-// and compactions it schedules itself) can still abort the process on a
-// fatal error; that is Pebble's policy for a corrupt or unwritable store.
+// refuses every call from then on.
+//
+// # Failures: fail closed, or Pebble's fail stop
+//
+// A write that fails (a WAL write or sync) latches: it and every write in
+// flight beside it return ErrStorage, and so does every later call, within
+// the time of one write; none waits forever. This rests on admitting one
+// batch at a time into Pebble's commit pipeline (a batch that failed there
+// stays at the pipeline's head, and Pebble would keep every batch behind
+// it waiting); syncs are still shared. A broken Store is abandoned, not
+// closed (closing would wait on that pipeline): the process exits and a
+// new one opens the directory, as after a crash.
+//
+// Two failures are Pebble's own to handle, and its policy is to stop the
+// process: a WAL that fails while Pebble rotates to a new one (when a
+// memtable fills), and a MANIFEST that cannot be written (a flush or a
+// compaction, Pebble's own background work). The process exits; nothing
+// acknowledged is lost, because an acknowledged write was synced to the
+// WAL before its call returned, and the next Open replays it (the
+// engine's TestStorageFaultChild kills children both ways and finds every
+// acknowledged key after the restart).
 //
 // # Concurrency
 //
 // A Store is safe for concurrent use. Concurrent synced writes share WAL
-// fsyncs through Pebble's commit pipeline (group commit). Close must not
-// race with other calls.
+// fsyncs (each batch waits for its sync outside the pipeline's entry).
+// Close must not race with other calls.
 //
 // # Invariants
 //

@@ -170,8 +170,8 @@ func (s *Store) SealSnapshot() (epoch uint64, err error) {
 		_, _ = rand.Read(b[:])
 		epoch = binary.LittleEndian.Uint64(b[:])
 	}
-	if err := s.db.Set(keySnapshot, b[:], pebble.Sync); err != nil {
-		return 0, s.fail(err)
+	if err := s.set(keySnapshot, b[:]); err != nil {
+		return 0, err
 	}
 	return epoch, nil
 }
@@ -192,8 +192,11 @@ func (s *Store) TakeSnapshotEpoch() (epoch uint64, err error) {
 	case err != nil:
 		return 0, err
 	}
-	if err := s.db.Delete(keySnapshot, pebble.Sync); err != nil {
-		return 0, s.fail(err)
+	b := s.db.NewBatch()
+	defer b.Close()
+	_ = b.Delete(keySnapshot, nil) // a batch's Delete fails only when it is committing
+	if err := s.apply(b, pebble.Sync); err != nil {
+		return 0, err
 	}
 	return uint64(v), nil
 }

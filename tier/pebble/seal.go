@@ -54,13 +54,8 @@ func (s *Store) SealPartition(p int64, seal Seal) (err error) {
 	v := binary.LittleEndian.AppendUint64(nil, seal.ID)
 	v = binary.LittleEndian.AppendUint32(v, seal.Sum)
 	v = binary.LittleEndian.AppendUint64(v, uint64(seal.Size))
-	s.writes.Lock()
-	defer s.writes.Unlock()
-	if err := s.usable(); err != nil {
+	if err := s.set(sealKey(p), v); err != nil {
 		return err
-	}
-	if err := s.db.Set(sealKey(p), v, pebble.Sync); err != nil {
-		return s.fail(err)
 	}
 	for {
 		cur := s.sealed.Load()

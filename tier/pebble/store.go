@@ -120,12 +120,14 @@ type Store struct {
 	layout      Layout       // as recorded; set by Open
 	fresh       bool         // Open created the store
 	sealed      atomic.Int64 // highest sealed partition, -1 if none: writes at or before it are refused
-	// writes is read-held by the writes of calls (records, drops) and
-	// write-held by SealPartition, the one write made in the background:
-	// a write that fails can leave Pebble's commit pipeline locked for
-	// good, and a call must not be inside it then (it would hang instead
-	// of failing). Each write checks usable once it holds it.
-	writes sync.RWMutex
+	// writes admits one batch at a time into Pebble's commit pipeline
+	// (apply). A batch whose WAL write fails stays at the head of the
+	// pipeline's queue, never published, and every batch that entered
+	// behind it waits for it forever: so no batch enters beside another,
+	// and each checks usable once it holds writes (the failed one latched
+	// before letting go). Syncs are waited for outside it, so concurrent
+	// writers still share fsyncs.
+	writes sync.Mutex
 }
 
 func (s *Store) closeHealth() {
@@ -425,16 +427,48 @@ func (s *Store) writeWith(recs []Record, user []tier.Write) (err error) {
 
 // commit makes b durable as configured, unless the Store has failed; a
 // failure latches.
-func (s *Store) commit(b *pebble.Batch) error {
-	s.writes.RLock()
-	defer s.writes.RUnlock()
+func (s *Store) commit(b *pebble.Batch) error { return s.apply(b, s.writeOpts) }
+
+// apply is every write of the Store: b enters Pebble's commit pipeline
+// alone (see writes), then, with opts' Sync, waits for its WAL sync beside
+// the batches that entered after it. A failure, or a panic inside Pebble,
+// latches before the next batch may enter, so after a failed write every
+// concurrent and later write returns ErrStorage instead of hanging.
+func (s *Store) apply(b *pebble.Batch, opts *pebble.WriteOptions) (err error) {
+	s.writes.Lock()
+	entered := true
+	defer func() {
+		if entered {
+			s.writes.Unlock()
+		}
+	}()
+	defer s.guard(&err) // runs before the unlock: a panic latches first
 	if err := s.usable(); err != nil {
 		return err
 	}
-	if err := b.Commit(s.writeOpts); err != nil {
+	if !opts.GetSync() {
+		if err := s.db.Apply(b, opts); err != nil {
+			return s.fail(err)
+		}
+		return nil
+	}
+	if err := s.db.ApplyNoSyncWait(b, opts); err != nil {
+		return s.fail(err)
+	}
+	entered = false
+	s.writes.Unlock()
+	if err := b.SyncWait(); err != nil {
 		return s.fail(err)
 	}
 	return nil
+}
+
+// set writes one key, synced, as apply does.
+func (s *Store) set(key, value []byte) error {
+	b := s.db.NewBatch()
+	defer b.Close()
+	_ = b.Set(key, value, nil) // a batch's Set fails only when it is committing
+	return s.apply(b, pebble.Sync)
 }
 
 // Created returns when the store was first opened, in Unix nanoseconds of
@@ -503,13 +537,8 @@ func (s *Store) Drop(before, highWater int64) (err error) {
 	if err := b.Set(keyHighWater, binary.LittleEndian.AppendUint64(nil, uint64(highWater)), nil); err != nil {
 		return s.fail(err)
 	}
-	s.writes.RLock()
-	defer s.writes.RUnlock()
-	if err := s.usable(); err != nil {
+	if err := s.apply(b, pebble.Sync); err != nil {
 		return err
-	}
-	if err := b.Commit(pebble.Sync); err != nil {
-		return s.fail(err)
 	}
 	if before > 0 {
 		select {
