@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -284,7 +285,7 @@ func (q *commitQueue) notifier() {
 		q.mu.Unlock()
 		for _, p := range notes {
 			if p.done != nil {
-				p.done(p.err)
+				q.deliver(p)
 			}
 			if p.flush != nil {
 				close(p.flush)
@@ -294,6 +295,20 @@ func (q *commitQueue) notifier() {
 			}
 		}
 	}
+}
+
+// deliver runs p's done. A done that panics is recovered, counted
+// (Stats.DonePanics) and logged with its stack, as net/http does for a
+// handler: the notifier goes on, so the other callers' dones still run,
+// in order, and the queue keeps its slots and flushes.
+func (q *commitQueue) deliver(p *pending) {
+	defer func() {
+		if r := recover(); r != nil {
+			q.e.stats.donePanics.Add(1)
+			q.e.logger.Printf("tierdedup: a CommitAsync done panicked (recovered; the other dones are delivered): %v\n%s", r, debug.Stack())
+		}
+	}()
+	p.done(p.err)
 }
 
 // pending is how many calls wait now, to be written or for their done.
@@ -322,7 +337,10 @@ func (q *commitQueue) close() {
 // CommitAsync, each after its commit is durable, on one goroutine shared by
 // the engine: keep done short (ack the message, record an offset). It may
 // call Commit or Do; not Flush or Close, which wait for it. The claim's Key
-// bytes must stay unchanged until done runs.
+// bytes must stay unchanged until done runs. A done that panics on the
+// engine's goroutine is recovered and logged, and counted in
+// Stats.DonePanics; the other dones still run, in order. (A done run
+// before CommitAsync returns panics on the caller's goroutine.)
 //
 // When Options.CommitQueue asynchronous calls are pending (written or not,
 // until their done has run), CommitAsync waits for room, or until ctx ends

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"os"
 	"os/exec"
 	"strings"
@@ -571,3 +572,63 @@ func TestBoundHoldsRefusedCalls(t *testing.T) {
 		t.Fatalf("CommitQueue 2, writer held: %d calls pending, CommitAsync never waited for room", n)
 	}
 }
+
+// TestPanickingDone: a CommitAsync done that panics neither crashes the
+// process nor stops the queue: the dones enqueued around it all run, in
+// order, later commits and Flush work, the panic is counted in
+// Stats.DonePanics and logged with its message.
+func TestPanickingDone(t *testing.T) {
+	var logged strings.Builder
+	var logMu sync.Mutex
+	e := open(t, engine.Options{Dir: t.TempDir(), ExpectedKeys: 1000,
+		Logger: log.New(writerFunc(func(p []byte) (int, error) {
+			logMu.Lock()
+			defer logMu.Unlock()
+			return logged.Write(p)
+		}), "", 0)})
+	defer e.Close()
+	ctx := context.Background()
+	var mu sync.Mutex
+	var order []int
+	release := engine.HoldCommits() // one group: the panic sits among the others' dones
+	for i := range 6 {
+		c := claimNew(t, e, fmt.Sprint("p", i))
+		e.CommitAsync(ctx, c, func(err error) {
+			if err != nil {
+				t.Errorf("done %d: %v", i, err)
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			if i == 2 || i == 4 {
+				panic(fmt.Sprintf("handler bug %d", i))
+			}
+		})
+	}
+	release()
+	if err := e.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := claimNew(t, e, "after")
+	ran := make(chan error, 1)
+	e.CommitAsync(ctx, c, func(err error) { ran <- err })
+	if err := <-ran; err != nil {
+		t.Fatalf("a commit after the panics: %v", err)
+	}
+	if fmt.Sprint(order) != "[0 1 2 3 4 5]" {
+		t.Fatalf("dones ran %v, want all six in order", order)
+	}
+	if n := e.Stats().DonePanics; n != 2 {
+		t.Fatalf("Stats.DonePanics = %d, want 2", n)
+	}
+	logMu.Lock()
+	defer logMu.Unlock()
+	if !strings.Contains(logged.String(), "handler bug 2") || !strings.Contains(logged.String(), "handler bug 4") {
+		t.Fatalf("the panics were not logged: %q", logged.String())
+	}
+}
+
+// writerFunc is an io.Writer made of a function.
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

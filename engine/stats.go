@@ -28,6 +28,11 @@ type Stats struct {
 	// FailOpen counts keys answered New, or commits acknowledged, while
 	// the shared tier was unavailable (Options.FailOpen).
 	FailOpen uint64
+	// DonePanics counts CommitAsync dones that panicked. The engine
+	// recovers each, logs it with its stack (Options.Logger), and goes on
+	// delivering the other dones in order: one caller's bug must not stop
+	// every other caller's acknowledgements.
+	DonePanics uint64
 	// CommitGroups counts the durable writes of the commit queue: commit
 	// calls (Commit, Do, CommitAsync...) enqueued together are written as
 	// one group. CommitsPending is how many calls wait in it now.
@@ -91,7 +96,7 @@ type counters struct {
 	bloomNegatives, bloomFalsePositives                atomic.Uint64
 	storeReads, storeHits                              atomic.Uint64
 	rebuilt, partitionsDropped, failOpen               atomic.Uint64
-	commitGroups                                       atomic.Uint64
+	commitGroups, donePanics                           atomic.Uint64
 	lookups, forgets                                   atomic.Uint64
 	commitLatency                                      latency
 	sealed, sealedLoaded, sealFailures                 atomic.Uint64
@@ -149,7 +154,7 @@ func (e *Engine) Stats() Stats {
 		InFlight: c.inflight.Load(), Conflicts: c.conflicts.Load(), Poisoned: c.poisoned.Load(), Stale: c.stale.Load(),
 		Commits: c.commits.Load(), Releases: c.releases.Load(),
 		LeaseExpiries: c.leaseExpiries.Load(), LeaseLost: c.leaseLost.Load(), Errors: c.errors.Load(),
-		FailOpen: c.failOpen.Load(), CommitGroups: c.commitGroups.Load(),
+		FailOpen: c.failOpen.Load(), DonePanics: c.donePanics.Load(), CommitGroups: c.commitGroups.Load(),
 		Lookups: c.lookups.Load(), Forgets: c.forgets.Load(),
 		MemoryHits: c.memHits.Load(), MemoryMisses: c.memMisses.Load(),
 		BloomNegatives: c.bloomNegatives.Load(), BloomFalsePositives: c.bloomFalsePositives.Load(),

@@ -39,6 +39,7 @@ var metrics = []metric{
 	{"tier_lookups_total", "Keys each tier answered, by result: memory hit or miss, bloom negative (proved new) or false_positive (a maybe the store overturned), store hit or miss.", []string{"tier", "result"}},
 	{"errors_total", "Calls that failed in a tier, or were refused because the embedded store had failed.", nil},
 	{"fail_open_total", "Keys answered New, or commits acknowledged, while the shared tier was unavailable (FailOpen).", nil},
+	{"done_panics_total", "CommitAsync dones that panicked (recovered and logged; the others were delivered).", nil},
 	{"commit_groups_total", "Durable writes of the commit queue.", nil},
 	{"commit_queue_depth", "Commit calls waiting in the commit queue.", nil},
 	{"commit_batch_seconds", "Time each commit group took to become durable.", nil},
@@ -99,6 +100,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	counter("errors_total", s.Errors)
 	counter("fail_open_total", s.FailOpen)
+	counter("done_panics_total", s.DonePanics)
 	counter("commit_groups_total", s.CommitGroups)
 	gauge("commit_queue_depth", float64(s.CommitsPending))
 	histogram("commit_batch_seconds", s.CommitLatency)
