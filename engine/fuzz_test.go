@@ -2,6 +2,9 @@ package engine_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"math"
 	"slices"
@@ -201,4 +204,94 @@ func bloomBytes(o engine.Options) float64 {
 	live := float64((window+partition-1)/partition + 1)
 	per := -math.Expm1(math.Log1p(-fp) / live)
 	return live * n * -math.Log(per) / (math.Ln2 * math.Ln2) / 8
+}
+
+// FuzzConsumeToken feeds hostile strings to ConsumeToken beside one real
+// token: every string but the one IssueToken returned is ErrTokenUnknown
+// (one spelling per token) and never uses the real token, which is then
+// consumed exactly once.
+func FuzzConsumeToken(f *testing.F) {
+	for _, s := range []string{"", "AAAAAAAAAAAAAAAAAAAAAA", "AAAAAAAAAAAAAAAAAAAAAB", "AAAAAAAAAAAAAAAAAAAAA", "AAAAAAAAAAAAAAAAAAAAAAA",
+		"AAAAAAAAAAAAAAAAAAAAAA==", "AAAAAAAAAAA\nAAAAAAAAAAA", "+/+/+/+/+/+/+/+/+/+/+/", "________________________", "\x00\xff"} {
+		f.Add(s)
+	}
+	e, err := engine.Open(&engine.Options{Dir: "db", FS: vfs.NewMem(), NoSync: true, ExpectedKeys: 10_000, Logger: quiet})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { e.Close() })
+	ctx := context.Background()
+	f.Fuzz(func(t *testing.T, s string) {
+		tok, err := e.IssueToken(ctx, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s != tok {
+			if err := e.ConsumeToken(ctx, s); !errors.Is(err, engine.ErrTokenUnknown) {
+				t.Fatalf("ConsumeToken(%q): %v, want ErrTokenUnknown", s, err)
+			}
+			// The real token's real neighbours: its own bytes, changed by s.
+			if len(s) > 0 {
+				near := []byte(tok)
+				near[int(s[0])%len(near)] ^= s[len(s)-1] | 1
+				if string(near) != tok {
+					if err := e.ConsumeToken(ctx, string(near)); !errors.Is(err, engine.ErrTokenUnknown) {
+						t.Fatalf("ConsumeToken(%q) beside %q: %v, want ErrTokenUnknown", near, tok, err)
+					}
+				}
+			}
+		}
+		if err := e.ConsumeToken(ctx, tok); err != nil {
+			t.Fatalf("the real token after %q: %v", s, err)
+		}
+		if err := e.ConsumeToken(ctx, tok); !errors.Is(err, engine.ErrTokenUsed) {
+			t.Fatalf("the real token twice: %v, want ErrTokenUsed", err)
+		}
+	})
+}
+
+// FuzzReadExport feeds hostile manifests to ReadExport, each inside an
+// envelope whose checksum matches (so the manifest's own decoding is
+// reached) and bare: every one is described or refused with ErrExport,
+// never a panic or another error.
+func FuzzReadExport(f *testing.F) {
+	f.Add([]byte(`{"format":1,"version":1,"created":0,"files":[]}`))
+	f.Add([]byte(`{"format":1,"files":[{"name":"../x","size":1,"sha256":""}]}`))
+	f.Add([]byte(`{"format":1,"files":[{"name":"sealed/x","size":-1,"sha256":"00"}]}`))
+	f.Add([]byte(`{"format":2}`))
+	f.Add([]byte(`{"format":1,"unknown":true}`))
+	f.Add([]byte(`null`))
+	f.Add([]byte{0xff, 0x00})
+	f.Fuzz(func(t *testing.T, manifest []byte) {
+		for _, wrapped := range []bool{true, false} {
+			raw := manifest
+			if wrapped {
+				sum := sha256.Sum256(manifest)
+				env, err := json.Marshal(map[string]any{"manifest": json.RawMessage(manifest), "sha256": hex.EncodeToString(sum[:])})
+				if err != nil {
+					continue // not JSON: json.RawMessage refuses it
+				}
+				raw = env
+			}
+			fs := vfs.NewMem()
+			if err := fs.MkdirAll("x", 0o755); err != nil {
+				t.Fatal(err)
+			}
+			w, err := fs.Create("x/tierdedup-export.json", vfs.WriteCategoryUnspecified)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := w.Write(raw); err != nil {
+				t.Fatal(err)
+			}
+			w.Close()
+			info, err := engine.ReadExport(fs, "x")
+			if err != nil && !errors.Is(err, engine.ErrExport) {
+				t.Fatalf("ReadExport of %q (wrapped %v): %v, want nil or ErrExport", manifest, wrapped, err)
+			}
+			if err == nil && (info.Files < 0 || info.Bytes < 0) {
+				t.Fatalf("ReadExport of %q described %+v", manifest, info)
+			}
+		}
+	})
 }

@@ -340,8 +340,9 @@ func readOffset(e *engine.Engine, key []byte) (int64, error) {
 		if string(k) != string(key) {
 			return fmt.Errorf("%w: %q", ErrForeignDir, k)
 		}
-		if len(v) != 8 {
-			return fmt.Errorf("kafkadedup: offset record of %d bytes", len(v))
+		if len(v) != 8 || int64(binary.BigEndian.Uint64(v)) < 0 {
+			// Not a record this package wrote: a damaged store.
+			return fmt.Errorf("%w: kafkadedup: offset record %x of %d bytes", engine.ErrStorage, v, len(v))
 		}
 		next = int64(binary.BigEndian.Uint64(v))
 		return nil
