@@ -68,7 +68,11 @@ func (n *Namespace) Advance(ctx context.Context, entity []byte, version uint64) 
 // redelivery); Stale: it is higher (an older event arriving late): skip
 // and ack both. InFlight: another Advance of the entity holds it now.
 // out[i].Version is the stored version: the one a New claim replaces (0
-// for none), or the one that made the answer Duplicate or Stale.
+// for none), or the one that made the answer Duplicate or Stale. An
+// entity repeated in the batch is answered from its first occurrence: a
+// repeat is Duplicate or Stale by the version the first one read, and
+// InFlight after a New first occurrence, or when it offers a higher
+// version than that one found stored and not taken (offer it again).
 //
 // An entity keeps one record, its highest version, for the Window after
 // its last commit (O(entities) storage), in a namespace of the engine's
@@ -76,8 +80,7 @@ func (n *Namespace) Advance(ctx context.Context, entity []byte, version uint64) 
 // claims of the same bytes). Versions start at 1 (0 is ErrVersion).
 // Fencing, leases, durability and sharing are a claim's: the default
 // configuration and Redis; memory-only, bloom-only and PostgreSQL refuse
-// (ErrOptions). A repeated entity in one batch is InFlight after its first
-// occurrence, as a claim's repeated key is. Attempts are not counted
+// (ErrOptions). Attempts are not counted
 // (MaxAttempts does not apply).
 func (n *Namespace) AdvanceBatch(ctx context.Context, entities [][]byte, versions []uint64, out []Claim) error {
 	return n.e.advance(ctx, n, entities, versions, out)
@@ -150,6 +153,18 @@ func (e *Engine) advance(ctx context.Context, ns *Namespace, entities [][]byte, 
 			return e.tierError(err)
 		}
 		return err
+	}
+	// A repeated entity is answered from its first occurrence's stored
+	// version, as a claim's repeat is from its first: Duplicate or Stale
+	// where that version decides it; InFlight where the first occurrence
+	// holds the entity (New) or the repeat offers a higher version than
+	// the stored one (it waits for the entity to be free).
+	for i, first := range firstOccurrences(b.fps[:n]) {
+		if f := &out[first]; f.Outcome == Duplicate || f.Outcome == Stale {
+			if decide(&out[i], f.Version, versions[i]); out[i].Outcome == New {
+				out[i].Outcome = InFlight
+			}
+		}
 	}
 	for i := range out {
 		c.count(out[i].Outcome)

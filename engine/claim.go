@@ -105,8 +105,9 @@ func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digest
 
 // repeatsFollow gives a key repeated in a batch the answer its first
 // occurrence got from a slower tier: while that occurrence was being decided
-// memory held its claim, so the repeats saw InFlight. A first occurrence
-// that turned out New keeps its repeats InFlight: it holds the claim. res
+// memory held its claim, so the repeats saw InFlight. Duplicate, Conflict
+// and Poison follow; a first occurrence that turned out New keeps its
+// repeats InFlight: it holds the claim. res
 // are memory's answers to the batch: the first occurrence is the earliest
 // one memory did not answer Held.
 func repeatsFollow(res []memory.Result, out []Claim) {
@@ -119,6 +120,8 @@ func repeatsFollow(res []memory.Result, out []Claim) {
 				continue
 			}
 			switch out[first].Outcome {
+			case Poison:
+				out[i].Outcome = Poison
 			case Duplicate, Conflict:
 				out[i].Outcome = Duplicate
 				out[i].Result, out[i].CommittedAt = bytes.Clone(out[first].Result), out[first].CommittedAt

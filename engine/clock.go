@@ -95,6 +95,9 @@ func (e *Engine) hold(ctx context.Context) (held context.Context, done func(), e
 // admit enters a call unless the engine is closed, and reports whether it
 // took the lifecycle lock (false inside a held call), for leave.
 func (e *Engine) admit(ctx context.Context) (locked bool, err error) {
+	if ctx == nil {
+		return false, fmt.Errorf("%w: a nil context.Context (pass context.Background())", ErrOptions)
+	}
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}

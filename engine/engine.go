@@ -101,7 +101,14 @@ type Engine struct {
 	current   atomic.Int64 // current partition
 	openedAt  int64        // first clock reading, for Stats.Coverage
 	rotateMu  sync.Mutex   // serialises rotation
-	tokens    atomic.Uint64
+	// counts orders attempt counts against Forget where the engine keeps
+	// them in its exact tier (ClaimsInEngine with MaxAttempts): a release
+	// read-holds it from freeing its claim in memory until its count is
+	// durable, a Forget write-holds it from fencing its keys until its
+	// deletes are, so no count written after a Forget read a key brings
+	// back what the Forget reported removing.
+	counts sync.RWMutex
+	tokens atomic.Uint64
 
 	life struct {
 		sync.RWMutex // read-held by every call; write-held by Close

@@ -145,3 +145,44 @@ func TestCloseStrandsNoMark(t *testing.T) {
 	}
 	t.Logf("%d marks failed at Close, each leaving its key free; %d marked", failed, marked)
 }
+
+// TestForgetWaitsForReleaseCount: with MaxAttempts in the embedded store,
+// a Release frees its claim in memory, then writes the key's attempt
+// count. A Forget in between used to find the count in memory, report it
+// removed, and see it come back with the Release's write; now it waits for
+// that write, removes the count, and the key has no attempts afterwards.
+func TestForgetWaitsForReleaseCount(t *testing.T) {
+	ctx := context.Background()
+	e := open(t, engine.Options{Dir: t.TempDir(), ExpectedKeys: 1000, MaxAttempts: 3, Lease: time.Minute})
+	defer e.Close()
+	key := []byte("job-9")
+	c := claimNew(t, e, string(key))
+	gate, entered := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	engine.SetBeforeDurable(func() { once.Do(func() { close(entered); <-gate }) })
+	defer engine.SetBeforeDurable(nil)
+	released := make(chan error, 1)
+	go func() { released <- e.Release(ctx, c) }()
+	<-entered // the Release's count waits to be written
+	type result struct {
+		info engine.KeyInfo
+		err  error
+	}
+	forgot := make(chan result, 1)
+	go func() {
+		info, err := e.Forget(ctx, key)
+		forgot <- result{info, err}
+	}()
+	time.Sleep(50 * time.Millisecond) // let the Forget run as far as it may
+	close(gate)
+	if err := <-released; err != nil {
+		t.Fatal(err)
+	}
+	r := <-forgot
+	if r.err != nil || r.info.Attempts != 1 {
+		t.Fatalf("Forget: %v attempts %d, %v; want the one attempt it removed", r.info.Outcome, r.info.Attempts, r.err)
+	}
+	if info, err := e.Lookup(ctx, key); err != nil || info.Outcome != engine.New || info.Attempts != 0 {
+		t.Fatalf("Lookup after the Forget: %v with %d attempts, %v; want New with none", info.Outcome, info.Attempts, err)
+	}
+}

@@ -11,7 +11,9 @@ import (
 	"io"
 	"os"
 	"path"
+	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -98,7 +100,9 @@ func (m *exportManifest) info() ExportInfo {
 }
 
 // Export writes a consistent copy of the engine's state into dir (Default
-// only), replacing a previous export there, with version, the caller's
+// only), replacing a previous export there (a path that is a file, or a
+// directory holding anything but an export, is refused with ErrOptions:
+// nothing of the caller's is replaced), with version, the caller's
 // version of the state. It first waits for every commit enqueued before it
 // (Flush); commits made during the export may or may not be in it. The
 // copy is written beside dir and renamed into place once every file and the
@@ -117,6 +121,9 @@ func (e *Engine) Export(ctx context.Context, dir string, version uint64) (Export
 		if overlap(e.snapshots.fs, d, e.snapshots.dir) {
 			return ExportInfo{}, fmt.Errorf("%w: Export to %s, which is, holds or lies in the engine's directory %s", ErrOptions, d, e.snapshots.dir)
 		}
+	}
+	if err := exportTarget(e.snapshots.fs, dir); err != nil {
+		return ExportInfo{}, err
 	}
 	if err := e.Flush(ctx); err != nil {
 		return ExportInfo{}, err
@@ -262,7 +269,7 @@ const maxManifest = 16 << 20
 func readManifest(fs vfs.FS, dir string) (*exportManifest, error) {
 	f, err := fs.Open(fs.PathJoin(dir, exportManifestName))
 	if err != nil {
-		if fileMissing(err) {
+		if fileMissing(err) || errors.Is(err, syscall.ENOTDIR) { // nothing there, or a file
 			return nil, fmt.Errorf("%w: %s", ErrNoExport, dir)
 		}
 		return nil, fmt.Errorf("%w: %w", ErrStorage, err)
@@ -463,6 +470,29 @@ func finishImport(fs vfs.FS, dst string) error {
 // replaceDir puts the synced directory tmp in dst's place: dst (if any)
 // moves to dst+oldSuffix, tmp to dst, the parent is synced and the old
 // directory removed.
+// exportTarget refuses an Export to dir unless replacing it loses nothing
+// of the caller's: dir must not exist, be empty, or hold an export (its
+// manifest, damaged or not).
+func exportTarget(fs vfs.FS, dir string) error {
+	st, err := fs.Stat(dir)
+	switch {
+	case fileMissing(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("%w: export: %w", ErrStorage, err)
+	case !st.IsDir():
+		return fmt.Errorf("%w: Export to %s, a file", ErrOptions, dir)
+	}
+	names, err := fs.List(dir)
+	if err != nil {
+		return fmt.Errorf("%w: export: %w", ErrStorage, err)
+	}
+	if len(names) == 0 || slices.Contains(names, exportManifestName) {
+		return nil
+	}
+	return fmt.Errorf("%w: Export to %s, which holds files and no export: it would replace them", ErrOptions, dir)
+}
+
 func replaceDir(fs vfs.FS, tmp, dst, oldSuffix string) error {
 	old := dst + oldSuffix
 	if err := fs.RemoveAll(old); err != nil {

@@ -118,6 +118,10 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 	b := e.getBatch(n)
 	defer e.putBatch(b)
 	e.fingerprints(b, ns.name, keys, forget)
+	if forget && e.where == tier.ClaimsInEngine && e.maxAttempts > 0 {
+		e.counts.Lock() // no release's count lands between our read and delete
+		defer e.counts.Unlock()
+	}
 	if forget {
 		// The fence lasts as long as this call, not a lease: a Forget
 		// that stalls (a pause, a slow disk, the clock stepping on) must

@@ -63,6 +63,10 @@ func (e *Engine) releaseAs(ctx context.Context, claims []Claim, errs []error, gi
 			now = t
 		}
 	}
+	if counted {
+		e.counts.RLock()
+		defer e.counts.RUnlock()
+	}
 	b := e.getBatch(len(claims))
 	defer e.putBatch(b)
 	b.owned(e, claims, true)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -28,7 +29,8 @@ type repeatModel struct {
 //   - MarkBatch: New once, Duplicate after (InFlight where a claim holds it);
 //   - LookupBatch: the same answer at every position;
 //   - ForgetBatch: the first occurrence's answer at every position;
-//   - AdvanceBatch: the first occurrence's outcome, InFlight after it.
+//   - AdvanceBatch: the first occurrence's outcome; a repeat is Duplicate
+//     or Stale by the version the first read, InFlight after a New.
 //
 // Each answer is checked against a model of the promised states, so a
 // position answered from a stale or partial read fails.
@@ -185,20 +187,25 @@ func TestBatchRepeats(t *testing.T) {
 						stored := m.version[string(k)]
 						want := engine.New
 						switch {
-						case first[string(k)] != i:
-							want = engine.InFlight
 						case versions[i] == stored:
 							want = engine.Duplicate
 						case versions[i] < stored:
 							want = engine.Stale
+						}
+						if f := first[string(k)]; f != i && (want == engine.New || versions[f] > stored) {
+							// After a New first occurrence, or offering more
+							// than the version it read: wait for the entity.
+							want = engine.InFlight
 						}
 						if out[i].Outcome != want {
 							t.Fatalf("round %d AdvanceBatch %q %v (stored %v): position %d = %v, want %v", round, keys, versions, m.version, i, out[i].Outcome, want)
 						}
 						if want == engine.New {
 							news = append(news, out[i])
-							m.version[string(k)] = versions[i]
 						}
+					}
+					for _, c := range news {
+						m.version[string(c.Key)] = versions[slices.IndexFunc(keys, func(k []byte) bool { return string(k) == string(c.Key) })]
 					}
 					if err := e.CommitBatch(ctx, news, nil); err != nil {
 						t.Fatal(err)

@@ -316,19 +316,26 @@ WHERE t.ns = r.ns AND t.key = r.key AND t.token = r.token AND t.state = 'C'
   AND t.lease_until > c.ms AND t.expires > c.ms
 RETURNING r.i`, s.table, now)
 	// Forget: every row of the batch goes unless a live claim holds it;
-	// the deleted rows and the held ones are returned, read as stateQ's.
+	// every row is returned as it stood when locked, read as stateQ's.
+	// The rows are locked first (in key order), so the row judged is the
+	// row deleted or kept: under READ COMMITTED a plain DELETE re-checks
+	// a row a concurrent claim changed while a SELECT beside it reads the
+	// statement's snapshot, and a key claimed meanwhile was then neither
+	// deleted nor returned (read as absent, its attempts lost).
 	s.forgetQ = fmt.Sprintf(`
 WITH c AS (SELECT %[2]s AS ms),
 r AS (SELECT * FROM unnest($1::bytea[], $2::bytea[]) AS r(ns, key)),
+cur AS (
+	SELECT t.ns, t.key, t.state, t.token, t.lease_until, t.attempts, t.digest, t.expires
+	FROM %[1]s t JOIN r ON t.ns = r.ns AND t.key = r.key
+	ORDER BY t.ns, t.key FOR UPDATE OF t),
 del AS (
-	DELETE FROM %[1]s AS t USING r, c
-	WHERE t.ns = r.ns AND t.key = r.key AND NOT (t.state = 'C' AND t.lease_until > c.ms AND t.expires > c.ms)
-	RETURNING t.ns, t.key, t.state::text, t.token, t.lease_until, t.attempts, t.digest, t.expires, c.ms)
-SELECT * FROM del
-UNION ALL
-SELECT t.ns, t.key, t.state::text, t.token, t.lease_until, t.attempts, t.digest, t.expires, c.ms
-FROM %[1]s t JOIN r ON t.ns = r.ns AND t.key = r.key, c
-WHERE t.state = 'C' AND t.lease_until > c.ms AND t.expires > c.ms`, s.table, now)
+	DELETE FROM %[1]s AS t USING cur, c
+	WHERE t.ns = cur.ns AND t.key = cur.key AND NOT (cur.state = 'C' AND cur.lease_until > c.ms AND cur.expires > c.ms)
+	RETURNING t.ns)
+SELECT cur.ns, cur.key, cur.state::text, cur.token, cur.lease_until, cur.attempts, cur.digest, cur.expires, c.ms
+FROM cur, c
+WHERE (SELECT count(*) FROM del) >= 0`, s.table, now)
 	s.sizeQ = fmt.Sprintf(`SELECT pg_relation_size('%s') / current_setting('block_size')::bigint`, s.table)
 	// Sweep: the expired rows of blocks [$1, $2), found by a TID range
 	// scan (no index on the write path).
@@ -428,8 +435,10 @@ func (s *Store) Claim(ctx context.Context, reqs []tier.Request, lease time.Durat
 	if len(reqs) == 0 {
 		return nil
 	}
-	ns, keys, tokens := columns(reqs)
-	return s.take(ctx, reqs, out, ns, keys, s.claimQ, ns, keys, tokens, max(lease.Milliseconds(), 1), s.window.Milliseconds(), s.max)
+	return s.take(ctx, reqs, out, func(reqs []tier.Request) (string, []any) {
+		ns, keys, tokens := columns(reqs)
+		return s.claimQ, []any{ns, keys, tokens, max(lease.Milliseconds(), 1), s.window.Milliseconds(), s.max}
+	})
 }
 
 // Mark is Claim with every key it takes committed at once, with its digest
@@ -438,19 +447,55 @@ func (s *Store) Mark(ctx context.Context, reqs []tier.Request, out []tier.Answer
 	if len(reqs) == 0 {
 		return nil
 	}
-	ns, keys, tokens := columns(reqs)
-	return s.take(ctx, reqs, out, ns, keys, s.markQ, ns, keys, tokens, digestColumn(reqs), s.window.Milliseconds(), s.max)
+	return s.take(ctx, reqs, out, func(reqs []tier.Request) (string, []any) {
+		ns, keys, tokens := columns(reqs)
+		return s.markQ, []any{ns, keys, tokens, digestColumn(reqs), s.window.Milliseconds(), s.max}
+	})
 }
 
-// take runs a claim or mark statement q, which returns the rows it took,
-// and reads the others.
-func (s *Store) take(ctx context.Context, reqs []tier.Request, out []tier.Answer, ns, keys [][]byte, q string, args ...any) error {
+// takeRounds bounds how often take runs its statement again for keys whose
+// row went (a Forget, an expiry) between the statement and the read of the
+// keys it did not take: each further round needs another removal of the
+// same key in that gap. A key still unsettled after them answers Held.
+const takeRounds = 4
+
+// take runs a claim or mark statement (stmt builds it for a batch), which
+// returns the rows it took, and reads the others. A key it did not take
+// whose row is gone or expired by the read was freed in between: it is
+// not held by anyone, so the statement runs again for it rather than
+// answer Held.
+func (s *Store) take(ctx context.Context, reqs []tier.Request, out []tier.Answer, stmt func([]tier.Request) (string, []any)) error {
+	again, err := s.takeOnce(ctx, reqs, out, stmt)
+	for round := 1; round < takeRounds && err == nil && len(again) > 0; round++ {
+		sub := make([]tier.Request, len(again))
+		for q, i := range again {
+			sub[q] = reqs[i]
+		}
+		subOut := make([]tier.Answer, len(sub))
+		var next []int
+		next, err = s.takeOnce(ctx, sub, subOut, stmt)
+		for q, i := range again {
+			out[i] = subOut[q]
+		}
+		for q, j := range next {
+			next[q] = again[j]
+		}
+		again = next
+	}
+	return err
+}
+
+// takeOnce is one round of take; it returns the indices of the keys freed
+// between its statement and its read (answered Held meanwhile).
+func (s *Store) takeOnce(ctx context.Context, reqs []tier.Request, out []tier.Answer, stmt func([]tier.Request) (string, []any)) (freed []int, err error) {
+	q, args := stmt(reqs)
+	ns, keys := args[0].([][]byte), args[1].([][]byte)
 	at := make(map[string]int, len(reqs)) // (ns, key) → index in reqs
 	for i := range reqs {
 		at[rowID(ns[i], keys[i])] = i
 	}
 	taken := 0
-	err := s.run(ctx, func(rows pgx.Rows) error {
+	err = s.run(ctx, func(rows pgx.Rows) error {
 		taken = 0
 		clear(out)
 		for rows.Next() {
@@ -470,17 +515,20 @@ func (s *Store) take(ctx context.Context, reqs []tier.Request, out []tier.Answer
 		return nil
 	}, q, args...)
 	if err != nil || taken == len(reqs) {
-		return err
+		return nil, err
 	}
 	// The keys not taken: read as they stand now.
 	var sns, skeys [][]byte
+	read := make([]bool, len(reqs))
 	for i := range reqs {
 		if out[i].Status == 0 {
 			sns, skeys = append(sns, ns[i]), append(skeys, keys[i])
 			out[i] = tier.Answer{Status: tier.Held, Partition: -1} // unless the row says more
+		} else {
+			read[i] = true
 		}
 	}
-	return s.run(ctx, func(rows pgx.Rows) error {
+	err = s.run(ctx, func(rows pgx.Rows) error {
 		for rows.Next() {
 			r, err := scanRow(rows)
 			if err != nil {
@@ -493,7 +541,9 @@ func (s *Store) take(ctx context.Context, reqs []tier.Request, out []tier.Answer
 			a := tier.Answer{Status: tier.Held, Partition: -1}
 			switch {
 			case r.expires <= r.ms:
-				// Expired since the claim ran: free now, but not taken by it.
+				// Expired since the claim ran: free now, but not taken by
+				// it: the statement runs again for it.
+				continue
 			case r.state == "D":
 				if err := r.committed(&a); err != nil {
 					return err
@@ -506,10 +556,19 @@ func (s *Store) take(ctx context.Context, reqs []tier.Request, out []tier.Answer
 					a.Expired = true
 				}
 			}
-			out[i] = a
+			out[i], read[i] = a, true
 		}
 		return nil
 	}, s.stateQ, sns, skeys)
+	if err != nil {
+		return nil, err
+	}
+	for i, ok := range read {
+		if !ok {
+			freed = append(freed, i) // its row went since the statement
+		}
+	}
+	return freed, nil
 }
 
 // Lookup answers each key without claiming it, in one statement: Absent,

@@ -1,0 +1,273 @@
+package engine_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/redis/redistest"
+)
+
+// Fault modes of a faultInjector.
+const (
+	faultNone = iota
+	faultDown // the command fails before reaching the server
+	faultLost // the command runs on the server, its reply is lost
+)
+
+// faultInjector makes the shared tier's commands fail (faultDown) or lose
+// their replies after running (faultLost), for commands whose arguments
+// contain match ("" matches every command), at most budget times when
+// budget is positive.
+type faultInjector struct {
+	mode    atomic.Int32
+	match   atomic.Value // string
+	budget  atomic.Int64
+	limited atomic.Bool
+	skip    atomic.Int64 // matching commands let through before the fault applies
+	hits    atomic.Int64
+	delay   atomic.Int64 // every command waits this long first (a slow tier)
+}
+
+var errInjectedFault = fmt.Errorf("connection reset (injected fault)")
+
+func (f *faultInjector) set(mode int32, match string, budget int64) {
+	f.match.Store(match)
+	f.budget.Store(budget)
+	f.limited.Store(budget > 0)
+	f.skip.Store(0)
+	f.mode.Store(mode)
+}
+
+func (f *faultInjector) off() { f.mode.Store(faultNone) }
+
+func containsArg(v any, m string) bool {
+	switch x := v.(type) {
+	case string:
+		return strings.Contains(x, m)
+	case []byte:
+		return bytes.Contains(x, []byte(m))
+	case []string:
+		for _, s := range x {
+			if strings.Contains(s, m) {
+				return true
+			}
+		}
+	case [][]byte:
+		for _, s := range x {
+			if bytes.Contains(s, []byte(m)) {
+				return true
+			}
+		}
+	case []any:
+		for _, s := range x {
+			if containsArg(s, m) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// hit reports which fault applies to a command with args.
+func (f *faultInjector) hit(args []any) int32 {
+	if d := f.delay.Load(); d > 0 {
+		time.Sleep(time.Duration(d))
+	}
+	mode := f.mode.Load()
+	if mode == faultNone {
+		return faultNone
+	}
+	m, _ := f.match.Load().(string)
+	if m != "" && !containsArg(args, m) {
+		return faultNone
+	}
+	if f.skip.Load() > 0 && f.skip.Add(-1) >= 0 {
+		return faultNone
+	}
+	if f.limited.Load() && f.budget.Add(-1) < 0 {
+		return faultNone
+	}
+	f.hits.Add(1)
+	return mode
+}
+
+func (f *faultInjector) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (f *faultInjector) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		switch f.hit(cmd.Args()) {
+		case faultDown:
+			cmd.SetErr(errInjectedFault)
+			return errInjectedFault
+		case faultLost:
+			_ = next(ctx, cmd)
+			cmd.SetErr(errInjectedFault)
+			return errInjectedFault
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (f *faultInjector) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		var args []any
+		for _, c := range cmds {
+			args = append(args, c.Args()...)
+		}
+		switch f.hit(args) {
+		case faultDown:
+			for _, c := range cmds {
+				c.SetErr(errInjectedFault)
+			}
+			return errInjectedFault
+		case faultLost:
+			_ = next(ctx, cmds)
+			for _, c := range cmds {
+				c.SetErr(errInjectedFault)
+			}
+			return errInjectedFault
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// faultDB is faultInjector for the PostgreSQL tier.
+type faultDB struct {
+	*pgxpool.Pool
+	f *faultInjector
+}
+
+func (d faultDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	switch d.f.hit(args) {
+	case faultDown:
+		return pgconn.CommandTag{}, &net.OpError{Op: "dial", Net: "tcp", Err: errInjectedFault}
+	case faultLost:
+		_, _ = d.Pool.Exec(ctx, sql, args...)
+		return pgconn.CommandTag{}, &net.OpError{Op: "read", Net: "tcp", Err: errInjectedFault}
+	}
+	return d.Pool.Exec(ctx, sql, args...)
+}
+
+func (d faultDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	switch d.f.hit(args) {
+	case faultDown:
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errInjectedFault}
+	case faultLost:
+		if rows, err := d.Pool.Query(ctx, sql, args...); err == nil {
+			for rows.Next() {
+			}
+			rows.Close()
+		}
+		return nil, &net.OpError{Op: "read", Net: "tcp", Err: errInjectedFault}
+	}
+	return d.Pool.Query(ctx, sql, args...)
+}
+
+// faultCfg is one configuration under test: open returns an engine,
+// other returns another engine on the same state (a second process of a
+// shared tier; a reopen of the embedded one, which closes e first).
+type faultCfg struct {
+	name   string
+	shared bool
+	open   func(t *testing.T, o engine.Options) (e *engine.Engine, other func() *engine.Engine, f *faultInjector)
+}
+
+func faultConfigs(names ...string) []faultCfg {
+	all := []faultCfg{
+		{"memory", false, func(t *testing.T, o engine.Options) (*engine.Engine, func() *engine.Engine, *faultInjector) {
+			o.Tiers = engine.MemoryOnly
+			o.FailOpen, o.NoSharedCache = false, false
+			e := open(t, o)
+			return e, func() *engine.Engine { return e }, &faultInjector{}
+		}},
+		{"default", false, func(t *testing.T, o engine.Options) (*engine.Engine, func() *engine.Engine, *faultInjector) {
+			o.Dir, o.ExpectedKeys = t.TempDir(), 1000
+			o.FailOpen, o.NoSharedCache = false, false
+			var e *engine.Engine
+			e = open(t, o)
+			return e, func() *engine.Engine {
+				_ = e.Close()
+				e = open(t, o)
+				t.Cleanup(func() { e.Close() })
+				return e
+			}, &faultInjector{}
+		}},
+		{"redis", true, func(t *testing.T, o engine.Options) (*engine.Engine, func() *engine.Engine, *faultInjector) {
+			srv := redistest.Start(t)
+			f := &faultInjector{}
+			c := goredis.NewClient(&goredis.Options{Addr: srv.Addr, MaxRetries: -1})
+			c.AddHook(f)
+			plain := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+			t.Cleanup(func() { c.Close(); plain.Close() })
+			o.Tiers, o.Redis = engine.Redis, c
+			o.RedisPrefix = fmt.Sprintf("rv%d:", time.Now().UnixNano())
+			e := open(t, o)
+			return e, func() *engine.Engine {
+				p := o
+				p.Redis, p.FailOpen = plain, false
+				b := open(t, p)
+				t.Cleanup(func() { b.Close() })
+				return b
+			}, f
+		}},
+		{"postgres", true, func(t *testing.T, o engine.Options) (*engine.Engine, func() *engine.Engine, *faultInjector) {
+			pool := postgresPool(t)
+			f := &faultInjector{}
+			o.Tiers, o.Postgres, o.PostgresTable = engine.Postgres, faultDB{pool, f}, pgTable(t, pool, "faults")
+			e := open(t, o)
+			return e, func() *engine.Engine {
+				p := o
+				p.Postgres, p.FailOpen = pool, false
+				b := open(t, p)
+				t.Cleanup(func() { b.Close() })
+				return b
+			}, f
+		}},
+	}
+	if len(names) == 0 {
+		return all
+	}
+	var out []faultCfg
+	for _, c := range all {
+		for _, n := range names {
+			if c.name == n {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+// within fails the test if fn does not return within d (a deadlock).
+func within(t *testing.T, d time.Duration, what string, fn func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn()
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatalf("%s did not return within %v (deadlock?)", what, d)
+	}
+}
+
+// noPanic runs fn and returns the panic it raised, if any.
+func noPanic(fn func()) (p any) {
+	defer func() { p = recover() }()
+	fn()
+	return nil
+}
