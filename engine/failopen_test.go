@@ -4,70 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
-
-// outage makes a shared tier's every command fail, as an unreachable
-// server's do, while down is set.
-type outage struct{ down atomic.Bool }
-
-var errOutage = errors.New("connection refused (injected outage)")
-
-// redisHook is outage as a go-redis hook.
-func (o *outage) DialHook(next goredis.DialHook) goredis.DialHook { return next }
-
-func (o *outage) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
-	return func(ctx context.Context, cmd goredis.Cmder) error {
-		if o.down.Load() {
-			cmd.SetErr(errOutage)
-			return errOutage
-		}
-		return next(ctx, cmd)
-	}
-}
-
-func (o *outage) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []goredis.Cmder) error {
-		if o.down.Load() {
-			for _, c := range cmds {
-				c.SetErr(errOutage)
-			}
-			return errOutage
-		}
-		return next(ctx, cmds)
-	}
-}
-
-// outageDB is outage for the PostgreSQL tier's database.
-type outageDB struct {
-	*pgxpool.Pool
-	*outage
-}
-
-func (d outageDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if d.down.Load() {
-		return pgconn.CommandTag{}, &net.OpError{Op: "dial", Net: "tcp", Err: errOutage}
-	}
-	return d.Pool.Exec(ctx, sql, args...)
-}
-
-func (d outageDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if d.down.Load() {
-		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errOutage}
-	}
-	return d.Pool.Query(ctx, sql, args...)
-}
 
 // TestFailOpenScope: FailOpen trades a duplicate effect for availability
 // and nothing else. With the shared tier's commands failing, a FailOpen
@@ -83,7 +27,7 @@ func TestFailOpenScope(t *testing.T) {
 	ctx := context.Background()
 	for _, shared := range []string{"redis", "postgres"} {
 		t.Run(shared, func(t *testing.T) {
-			out := &outage{}
+			out := &faultInjector{}
 			o := engine.Options{Tiers: engine.Redis, NoSharedCache: true, Lease: time.Minute}
 			switch shared {
 			case "redis":
@@ -94,7 +38,7 @@ func TestFailOpenScope(t *testing.T) {
 				o.Redis, o.RedisPrefix = c, fmt.Sprintf("fo%d:", time.Now().UnixNano())
 			case "postgres":
 				p := postgresPool(t)
-				o.Tiers, o.Postgres, o.PostgresTable = engine.Postgres, outageDB{p, out}, pgTable(t, p, "failopen")
+				o.Tiers, o.Postgres, o.PostgresTable = engine.Postgres, faultDB{p, out}, pgTable(t, p, "failopen")
 			}
 			o.FailOpen = true
 			a := open(t, o)
@@ -102,7 +46,7 @@ func TestFailOpenScope(t *testing.T) {
 			ref := o
 			ref.FailOpen = false
 			if ref.Postgres != nil {
-				ref.Postgres = ref.Postgres.(outageDB).Pool
+				ref.Postgres = ref.Postgres.(faultDB).Pool
 			} else {
 				plain := goredis.NewClient(&goredis.Options{Addr: o.Redis.(*goredis.Client).Options().Addr})
 				t.Cleanup(func() { plain.Close() })
@@ -130,7 +74,7 @@ func TestFailOpenScope(t *testing.T) {
 				t.Fatalf("claim before the outage: %v %v", ordinary.Outcome, err)
 			}
 
-			out.down.Store(true)
+			out.set(faultDown, "", 0)
 			before := a.Stats().FailOpen
 			closedCalls := map[string]func() error{
 				"IssueToken":   func() error { _, err := a.IssueToken(ctx, time.Minute); return err },
@@ -171,7 +115,7 @@ func TestFailOpenScope(t *testing.T) {
 				t.Errorf("Stats.FailOpen = %d, want %d", n, want)
 			}
 
-			out.down.Store(false)
+			out.off()
 			if err := b.ConsumeToken(ctx, tok); err != nil {
 				t.Errorf("the token, consumed by another process once the tier is back: %v (the failed use must not have used it)", err)
 			}

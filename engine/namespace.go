@@ -146,9 +146,13 @@ func (n *Namespace) ClaimBatch(ctx context.Context, keys [][]byte, digests []Dig
 	return n.e.claim(ctx, n, keys, digests, out, false)
 }
 
-// MarkIfAbsent claims and commits key in one step: New means it was absent
+// MarkIfAbsent claims and commits key in one call: New means it was absent
 // and is now marked (durably, as configured), Duplicate or Conflict that it
-// was marked before, InFlight that a two-phase claim holds it.
+// was marked before, InFlight that a two-phase claim holds it. While the
+// call runs it holds the key as a claim does, so a concurrent call of the
+// same key may see it InFlight until the mark is durable; a mark whose
+// lease ended before its commit (a stall longer than the Lease) answers
+// InFlight and marks nothing.
 func (n *Namespace) MarkIfAbsent(ctx context.Context, key []byte) (Outcome, error) {
 	keys := [1][]byte{key}
 	var out [1]Outcome

@@ -22,7 +22,9 @@ const (
 // IssueToken returns a new one-time token: 128 random bits, URL-safe, stored
 // durably with its expiry ttl from now (at most the engine's Window: the
 // store keeps the token's record for the window). Hand it to the client
-// (a form, a retryable request) and ConsumeToken it once.
+// (a form, a retryable request) and ConsumeToken it once. A call that
+// stalls longer than the Lease between storing the token and committing it
+// fails with ErrLeaseLost and issues nothing: retry.
 func (e *Engine) IssueToken(ctx context.Context, ttl time.Duration) (string, error) {
 	if ttl <= 0 || int64(ttl) > e.window {
 		return "", fmt.Errorf("%w: token ttl %v is outside (0, %v]", ErrOptions, ttl, time.Duration(e.window))
