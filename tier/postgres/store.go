@@ -331,11 +331,9 @@ cur AS (
 	ORDER BY t.ns, t.key FOR UPDATE OF t),
 del AS (
 	DELETE FROM %[1]s AS t USING cur, c
-	WHERE t.ns = cur.ns AND t.key = cur.key AND NOT (cur.state = 'C' AND cur.lease_until > c.ms AND cur.expires > c.ms)
-	RETURNING t.ns)
+	WHERE t.ns = cur.ns AND t.key = cur.key AND NOT (cur.state = 'C' AND cur.lease_until > c.ms AND cur.expires > c.ms))
 SELECT cur.ns, cur.key, cur.state::text, cur.token, cur.lease_until, cur.attempts, cur.digest, cur.expires, c.ms
-FROM cur, c
-WHERE (SELECT count(*) FROM del) >= 0`, s.table, now)
+FROM cur, c`, s.table, now) // del runs to completion whether read or not
 	s.sizeQ = fmt.Sprintf(`SELECT pg_relation_size('%s') / current_setting('block_size')::bigint`, s.table)
 	// Sweep: the expired rows of blocks [$1, $2), found by a TID range
 	// scan (no index on the write path).
