@@ -396,15 +396,21 @@ func (m linModel) step(s linState, in linInput, out linOutput) []linState {
 	return nil
 }
 
-func (m linModel) claim(s linState, in linInput, out linOutput) []linState {
-	if out.err != linOK {
-		return nil
+// busy answers an InFlight outcome: allowed, changing nothing, while
+// another call holds the key or a claim does.
+func busy(s linState, in linInput) []linState {
+	if othersPending(s, in) || heldByClaim(s, in) {
+		return one(s)
 	}
-	if out.outcome == engine.InFlight {
-		if othersPending(s, in) || heldByClaim(s, in) {
-			return one(s)
-		}
+	return nil
+}
+
+func (m linModel) claim(s linState, in linInput, out linOutput) []linState {
+	switch {
+	case out.err != linOK:
 		return nil
+	case out.outcome == engine.InFlight:
+		return busy(s, in)
 	}
 	b, ok := m.acquirable(s, in)
 	if !ok {
@@ -534,14 +540,11 @@ func (m linModel) info(b linState, out linOutput) bool {
 }
 
 func (m linModel) lookup(s linState, in linInput, out linOutput) []linState {
-	if out.err != linOK {
+	switch {
+	case out.err != linOK:
 		return nil
-	}
-	if out.outcome == engine.InFlight {
-		if othersPending(s, in) || heldByClaim(s, in) {
-			return one(s)
-		}
-		return nil
+	case out.outcome == engine.InFlight:
+		return busy(s, in)
 	}
 	// What a claim would answer now: a claim whose lease ended counts as
 	// an attempt. Lookup itself changes nothing.
@@ -566,14 +569,11 @@ func (m linModel) forget(s linState, in linInput, out linOutput) []linState {
 }
 
 func (m linModel) advance(s linState, in linInput, out linOutput) []linState {
-	if out.err != linOK {
+	switch {
+	case out.err != linOK:
 		return nil
-	}
-	if out.outcome == engine.InFlight {
-		if othersPending(s, in) || heldByClaim(s, in) {
-			return one(s)
-		}
-		return nil
+	case out.outcome == engine.InFlight:
+		return busy(s, in)
 	}
 	b := s
 	if s.status == linClaimed {
