@@ -120,7 +120,10 @@ func startOutageLoad(e *engine.Engine) *outageLoad {
 				cancel()
 				switch {
 				case err == nil:
-				case errors.Is(err, engine.ErrUnavailable):
+				case errors.Is(err, engine.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
+					// The outage, or the call's second ran out while Redis
+					// was down before its commit was written (the queue
+					// then writes nothing and returns the caller's error).
 					l.unavailable.Add(1)
 					time.Sleep(5 * time.Millisecond)
 				default:

@@ -2,9 +2,12 @@ package engine_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -46,7 +49,19 @@ func TestStorageFaultChild(t *testing.T) {
 		for round := range rounds {
 			t.Run(fmt.Sprintf("%s/%d", target, round), func(t *testing.T) {
 				dir := t.TempDir()
-				cmd, stdout := startChild(t, fmt.Sprintf("%s=%s|%s", faultChildEnv, dir, target))
+				// The child's stderr is kept apart: a fail stop prints
+				// Pebble's fatal error and every goroutine's stack.
+				var stderr bytes.Buffer
+				cmd := exec.Command(os.Args[0], "-test.run=^$")
+				cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s|%s", faultChildEnv, dir, target))
+				cmd.Stderr = &stderr
+				stdout, err := cmd.StdoutPipe()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
 				var acked []string
 				ending := "fail-stop"
 				sc := bufio.NewScanner(stdout)
@@ -62,11 +77,15 @@ func TestStorageFaultChild(t *testing.T) {
 					}
 				}
 				werr := cmd.Wait()
+				first, _, _ := strings.Cut(stderr.String(), "\n\n")
 				if ending == "fail-closed" && werr != nil {
-					t.Errorf("the child failed closed, then exited with %v", werr)
+					t.Errorf("the child failed closed, then exited with %v: %s", werr, first)
 				}
 				if ending == "fail-stop" && werr == nil {
 					t.Fatal("the child exited cleanly without failing closed: it never met the fault")
+				}
+				if ending == "fail-stop" && !strings.Contains(stderr.String(), "pebble") {
+					t.Errorf("the child died (%v), not by Pebble's fail stop: %s", werr, stderr.String())
 				}
 				if len(acked) == 0 {
 					t.Fatal("the child acknowledged nothing before the fault")
@@ -91,7 +110,7 @@ func TestStorageFaultChild(t *testing.T) {
 					}
 				}
 				endings[target+" "+ending]++
-				t.Logf("%s: %d acknowledged keys, %d wrong after the restart (child: %v)", ending, len(acked), wrong, werr)
+				t.Logf("%s: %d acknowledged keys, %d wrong after the restart (child: %v; %s)", ending, len(acked), wrong, werr, first)
 			})
 		}
 	}

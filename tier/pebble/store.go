@@ -141,6 +141,10 @@ func (s *Store) closeHealth() {
 // exiting the process.
 type fatal struct{ msg string }
 
+// Error is the message, so that a fatal error outside any call (Pebble's
+// own background work), which ends the process, says what it was.
+func (f fatal) Error() string { return "pebble fatal error: " + f.msg }
+
 type logger struct {
 	l *log.Logger
 }
