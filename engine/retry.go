@@ -18,7 +18,7 @@ const maxRetries = 1 << 16
 // whose MarkBatch commit failed so, its token for the window. The server may
 // have applied the claim although the reply was lost; a retry of the key
 // sends the same token, so Redis recognises the caller's own claim
-// (DESIGN.md, invariants 5 and 13) instead of answering it InFlight for a
+// (the package's invariant 8) instead of answering it InFlight for a
 // whole lease. Safe for concurrent use.
 type retries struct {
 	n  atomic.Int32 // len(mu.m), read without the lock on the hot path

@@ -13,7 +13,7 @@ import (
 // (SipHash's 128-bit key is the only way to predict its output), and for
 // keys nobody crafted the chance that any two of n share one is about
 // n²/2¹²⁹: 7×10⁻²⁰ for 7×10⁹ keys in a window. That is why an in-memory
-// tier may answer Duplicate on a fingerprint match (DESIGN.md, invariant 2)
+// tier may answer Duplicate on a fingerprint match (the engine's invariant 3)
 // while a 64-bit hash may not. Hi and Lo are the two output words; as words
 // of one PRF output neither predicts the other.
 type Fingerprint struct {
