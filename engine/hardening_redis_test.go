@@ -153,7 +153,7 @@ func errString(err error) string {
 
 // TestRedisGiveBackKeepsDeadline: Do's handler fails while Redis is
 // paused; giving the claim back must still return by the caller's deadline
-// plus a small margin (DESIGN 13), whatever the client's own timeouts.
+// plus a small margin (the package's invariant 8), whatever the client's own timeouts.
 func TestRedisGiveBackKeepsDeadline(t *testing.T) {
 	srv := redistest.Start(t)
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr}) // default options
@@ -183,7 +183,7 @@ func TestRedisGiveBackKeepsDeadline(t *testing.T) {
 // pauses; the commit fails by the caller's deadline (ErrUnavailable) but
 // waits in Redis's socket and is applied when it resumes. The caller saw an
 // error and did not process the message, so its retry must be New, never a
-// Duplicate of its own unreported mark (DESIGN 5, 13).
+// Duplicate of its own unreported mark (the package's invariant 8).
 func TestRedisMarkLostCommitReply(t *testing.T) {
 	srv := redistest.Start(t)
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})

@@ -16,7 +16,7 @@ import (
 // TestClockBefore1970IsNoProgress: the clock steps back to 1600, a date
 // Time.UnixNano cannot represent (it would wrap to 2184, a jump far past
 // the window). The reading must be no progress: a committed key stays a
-// Duplicate (DESIGN 7).
+// Duplicate.
 func TestClockBefore1970IsNoProgress(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock()
@@ -36,7 +36,7 @@ func TestClockBefore1970IsNoProgress(t *testing.T) {
 // TestClockNear2262IsNoProgress: a clock within a lease of the end of
 // int64 nanoseconds would overflow now+lease. Open refuses it when nothing
 // earlier was seen, and a running engine takes it as no progress, so a
-// second claim inside the first's lease is InFlight (DESIGN 3, 14).
+// second claim inside the first's lease is InFlight.
 func TestClockNear2262IsNoProgress(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock()
