@@ -12,7 +12,8 @@
 //
 // It holds the memory table, an optional filter (tier/bloom) and at most one
 // exact tier (tier.Exact: tier/pebble, where claims live in the engine, or
-// tier/redis, where they live in the store); the configuration matters only
+// tier/redis or tier/postgres, shared by many processes, where they live in
+// the store); the configuration matters only
 // in Open and Options.Validate. It owns claims, leases and owner tokens, the
 // clock, partition rotation, the warm or cold state of the filter, and
 // Stats. It must never let
@@ -35,8 +36,9 @@
 //     lease; otherwise they return ErrLeaseLost and change nothing.
 //  3. Duplicate comes from an exact source: a 128-bit fingerprint in memory,
 //     SipHash-2-4-128 keyed by a secret the store keeps (so nobody without
-//     it can build two keys that share one), or full key bytes in Pebble
-//     and Redis. Payload digests are compared at all 128 bits everywhere.
+//     it can build two keys that share one), or full key bytes in Pebble,
+//     Redis and PostgreSQL (a key over 1 KiB by its SHA-256 there).
+//     Payload digests are compared at all 128 bits everywhere.
 //     Only the bloom-only configuration, which says so, answers Duplicate
 //     from a filter.
 //  4. The Bloom filters answer New only while warm: restored from the
@@ -61,10 +63,10 @@
 //     format version; configuration and filter parameters of bloom-only
 //     state) and Open refuses a mismatch with ErrLayout, except a longer
 //     window, which keeps every key at least as long as promised.
-//  8. A Redis call returns by the caller's deadline; a claim (or an
-//     Advance) that failed as unavailable is retried with the same owner
-//     token, so a claim Redis applied meanwhile is recognised as the
-//     caller's own.
+//  8. A call to a shared tier (Redis, PostgreSQL) returns by the caller's
+//     deadline; a claim (or an Advance) that failed as unavailable is
+//     retried with the same owner token, so a claim the tier applied
+//     meanwhile is recognised as the caller's own.
 //  9. Names starting with a NUL byte are the engine's own namespaces
 //     (versions, tokens): callers cannot name them, so no key of theirs
 //     meets a version or a token.

@@ -26,12 +26,15 @@ var (
 	// read error, or a corrupt record. Read and write failures alike latch:
 	// the engine answers ErrStorage for every later claim and commit (fail
 	// closed), because a store that cannot be read cannot say New. The
-	// consumer must not ack, and the process should reopen the engine once
-	// the cause is fixed.
+	// consumer must not ack. A failed embedded store cannot be closed and
+	// reopened in the same process (Pebble's commit pipeline may be stuck;
+	// its directory stays held until the process exits): restart the
+	// process once the cause is fixed; nothing acknowledged is lost.
 	ErrStorage = errors.New("tierdedup: storage failure")
-	// ErrUnavailable reports the shared tier (Redis) unreachable, or slower
-	// than the caller's deadline. It is transient: do not ack, retry later.
-	// With Options.FailOpen the engine answers instead, and counts it.
+	// ErrUnavailable reports the shared tier (Redis or PostgreSQL)
+	// unreachable, or slower than the caller's deadline. It is transient:
+	// do not ack, retry later. With Options.FailOpen the engine answers
+	// instead for the calls FailOpen covers, and counts it.
 	ErrUnavailable = errors.New("tierdedup: shared tier unavailable")
 	// ErrLocked reports a Dir that another engine holds.
 	ErrLocked = errors.New("tierdedup: directory in use")

@@ -13,11 +13,12 @@ import (
 // an engine without this memory), never as New twice.
 const maxRetries = 1 << 16
 
-// retries remembers, for each key whose Redis claim failed as unavailable,
-// the owner token that claim sent and when its lease ends; and for each key
-// whose MarkBatch commit failed so, its token for the window. The server may
+// retries remembers, for each key whose claim in a shared tier (Redis,
+// PostgreSQL) failed as unavailable, the owner token that claim sent and
+// when its lease ends; and for each key whose MarkBatch commit failed so,
+// its token for the window. The server may
 // have applied the claim although the reply was lost; a retry of the key
-// sends the same token, so Redis recognises the caller's own claim
+// sends the same token, so the tier recognises the caller's own claim
 // (the package's invariant 8) instead of answering it InFlight for a
 // whole lease. Safe for concurrent use.
 type retries struct {
@@ -29,7 +30,7 @@ type retries struct {
 }
 
 type retry struct {
-	token      uint64 // the Redis token's counter
+	token      uint64 // the owner token's counter in the shared tier
 	leaseUntil int64  // until when to remember it, engine time: the failed claim's lease end, or a mark's window
 	mark       bool   // a MarkBatch commit whose reply was lost
 }
