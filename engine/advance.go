@@ -159,7 +159,7 @@ func (e *Engine) advance(ctx context.Context, ns *Namespace, entities [][]byte, 
 	// where that version decides it; InFlight where the first occurrence
 	// holds the entity (New) or the repeat offers a higher version than
 	// the stored one (it waits for the entity to be free).
-	for i, first := range firstOccurrences(b.fps[:n]) {
+	for i, first := range b.repeatsOf(b.fps[:n]) {
 		if f := &out[first]; f.Outcome == Duplicate || f.Outcome == Stale {
 			if decide(&out[i], f.Version, versions[i]); out[i].Outcome == New {
 				out[i].Outcome = InFlight

@@ -39,7 +39,46 @@ type batch struct {
 	// and the records it writes.
 	news, kept []int
 	writes     []Write
-	n          int // keys of the call using it
+	// repeats maps each repeat of a key in the call to its first
+	// occurrence (repeatsOf); first is its scratch. Kept with the batch,
+	// so that finding repeats allocates nothing in steady state.
+	repeats map[int]int
+	first   map[shard.Fingerprint]int
+	n       int // keys of the call using it
+}
+
+// repeatsOf maps the index of each repeat of a key in fps to its first
+// occurrence; empty when no key repeats. Small batches are scanned
+// pairwise, larger ones through a map. The result is b's until the next
+// call.
+func (b *batch) repeatsOf(fps []shard.Fingerprint) map[int]int {
+	if b.repeats == nil {
+		b.repeats = map[int]int{}
+	}
+	clear(b.repeats)
+	if len(fps) <= 16 {
+		for i := 1; i < len(fps); i++ {
+			for j := range i {
+				if fps[j] == fps[i] {
+					b.repeats[i] = j
+					break
+				}
+			}
+		}
+		return b.repeats
+	}
+	if b.first == nil {
+		b.first = make(map[shard.Fingerprint]int, len(fps))
+	}
+	clear(b.first)
+	for i, fp := range fps {
+		if j, ok := b.first[fp]; ok {
+			b.repeats[i] = j
+			continue
+		}
+		b.first[fp] = i
+	}
+	return b.repeats
 }
 
 func (e *Engine) getBatch(n int) *batch {

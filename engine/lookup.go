@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/memory"
 )
@@ -138,7 +137,7 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 	// given a key twice in a batch (tier.Exact). In a forget batch the
 	// repeats find the claim the first occurrence seized.
 	cand := b.cand[:0]
-	repeats := firstOccurrences(b.fps[:n])
+	repeats := b.repeatsOf(b.fps[:n])
 	for i := range keys {
 		if _, ok := repeats[i]; ok {
 			continue
@@ -215,39 +214,6 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 // holds only while it runs (Forget's): it never ends by time, and the call
 // drops it before it returns, whatever happened.
 const callFence = math.MaxInt64
-
-// firstOccurrences maps the index of each repeat of a key in fps to its
-// first occurrence; nil when no key repeats. Small batches are scanned
-// pairwise, larger ones through a map.
-func firstOccurrences(fps []shard.Fingerprint) map[int]int {
-	var repeats map[int]int
-	if len(fps) <= 16 {
-		for i := 1; i < len(fps); i++ {
-			for j := range i {
-				if fps[j] == fps[i] {
-					if repeats == nil {
-						repeats = map[int]int{}
-					}
-					repeats[i] = j
-					break
-				}
-			}
-		}
-		return repeats
-	}
-	first := make(map[shard.Fingerprint]int, len(fps))
-	for i, fp := range fps {
-		if j, ok := first[fp]; ok {
-			if repeats == nil {
-				repeats = map[int]int{}
-			}
-			repeats[i] = j
-			continue
-		}
-		first[fp] = i
-	}
-	return repeats
-}
 
 // lookupExact asks the exact tier about the keys of b.cand: a read (Claim
 // of a tier whose claims live in the engine, Lookup of a shared one), or
