@@ -13,6 +13,22 @@ import (
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
+// forgetResult is what a Forget returned.
+type forgetResult struct {
+	info engine.KeyInfo
+	err  error
+}
+
+// forgetAsync runs e.Forget(key) on a goroutine of its own.
+func forgetAsync(e *engine.Engine, key []byte) <-chan forgetResult {
+	forgot := make(chan forgetResult, 1)
+	go func() {
+		info, err := e.Forget(context.Background(), key)
+		forgot <- forgetResult{info, err}
+	}()
+	return forgot
+}
+
 // TestForgetFenceOutlivesLease: a Forget whose delete waits on the disk
 // for longer than the Lease (its WAL sync held, the clock moved on) keeps
 // the key fenced until it returns: a claim and a mark meanwhile answer
@@ -31,15 +47,7 @@ func TestForgetFenceOutlivesLease(t *testing.T) {
 		t.Fatalf("mark: %v %v", got, err)
 	}
 	fs.close()
-	type result struct {
-		info engine.KeyInfo
-		err  error
-	}
-	forgot := make(chan result, 1)
-	go func() {
-		info, err := e.Forget(ctx, key)
-		forgot <- result{info, err}
-	}()
+	forgot := forgetAsync(e, key)
 	waitFor(t, "the Forget's delete to wait on its WAL sync", func() bool { return fs.synced.Load() > 0 })
 	clock.Add(2 * time.Minute) // past the Lease
 	if c, err := e.Claim(ctx, key); err != nil || c.Outcome != engine.InFlight {
@@ -164,15 +172,7 @@ func TestForgetWaitsForReleaseCount(t *testing.T) {
 	released := make(chan error, 1)
 	go func() { released <- e.Release(ctx, c) }()
 	<-entered // the Release's count waits to be written
-	type result struct {
-		info engine.KeyInfo
-		err  error
-	}
-	forgot := make(chan result, 1)
-	go func() {
-		info, err := e.Forget(ctx, key)
-		forgot <- result{info, err}
-	}()
+	forgot := forgetAsync(e, key)
 	time.Sleep(50 * time.Millisecond) // let the Forget run as far as it may
 	close(gate)
 	if err := <-released; err != nil {

@@ -39,9 +39,9 @@ import (
 //     check until memory shows it (its claim is pinned meanwhile, past its
 //     lease if that ends; with a shared tier the others see the commit
 //     first); a release between memory and a shared tier; a forget; and a
-//     mark, which "claims and commits key in one step" in one call but
-//     holds its claim until its commit is made (the same for a token's
-//     use, a mark). A call marks itself pending with two synthetic
+//     mark, which "holds the key as a claim does, so a concurrent call of
+//     the same key may see it InFlight until the mark is durable"
+//     (MarkIfAbsent; the same for a token's use, a mark). A call marks itself pending with two synthetic
 //     operations, begin (just before its call) and end (just after its
 //     return), so the allowance lasts exactly as long as the call. With a
 //     shared tier most holds are in the calling engine's memory, and
@@ -54,8 +54,8 @@ import (
 //     whose lease was lost before the commit (another worker took it over)
 //     is answered InFlight", and ConsumeToken, "ErrInFlight ... when this
 //     call stalled past the Lease before its use was durable". An
-//     IssueToken that stalled so may fail with ErrLeaseLost, issuing
-//     nothing: not documented, allowed as ConsumeToken's stall is.
+//     IssueToken that stalled so "fails with ErrLeaseLost and issues
+//     nothing".
 //   - leases are judged on the engine's time, which lies between the fake
 //     clock's readings before the call and after its return (Invariant 5:
 //     "Time never runs backwards inside an engine"): inside that interval a
@@ -385,9 +385,9 @@ func (m linModel) step(s linState, in linInput, out linOutput) []linState {
 			s.status = linIssued
 			return one(s)
 		case out.err == linLeaseLost && m.stalled(in):
-			// Its claim of the token ended before the commit (not
-			// documented for IssueToken; ConsumeToken's stall is): no
-			// token was handed out.
+			// Its claim of the token ended before the commit
+			// (IssueToken: "fails with ErrLeaseLost and issues
+			// nothing"): no token was handed out.
 			return one(s)
 		}
 	case linConsume:
