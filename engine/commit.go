@@ -313,6 +313,12 @@ func (e *Engine) durable(ctx context.Context, call commitCall, b *batch, k int, 
 		}
 		return err
 	}
+	if e.where == tier.ClaimsInEngine && e.maxAttempts > 0 {
+		// No release's attempt count lands after this commit and erases
+		// it (see Engine.counts).
+		e.counts.RLock()
+		defer e.counts.RUnlock()
+	}
 	if h := beforeDurable.Load(); h != nil {
 		(*h)()
 	}

@@ -101,12 +101,14 @@ type Engine struct {
 	current   atomic.Int64 // current partition
 	openedAt  int64        // first clock reading, for Stats.Coverage
 	rotateMu  sync.Mutex   // serialises rotation
-	// counts orders attempt counts against Forget where the engine keeps
-	// them in its exact tier (ClaimsInEngine with MaxAttempts): a release
-	// read-holds it from freeing its claim in memory until its count is
-	// durable, a Forget write-holds it from fencing its keys until its
-	// deletes are, so no count written after a Forget read a key brings
-	// back what the Forget reported removing.
+	// counts orders attempt counts against commits and Forgets where the
+	// engine keeps them in its exact tier (ClaimsInEngine with
+	// MaxAttempts). A release frees its claim in memory before its count
+	// is durable, so another claim may take the key meanwhile: the release
+	// write-holds counts across that gap, and commits (their durable
+	// write) and Forgets (fence to delete) read-hold it. So no count lands
+	// after a later commit of its key (and erases it), nor after a Forget
+	// read the key (and brings back what it reported removing).
 	counts sync.RWMutex
 	tokens atomic.Uint64
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -184,5 +185,49 @@ func TestForgetWaitsForReleaseCount(t *testing.T) {
 	}
 	if info, err := e.Lookup(ctx, key); err != nil || info.Outcome != engine.New || info.Attempts != 0 {
 		t.Fatalf("Lookup after the Forget: %v with %d attempts, %v; want New with none", info.Outcome, info.Attempts, err)
+	}
+}
+
+// TestReleaseCountNeverErasesCommit: with MaxAttempts in the embedded
+// store, a Release frees its claim in memory, then writes the key's
+// attempt count. Another claim that takes the key in that gap and commits
+// it must not have its commit overwritten by the late count: after a
+// reopen (the store alone answering) the key is a Duplicate.
+func TestReleaseCountNeverErasesCommit(t *testing.T) {
+	ctx := context.Background()
+	o := engine.Options{Dir: t.TempDir(), ExpectedKeys: 1000, MaxAttempts: 3, Lease: time.Minute}
+	e := open(t, o)
+	key := []byte("job-10")
+	first := claimNew(t, e, string(key))
+	gate, entered := make(chan struct{}), make(chan struct{})
+	var held atomic.Bool // only the first durable write waits (sync.Once would hold the others too)
+	engine.SetBeforeDurable(func() {
+		if held.CompareAndSwap(false, true) {
+			close(entered)
+			<-gate
+		}
+	})
+	defer engine.SetBeforeDurable(nil)
+	released := make(chan error, 1)
+	go func() { released <- e.Release(ctx, first) }()
+	<-entered // the Release's count waits to be written; memory has freed the key
+	second := claimNew(t, e, string(key))
+	committed := make(chan error, 1)
+	go func() { committed <- e.Commit(ctx, second) }()
+	time.Sleep(50 * time.Millisecond) // let the Commit run as far as it may
+	close(gate)
+	if err := <-released; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-committed; err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e = open(t, o)
+	defer e.Close()
+	if info, err := e.Lookup(ctx, key); err != nil || info.Outcome != engine.Duplicate {
+		t.Fatalf("Lookup after a reopen: %v with %d attempts, %v; want Duplicate", info.Outcome, info.Attempts, err)
 	}
 }

@@ -118,8 +118,8 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 	defer e.putBatch(b)
 	e.fingerprints(b, ns.name, keys, forget)
 	if forget && e.where == tier.ClaimsInEngine && e.maxAttempts > 0 {
-		e.counts.Lock() // no release's count lands between our read and delete
-		defer e.counts.Unlock()
+		e.counts.RLock() // no release's count lands between our read and delete
+		defer e.counts.RUnlock()
 	}
 	if forget {
 		// The fence lasts as long as this call, not a lease: a Forget

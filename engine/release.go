@@ -64,8 +64,8 @@ func (e *Engine) releaseAs(ctx context.Context, claims []Claim, errs []error, gi
 		}
 	}
 	if counted {
-		e.counts.RLock()
-		defer e.counts.RUnlock()
+		e.counts.Lock() // until the counts are durable: see Engine.counts
+		defer e.counts.Unlock()
 	}
 	b := e.getBatch(len(claims))
 	defer e.putBatch(b)
