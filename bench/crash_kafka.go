@@ -19,7 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/tierdedup/tierdedup/engine"
-	"github.com/tierdedup/tierdedup/engine/kafkadedup"
+	"github.com/tierdedup/tierdedup/integrations/kafkadedup"
 )
 
 // KafkaCrash is where the Kafka form of the crash experiment runs: a

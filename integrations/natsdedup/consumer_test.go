@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tierdedup/tierdedup/engine"
-	"github.com/tierdedup/tierdedup/engine/natsdedup"
+	"github.com/tierdedup/tierdedup/integrations/natsdedup"
 )
 
 var quiet = log.New(io.Discard, "", 0)

@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/tierdedup/tierdedup/engine"
-	"github.com/tierdedup/tierdedup/engine/promdedup"
+	"github.com/tierdedup/tierdedup/integrations/promdedup"
 )
 
 // Example serves an engine's metrics on /metrics, as a consumer process

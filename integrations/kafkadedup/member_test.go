@@ -16,7 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tierdedup/tierdedup/engine"
-	"github.com/tierdedup/tierdedup/engine/kafkadedup"
+	"github.com/tierdedup/tierdedup/integrations/kafkadedup"
 )
 
 // consumeUntil polls cl, processing with h, until partition 0 of "orders"

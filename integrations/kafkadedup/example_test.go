@@ -10,7 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tierdedup/tierdedup/engine"
-	"github.com/tierdedup/tierdedup/engine/kafkadedup"
+	"github.com/tierdedup/tierdedup/integrations/kafkadedup"
 )
 
 // A consumer-group member that charges each order once. The charge record

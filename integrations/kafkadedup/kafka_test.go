@@ -23,7 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tierdedup/tierdedup/engine"
-	"github.com/tierdedup/tierdedup/engine/kafkadedup"
+	"github.com/tierdedup/tierdedup/integrations/kafkadedup"
 )
 
 // The end-to-end tests run an in-process Kafka cluster (kfake: the real

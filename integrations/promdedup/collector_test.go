@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 
 	"github.com/tierdedup/tierdedup/engine"
-	"github.com/tierdedup/tierdedup/engine/promdedup"
+	"github.com/tierdedup/tierdedup/integrations/promdedup"
 )
 
 // scrape fetches url and parses the text exposition format.

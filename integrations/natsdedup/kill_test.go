@@ -21,7 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tierdedup/tierdedup/engine"
-	"github.com/tierdedup/tierdedup/engine/natsdedup"
+	"github.com/tierdedup/tierdedup/integrations/natsdedup"
 )
 
 const childEnv = "TIERDEDUP_NATS_CHILD"

@@ -9,7 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tierdedup/tierdedup/engine"
-	"github.com/tierdedup/tierdedup/engine/natsdedup"
+	"github.com/tierdedup/tierdedup/integrations/natsdedup"
 )
 
 // A JetStream consumer that charges each order once: the key is the
