@@ -1,13 +1,15 @@
 // Package tier is what the tiers share: the contract of an exact, durable
-// tier (Exact, with its optional CommitWriter, Dropper, Scanner,
+// tier (Backend, which opens it, and Exact, with its optional CommitWriter, Dropper, Scanner,
 // Latching, Extender, Marker, ResultKeeper, Looker, Forgetter and
 // Advancer), the vocabulary every tier answers in (Status, Digest, Token,
 // Request, Answer), and how time is cut into retention partitions. It holds
 // no state and orders nothing; the engine decides which tier is asked what.
 //
-// Adding a durable tier means implementing Exact (and the optional
-// interfaces it can offer) in its own package, and opening it in the
-// engine's Open; nothing else in the engine names a tier.
+// A shared tier reaches the engine as a Backend, built by the caller in the
+// tier's own package and opened by the engine with an Env: adding one means
+// implementing Exact (and the optional interfaces it can offer) and
+// Backend there, and passing the tiertest contract suite. The engine names
+// no shared tier, so its import graph holds none of their clients.
 //
 // # Concurrency
 //

@@ -89,7 +89,10 @@ type Request struct {
 	// p mod 64 is set in Mask. ^0 names every live partition.
 	Oldest int64
 	Mask   uint64
-	// Attempts is the attempt count Release writes (ClaimsInEngine).
+	// Attempts is the attempt count Release writes (ClaimsInEngine), or,
+	// in a Release with giveBack (ClaimsInStore), the count the claim
+	// carried when it was acquired (its Answer's Attempts): a commit it
+	// undoes leaves that count, as if the commit had never been made.
 	Attempts uint16
 	// Result is the caller's result Commit stores with the key, nil for
 	// none, and At the commit's time (Unix nanoseconds of the engine's

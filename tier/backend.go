@@ -1,0 +1,74 @@
+package tier
+
+import (
+	"context"
+	"errors"
+	"log"
+	"time"
+)
+
+// Errors a Backend's Open wraps (beside its own), so the engine can tell a
+// caller's mistake from an outage without naming the backend.
+var (
+	// ErrOptions reports settings the backend refuses.
+	ErrOptions = errors.New("tier: invalid options")
+	// ErrLayout reports state that other settings created (a Redis prefix
+	// or a table recorded with another window, MaxAttempts, namespace
+	// windows or caching): processes that share it must agree.
+	ErrLayout = errors.New("tier: layout mismatch")
+)
+
+// Backend is an exact tier the engine has not opened yet: the caller builds
+// it in the tier's own package from what only the caller knows (a client, a
+// prefix, a table), and the engine opens it with what only the engine
+// knows (Env). So the engine names no backend, and a program links only
+// the clients of the backends it builds.
+//
+// A Backend is a description, not a connection: Open may be called once per
+// engine that uses it, and Name, Claims and Validate never reach a server.
+//
+// Adding a backend means implementing Exact (and the optional interfaces
+// it can offer) and Backend in the tier's own package, and passing the
+// tiertest contract suite; the engine needs no change.
+type Backend interface {
+	// Name names the tier in the engine's configuration name
+	// ("memory+" + Name), in Stats and in reports: "redis", "postgres".
+	Name() string
+	// Claims says where the opened tier's claims live. A backend whose
+	// claims live in it (ClaimsInStore) is shared by every process that
+	// opens it with the same settings.
+	Claims() Where
+	// Validate reports every setting the backend refuses at once, its own
+	// and those of env it cannot keep (a backend without namespace windows
+	// refuses env.NamespaceWindows); each error matches ErrOptions. Open
+	// validates too.
+	Validate(env Env) error
+	// Open connects, checks or records the layout the Env implies, and
+	// returns the tier. Its errors wrap ErrOptions, ErrLayout or, for an
+	// unreachable or failing server, the backend's own unavailability
+	// error. ctx bounds the opening only.
+	Open(ctx context.Context, env Env) (Exact, error)
+}
+
+// Env is what the engine tells a Backend when it opens it: the settings
+// every tier of one engine must share.
+type Env struct {
+	// Window is how long a committed key stays a duplicate; Partitions
+	// cuts it into retention partitions (a tier that expires keys itself
+	// may ignore them).
+	Window     time.Duration
+	Partitions Partitions
+	// MaxAttempts, when positive, makes the tier count each key's released
+	// and expired claims and answer Poisoned at that count (zero: none).
+	MaxAttempts int
+	// NamespaceWindows are the namespaces' own windows, shorter than
+	// Window: a tier that expires keys itself sets a commit's life from
+	// them. A backend that cannot keep them refuses them (ErrOptions).
+	NamespaceWindows map[string]time.Duration
+	// NoSharedCache says no process caches the tier's commits in memory
+	// (Forget needs it); a shared tier records it in its layout, so every
+	// process sharing the tier agrees.
+	NoSharedCache bool
+	// Logger receives the tier's warnings; never nil.
+	Logger *log.Logger
+}

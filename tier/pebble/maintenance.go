@@ -1,0 +1,130 @@
+package pebble
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+func (s *Store) compactLoop(ctx context.Context) {
+	defer close(s.done)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case r := <-s.compactions:
+			s.compact(ctx, r[0], r[1])
+		}
+	}
+}
+
+func (s *Store) compact(ctx context.Context, start, end []byte) {
+	var err error
+	defer s.guard(&err)
+	if err = s.db.Compact(ctx, start, end, false); err != nil && ctx.Err() == nil {
+		s.fail(err)
+	}
+}
+
+// Compact compacts the whole record keyspace now, so dropped partitions'
+// bytes leave the disk; tests and benchmarks use it to measure.
+func (s *Store) Compact(ctx context.Context) (err error) {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	defer s.guard(&err)
+	if err := s.db.Compact(ctx, []byte{spaceRecords}, []byte{spaceRecords + 1}, false); err != nil {
+		return fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	return nil
+}
+
+// flush writes the memtable to an SST.
+func (s *Store) flush() (err error) {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	defer s.guard(&err)
+	if err := s.db.Flush(); err != nil {
+		return fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	return nil
+}
+
+// DiskUsage is what a Store occupies on disk, from Pebble's metrics.
+type DiskUsage struct {
+	// Total is every file: the parts below, the manifest and options
+	// files, and compactions' outputs in progress.
+	Total uint64
+	// Tables are the live SSTs; ObsoleteTables those a compaction replaced
+	// and that are not deleted yet.
+	Tables, ObsoleteTables uint64
+	// WAL is the live WAL files' size; RecycledWAL the files kept for reuse
+	// (RecycledWALFiles of them), each as large as the WAL of one flushed
+	// memtable; WALWritten the bytes written to the WAL since Open.
+	WAL, RecycledWAL, WALWritten uint64
+	RecycledWALFiles             int
+}
+
+// Disk returns the store's disk usage.
+func (s *Store) Disk() DiskUsage {
+	m := s.db.Metrics()
+	d := DiskUsage{Total: m.DiskSpaceUsage(), ObsoleteTables: m.Table.Local.ObsoleteSize + m.Table.Local.ZombieSize,
+		WAL: m.WAL.PhysicalSize, RecycledWAL: m.WAL.ObsoletePhysicalSize, WALWritten: m.WAL.BytesWritten,
+		RecycledWALFiles: int(m.WAL.ObsoleteFiles)}
+	for _, l := range m.Levels {
+		d.Tables += uint64(l.TablesSize)
+	}
+	return d
+}
+
+// Checkpoint writes a consistent copy of the whole store, every write
+// acknowledged before the call included, into dir, which must not exist
+// (it is created; sstables are hard-linked when dir is on the same file
+// system, other files copied). The copy opens as a store of its own with
+// this store's identity: what makes it valid is the caller's business (the
+// engine's Export records a checksum of every file).
+func (s *Store) Checkpoint(dir string) (err error) {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	defer s.guard(&err)
+	if err := s.db.Checkpoint(dir, pebble.WithFlushedWAL()); err != nil {
+		return fmt.Errorf("%w: checkpoint %s: %w", ErrStorage, dir, err)
+	}
+	return nil
+}
+
+// FsyncLatency returns the distribution of the WAL's fsyncs since Open, in
+// seconds, on bounds of Pebble's own histogram: for each bound of want,
+// the largest of Pebble's bounds at most it (want ascending, each bound
+// once) with the fsyncs that took at most that long (cumulative), and the
+// count and sum of all of them.
+func (s *Store) FsyncLatency(want []float64) (bounds []float64, counts []uint64, count uint64, sum float64) {
+	h := s.db.Metrics().LogWriter.FsyncLatency
+	if h == nil {
+		return nil, nil, 0, 0
+	}
+	var m dto.Metric
+	if err := h.Write(&m); err != nil || m.Histogram == nil {
+		return nil, nil, 0, 0
+	}
+	const ns = 1e-9 // Pebble observes nanoseconds
+	buckets := m.Histogram.GetBucket()
+	for _, w := range want {
+		i := sort.Search(len(buckets), func(i int) bool { return buckets[i].GetUpperBound()*ns > w }) - 1
+		if i < 0 {
+			continue
+		}
+		b := buckets[i].GetUpperBound() * ns
+		if n := len(bounds); n > 0 && bounds[n-1] == b {
+			continue
+		}
+		bounds, counts = append(bounds, b), append(counts, buckets[i].GetCumulativeCount())
+	}
+	return bounds, counts, m.Histogram.GetSampleCount(), m.Histogram.GetSampleSum() * ns
+}

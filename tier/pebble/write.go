@@ -1,0 +1,194 @@
+package pebble
+
+import (
+	"bytes"
+	"cmp"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/tierdedup/tierdedup/tier"
+)
+
+// Record is one committed key to write.
+type Record struct {
+	Partition int64
+	NS        string
+	Key       []byte
+	Value     Value
+}
+
+// write stores records in one batch and returns once it is durable as
+// configured. It reorders recs. On failure nothing is acknowledged and the
+// Store refuses further writes.
+func (s *Store) write(recs []Record) error { return s.writeWith(recs, nil) }
+
+// writeWith is write with the caller's own records in the same batch: all
+// of them become durable together, or none does.
+func (s *Store) writeWith(recs []Record, user []tier.Write) (err error) {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	defer s.guard(&err)
+	// Sorted records let Pebble's memtable reuse each insert's skiplist
+	// position for the next (measured: its inserts were 42 % of the default
+	// configuration's CPU with random UUIDs in batch order).
+	slices.SortFunc(recs, compareRecords)
+	b := s.db.NewBatch()
+	defer b.Close()
+	bp := s.buffer()
+	defer s.buffers.Put(bp)
+	sealed := s.sealed.Load()
+	for i := range recs {
+		r := &recs[i]
+		if r.Partition < 0 || r.Partition > MaxPartition {
+			return fmt.Errorf("%w: partition %d outside [0, %d]", ErrOptions, r.Partition, MaxPartition)
+		}
+		if r.Partition <= sealed {
+			return fmt.Errorf("%w: partition %d (sealed up to %d)", ErrSealed, r.Partition, sealed)
+		}
+		buf := appendRecordKey((*bp)[:0], r.Partition, r.NS, r.Key)
+		n := len(buf)
+		buf = appendValue(buf, r.Value)
+		*bp = buf[:0]
+		if err := b.Set(buf[:n], buf[n:], nil); err != nil {
+			return s.fail(err)
+		}
+	}
+	for _, u := range user {
+		buf := append(append((*bp)[:0], spaceUser), u.Key...)
+		*bp = buf[:0]
+		if err := b.Set(buf, u.Value, nil); err != nil {
+			return s.fail(err)
+		}
+	}
+	return s.commit(b)
+}
+
+// commit makes b durable as configured, unless the Store has failed; a
+// failure latches.
+func (s *Store) commit(b *pebble.Batch) error { return s.apply(b, s.writeOpts) }
+
+// apply is every write of the Store: b enters Pebble's commit pipeline
+// alone (see writes), then, with opts' Sync, waits for its WAL sync beside
+// the batches that entered after it. A failure, or a panic inside Pebble,
+// latches before the next batch may enter, so after a failed write every
+// concurrent and later write returns ErrStorage instead of hanging.
+func (s *Store) apply(b *pebble.Batch, opts *pebble.WriteOptions) (err error) {
+	s.writes.Lock()
+	entered := true
+	defer func() {
+		if entered {
+			s.writes.Unlock()
+		}
+	}()
+	defer s.guard(&err) // runs before the unlock: a panic latches first
+	if err := s.usable(); err != nil {
+		return err
+	}
+	if !opts.GetSync() {
+		if err := s.db.Apply(b, opts); err != nil {
+			return s.fail(err)
+		}
+		return nil
+	}
+	if err := s.db.ApplyNoSyncWait(b, opts); err != nil {
+		return s.fail(err)
+	}
+	entered = false
+	s.writes.Unlock()
+	if err := b.SyncWait(); err != nil {
+		return s.fail(err)
+	}
+	return nil
+}
+
+// set writes one key, synced, as apply does.
+func (s *Store) set(key, value []byte) error {
+	b := s.db.NewBatch()
+	defer b.Close()
+	_ = b.Set(key, value, nil) // a batch's Set fails only when it is committing
+	return s.apply(b, pebble.Sync)
+}
+
+// Created returns when the store was first opened, in Unix nanoseconds of
+// the clock Options.Now was read from.
+func (s *Store) Created() (int64, error) { return s.meta(keyCreated) }
+
+func (s *Store) meta(key []byte) (int64, error) {
+	v, closer, err := s.db.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, err
+	}
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	defer closer.Close()
+	if len(v) != 8 {
+		return 0, fmt.Errorf("%w: meta value of %d bytes", ErrCorrupt, len(v))
+	}
+	return int64(binary.LittleEndian.Uint64(v)), nil
+}
+
+// compareRecords orders records as their storage keys sort.
+func compareRecords(a, b Record) int {
+	if c := cmp.Compare(a.Partition, b.Partition); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(len(a.NS), len(b.NS)); c != 0 {
+		return c
+	}
+	if c := strings.Compare(a.NS, b.NS); c != 0 {
+		return c
+	}
+	return bytes.Compare(a.Key, b.Key)
+}
+
+// HighWater returns the latest clock reading persisted by Drop, in Unix
+// nanoseconds (zero for a new store).
+func (s *Store) HighWater() (int64, error) {
+	v, err := s.meta(keyHighWater)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, nil
+	}
+	return v, err
+}
+
+// Drop deletes every record in partitions before `before` with one range
+// deletion and records highWater, synced, in the same batch. The space is
+// reclaimed by a compaction the Store schedules in the background.
+func (s *Store) Drop(before, highWater int64) (err error) {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	defer s.guard(&err)
+	start, end := recordPrefix(0), recordPrefix(before)
+	b := s.db.NewBatch()
+	defer b.Close()
+	if before > 0 {
+		if err := b.DeleteRange(start, end, nil); err != nil {
+			return s.fail(err)
+		}
+		// The seals of dropped partitions go with them.
+		if err := b.DeleteRange(sealKey(0), sealKey(before), nil); err != nil {
+			return s.fail(err)
+		}
+	}
+	if err := b.Set(keyHighWater, binary.LittleEndian.AppendUint64(nil, uint64(highWater)), nil); err != nil {
+		return s.fail(err)
+	}
+	if err := s.apply(b, pebble.Sync); err != nil {
+		return err
+	}
+	if before > 0 {
+		select {
+		case s.compactions <- [2][]byte{start, end}:
+		default: // a compaction is queued already; the next drop will cover this range too
+		}
+	}
+	return nil
+}

@@ -1,0 +1,123 @@
+package postgres
+
+import (
+	"fmt"
+	"strings"
+)
+
+// now is the server's clock in milliseconds, read once per statement.
+const now = `(extract(epoch FROM clock_timestamp()) * 1000)::bigint`
+
+// taking is the end of a claim or mark statement: which rows it takes
+// (expired, a count below the limit, this token's claim, or a claim whose
+// lease ended, counted as an attempt) and what it returns. clock is the
+// statement's reading of the server clock, in milliseconds.
+func taking(clock string) string {
+	return strings.NewReplacer("NOW", clock).Replace(`	attempts = CASE
+		WHEN t.expires <= NOW THEN 0
+		WHEN t.state = 'C' AND t.token <> EXCLUDED.token THEN t.attempts + 1
+		ELSE t.attempts END,
+	taken_over = t.expires > NOW AND t.state = 'C' AND t.token <> EXCLUDED.token
+WHERE t.expires <= NOW
+   OR (t.state = 'R' AND ($6 = 0 OR t.attempts < $6))
+   OR (t.state = 'C' AND t.token = EXCLUDED.token)
+   OR (t.state = 'C' AND t.lease_until <= NOW AND ($6 = 0 OR t.attempts + 1 < $6))
+RETURNING t.ns, t.key, t.attempts, t.taken_over`)
+}
+
+func (s *Store) prepare() {
+	// Claim: one INSERT … ON CONFLICT for the batch, in key order (two
+	// batches locking rows in one order cannot deadlock). A row is taken
+	// when it expired, when it is free (a count below the limit), or when
+	// it is a claim of this token or one whose lease ended (a takeover,
+	// counted). It returns the rows it took; the others (held, committed
+	// or poisoned) are read by stateQ, only when there are any.
+	s.claimQ = fmt.Sprintf(`
+WITH c AS (SELECT %[2]s AS ms)
+INSERT INTO %[1]s AS t (ns, key, state, token, lease_until, attempts, digest, expires, taken_over)
+SELECT r.ns, r.key, 'C', r.token, c.ms + $4, 0, NULL, c.ms + GREATEST($4, $5), false
+FROM unnest($1::bytea[], $2::bytea[], $3::bytea[]) AS r(ns, key, token), c ORDER BY r.ns, r.key
+ON CONFLICT (ns, key) DO UPDATE SET
+	state = 'C', token = EXCLUDED.token, lease_until = EXCLUDED.lease_until, digest = NULL,
+	expires = GREATEST(t.expires, EXCLUDED.expires),
+%[3]s`, s.table, now, taking("EXCLUDED.lease_until - $4"))
+	// Mark: Claim, with every key it takes committed at once.
+	s.markQ = fmt.Sprintf(`
+WITH c AS (SELECT %[2]s AS ms)
+INSERT INTO %[1]s AS t (ns, key, state, token, lease_until, attempts, digest, expires, taken_over)
+SELECT r.ns, r.key, 'D', r.token, 0, 0, NULLIF(r.digest, '\x'::bytea), c.ms + $5, false
+FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bytea[]) AS r(ns, key, token, digest), c ORDER BY r.ns, r.key
+ON CONFLICT (ns, key) DO UPDATE SET
+	state = 'D', token = EXCLUDED.token, lease_until = 0, digest = EXCLUDED.digest,
+	expires = EXCLUDED.expires,
+%[3]s`, s.table, now, taking("EXCLUDED.expires - $5"))
+	s.stateQ = fmt.Sprintf(`
+SELECT t.ns, t.key, t.state::text, t.token, t.lease_until, t.attempts, t.digest, t.expires, %[2]s
+FROM %[1]s t JOIN unnest($1::bytea[], $2::bytea[]) AS r(ns, key) ON t.ns = r.ns AND t.key = r.key`, s.table, now)
+	// Commit: the claim of this token, unexpired, becomes a commit for the
+	// window; a commit this token already made stays (a retry).
+	s.commitQ = fmt.Sprintf(`
+WITH c AS (SELECT %[2]s AS ms),
+r AS (SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bytea[]) WITH ORDINALITY AS r(ns, key, token, digest, i)),
+up AS (
+	UPDATE %[1]s AS t SET state = 'D', digest = NULLIF(r.digest, '\x'::bytea), lease_until = 0,
+		expires = CASE WHEN t.state = 'D' THEN t.expires ELSE c.ms + $5 END
+	FROM r, c
+	WHERE t.ns = r.ns AND t.key = r.key AND t.token = r.token AND t.expires > c.ms
+	  AND ((t.state = 'C' AND t.lease_until > c.ms) OR t.state = 'D')
+	RETURNING r.i)
+SELECT i FROM up`, s.table, now)
+	// Release: the claim of this token, unexpired, ends. Counted ($4 = 1),
+	// the row goes, or with MaxAttempts ($6) keeps its count, one more, as
+	// a released row. A give-back ($5 = 1) counts nothing, also undoes a
+	// commit of this token, and keeps a count the row had.
+	s.releaseQ = fmt.Sprintf(`
+WITH c AS (SELECT %[2]s AS ms),
+r AS (SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::bytea[]) WITH ORDINALITY AS r(ns, key, token, i)),
+del AS (
+	DELETE FROM %[1]s AS t USING r, c
+	WHERE t.ns = r.ns AND t.key = r.key AND t.token = r.token AND t.expires > c.ms
+	  AND (($4 = 1 AND $6 = 0) OR ($5 = 1 AND t.attempts = 0))
+	  AND ((t.state = 'C' AND t.lease_until > c.ms) OR ($5 = 1 AND t.state = 'D'))
+	RETURNING r.i),
+up AS (
+	UPDATE %[1]s AS t SET state = 'R', token = '\x'::bytea, lease_until = 0, digest = NULL, attempts = t.attempts + $4
+	FROM r, c
+	WHERE t.ns = r.ns AND t.key = r.key AND t.token = r.token AND t.expires > c.ms
+	  AND NOT (($4 = 1 AND $6 = 0) OR ($5 = 1 AND t.attempts = 0))
+	  AND ((t.state = 'C' AND t.lease_until > c.ms) OR ($5 = 1 AND t.state = 'D'))
+	RETURNING r.i)
+SELECT i FROM del UNION ALL SELECT i FROM up`, s.table, now)
+	// Extend: the caller's live claims last $4 ms from now, unless longer.
+	s.extendQ = fmt.Sprintf(`
+WITH c AS (SELECT %[2]s AS ms),
+r AS (SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::bytea[]) WITH ORDINALITY AS r(ns, key, token, i))
+UPDATE %[1]s AS t SET lease_until = GREATEST(t.lease_until, c.ms + $4), expires = GREATEST(t.expires, c.ms + $4)
+FROM r, c
+WHERE t.ns = r.ns AND t.key = r.key AND t.token = r.token AND t.state = 'C'
+  AND t.lease_until > c.ms AND t.expires > c.ms
+RETURNING r.i`, s.table, now)
+	// Forget: every row of the batch goes unless a live claim holds it;
+	// every row is returned as it stood when locked, read as stateQ's.
+	// The rows are locked first (in key order), so the row judged is the
+	// row deleted or kept: under READ COMMITTED a plain DELETE re-checks
+	// a row a concurrent claim changed while a SELECT beside it reads the
+	// statement's snapshot, and a key claimed meanwhile was then neither
+	// deleted nor returned (read as absent, its attempts lost).
+	s.forgetQ = fmt.Sprintf(`
+WITH c AS (SELECT %[2]s AS ms),
+r AS (SELECT * FROM unnest($1::bytea[], $2::bytea[]) AS r(ns, key)),
+cur AS (
+	SELECT t.ns, t.key, t.state, t.token, t.lease_until, t.attempts, t.digest, t.expires
+	FROM %[1]s t JOIN r ON t.ns = r.ns AND t.key = r.key
+	ORDER BY t.ns, t.key FOR UPDATE OF t),
+del AS (
+	DELETE FROM %[1]s AS t USING cur, c
+	WHERE t.ns = cur.ns AND t.key = cur.key AND NOT (cur.state = 'C' AND cur.lease_until > c.ms AND cur.expires > c.ms))
+SELECT cur.ns, cur.key, cur.state::text, cur.token, cur.lease_until, cur.attempts, cur.digest, cur.expires, c.ms
+FROM cur, c`, s.table, now) // del runs to completion whether read or not
+	s.sizeQ = fmt.Sprintf(`SELECT pg_relation_size('%s') / current_setting('block_size')::bigint`, s.table)
+	// Sweep: the expired rows of blocks [$1, $2), found by a TID range
+	// scan (no index on the write path).
+	s.sweepQ = fmt.Sprintf(`DELETE FROM %s WHERE ctid >= format('(%%s,0)', $1::bigint)::tid AND ctid < format('(%%s,0)', $2::bigint)::tid AND expires <= %s`, s.table, now)
+}

@@ -1,0 +1,88 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/tierdedup/tierdedup/tier"
+)
+
+// Config is what a caller chooses of the Redis tier; the engine supplies
+// the rest (its window, MaxAttempts, namespace windows, NoSharedCache and
+// logger) when it opens the Backend.
+type Config struct {
+	// Prefix starts every Redis key; zero means DefaultPrefix. Processes
+	// that deduplicate together use the same prefix. It must not contain
+	// '{', '}' or NUL; deployments with different prefixes never share a
+	// key, even when one prefix starts the other.
+	Prefix string
+	// RequireNoEviction makes Open fail when a server's maxmemory-policy
+	// could evict dedup keys (ErrEvictionPolicy, an ErrOptions);
+	// otherwise Open logs a warning.
+	RequireNoEviction bool
+}
+
+// Backend is the Redis tier as an engine's backend (engine.Options.Backend).
+type Backend struct {
+	client goredis.UniversalClient
+	config Config
+}
+
+// NewBackend returns the Redis tier over client, a go-redis Client,
+// ClusterClient or FailoverClient. The caller owns the client and closes it
+// after the engine.
+func NewBackend(client goredis.UniversalClient, c Config) *Backend {
+	return &Backend{client: client, config: c}
+}
+
+// Name returns "redis".
+func (b *Backend) Name() string { return "redis" }
+
+// Claims returns tier.ClaimsInStore: every process on the prefix shares
+// the claims.
+func (b *Backend) Claims() tier.Where { return tier.ClaimsInStore }
+
+// Validate reports a nil client and a prefix Redis keys cannot carry; each
+// error matches tier.ErrOptions and ErrOptions.
+func (b *Backend) Validate(env tier.Env) error {
+	var errs []error
+	if b == nil || b.client == nil {
+		errs = append(errs, fmt.Errorf("%w: %w: the Redis backend needs a client", tier.ErrOptions, ErrOptions))
+		return errors.Join(errs...)
+	}
+	if strings.ContainsAny(b.config.Prefix, "{}") {
+		errs = append(errs, fmt.Errorf("%w: %w: Prefix %q contains a hash-tag brace, which would pin every key to one cluster slot", tier.ErrOptions, ErrOptions, b.config.Prefix))
+	}
+	if strings.ContainsRune(b.config.Prefix, 0) {
+		errs = append(errs, fmt.Errorf("%w: %w: Prefix %q contains a NUL byte, which ends a prefix in the key layout", tier.ErrOptions, ErrOptions, b.config.Prefix))
+	}
+	return errors.Join(errs...)
+}
+
+// Open checks every server's maxmemory-policy, loads the scripts and
+// checks (or records) the prefix's layout: the window, MaxAttempts,
+// namespace windows and NoSharedCache of env. Errors wrap tier.ErrOptions
+// (ErrOptions, ErrEvictionPolicy), tier.ErrLayout (ErrLayout) or
+// ErrUnavailable.
+func (b *Backend) Open(ctx context.Context, env tier.Env) (tier.Exact, error) {
+	if err := b.Validate(env); err != nil {
+		return nil, err
+	}
+	s, err := New(ctx, b.client, &Options{
+		Prefix: b.config.Prefix, Window: env.Window, RequireNoEviction: b.config.RequireNoEviction, Logger: env.Logger,
+		MaxAttempts: env.MaxAttempts, NamespaceWindows: env.NamespaceWindows, Uncached: env.NoSharedCache,
+	})
+	switch {
+	case errors.Is(err, ErrEvictionPolicy), errors.Is(err, ErrOptions):
+		return nil, fmt.Errorf("%w: %w", tier.ErrOptions, err)
+	case errors.Is(err, ErrLayout):
+		return nil, fmt.Errorf("%w: %w", tier.ErrLayout, err)
+	case err != nil:
+		return nil, err
+	}
+	return s, nil
+}

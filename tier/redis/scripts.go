@@ -1,0 +1,282 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/tierdedup/tierdedup/tier"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// claimScript claims KEYS[1] for the token prefix ARGV[1] ('C' ‖ token)
+// for ARGV[2] ms, keeping the value ARGV[3] ms, counting attempts up to
+// ARGV[4] (0: none). It returns 'A'|'T'|'O' ‖ attempts (acquired: free,
+// taken over from an ended lease, or the caller's own claim: a retry),
+// 'P'|'Q' ‖ attempts (poisoned: already, or by this expiry), or the value
+// of a live claim ('C'…) or a commit ('D'…).
+var claimScript = goredis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local max = tonumber(ARGV[4])
+local v = redis.call('GET', KEYS[1])
+local n, tag = 0, 'A'
+if v then
+  local kind = string.sub(v, 1, 1)
+  if kind == 'D' then return v end
+  if kind == 'C' then
+    local lease, cnt = string.match(string.sub(v, 18), '^(%d+):(%d+)$')
+    if string.sub(v, 1, 17) == ARGV[1] then
+      n, tag = tonumber(cnt) or 0, 'O' -- the caller's own claim: renewed below
+    elseif not lease or tonumber(lease) > now then
+      return v
+    else
+      n, tag = tonumber(cnt), 'T'
+    end
+    if tag == 'T' and max > 0 then
+      n = n + 1
+      if n >= max then
+        redis.call('SET', KEYS[1], 'R' .. n, 'PX', ARGV[3])
+        return 'Q' .. n
+      end
+    end
+  elseif kind == 'R' then
+    n = tonumber(string.sub(v, 2)) or 0
+    if max > 0 and n >= max then return 'P' .. n end
+  end
+end
+local ttl = ARGV[2]
+if max > 0 then ttl = ARGV[3] end
+redis.call('SET', KEYS[1], ARGV[1] .. (now + tonumber(ARGV[2])) .. ':' .. n, 'PX', ttl)
+return tag .. n`)
+
+// commitScript turns the caller's unexpired claim (token prefix ARGV[1])
+// into the committed value ARGV[2] with TTL ARGV[3] ms; a value already
+// committed with the caller's token is a retry and succeeds.
+var commitScript = goredis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, 17) == ARGV[1] then
+  local lease = string.match(string.sub(v, 18), '^(%d+):')
+  local t = redis.call('TIME')
+  if lease and tonumber(lease) <= tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then
+    return 0
+  end
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+if v and string.sub(v, 1, 17) == string.sub(ARGV[2], 1, 17) then
+  return 1
+end
+return 0`)
+
+// releaseScript frees the key only while it holds the caller's unexpired
+// claim (token prefix ARGV[1]): with ARGV[2] > 0 it keeps the attempt
+// count, ARGV[4] higher, for ARGV[3] ms (deleting the key if that is 0);
+// otherwise it deletes the key. With ARGV[5] = 1 it also undoes a commit
+// carrying the caller's token (one whose caller was told it failed): the
+// key is freed, keeping with ARGV[2] > 0 the attempt count ARGV[6] the
+// claim carried (the commit replaced it).
+var releaseScript = goredis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v and ARGV[5] == '1' and string.sub(v, 1, 1) == 'D' and string.sub(v, 2, 17) == string.sub(ARGV[1], 2, 17) then
+  local carried = tonumber(ARGV[6]) or 0
+  if tonumber(ARGV[2]) > 0 and carried > 0 then
+    redis.call('SET', KEYS[1], 'R' .. carried, 'PX', ARGV[3])
+  else
+    redis.call('DEL', KEYS[1])
+  end
+  return 1
+end
+if not v or string.sub(v, 1, 17) ~= ARGV[1] then return 0 end
+local lease, cnt = string.match(string.sub(v, 18), '^(%d+):(%d+)$')
+local t = redis.call('TIME')
+if lease and tonumber(lease) <= tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then
+  return 0
+end
+local n = (tonumber(cnt) or 0) + tonumber(ARGV[4])
+if tonumber(ARGV[2]) > 0 and n > 0 then
+  redis.call('SET', KEYS[1], 'R' .. n, 'PX', ARGV[3])
+else
+  redis.call('DEL', KEYS[1])
+end
+return 1`)
+
+// extendScript makes the lease of the caller's unexpired claim (token
+// prefix ARGV[1]) end ARGV[2] ms from now unless it ends later, keeping an
+// attempt-counted claim (MaxAttempts) for ARGV[3] ms; a claim without a
+// recorded lease (SET NX: its TTL is its lease) has its TTL raised
+// instead. It returns 1, or 0 when the key does not hold the caller's live
+// claim.
+var extendScript = goredis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 1, 17) ~= ARGV[1] then return 0 end
+local rest = string.sub(v, 18)
+if rest == '' then
+  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
+  return 1
+end
+local lease, cnt = string.match(rest, '^(%d+):(%x*)$')
+if not lease then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if tonumber(lease) <= now then return 0 end
+local untilMS = now + tonumber(ARGV[2])
+if untilMS > tonumber(lease) then
+  redis.call('SET', KEYS[1], ARGV[1] .. untilMS .. ':' .. cnt, 'PX', ARGV[3])
+end
+return 1`)
+
+// lookScript reads KEYS[1] without claiming it: ” (absent), 'H' (a live
+// claim), 'E' ‖ attempts (a claim whose lease ended) or the value of a
+// commit ('D'…) or an attempt count ('R'…). With ARGV[1] = 1 it also
+// deletes the key unless a live claim holds it (Forget).
+var lookScript = goredis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then return '' end
+local out = v
+if string.sub(v, 1, 1) == 'C' then
+  local lease, cnt = string.match(string.sub(v, 18), '^(%d+):(%d+)$')
+  if not lease then return 'H' end
+  local t = redis.call('TIME')
+  if tonumber(lease) > tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then return 'H' end
+  out = 'E' .. cnt
+end
+if ARGV[1] == '1' then redis.call('DEL', KEYS[1]) end
+return out`)
+
+// Versions (the engine's Advance) live in keys of the engine's own
+// namespaces: committed 'D' ‖ token ‖ version (16 hex digits, the Digest),
+// claimed 'C' ‖ token ‖ lease end ‖ ':' ‖ the version the claim replaced
+// (” for none), kept for the window, so a claim that ends without a
+// commit (released, or left to expire) never loses the version it
+// replaced. Versions compare byte by byte (string.byte: no locale).
+const versionLE = `
+local function le(a, b)
+  for i = 1, #a do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return true
+end
+`
+
+// advanceScript claims KEYS[1] for the token prefix ARGV[1] for ARGV[3] ms
+// (keeping the value ARGV[4] ms) when the version ARGV[2] is greater than
+// the stored one. It returns 'A' ‖ the version replaced, 'S' ‖ the stored
+// version (not greater), or 'H' (a live claim).
+var advanceScript = goredis.NewScript(versionLE + `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local v = redis.call('GET', KEYS[1])
+local stored = ''
+if v then
+  local kind = string.sub(v, 1, 1)
+  if kind == 'C' then
+    local lease, prev = string.match(string.sub(v, 18), '^(%d+):(%x*)$')
+    if not lease then return redis.error_reply('not a version key') end
+    if string.sub(v, 1, 17) ~= ARGV[1] and tonumber(lease) > now then return 'H' end
+    stored = prev
+  elseif kind == 'D' and #v == 33 then
+    stored = string.sub(v, 18, 33)
+  else
+    return redis.error_reply('not a version key')
+  end
+end
+if stored ~= '' and le(ARGV[2], stored) then return 'S' .. stored end
+redis.call('SET', KEYS[1], ARGV[1] .. (now + tonumber(ARGV[3])) .. ':' .. stored, 'PX', ARGV[4])
+return 'A' .. stored`)
+
+// unadvanceScript ends the caller's live claim of a version key (token
+// prefix ARGV[1]), restoring the version it replaced as committed value
+// ARGV[3] ‖ version for ARGV[2] ms, or deleting the key if it replaced
+// none. It returns 1, or 0 when the key does not hold the caller's live
+// claim.
+var unadvanceScript = goredis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 1, 17) ~= ARGV[1] then return 0 end
+local lease, prev = string.match(string.sub(v, 18), '^(%d+):(%x*)$')
+local t = redis.call('TIME')
+if not lease or tonumber(lease) <= tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then return 0 end
+if prev == '' then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('SET', KEYS[1], ARGV[3] .. prev, 'PX', ARGV[2])
+end
+return 1`)
+
+func (s *Store) loadScripts(ctx context.Context) error {
+	return s.eachServer(ctx, func(ctx context.Context, c goredis.Cmdable) error {
+		for _, sc := range []*goredis.Script{claimScript, commitScript, releaseScript, extendScript, lookScript, advanceScript, unadvanceScript} {
+			if err := sc.Load(ctx, c).Err(); err != nil {
+				return fmt.Errorf("%w: loading scripts: %w", ErrUnavailable, err)
+			}
+		}
+		return nil
+	})
+}
+
+// evalText runs sc once per request in one pipeline and hands each
+// answer's text to decode; a decode error names the key.
+func (s *Store) evalText(ctx context.Context, sc *goredis.Script, reqs []Request, args func(*Request) []any, decode func(i int, v string) error) error {
+	cmds, err := s.evalBatch(ctx, sc, reqs, args)
+	if err != nil {
+		return err
+	}
+	for i, cmd := range cmds {
+		v, err := cmd.Text()
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		if err := decode(i, v); err != nil {
+			return fmt.Errorf("%w: %w at %q", ErrUnavailable, err, s.Key(reqs[i].NS, reqs[i].Key))
+		}
+	}
+	return nil
+}
+
+func (s *Store) runScript(ctx context.Context, sc *goredis.Script, reqs []Request, out []Status, args func(*Request) []any) error {
+	cmds, err := s.evalBatch(ctx, sc, reqs, args)
+	if err != nil {
+		return err
+	}
+	for i, cmd := range cmds {
+		n, err := cmd.Int()
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		out[i] = tier.Lost
+		if n == 1 {
+			out[i] = tier.OK
+		}
+	}
+	return nil
+}
+
+// evalBatch runs sc once per request in one pipeline and returns the
+// commands, every one answered.
+func (s *Store) evalBatch(ctx context.Context, sc *goredis.Script, reqs []Request, args func(*Request) []any) ([]*goredis.Cmd, error) {
+	for attempt := 0; ; attempt++ {
+		pipe := s.c.Pipeline()
+		cmds := make([]*goredis.Cmd, len(reqs))
+		for i := range reqs {
+			r := &reqs[i]
+			cmds[i] = sc.EvalSha(ctx, pipe, []string{s.Key(r.NS, r.Key)}, args(r)...)
+		}
+		err := s.exec(ctx, pipe)
+		if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") && attempt == 0 {
+			// The server restarted or failed over and lost its scripts;
+			// the scripts are idempotent for the caller's token, so the
+			// whole batch may run again.
+			if err := s.loadScripts(ctx); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		return cmds, nil
+	}
+}
