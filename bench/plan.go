@@ -63,12 +63,18 @@ type PlanInput struct {
 	// store keeps the keys themselves, so both set the disk per key, the
 	// Redis memory per key and the throughput. KeySize zero is the shape's
 	// natural length.
-	Shape          KeyShape
-	KeySize        int
-	FalsePositive  float64
-	Tiers          engine.Tiers
+	Shape         KeyShape
+	KeySize       int
+	FalsePositive float64
+	Tiers         engine.Tiers
+	// Shared names a shared tier the plan is for ("redis"), behind memory;
+	// empty: the tiers Tiers names.
+	Shared         string
 	MemoryCapacity int
 }
+
+// SharedRedis is PlanInput.Shared for the Redis tier.
+const SharedRedis = "redis"
 
 // workload returns the calibration stream's shape for in: n messages.
 func (in PlanInput) workload(n int64, span time.Duration) WorkloadConfig {
@@ -176,10 +182,12 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 	// The engine's own rules for what the plan configures.
 	eo := engine.Options{Tiers: in.Tiers, Dir: "plan", Window: in.Window, Partition: in.Partition, FalsePositive: in.FalsePositive,
 		MemoryCapacity: in.MemoryCapacity, ExpectedKeys: int(min(in.IDsPerDay, engine.MaxExpectedKeys))}
-	switch in.Tiers {
-	case engine.Redis:
+	switch {
+	case in.Shared != "" && (in.Shared != SharedRedis || in.Tiers != engine.Default):
+		return Plan{}, fmt.Errorf("%w: Shared %q with Tiers %v: plans know the Redis tier behind memory (Tiers Default)", ErrPlan, in.Shared, in.Tiers)
+	case in.Shared != "":
 		eo.Tiers, eo.Dir = engine.MemoryOnly, "" // the Redis client is not the plan's business
-	case engine.MemoryOnly, engine.BloomOnly:
+	case in.Tiers == engine.MemoryOnly, in.Tiers == engine.BloomOnly:
 		eo.Dir = ""
 	}
 	if in.FalsePositive == 0 {
@@ -194,7 +202,7 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 	p := Plan{Input: in, Live: parts.Live, Calibration: cal, KeyBytes: in.meanKeySize()}
 	p.KeysPerPartition = in.IDsPerDay * (1 - in.DupRatio) * float64(in.Partition) / float64(24*time.Hour)
 	p.KeysHeld = p.KeysPerPartition * float64(parts.Live)
-	if in.Tiers == engine.Default || in.Tiers == engine.BloomOnly {
+	if (in.Tiers == engine.Default && in.Shared == "") || in.Tiers == engine.BloomOnly {
 		sz := bloom.Sizing(int(math.Max(1, p.KeysPerPartition)), in.FalsePositive, parts.Live)
 		p.BloomPartitionFP, p.BloomK = sz.PerFilter, sz.K
 		p.BloomBitsPerKey = float64(sz.M) / math.Max(1, p.KeysPerPartition)
@@ -208,8 +216,10 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 		p.MemoryBytes = float64(p.Input.MemoryCapacity) * MemoryEntryBytes
 	}
 	p.HeapBytes = p.MemoryBytes + p.BloomBytes + FixedHeapBytes
-	switch in.Tiers {
-	case engine.Default:
+	switch {
+	case in.Shared == SharedRedis:
+		p.RedisBytes = p.KeysHeld * (RedisFixedBytes + p.KeyBytes)
+	case in.Tiers == engine.Default:
 		p.OffHeapBytes = PebbleOffHeapBytes
 		p.TableBytes = p.KeysHeld * cal.TableBytesPerKey
 		// A memtable is flushed when full, or when a drop's range deletion
@@ -222,13 +232,11 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 		p.WALFileBytes = cal.WALBytesPerKey * min(fileKeys, p.KeysPerPartition)
 		p.WALBytes = (RecycledWALFiles + 0.5) * p.WALFileBytes
 		p.DiskBytes = p.TableBytes + p.WALBytes + cal.FixedDiskBytes
-	case engine.Redis:
-		p.RedisBytes = p.KeysHeld * (RedisFixedBytes + p.KeyBytes)
-	case engine.BloomOnly:
+	case in.Tiers == engine.BloomOnly:
 		p.DiskBytes = p.BloomBytes // the state file Close writes: the filters
 	}
 	p.Derate = 1
-	if in.Tiers == engine.Default && cal.StoreKeys > 0 && p.KeysHeld > 1.25*float64(cal.StoreKeys) {
+	if in.Tiers == engine.Default && in.Shared == "" && cal.StoreKeys > 0 && p.KeysHeld > 1.25*float64(cal.StoreKeys) {
 		p.Derate = LargeStoreFactor
 	}
 	p.CapacityPerDay = cal.KeysPerSec * p.Derate * 86400

@@ -78,7 +78,7 @@ func TestPlanDiskAndRedisModel(t *testing.T) {
 	if pl, _ = MakePlan(in, cal); pl.Derate != LargeStoreFactor || pl.CapacityPerDay != 1000*86400*LargeStoreFactor {
 		t.Fatalf("derate %v", pl.Derate)
 	}
-	in.Tiers, in.Shape = engine.Redis, Snowflake
+	in.Shared, in.Shape = SharedRedis, Snowflake
 	if pl, _ = MakePlan(in, cal); pl.KeyBytes < 18 || pl.KeyBytes > 20 || pl.RedisBytes != pl.KeysHeld*(RedisFixedBytes+pl.KeyBytes) {
 		t.Fatalf("redis: %.1f-byte keys, %.0f bytes", pl.KeyBytes, pl.RedisBytes)
 	}

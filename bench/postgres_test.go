@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/postgres"
 	"github.com/tierdedup/tierdedup/tier/postgres/pgtest"
 )
 
@@ -77,7 +78,7 @@ func BenchmarkPostgres(b *testing.B) {
 func openPostgres(b *testing.B, p *pgxpool.Pool) *engine.Engine {
 	table := fmt.Sprintf("bench_%d", time.Now().UnixNano())
 	b.Cleanup(func() { _, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
-	e, err := engine.Open(&engine.Options{Tiers: engine.Postgres, Postgres: p, PostgresTable: table, Logger: quiet})
+	e, err := engine.Open(&engine.Options{Backend: postgres.NewBackend(p, postgres.Config{Table: table}), Logger: quiet})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/bench"
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/redis"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -29,7 +30,7 @@ func BenchmarkRedis(b *testing.B) {
 	for _, batch := range []int{1, 256} {
 		for _, op := range []string{"claim", "mark"} {
 			b.Run(fmt.Sprintf("tier=redis/op=%s/batch=%d", op, batch), func(b *testing.B) {
-				e, err := engine.Open(&engine.Options{Tiers: engine.Redis, Redis: client, RedisPrefix: fmt.Sprintf("b%d:", time.Now().UnixNano()), Logger: quiet})
+				e, err := engine.Open(&engine.Options{Backend: redis.NewBackend(client, redis.Config{Prefix: fmt.Sprintf("b%d:", time.Now().UnixNano())}), Logger: quiet})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -42,7 +43,7 @@ func BenchmarkRedis(b *testing.B) {
 		cl := redistest.StartCluster(b)
 		cc := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs(), PoolSize: 64})
 		defer cc.Close()
-		e, err := engine.Open(&engine.Options{Tiers: engine.Redis, Redis: cc, RedisPrefix: fmt.Sprintf("c%d:", time.Now().UnixNano()), Logger: quiet})
+		e, err := engine.Open(&engine.Options{Backend: redis.NewBackend(cc, redis.Config{Prefix: fmt.Sprintf("c%d:", time.Now().UnixNano())}), Logger: quiet})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -128,7 +129,7 @@ func TestRedisBytesPerKey(t *testing.T) {
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 	defer c.Close()
 	ctx := context.Background()
-	e, err := engine.Open(&engine.Options{Tiers: engine.Redis, Redis: c, Logger: quiet}) // the default prefix, as the planner assumes
+	e, err := engine.Open(&engine.Options{Backend: redis.NewBackend(c, redis.Config{}), Logger: quiet}) // the default prefix, as the planner assumes
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -184,7 +184,7 @@ func (r *Result) bloomOverfilled() bool {
 // read as more than it shows.
 func (r *Result) Warnings() []string {
 	var w []string
-	durable := r.Tiers == engine.Default.String() || r.Tiers == engine.Redis.String()
+	durable := r.Tiers != engine.MemoryOnly.String() && r.Tiers != engine.BloomOnly.String()
 	if r.Tiers == engine.BloomOnly.String() && r.bloomOverfilled() {
 		w = append(w, fmt.Sprintf("the filters hold more keys than ExpectedKeys (estimated false-positive rate %.4f%%, configured %.4f%%): the rate is not promised past it", 100*r.Stats.BloomEstimatedFP, 100*r.BloomFPConfigured))
 	}
@@ -231,7 +231,7 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 		rc.Sample = time.Second
 	}
 	o := rc.Engine
-	if o.Tiers == engine.Default && o.Dir == "" && o.FS == nil {
+	if o.Tiers == engine.Default && o.Backend == nil && o.Dir == "" && o.FS == nil {
 		dir, err := os.MkdirTemp("", "dedupbench-")
 		if err != nil {
 			return nil, err
@@ -273,7 +273,7 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 	}
 	total := max(rc.Workload.Keys, 0)
 	warm := min(max(rc.Warmup, 0), total)
-	res := &Result{Tiers: o.Tiers.String(), Workload: stream.Config(), Batch: rc.Batch, Workers: rc.Workers, Warmup: warm,
+	res := &Result{Tiers: o.Name(), Workload: stream.Config(), Batch: rc.Batch, Workers: rc.Workers, Warmup: warm,
 		MemoryCapacity: o.MemoryCapacity, Rate: max(rc.Rate, 0)}
 	if res.MemoryCapacity == 0 {
 		res.MemoryCapacity = memory.DefaultCapacity
@@ -478,7 +478,7 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 
 	st := e.Stats()
 	res.Stats = st
-	if rc.Compact && o.Tiers == engine.Default {
+	if rc.Compact && o.Tiers == engine.Default && o.Backend == nil {
 		if err := e.Compact(context.WithoutCancel(ctx)); err != nil {
 			return nil, err
 		}

@@ -91,7 +91,7 @@ func (e *Engine) advance(ctx context.Context, ns *Namespace, entities [][]byte, 
 	case len(out) != len(entities) || len(versions) != len(entities):
 		return fmt.Errorf("%w: %d entities, %d versions, %d claims", ErrBatch, len(entities), len(versions), len(out))
 	case e.exact == nil || (e.where == tier.ClaimsInStore && e.advancer == nil):
-		return fmt.Errorf("%w: Advance needs an exact tier that can compare versions (Default or Redis), have %v", ErrOptions, e.tiers)
+		return fmt.Errorf("%w: Advance needs an exact tier that can compare versions (the embedded store or a Backend that offers it), have %s", ErrOptions, e.name)
 	case len(versionsPrefix)+len(ns.name) > MaxNamespace:
 		return fmt.Errorf("%w: Advance in a namespace of %d bytes (max %d)", ErrNamespace, len(ns.name), MaxNamespace-len(versionsPrefix))
 	}
@@ -161,7 +161,7 @@ func (e *Engine) advance(ctx context.Context, ns *Namespace, entities [][]byte, 
 	// the stored one (it waits for the entity to be free).
 	for i, first := range b.repeatsOf(b.fps[:n]) {
 		if f := &out[first]; f.Outcome == Duplicate || f.Outcome == Stale {
-			if decide(&out[i], f.Version, versions[i]); out[i].Outcome == New {
+			if decideVersion(&out[i], f.Version, versions[i]); out[i].Outcome == New {
 				out[i].Outcome = InFlight
 			}
 		}
@@ -174,8 +174,8 @@ func (e *Engine) advance(ctx context.Context, ns *Namespace, entities [][]byte, 
 	return nil
 }
 
-// decide sets a candidate's outcome from the stored version.
-func decide(c *Claim, stored, offered uint64) {
+// decideVersion sets a candidate's outcome from the stored version.
+func decideVersion(c *Claim, stored, offered uint64) {
 	c.Version = stored
 	switch {
 	case offered > stored:
@@ -192,7 +192,7 @@ func decide(c *Claim, stored, offered uint64) {
 // filter names).
 func (e *Engine) advanceLocal(ctx context.Context, b *batch, out []Claim, versions []uint64, c *tally) error {
 	cand := b.cand
-	oldest, warm := e.candidateMasks(b, true)
+	oldest, warm := e.filterMasks(b.candidates(), b.probes)
 	reqs, qidx := b.reqs[:0], b.qidx[:0]
 	defer func() { clear(reqs) }()
 	for j, i := range cand {
@@ -204,13 +204,13 @@ func (e *Engine) advanceLocal(ctx context.Context, b *batch, out []Claim, versio
 			if err != nil {
 				return err
 			}
-			decide(&out[i], stored, versions[i])
+			decideVersion(&out[i], stored, versions[i])
 			continue
 		}
 		mask := b.probes[j].Maybe
 		if warm && mask == 0 {
 			c.bloomNegatives++
-			decide(&out[i], 0, versions[i])
+			decideVersion(&out[i], 0, versions[i])
 			continue
 		}
 		reqs = append(reqs, tier.Request{NS: out[i].ns.name, Key: out[i].Key, Oldest: oldest, Mask: mask})
@@ -241,7 +241,7 @@ func (e *Engine) advanceLocal(ctx context.Context, b *batch, out []Claim, versio
 			// version or nothing.
 			return fmt.Errorf("%w: a version key answered %v", ErrStorage, a.Status)
 		}
-		decide(&out[i], stored, versions[i])
+		decideVersion(&out[i], stored, versions[i])
 	}
 	return nil
 }
@@ -286,7 +286,7 @@ func (e *Engine) advanceShared(ctx context.Context, b *batch, out []Claim, versi
 			out[i].Outcome, out[i].Version = New, stored
 		case tier.Committed:
 			c.storeHits++
-			decide(&out[i], stored, versions[i])
+			decideVersion(&out[i], stored, versions[i])
 		case tier.Held:
 			out[i].Outcome = InFlight
 		default:

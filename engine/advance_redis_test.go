@@ -24,7 +24,7 @@ func TestAdvanceRedisRetriedAfterLostReply(t *testing.T) {
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 	defer c.Close()
 	prefix := fmt.Sprintf("advlost-%d:", time.Now().UnixNano())
-	e := openRedis(t, c, engine.Options{RedisPrefix: prefix, Lease: time.Hour})
+	e := openRedis(t, c, prefix, engine.Options{Lease: time.Hour})
 	defer e.Close()
 	ent := []byte("order-1")
 	srv.Pause()
@@ -57,8 +57,9 @@ func TestAdvanceRedisRace(t *testing.T) {
 	ctx := context.Background()
 	c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr})
 	defer c.Close()
-	o := engine.Options{Lease: 2 * time.Second, RedisPrefix: fmt.Sprintf("advrace-%d:", time.Now().UnixNano())}
-	a, b := openRedis(t, c, o), openRedis(t, c, o)
+	prefix := fmt.Sprintf("advrace-%d:", time.Now().UnixNano())
+	o := engine.Options{Lease: 2 * time.Second}
+	a, b := openRedis(t, c, prefix, o), openRedis(t, c, prefix, o)
 	defer a.Close()
 	defer b.Close()
 	const ents, vers = 30, 6
@@ -121,8 +122,9 @@ func TestAdvanceMixedBatchesRedis(t *testing.T) {
 	ctx := context.Background()
 	c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr})
 	defer c.Close()
-	o := engine.Options{Lease: time.Hour, MaxAttempts: 3, RedisPrefix: fmt.Sprintf("advmix-%d:", time.Now().UnixNano())}
-	e, f := openRedis(t, c, o), openRedis(t, c, o)
+	prefix := fmt.Sprintf("advmix-%d:", time.Now().UnixNano())
+	o := engine.Options{Lease: time.Hour, MaxAttempts: 3}
+	e, f := openRedis(t, c, prefix, o), openRedis(t, c, prefix, o)
 	defer e.Close()
 	defer f.Close()
 	mk := func(k string, v uint64) []engine.Claim {

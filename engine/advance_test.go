@@ -196,8 +196,9 @@ func TestAdvanceRedisLeaseEnded(t *testing.T) {
 	ctx := context.Background()
 	c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr})
 	defer c.Close()
-	o := engine.Options{Lease: 200 * time.Millisecond, RedisPrefix: fmt.Sprintf("adv-%d:", time.Now().UnixNano())}
-	a, b := openRedis(t, c, o), openRedis(t, c, o)
+	prefix := fmt.Sprintf("adv-%d:", time.Now().UnixNano())
+	o := engine.Options{Lease: 200 * time.Millisecond}
+	a, b := openRedis(t, c, prefix, o), openRedis(t, c, prefix, o)
 	defer a.Close()
 	defer b.Close()
 	first, _ := a.Advance(ctx, []byte("e"), 5)

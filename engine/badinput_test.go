@@ -152,21 +152,21 @@ func TestNamespaceBadInput(t *testing.T) {
 		}
 	}
 	lease, window := time.Minute, time.Hour
+	// The configurations: o's Tiers and Backend.
+	memory, bloom := engine.Options{Tiers: engine.MemoryOnly}, engine.Options{Tiers: engine.BloomOnly}
+	pg := engine.Options{Backend: pgBackend(faultDB{}, "")}
 	for _, tc := range []struct {
-		tiers engine.Tiers
-		name  string
-		w     time.Duration
+		config engine.Options
+		name   string
+		w      time.Duration
 	}{
-		{engine.MemoryOnly, "n", 0}, {engine.MemoryOnly, "n", -1}, {engine.MemoryOnly, "n", math.MinInt64},
-		{engine.MemoryOnly, "n", window + 1}, {engine.MemoryOnly, "n", lease}, {engine.MemoryOnly, "n", lease - 1},
-		{engine.MemoryOnly, "\x00n", window}, {engine.MemoryOnly, strings.Repeat("a", 256), window},
-		{engine.BloomOnly, "n", window}, {engine.Postgres, "n", window}, {engine.MemoryOnly, "n", math.MaxInt64},
+		{memory, "n", 0}, {memory, "n", -1}, {memory, "n", math.MinInt64},
+		{memory, "n", window + 1}, {memory, "n", lease}, {memory, "n", lease - 1},
+		{memory, "\x00n", window}, {memory, strings.Repeat("a", 256), window},
+		{bloom, "n", window}, {pg, "n", window}, {memory, "n", math.MaxInt64},
 	} {
-		o := engine.Options{Tiers: tc.tiers, Window: window, Partition: time.Minute, Lease: lease, NamespaceWindows: map[string]time.Duration{tc.name: tc.w}}
-		if tc.tiers == engine.Postgres {
-			o.Postgres = faultDB{}
-		}
-		expectErr(t, fmt.Sprintf("%v NamespaceWindows[%.10q] = %v", tc.tiers, tc.name, tc.w), o.Validate(), engine.ErrOptions)
+		o := engine.Options{Tiers: tc.config.Tiers, Backend: tc.config.Backend, Window: window, Partition: time.Minute, Lease: lease, NamespaceWindows: map[string]time.Duration{tc.name: tc.w}}
+		expectErr(t, fmt.Sprintf("%v NamespaceWindows[%.10q] = %v", o.Name(), tc.name, tc.w), o.Validate(), engine.ErrOptions)
 		if _, err := engine.Open(&o); !errors.Is(err, engine.ErrOptions) {
 			t.Errorf("Open with NamespaceWindows[%.10q] = %v: %v", tc.name, tc.w, err)
 		}

@@ -118,26 +118,60 @@ func (e *Engine) fingerprints(b *batch, name string, keys [][]byte, claims bool)
 	}
 }
 
-// candidateMasks sets b.probes[j].Maybe for each key b.cand[j] to the live
-// partitions the store may hold it in: the filters' answer when filter is
-// set and they are warm (a zero mask then proves the key absent), every
-// live partition otherwise. It returns the partition the masks count from
-// and whether the filters answered.
-func (e *Engine) candidateMasks(b *batch, filter bool) (oldest int64, warm bool) {
-	m := len(b.cand)
-	probes := b.probes[:m]
-	if filter && e.bloom != nil && e.warm.Load() {
-		cfps := b.cfps[:m]
-		for j, i := range b.cand {
-			cfps[j] = b.fps[i]
-		}
+// candidates copies the fingerprints of the keys b.cand names into
+// b.cfps and returns them.
+func (b *batch) candidates() []shard.Fingerprint {
+	cfps := b.cfps[:len(b.cand)]
+	for j, i := range b.cand {
+		cfps[j] = b.fps[i]
+	}
+	return cfps
+}
+
+// filterMasks sets probes[j].Maybe to the live partitions the exact tier
+// may hold the key of cfps[j] in, and returns the partition the masks
+// count from and whether a zero mask proves the key absent (the package's
+// invariant 4: the filters answer "no" only while warm).
+//
+// Warm filters answer alone. While a rebuild refills some partitions'
+// filters (cold), the complete filters answer for the other partitions and
+// every cold one is named, so every key is read there; nothing is proved
+// absent. With no filter, or none known complete, every live partition is
+// named.
+func (e *Engine) filterMasks(cfps []shard.Fingerprint, probes []bloom.Probe) (oldest int64, proves bool) {
+	probes = probes[:len(cfps)]
+	if e.bloom == nil {
+		return e.allLive(probes), false
+	}
+	warm := e.warm.Load()
+	cold := e.cold.Load()
+	switch {
+	case warm:
 		return e.bloom.Test(cfps, probes), true
+	case cold != nil:
+		oldest = e.bloom.Test(cfps, probes)
+		var force uint64
+		for _, p := range *cold {
+			if d := p - oldest; d >= 0 && d < int64(e.parts.Live) {
+				force |= 1 << d
+			}
+		}
+		for j := range probes {
+			probes[j].Maybe |= force
+		}
+		return oldest, false
 	}
-	allLive := uint64(1)<<e.parts.Live - 1
+	return e.allLive(probes), false
+}
+
+// allLive sets every probe to name every live partition, and returns the
+// oldest.
+func (e *Engine) allLive(probes []bloom.Probe) (oldest int64) {
+	all := uint64(1)<<e.parts.Live - 1
 	for j := range probes {
-		probes[j] = bloom.Probe{Maybe: allLive}
+		probes[j] = bloom.Probe{Maybe: all}
 	}
-	return e.parts.Oldest(e.current.Load()), false
+	return e.parts.Oldest(e.current.Load())
 }
 
 func (e *Engine) putBatch(b *batch) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/memory"
 )
@@ -21,7 +22,7 @@ func (e *Engine) checkKeys(keys [][]byte) error {
 	return nil
 }
 
-func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digests []Digest, out []Claim, mark bool) error {
+func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digests []Digest, out []Claim, p purpose) error {
 	n := len(keys)
 	if len(out) != n || (digests != nil && len(digests) != n) {
 		return fmt.Errorf("%w: %d keys, %d digests, %d claims", ErrBatch, n, len(digests), len(out))
@@ -86,7 +87,7 @@ func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digest
 		return err
 	}
 	if len(cand) > 0 {
-		if err := e.resolve(ctx, b, ns, out, &c, now, mark); err != nil {
+		if err := e.resolve(ctx, b, ns, out, &c, now, p); err != nil {
 			c.errors++
 			e.stats.add(&c)
 			return err
@@ -156,3 +157,88 @@ func (e *Engine) persistExpiries(ctx context.Context, b *batch, ns *Namespace, k
 	clear(reqs)
 	return err
 }
+
+// Claim claims key in the default namespace; see Namespace.Claim.
+func (e *Engine) Claim(ctx context.Context, key []byte) (Claim, error) {
+	return e.def.Claim(ctx, key)
+}
+
+// ClaimBatch claims keys in the default namespace; see Namespace.ClaimBatch.
+func (e *Engine) ClaimBatch(ctx context.Context, keys [][]byte, digests []Digest, out []Claim) error {
+	return e.def.ClaimBatch(ctx, keys, digests, out)
+}
+
+// Claim asks whether key is new. New grants a claim leased for
+// Options.Lease: the caller must Commit it after processing or Release it
+// after a failure. Any other outcome grants nothing.
+func (n *Namespace) Claim(ctx context.Context, key []byte) (Claim, error) {
+	return n.ClaimDigest(ctx, key, Digest{})
+}
+
+// ClaimDigest is Claim with the payload's digest: a key committed with a
+// different digest answers Conflict, and a New claim stores d on Commit.
+func (n *Namespace) ClaimDigest(ctx context.Context, key []byte, d Digest) (Claim, error) {
+	keys := [1][]byte{key}
+	digests := [1]Digest{d}
+	var out [1]Claim
+	err := n.e.claim(ctx, n, keys[:], digests[:], out[:], forClaim)
+	return out[0], err
+}
+
+// ClaimBatch claims every key at once, one Claim per key in out (which must
+// have len(keys)); digests is nil or one per key. A key repeated in the
+// batch is New at most once, its repeats InFlight. On error no claim is
+// held and out is unspecified.
+func (n *Namespace) ClaimBatch(ctx context.Context, keys [][]byte, digests []Digest, out []Claim) error {
+	return n.e.claim(ctx, n, keys, digests, out, forClaim)
+}
+
+// Claim is the answer to a claim for one key and, when Outcome is New, the
+// handle that commits or releases it. The caller owns it; Key aliases the
+// caller's key bytes, which must stay unchanged until Commit or Release: a
+// claim whose key changed (a reused read buffer) is refused with
+// ErrLeaseLost and changes nothing.
+type Claim struct {
+	Outcome Outcome
+	// undo: New over the caller's own commit in a shared tier, made by a
+	// mark whose reply was lost; a release must undo that commit.
+	undo bool
+	Key  []byte
+	// LeaseUntil is when the claim stops excluding other workers, in Unix
+	// nanoseconds of the engine's clock (New only).
+	LeaseUntil int64
+	// Result is a small result stored with the key's commit, so a
+	// duplicate can answer what the first processing answered (an API's
+	// response, a created resource's ID). For a New claim, set it before
+	// Commit (at most Options.MaxResultSize bytes; empty stores none); for
+	// a Duplicate or Conflict it is the result the key's commit stored,
+	// nil if none (the caller's copy).
+	Result []byte
+	// CommittedAt is when the commit that stored Result was made, in Unix
+	// nanoseconds of the committing engine's clock (Duplicate or Conflict
+	// with a Result; zero otherwise).
+	CommittedAt int64
+	// Version is the entity's stored version (Advance): the one a New
+	// claim replaces (0 for none), or the one that made the answer
+	// Duplicate or Stale.
+	Version uint64
+	// advance: a claim of an entity's version (Advance): its release keeps
+	// the version it replaced and counts no attempt.
+	advance bool
+
+	ns     *Namespace
+	fp     shard.Fingerprint
+	token  uint64 // the memory tier's claim
+	rtoken uint64 // the counter of the owner token in a shared tier
+	// attempts is the count a shared tier's claim carried when acquired:
+	// a give-back that undoes the claim's commit restores it.
+	attempts uint16
+	// digest is the caller's payload digest, or, once a slower tier answered
+	// Duplicate or Conflict (the claim is not owned and commits nothing),
+	// the digest it found committed: a repeat of the key in the batch
+	// compares its own with it.
+	digest Digest
+}
+
+// Owned reports whether the caller holds the key and must Commit or Release.
+func (c *Claim) Owned() bool { return c.Outcome == New }

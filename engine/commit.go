@@ -45,34 +45,10 @@ func (e *Engine) CommitBatch(ctx context.Context, claims []Claim, errs []error) 
 	return e.commit(ctx, claims, errs, nil)
 }
 
-// Write is a caller's own key and value for CommitBatchWith.
-type Write = tier.Write
-
-// CommitBatchWith is CommitBatch that also writes the caller's records in
-// the same atomic, durable batch of the embedded store (Default only): the
-// effect of processing a message (a ledger entry, an outbox row, a new
-// balance) and the mark that it was processed become durable together, so a
-// crash can leave neither half without the other. The caller's keyspace is
-// separate from the dedup keys and never expired; read it with ScanWrites.
-// A batch with no New claim (every message a duplicate) still writes the
-// records, durably, so a consumed offset stored with them advances. If
-// there were New claims and every one lost its lease, nothing is written
-// and the error matches ErrLeaseLost: the records describe work whose
-// claims are void.
-func (e *Engine) CommitBatchWith(ctx context.Context, claims []Claim, errs []error, writes []Write) error {
-	if err := e.need(e.writer != nil, "CommitBatchWith", "a tier that writes with commits"); err != nil {
-		return err
-	}
-	if err := e.checkResults(claims); err != nil {
-		return err
-	}
-	return e.queued(ctx, claims, errs, writes)
-}
-
 // needResults refuses op unless the tiers store results.
 func (e *Engine) needResults(op string) error {
 	if !e.results {
-		return fmt.Errorf("%w: %s needs a tier that stores results (not %v)", ErrOptions, op, e.tiers)
+		return fmt.Errorf("%w: %s needs a tier that stores results (not %s)", ErrOptions, op, e.name)
 	}
 	return nil
 }
@@ -126,20 +102,20 @@ func (b *batch) owned(e *Engine, claims []Claim, verify bool) {
 // commit whose reply is lost is remembered as a mark, so the retry of the mark
 // finds its own commit New rather than a Duplicate of itself.
 func (e *Engine) commitMarks(ctx context.Context, claims []Claim, errs []error) error {
-	return e.commitAs(ctx, claims, errs, nil, true)
+	return e.commitAs(ctx, claims, errs, nil, forMark)
 }
 
 func (e *Engine) commit(ctx context.Context, claims []Claim, errs []error, writes []Write) error {
-	return e.commitAs(ctx, claims, errs, writes, false)
+	return e.commitAs(ctx, claims, errs, writes, forClaim)
 }
 
-func (e *Engine) commitAs(ctx context.Context, claims []Claim, errs []error, writes []Write, mark bool) error {
+func (e *Engine) commitAs(ctx context.Context, claims []Claim, errs []error, writes []Write, p purpose) error {
 	if errs != nil && len(errs) != len(claims) {
 		return fmt.Errorf("%w: %d claims, %d errors", ErrBatch, len(claims), len(errs))
 	}
 	clear(errs)
 	one := [1]span{{hi: len(claims), writes: writes}}
-	lost, m, err := e.commitSpans(ctx, claims, errs, one[:], mark)
+	lost, m, err := e.commitSpans(ctx, claims, errs, one[:], p)
 	if err != nil {
 		return err
 	}
@@ -163,7 +139,7 @@ type span struct {
 // ErrLeaseLost or the tier's error per claim. It returns how many New
 // claims lost their lease, how many there were, and the error that failed
 // the write (nothing of it is acknowledged then).
-func (e *Engine) commitSpans(ctx context.Context, claims []Claim, errs []error, spans []span, mark bool) (lost, m int, err error) {
+func (e *Engine) commitSpans(ctx context.Context, claims []Claim, errs []error, spans []span, p purpose) (lost, m int, err error) {
 	now, slot, err := e.start(ctx)
 	if err != nil {
 		return 0, 0, err
@@ -171,7 +147,7 @@ func (e *Engine) commitSpans(ctx context.Context, claims []Claim, errs []error, 
 	defer e.finish(slot)
 	b := e.getBatch(len(claims))
 	defer e.putBatch(b)
-	b.owned(e, claims, !mark) // MarkBatch holds its claims itself: no caller could change their keys
+	b.owned(e, claims, !p.marks()) // MarkBatch holds its claims itself: no caller could change their keys
 	m = len(b.cand)
 	if m == 0 {
 		// No claim was New (all duplicates, say), but the callers' records
@@ -210,7 +186,7 @@ func (e *Engine) commitSpans(ctx context.Context, claims []Claim, errs []error, 
 	writes := b.spanWrites(spans, news, kept)
 	switch {
 	case k > 0:
-		fenced, err := e.durable(ctx, commitCall{claims, errs, writes, mark}, b, k, now)
+		fenced, err := e.durable(ctx, commitCall{claims, errs, writes, p}, b, k, now)
 		lost += fenced
 		if err != nil {
 			return lost, m, err
@@ -274,7 +250,7 @@ type commitCall struct {
 	claims []Claim
 	errs   []error
 	writes []Write
-	mark   bool
+	p      purpose
 }
 
 // durable makes the first k claims of b.cand durable (the filter first,
@@ -283,7 +259,7 @@ type commitCall struct {
 // ended there). On a tier failure the claims go back to their leased state
 // and every one gets the error.
 func (e *Engine) durable(ctx context.Context, call commitCall, b *batch, k int, now int64) (fenced int, err error) {
-	claims, errs, writes, mark := call.claims, call.errs, call.writes, call.mark
+	claims, errs := call.claims, call.errs
 	cfps, ctokens, digests := b.cfps[:k], b.ctokens[:k], b.digests[:k]
 	var results [][]byte // nil unless a claim stores a result
 	expires := b.expires[:k]
@@ -302,17 +278,6 @@ func (e *Engine) durable(ctx context.Context, call commitCall, b *batch, k int, 
 	for j := range ok {
 		ok[j] = true
 	}
-	fail := func(err error) error {
-		clear(ok)
-		e.mem.Finish(cfps, ctokens, ok, 0, digests)
-		e.stats.errors.Add(1)
-		for j := range k {
-			if errs != nil {
-				errs[b.cand[j]] = err
-			}
-		}
-		return err
-	}
 	if e.where == tier.ClaimsInEngine && e.maxAttempts > 0 {
 		// No release's attempt count lands after this commit and erases
 		// it (see Engine.counts).
@@ -329,54 +294,82 @@ func (e *Engine) durable(ctx context.Context, call commitCall, b *batch, k int, 
 		e.bloom.Add(cfps, part)
 	}
 	if e.exact != nil {
-		shared := e.where == tier.ClaimsInStore
-		reqs, st := b.reqs[:k], b.st[:k]
-		for j := range reqs {
-			c := &claims[b.cand[j]]
-			reqs[j] = tier.Request{NS: c.ns.name, Key: c.Key, Digest: c.digest, Window: time.Duration(c.ns.window)}
-			if len(c.Result) > 0 || c.ns.window > 0 {
-				// Dated: a result carries its time, and a namespace with
-				// its own window is judged by it.
-				reqs[j].Result, reqs[j].At = c.Result, now
-			}
-			if shared {
-				reqs[j].Token = e.ownerToken(c.rtoken)
-			}
-		}
-		var err error
-		if len(writes) > 0 {
-			err = e.writer.CommitWith(ctx, part, reqs, writes, st)
-		} else {
-			err = e.exact.Commit(ctx, part, reqs, st)
-		}
-		clear(reqs) // drop references to the caller's keys
-		if err != nil {
-			// A shared tier may or may not have applied the commits: the
-			// claims stay, so a redelivery finds either the commit or the
-			// lease. A mark's caller has not processed its message:
-			// remember its token, so that a retried mark that finds this
-			// commit is New.
-			if mark && shared {
-				tokens, keep := make([]uint64, k), make([]int64, k)
-				for j := range k {
-					tokens[j], keep[j] = claims[b.cand[j]].rtoken, now+e.window
-				}
-				e.retries.remember(cfps, tokens, keep, now, true)
-			}
-			return 0, fail(e.tierError(err))
-		}
-		for j := range st {
-			if st[j] != tier.OK {
-				// The shared tier gave the key to another owner (our lease
-				// ended there): fenced out, and our local claim is void.
-				ok[j] = false
-				fenced++
+		if fenced, err = e.writeCommits(ctx, call, b, k, now, part); err != nil {
+			// The claims go back to their leased state, and every one
+			// gets the error.
+			clear(ok)
+			e.mem.Finish(cfps, ctokens, ok, 0, digests)
+			e.stats.errors.Add(1)
+			for j := range k {
 				if errs != nil {
-					errs[b.cand[j]] = ErrLeaseLost
+					errs[b.cand[j]] = err
 				}
+			}
+			return 0, err
+		}
+	}
+	e.settleCommits(b, k, expires, results, now)
+	return fenced, nil
+}
+
+// writeCommits writes the first k claims of b.cand to the exact tier in
+// partition part, with the call's records, and returns how many the shared
+// tier fenced out: their b.ok is false and their error ErrLeaseLost.
+func (e *Engine) writeCommits(ctx context.Context, call commitCall, b *batch, k int, now, part int64) (fenced int, err error) {
+	claims, errs := call.claims, call.errs
+	shared := e.where == tier.ClaimsInStore
+	reqs, st, ok := b.reqs[:k], b.st[:k], b.ok[:k]
+	for j := range reqs {
+		c := &claims[b.cand[j]]
+		reqs[j] = tier.Request{NS: c.ns.name, Key: c.Key, Digest: c.digest, Window: time.Duration(c.ns.window)}
+		if len(c.Result) > 0 || c.ns.window > 0 {
+			// Dated: a result carries its time, and a namespace with its
+			// own window is judged by it.
+			reqs[j].Result, reqs[j].At = c.Result, now
+		}
+		if shared {
+			reqs[j].Token = e.ownerToken(c.rtoken)
+		}
+	}
+	if len(call.writes) > 0 {
+		err = e.writer.CommitWith(ctx, part, reqs, call.writes, st)
+	} else {
+		err = e.exact.Commit(ctx, part, reqs, st)
+	}
+	clear(reqs) // drop references to the caller's keys
+	if err != nil {
+		// A shared tier may or may not have applied the commits: the
+		// claims stay, so a redelivery finds either the commit or the
+		// lease. A mark's caller has not processed its message: remember
+		// its token, so that a retried mark that finds this commit is New.
+		if call.p.marks() && shared {
+			tokens, keep := make([]uint64, k), make([]int64, k)
+			for j := range k {
+				tokens[j], keep[j] = claims[b.cand[j]].rtoken, now+e.window
+			}
+			e.retries.remember(b.cfps[:k], tokens, keep, now, true)
+		}
+		return 0, e.tierError(err)
+	}
+	for j := range st {
+		if st[j] != tier.OK {
+			// The shared tier gave the key to another owner (our lease
+			// ended there): fenced out, and our local claim is void.
+			ok[j] = false
+			fenced++
+			if errs != nil {
+				errs[b.cand[j]] = ErrLeaseLost
 			}
 		}
 	}
+	return fenced, nil
+}
+
+// settleCommits turns the memory claims of the first k claims of b.cand
+// that committed (b.ok) into committed entries, and drops the void local
+// claims of those the shared tier refused.
+func (e *Engine) settleCommits(b *batch, k int, expires []int64, results [][]byte, now int64) {
+	cfps, ctokens, digests, ok := b.cfps[:k], b.ctokens[:k], b.digests[:k], b.ok[:k]
 	e.mem.FinishResults(cfps, ctokens, ok, expires, digests, results, now)
 	clear(results) // drop references to the caller's results
 	var committed uint64
@@ -388,7 +381,6 @@ func (e *Engine) durable(ctx context.Context, call commitCall, b *batch, k int, 
 		}
 	}
 	if committed < uint64(k) {
-		// Drop the void local claims of keys the shared tier refused.
 		for j := range ok {
 			if ok[j] {
 				b.actions[j] = memory.Keep
@@ -397,5 +389,4 @@ func (e *Engine) durable(ctx context.Context, call commitCall, b *batch, k int, 
 		e.mem.Settle(cfps, ctokens, b.actions[:k], b.expires[:k], digests, nil)
 	}
 	e.stats.commits.Add(committed)
-	return fenced, nil
 }

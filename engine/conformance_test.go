@@ -60,18 +60,22 @@ type confConfig struct {
 	// (damaged, or an older one put back), reopens with changed options
 	// and tries a changed layout, which must be refused.
 	faults bool
-	// redis supplies a client for Tiers: Redis (a fresh key prefix per
-	// run). Redis expires leases and windows on its own clock, so after
-	// each clock jump forward the test ages every key of the run by the
-	// same step (ageRedis).
+	// redis supplies a client for the Redis backend (tiers is Default; a
+	// fresh key prefix per run). Redis expires leases and windows on its
+	// own clock, so after each clock jump forward the test ages every key
+	// of the run by the same step (ageRedis).
 	redis func(t *testing.T) goredis.UniversalClient
-	// postgres supplies a database for Tiers: Postgres (a fresh table per
-	// run), aged like Redis after each clock jump forward (agePostgres).
+	// postgres supplies a database for the PostgreSQL backend (a fresh
+	// table per run; tiers is Default), aged like Redis after each clock
+	// jump forward (agePostgres).
 	postgres func(t *testing.T) *pgxpool.Pool
 }
 
 // shared reports a configuration whose claims live in a shared tier.
 func (c confConfig) shared() bool { return c.redis != nil || c.postgres != nil }
+
+// embedded reports the default configuration: memory + bloom + Pebble.
+func (c confConfig) embedded() bool { return c.tiers == engine.Default && !c.shared() }
 
 var confConfigs = []confConfig{
 	{name: "memory", tiers: engine.MemoryOnly, capacity: 4096},
@@ -214,22 +218,26 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 	}
 	var oldSnapshot []byte // a snapshot of an earlier clean close, to put back later
 	faults := 0            // injected faults that failed a call
-	if cfg.tiers == engine.Default || cfg.snapshots {
+	if cfg.embedded() || cfg.snapshots {
 		opts.Dir = "db"
 	}
 	if cfg.tiers == engine.MemoryOnly || cfg.shared() {
 		opts.FS = nil
 	}
 	var pool *pgxpool.Pool
+	var table string                   // the PostgreSQL backend's table
+	var client goredis.UniversalClient // the Redis backend's client
+	var prefix string                  // and key prefix
 	if cfg.postgres != nil {
 		pool = cfg.postgres(t)
-		opts.Postgres = pool
-		opts.PostgresTable = fmt.Sprintf("conf_%d_%d", seed, time.Now().UnixNano())
-		t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+opts.PostgresTable) })
+		table = fmt.Sprintf("conf_%d_%d", seed, time.Now().UnixNano())
+		opts.Backend = pgBackend(pool, table)
+		t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
 	}
 	if cfg.redis != nil {
-		opts.Redis = cfg.redis(t)
-		opts.RedisPrefix = fmt.Sprintf("conf-%s-%d-%d:", cfg.name, seed, time.Now().UnixNano())
+		client = cfg.redis(t)
+		prefix = fmt.Sprintf("conf-%s-%d-%d:", cfg.name, seed, time.Now().UnixNano())
+		opts.Backend = redisBackend(client, prefix)
 	}
 	e := open(t, opts)
 	defer func() { e.Close() }()
@@ -388,9 +396,9 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 				// every key of this run by the same step.
 				var err error
 				if cfg.redis != nil {
-					err = ageRedis(ctx, opts.Redis, opts.RedisPrefix, step)
+					err = ageRedis(ctx, client, prefix, step)
 				} else {
-					err = agePostgres(ctx, pool, opts.PostgresTable, step)
+					err = agePostgres(ctx, pool, table, step)
 				}
 				if err != nil {
 					fail(op, "ageing the shared tier: %v", err)
@@ -401,7 +409,7 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 			if err := e.Close(); err != nil {
 				fail(op, "Close: %v", err)
 			}
-			if cfg.tiers == engine.Default || cfg.snapshots {
+			if cfg.embedded() || cfg.snapshots {
 				m.persisted = m.hw // with the snapshot, bloom-only keeps its clock too
 			}
 			if cfg.faults {
@@ -432,7 +440,7 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 				}
 			}
 			e = open(t, opts)
-			m.restart(clock.Now().UnixNano(), cfg.tiers == engine.Default || cfg.snapshots || cfg.shared())
+			m.restart(clock.Now().UnixNano(), cfg.embedded() || cfg.snapshots || cfg.shared())
 			outstanding = reclaimNamespaces(t, e, namespaces, outstanding)
 		default: // crash: abandon the engine, reopen what was synced
 			if !cfg.crashes {
@@ -495,7 +503,7 @@ func (m *model) restart(clock int64, keeps bool) {
 			delete(m.keys, k)
 		}
 	}
-	if m.cfg.tiers == engine.Default || m.cfg.snapshots {
+	if m.cfg.embedded() || m.cfg.snapshots {
 		m.hw = max(clock, m.persisted)
 	} else {
 		m.hw = clock

@@ -158,12 +158,12 @@ func TestConcurrentClaimsOneNewPerKey(t *testing.T) {
 		{"redis", func(t *testing.T) *engine.Engine {
 			c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr, PoolSize: 64})
 			t.Cleanup(func() { c.Close() })
-			return openRedis(t, c, engine.Options{MemoryCapacity: 4096})
+			return openRedis(t, c, "", engine.Options{MemoryCapacity: 4096})
 		}},
 		{"redis-cluster", func(t *testing.T) *engine.Engine {
 			c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: redistest.StartCluster(t).Addrs(), PoolSize: 64})
 			t.Cleanup(func() { c.Close() })
-			return openRedis(t, c, engine.Options{MemoryCapacity: 4096})
+			return openRedis(t, c, "", engine.Options{MemoryCapacity: 4096})
 		}},
 	}
 	for _, cfg := range configs {

@@ -90,8 +90,8 @@ func TestExtendRedis(t *testing.T) {
 	ctx := context.Background()
 	for _, attempts := range []int{0, 3} {
 		prefix := "extend-" + time.Now().Format("150405.000000") + ":"
-		o := engine.Options{Lease: 500 * time.Millisecond, MaxAttempts: attempts, RedisPrefix: prefix}
-		a, b := openRedis(t, c, o), openRedis(t, c, o)
+		o := engine.Options{Lease: 500 * time.Millisecond, MaxAttempts: attempts}
+		a, b := openRedis(t, c, prefix, o), openRedis(t, c, prefix, o)
 		ca, err := a.Claim(ctx, []byte("k"))
 		if err != nil || ca.Outcome != engine.New {
 			t.Fatal(ca.Outcome, err)
@@ -133,7 +133,7 @@ func TestExtendPostgres(t *testing.T) {
 	pool := postgresPool(t)
 	table := "extend_" + time.Now().Format("150405000000")
 	t.Cleanup(func() { _, _ = pool.Exec(ctx, "DROP TABLE IF EXISTS "+table) })
-	o := engine.Options{Tiers: engine.Postgres, Postgres: pool, PostgresTable: table, Lease: time.Minute}
+	o := engine.Options{Backend: pgBackend(pool, table), Lease: time.Minute}
 	a, b := open(t, o), open(t, o)
 	defer a.Close()
 	defer b.Close()

@@ -10,6 +10,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -28,30 +29,29 @@ func TestFailOpenScope(t *testing.T) {
 	for _, shared := range []string{"redis", "postgres"} {
 		t.Run(shared, func(t *testing.T) {
 			out := &faultInjector{}
-			o := engine.Options{Tiers: engine.Redis, NoSharedCache: true, Lease: time.Minute}
+			o := engine.Options{NoSharedCache: true, Lease: time.Minute}
+			var healthy tier.Backend // the same tier, on a connection without faults
 			switch shared {
 			case "redis":
 				srv := redistest.Start(t)
 				c := goredis.NewClient(&goredis.Options{Addr: srv.Addr, MaxRetries: -1})
 				c.AddHook(out)
 				t.Cleanup(func() { c.Close() })
-				o.Redis, o.RedisPrefix = c, fmt.Sprintf("fo%d:", time.Now().UnixNano())
+				prefix := fmt.Sprintf("fo%d:", time.Now().UnixNano())
+				o.Backend = redisBackend(c, prefix)
+				plain := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+				t.Cleanup(func() { plain.Close() })
+				healthy = redisBackend(plain, prefix)
 			case "postgres":
 				p := postgresPool(t)
-				o.Tiers, o.Postgres, o.PostgresTable = engine.Postgres, faultDB{p, out}, pgTable(t, p, "failopen")
+				table := pgTable(t, p, "failopen")
+				o.Backend, healthy = pgBackend(faultDB{p, out}, table), pgBackend(p, table)
 			}
 			o.FailOpen = true
 			a := open(t, o)
 			defer a.Close()
 			ref := o
-			ref.FailOpen = false
-			if ref.Postgres != nil {
-				ref.Postgres = ref.Postgres.(faultDB).Pool
-			} else {
-				plain := goredis.NewClient(&goredis.Options{Addr: o.Redis.(*goredis.Client).Options().Addr})
-				t.Cleanup(func() { plain.Close() })
-				ref.Redis = plain
-			}
+			ref.FailOpen, ref.Backend = false, healthy
 			b := open(t, ref) // another process, on a healthy connection
 			defer b.Close()
 

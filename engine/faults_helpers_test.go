@@ -211,12 +211,12 @@ func faultConfigs(names ...string) []faultCfg {
 			c.AddHook(f)
 			plain := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 			t.Cleanup(func() { c.Close(); plain.Close() })
-			o.Tiers, o.Redis = engine.Redis, c
-			o.RedisPrefix = fmt.Sprintf("rv%d:", time.Now().UnixNano())
+			prefix := fmt.Sprintf("rv%d:", time.Now().UnixNano())
+			o.Backend = redisBackend(c, prefix)
 			e := open(t, o)
 			return e, func() *engine.Engine {
 				p := o
-				p.Redis, p.FailOpen = plain, false
+				p.Backend, p.FailOpen = redisBackend(plain, prefix), false
 				b := open(t, p)
 				t.Cleanup(func() { b.Close() })
 				return b
@@ -225,11 +225,12 @@ func faultConfigs(names ...string) []faultCfg {
 		{"postgres", true, func(t *testing.T, o engine.Options) (*engine.Engine, func() *engine.Engine, *faultInjector) {
 			pool := postgresPool(t)
 			f := &faultInjector{}
-			o.Tiers, o.Postgres, o.PostgresTable = engine.Postgres, faultDB{pool, f}, pgTable(t, pool, "faults")
+			table := pgTable(t, pool, "faults")
+			o.Backend = pgBackend(faultDB{pool, f}, table)
 			e := open(t, o)
 			return e, func() *engine.Engine {
 				p := o
-				p.Postgres, p.FailOpen = pool, false
+				p.Backend, p.FailOpen = pgBackend(pool, table), false
 				b := open(t, p)
 				t.Cleanup(func() { b.Close() })
 				return b

@@ -94,12 +94,12 @@ func TestCloseStrandsNoMark(t *testing.T) {
 	ctx := context.Background()
 	c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr})
 	defer c.Close()
-	o := engine.Options{RedisPrefix: "close:", Lease: time.Hour}
-	check := openRedis(t, c, o)
+	o := engine.Options{Lease: time.Hour}
+	check := openRedis(t, c, "close:", o)
 	defer check.Close()
 	failed, marked := 0, 0
 	for round := range 20 {
-		e := openRedis(t, c, o)
+		e := openRedis(t, c, "close:", o)
 		var wg sync.WaitGroup
 		type mark struct {
 			key string

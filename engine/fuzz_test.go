@@ -111,7 +111,7 @@ func FuzzOptions(f *testing.F) {
 			Lease: time.Duration(lease), MemoryCapacity: capacity, Stripes: stripes, ExpectedKeys: expected,
 			FalsePositive: fp, MaxAttempts: attempts, MaxKeySize: maxKey, Clock: clock, Logger: quiet,
 		}
-		if o.Tiers == engine.Redis {
+		if o.Tiers > engine.BloomOnly { // 3, once Redis, which needs a server
 			o.Tiers = engine.MemoryOnly
 		}
 		fs := vfs.NewMem()

@@ -80,9 +80,9 @@ func TestRedisWindowIsRecorded(t *testing.T) {
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 	defer c.Close()
 	ctx := context.Background()
-	a := openRedis(t, c, engine.Options{RedisPrefix: "win:", Window: time.Hour, Lease: 100 * time.Millisecond})
+	a := openRedis(t, c, "win:", engine.Options{Window: time.Hour, Lease: 100 * time.Millisecond})
 	defer a.Close()
-	b, err := engine.Open(&engine.Options{Tiers: engine.Redis, Redis: c, RedisPrefix: "win:", Window: time.Second, Lease: 100 * time.Millisecond, Logger: quiet})
+	b, err := engine.Open(&engine.Options{Backend: redisBackend(c, "win:"), Window: time.Second, Lease: 100 * time.Millisecond, Logger: quiet})
 	if err != nil {
 		if !errors.Is(err, engine.ErrLayout) {
 			t.Fatalf("second deployment with another window: %v, want ErrLayout", err)
@@ -110,8 +110,8 @@ func TestRedisMarkBatchPartialCommit(t *testing.T) {
 	defer c.Close()
 	ctx := context.Background()
 	clock := &hookClock{fakeClock: newClock()}
-	a := openRedis(t, c, engine.Options{RedisPrefix: "mb:", Clock: clock})
-	b := openRedis(t, c, engine.Options{RedisPrefix: "mb:"})
+	a := openRedis(t, c, "mb:", engine.Options{Clock: clock})
+	b := openRedis(t, c, "mb:", engine.Options{})
 	defer a.Close()
 	defer b.Close()
 	k1, k2 := []byte("k1"), []byte("k2")
@@ -137,7 +137,7 @@ func TestRedisMarkBatchPartialCommit(t *testing.T) {
 	t.Logf("MarkBatch returned %v, out %v", err, out)
 	// The caller got an error: it did not process k1 and does not ack it.
 	// The redelivery, to any process, must be New.
-	fresh := openRedis(t, c, engine.Options{RedisPrefix: "mb:"})
+	fresh := openRedis(t, c, "mb:", engine.Options{})
 	defer fresh.Close()
 	if o, err := fresh.MarkIfAbsent(ctx, k1); err != nil || o != engine.New {
 		t.Fatalf("k1 after MarkBatch failed with %q: %v, %v; want New (the failed call must not have marked it)", errString(mbErr), o, err)
@@ -158,7 +158,7 @@ func TestRedisGiveBackKeepsDeadline(t *testing.T) {
 	srv := redistest.Start(t)
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr}) // default options
 	defer c.Close()
-	e := openRedis(t, c, engine.Options{RedisPrefix: "do:"})
+	e := openRedis(t, c, "do:", engine.Options{})
 	defer e.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
@@ -189,7 +189,7 @@ func TestRedisMarkLostCommitReply(t *testing.T) {
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 	defer c.Close()
 	clock := &hookClock{fakeClock: newClock()}
-	e := openRedis(t, c, engine.Options{RedisPrefix: "lostc:", Clock: clock, Lease: time.Hour})
+	e := openRedis(t, c, "lostc:", engine.Options{Clock: clock, Lease: time.Hour})
 	defer e.Close()
 	key := []byte("order-1")
 	loseMarkReply(t, e, clock, srv, key, 400*time.Millisecond)

@@ -58,8 +58,10 @@ const (
 
 // linConfig is one configuration under test.
 type linConfig struct {
-	name        string
-	tiers       engine.Tiers
+	name  string
+	tiers engine.Tiers
+	// backend is the shared tier behind memory (tiers is Default), if any.
+	backend     linBackend
 	maxAttempts int
 	// async commits through CommitAsync: a client goes on while its
 	// commit is queued, and the commit returns when its done runs.
@@ -72,7 +74,16 @@ type linConfig struct {
 	tokens     bool // so do tokens
 }
 
-func (c linConfig) shared() bool { return c.tiers == engine.Redis || c.tiers == engine.Postgres }
+// linBackend names a configuration's shared tier.
+type linBackend uint8
+
+const (
+	linNoBackend linBackend = iota // the tiers Tiers names
+	linRedis
+	linPostgres
+)
+
+func (c linConfig) shared() bool { return c.backend != linNoBackend }
 
 // engines is how many engines share the tier: two for Redis and
 // PostgreSQL (the clients split across them), else one.
@@ -100,9 +111,9 @@ var linConfigs = []linConfig{
 	{name: "default-async", tiers: engine.Default, maxAttempts: 3, async: true, advance: true, tokens: true},
 	{name: "default-restarts", tiers: engine.Default, maxAttempts: 3, restarts: linBetweenRounds, advance: true, tokens: true},
 	{name: "default-lease", tiers: engine.Default, leaseJumps: true, advance: true, tokens: true},
-	{name: "redis", tiers: engine.Redis, maxAttempts: 3, advance: true, tokens: true},
-	{name: "redis-restarts", tiers: engine.Redis, restarts: linMidRound, advance: true, tokens: true},
-	{name: "postgres", tiers: engine.Postgres, maxAttempts: 3, tokens: true},
+	{name: "redis", backend: linRedis, maxAttempts: 3, advance: true, tokens: true},
+	{name: "redis-restarts", backend: linRedis, restarts: linMidRound, advance: true, tokens: true},
+	{name: "postgres", backend: linPostgres, maxAttempts: 3, tokens: true},
 }
 
 func TestLinearizability(t *testing.T) {
@@ -149,17 +160,17 @@ func runLinearizability(t *testing.T, cfg linConfig, calls int) {
 	if cfg.async {
 		o.CommitQueue = 8 // small: CommitAsync waits for room now and then
 	}
-	var redisAddr string
-	switch cfg.tiers {
-	case engine.Default:
-		o.Dir = t.TempDir()
-	case engine.Redis:
+	var redisAddr, redisPrefix string
+	switch {
+	case cfg.backend == linRedis:
 		// Forget needs NoSharedCache with a shared tier.
 		redisAddr = redistest.Start(t).Addr
-		o.RedisPrefix, o.NoSharedCache = fmt.Sprintf("lin-%s-%d:", cfg.name, time.Now().UnixNano()), true
-	case engine.Postgres:
+		redisPrefix, o.NoSharedCache = fmt.Sprintf("lin-%s-%d:", cfg.name, time.Now().UnixNano()), true
+	case cfg.backend == linPostgres:
 		pool := postgresPool(t)
-		o.Postgres, o.PostgresTable, o.NoSharedCache = pool, pgTable(t, pool, "lin_"+strings.ReplaceAll(cfg.name, "-", "_")), true
+		o.Backend, o.NoSharedCache = pgBackend(pool, pgTable(t, pool, "lin_"+strings.ReplaceAll(cfg.name, "-", "_"))), true
+	case cfg.tiers == engine.Default:
+		o.Dir = t.TempDir()
 	}
 	opts := make([]engine.Options, cfg.engines())
 	for i := range opts {
@@ -167,7 +178,7 @@ func runLinearizability(t *testing.T, cfg linConfig, calls int) {
 		if redisAddr != "" {
 			c := goredis.NewClient(&goredis.Options{Addr: redisAddr}) // a client per process
 			t.Cleanup(func() { c.Close() })
-			opts[i].Redis = c
+			opts[i].Backend = redisBackend(c, redisPrefix)
 		}
 	}
 	h := newLinEngines(t, opts)
@@ -284,7 +295,7 @@ func linHolds(cfg linConfig) func(linOp) (hold, global bool) {
 		case linLookup, linIssue, linBegin, linEnd, linRestart:
 			return false, false
 		case linMark, linConsume:
-			return true, cfg.tiers == engine.Redis
+			return true, cfg.backend == linRedis
 		case linRelease:
 			return cfg.tiers != engine.MemoryOnly, cfg.shared()
 		case linForget, linCommit:

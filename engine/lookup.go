@@ -101,7 +101,7 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 	case len(out) != len(keys):
 		return fmt.Errorf("%w: %d keys, %d infos", ErrBatch, len(keys), len(out))
 	case e.tiers == BloomOnly:
-		return fmt.Errorf("%w: %s needs exact tiers, have %v", ErrOptions, op, e.tiers)
+		return fmt.Errorf("%w: %s needs exact tiers, have %s", ErrOptions, op, e.name)
 	case forget && e.where == tier.ClaimsInStore && !e.noSharedCache:
 		return fmt.Errorf("%w: %s with a shared tier needs Options.NoSharedCache (another process would answer from its cached commit)", ErrOptions, op)
 	}
@@ -131,14 +131,48 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 		e.mem.Peek(b.fps, now, b.res)
 	}
 
-	// Memory's answers; the keys it cannot decide go to the exact tier. A
-	// key repeated in the batch is answered as its first occurrence is
-	// (repeats), and only that one reaches the exact tier, which is never
-	// given a key twice in a batch (tier.Exact). In a forget batch the
-	// repeats find the claim the first occurrence seized.
-	cand := b.cand[:0]
 	repeats := b.repeatsOf(b.fps[:n])
-	for i := range keys {
+	cand := e.lookupMemory(b, out, repeats, forget)
+	var c tally
+	if e.exact != nil && len(cand) > 0 {
+		err = e.lookupExact(ctx, b, ns, keys, out, forget, &c, now)
+	}
+	if forget {
+		// Give back every claim Seize made: the key is free, or (on an
+		// error) the store still holds whatever it held.
+		m := len(cand)
+		for j, i := range cand {
+			b.cfps[j], b.ctokens[j], b.actions[j] = b.fps[i], b.tokens[i], memory.Drop
+		}
+		e.mem.Settle(b.cfps[:m], b.ctokens[:m], b.actions[:m], b.expires[:m], b.digests[:m], nil)
+	}
+	if err != nil {
+		c.errors++
+		e.stats.add(&c)
+		return e.tierError(err)
+	}
+	e.stats.add(&c)
+	held, forgot := e.settleLookups(out, repeats)
+	if forget {
+		e.stats.forgets.Add(uint64(forgot))
+	} else {
+		e.stats.lookups.Add(uint64(n))
+	}
+	if forget && held > 0 {
+		return fmt.Errorf("%w: %d of %d keys", ErrInFlight, held, n)
+	}
+	return nil
+}
+
+// lookupMemory answers each key of b from memory's answers b.res, and sets
+// b.cand to the keys the exact tier must answer (every key a Forget
+// reaches). A key repeated in the batch is answered as its first occurrence
+// is (repeats), and only that one reaches the exact tier, which is never
+// given a key twice in a batch (tier.Exact). In a forget batch the repeats
+// find the claim the first occurrence seized.
+func (e *Engine) lookupMemory(b *batch, out []KeyInfo, repeats map[int]int, forget bool) []int {
+	cand := b.cand[:0]
+	for i := range out {
 		if _, ok := repeats[i]; ok {
 			continue
 		}
@@ -160,26 +194,13 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 		}
 	}
 	b.cand = cand
-	var c tally
-	if e.exact != nil && len(cand) > 0 {
-		err = e.lookupExact(ctx, b, ns, keys, out, forget, &c, now)
-	}
-	if forget {
-		// Give back every claim Seize made: the key is free, or (on an
-		// error) the store still holds whatever it held.
-		m := len(cand)
-		for j, i := range cand {
-			b.cfps[j], b.ctokens[j], b.actions[j] = b.fps[i], b.tokens[i], memory.Drop
-		}
-		e.mem.Settle(b.cfps[:m], b.ctokens[:m], b.actions[:m], b.expires[:m], b.digests[:m], nil)
-	}
-	if err != nil {
-		c.errors++
-		e.stats.add(&c)
-		return e.tierError(err)
-	}
-	e.stats.add(&c)
-	held, forgot := 0, 0
+	return cand
+}
+
+// settleLookups makes the answers final (Poison at MaxAttempts, repeats as
+// their first occurrence) and counts the keys held by a claim and those
+// that held something.
+func (e *Engine) settleLookups(out []KeyInfo, repeats map[int]int) (held, found int) {
 	for i := range out {
 		o := &out[i]
 		if _, ok := repeats[i]; ok {
@@ -192,22 +213,14 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 		case o.Outcome == InFlight:
 			held++
 		case o.Outcome != New || o.Attempts > 0:
-			forgot++
+			found++
 		}
 	}
 	for i, j := range repeats {
 		out[i] = out[j] // after its first occurrence's answer is final
 		out[i].Result = bytes.Clone(out[j].Result)
 	}
-	if forget {
-		e.stats.forgets.Add(uint64(forgot))
-	} else {
-		e.stats.lookups.Add(uint64(n))
-	}
-	if forget && held > 0 {
-		return fmt.Errorf("%w: %d of %d keys", ErrInFlight, held, n)
-	}
-	return nil
+	return held, found
 }
 
 // callFence is the lease end of a memory claim that a call of this process
@@ -222,7 +235,13 @@ func (e *Engine) lookupExact(ctx context.Context, b *batch, ns *Namespace, keys 
 	cand := b.cand
 	// Forget deletes in every live partition: a filter's "no" is for
 	// reads, not for what a record may have left.
-	oldest, warm := e.candidateMasks(b, !forget)
+	var oldest int64
+	var warm bool
+	if forget {
+		oldest = e.allLive(b.probes[:len(cand)])
+	} else {
+		oldest, warm = e.filterMasks(b.candidates(), b.probes)
+	}
 	reqs, qidx := b.reqs[:0], b.qidx[:0]
 	for j, i := range cand {
 		mask := b.probes[j].Maybe

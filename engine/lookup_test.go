@@ -49,9 +49,10 @@ func adminConfigs() []struct {
 		{"redis", func(t *testing.T, o engine.Options) (*engine.Engine, func() *engine.Engine) {
 			c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr})
 			t.Cleanup(func() { c.Close() })
-			o.RedisPrefix, o.NoSharedCache = fmt.Sprintf("admin-%d:", time.Now().UnixNano()), true
-			return openRedis(t, c, o), func() *engine.Engine {
-				b := openRedis(t, c, o)
+			prefix := fmt.Sprintf("admin-%d:", time.Now().UnixNano())
+			o.NoSharedCache = true
+			return openRedis(t, c, prefix, o), func() *engine.Engine {
+				b := openRedis(t, c, prefix, o)
 				t.Cleanup(func() { b.Close() })
 				return b
 			}
@@ -60,7 +61,7 @@ func adminConfigs() []struct {
 			pool := postgresPool(t)
 			table := "admin_" + time.Now().Format("150405000000")
 			t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
-			o.Tiers, o.Postgres, o.PostgresTable, o.NoSharedCache = engine.Postgres, pool, table, true
+			o.Backend, o.NoSharedCache = pgBackend(pool, table), true
 			return open(t, o), func() *engine.Engine {
 				b := open(t, o)
 				t.Cleanup(func() { b.Close() })
@@ -243,7 +244,7 @@ func TestLookupForgetRefusals(t *testing.T) {
 	}
 	c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr})
 	defer c.Close()
-	r := openRedis(t, c, engine.Options{})
+	r := openRedis(t, c, "", engine.Options{})
 	defer r.Close()
 	if _, err := r.Forget(ctx, []byte("k")); !errors.Is(err, engine.ErrOptions) {
 		t.Fatalf("Forget on Redis with a commit cache: %v", err)
@@ -297,8 +298,8 @@ func TestNoSharedCacheIsRecorded(t *testing.T) {
 	table := "uncached_" + time.Now().Format("150405000000")
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
 	for _, o := range []engine.Options{
-		{Tiers: engine.Redis, Redis: c, RedisPrefix: fmt.Sprintf("uncached-%d:", time.Now().UnixNano())},
-		{Tiers: engine.Postgres, Postgres: pool, PostgresTable: table},
+		{Backend: redisBackend(c, fmt.Sprintf("uncached-%d:", time.Now().UnixNano()))},
+		{Backend: pgBackend(pool, table)},
 	} {
 		o.NoSharedCache = true
 		a := open(t, o)
@@ -307,7 +308,7 @@ func TestNoSharedCacheIsRecorded(t *testing.T) {
 			if b != nil {
 				b.Close()
 			}
-			t.Fatalf("%v: a caching process on a prefix recorded uncached: %v, want ErrLayout", o.Tiers, err)
+			t.Fatalf("%v: a caching process on a prefix recorded uncached: %v, want ErrLayout", o.Name(), err)
 		}
 		a.Close()
 	}

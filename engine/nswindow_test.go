@@ -121,9 +121,10 @@ func TestNamespaceWindowRedis(t *testing.T) {
 	ctx := context.Background()
 	c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr})
 	defer c.Close()
-	o := engine.Options{Lease: 200 * time.Millisecond, RedisPrefix: fmt.Sprintf("nsw-%d:", time.Now().UnixNano()),
+	prefix := fmt.Sprintf("nsw-%d:", time.Now().UnixNano())
+	o := engine.Options{Lease: 200 * time.Millisecond,
 		NamespaceWindows: map[string]time.Duration{"short": time.Second}}
-	a, b := openRedis(t, c, o), openRedis(t, c, o)
+	a, b := openRedis(t, c, prefix, o), openRedis(t, c, prefix, o)
 	defer a.Close()
 	defer b.Close()
 	short, _ := a.Namespace("short")
@@ -173,15 +174,16 @@ func TestNamespaceWindowOptions(t *testing.T) {
 func TestNamespaceWindowRedisLayout(t *testing.T) {
 	c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr})
 	defer c.Close()
-	o := engine.Options{Window: time.Hour, RedisPrefix: fmt.Sprintf("nswl-%d:", time.Now().UnixNano()),
+	prefix := fmt.Sprintf("nswl-%d:", time.Now().UnixNano())
+	o := engine.Options{Window: time.Hour,
 		NamespaceWindows: map[string]time.Duration{"n": time.Minute}}
-	a := openRedis(t, c, o)
+	a := openRedis(t, c, prefix, o)
 	defer a.Close()
-	b := openRedis(t, c, o) // the same windows: accepted
+	b := openRedis(t, c, prefix, o) // the same windows: accepted
 	b.Close()
 	for _, w := range []map[string]time.Duration{nil, {"n": 2 * time.Minute}, {"n": time.Minute, "m": time.Minute}} {
 		o.NamespaceWindows = w
-		o.Tiers, o.Redis = engine.Redis, c
+		o.Backend = redisBackend(c, prefix)
 		if e, err := engine.Open(&o); !errors.Is(err, engine.ErrLayout) {
 			if e != nil {
 				e.Close()

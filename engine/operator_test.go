@@ -161,10 +161,11 @@ func TestRedisResultBytes(t *testing.T) {
 	ctx := context.Background()
 	c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr})
 	defer c.Close()
-	o := engine.Options{RedisPrefix: fmt.Sprintf("rbytes-%d:", time.Now().UnixNano()), MaxAttempts: 2}
-	a := openRedis(t, c, o)
+	prefix := fmt.Sprintf("rbytes-%d:", time.Now().UnixNano())
+	o := engine.Options{MaxAttempts: 2}
+	a := openRedis(t, c, prefix, o)
 	defer a.Close()
-	b := openRedis(t, c, o)
+	b := openRedis(t, c, prefix, o)
 	defer b.Close()
 	results := [][]byte{{'C'}, []byte("C0123456789abcdef:1"), bytes.Repeat([]byte{0}, 16), bytes.Repeat([]byte{'D'}, 8), []byte("R5"), bytes.Repeat([]byte{0xff}, 24), []byte("H"), []byte("E3")}
 	for i, r := range results {

@@ -4,25 +4,25 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"strings"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
-	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/bloom"
-	"github.com/tierdedup/tierdedup/tier/postgres"
 )
 
 // Tiers selects which tiers an Engine stacks.
 type Tiers uint8
 
-// Configurations. Their guarantees are in the README's table.
+// Configurations. Their guarantees are in the README's table. A shared
+// tier (Redis, PostgreSQL) is not a Tiers value: it is a Backend
+// (Options.Backend), built in its own package, behind memory.
 const (
 	// Default is memory + bloom + Pebble: exact, durable, one process per
-	// directory.
+	// directory. With Options.Backend set it is memory + that backend's
+	// exact tier instead.
 	Default Tiers = iota
 	// MemoryOnly keeps claims and recent commits in memory: never drops a
 	// new message, lets duplicates through after eviction or restart.
@@ -31,15 +31,6 @@ const (
 	// inside the window, drops new messages at the false-positive rate.
 	// With Dir set, the filters survive a clean restart through a snapshot.
 	BloomOnly
-	// Redis is memory + Redis: exact and shared by every process using the
-	// same Redis (or Redis Cluster) and RedisPrefix; durable as the Redis
-	// persistence settings allow. Options.Redis is required.
-	Redis
-	// Postgres is memory + PostgreSQL: exact and shared by every process
-	// using the same database and PostgresTable, for teams whose system of
-	// record is PostgreSQL; durable as the database is. Options.Postgres is
-	// required.
-	Postgres
 )
 
 // String returns the configuration's name.
@@ -51,10 +42,6 @@ func (t Tiers) String() string {
 		return "memory"
 	case BloomOnly:
 		return "bloom"
-	case Redis:
-		return "memory+redis"
-	case Postgres:
-		return "memory+postgres"
 	}
 	return fmt.Sprintf("Tiers(%d)", uint8(t))
 }
@@ -192,23 +179,15 @@ type Options struct {
 	// Logger receives storage error logs; nil means the standard logger.
 	Logger *log.Logger
 
-	// Redis is the client of the Redis tier (Tiers: Redis): a go-redis
-	// Client, ClusterClient or FailoverClient. The caller owns it and
-	// closes it after the Engine.
-	Redis goredis.UniversalClient
-	// RedisPrefix starts every Redis key; zero means "tierdedup:". Processes
-	// that deduplicate together use the same prefix. It must not contain
-	// '{', '}' or NUL; deployments with different prefixes never share a
-	// key, even when one prefix starts the other.
-	RedisPrefix string
-	// Postgres is the database of the PostgreSQL tier (Tiers: Postgres),
-	// a *pgxpool.Pool (safe for concurrent use). The caller owns it and
-	// closes it after the Engine.
-	Postgres postgres.DB
-	// PostgresTable is the table of dedup rows, created if missing; zero
-	// means "tierdedup". Processes that deduplicate together use the same
-	// table.
-	PostgresTable string
+	// Backend is the exact tier behind memory when it is not the embedded
+	// store: a shared tier built in its own package, such as
+	// redis.NewBackend(client, redis.Config{Prefix: "orders:"}) or
+	// postgres.NewBackend(pool, postgres.Config{}). With it the
+	// configuration is memory + that tier (Tiers must be Default, and Dir
+	// is not used): exact and shared by every process that opens the same
+	// backend settings, durable as its server is. Nil means the tiers
+	// Tiers names.
+	Backend tier.Backend
 
 	// FailOpen makes claims and marks answer New, and commits succeed
 	// locally, while the shared tier (Redis or PostgreSQL) is unavailable,
@@ -239,16 +218,13 @@ type Options struct {
 	// and refuses a process with others (ErrLayout), as it does the Window.
 	NamespaceWindows map[string]time.Duration
 	// NoSharedCache keeps no committed keys of the shared tier in memory
-	// (Tiers: Redis or Postgres): every claim of a key not in flight in
+	// (a Backend whose claims live in it): every claim of a key not in flight in
 	// this process asks the shared tier. Forget needs it: otherwise the
 	// process that committed a key keeps answering Duplicate from memory,
 	// for up to Window/2, after another process forgot it. The prefix (or
 	// table) records it, so every process sharing it must agree
 	// (ErrLayout otherwise).
 	NoSharedCache bool
-	// RequireNoEviction makes Open fail when a Redis server's
-	// maxmemory-policy could evict dedup keys; otherwise Open logs a warning.
-	RequireNoEviction bool
 }
 
 // Validate reports every invalid field at once; each error matches
@@ -258,51 +234,7 @@ func (o *Options) Validate() error {
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrOptions}, args...)...))
 	}
-	switch o.Tiers {
-	case Default:
-		if o.Dir == "" {
-			bad("Dir is required for %v", o.Tiers)
-		}
-	case MemoryOnly:
-		if o.Dir != "" {
-			bad("Dir %q is not used by %v", o.Dir, o.Tiers)
-		}
-	case BloomOnly:
-	case Redis:
-		if o.Redis == nil {
-			bad("Redis client is required for %v", o.Tiers)
-		}
-		if o.Dir != "" {
-			bad("Dir %q is not used by %v", o.Dir, o.Tiers)
-		}
-	case Postgres:
-		if o.Postgres == nil {
-			bad("Postgres database is required for %v", o.Tiers)
-		}
-		if o.Dir != "" {
-			bad("Dir %q is not used by %v", o.Dir, o.Tiers)
-		}
-	default:
-		bad("Tiers %d is not a configuration", o.Tiers)
-	}
-	if o.Tiers != Redis && (o.Redis != nil || o.RedisPrefix != "" || o.RequireNoEviction) {
-		bad("Redis, RedisPrefix and RequireNoEviction apply only to Tiers: Redis")
-	}
-	if o.Tiers != Postgres && (o.Postgres != nil || o.PostgresTable != "") {
-		bad("Postgres and PostgresTable apply only to Tiers: Postgres")
-	}
-	if o.NoSharedCache && o.Tiers != Redis && o.Tiers != Postgres {
-		bad("NoSharedCache applies only to a shared tier (Tiers: Redis or Postgres)")
-	}
-	if o.FailOpen && o.Tiers != Redis && o.Tiers != Postgres {
-		bad("FailOpen applies only to a shared tier (Tiers: Redis or Postgres)")
-	}
-	if strings.ContainsAny(o.RedisPrefix, "{}") {
-		bad("RedisPrefix %q contains a hash-tag brace, which would pin every key to one cluster slot", o.RedisPrefix)
-	}
-	if strings.ContainsRune(o.RedisPrefix, 0) {
-		bad("RedisPrefix %q contains a NUL byte, which ends a prefix in the key layout", o.RedisPrefix)
-	}
+	o.validateTiers(bad)
 	if o.Window < 0 || o.Window > MaxWindow {
 		bad("Window %v is outside [0, %v]", o.Window, MaxWindow)
 	}
@@ -315,7 +247,7 @@ func (o *Options) Validate() error {
 	d := o.WithDefaults()
 	for name, w := range o.NamespaceWindows {
 		switch {
-		case o.Tiers == BloomOnly || o.Tiers == Postgres:
+		case o.Tiers == BloomOnly:
 			bad("NamespaceWindows are not supported by %v", o.Tiers)
 		case checkNamespace(name) != nil:
 			bad("NamespaceWindows: %v", checkNamespace(name))
@@ -368,7 +300,42 @@ func (o *Options) Validate() error {
 	if o.MaxResultSize < 0 || o.MaxResultSize > MaxResultSize {
 		bad("MaxResultSize %d is outside [1, %d]", o.MaxResultSize, MaxResultSize)
 	}
+	if o.Backend != nil && d.Window > 0 && d.Partition > 0 {
+		if err := o.Backend.Validate(d.env()); err != nil {
+			errs = append(errs, fmt.Errorf("%w: %w", ErrOptions, err))
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// validateTiers reports, through bad, a configuration whose tiers and
+// their fields disagree.
+func (o *Options) validateTiers(bad func(format string, args ...any)) {
+	shared := o.Backend != nil && o.Backend.Claims() == tier.ClaimsInStore
+	switch o.Tiers {
+	case Default:
+		if o.Backend == nil && o.Dir == "" {
+			bad("Dir is required for %v", o.Tiers)
+		}
+		if o.Backend != nil && o.Dir != "" {
+			bad("Dir %q is not used with a Backend (%s)", o.Dir, o.Backend.Name())
+		}
+	case MemoryOnly, BloomOnly:
+		if o.Tiers == MemoryOnly && o.Dir != "" {
+			bad("Dir %q is not used by %v", o.Dir, o.Tiers)
+		}
+		if o.Backend != nil {
+			bad("Backend %s is not used by %v (leave Tiers zero)", o.Backend.Name(), o.Tiers)
+		}
+	default:
+		bad("Tiers %d is not a configuration", o.Tiers)
+	}
+	if o.NoSharedCache && !shared {
+		bad("NoSharedCache applies only to a shared tier (a Backend such as Redis or PostgreSQL)")
+	}
+	if o.FailOpen && !shared {
+		bad("FailOpen applies only to a shared tier (a Backend such as Redis or PostgreSQL)")
+	}
 }
 
 // WithDefaults returns a copy of o with every field left zero that has a
@@ -405,4 +372,19 @@ func (o Options) WithDefaults() Options {
 		o.Logger = log.Default()
 	}
 	return o
+}
+
+// env is what a Backend is told: o with its defaults set.
+func (o Options) env() tier.Env {
+	parts, _ := tier.NewPartitions(o.Window, o.Partition)
+	return tier.Env{Window: o.Window, Partitions: parts, MaxAttempts: o.MaxAttempts,
+		NamespaceWindows: o.NamespaceWindows, NoSharedCache: o.NoSharedCache, Logger: o.Logger}
+}
+
+// Name is the configuration's name: the Tiers', or memory+ the Backend's.
+func (o *Options) Name() string {
+	if o.Backend != nil {
+		return "memory+" + o.Backend.Name()
+	}
+	return o.Tiers.String()
 }

@@ -41,7 +41,7 @@ func TestPostgresSweepsWithAndWithoutFailOpen(t *testing.T) {
 			p := postgresPool(t)
 			table := pgTable(t, p, "pgfo")
 			clock := newClock()
-			e := open(t, engine.Options{Tiers: engine.Postgres, Postgres: p, PostgresTable: table,
+			e := open(t, engine.Options{Backend: pgBackend(p, table),
 				Window: 10 * time.Second, Partition: time.Second, Lease: time.Second, Clock: clock, FailOpen: failOpen})
 			defer e.Close()
 			for i := range 100 {
@@ -76,7 +76,7 @@ func TestPostgresLongKey(t *testing.T) {
 	ctx := context.Background()
 	p := postgresPool(t)
 	table := pgTable(t, p, "pglong")
-	e := open(t, engine.Options{Tiers: engine.Postgres, Postgres: p, PostgresTable: table, MaxKeySize: 4096})
+	e := open(t, engine.Options{Backend: pgBackend(p, table), MaxKeySize: 4096})
 	defer e.Close()
 	key := make([]byte, 3000)
 	_, _ = rand.Read(key)
@@ -136,7 +136,7 @@ func TestPostgresLostMarkThenFailedHandler(t *testing.T) {
 	p := postgresPool(t)
 	table := pgTable(t, p, "pglost")
 	db := &lossyDB{Pool: p}
-	e := open(t, engine.Options{Tiers: engine.Postgres, Postgres: db, PostgresTable: table})
+	e := open(t, engine.Options{Backend: pgBackend(db, table)})
 	defer e.Close()
 	key := []byte("order-7")
 	db.mu.Lock()
@@ -163,7 +163,7 @@ func TestPostgresDeadlineOnLockedTable(t *testing.T) {
 	ctx := context.Background()
 	p := postgresPool(t)
 	table := pgTable(t, p, "pgdl")
-	e := open(t, engine.Options{Tiers: engine.Postgres, Postgres: p, PostgresTable: table, Lease: time.Second})
+	e := open(t, engine.Options{Backend: pgBackend(p, table), Lease: time.Second})
 	defer e.Close()
 	key := []byte("locked")
 	c, err := e.Claim(ctx, key)
@@ -209,9 +209,9 @@ func TestPostgresMemoryNeverOutlivesRow(t *testing.T) {
 	p := postgresPool(t)
 	table := pgTable(t, p, "pgmem")
 	clock := newClock()
-	a := open(t, engine.Options{Tiers: engine.Postgres, Postgres: p, PostgresTable: table, Clock: clock,
+	a := open(t, engine.Options{Backend: pgBackend(p, table), Clock: clock,
 		Window: time.Hour, Partition: time.Minute, Lease: time.Second})
-	b := open(t, engine.Options{Tiers: engine.Postgres, Postgres: p, PostgresTable: table,
+	b := open(t, engine.Options{Backend: pgBackend(p, table),
 		Window: time.Hour, Partition: time.Minute, Lease: time.Second})
 	defer a.Close()
 	defer b.Close()
@@ -279,10 +279,10 @@ func TestPostgresFailOpenClaimCommitsWhenBack(t *testing.T) {
 	p := postgresPool(t)
 	table := pgTable(t, p, "pgfoc")
 	db := &failDB{Pool: p}
-	o := engine.Options{Tiers: engine.Postgres, Postgres: db, PostgresTable: table, FailOpen: true}
+	o := engine.Options{Backend: pgBackend(db, table), FailOpen: true}
 	a := open(t, o)
 	defer a.Close()
-	o.Postgres = p
+	o.Backend = pgBackend(p, table)
 	b := open(t, o)
 	defer b.Close()
 	key := []byte("pay-42")
@@ -314,9 +314,9 @@ func TestPostgresLostMarkRetryIsCommittedInMemory(t *testing.T) {
 	p := postgresPool(t)
 	table := pgTable(t, p, "pgretry")
 	db := &lossyDB{Pool: p}
-	e := open(t, engine.Options{Tiers: engine.Postgres, Postgres: db, PostgresTable: table})
+	e := open(t, engine.Options{Backend: pgBackend(db, table)})
 	defer e.Close()
-	o := open(t, engine.Options{Tiers: engine.Postgres, Postgres: p, PostgresTable: table})
+	o := open(t, engine.Options{Backend: pgBackend(p, table)})
 	defer o.Close()
 	db.mu.Lock()
 	db.lose = isClaim

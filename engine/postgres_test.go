@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/postgres"
 	"github.com/tierdedup/tierdedup/tier/postgres/pgtest"
 )
 
@@ -17,11 +18,16 @@ const postgresDSN = pgtest.DSN
 
 func postgresPool(t *testing.T) *pgxpool.Pool { return pgtest.Pool(t) }
 
+// pgBackend is the PostgreSQL tier over db, its rows in table.
+func pgBackend(db postgres.DB, table string) *postgres.Backend {
+	return postgres.NewBackend(db, postgres.Config{Table: table})
+}
+
 // TestConformancePostgres runs the conformance model against the
 // PostgreSQL tier: the same operations, crashes of the consumer, clock
 // jumps (the table aged by each step) and checks as every configuration.
 func TestConformancePostgres(t *testing.T) {
-	pg := confConfig{name: "postgres", tiers: engine.Postgres, capacity: 4096, postgres: postgresPool}
+	pg := confConfig{name: "postgres", capacity: 4096, postgres: postgresPool}
 	small := pg
 	small.name, small.capacity = "postgres-small-cache", 16
 	t.Run(pg.name, func(t *testing.T) { runConformanceSeeds(t, pg) })
@@ -38,7 +44,7 @@ func TestPostgresFencing(t *testing.T) {
 	pool := postgresPool(t)
 	table := "fence_" + time.Now().Format("150405000000")
 	t.Cleanup(func() { _, _ = pool.Exec(ctx, "DROP TABLE IF EXISTS "+table) })
-	o := engine.Options{Tiers: engine.Postgres, Postgres: pool, PostgresTable: table, Lease: time.Minute}
+	o := engine.Options{Backend: pgBackend(pool, table), Lease: time.Minute}
 	a, b, c := open(t, o), open(t, o), open(t, o)
 	defer a.Close()
 	defer b.Close()
@@ -90,7 +96,7 @@ func TestPostgresConnectionsKilledMidRun(t *testing.T) {
 	admin := postgresPool(t)
 	table := app
 	t.Cleanup(func() { _, _ = admin.Exec(ctx, "DROP TABLE IF EXISTS "+table) })
-	e := open(t, engine.Options{Tiers: engine.Postgres, Postgres: p, PostgresTable: table})
+	e := open(t, engine.Options{Backend: pgBackend(p, table)})
 	defer e.Close()
 	load := startOutageLoad(e)
 	time.Sleep(200 * time.Millisecond)
@@ -112,7 +118,7 @@ func TestPostgresConnectionsKilledMidRun(t *testing.T) {
 	if killed == 0 || unavailable.Load() == 0 {
 		t.Fatalf("connections killed %d, calls unavailable %d: the outage was not exercised", killed, unavailable.Load())
 	}
-	assertDuplicates(t, open(t, engine.Options{Tiers: engine.Postgres, Postgres: admin, PostgresTable: table}), acked)
+	assertDuplicates(t, open(t, engine.Options{Backend: pgBackend(admin, table)}), acked)
 	t.Logf("%d connections killed, %d calls unavailable, %d acknowledged commits all duplicates afterwards", killed, unavailable.Load(), len(acked))
 }
 
@@ -147,7 +153,7 @@ func TestPostgresServerKilledMidRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	o := engine.Options{Tiers: engine.Postgres, Postgres: p, PostgresTable: "dedup"}
+	o := engine.Options{Backend: pgBackend(p, "dedup")}
 	e := open(t, o)
 	defer e.Close()
 	load := startOutageLoad(e)
@@ -177,7 +183,7 @@ func TestPostgresServerKilledMidRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer check.Close()
-	o.Postgres = check
+	o.Backend = pgBackend(check, "dedup")
 	assertDuplicates(t, open(t, o), load.acked)
 	t.Logf("server killed and restarted: %d calls unavailable; acknowledged %d before the kill, %d while it came back (before Start saw it ready), %d after; all %d duplicates in the recovered table",
 		unavailable, atKill, atRestart-atKill, len(load.acked)-atRestart, len(load.acked))
@@ -189,7 +195,7 @@ func TestPostgresLayoutMismatch(t *testing.T) {
 	pool := postgresPool(t)
 	table := fmt.Sprintf("layout_%d", time.Now().UnixNano())
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
-	o := engine.Options{Tiers: engine.Postgres, Postgres: pool, PostgresTable: table, Window: 24 * time.Hour, Partition: time.Hour}
+	o := engine.Options{Backend: pgBackend(pool, table), Window: 24 * time.Hour, Partition: time.Hour}
 	open(t, o).Close()
 	o.Window = 48 * time.Hour
 	if _, err := engine.Open(&o); !errors.Is(err, engine.ErrLayout) {
@@ -209,7 +215,7 @@ func TestPostgresFailOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	o := engine.Options{Tiers: engine.Postgres, Postgres: p, PostgresTable: "dedup"}
+	o := engine.Options{Backend: pgBackend(p, "dedup")}
 	closed := open(t, o)
 	defer closed.Close()
 	o.FailOpen = true

@@ -350,18 +350,18 @@ func TestCommitAsyncSharedTiers(t *testing.T) {
 		{"redis", func(t *testing.T) engine.Options {
 			c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr, PoolSize: 16})
 			t.Cleanup(func() { c.Close() })
-			return engine.Options{Tiers: engine.Redis, Redis: c, RedisPrefix: "async:"}
+			return engine.Options{Backend: redisBackend(c, "async:")}
 		}},
 		{"redis-cluster", func(t *testing.T) engine.Options {
 			c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: redistest.StartCluster(t).Addrs(), PoolSize: 16})
 			t.Cleanup(func() { c.Close() })
-			return engine.Options{Tiers: engine.Redis, Redis: c, RedisPrefix: "async:"}
+			return engine.Options{Backend: redisBackend(c, "async:")}
 		}},
 		{"postgres", func(t *testing.T) engine.Options {
 			p := postgresPool(t)
 			table := fmt.Sprintf("async_%d", time.Now().UnixNano())
 			t.Cleanup(func() { _, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
-			return engine.Options{Tiers: engine.Postgres, Postgres: p, PostgresTable: table}
+			return engine.Options{Backend: pgBackend(p, table)}
 		}},
 	}
 	for _, cfg := range configs {

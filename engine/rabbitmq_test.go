@@ -70,7 +70,7 @@ func rabbitChild(spec string) int {
 	if mode == "redis" {
 		c := goredis.NewClient(&goredis.Options{Addr: store})
 		defer c.Close()
-		e, err = engine.Open(&engine.Options{Tiers: engine.Redis, Redis: c, RedisPrefix: queue + ":", Lease: 3 * time.Second, Logger: quiet})
+		e, err = engine.Open(&engine.Options{Backend: redisBackend(c, queue+":"), Lease: 3 * time.Second, Logger: quiet})
 	} else {
 		e, err = engine.Open(&engine.Options{Dir: store, ExpectedKeys: 100_000, Lease: 3 * time.Second, Logger: quiet})
 	}

@@ -23,7 +23,7 @@ func TestRedisCommittedKeyIsNotPoison(t *testing.T) {
 	defer c.Close()
 	clock := newClock()
 	prefix := fmt.Sprintf("r2a-%d:", time.Now().UnixNano())
-	e := openRedis(t, c, engine.Options{RedisPrefix: prefix, Clock: clock, MaxAttempts: 1})
+	e := openRedis(t, c, prefix, engine.Options{Clock: clock, MaxAttempts: 1})
 	defer e.Close()
 	key := []byte("order-1")
 	cl, err := e.Claim(context.Background(), key)
@@ -65,7 +65,7 @@ func TestRedisLostMarkRetryIsNew(t *testing.T) {
 	defer c.Close()
 	clock := &hookClock{fakeClock: newClock()}
 	prefix := fmt.Sprintf("r2b-%d:", time.Now().UnixNano())
-	e := openRedis(t, c, engine.Options{RedisPrefix: prefix, Clock: clock, Lease: time.Hour, MaxAttempts: 1})
+	e := openRedis(t, c, prefix, engine.Options{Clock: clock, Lease: time.Hour, MaxAttempts: 1})
 	defer e.Close()
 	key := []byte("order-1")
 	loseMarkReply(t, e, clock, srv, key, 600*time.Millisecond)
@@ -84,8 +84,8 @@ func TestRedisPoisonLastsAsLongAsRedisCount(t *testing.T) {
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 	defer c.Close()
 	prefix := fmt.Sprintf("r2c-%d:", time.Now().UnixNano())
-	o := engine.Options{RedisPrefix: prefix, Window: 2 * time.Second, Partition: 10 * time.Second, Lease: 500 * time.Millisecond, MaxAttempts: 1}
-	a, b := openRedis(t, c, o), openRedis(t, c, o)
+	o := engine.Options{Window: 2 * time.Second, Partition: 10 * time.Second, Lease: 500 * time.Millisecond, MaxAttempts: 1}
+	a, b := openRedis(t, c, prefix, o), openRedis(t, c, prefix, o)
 	defer a.Close()
 	defer b.Close()
 	ctx := context.Background()
@@ -112,9 +112,9 @@ func TestRedisLostMarkOtherProcess(t *testing.T) {
 	defer c.Close()
 	clock := &hookClock{fakeClock: newClock()}
 	prefix := fmt.Sprintf("r2d-%d:", time.Now().UnixNano())
-	a := openRedis(t, c, engine.Options{RedisPrefix: prefix, Clock: clock, Lease: time.Hour})
+	a := openRedis(t, c, prefix, engine.Options{Clock: clock, Lease: time.Hour})
 	defer a.Close()
-	b := openRedis(t, c, engine.Options{RedisPrefix: prefix})
+	b := openRedis(t, c, prefix, engine.Options{})
 	defer b.Close()
 	key := []byte("order-1")
 	loseMarkReply(t, a, clock, srv, key, 400*time.Millisecond)
@@ -134,7 +134,7 @@ func TestRedisMaxAttemptsChangeKeepsKeysUsable(t *testing.T) {
 	defer c.Close()
 	ctx := context.Background()
 	prefix := fmt.Sprintf("r2e-%d:", time.Now().UnixNano())
-	a := openRedis(t, c, engine.Options{RedisPrefix: prefix, MaxAttempts: 3})
+	a := openRedis(t, c, prefix, engine.Options{MaxAttempts: 3})
 	boom := errors.New("handler failed")
 	if out, err := a.Do(ctx, []byte("order-1"), func(context.Context) error { return boom }); out != engine.New || !errors.Is(err, boom) {
 		t.Fatal(out, err)
@@ -143,7 +143,7 @@ func TestRedisMaxAttemptsChangeKeepsKeysUsable(t *testing.T) {
 	if err := c.Del(ctx, prefix+"\x00").Err(); err != nil { // the documented procedure
 		t.Fatal(err)
 	}
-	b := openRedis(t, c, engine.Options{RedisPrefix: prefix}) // MaxAttempts 0 now
+	b := openRedis(t, c, prefix, engine.Options{}) // MaxAttempts 0 now
 	defer b.Close()
 	cl, err := b.Claim(ctx, []byte("order-1"))
 	if err != nil || cl.Outcome != engine.New {

@@ -34,7 +34,7 @@ func TestRedisSentinelFailover(t *testing.T) {
 		MaxRetries: 1, DialTimeout: 200 * time.Millisecond, ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond,
 	})
 	defer c.Close()
-	e := openRedis(t, c, engine.Options{RedisPrefix: "failover:"})
+	e := openRedis(t, c, "failover:", engine.Options{})
 	defer e.Close()
 
 	var before, after [][]byte // acknowledged before the failover, after it
@@ -129,7 +129,7 @@ func TestRedisSentinelFailover(t *testing.T) {
 	// Losses are counted through a second engine: the first one's memory
 	// holds its own commits and would answer Duplicate without asking
 	// Redis.
-	check := openRedis(t, c, engine.Options{RedisPrefix: "failover:"})
+	check := openRedis(t, c, "failover:", engine.Options{})
 	defer check.Close()
 	lost := func(keys [][]byte) int {
 		n := 0

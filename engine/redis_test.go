@@ -17,6 +17,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/redis"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -26,7 +27,7 @@ import (
 
 func TestConformanceRedis(t *testing.T) {
 	srv := redistest.Start(t)
-	single := confConfig{name: "redis", tiers: engine.Redis, capacity: 4096, redis: func(t *testing.T) goredis.UniversalClient {
+	single := confConfig{name: "redis", capacity: 4096, redis: func(t *testing.T) goredis.UniversalClient {
 		c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 		t.Cleanup(func() { c.Close() })
 		return c
@@ -37,7 +38,7 @@ func TestConformanceRedis(t *testing.T) {
 	t.Run(small.name, func(t *testing.T) { runConformanceSeeds(t, small) })
 
 	cl := redistest.StartCluster(t)
-	cluster := confConfig{name: "redis-cluster", tiers: engine.Redis, capacity: 4096, redis: func(t *testing.T) goredis.UniversalClient {
+	cluster := confConfig{name: "redis-cluster", capacity: 4096, redis: func(t *testing.T) goredis.UniversalClient {
 		c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs()})
 		t.Cleanup(func() { c.Close() })
 		return c
@@ -45,13 +46,20 @@ func TestConformanceRedis(t *testing.T) {
 	t.Run(cluster.name, func(t *testing.T) { runConformanceSeeds(t, cluster) })
 }
 
-func openRedis(t *testing.T, c goredis.UniversalClient, o engine.Options) *engine.Engine {
+// openRedis opens an engine of o on the Redis tier over c, its keys under
+// prefix (a fresh one when prefix is empty).
+func openRedis(t *testing.T, c goredis.UniversalClient, prefix string, o engine.Options) *engine.Engine {
 	t.Helper()
-	o.Tiers, o.Redis = engine.Redis, c
-	if o.RedisPrefix == "" {
-		o.RedisPrefix = fmt.Sprintf("t-%d:", time.Now().UnixNano())
+	if prefix == "" {
+		prefix = fmt.Sprintf("t-%d:", time.Now().UnixNano())
 	}
+	o.Backend = redisBackend(c, prefix)
 	return open(t, o)
+}
+
+// redisBackend is the Redis tier over c, its keys under prefix.
+func redisBackend(c goredis.UniversalClient, prefix string) *redis.Backend {
+	return redis.NewBackend(c, redis.Config{Prefix: prefix})
 }
 
 // TestRedisFencing: a claim whose lease ended in Redis and was taken over by
@@ -61,8 +69,8 @@ func TestRedisFencing(t *testing.T) {
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 	defer c.Close()
 	clockA, clockB := newClock(), newClock()
-	a := openRedis(t, c, engine.Options{Clock: clockA, RedisPrefix: "fence:"})
-	b := openRedis(t, c, engine.Options{Clock: clockB, RedisPrefix: "fence:"}) // another process
+	a := openRedis(t, c, "fence:", engine.Options{Clock: clockA})
+	b := openRedis(t, c, "fence:", engine.Options{Clock: clockB}) // another process
 	defer a.Close()
 	defer b.Close()
 	ctx := context.Background()
@@ -110,8 +118,8 @@ func TestRedisMemoryNeverSaysNew(t *testing.T) {
 	srv := redistest.Start(t)
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 	defer c.Close()
-	a := openRedis(t, c, engine.Options{RedisPrefix: "mem:"})
-	b := openRedis(t, c, engine.Options{RedisPrefix: "mem:"})
+	a := openRedis(t, c, "mem:", engine.Options{})
+	b := openRedis(t, c, "mem:", engine.Options{})
 	defer a.Close()
 	defer b.Close()
 	ctx := context.Background()
@@ -139,7 +147,7 @@ func TestRedisKilledMidRun(t *testing.T) {
 	srv := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr, MaxRetries: 1, DialTimeout: 100 * time.Millisecond, MaxRetryBackoff: 20 * time.Millisecond})
 	defer c.Close()
-	e := openRedis(t, c, engine.Options{RedisPrefix: "kill:"})
+	e := openRedis(t, c, "kill:", engine.Options{})
 	defer e.Close()
 	load := startOutageLoad(e)
 	time.Sleep(200 * time.Millisecond)
@@ -158,7 +166,7 @@ func TestRedisKilledMidRun(t *testing.T) {
 	// Checked through a second engine on the same prefix: the first one's
 	// memory holds its own commits and would answer Duplicate without
 	// asking Redis.
-	check := openRedis(t, c, engine.Options{RedisPrefix: "kill:"})
+	check := openRedis(t, c, "kill:", engine.Options{})
 	defer check.Close()
 	out := make([]engine.Claim, len(keys))
 	if err := check.ClaimBatch(context.Background(), keys, nil, out); err != nil {
@@ -176,8 +184,8 @@ func TestRedisFailOpenIsCounted(t *testing.T) {
 	srv := redistest.Start(t)
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
 	defer c.Close()
-	closed := openRedis(t, c, engine.Options{RedisPrefix: "fo:"})
-	open := openRedis(t, c, engine.Options{RedisPrefix: "fo:", FailOpen: true})
+	closed := openRedis(t, c, "fo:", engine.Options{})
+	open := openRedis(t, c, "fo:", engine.Options{FailOpen: true})
 	defer closed.Close()
 	defer open.Close()
 	srv.Kill()
@@ -208,7 +216,7 @@ func redisChild(spec string) int {
 	addr, prefix := parts[0], parts[1]
 	id, _ := strconv.Atoi(parts[2])
 	n, _ := strconv.Atoi(parts[3])
-	o := engine.Options{Tiers: engine.Redis, RedisPrefix: prefix, Logger: quiet}
+	o := engine.Options{Logger: quiet}
 	if strings.HasPrefix(addr, "postgres://") { // the PostgreSQL tier; prefix names its table
 		p, err := pgxpool.New(context.Background(), addr)
 		if err != nil {
@@ -216,14 +224,14 @@ func redisChild(spec string) int {
 			return 1
 		}
 		defer p.Close()
-		o = engine.Options{Tiers: engine.Postgres, Postgres: p, PostgresTable: prefix, Logger: quiet}
+		o.Backend = pgBackend(p, prefix)
 	} else {
 		var c goredis.UniversalClient = goredis.NewClient(&goredis.Options{Addr: addr})
 		if strings.Contains(addr, ",") { // a cluster's masters
 			c = goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: strings.Split(addr, ",")})
 		}
 		defer c.Close()
-		o.Redis = c
+		o.Backend = redisBackend(c, prefix)
 	}
 	e, err := engine.Open(&o)
 	if err != nil {
@@ -319,7 +327,7 @@ func TestRedisClaimRetriedAfterLostReply(t *testing.T) {
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr}) // default options: 3 s read timeout
 	defer c.Close()
 	prefix := fmt.Sprintf("lost-%d:", time.Now().UnixNano())
-	e := openRedis(t, c, engine.Options{RedisPrefix: prefix, Lease: time.Hour})
+	e := openRedis(t, c, prefix, engine.Options{Lease: time.Hour})
 	defer e.Close()
 	key := []byte("order-1")
 
@@ -366,8 +374,8 @@ func TestRedisAttemptsAreShared(t *testing.T) {
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 	defer c.Close()
 	prefix := fmt.Sprintf("att-%d:", time.Now().UnixNano())
-	o := engine.Options{RedisPrefix: prefix, MaxAttempts: 3}
-	a, b := openRedis(t, c, o), openRedis(t, c, o)
+	o := engine.Options{MaxAttempts: 3}
+	a, b := openRedis(t, c, prefix, o), openRedis(t, c, prefix, o)
 	defer b.Close()
 	ctx := context.Background()
 	boom := errors.New("handler failed")
@@ -377,7 +385,7 @@ func TestRedisAttemptsAreShared(t *testing.T) {
 		}
 	}
 	_ = a.Close()
-	a = openRedis(t, c, o)
+	a = openRedis(t, c, prefix, o)
 	defer a.Close()
 	for name, e := range map[string]*engine.Engine{"restarted": a, "other": b} {
 		if out, err := e.Do(ctx, []byte("poison"), func(context.Context) error { return nil }); out != engine.Poison || err != nil {

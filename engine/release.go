@@ -94,7 +94,7 @@ func (e *Engine) releaseAs(ctx context.Context, claims []Claim, errs []error, gi
 			undo = append(undo, b.cand[j])
 			continue
 		case shared:
-			reqs = append(reqs, tier.Request{NS: c.ns.name, Key: c.Key, Token: e.ownerToken(c.rtoken), Versioned: c.advance})
+			reqs = append(reqs, tier.Request{NS: c.ns.name, Key: c.Key, Token: e.ownerToken(c.rtoken), Versioned: c.advance, Attempts: c.attempts})
 		case c.advance:
 			continue // the store still holds the version the claim would have replaced
 		case counted:
@@ -106,55 +106,82 @@ func (e *Engine) releaseAs(ctx context.Context, claims []Claim, errs []error, gi
 		qidx = append(qidx, b.cand[j])
 	}
 	b.reqs, b.qidx = reqs, qidx
-	if len(reqs) > 0 {
-		rst := b.st[:len(reqs)]
-		var err error
-		if shared {
-			if err = e.exact.Release(ctx, e.parts.Of(now), reqs, giveBack, rst); err != nil {
-				e.stats.errors.Add(1)
-				err = e.tierError(err)
-			}
-		} else {
-			// The attempt counts, durable, so every restart sees them.
-			err = e.writeAttempts(ctx, b.cfps[:len(reqs)], e.parts.Of(now), reqs, rst)
-		}
-		clear(reqs)
-		if err != nil {
-			return err
-		}
-		for q, s := range rst {
-			if s != tier.OK {
-				lost++
-				if errs != nil {
-					errs[qidx[q]] = ErrLeaseLost
-				}
-			}
-		}
+	n, err := e.releaseExact(ctx, b, errs, now, shared, giveBack)
+	if err != nil {
+		return err
 	}
-	if len(undo) > 0 {
-		ureqs, ust := make([]tier.Request, len(undo)), make([]tier.Status, len(undo))
-		for q, i := range undo {
-			ureqs[q] = tier.Request{NS: claims[i].ns.name, Key: claims[i].Key, Token: e.ownerToken(claims[i].rtoken)}
-		}
-		if err := e.exact.Release(ctx, e.parts.Of(now), ureqs, true, ust); err != nil {
-			e.stats.errors.Add(1)
-			return e.tierError(err)
-		}
-		for q, s := range ust {
-			if s != tier.OK {
-				lost++
-				if errs != nil {
-					errs[undo[q]] = ErrLeaseLost
-				}
-			}
-		}
+	lost += n
+	if n, err = e.undoCommits(ctx, claims, errs, undo, now); err != nil {
+		return err
 	}
+	lost += n
 	e.stats.releases.Add(uint64(m - lost))
 	if lost > 0 {
 		e.stats.leaseLost.Add(uint64(lost))
 		return fmt.Errorf("%w: %d of %d claims", ErrLeaseLost, lost, m)
 	}
 	return nil
+}
+
+// releaseExact tells the exact tier of the releases in b.reqs (b.qidx
+// their claims): a shared tier frees its claims, the embedded one writes
+// their attempt counts. It returns how many the shared tier no longer gave
+// the claim's token (their errs are ErrLeaseLost).
+func (e *Engine) releaseExact(ctx context.Context, b *batch, errs []error, now int64, shared, giveBack bool) (lost int, err error) {
+	reqs, qidx := b.reqs, b.qidx
+	if len(reqs) == 0 {
+		return 0, nil
+	}
+	rst := b.st[:len(reqs)]
+	if shared {
+		if err = e.exact.Release(ctx, e.parts.Of(now), reqs, giveBack, rst); err != nil {
+			e.stats.errors.Add(1)
+			err = e.tierError(err)
+		}
+	} else {
+		// The attempt counts, durable, so every restart sees them.
+		err = e.writeAttempts(ctx, b.cfps[:len(reqs)], e.parts.Of(now), reqs, rst)
+	}
+	clear(reqs)
+	if err != nil {
+		return 0, err
+	}
+	for q, s := range rst {
+		if s != tier.OK {
+			lost++
+			if errs != nil {
+				errs[qidx[q]] = ErrLeaseLost
+			}
+		}
+	}
+	return lost, nil
+}
+
+// undoCommits gives back, in a shared tier, the claims (undo names them)
+// whose own lost mark's commit the tier holds: the commit is undone and no
+// attempt counted. It returns how many the tier no longer gave the claim's
+// token.
+func (e *Engine) undoCommits(ctx context.Context, claims []Claim, errs []error, undo []int, now int64) (lost int, err error) {
+	if len(undo) == 0 {
+		return 0, nil
+	}
+	ureqs, ust := make([]tier.Request, len(undo)), make([]tier.Status, len(undo))
+	for q, i := range undo {
+		ureqs[q] = tier.Request{NS: claims[i].ns.name, Key: claims[i].Key, Token: e.ownerToken(claims[i].rtoken), Attempts: claims[i].attempts}
+	}
+	if err := e.exact.Release(ctx, e.parts.Of(now), ureqs, true, ust); err != nil {
+		e.stats.errors.Add(1)
+		return 0, e.tierError(err)
+	}
+	for q, s := range ust {
+		if s != tier.OK {
+			lost++
+			if errs != nil {
+				errs[undo[q]] = ErrLeaseLost
+			}
+		}
+	}
+	return lost, nil
 }
 
 // nowNoRotate is now without rotation, for calls that write nothing.

@@ -8,9 +8,24 @@ import (
 
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
-	"github.com/tierdedup/tierdedup/tier/bloom"
 	"github.com/tierdedup/tierdedup/tier/memory"
 )
+
+// purpose says what a claim call is for, and so who commits its claims.
+type purpose uint8
+
+const (
+	// forClaim: the caller commits or releases the claims (Claim, Do).
+	forClaim purpose = iota
+	// forMark: MarkBatch's own claims, which it commits right after.
+	forMark
+	// forMarkInTier: MarkBatch over a Marker tier, which commits every
+	// key it acquires in the claim itself.
+	forMarkInTier
+)
+
+// marks reports a MarkBatch's claim: its caller never holds the claims.
+func (p purpose) marks() bool { return p != forClaim }
 
 // resolve decides the keys that memory acquired (b.cand) from the filter
 // and the exact tier. Memory holds a claim on each while this runs, so no
@@ -18,83 +33,121 @@ import (
 // every acquired key is New; with a filter alone, its "maybe" is final
 // (answered Duplicate, at its false-positive rate); with an exact tier, a
 // warm filter's "no" is final and everything else is the tier's answer.
-// With mark (MarkBatch over a Marker tier) the tier commits every key it
-// acquires in the same step, and memory keeps them as committed.
-func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Claim, c *tally, now int64, mark bool) error {
-	cand := b.cand
+// For forMarkInTier the tier commits every key it acquires in the same
+// step, and memory keeps them as committed.
+func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Claim, c *tally, now int64, p purpose) error {
 	if e.bloom == nil && e.exact == nil {
-		for _, i := range cand {
+		for _, i := range b.cand {
 			out[i].Outcome = New
 		}
 		return nil
 	}
-	m := len(cand)
-	cfps, ctokens := b.cfps[:m], b.ctokens[:m]
-	for j, i := range cand {
-		cfps[j], ctokens[j] = out[i].fp, out[i].token
-	}
-	actions, expires, digests, attempts := b.actions[:m], b.expires[:m], b.digests[:m], b.attempts[:m]
-	clear(actions) // Keep
-	clear(digests)
-	clear(attempts)
-	settle := func() { e.mem.Settle(cfps, ctokens, actions, expires, digests, attempts) }
-
-	// The filter's answer: which live partitions may hold each key.
-	probes := b.probes[:m]
-	oldest := e.parts.Oldest(e.current.Load())
-	warm := e.bloom != nil && e.warm.Load()
-	cold := e.cold.Load()
-	switch {
-	case warm:
-		oldest = e.bloom.Test(cfps, probes)
-	case e.bloom != nil && cold != nil:
-		// Rebuilding: the filters of the partitions loaded sealed (and of
-		// those begun since Open) hold every key, the others (cold) may
-		// not, so every key is read in the cold partitions and only where
-		// a complete filter says maybe in the rest.
-		oldest = e.bloom.Test(cfps, probes)
-		var force uint64
-		for _, p := range *cold {
-			if d := p - oldest; d >= 0 && d < int64(e.parts.Live) {
-				force |= 1 << d
-			}
-		}
-		for j := range probes {
-			probes[j].Maybe |= force
-		}
-	default:
-		allLive := uint64(1)<<e.parts.Live - 1
-		for j := range probes {
-			probes[j] = bloom.Probe{Maybe: allLive}
-		}
-	}
+	d := e.decision(b)
+	oldest, proves := e.filterMasks(d.fps, b.probes)
 	if e.exact == nil {
-		// The filter is the only source: a maybe is answered Duplicate, at
-		// the configured false-positive rate, and its claim given back.
-		for j, i := range cand {
-			out[i].Outcome = New
-			if probes[j].Maybe != 0 {
-				out[i].Outcome = Duplicate
-				out[i].digest = Digest{} // no digest is known: none conflicts
-				actions[j] = memory.Drop
-			}
-		}
-		settle()
+		e.answerFromFilter(b, out, d)
 		return nil
 	}
+	reqs := e.exactRequests(b, ns, out, c, now, oldest, proves)
+	if len(reqs) == 0 {
+		return nil
+	}
+	ans := b.ans[:len(reqs)]
+	c.storeReads += uint64(len(reqs))
+	var err error
+	if p == forMarkInTier {
+		err = e.marker.Mark(ctx, reqs, ans)
+	} else {
+		err = e.exact.Claim(ctx, reqs, time.Duration(e.lease), ans)
+	}
+	if err == nil {
+		err = e.decideAll(b, ns, out, c, now, p, proves)
+	} else {
+		e.claimFailed(b, out, now, p)
+		err = e.tierError(err)
+	}
+	clear(reqs)
+	if err != nil {
+		d.dropAll()
+	}
+	// Committed keys become committed entries in memory; New keys stay
+	// claimed; on an error every claim is given back.
+	d.settle(e)
+	return err
+}
 
-	// Ask the exact tier about every key the filter did not prove new.
+// decision is what memory is told of the candidates once they are decided:
+// per candidate j (b.cand[j]), its fingerprint and claim token, and the
+// action, expiry, digest and attempt count it settles with.
+type decision struct {
+	fps      []shard.Fingerprint
+	tokens   []uint64
+	actions  []memory.Action
+	expires  []int64
+	digests  []tier.Digest
+	attempts []uint16
+}
+
+// decision returns the candidates' decision, every action Keep.
+func (e *Engine) decision(b *batch) decision {
+	m := len(b.cand)
+	d := decision{fps: b.candidates(), tokens: b.ctokens[:m], actions: b.actions[:m], expires: b.expires[:m], digests: b.digests[:m], attempts: b.attempts[:m]}
+	for j, i := range b.cand {
+		d.tokens[j] = b.tokens[i]
+	}
+	clear(d.actions) // Keep
+	clear(d.digests)
+	clear(d.attempts)
+	return d
+}
+
+func (d decision) settle(e *Engine) {
+	e.mem.Settle(d.fps, d.tokens, d.actions, d.expires, d.digests, d.attempts)
+}
+
+// dropAll gives every candidate's claim back: nothing was decided.
+func (d decision) dropAll() {
+	for j := range d.actions {
+		d.actions[j] = memory.Drop
+	}
+}
+
+// commit makes candidate j committed in memory with digest until expires.
+func (d decision) commit(j int, expires int64, digest tier.Digest) {
+	d.actions[j], d.expires[j], d.digests[j] = memory.Commit, expires, digest
+}
+
+// answerFromFilter answers the candidates of bloom-only, whose filter is
+// the only source: a maybe is Duplicate, at the configured false-positive
+// rate, and its claim is given back.
+func (e *Engine) answerFromFilter(b *batch, out []Claim, d decision) {
+	for j, i := range b.cand {
+		out[i].Outcome = New
+		if b.probes[j].Maybe != 0 {
+			out[i].Outcome = Duplicate
+			out[i].digest = Digest{} // no digest is known: none conflicts
+			d.actions[j] = memory.Drop
+		}
+	}
+	d.settle(e)
+}
+
+// exactRequests answers New every candidate the filter proves absent and
+// returns the requests for the others (b.qidx[q] is request q's candidate),
+// in a shared tier with the owner token of the claim, or of the earlier
+// claim whose reply was lost.
+func (e *Engine) exactRequests(b *batch, ns *Namespace, out []Claim, c *tally, now, oldest int64, proves bool) []tier.Request {
 	shared := e.where == tier.ClaimsInStore
 	reqs, qidx := b.reqs[:0], b.qidx[:0]
-	marks := b.marks[:m]
-	clear(marks)
-	for j, i := range cand {
-		if warm && probes[j].Maybe == 0 {
+	retried := b.marks[:len(b.cand)]
+	clear(retried)
+	for j, i := range b.cand {
+		if proves && b.probes[j].Maybe == 0 {
 			out[i].Outcome = New
 			c.bloomNegatives++
 			continue
 		}
-		r := tier.Request{NS: ns.name, Key: out[i].Key, Digest: out[i].digest, Oldest: oldest, Mask: probes[j].Maybe}
+		r := tier.Request{NS: ns.name, Key: out[i].Key, Digest: out[i].digest, Oldest: oldest, Mask: b.probes[j].Maybe}
 		if shared {
 			out[i].rtoken = out[i].token
 			if rt, ok := e.retries.take(out[i].fp, now); ok {
@@ -102,7 +155,7 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 				// and no more lease than that claim has in the tier.
 				out[i].rtoken = rt.token
 				if rt.mark {
-					marks[j] = true
+					retried[j] = true
 				} else {
 					out[i].LeaseUntil = min(out[i].LeaseUntil, rt.leaseUntil)
 				}
@@ -113,140 +166,141 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 		qidx = append(qidx, j)
 	}
 	b.reqs, b.qidx = reqs, qidx
-	if len(reqs) == 0 {
-		return nil
+	return reqs
+}
+
+// claimFailed remembers, in a shared tier, the tokens of claims whose
+// outcome is unknown (they may hold the keys in the tier now), so their
+// retries recognise them.
+func (e *Engine) claimFailed(b *batch, out []Claim, now int64, p purpose) {
+	if e.where != tier.ClaimsInStore {
+		return
 	}
-	ans := b.ans[:len(reqs)]
-	c.storeReads += uint64(len(reqs))
-	var err error
-	if mark {
-		err = e.marker.Mark(ctx, reqs, ans)
-	} else {
-		err = e.exact.Claim(ctx, reqs, time.Duration(e.lease), ans)
-	}
-	if err != nil {
-		if shared {
-			// The claims may hold the keys in the tier now: remember their
-			// tokens, so their retries recognise them.
-			fps := make([]shard.Fingerprint, len(reqs))
-			tokens, leases := make([]uint64, len(reqs)), make([]int64, len(reqs))
-			for q, j := range qidx {
-				i := cand[j]
-				fps[q], tokens[q], leases[q] = out[i].fp, out[i].rtoken, out[i].LeaseUntil
-				if mark {
-					leases[q] = now + e.window // a mark may have committed: its retry must find it its own
-				}
-			}
-			e.retries.remember(fps, tokens, leases, now, mark)
+	n := len(b.reqs)
+	fps := make([]shard.Fingerprint, n)
+	tokens, leases := make([]uint64, n), make([]int64, n)
+	for q, j := range b.qidx {
+		i := b.cand[j]
+		fps[q], tokens[q], leases[q] = out[i].fp, out[i].rtoken, out[i].LeaseUntil
+		if p == forMarkInTier {
+			leases[q] = now + e.window // a mark may have committed: its retry must find it its own
 		}
-		clear(reqs)
-		for j := range actions {
-			actions[j] = memory.Drop // nothing was decided: give every claim back
-		}
-		settle()
-		return e.tierError(err)
 	}
-	for q, j := range qidx {
-		i := cand[j]
-		a := &ans[q]
+	e.retries.remember(fps, tokens, leases, now, p == forMarkInTier)
+}
+
+// decideAll decides each candidate the exact tier answered (b.ans[q] for
+// request q).
+func (e *Engine) decideAll(b *batch, ns *Namespace, out []Claim, c *tally, now int64, p purpose, proves bool) error {
+	d := decision{actions: b.actions, expires: b.expires, digests: b.digests, attempts: b.attempts}
+	for q, j := range b.qidx {
+		a := &b.ans[q]
 		if a.Expired {
 			c.leaseExpiries++
 		}
-		switch a.Status {
-		case tier.Absent:
-			out[i].Outcome = New
-			if warm {
-				c.bloomFalsePositives++
-			}
-		case tier.Acquired:
-			out[i].Outcome = New
-			attempts[j] = a.Attempts
-			if mark {
-				// Committed by the tier in the same step.
-				actions[j], expires[j], digests[j] = memory.Commit, now+e.cacheFor, out[i].digest
-				c.commits++
-			}
-		case tier.Released:
-			// Not committed, but its claims failed before: the stored
-			// count, or this process's if higher, decides Poison.
-			out[i].Outcome = New
-			if e.maxAttempts == 0 {
-				continue
-			}
-			attempts[j] = max(a.Attempts, b.res[i].Attempts)
-			if int(attempts[j]) >= e.maxAttempts {
-				out[i].Outcome = Poison
-				actions[j], expires[j] = memory.Poison, e.parts.Expiry(a.Partition)
-			}
-		case tier.Poisoned:
-			// Its attempts, by any process, reached MaxAttempts.
-			out[i].Outcome = Poison
-			actions[j], attempts[j] = memory.Drop, a.Attempts
-		case tier.Held:
-			out[i].Outcome = InFlight
-			actions[j] = memory.Drop
-		case tier.Committed:
-			if ns.expired(a.Partition, a.At, now) {
-				// Older than the namespace's own window: the key is new
-				// again, and its commit will write a newer record.
-				out[i].Outcome = New
-				continue
-			}
-			if marks[j] && a.Token == reqs[q].Token {
-				// The commit of a mark whose reply was lost: the caller
-				// never learnt it was New, so it still is.
-				out[i].Outcome = New
-				if mark {
-					// This mark's retry: committed, as a mark is.
-					actions[j], expires[j], digests[j] = memory.Commit, now+e.cacheFor, out[i].digest
-					c.commits++
-				} else {
-					// A claim: its commit finds its own and succeeds;
-					// its release must undo the commit, or a message
-					// never processed would stay a duplicate.
-					out[i].undo = true
-				}
-				continue
-			}
-			c.storeHits++
-			out[i].Outcome = Duplicate
-			if conflicts(out[i].digest, a.Digest) {
-				out[i].Outcome = Conflict
-			}
-			digests[j], out[i].digest = a.Digest, a.Digest
-			if a.Result != nil {
-				out[i].Result, out[i].CommittedAt = a.Result, a.At
-			}
-			actions[j] = memory.Drop
-			if a.Partition >= 0 && a.Result == nil {
-				// Cached until its partition expires, or the namespace's
-				// window ends. A tier that cannot date the commit
-				// (another process's, in a shared tier) is not cached:
-				// memory must never outlive it. Nor is a commit with a
-				// result: the tier answers with it.
-				actions[j], expires[j] = memory.Commit, e.parts.Expiry(a.Partition)
-				if ns.window > 0 {
-					at := a.At
-					if at == 0 {
-						at = (a.Partition + 1) * e.parts.Length
-					}
-					expires[j] = min(expires[j], at+ns.window)
-				}
-			}
-		default:
-			clear(reqs)
-			for j := range actions {
-				actions[j] = memory.Drop
-			}
-			settle()
-			return fmt.Errorf("%w: exact tier answered %v", ErrStorage, a.Status)
+		if err := e.decide(d, j, &out[b.cand[j]], a, b.reqs[q].Token, b.res[b.cand[j]].Attempts, b.marks[j], ns, c, now, p, proves); err != nil {
+			return err
 		}
 	}
-	clear(reqs)
-	// Committed keys become committed entries in memory; New keys stay
-	// claimed.
-	settle()
 	return nil
+}
+
+// decide answers one candidate j (claim cl, memory's attempt count
+// memAttempts) from the exact tier's answer a to the request that carried
+// token; retried reports a retry of a mark whose reply was lost.
+func (e *Engine) decide(d decision, j int, cl *Claim, a *tier.Answer, token tier.Token, memAttempts uint16, retried bool, ns *Namespace, c *tally, now int64, p purpose, proves bool) error {
+	switch a.Status {
+	case tier.Absent:
+		cl.Outcome = New
+		if proves {
+			c.bloomFalsePositives++
+		}
+	case tier.Acquired:
+		cl.Outcome = New
+		d.attempts[j], cl.attempts = a.Attempts, a.Attempts
+		if p == forMarkInTier {
+			// Committed by the tier in the same step.
+			d.commit(j, now+e.cacheFor, cl.digest)
+			c.commits++
+		}
+	case tier.Released:
+		// Not committed, but its claims failed before: the stored count,
+		// or this process's if higher, decides Poison.
+		cl.Outcome = New
+		if e.maxAttempts == 0 {
+			return nil
+		}
+		d.attempts[j] = max(a.Attempts, memAttempts)
+		if int(d.attempts[j]) >= e.maxAttempts {
+			cl.Outcome = Poison
+			d.actions[j], d.expires[j] = memory.Poison, e.parts.Expiry(a.Partition)
+		}
+	case tier.Poisoned:
+		// Its attempts, by any process, reached MaxAttempts.
+		cl.Outcome = Poison
+		d.actions[j], d.attempts[j] = memory.Drop, a.Attempts
+	case tier.Held:
+		cl.Outcome = InFlight
+		d.actions[j] = memory.Drop
+	case tier.Committed:
+		e.decideCommitted(d, j, cl, a, token, retried, ns, c, now, p)
+	default:
+		return fmt.Errorf("%w: exact tier answered %v", ErrStorage, a.Status)
+	}
+	return nil
+}
+
+// decideCommitted answers a candidate the exact tier holds committed:
+// New again past its namespace's window, New for the retry of a mark whose
+// reply was lost, Duplicate or Conflict otherwise (cached in memory when
+// the tier dates the commit).
+func (e *Engine) decideCommitted(d decision, j int, cl *Claim, a *tier.Answer, token tier.Token, retried bool, ns *Namespace, c *tally, now int64, p purpose) {
+	if ns.expired(a.Partition, a.At, now) {
+		// Older than the namespace's own window: the key is new again, and
+		// its commit will write a newer record.
+		cl.Outcome = New
+		return
+	}
+	if retried && a.Token == token {
+		// The commit of a mark whose reply was lost: the caller never
+		// learnt it was New, so it still is.
+		cl.Outcome = New
+		if p == forMarkInTier {
+			// This mark's retry: committed, as a mark is.
+			d.commit(j, now+e.cacheFor, cl.digest)
+			c.commits++
+		} else {
+			// A claim: its commit finds its own and succeeds; its release
+			// must undo the commit, or a message never processed would
+			// stay a duplicate.
+			cl.undo = true
+		}
+		return
+	}
+	c.storeHits++
+	cl.Outcome = Duplicate
+	if conflicts(cl.digest, a.Digest) {
+		cl.Outcome = Conflict
+	}
+	d.digests[j], cl.digest = a.Digest, a.Digest
+	if a.Result != nil {
+		cl.Result, cl.CommittedAt = a.Result, a.At
+	}
+	d.actions[j] = memory.Drop
+	if a.Partition >= 0 && a.Result == nil {
+		// Cached until its partition expires, or the namespace's window
+		// ends. A tier that cannot date the commit (another process's, in a
+		// shared tier) is not cached: memory must never outlive it. Nor is
+		// a commit with a result: the tier answers with it.
+		d.actions[j], d.expires[j] = memory.Commit, e.parts.Expiry(a.Partition)
+		if ns.window > 0 {
+			at := a.At
+			if at == 0 {
+				at = (a.Partition + 1) * e.parts.Length
+			}
+			d.expires[j] = min(d.expires[j], at+ns.window)
+		}
+	}
 }
 
 // tierError wraps an exact tier's failure: ErrUnavailable for a shared

@@ -44,17 +44,18 @@ func resultConfigs(t *testing.T) []struct {
 		{"redis", func(t *testing.T, clock engine.Clock) (*engine.Engine, func(*engine.Engine) *engine.Engine) {
 			c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr})
 			t.Cleanup(func() { c.Close() })
-			o := engine.Options{Clock: clock, RedisPrefix: fmt.Sprintf("results-%d:", time.Now().UnixNano())}
-			return openRedis(t, c, o), func(e *engine.Engine) *engine.Engine {
+			prefix := fmt.Sprintf("results-%d:", time.Now().UnixNano())
+			o := engine.Options{Clock: clock}
+			return openRedis(t, c, prefix, o), func(e *engine.Engine) *engine.Engine {
 				e.Close()
-				return openRedis(t, c, o)
+				return openRedis(t, c, prefix, o)
 			}
 		}},
 		{"postgres", func(t *testing.T, clock engine.Clock) (*engine.Engine, func(*engine.Engine) *engine.Engine) {
 			pool := postgresPool(t)
 			table := "results_" + time.Now().Format("150405000000")
 			t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
-			o := engine.Options{Tiers: engine.Postgres, Postgres: pool, PostgresTable: table, Clock: clock}
+			o := engine.Options{Backend: pgBackend(pool, table), Clock: clock}
 			return open(t, o), func(e *engine.Engine) *engine.Engine {
 				e.Close()
 				return open(t, o)

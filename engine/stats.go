@@ -7,8 +7,11 @@ import (
 
 // Stats is a snapshot of an Engine's counters since Open.
 type Stats struct {
-	// Tiers is the configuration.
+	// Tiers is the configuration's Tiers (Default also with a Backend).
 	Tiers Tiers
+	// Config names the configuration: Tiers.String(), or "memory+" and
+	// the Backend's name ("memory+redis").
+	Config string
 	// BloomMode is "warm" (a "no" skips the disk), "rebuilding" (every
 	// check reads Pebble while the filters refill) or "cold" (rebuild
 	// failed: every check reads Pebble), or "" without filters.
@@ -150,6 +153,7 @@ func (e *Engine) Stats() Stats {
 	c := &e.stats
 	s := Stats{
 		Tiers:  e.tiers,
+		Config: e.name,
 		Claims: c.claims.Load(), New: c.fresh.Load(), Duplicates: c.dups.Load(),
 		InFlight: c.inflight.Load(), Conflicts: c.conflicts.Load(), Poisoned: c.poisoned.Load(), Stale: c.stale.Load(),
 		Commits: c.commits.Load(), Releases: c.releases.Load(),

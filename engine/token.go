@@ -32,7 +32,7 @@ func (e *Engine) IssueToken(ctx context.Context, ttl time.Duration) (string, err
 	if e.exact == nil {
 		// Memory-only forgets at eviction: a used token's mark could go
 		// while its issue stays, and the token would be used twice.
-		return "", fmt.Errorf("%w: IssueToken needs an exact tier (Default, Redis or Postgres), have %v", ErrOptions, e.tiers)
+		return "", fmt.Errorf("%w: IssueToken needs an exact tier (Default or a Backend), have %s", ErrOptions, e.name)
 	}
 	ctx, done, err := e.hold(ctx) // Close waits for the claim's commit or release
 	if err != nil {
@@ -84,7 +84,7 @@ func (e *Engine) IssueToken(ctx context.Context, ttl time.Duration) (string, err
 // is then neither consumed nor refused, and the call may be retried.
 func (e *Engine) ConsumeToken(ctx context.Context, token string) error {
 	if e.exact == nil {
-		return fmt.Errorf("%w: ConsumeToken needs an exact tier, have %v", ErrOptions, e.tiers)
+		return fmt.Errorf("%w: ConsumeToken needs an exact tier, have %s", ErrOptions, e.name)
 	}
 	raw, ok := decodeToken(token)
 	if !ok {

@@ -46,9 +46,9 @@ func baselines(ctx context.Context, rc bench.RunConfig, redisAddr, dsn string, b
 		rows = append(rows, row)
 	}
 	for _, async := range []bool{true, false} {
-		name, workers := "engine "+rc.Engine.Tiers.String()+" Claim + CommitAsync", 1
+		name, workers := "engine "+rc.Engine.Name()+" Claim + CommitAsync", 1
 		if !async {
-			name, workers = "engine "+rc.Engine.Tiers.String()+" Do", 16
+			name, workers = "engine "+rc.Engine.Name()+" Do", 16
 		}
 		b, err := openEngineBaseline(rc.Engine, async)
 		if err != nil {
@@ -235,7 +235,7 @@ type engineBaseline struct {
 func openEngineBaseline(o engine.Options, async bool) (*engineBaseline, error) {
 	b := &engineBaseline{async: async}
 	o.Clock = nil // the system clock: these rows run in real time
-	if o.Tiers == engine.Default {
+	if o.Tiers == engine.Default && o.Backend == nil {
 		dir, err := os.MkdirTemp("", "dedupbench-")
 		if err != nil {
 			return nil, err

@@ -144,8 +144,8 @@ func New(opts *Options) (*Member, error) {
 	if o.Group == "" || o.Group == "." || o.Group == ".." {
 		errs = append(errs, fmt.Errorf("%w: Group %q: want a consumer group's name", ErrOptions, o.Group))
 	}
-	if o.Engine.Tiers != engine.Default {
-		errs = append(errs, fmt.Errorf("%w: Engine.Tiers is %v, want Default (the offset is written with the marks)", ErrOptions, o.Engine.Tiers))
+	if o.Engine.Tiers != engine.Default || o.Engine.Backend != nil {
+		errs = append(errs, fmt.Errorf("%w: Engine is %s, want the embedded default (the offset is written with the marks)", ErrOptions, o.Engine.Name()))
 	}
 	if o.OpenWait < 0 || o.OpenWait > maxOpenWait {
 		errs = append(errs, fmt.Errorf("%w: OpenWait %v outside [0, %v]", ErrOptions, o.OpenWait, maxOpenWait))

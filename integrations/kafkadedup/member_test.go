@@ -17,6 +17,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/integrations/kafkadedup"
+	"github.com/tierdedup/tierdedup/tier/redis"
 )
 
 // consumeUntil polls cl, processing with h, until partition 0 of "orders"
@@ -199,7 +200,7 @@ func TestOptions(t *testing.T) {
 		{Group: "g"},
 		{Dir: "x"},
 		{Group: "..", Dir: "x"},
-		{Group: "g", Dir: "x", Engine: engine.Options{Tiers: engine.Redis}},
+		{Group: "g", Dir: "x", Engine: engine.Options{Backend: redis.NewBackend(nil, redis.Config{})}},
 		{Group: "g", Dir: "x", OpenWait: -time.Second},
 		{Group: "g", Dir: "x", Engine: engine.Options{Window: -time.Hour}},
 	} {

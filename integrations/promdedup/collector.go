@@ -104,7 +104,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter("commit_groups_total", s.CommitGroups)
 	gauge("commit_queue_depth", float64(s.CommitsPending))
 	histogram("commit_batch_seconds", s.CommitLatency)
-	if s.Tiers == engine.Default {
+	if s.Config == engine.Default.String() {
 		histogram("wal_fsync_seconds", s.FsyncLatency)
 		for _, d := range []struct {
 			kind string

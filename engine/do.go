@@ -1,0 +1,96 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Do runs fn once for key in the default namespace; see Namespace.Do.
+func (e *Engine) Do(ctx context.Context, key []byte, fn func(context.Context) error) (Outcome, error) {
+	return e.def.Do(ctx, key, fn)
+}
+
+// DoResult runs fn once for key in the default namespace and stores its
+// result; see Namespace.DoResult.
+func (e *Engine) DoResult(ctx context.Context, key []byte, fn func(context.Context) ([]byte, error)) (Outcome, []byte, error) {
+	return e.def.DoResult(ctx, key, fn)
+}
+
+// giveBackMargin bounds how long giving claims back (the Release after a
+// failed handler, or of a batch that did not commit) may outlive the
+// caller's deadline: the give-back must run even when the caller's context
+// has ended, but never hang on a server that stopped answering.
+const giveBackMargin = 250 * time.Millisecond
+
+// giveBackContext is ctx without its cancellation, bounded by its deadline
+// (or now, if that has passed) plus giveBackMargin.
+func giveBackContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	base := context.WithoutCancel(ctx)
+	d, ok := ctx.Deadline()
+	if !ok {
+		return base, func() {}
+	}
+	if now := time.Now(); d.Before(now) {
+		d = now
+	}
+	return context.WithDeadline(base, d.Add(giveBackMargin))
+}
+
+// Do runs fn for key exactly once inside the window: it claims the key,
+// runs fn if the claim is New, then commits (fn returned nil) or releases
+// (fn failed or panicked, so a redelivery can run it). It returns the claim's
+// outcome and fn's error or the engine's. Ack the message when the error is
+// nil and the outcome is New or Duplicate; leave InFlight for redelivery;
+// dead-letter Conflict and Poison.
+func (n *Namespace) Do(ctx context.Context, key []byte, fn func(context.Context) error) (Outcome, error) {
+	o, _, err := n.do(ctx, key, fn, nil)
+	return o, err
+}
+
+// DoResult is Do for a handler with a result to give every duplicate: fn
+// runs once inside the window, its result (at most Options.MaxResultSize
+// bytes) is committed with the key, and a later call for the key returns
+// the stored result with Duplicate (or Conflict) instead of running fn, as
+// an API answers a retried request with its original response. On New it
+// returns fn's result. A result too long is ErrResultTooLarge, and the
+// claim is released, as for a failed fn.
+func (n *Namespace) DoResult(ctx context.Context, key []byte, fn func(context.Context) ([]byte, error)) (Outcome, []byte, error) {
+	return n.do(ctx, key, nil, fn)
+}
+
+// do is Do (fn) or DoResult (rfn).
+func (n *Namespace) do(ctx context.Context, key []byte, fn func(context.Context) error, rfn func(context.Context) ([]byte, error)) (o Outcome, result []byte, err error) {
+	if rfn != nil {
+		if err := n.e.needResults("DoResult"); err != nil {
+			return 0, nil, err // before claiming: fn must not run for a result nothing can keep
+		}
+	}
+	c, err := n.Claim(ctx, key)
+	if err != nil || c.Outcome != New {
+		return c.Outcome, c.Result, err
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			gctx, cancel := giveBackContext(ctx)
+			defer cancel()
+			if rerr := n.e.Release(gctx, c); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}
+	}()
+	if rfn != nil {
+		c.Result, err = rfn(ctx)
+		if err == nil {
+			err = n.e.checkResults([]Claim{c})
+		}
+	} else {
+		err = fn(ctx)
+	}
+	if err != nil {
+		return New, nil, err
+	}
+	committed = true
+	return New, c.Result, n.e.Commit(ctx, c)
+}

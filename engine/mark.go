@@ -1,0 +1,97 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// MarkIfAbsent marks key in the default namespace; see
+// Namespace.MarkIfAbsent.
+func (e *Engine) MarkIfAbsent(ctx context.Context, key []byte) (Outcome, error) {
+	return e.def.MarkIfAbsent(ctx, key)
+}
+
+// MarkBatch marks keys in the default namespace; see Namespace.MarkBatch.
+func (e *Engine) MarkBatch(ctx context.Context, keys [][]byte, digests []Digest, out []Outcome) error {
+	return e.def.MarkBatch(ctx, keys, digests, out)
+}
+
+// MarkIfAbsent claims and commits key in one call: New means it was absent
+// and is now marked (durably, as configured), Duplicate or Conflict that it
+// was marked before, InFlight that a two-phase claim holds it. While the
+// call runs it holds the key as a claim does, so a concurrent call of the
+// same key may see it InFlight until the mark is durable; a mark whose
+// lease ended before its commit (a stall longer than the Lease) answers
+// InFlight and marks nothing.
+func (n *Namespace) MarkIfAbsent(ctx context.Context, key []byte) (Outcome, error) {
+	keys := [1][]byte{key}
+	var out [1]Outcome
+	err := n.MarkBatch(ctx, keys[:], nil, out[:])
+	return out[0], err
+}
+
+// MarkBatch is MarkIfAbsent for a batch, one Outcome per key in out (which
+// must have len(keys)), with one durable write for the whole batch. A key
+// repeated in the batch is New once and Duplicate after.
+func (n *Namespace) MarkBatch(ctx context.Context, keys [][]byte, digests []Digest, out []Outcome) error {
+	if len(out) != len(keys) {
+		return fmt.Errorf("%w: %d keys, %d outcomes", ErrBatch, len(keys), len(out))
+	}
+	// Close waits for the whole mark: its claim is committed or given
+	// back in every tier before Close returns.
+	ctx, done, err := n.e.hold(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	b := n.e.getBatch(len(keys))
+	defer n.e.putBatch(b)
+	claims, errs := b.claims[:len(keys)], b.errs[:len(keys)]
+	// A tier that marks in one step (Marker) commits every New key in
+	// the claim itself.
+	p := forMark
+	if n.e.marker != nil {
+		p = forMarkInTier
+	}
+	if err := n.e.claim(ctx, n, keys, digests, claims, p); err != nil {
+		return err
+	}
+	if p == forMarkInTier {
+		clear(errs)
+	} else if err := n.e.commitMarks(ctx, claims, errs); err != nil && !errors.Is(err, ErrLeaseLost) {
+		// Nothing is known to be durable (a failed Pebble batch wrote
+		// nothing; a Redis commit whose reply was lost is remembered, so
+		// the retry of this mark is New): give the claims back.
+		gctx, cancel := giveBackContext(ctx)
+		if rerr := n.e.releaseAs(gctx, claims, nil, true); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
+			err = errors.Join(err, fmt.Errorf("giving the claims back: %w", rerr))
+		}
+		cancel()
+		return err
+	}
+	for i := range claims {
+		out[i] = claims[i].Outcome
+		if out[i] == New && errs[i] != nil {
+			// Its lease ended and another worker took the key over
+			// before the commit: someone else holds it now.
+			out[i] = InFlight
+			continue
+		}
+		if out[i] == InFlight {
+			// A repeat of a key marked earlier in this batch is a duplicate
+			// of it, now that it is committed.
+			for j := range i {
+				if claims[j].Outcome == New && errs[j] == nil && claims[j].fp == claims[i].fp {
+					out[i] = Duplicate
+					if conflicts(claims[i].digest, claims[j].digest) {
+						out[i] = Conflict
+					}
+					break
+				}
+			}
+		}
+	}
+	clear(errs)
+	return nil
+}
