@@ -4,6 +4,7 @@ import (
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/bloom"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/memory"
 )
 
@@ -130,48 +131,20 @@ func (b *batch) candidates() []shard.Fingerprint {
 
 // filterMasks sets probes[j].Maybe to the live partitions the exact tier
 // may hold the key of cfps[j] in, and returns the partition the masks
-// count from and whether a zero mask proves the key absent (the package's
-// invariant 4: the filters answer "no" only while warm).
-//
-// Warm filters answer alone. While a rebuild refills some partitions'
-// filters (cold), the complete filters answer for the other partitions and
-// every cold one is named, so every key is read there; nothing is proved
-// absent. With no filter, or none known complete, every live partition is
-// named.
+// count from and whether a zero mask proves the key absent: the local
+// store's filters when there are some (see embedded.Store.Masks, which
+// answers "no" only while they are warm), every live partition otherwise.
 func (e *Engine) filterMasks(cfps []shard.Fingerprint, probes []bloom.Probe) (oldest int64, proves bool) {
-	probes = probes[:len(cfps)]
-	if e.bloom == nil {
-		return e.allLive(probes), false
+	if e.local == nil {
+		return e.allLive(probes[:len(cfps)]), false
 	}
-	warm := e.warm.Load()
-	cold := e.cold.Load()
-	switch {
-	case warm:
-		return e.bloom.Test(cfps, probes), true
-	case cold != nil:
-		oldest = e.bloom.Test(cfps, probes)
-		var force uint64
-		for _, p := range *cold {
-			if d := p - oldest; d >= 0 && d < int64(e.parts.Live) {
-				force |= 1 << d
-			}
-		}
-		for j := range probes {
-			probes[j].Maybe |= force
-		}
-		return oldest, false
-	}
-	return e.allLive(probes), false
+	return e.local.Masks(cfps, probes)
 }
 
 // allLive sets every probe to name every live partition, and returns the
 // oldest.
 func (e *Engine) allLive(probes []bloom.Probe) (oldest int64) {
-	all := uint64(1)<<e.parts.Live - 1
-	for j := range probes {
-		probes[j] = bloom.Probe{Maybe: all}
-	}
-	return e.parts.Oldest(e.current.Load())
+	return embedded.AllLive(e.parts, e.current.Load(), probes)
 }
 
 func (e *Engine) putBatch(b *batch) {

@@ -61,10 +61,9 @@ func (e *Engine) rotate(p, t int64) error {
 			return fmt.Errorf("%w: %w", ErrStorage, err)
 		}
 	}
-	if e.bloom != nil {
-		e.stats.partitionsDropped.Add(uint64(e.bloom.Rotate(p)))
+	if e.local != nil {
+		e.stats.partitionsDropped.Add(uint64(e.local.Rotate(p)))
 	}
 	e.current.Store(p)
-	e.sealWakeup()
 	return nil
 }

@@ -288,10 +288,10 @@ func (e *Engine) durable(ctx context.Context, call commitCall, b *batch, k int, 
 		(*h)()
 	}
 	part := e.parts.Of(now)
-	if e.bloom != nil {
+	if e.local != nil {
 		// Before the durable write: the filters must have seen every key
 		// the store holds.
-		e.bloom.Add(cfps, part)
+		e.local.Add(cfps, part)
 	}
 	if e.exact != nil {
 		if fenced, err = e.writeCommits(ctx, call, b, k, now, part); err != nil {

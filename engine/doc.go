@@ -10,17 +10,18 @@
 // entities (Advance: New only for a higher version, Stale for an older
 // one), one-time tokens (IssueToken, ConsumeToken), and Stats.
 //
-// It holds the memory table, an optional filter (tier/bloom) and at most one
-// exact tier (tier.Exact: tier/pebble, where claims live in the engine, or
-// tier/redis or tier/postgres, shared by many processes, where they live in
-// the store); the configuration matters only
-// in Open and Options.Validate. It owns claims, leases and owner tokens, the
-// clock, partition rotation, the warm or cold state of the filter, and
-// Stats. It must never let
-// a probabilistic tier decide Duplicate in a configuration that promises
-// exactness, never decide New from the Bloom filters unless they have seen
-// every key the durable tier holds, and never acknowledge a commit before
-// the durable tier has.
+// It holds the memory table and at most one exact tier (tier.Exact): the
+// embedded default in Options.Dir (package tier/embedded: Pebble behind
+// Bloom filters, where claims live in the engine), or a shared Backend
+// (tier/redis, tier/postgres: many processes, claims live in the store);
+// bloom-only holds the filters alone. The configuration matters only in
+// Open and Options.Validate. It owns claims, leases and owner tokens, the
+// clock, partition rotation, the group commit, the fail-open layer of a
+// shared tier, and Stats; the filters' lifecycle is the embedded store's.
+// It must never let a probabilistic tier decide Duplicate in a
+// configuration that promises exactness, never decide New from the Bloom
+// filters unless they have seen every key the durable tier holds, and
+// never acknowledge a commit before the durable tier has.
 //
 // # Concurrency
 //
@@ -41,18 +42,10 @@
 //     Payload digests are compared at all 128 bits everywhere.
 //     Only the bloom-only configuration, which says so, answers Duplicate
 //     from a filter.
-//  4. The Bloom filters answer New only while warm: restored from the
-//     snapshot of the exact store state they were saved with (the store's
-//     ID and the epoch it sealed at a clean Close, forgotten by the next
-//     Open before anything is written; the file is removed whatever the
-//     outcome), or rebuilt from Pebble. A closed partition's filter is
-//     saved once no write can reach that partition (every write that read
-//     the time before the rotation has ended), with a seal in the store
-//     naming the file; after a crash each file its seal vouches for is
-//     loaded and the other partitions are rebuilt. While rebuilding, every
-//     key that memory does not know is read from Pebble in each partition
-//     being rebuilt, and in the others where their complete filter says
-//     maybe.
+//  4. The Bloom filters answer New only while warm: they have seen every
+//     key the durable tier holds. Package embedded owns how (its
+//     invariants 1 to 3: the snapshot, the seals, the rebuild); the engine
+//     asks it for masks and adds every key to it before the durable write.
 //  5. Time never runs backwards inside an engine: it uses the highest clock
 //     reading seen (persisted with each partition drop, and in bloom-only
 //     state), so a clock step back neither expires leases late nor drops

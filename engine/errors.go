@@ -3,12 +3,17 @@ package engine
 import (
 	"errors"
 	"fmt"
+
+	"github.com/tierdedup/tierdedup/tier"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
-// Errors returned by the engine; match them with errors.Is.
+// Errors returned by the engine; match them with errors.Is. ErrOptions,
+// ErrStorage, ErrLocked and ErrLayout are package tier's, so a tier's
+// errors match them too.
 var (
 	// ErrOptions reports invalid Options.
-	ErrOptions = errors.New("tierdedup: invalid options")
+	ErrOptions = tier.ErrOptions
 	// ErrEmptyKey reports a zero-length key.
 	ErrEmptyKey = errors.New("tierdedup: empty key")
 	// ErrKeyTooLong reports a key longer than Options.MaxKeySize.
@@ -30,14 +35,14 @@ var (
 	// reopened in the same process (Pebble's commit pipeline may be stuck;
 	// its directory stays held until the process exits): restart the
 	// process once the cause is fixed; nothing acknowledged is lost.
-	ErrStorage = errors.New("tierdedup: storage failure")
+	ErrStorage = tier.ErrStorage
 	// ErrUnavailable reports the shared tier (Redis or PostgreSQL)
 	// unreachable, or slower than the caller's deadline. It is transient:
 	// do not ack, retry later. With Options.FailOpen the engine answers
 	// instead for the calls FailOpen covers, and counts it.
 	ErrUnavailable = errors.New("tierdedup: shared tier unavailable")
 	// ErrLocked reports a Dir that another engine holds.
-	ErrLocked = errors.New("tierdedup: directory in use")
+	ErrLocked = tier.ErrLocked
 	// ErrClosed reports a call on a closed Engine.
 	ErrClosed = errors.New("tierdedup: engine closed")
 	// ErrLayout reports a Dir whose recorded layout (partition length,
@@ -45,7 +50,7 @@ var (
 	// bloom-only state) differs from the Options: opening it would
 	// misjudge or lose acknowledged keys. The message names the field and
 	// both values. Nothing was changed.
-	ErrLayout = errors.New("tierdedup: store layout differs from options")
+	ErrLayout = tier.ErrLayout
 	// ErrTokenUnknown reports a token that was never issued here (or not
 	// within the window).
 	ErrTokenUnknown = errors.New("tierdedup: unknown token")
@@ -66,14 +71,14 @@ var (
 	// ErrBatch reports batch arguments of mismatched lengths.
 	ErrBatch = errors.New("tierdedup: mismatched batch arguments")
 	// ErrNoExport reports a directory that holds no export.
-	ErrNoExport = errors.New("tierdedup: no export")
+	ErrNoExport = embedded.ErrNoExport
 	// ErrExport reports an export that must not be imported: a damaged
 	// manifest, or a file missing or differing from it. Nothing was
 	// imported.
-	ErrExport = errors.New("tierdedup: invalid export")
+	ErrExport = embedded.ErrExport
 	// ErrStaleExport reports an export not newer than the state it would
 	// replace. Nothing was imported.
-	ErrStaleExport = errors.New("tierdedup: export not newer than the state it would replace")
+	ErrStaleExport = embedded.ErrStaleExport
 )
 
 // KeyError names the key of a batch that was rejected; it wraps ErrEmptyKey

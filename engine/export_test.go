@@ -1,15 +1,19 @@
 package engine
 
-import "time"
+import (
+	"time"
+
+	"github.com/tierdedup/tierdedup/internal/hooks"
+)
 
 // SetRebuildGate makes every later Bloom rebuild wait for gate to close
 // before it starts, so tests can observe the cold state.
 func SetRebuildGate(gate chan struct{}) {
 	if gate == nil {
-		rebuildGate.Store(nil)
+		hooks.RebuildGate.Store(nil)
 		return
 	}
-	rebuildGate.Store(&gate)
+	hooks.RebuildGate.Store(&gate)
 }
 
 // Capabilities names the optional tier capabilities the engine found.
@@ -36,9 +40,5 @@ func SetBeforeDurable(fn func()) {
 // Sealed reports whether the partition of t is sealed; false while a
 // sealing pass runs.
 func (e *Engine) Sealed(t time.Time) bool {
-	if !e.sealMu.TryLock() {
-		return false
-	}
-	defer e.sealMu.Unlock()
-	return e.sealed[e.parts.Of(t.UnixNano())]
+	return e.local != nil && e.local.Sealed(e.parts.Of(t.UnixNano()))
 }

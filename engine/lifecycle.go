@@ -83,7 +83,9 @@ func (e *Engine) start(ctx context.Context) (now int64, c call, err error) {
 	if c.locked, err = e.enter(ctx); err != nil {
 		return 0, call{}, err
 	}
-	c.slot = e.gate.enter() // before the time is read: see writeGate
+	if e.local != nil {
+		c.slot = e.local.Enter() // before the time is read: see embedded.Store.Enter
+	}
 	if now, err = e.now(); err != nil {
 		e.finish(c)
 		return 0, call{}, err
@@ -93,7 +95,9 @@ func (e *Engine) start(ctx context.Context) (now int64, c call, err error) {
 
 // finish ends a call begun by start.
 func (e *Engine) finish(c call) {
-	e.gate.exit(c.slot)
+	if e.local != nil {
+		e.local.Exit(c.slot)
+	}
 	e.leave(c.locked)
 }
 

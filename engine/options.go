@@ -302,7 +302,7 @@ func (o *Options) Validate() error {
 	}
 	if o.Backend != nil && d.Window > 0 && d.Partition > 0 {
 		if err := o.Backend.Validate(d.env()); err != nil {
-			errs = append(errs, fmt.Errorf("%w: %w", ErrOptions, err))
+			errs = append(errs, err) // each matches tier.ErrOptions, which ErrOptions is
 		}
 	}
 	return errors.Join(errs...)

@@ -49,7 +49,9 @@ func (e *Engine) releaseAs(ctx context.Context, claims []Claim, errs []error, gi
 		return err
 	}
 	defer e.leave(locked)
-	defer e.gate.exit(e.gate.enter()) // it may write attempt counts
+	if e.local != nil {
+		defer e.local.Exit(e.local.Enter()) // it may write attempt counts
+	}
 	// The embedded tier keeps attempt counts; a shared tier counts them
 	// itself.
 	shared := e.where == tier.ClaimsInStore
@@ -196,8 +198,8 @@ func (e *Engine) writeAttempts(ctx context.Context, fps []shard.Fingerprint, par
 	if h := beforeDurable.Load(); h != nil {
 		(*h)()
 	}
-	if e.bloom != nil {
-		e.bloom.Add(fps, part)
+	if e.local != nil {
+		e.local.Add(fps, part)
 	}
 	if err := e.exact.Release(ctx, part, reqs, false, out); err != nil {
 		e.stats.errors.Add(1)

@@ -36,7 +36,7 @@ func (p purpose) marks() bool { return p != forClaim }
 // For forMarkInTier the tier commits every key it acquires in the same
 // step, and memory keeps them as committed.
 func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Claim, c *tally, now int64, p purpose) error {
-	if e.bloom == nil && e.exact == nil {
+	if e.local == nil && e.exact == nil {
 		for _, i := range b.cand {
 			out[i].Outcome = New
 		}

@@ -98,11 +98,10 @@ type counters struct {
 	memHits, memMisses                                 atomic.Uint64
 	bloomNegatives, bloomFalsePositives                atomic.Uint64
 	storeReads, storeHits                              atomic.Uint64
-	rebuilt, partitionsDropped, failOpen               atomic.Uint64
+	partitionsDropped, failOpen                        atomic.Uint64
 	commitGroups, donePanics                           atomic.Uint64
 	lookups, forgets                                   atomic.Uint64
 	commitLatency                                      latency
-	sealed, sealedLoaded, sealFailures                 atomic.Uint64
 }
 
 // tally counts one call's events before they are added to the counters.
@@ -162,45 +161,27 @@ func (e *Engine) Stats() Stats {
 		Lookups: c.lookups.Load(), Forgets: c.forgets.Load(),
 		MemoryHits: c.memHits.Load(), MemoryMisses: c.memMisses.Load(),
 		BloomNegatives: c.bloomNegatives.Load(), BloomFalsePositives: c.bloomFalsePositives.Load(),
-		BloomRebuiltKeys: c.rebuilt.Load(), PartitionDropped: c.partitionsDropped.Load(),
-		BloomSealed: c.sealed.Load(), BloomSealedLoaded: c.sealedLoaded.Load(), BloomSealFailures: c.sealFailures.Load(),
-		StoreReads: c.storeReads.Load(), StoreHits: c.storeHits.Load(),
+		PartitionDropped: c.partitionsDropped.Load(),
+		StoreReads:       c.storeReads.Load(), StoreHits: c.storeHits.Load(),
 		Window: time.Duration(e.window),
 	}
 	s.MemoryClaims, s.MemoryEntries = e.mem.Len()
 	if e.queue != nil {
 		s.CommitsPending = e.queue.pending()
 	}
-	if e.bloom != nil {
-		switch {
-		case e.warm.Load():
-			s.BloomMode = "warm"
-		case e.rebuilding.Load():
-			s.BloomMode = "rebuilding"
-		default:
-			s.BloomMode = "cold"
-		}
-		s.BloomBytes = e.bloom.Bytes()
-		_, _, per := e.bloom.Params()
-		s.BloomTargetFP = 1 - pow(1-per, e.parts.Live)
-		s.BloomEstimatedFP = e.bloom.EstimatedFalsePositive()
-	}
 	s.CommitLatency = c.commitLatency.snapshot()
-	if e.store != nil {
-		h := &s.FsyncLatency
-		h.Bounds, h.Counts, h.Count, h.Sum = e.store.FsyncLatency(latencyBounds)
-		d := e.store.Disk()
-		s.DiskBytes, s.TableBytes, s.WALBytes = d.Total, d.Tables, d.WAL
-		s.WALRecycledBytes, s.WALWrittenBytes, s.WALRecycledFiles = d.RecycledWAL, d.WALWritten, d.RecycledWALFiles
+	if e.local != nil {
+		l := e.local.Stats()
+		s.BloomMode, s.BloomBytes, s.BloomTargetFP, s.BloomEstimatedFP = l.Mode, l.Bytes, l.TargetFP, l.EstimatedFP
+		s.BloomRebuiltKeys, s.BloomSealed, s.BloomSealedLoaded, s.BloomSealFailures = l.RebuiltKeys, l.Sealed, l.SealedLoaded, l.SealFailures
+		if e.exact != nil {
+			h := &s.FsyncLatency
+			h.Bounds, h.Counts, h.Count, h.Sum = e.local.FsyncLatency(latencyBounds)
+			d := l.Disk
+			s.DiskBytes, s.TableBytes, s.WALBytes = d.Total, d.Tables, d.WAL
+			s.WALRecycledBytes, s.WALWrittenBytes, s.WALRecycledFiles = d.RecycledWAL, d.WALWritten, d.RecycledWALFiles
+		}
 	}
 	s.Coverage = min(time.Duration(e.highWater.Load()-e.openedAt), s.Window)
 	return s
-}
-
-func pow(x float64, n int) float64 {
-	r := 1.0
-	for range n {
-		r *= x
-	}
-	return r
 }

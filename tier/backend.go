@@ -2,20 +2,8 @@ package tier
 
 import (
 	"context"
-	"errors"
 	"log"
 	"time"
-)
-
-// Errors a Backend's Open wraps (beside its own), so the engine can tell a
-// caller's mistake from an outage without naming the backend.
-var (
-	// ErrOptions reports settings the backend refuses.
-	ErrOptions = errors.New("tier: invalid options")
-	// ErrLayout reports state that other settings created (a Redis prefix
-	// or a table recorded with another window, MaxAttempts, namespace
-	// windows or caching): processes that share it must agree.
-	ErrLayout = errors.New("tier: layout mismatch")
 )
 
 // Backend is an exact tier the engine has not opened yet: the caller builds

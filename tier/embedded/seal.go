@@ -1,4 +1,4 @@
-package engine
+package embedded
 
 import (
 	"context"
@@ -98,10 +98,10 @@ func (g *writeGate) wait(ctx context.Context) error {
 }
 
 // sealWakeup asks the sealer to look for closed partitions to seal.
-func (e *Engine) sealWakeup() {
-	if e.sealWake != nil {
+func (s *Store) sealWakeup() {
+	if s.sealWake != nil {
 		select {
-		case e.sealWake <- struct{}{}:
+		case s.sealWake <- struct{}{}:
 		default:
 		}
 	}
@@ -109,60 +109,60 @@ func (e *Engine) sealWakeup() {
 
 // sealer seals closed partitions whenever the clock moves on or the filters
 // become warm, until ctx ends.
-func (e *Engine) sealer(ctx context.Context) {
-	defer e.workers.Done()
+func (s *Store) sealer(ctx context.Context) {
+	defer s.workers.Done()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-e.sealWake:
+		case <-s.sealWake:
 		}
-		e.seal(ctx)
+		s.seal(ctx)
 	}
 }
 
 // seal runs a sealing pass; a failure is counted and logged. The partition
 // stays unsealed (a crash rebuilds it from Pebble); the next rotation, or
 // Close, tries again.
-func (e *Engine) seal(ctx context.Context) {
-	if err := e.sealClosed(ctx); err != nil && ctx.Err() == nil {
-		e.stats.sealFailures.Add(1)
-		e.logger.Printf("tierdedup: sealing a closed partition's bloom filter: %v", err)
+func (s *Store) seal(ctx context.Context) {
+	if err := s.sealClosed(ctx); err != nil && ctx.Err() == nil {
+		s.sealFailures.Add(1)
+		s.logger.Printf("tierdedup: sealing a closed partition's bloom filter: %v", err)
 	}
 }
 
 // sealClosed saves the filter of every live partition before the current
 // one that has no seal yet, then removes sealed files nothing vouches for.
 // The filters must be warm: only then do they hold every key of the store.
-func (e *Engine) sealClosed(ctx context.Context) error {
-	e.sealMu.Lock()
-	defer e.sealMu.Unlock()
-	if !e.warm.Load() {
+func (s *Store) sealClosed(ctx context.Context) error {
+	s.sealMu.Lock()
+	defer s.sealMu.Unlock()
+	if !s.warm.Load() {
 		return nil
 	}
-	cur := e.current.Load()
+	cur := s.current.Load()
 	// Writes that read the time before the rotation to cur may still be
 	// writing in an older partition: wait for them.
-	if err := e.gate.wait(ctx); err != nil {
+	if err := s.gate.wait(ctx); err != nil {
 		return err
 	}
-	id := e.store.Layout().ID
+	id := s.store.Layout().ID
 	// Partitions before the store's creation hold nothing: sealing them
 	// would only write. (A crash rebuilds them, empty, with the open one;
 	// if the recorded creation is late, a partition left unsealed here is
 	// rebuilt too: never trusted without a seal.)
-	for p := max(e.parts.Oldest(cur), e.sealFrom); p < cur; p++ {
-		if e.sealed[p] || p < e.parts.Oldest(e.current.Load()) {
+	for p := max(s.parts.Oldest(cur), s.sealFrom); p < cur; p++ {
+		if s.sealed[p] || p < s.parts.Oldest(s.current.Load()) {
 			continue // sealed, or dropped by a rotation since cur was read
 		}
 		var b [8]byte
 		_, _ = rand.Read(b[:])
-		meta := bloom.SnapshotMeta{Kind: bloom.SnapshotPartition, StoreID: id, Epoch: binary.LittleEndian.Uint64(b[:]), HighWater: e.highWater.Load()}
-		sum, size, err := e.sealedDir.saveAs(sealedName(p), func(w io.Writer) (uint32, error) {
-			return e.bloom.WritePartition(w, p, meta)
+		meta := bloom.SnapshotMeta{Kind: bloom.SnapshotPartition, StoreID: id, Epoch: binary.LittleEndian.Uint64(b[:]), HighWater: s.highWater()}
+		sum, size, err := s.sealedDir.saveAs(sealedName(p), func(w io.Writer) (uint32, error) {
+			return s.bloom.WritePartition(w, p, meta)
 		})
 		if err == nil {
-			err = e.store.SealPartition(p, pebble.Seal{ID: meta.Epoch, Sum: sum, Size: size})
+			err = s.store.SealPartition(p, pebble.Seal{ID: meta.Epoch, Sum: sum, Size: size})
 		}
 		if errors.Is(err, bloom.ErrNotLive) {
 			continue // a rotation dropped it since it was checked
@@ -170,21 +170,21 @@ func (e *Engine) sealClosed(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("partition %d: %w", p, err)
 		}
-		e.sealed[p] = true
+		s.sealed[p] = true
 	}
-	return e.removeStaleSealed(e.parts.Oldest(cur))
+	return s.removeStaleSealed(s.parts.Oldest(cur))
 }
 
 // removeStaleSealed removes the sealed files of partitions before oldest or
 // without a seal this engine trusts, and forgets dropped partitions.
-func (e *Engine) removeStaleSealed(oldest int64) error {
-	for p := range e.sealed {
+func (s *Store) removeStaleSealed(oldest int64) error {
+	for p := range s.sealed {
 		if p < oldest {
-			delete(e.sealed, p)
+			delete(s.sealed, p)
 		}
 	}
-	e.stats.sealed.Store(uint64(len(e.sealed)))
-	names, err := e.sealedDir.fs.List(e.sealedDir.dir)
+	s.sealedN.Store(uint64(len(s.sealed)))
+	names, err := s.sealedDir.fs.List(s.sealedDir.dir)
 	if err != nil {
 		return nil // no directory: no file has been sealed yet
 	}
@@ -193,14 +193,14 @@ func (e *Engine) removeStaleSealed(oldest int64) error {
 	for _, n := range names {
 		p, ok := sealedPartition(n)
 		// A temporary file is a save a crash interrupted.
-		if ok && !e.sealed[p] || strings.HasPrefix(n, sealedPrefix) && strings.HasSuffix(n, sealedSuffix+".tmp") {
-			errs = append(errs, e.sealedDir.fs.Remove(e.sealedDir.fs.PathJoin(e.sealedDir.dir, n)))
+		if ok && !s.sealed[p] || strings.HasPrefix(n, sealedPrefix) && strings.HasSuffix(n, sealedSuffix+".tmp") {
+			errs = append(errs, s.sealedDir.fs.Remove(s.sealedDir.fs.PathJoin(s.sealedDir.dir, n)))
 			removed = true
 		}
 	}
 	if removed {
 		// Durably: a crash must not bring back what nothing vouches for.
-		errs = append(errs, e.sealedDir.syncDir())
+		errs = append(errs, s.sealedDir.syncDir())
 	}
 	return errors.Join(errs...)
 }
@@ -208,31 +208,31 @@ func (e *Engine) removeStaleSealed(oldest int64) error {
 // loadSealed loads, after an unclean shutdown, every sealed partition's
 // filter its seal vouches for, and returns the partitions left to rebuild
 // from Pebble: every live one up to current without a loaded filter.
-func (e *Engine) loadSealed(current int64) (rebuild []int64, err error) {
-	oldest := e.parts.Oldest(current)
-	seals, err := e.store.Seals(oldest)
+func (s *Store) loadSealed(current int64) (rebuild []int64, err error) {
+	oldest := s.parts.Oldest(current)
+	seals, err := s.store.Seals(oldest)
 	if err != nil {
 		return nil, err
 	}
-	id := e.store.Layout().ID
+	id := s.store.Layout().ID
 	for p := oldest; p <= current; p++ {
 		seal, ok := seals[p]
 		if !ok || p == current {
 			rebuild = append(rebuild, p)
 			continue
 		}
-		err := e.sealedDir.loadAs(sealedName(p), seal.Size, func(r io.ReaderAt, size int64) error {
-			return e.bloom.MergeSnapshot(r, size, func(h bloom.SnapshotHeader) error { return sealedAccept(h, id, p, seal) })
+		err := s.sealedDir.loadAs(sealedName(p), seal.Size, func(r io.ReaderAt, size int64) error {
+			return s.bloom.MergeSnapshot(r, size, func(h bloom.SnapshotHeader) error { return sealedAccept(h, id, p, seal) })
 		})
 		if err != nil {
-			e.logger.Printf("tierdedup: sealed bloom filter of partition %d not used, rebuilding it from Pebble: %v", p, err)
+			s.logger.Printf("tierdedup: sealed bloom filter of partition %d not used, rebuilding it from Pebble: %v", p, err)
 			rebuild = append(rebuild, p)
 			continue
 		}
-		e.sealed[p] = true
-		e.stats.sealedLoaded.Add(1)
+		s.sealed[p] = true
+		s.sealedLoaded.Add(1)
 	}
-	return rebuild, e.removeStaleSealed(oldest)
+	return rebuild, s.removeStaleSealed(oldest)
 }
 
 // sealedAccept accepts the header of partition p's sealed file only if it
@@ -256,25 +256,25 @@ func sealedAccept(h bloom.SnapshotHeader, id [16]byte, p int64, seal pebble.Seal
 // partitions whose file its seal vouches for (verified as loadSealed
 // would, without loading it: the filters hold its keys already); the
 // sealer writes the others again.
-func (e *Engine) keepSealed(current int64) error {
-	oldest := e.parts.Oldest(current)
-	seals, err := e.store.Seals(oldest)
+func (s *Store) keepSealed(current int64) error {
+	oldest := s.parts.Oldest(current)
+	seals, err := s.store.Seals(oldest)
 	if err != nil {
 		return err
 	}
-	id := e.store.Layout().ID
+	id := s.store.Layout().ID
 	for p, seal := range seals {
 		if p >= current {
 			continue
 		}
-		err := e.sealedDir.loadAs(sealedName(p), seal.Size, func(r io.ReaderAt, size int64) error {
-			return e.bloom.CheckSnapshot(r, size, func(h bloom.SnapshotHeader) error { return sealedAccept(h, id, p, seal) })
+		err := s.sealedDir.loadAs(sealedName(p), seal.Size, func(r io.ReaderAt, size int64) error {
+			return s.bloom.CheckSnapshot(r, size, func(h bloom.SnapshotHeader) error { return sealedAccept(h, id, p, seal) })
 		})
 		if err == nil {
-			e.sealed[p] = true
+			s.sealed[p] = true
 		}
 	}
-	return e.removeStaleSealed(oldest)
+	return s.removeStaleSealed(oldest)
 }
 
 // spans groups ascending partitions into runs [from, to).

@@ -1,4 +1,4 @@
-package engine
+package embedded
 
 import (
 	"errors"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 
+	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/bloom"
 )
 
@@ -192,7 +193,7 @@ func (s *snapshotFile) refuseState() error {
 	}
 	h, err := s.header()
 	if err == nil && h.Kind == bloom.SnapshotState {
-		return layoutError("Tiers", BloomOnly.String(), Default.String())
+		return layoutError("Tiers", "bloom", "memory+bloom+pebble")
 	}
 	return nil // no snapshot, or a damaged one: the store's Open consumes it
 }
@@ -205,7 +206,7 @@ func (s *snapshotFile) refuseStore() error {
 	}
 	for _, n := range names {
 		if n == "CURRENT" || strings.HasPrefix(n, "MANIFEST-") || strings.HasPrefix(n, "marker.manifest") {
-			return layoutError("Tiers", Default.String(), BloomOnly.String())
+			return layoutError("Tiers", "memory+bloom+pebble", "bloom")
 		}
 	}
 	return nil
@@ -214,14 +215,14 @@ func (s *snapshotFile) refuseStore() error {
 // lockName is bloom-only's lock file inside Dir (a store has Pebble's).
 const lockName = "tierdedup.lock"
 
-// lock takes Dir for this process, or fails with ErrLocked.
+// lock takes Dir for this process, or fails with tier.ErrLocked.
 func (s *snapshotFile) lock() (io.Closer, error) {
 	if err := s.fs.MkdirAll(s.dir, 0o755); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrStorage, err)
+		return nil, fmt.Errorf("%w: %w", tier.ErrStorage, err)
 	}
 	l, err := s.fs.Lock(s.fs.PathJoin(s.dir, lockName))
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrLocked, s.dir, err)
+		return nil, fmt.Errorf("%w: %s: %w", tier.ErrLocked, s.dir, err)
 	}
 	return l, nil
 }

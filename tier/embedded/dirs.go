@@ -1,4 +1,4 @@
-package engine
+package embedded
 
 import (
 	"os"
@@ -16,12 +16,12 @@ import (
 // them: a file lock does not exclude its own process.
 var openDirs struct {
 	sync.Mutex
-	m map[*Engine]os.FileInfo // protected by the mutex
+	m map[*Store]os.FileInfo // protected by the mutex
 }
 
 // holdDir records e's directory as open (the operating system's file
 // system only; an in-memory one locks within the process itself).
-func (e *Engine) holdDir(fs vfs.FS, dir string) {
+func (s *Store) holdDir(fs vfs.FS, dir string) {
 	if fs != vfs.Default {
 		return
 	}
@@ -32,15 +32,15 @@ func (e *Engine) holdDir(fs vfs.FS, dir string) {
 	openDirs.Lock()
 	defer openDirs.Unlock()
 	if openDirs.m == nil {
-		openDirs.m = map[*Engine]os.FileInfo{}
+		openDirs.m = map[*Store]os.FileInfo{}
 	}
-	openDirs.m[e] = fi
+	openDirs.m[s] = fi
 }
 
-func (e *Engine) releaseDir() {
+func (s *Store) releaseDir() {
 	openDirs.Lock()
 	defer openDirs.Unlock()
-	delete(openDirs.m, e)
+	delete(openDirs.m, s)
 }
 
 // heldOpen reports whether an engine of this process holds dir.

@@ -1,4 +1,4 @@
-package engine
+package embedded
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/tierdedup/tierdedup/tier"
 )
 
 // ReadExport returns the description of the export in dir (fsys nil means
@@ -37,41 +38,38 @@ func readExport(fs vfs.FS, dir string) (*exportManifest, string, error) {
 	return m, dir, err
 }
 
-// Import replaces the engine directory o.Dir (on o.FS; no engine may hold
+// Import replaces the store directory o.Dir (on o.FS; no store may hold
 // it open) with the export in src, if the export's Version is greater than
 // newerThan, the caller's version of the state in o.Dir (0 when it holds
 // none). o are the Options the directory will be opened with: an export
-// of another layout (Window, Partition) is refused (ErrLayout) rather than
-// left for Open to refuse. Every file is copied and checked against the
-// manifest's size and SHA-256 before o.Dir is touched: a damaged or
+// of another layout (Window, Partition) is refused (tier.ErrLayout) rather
+// than left for Open to refuse. Every file is copied and checked against
+// the manifest's size and SHA-256 before o.Dir is touched: a damaged or
 // incomplete export is ErrExport, one not newer ErrStaleExport, a
-// directory held by an engine ErrLocked (in this process too, under any
-// spelling of its path), and each leaves o.Dir as it was. Open o.Dir
+// directory held by a store tier.ErrLocked (in this process too, under
+// any spelling of its path), and each leaves o.Dir as it was. Open o.Dir
 // afterwards, as after a crash.
 func Import(ctx context.Context, src string, o *Options, newerThan uint64) (ExportInfo, error) {
-	if o == nil || o.Tiers != Default || o.Backend != nil {
-		return ExportInfo{}, fmt.Errorf("%w: Import needs the Options of an embedded engine (Tiers: Default, no Backend)", ErrOptions)
-	}
-	if err := o.Validate(); err != nil {
-		return ExportInfo{}, err
+	if o == nil || o.Dir == "" || o.BloomOnly {
+		return ExportInfo{}, fmt.Errorf("%w: Import needs the Options of an embedded store, with its Dir", tier.ErrOptions)
 	}
 	if src == "" {
-		return ExportInfo{}, fmt.Errorf("%w: Import from an empty path", ErrOptions)
+		return ExportInfo{}, fmt.Errorf("%w: Import from an empty path", tier.ErrOptions)
 	}
-	opts := o.WithDefaults()
+	opts := *o
 	fsys := opts.FS
 	if fsys == nil {
 		fsys = vfs.Default
 	}
 	dst := canonical(fsys, opts.Dir)
 	if overlap(fsys, src, dst) {
-		return ExportInfo{}, fmt.Errorf("%w: Import from %s into %s: one holds the other", ErrOptions, src, dst)
+		return ExportInfo{}, fmt.Errorf("%w: Import from %s into %s: one holds the other", tier.ErrOptions, src, dst)
 	}
 	if st, err := fsys.Stat(dst); err == nil && !st.IsDir() {
-		return ExportInfo{}, fmt.Errorf("%w: Import into %s, which is not a directory", ErrOptions, dst)
+		return ExportInfo{}, fmt.Errorf("%w: Import into %s, which is not a directory", tier.ErrOptions, dst)
 	}
 	if heldOpen(fsys, dst) {
-		return ExportInfo{}, fmt.Errorf("%w: %s is open in this process", ErrLocked, dst)
+		return ExportInfo{}, fmt.Errorf("%w: %s is open in this process", tier.ErrLocked, dst)
 	}
 	if err := finishImport(fsys, dst); err != nil {
 		return ExportInfo{}, err
@@ -92,13 +90,13 @@ func Import(ctx context.Context, src string, o *Options, newerThan uint64) (Expo
 	if _, err := fsys.Stat(dst); err == nil {
 		l, err := fsys.Lock(fsys.PathJoin(dst, pebbleLock))
 		if err != nil {
-			return ExportInfo{}, fmt.Errorf("%w: %s: %w", ErrLocked, dst, err)
+			return ExportInfo{}, fmt.Errorf("%w: %s: %w", tier.ErrLocked, dst, err)
 		}
 		defer l.Close()
 	}
 	tmp := dst + importTmpSuffix
 	if err := fsys.RemoveAll(tmp); err != nil {
-		return ExportInfo{}, fmt.Errorf("%w: import: %w", ErrStorage, err)
+		return ExportInfo{}, fmt.Errorf("%w: import: %w", tier.ErrStorage, err)
 	}
 	done := false
 	defer func() {
@@ -108,7 +106,7 @@ func Import(ctx context.Context, src string, o *Options, newerThan uint64) (Expo
 	}()
 	for _, sub := range []string{tmp, fsys.PathJoin(tmp, sealedSubdir)} {
 		if err := fsys.MkdirAll(sub, 0o755); err != nil {
-			return ExportInfo{}, fmt.Errorf("%w: import: %w", ErrStorage, err)
+			return ExportInfo{}, fmt.Errorf("%w: import: %w", tier.ErrStorage, err)
 		}
 	}
 	for _, f := range m.Files {
@@ -120,17 +118,17 @@ func Import(ctx context.Context, src string, o *Options, newerThan uint64) (Expo
 		case fileMissing(err):
 			return ExportInfo{}, fmt.Errorf("%w: %s: %s missing", ErrExport, src, f.Name)
 		case err != nil:
-			return ExportInfo{}, fmt.Errorf("%w: import: %w", ErrStorage, err)
+			return ExportInfo{}, fmt.Errorf("%w: import: %w", tier.ErrStorage, err)
 		case size != f.Size || sum != f.SHA256:
 			return ExportInfo{}, fmt.Errorf("%w: %s: %s has %d bytes and SHA-256 %s, manifest says %d and %s",
 				ErrExport, src, f.Name, size, sum, f.Size, f.SHA256)
 		}
 	}
 	if err := syncDir(fsys, fsys.PathJoin(tmp, sealedSubdir)); err != nil {
-		return ExportInfo{}, fmt.Errorf("%w: import: %w", ErrStorage, err)
+		return ExportInfo{}, fmt.Errorf("%w: import: %w", tier.ErrStorage, err)
 	}
 	if err := replaceDir(fsys, tmp, dst, importOldSuffix); err != nil {
-		return ExportInfo{}, fmt.Errorf("%w: import: %w", ErrStorage, err)
+		return ExportInfo{}, fmt.Errorf("%w: import: %w", tier.ErrStorage, err)
 	}
 	done = true
 	return m.info(), nil
@@ -145,17 +143,17 @@ func finishImport(fs vfs.FS, dst string) error {
 	if _, err := fs.Stat(old); err == nil {
 		if _, err := fs.Stat(dst); fileMissing(err) {
 			if err := fs.Rename(old, dst); err != nil {
-				return fmt.Errorf("%w: undo interrupted import: %w", ErrStorage, err)
+				return fmt.Errorf("%w: undo interrupted import: %w", tier.ErrStorage, err)
 			}
 			if err := syncDir(fs, fs.PathDir(dst)); err != nil {
-				return fmt.Errorf("%w: undo interrupted import: %w", ErrStorage, err)
+				return fmt.Errorf("%w: undo interrupted import: %w", tier.ErrStorage, err)
 			}
 		} else if err := fs.RemoveAll(old); err != nil {
-			return fmt.Errorf("%w: finish interrupted import: %w", ErrStorage, err)
+			return fmt.Errorf("%w: finish interrupted import: %w", tier.ErrStorage, err)
 		}
 	}
 	if err := fs.RemoveAll(dst + importTmpSuffix); err != nil {
-		return fmt.Errorf("%w: %w", ErrStorage, err)
+		return fmt.Errorf("%w: %w", tier.ErrStorage, err)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package engine
+package embedded
 
 import (
 	"bytes"
@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/tierdedup/tierdedup/tier"
 )
 
 // An export is a directory holding a consistent copy of an engine's whole
@@ -71,7 +72,7 @@ type exportManifest struct {
 	Version uint64 `json:"version"`
 	Created int64  `json:"created_unix_nano"`
 	// Window and Partition are the exporter's layout (nanoseconds): an
-	// engine opened with another would refuse the copy (ErrLayout), so
+	// engine opened with another would refuse the copy (tier.ErrLayout), so
 	// Import refuses it first.
 	Window    int64        `json:"window_ns"`
 	Partition int64        `json:"partition_ns"`
@@ -99,86 +100,83 @@ func (m *exportManifest) info() ExportInfo {
 	return info
 }
 
-// Export writes a consistent copy of the engine's state into dir (Default
-// only), replacing a previous export there (a path that is a file, or a
-// directory holding anything but an export, is refused with ErrOptions:
-// nothing of the caller's is replaced), with version, the caller's
-// version of the state. It first waits for every commit enqueued before it
-// (Flush); commits made during the export may or may not be in it. The
-// copy is written beside dir and renamed into place once every file and the
-// manifest are synced, so dir always holds a whole export. Hard links are
-// used where dir is on the store's file system. Claims and commits proceed
-// meanwhile.
-func (e *Engine) Export(ctx context.Context, dir string, version uint64) (ExportInfo, error) {
-	if err := e.need(e.store != nil, "Export", "the embedded store"); err != nil {
-		return ExportInfo{}, err
+// ExportTarget checks that dir may receive an export of this store (a
+// path that is a file, or a directory holding anything but an export, or
+// one that is, holds or lies in the store's directory, is refused with
+// tier.ErrOptions: nothing of the caller's is replaced) and returns its
+// canonical spelling, for Export.
+func (s *Store) ExportTarget(dir string) (string, error) {
+	if s.store == nil {
+		return "", fmt.Errorf("%w: Export needs the embedded store, not bloom-only state", tier.ErrOptions)
 	}
 	if dir == "" {
-		return ExportInfo{}, fmt.Errorf("%w: Export to an empty path", ErrOptions)
+		return "", fmt.Errorf("%w: Export to an empty path", tier.ErrOptions)
 	}
-	dir = canonical(e.snapshots.fs, dir)
+	dir = canonical(s.snapshots.fs, dir)
 	for _, d := range []string{dir, dir + exportTmpSuffix, dir + exportOldSuffix} {
-		if overlap(e.snapshots.fs, d, e.snapshots.dir) {
-			return ExportInfo{}, fmt.Errorf("%w: Export to %s, which is, holds or lies in the engine's directory %s", ErrOptions, d, e.snapshots.dir)
+		if overlap(s.snapshots.fs, d, s.snapshots.dir) {
+			return "", fmt.Errorf("%w: Export to %s, which is, holds or lies in the engine's directory %s", tier.ErrOptions, d, s.snapshots.dir)
 		}
 	}
-	if err := exportTarget(e.snapshots.fs, dir); err != nil {
-		return ExportInfo{}, err
+	if err := exportTarget(s.snapshots.fs, dir); err != nil {
+		return "", err
 	}
-	if err := e.Flush(ctx); err != nil {
-		return ExportInfo{}, err
+	return dir, nil
+}
+
+// Export writes a consistent copy of the store's state into dir (checked
+// by ExportTarget), replacing a previous export there, with version, the
+// caller's version of the state. Writes made during the export may or may
+// not be in it. The copy is written beside dir and renamed into place once
+// every file and the manifest are synced, so dir always holds a whole
+// export. Hard links are used where dir is on the store's file system.
+func (s *Store) Export(ctx context.Context, dir string, version uint64) (info ExportInfo, err error) {
+	fs := s.snapshots.fs
+	tmp := dir + exportTmpSuffix
+	if err := fs.RemoveAll(tmp); err != nil {
+		return info, fmt.Errorf("%w: export: %w", tier.ErrStorage, err)
 	}
-	var info ExportInfo
-	err := e.unlessClosed(func() (err error) {
-		fs := e.snapshots.fs
-		tmp := dir + exportTmpSuffix
-		if err := fs.RemoveAll(tmp); err != nil {
-			return fmt.Errorf("%w: export: %w", ErrStorage, err)
-		}
-		defer func() {
-			if err != nil {
-				_ = fs.RemoveAll(tmp)
-			}
-		}()
-		if err := fs.MkdirAll(fs.PathDir(dir), 0o755); err != nil {
-			return fmt.Errorf("%w: export: %w", ErrStorage, err)
-		}
-		if err := e.store.Checkpoint(tmp); err != nil {
-			return fmt.Errorf("%w: export: %w", ErrStorage, err)
-		}
-		if err := e.copySealed(ctx, fs.PathJoin(tmp, sealedSubdir)); err != nil {
-			return err
-		}
-		m, err := manifestOf(ctx, fs, tmp)
+	defer func() {
 		if err != nil {
-			return err
+			_ = fs.RemoveAll(tmp)
 		}
-		m.Version, m.Created = version, time.Now().UnixNano()
-		m.Window, m.Partition = e.window, e.parts.Length
-		if err := writeManifest(fs, tmp, m); err != nil {
-			return fmt.Errorf("%w: export: %w", ErrStorage, err)
-		}
-		if err := replaceDir(fs, tmp, dir, exportOldSuffix); err != nil {
-			return fmt.Errorf("%w: export: %w", ErrStorage, err)
-		}
-		info = m.info()
-		return nil
-	})
-	return info, err
+	}()
+	if err := fs.MkdirAll(fs.PathDir(dir), 0o755); err != nil {
+		return info, fmt.Errorf("%w: export: %w", tier.ErrStorage, err)
+	}
+	if err := s.store.Checkpoint(tmp); err != nil {
+		return info, fmt.Errorf("%w: export: %w", tier.ErrStorage, err)
+	}
+	if err := s.copySealed(ctx, fs.PathJoin(tmp, sealedSubdir)); err != nil {
+		return info, err
+	}
+	m, err := manifestOf(ctx, fs, tmp)
+	if err != nil {
+		return info, err
+	}
+	m.Version, m.Created = version, time.Now().UnixNano()
+	m.Window, m.Partition = int64(s.window), s.parts.Length
+	if err := writeManifest(fs, tmp, m); err != nil {
+		return info, fmt.Errorf("%w: export: %w", tier.ErrStorage, err)
+	}
+	if err := replaceDir(fs, tmp, dir, exportOldSuffix); err != nil {
+		return info, fmt.Errorf("%w: export: %w", tier.ErrStorage, err)
+	}
+	return m.info(), nil
 }
 
 // copySealed copies the sealed partitions' files into dir. A file the
 // sealer removes meanwhile is left out: its partition is then rebuilt from
 // the store when the export is opened, as is one whose seal the copy of the
 // store lacks.
-func (e *Engine) copySealed(ctx context.Context, dir string) error {
-	fs := e.sealedDir.fs
-	names, err := fs.List(e.sealedDir.dir)
+func (s *Store) copySealed(ctx context.Context, dir string) error {
+	fs := s.sealedDir.fs
+	names, err := fs.List(s.sealedDir.dir)
 	if err != nil {
 		return nil // no sealed partition yet
 	}
 	if err := fs.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("%w: export: %w", ErrStorage, err)
+		return fmt.Errorf("%w: export: %w", tier.ErrStorage, err)
 	}
 	for _, n := range names {
 		if !strings.HasSuffix(n, sealedSuffix) {
@@ -187,9 +185,9 @@ func (e *Engine) copySealed(ctx context.Context, dir string) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		_, _, err := copyFile(fs, fs.PathJoin(e.sealedDir.dir, n), fs.PathJoin(dir, n))
+		_, _, err := copyFile(fs, fs.PathJoin(s.sealedDir.dir, n), fs.PathJoin(dir, n))
 		if err != nil && !fileMissing(err) {
-			return fmt.Errorf("%w: export: %w", ErrStorage, err)
+			return fmt.Errorf("%w: export: %w", tier.ErrStorage, err)
 		}
 	}
 	return syncDir(fs, dir)
@@ -205,14 +203,14 @@ func manifestOf(ctx context.Context, fs vfs.FS, dir string) (*exportManifest, er
 			if sub != "" && fileMissing(err) {
 				continue
 			}
-			return nil, fmt.Errorf("%w: export: %w", ErrStorage, err)
+			return nil, fmt.Errorf("%w: export: %w", tier.ErrStorage, err)
 		}
 		for _, n := range names {
 			name := path.Join(sub, n)
 			p := fs.PathJoin(dir, name)
 			st, err := fs.Stat(p)
 			if err != nil {
-				return nil, fmt.Errorf("%w: export: %w", ErrStorage, err)
+				return nil, fmt.Errorf("%w: export: %w", tier.ErrStorage, err)
 			}
 			if st.IsDir() || n == pebbleLock {
 				continue
@@ -222,7 +220,7 @@ func manifestOf(ctx context.Context, fs vfs.FS, dir string) (*exportManifest, er
 			}
 			sum, size, err := hashFile(fs, p)
 			if err != nil {
-				return nil, fmt.Errorf("%w: export: %w", ErrStorage, err)
+				return nil, fmt.Errorf("%w: export: %w", tier.ErrStorage, err)
 			}
 			m.Files = append(m.Files, exportFile{Name: name, Size: size, SHA256: sum})
 		}
@@ -272,12 +270,12 @@ func readManifest(fs vfs.FS, dir string) (*exportManifest, error) {
 		if fileMissing(err) || errors.Is(err, syscall.ENOTDIR) { // nothing there, or a file
 			return nil, fmt.Errorf("%w: %s", ErrNoExport, dir)
 		}
-		return nil, fmt.Errorf("%w: %w", ErrStorage, err)
+		return nil, fmt.Errorf("%w: %w", tier.ErrStorage, err)
 	}
 	defer f.Close()
 	raw, err := io.ReadAll(io.LimitReader(f, maxManifest+1))
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrStorage, err)
+		return nil, fmt.Errorf("%w: %w", tier.ErrStorage, err)
 	}
 	bad := func(why string) error { return fmt.Errorf("%w: %s: manifest %s", ErrExport, dir, why) }
 	if len(raw) > maxManifest {
@@ -328,18 +326,18 @@ func exportTarget(fs vfs.FS, dir string) error {
 	case fileMissing(err):
 		return nil
 	case err != nil:
-		return fmt.Errorf("%w: export: %w", ErrStorage, err)
+		return fmt.Errorf("%w: export: %w", tier.ErrStorage, err)
 	case !st.IsDir():
-		return fmt.Errorf("%w: Export to %s, a file", ErrOptions, dir)
+		return fmt.Errorf("%w: Export to %s, a file", tier.ErrOptions, dir)
 	}
 	names, err := fs.List(dir)
 	if err != nil {
-		return fmt.Errorf("%w: export: %w", ErrStorage, err)
+		return fmt.Errorf("%w: export: %w", tier.ErrStorage, err)
 	}
 	if len(names) == 0 || slices.Contains(names, exportManifestName) {
 		return nil
 	}
-	return fmt.Errorf("%w: Export to %s, which holds files and no export: it would replace them", ErrOptions, dir)
+	return fmt.Errorf("%w: Export to %s, which holds files and no export: it would replace them", tier.ErrOptions, dir)
 }
 
 // hashFile returns the hex SHA-256 and size of the file at p, synced.

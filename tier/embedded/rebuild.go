@@ -1,9 +1,10 @@
-package engine
+package embedded
 
 import (
 	"context"
 	"errors"
 
+	"github.com/tierdedup/tierdedup/internal/hooks"
 	"github.com/tierdedup/tierdedup/shard"
 )
 
@@ -12,10 +13,10 @@ import (
 // filter). Commits made meanwhile add to the filters themselves, and
 // records written before the scan began are all visible to it, so when it
 // ends the filters cover the store and become warm.
-func (e *Engine) rebuild(ctx context.Context, spans [][2]int64) {
-	defer e.workers.Done()
-	defer e.rebuilding.Store(false)
-	if gate := rebuildGate.Load(); gate != nil {
+func (s *Store) rebuild(ctx context.Context, spans [][2]int64) {
+	defer s.workers.Done()
+	defer s.rebuilding.Store(false)
+	if gate := hooks.RebuildGate.Load(); gate != nil {
 		select {
 		case <-*gate:
 		case <-ctx.Done():
@@ -27,19 +28,19 @@ func (e *Engine) rebuild(ctx context.Context, spans [][2]int64) {
 	var part int64 = -1 << 63
 	flush := func() {
 		if len(fps) > 0 {
-			e.bloom.Add(fps, part)
-			e.stats.rebuilt.Add(uint64(len(fps)))
+			s.bloom.Add(fps, part)
+			s.rebuilt.Add(uint64(len(fps)))
 			fps = fps[:0]
 		}
 	}
 	var err error
-	for _, s := range spans {
-		err = e.scanner.Scan(ctx, s[0], s[1], func(p int64, ns, key []byte) error {
+	for _, span := range spans {
+		err = s.store.Scan(ctx, span[0], span[1], func(p int64, ns, key []byte) error {
 			if p != part || len(fps) == chunk {
 				flush()
 				part = p
 			}
-			fps = append(fps, shard.Sum(e.hasher, ns, key))
+			fps = append(fps, shard.Sum(s.hasher, ns, key))
 			return nil
 		})
 		flush()
@@ -49,13 +50,13 @@ func (e *Engine) rebuild(ctx context.Context, spans [][2]int64) {
 	}
 	if err != nil {
 		if ctx.Err() == nil {
-			e.logger.Printf("tierdedup: bloom rebuild failed, staying on Pebble reads: %v", err)
+			s.logger.Printf("tierdedup: bloom rebuild failed, staying on Pebble reads: %v", err)
 		}
 		return
 	}
-	e.warm.Store(true)
-	e.cold.Store(nil)
-	e.sealWakeup()
+	s.warm.Store(true)
+	s.cold.Store(nil)
+	s.sealWakeup()
 }
 
 func isNotExist(err error) bool { return errors.Is(err, errNoSnapshot) }

@@ -1,0 +1,80 @@
+package embedded
+
+import (
+	"github.com/tierdedup/tierdedup/shard"
+	"github.com/tierdedup/tierdedup/tier"
+	"github.com/tierdedup/tierdedup/tier/bloom"
+)
+
+// Masks sets probes[j].Maybe to the live partitions the store may hold the
+// key of fps[j] in, and returns the partition the masks count from and
+// whether a zero mask proves the key absent (the package's invariant 1:
+// the filters answer "no" only while warm).
+//
+// Warm filters answer alone. While a rebuild refills some partitions'
+// filters (cold), the complete filters answer for the other partitions and
+// every cold one is named, so every key is read there; nothing is proved
+// absent. With no filter known complete, every live partition is named.
+func (s *Store) Masks(fps []shard.Fingerprint, probes []bloom.Probe) (oldest int64, proves bool) {
+	probes = probes[:len(fps)]
+	warm := s.warm.Load()
+	cold := s.cold.Load()
+	switch {
+	case warm:
+		return s.bloom.Test(fps, probes), true
+	case cold != nil:
+		oldest = s.bloom.Test(fps, probes)
+		var force uint64
+		for _, p := range *cold {
+			if d := p - oldest; d >= 0 && d < int64(s.parts.Live) {
+				force |= 1 << d
+			}
+		}
+		for j := range probes {
+			probes[j].Maybe |= force
+		}
+		return oldest, false
+	}
+	return AllLive(s.parts, s.current.Load(), probes), false
+}
+
+// AllLive sets every probe to name every live partition when current is
+// the newest, and returns the oldest.
+func AllLive(parts tier.Partitions, current int64, probes []bloom.Probe) (oldest int64) {
+	all := uint64(1)<<parts.Live - 1
+	for j := range probes {
+		probes[j] = bloom.Probe{Maybe: all}
+	}
+	return parts.Oldest(current)
+}
+
+// Add records keys about to be written in partition p, before the write:
+// the filters must have seen every key the store holds.
+func (s *Store) Add(fps []shard.Fingerprint, p int64) { s.bloom.Add(fps, p) }
+
+// Rotate makes p the current partition (the engine's clock moved on): the
+// filters drop what fell out of the window, and the sealer is woken for
+// the partition that closed. It returns how many partitions were dropped.
+func (s *Store) Rotate(p int64) (dropped int) {
+	dropped = s.bloom.Rotate(p)
+	s.current.Store(p)
+	s.sealWakeup()
+	return dropped
+}
+
+// Enter marks a write about to read the engine's time; Exit, with Enter's
+// result, marks it written (see writeGate).
+func (s *Store) Enter() int { return s.gate.enter() }
+
+// Exit ends a write begun by Enter.
+func (s *Store) Exit(slot int) { s.gate.exit(slot) }
+
+// Sealed reports whether partition p's filter is saved with a seal the
+// store holds; false while a sealing pass runs.
+func (s *Store) Sealed(p int64) bool {
+	if !s.sealMu.TryLock() {
+		return false
+	}
+	defer s.sealMu.Unlock()
+	return s.sealed[p]
+}

@@ -1,0 +1,21 @@
+package tier
+
+import "errors"
+
+// Errors the tiers and the engine share; the engine's sentinels of the
+// same names are these values, so errors.Is matches either. Every other
+// error of a tier is its own.
+var (
+	// ErrOptions reports settings a tier (or the engine) refuses.
+	ErrOptions = errors.New("tierdedup: invalid options")
+	// ErrLayout reports state that other settings created: a directory,
+	// a Redis prefix or a table recorded with another partition length,
+	// window, secret, MaxAttempts, namespace windows or caching. Processes
+	// (and restarts) that share it must agree.
+	ErrLayout = errors.New("tierdedup: store layout differs from options")
+	// ErrStorage reports a failure of a durable tier's storage: a write,
+	// sync or read that failed.
+	ErrStorage = errors.New("tierdedup: storage failure")
+	// ErrLocked reports a directory that another engine holds.
+	ErrLocked = errors.New("tierdedup: directory in use")
+)
