@@ -34,7 +34,7 @@ const (
 	// compaction work and fewer cache hits. Measured: a 60M-key run over
 	// two simulated days (33.75M keys held) sustained 239,436 keys/s on its
 	// second day where the 3.75M-key steady-state calibration of the same
-	// load measured 273,074 (0.877; README, "Scale run").
+	// load measured 273,074 (0.877; docs/dedupbench.md, "Scale run").
 	LargeStoreFactor = 0.87
 	// PebbleOffHeapBytes is Pebble's memory outside the Go heap: two 64 MiB
 	// memtables and the 64 MiB block cache.

@@ -2,11 +2,8 @@ package engine
 
 import (
 	"context"
-	"errors"
-	"fmt"
 
 	"github.com/tierdedup/tierdedup/tier"
-	"github.com/tierdedup/tierdedup/tier/pebble"
 )
 
 // Write is a caller's own key and value for CommitBatchWith.
@@ -41,10 +38,14 @@ func (e *Engine) ScanWrites(prefix []byte, fn func(key, value []byte) error) err
 		return err
 	}
 	return e.unlessClosed(func() error {
-		err := e.writer.ScanWrites(prefix, fn)
-		if errors.Is(err, pebble.ErrStorage) {
+		var fnErr error // the caller's own error, returned as it is
+		err := e.writer.ScanWrites(prefix, func(key, value []byte) error {
+			fnErr = fn(key, value)
+			return fnErr
+		})
+		if err != nil && fnErr == nil {
 			e.stats.errors.Add(1)
-			return fmt.Errorf("%w: %w", ErrStorage, err)
+			return e.tierError(err)
 		}
 		return err
 	})
