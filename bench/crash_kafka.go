@@ -98,108 +98,49 @@ func CrashChildKafka(ctx context.Context, strategy Strategy, dir string, k Kafka
 		return err
 	}
 	defer effects.Close()
-	effect := func(m int) error { return appendEffect(effects, m) }
 	wait := func(m int, phase string) error { return waitKill(ctx, m, phase) }
-	// Short session and rebalance timeouts: each kill leaves a dead member
-	// that the group must drop before the restarted consumer gets the
-	// partition.
-	common := []kgo.Opt{
-		kgo.SeedBrokers(k.Brokers...), kgo.ConsumeTopics(k.Topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(20 * time.Millisecond),
-		kgo.SessionTimeout(time.Second), kgo.HeartbeatInterval(100 * time.Millisecond),
-		kgo.RebalanceTimeout(3 * time.Second),
-	}
+	common := k.consumerOpts()
 	if strategy == WithLedger {
 		return crashLedgerKafka(ctx, dir, k, group, common, messages, every, killAt, afterEffect, wait, &where)
 	}
-	var e *engine.Engine
+	c := &crashConsumer{strategy: strategy, effects: effects, killAt: killAt, afterEffect: afterEffect}
 	if strategy == WithEngine {
-		if e, err = engine.Open(&engine.Options{Dir: filepath.Join(dir, "dedup"), ExpectedKeys: 10_000, Logger: crashQuiet}); err != nil {
+		if c.e, err = engine.Open(&engine.Options{Dir: filepath.Join(dir, "dedup"), ExpectedKeys: 10_000, Logger: crashQuiet}); err != nil {
 			return err
 		}
-		defer e.Close()
+		defer c.e.Close()
 	}
 	cl, err := kgo.NewClient(append(common, kgo.ConsumerGroup(group), kgo.DisableAutoCommit())...)
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	commitOffset := func(end int) error {
-		// Message end is at offset end-1: the next to read is end.
-		var cerr error
-		cl.CommitOffsetsSync(ctx, map[string]map[int32]kgo.EpochOffset{k.Topic: {0: {Epoch: -1, Offset: int64(end)}}},
-			func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
-				cerr = err
-				for _, t := range resp.Topics {
-					for _, p := range t.Partitions {
-						if err := kerr.ErrorForCode(p.ErrorCode); err != nil && cerr == nil {
-							cerr = err
-						}
-					}
-				}
-			})
-		return cerr
-	}
 	var buf []*kgo.Record
 	for {
-		// One offset batch: the records from the first one read (the
-		// group's committed offset, a batch boundary) to the batch's end.
-		for len(buf) == 0 || int(buf[len(buf)-1].Offset)+1 < min((int(buf[0].Offset)/every+1)*every, messages) {
-			where = fmt.Sprintf("%d records buffered, committed offsets %v", len(buf), cl.CommittedOffsets())
-			if len(buf) == 0 && committedAll(cl, k.Topic, messages) {
-				return nil // OffsetFirst committed past the messages it was killed in
-			}
-			pctx, cancel := context.WithTimeout(ctx, time.Second)
-			fetches := cl.PollRecords(pctx, every)
-			cancel()
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			buf = append(buf, fetches.Records()...)
+		var done bool
+		if buf, done, err = pollOffsetBatch(ctx, cl, k.Topic, buf, messages, every, &where); err != nil || done {
+			return err
 		}
 		start := int(buf[0].Offset)
 		end := min((start/every+1)*every, messages)
 		batch := buf[:end-start]
 		buf = buf[end-start:]
 		if strategy == OffsetFirst {
-			if err := commitOffset(end); err != nil {
+			if err := commitGroupOffset(ctx, cl, k.Topic, end); err != nil {
 				return err
 			}
 		}
 		for _, r := range batch {
 			m := int(r.Offset) + 1
-			if m == killAt && !afterEffect {
-				if err := wait(m, "before"); err != nil {
-					return err
-				}
+			if err := c.killBefore(ctx, m); err != nil {
+				return err
 			}
-			afterThisEffect := func() error {
-				if m == killAt && afterEffect {
-					return wait(m, "effect")
-				}
-				return nil
-			}
-			switch strategy {
-			case OffsetFirst, ProcessFirst:
-				if err := effect(m); err != nil {
-					return err
-				}
-				if err := afterThisEffect(); err != nil {
-					return err
-				}
-			case WithEngine:
-				if _, err := e.Do(ctx, r.Key, func(context.Context) error {
-					if err := effect(m); err != nil {
-						return err
-					}
-					return afterThisEffect()
-				}); err != nil {
-					return err
-				}
+			if err := c.process(ctx, m, r.Key); err != nil {
+				return err
 			}
 		}
 		if strategy != OffsetFirst {
-			if err := commitOffset(end); err != nil {
+			if err := commitGroupOffset(ctx, cl, k.Topic, end); err != nil {
 				return err
 			}
 		}
@@ -207,6 +148,60 @@ func CrashChildKafka(ctx context.Context, strategy Strategy, dir string, k Kafka
 			return nil
 		}
 	}
+}
+
+// consumerOpts are the client options of every crash consumer of k. Short
+// session and rebalance timeouts: each kill leaves a dead member that the
+// group must drop before the restarted consumer gets the partition.
+func (k KafkaCrash) consumerOpts() []kgo.Opt {
+	return []kgo.Opt{
+		kgo.SeedBrokers(k.Brokers...), kgo.ConsumeTopics(k.Topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(20 * time.Millisecond),
+		kgo.SessionTimeout(time.Second), kgo.HeartbeatInterval(100 * time.Millisecond),
+		kgo.RebalanceTimeout(3 * time.Second),
+	}
+}
+
+// pollOffsetBatch polls cl until buf holds one whole offset batch: the
+// records from the first one read (the group's committed offset, a batch
+// boundary) to the batch's end. It returns buf so filled, or done when
+// the group's committed offset is already past the messages; it keeps
+// *where saying what it waits for.
+func pollOffsetBatch(ctx context.Context, cl *kgo.Client, topic string, buf []*kgo.Record, messages, every int, where *string) (_ []*kgo.Record, done bool, _ error) {
+	for len(buf) == 0 || int(buf[len(buf)-1].Offset)+1 < min((int(buf[0].Offset)/every+1)*every, messages) {
+		*where = fmt.Sprintf("%d records buffered, committed offsets %v", len(buf), cl.CommittedOffsets())
+		if len(buf) == 0 && committedAll(cl, topic, messages) {
+			return buf, true, nil // OffsetFirst committed past the messages it was killed in
+		}
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		fetches := cl.PollRecords(pctx, every)
+		cancel()
+		if err := ctx.Err(); err != nil {
+			return buf, false, err
+		}
+		buf = append(buf, fetches.Records()...)
+	}
+	return buf, false, nil
+}
+
+// commitGroupOffset commits the group's offset of the topic's partition 0
+// past message end, synchronously, and returns the commit's error or the
+// first partition's error code.
+func commitGroupOffset(ctx context.Context, cl *kgo.Client, topic string, end int) error {
+	// Message end is at offset end-1: the next to read is end.
+	var cerr error
+	cl.CommitOffsetsSync(ctx, map[string]map[int32]kgo.EpochOffset{topic: {0: {Epoch: -1, Offset: int64(end)}}},
+		func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+			cerr = err
+			for _, t := range resp.Topics {
+				for _, p := range t.Partitions {
+					if err := kerr.ErrorForCode(p.ErrorCode); err != nil && cerr == nil {
+						cerr = err
+					}
+				}
+			}
+		})
+	return cerr
 }
 
 // crashLedgerKafka is WithLedger's consumer: kafkadedup, each record's

@@ -2,12 +2,10 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"os"
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -71,136 +69,8 @@ type Point struct {
 	OtherDiskBytes uint64
 }
 
-// Percentiles of a latency distribution.
-type Percentiles struct {
-	P50, P99, P999, Max time.Duration
-}
-
-// Result is what a run measured.
-type Result struct {
-	Tiers    string
-	Workload WorkloadConfig
-	Batch    int
-	Workers  int
-	// Rate is RunConfig.Rate: the offered load of an open-loop run, zero
-	// for closed-loop. BatchLatency is then measured from each batch's
-	// due time.
-	Rate float64
-	// Keys is the number of messages processed, Warmup included; Elapsed
-	// and KeysPerSec cover the Measured ones after the warm-up.
-	Keys, Warmup, Measured int64
-	Elapsed                time.Duration
-	KeysPerSec             float64
-	// SegmentRates are the keys/s of each of RunConfig.Segments parts of
-	// the measured messages.
-	SegmentRates []float64
-	// IDsPerDay extrapolates KeysPerSec to a day of sustained load.
-	IDsPerDay float64
-	// BatchLatency is the latency of MarkBatch calls; KeyLatency divides it
-	// by the batch size (the amortised cost of a key).
-	BatchLatency, KeyLatency Percentiles
-	// HeapBytes is the heap the engine held at the end (after GC), and
-	// HeapBytesPerKey divides it by the keys committed in the window.
-	HeapBytes       uint64
-	HeapBytesPerKey float64
-	// DiskBytes is Pebble's size at the end, WAL and files awaiting
-	// deletion included; TableBytes its live SSTs (compacted when
-	// RunConfig.Compact is set) and WALBytes its live WAL.
-	DiskBytes, TableBytes, WALBytes   uint64
-	DiskBytesPerKey, TableBytesPerKey float64
-	// CompactedTableBytes are the SSTs once compacted (RunConfig.Compact).
-	CompactedTableBytes uint64
-	// BloomFPMeasured is the share of keys absent from Pebble that the
-	// filters called maybe; BloomFPConfigured is the whole-window target.
-	BloomFPMeasured, BloomFPConfigured float64
-	// Hit ratios: memory answered Duplicate / all claims; the filters proved
-	// new / keys memory did not know; Pebble found / keys read.
-	MemoryHitRatio, BloomNegativeRatio, StoreHitRatio float64
-	// Fresh is the number of distinct keys the stream sent and New the
-	// number of New answers. Every answer is checked against the
-	// workload's ground truth, key by key: WronglyDropped counts distinct
-	// keys never answered New (a new message dropped), DupsLetThrough the
-	// New answers beyond the first for one key (a duplicate let through).
-	// Workers run batches concurrently, so which copy of a key gets the New
-	// may vary; that each key gets exactly one does not. DupsChecked is
-	// false when duplicates may reach past the window (a second New may
-	// then be right), and DupsLetThrough is not counted.
-	Fresh, New                     int64
-	WronglyDropped, DupsLetThrough int64
-	DupsChecked                    bool
-	// MemoryCapacity is the memory tier's capacity in committed keys.
-	MemoryCapacity int
-	Series         []Point
-	// PerDay is the throughput of each simulated day, from the series.
-	PerDay []DayRate
-	Stats  engine.Stats
-}
-
-// ErrExactness reports a run whose answers broke a promise of its
-// configuration (see Result.Exactness).
-var ErrExactness = errors.New("bench: wrong answers")
-
-// Exactness returns an error matching ErrExactness when the run's answers
-// broke a promise of its configuration:
-//   - a new key dropped, in every configuration but bloom-only; bloom-only
-//     drops new keys at its false-positive rate, and breaks its promise
-//     when it drops more than the configured rate, beyond four standard
-//     deviations of the sample, with no filter over its ExpectedKeys (past
-//     them the rate is not promised: Warnings says so);
-//   - a duplicate let through, in every configuration but memory-only;
-//     memory-only forgets after eviction, and breaks its promise when it
-//     lets one through although every distinct key fitted its cache.
-func (r *Result) Exactness() error {
-	var errs []error
-	switch {
-	case r.WronglyDropped == 0:
-	case r.Tiers != engine.BloomOnly.String():
-		errs = append(errs, fmt.Errorf("%w: %s dropped %d new keys", ErrExactness, r.Tiers, r.WronglyDropped))
-	case r.Fresh > 0 && !r.bloomOverfilled():
-		p := r.BloomFPConfigured
-		bound := p + 4*math.Sqrt(p*(1-p)/float64(r.Fresh)) + 1/float64(r.Fresh)
-		if rate := float64(r.WronglyDropped) / float64(r.Fresh); rate > bound {
-			errs = append(errs, fmt.Errorf("%w: %s dropped %.4f%% of new keys, above its false-positive rate (%.4f%% allowed)", ErrExactness, r.Tiers, 100*rate, 100*bound))
-		}
-	}
-	switch {
-	case r.DupsLetThrough == 0:
-	case r.Tiers != engine.MemoryOnly.String():
-		errs = append(errs, fmt.Errorf("%w: %s let %d duplicates through", ErrExactness, r.Tiers, r.DupsLetThrough))
-	case r.Fresh <= int64(r.MemoryCapacity):
-		errs = append(errs, fmt.Errorf("%w: %s let %d duplicates through although its %d distinct keys fitted a cache of %d", ErrExactness, r.Tiers, r.DupsLetThrough, r.Fresh, r.MemoryCapacity))
-	}
-	return errors.Join(errs...)
-}
-
-// bloomOverfilled reports filters past their capacity: their own estimate
-// of the false-positive rate exceeds the configured one, which it reaches
-// only when every filter holds ExpectedKeys.
-func (r *Result) bloomOverfilled() bool {
-	return r.Stats.BloomEstimatedFP > r.BloomFPConfigured*1.01
-}
-
-// Warnings says what a run did not exercise, so that a clean result is not
-// read as more than it shows.
-func (r *Result) Warnings() []string {
-	var w []string
-	durable := r.Tiers != engine.MemoryOnly.String() && r.Tiers != engine.BloomOnly.String()
-	if r.Tiers == engine.BloomOnly.String() && r.bloomOverfilled() {
-		w = append(w, fmt.Sprintf("the filters hold more keys than ExpectedKeys (estimated false-positive rate %.4f%%, configured %.4f%%): the rate is not promised past it", 100*r.Stats.BloomEstimatedFP, 100*r.BloomFPConfigured))
-	}
-	if durable && r.DupsChecked && r.Fresh < r.Keys && r.Stats.StoreHits == 0 {
-		w = append(w, "no duplicate reached past the memory tier: the durable tier's duplicate check was not exercised (raise -reach or lower -memory)")
-	}
-	return w
-}
-
-// DayRate is the throughput sustained during one simulated day.
-type DayRate struct {
-	Day        int
-	Keys       int64
-	KeysPerSec float64
-}
-
+// simClock is an engine clock of simulated time: it moves a step per
+// message processed.
 type simClock struct {
 	start     time.Time
 	step      time.Duration
@@ -212,12 +82,99 @@ func (c simClock) Now() time.Time {
 	return c.start.Add(time.Duration(c.processed.Load()) * c.step)
 }
 
+// run is one Run's state, passed between its steps: the configuration
+// with its defaults, the engine and its options, the stream, the figures
+// the workers keep, and the Result being filled.
+type run struct {
+	rc     RunConfig
+	stream *Stream
+	o      engine.Options
+	e      *engine.Engine
+	res    *Result
+	// processed counts the messages marked; the engine's clock reads it.
+	processed atomic.Int64
+	// newsPerKey is the New answers per fresh key, saturating: the ground
+	// truth each answer is checked against.
+	newsPerKey []uint8
+	// before is the heap read before the engine opened.
+	before runtime.MemStats
+	// total is the number of messages, warm those of the warm-up.
+	total, warm int64
+
+	mu        sync.Mutex // guards stream, produced, batches and newsPerKey
+	produced  int64
+	latencies [][]time.Duration // per worker
+	fresh     atomic.Int64
+	news      atomic.Int64
+	firstErr  error
+	errOnce   sync.Once
+	cancel    context.CancelFunc // ends the workers and the sampler
+	segMu     sync.Mutex         // guards segEnds
+	segEnds   []time.Time
+	segLen    int64
+	// Open loop: the measured batches taken so far, when the first was
+	// due, and the interval between two.
+	batches  int64
+	due0     time.Time
+	interval time.Duration
+}
+
 // Run pushes the workload through an engine and measures it.
 func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 	stream, err := NewStream(rc.Workload)
 	if err != nil {
 		return nil, err
 	}
+	if rc, err = rc.withDefaults(); err != nil {
+		return nil, err
+	}
+	r := &run{rc: rc, stream: stream}
+	tmp, err := r.engineOptions()
+	if err != nil {
+		return nil, err
+	}
+	if tmp != "" {
+		defer os.RemoveAll(tmp)
+	}
+	if err := r.openEngine(); err != nil {
+		return nil, err
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			r.e.Close()
+		}
+	}()
+	r.prepare()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r.cancel = cancel
+
+	if r.warm > 0 {
+		r.pump(ctx, r.warm, false) // the warm-up: checked, not measured
+	}
+	start, err := r.timedLoop(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r.rates(start)
+	r.checkAnswers()
+	st, err := r.engineStats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r.heapAndDisk(st)
+	r.filterAndHitRatios(st)
+	closed = true
+	if err := r.e.Close(); err != nil {
+		return r.res, err
+	}
+	return r.res, nil
+}
+
+// withDefaults returns rc with its zero fields given their defaults, or an
+// error for a rate CheckRate refuses.
+func (rc RunConfig) withDefaults() (RunConfig, error) {
 	if rc.Batch <= 0 {
 		rc.Batch = 256
 	}
@@ -225,22 +182,31 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 		rc.Workers = 4 * runtime.GOMAXPROCS(0)
 	}
 	if err := CheckRate(rc.Rate, rc.Batch); err != nil {
-		return nil, err
+		return rc, err
 	}
 	if rc.Sample <= 0 {
 		rc.Sample = time.Second
 	}
-	o := rc.Engine
-	if o.Tiers == engine.Default && o.Backend == nil && o.Dir == "" && o.FS == nil {
-		dir, err := os.MkdirTemp("", "dedupbench-")
-		if err != nil {
-			return nil, err
-		}
-		defer os.RemoveAll(dir)
-		o.Dir = dir
+	if rc.Segments <= 0 {
+		rc.Segments = 1
 	}
-	var processed atomic.Int64
-	o.Clock = simClock{start: stream.Now(), step: stream.step, processed: &processed}
+	return rc, nil
+}
+
+// engineOptions sets r.o to the engine's options: RunConfig.Engine with,
+// in the default configuration given no directory, a temporary directory
+// (returned, for Run to remove), the stream's simulated clock, and a lease
+// that outlasts it.
+func (r *run) engineOptions() (tmp string, err error) {
+	r.o = r.rc.Engine
+	o := &r.o
+	if o.Tiers == engine.Default && o.Backend == nil && o.Dir == "" && o.FS == nil {
+		if tmp, err = os.MkdirTemp("", "dedupbench-"); err != nil {
+			return "", err
+		}
+		o.Dir = tmp
+	}
+	o.Clock = simClock{start: r.stream.Now(), step: r.stream.step, processed: &r.processed}
 	if o.Lease == 0 {
 		// Simulated time runs fast: while one batch is between claim and
 		// commit, the other workers move the clock by many batches, which
@@ -249,279 +215,44 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 		// costs nothing here.
 		o.Lease = o.WithDefaults().Window / 2
 	}
+	return tmp, nil
+}
 
+// openEngine allocates the ground truth, reads the heap, and opens the
+// engine: the heap the engine then grows is what Result.HeapBytes reports.
+func (r *run) openEngine() error {
 	// News per fresh key, saturating: the ground truth each answer is
 	// checked against (one byte a message, allocated before the heap is
 	// measured).
-	newsPerKey := make([]uint8, max(rc.Workload.Keys, 0))
+	r.newsPerKey = make([]uint8, max(r.rc.Workload.Keys, 0))
 	runtime.GC()
-	var before runtime.MemStats
-	runtime.ReadMemStats(&before)
-	e, err := engine.Open(&o)
+	runtime.ReadMemStats(&r.before)
+	e, err := engine.Open(&r.o)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	closed := false
-	defer func() {
-		if !closed {
-			e.Close()
-		}
-	}()
+	r.e = e
+	return nil
+}
 
-	if rc.Segments <= 0 {
-		rc.Segments = 1
+// prepare sizes the run: the messages in all and of the warm-up, the
+// Result to fill, the workers' latencies, the segments, and the open
+// loop's interval between batches.
+func (r *run) prepare() {
+	rc := &r.rc
+	r.total = max(rc.Workload.Keys, 0)
+	r.warm = min(max(rc.Warmup, 0), r.total)
+	r.res = &Result{Tiers: r.o.Name(), Workload: r.stream.Config(), Batch: rc.Batch, Workers: rc.Workers, Warmup: r.warm,
+		MemoryCapacity: r.o.MemoryCapacity, Rate: max(rc.Rate, 0)}
+	if r.res.MemoryCapacity == 0 {
+		r.res.MemoryCapacity = memory.DefaultCapacity
 	}
-	total := max(rc.Workload.Keys, 0)
-	warm := min(max(rc.Warmup, 0), total)
-	res := &Result{Tiers: o.Name(), Workload: stream.Config(), Batch: rc.Batch, Workers: rc.Workers, Warmup: warm,
-		MemoryCapacity: o.MemoryCapacity, Rate: max(rc.Rate, 0)}
-	if res.MemoryCapacity == 0 {
-		res.MemoryCapacity = memory.DefaultCapacity
-	}
-	var (
-		mu        sync.Mutex // guards stream, produced and newsPerKey
-		produced  int64
-		latencies = make([][]time.Duration, rc.Workers)
-		fresh     atomic.Int64
-		news      atomic.Int64
-		firstErr  error
-		errOnce   sync.Once
-		segMu     sync.Mutex // guards segEnds
-		segEnds   = make([]time.Time, rc.Segments)
-		segLen    = max(1, (total-warm)/int64(rc.Segments))
-		// Open loop: the measured batches taken so far, and when the
-		// first was due.
-		batches  int64
-		due0     time.Time
-		interval time.Duration
-	)
+	r.latencies = make([][]time.Duration, rc.Workers)
+	r.segEnds = make([]time.Time, rc.Segments)
+	r.segLen = max(1, (r.total-r.warm)/int64(rc.Segments))
 	if rc.Rate > 0 {
-		interval = time.Duration(float64(rc.Batch) / rc.Rate * float64(time.Second))
+		r.interval = time.Duration(float64(rc.Batch) / rc.Rate * float64(time.Second))
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	// pump runs the workers until the stream has produced limit messages;
-	// measure records their latencies and the segments' ends.
-	pump := func(limit int64, measure bool) {
-		var wg sync.WaitGroup
-		for w := range rc.Workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				var keys [][]byte
-				var kinds []Kind
-				idx := make([]int64, 0, rc.Batch)
-				out := make([]engine.Outcome, rc.Batch)
-				for ctx.Err() == nil {
-					mu.Lock()
-					keys, kinds, idx = stream.IndexedBatch(keys, kinds, idx, int(min(int64(rc.Batch), limit-produced)))
-					produced += int64(len(keys))
-					var due time.Time
-					if measure && interval > 0 {
-						due = due0.Add(time.Duration(batches) * interval)
-						batches++
-					}
-					mu.Unlock()
-					if len(keys) == 0 {
-						return
-					}
-					t0 := time.Now()
-					if !due.IsZero() {
-						if wait := time.Until(due); wait > 0 {
-							select {
-							case <-time.After(wait):
-							case <-ctx.Done():
-								return
-							}
-						}
-						t0 = due // late batches count their waiting
-					}
-					if err := e.MarkBatch(ctx, keys, nil, out[:len(keys)]); err != nil {
-						errOnce.Do(func() { firstErr = err; cancel() })
-						return
-					}
-					if measure {
-						latencies[w] = append(latencies[w], time.Since(t0))
-					}
-					var f, n int64
-					for i, k := range kinds {
-						if k == Fresh {
-							f++
-						}
-						if out[i] == engine.New {
-							n++
-						}
-					}
-					fresh.Add(f)
-					news.Add(n)
-					mu.Lock()
-					for i, o := range out[:len(keys)] {
-						if o == engine.New && newsPerKey[idx[i]] < 255 {
-							newsPerKey[idx[i]]++
-						}
-					}
-					mu.Unlock()
-					v := processed.Add(int64(len(keys)))
-					if measure {
-						// The batch that carries the count past a segment's
-						// last message ends that segment.
-						now := time.Now()
-						segMu.Lock()
-						for k := range segEnds {
-							end := warm + int64(k+1)*segLen
-							if k == len(segEnds)-1 {
-								end = total
-							}
-							if end <= v && end > v-int64(len(keys)) {
-								segEnds[k] = now
-							}
-						}
-						segMu.Unlock()
-					}
-				}
-			}()
-		}
-		wg.Wait()
-	}
-	if warm > 0 {
-		pump(warm, false)
-	}
-	start := time.Now()
-	due0 = start
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		t := time.NewTicker(rc.Sample)
-		defer t.Stop()
-		last, lastAt := processed.Load(), time.Duration(0)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			n, at := processed.Load(), time.Since(start)
-			st := e.Stats()
-			p := Point{At: at, Keys: n, KeysPerSec: float64(n-last) / (at - lastAt).Seconds(),
-				SimTime: o.Clock.Now(), Rotations: st.PartitionDropped, DiskBytes: st.DiskBytes}
-			if known := st.TableBytes + st.WALBytes + st.WALRecycledBytes; st.DiskBytes > known {
-				p.OtherDiskBytes = st.DiskBytes - known
-			}
-			last, lastAt = n, at
-			res.Series = append(res.Series, p)
-			if rc.Progress != nil {
-				rc.Progress(p)
-			}
-		}
-	}()
-	if firstErr == nil {
-		pump(total, true)
-	}
-	res.Elapsed = time.Since(start)
-	cancel()
-	<-sampled
-	// A last point, so that even a run shorter than one sample has a series.
-	last := Point{Keys: warm}
-	if len(res.Series) > 0 {
-		last = res.Series[len(res.Series)-1]
-	}
-	if n := processed.Load(); n > last.Keys {
-		res.Series = append(res.Series, Point{At: res.Elapsed, Keys: n,
-			KeysPerSec: float64(n-last.Keys) / (res.Elapsed - last.At).Seconds(),
-			SimTime:    o.Clock.Now(), Rotations: e.Stats().PartitionDropped})
-	}
-	if firstErr != nil && !errors.Is(firstErr, context.Canceled) {
-		return nil, fmt.Errorf("bench: run: %w", firstErr)
-	}
-	res.PerDay = perDay(res.Series, stream.start, Point{Keys: warm, SimTime: stream.start.Add(time.Duration(warm) * stream.step)})
-	res.Keys = processed.Load()
-	res.Measured = res.Keys - warm
-	res.KeysPerSec = float64(res.Measured) / res.Elapsed.Seconds()
-	if rc.Segments > 1 {
-		prev := start
-		for k, end := range segEnds {
-			n := segLen
-			if k == len(segEnds)-1 {
-				n = res.Measured - int64(k)*segLen
-			}
-			if end.IsZero() || n <= 0 {
-				break
-			}
-			if d := end.Sub(prev); d > 0 {
-				res.SegmentRates = append(res.SegmentRates, float64(n)/d.Seconds())
-			}
-			prev = end
-		}
-		if len(res.SegmentRates) > 0 {
-			sorted := slices.Clone(res.SegmentRates)
-			slices.Sort(sorted)
-			res.KeysPerSec = sorted[len(sorted)/2]
-		}
-	}
-	res.IDsPerDay = res.KeysPerSec * 86400
-	all := slices.Concat(latencies...)
-	res.BatchLatency = percentiles(all)
-	for i := range all {
-		all[i] /= time.Duration(rc.Batch)
-	}
-	res.KeyLatency = percentiles(all)
-	res.Fresh, res.New = fresh.Load(), news.Load()
-	res.DupsChecked = stream.Config().DupReach <= o.WithDefaults().Window
-	for _, n := range newsPerKey[:stream.fresh] {
-		switch {
-		case n == 0:
-			res.WronglyDropped++
-		case n > 1 && res.DupsChecked:
-			res.DupsLetThrough += int64(n) - 1
-		}
-	}
-
-	st := e.Stats()
-	res.Stats = st
-	if rc.Compact && o.Tiers == engine.Default && o.Backend == nil {
-		if err := e.Compact(context.WithoutCancel(ctx)); err != nil {
-			return nil, err
-		}
-		res.CompactedTableBytes = e.Stats().TableBytes
-	}
-	runtime.GC()
-	var after runtime.MemStats
-	runtime.ReadMemStats(&after)
-	// The ground truth was allocated before the first reading: it must
-	// still be there at this one, or the heap reads low by a byte a key.
-	runtime.KeepAlive(newsPerKey)
-	if after.HeapAlloc > before.HeapAlloc {
-		res.HeapBytes = after.HeapAlloc - before.HeapAlloc
-	}
-	held := st.Commits // keys committed; all inside the window unless partitions were dropped
-	if held > 0 {
-		res.HeapBytesPerKey = float64(res.HeapBytes) / float64(held)
-		res.DiskBytes, res.TableBytes, res.WALBytes = st.DiskBytes, st.TableBytes, st.WALBytes
-		res.DiskBytesPerKey = float64(st.DiskBytes) / float64(held)
-		res.TableBytesPerKey = float64(st.TableBytes) / float64(held)
-	}
-	if absent := st.BloomNegatives + st.BloomFalsePositives; absent > 0 {
-		res.BloomFPMeasured = float64(st.BloomFalsePositives) / float64(absent)
-	} else if o.Tiers == engine.BloomOnly && res.Fresh > 0 {
-		// No exact tier to overturn a maybe: every false positive is a new
-		// key answered Duplicate.
-		res.BloomFPMeasured = float64(res.WronglyDropped) / float64(res.Fresh)
-	}
-	res.BloomFPConfigured = st.BloomTargetFP
-	if st.Claims > 0 {
-		res.MemoryHitRatio = float64(st.MemoryHits) / float64(st.Claims)
-	}
-	if st.MemoryMisses > 0 {
-		res.BloomNegativeRatio = float64(st.BloomNegatives) / float64(st.MemoryMisses)
-	}
-	if st.StoreReads > 0 {
-		res.StoreHitRatio = float64(st.StoreHits) / float64(st.StoreReads)
-	}
-	closed = true
-	if err := e.Close(); err != nil {
-		return res, err
-	}
-	return res, nil
 }
 
 // CheckRate refuses an open-loop rate whose batches would not be due
@@ -543,39 +274,4 @@ func CheckRate(rate float64, batch int) error {
 		return fmt.Errorf("bench: Rate %v keys/s puts batches of %d %gs apart: want between a nanosecond and an hour", rate, batch, secs)
 	}
 	return nil
-}
-
-// perDay groups the series by simulated day (counted from start); first
-// is where the series begins (the end of a warm-up).
-func perDay(series []Point, start time.Time, first Point) []DayRate {
-	var out []DayRate
-	prev := first
-	prevSim := first.SimTime
-	for _, p := range series {
-		// A sample covers (prev, p]: it belongs to the day it began in.
-		day := int(prevSim.Sub(start) / (24 * time.Hour))
-		prevSim = p.SimTime
-		if len(out) == 0 || out[len(out)-1].Day != day {
-			out = append(out, DayRate{Day: day})
-		}
-		d := &out[len(out)-1]
-		d.Keys += p.Keys - prev.Keys
-		d.KeysPerSec += (p.At - prev.At).Seconds() // wall seconds, divided below
-		prev = p
-	}
-	for i := range out {
-		if out[i].KeysPerSec > 0 {
-			out[i].KeysPerSec = float64(out[i].Keys) / out[i].KeysPerSec
-		}
-	}
-	return out
-}
-
-func percentiles(d []time.Duration) Percentiles {
-	if len(d) == 0 {
-		return Percentiles{}
-	}
-	slices.Sort(d)
-	at := func(q float64) time.Duration { return d[min(len(d)-1, int(q*float64(len(d))))] }
-	return Percentiles{P50: at(0.5), P99: at(0.99), P999: at(0.999), Max: d[len(d)-1]}
 }

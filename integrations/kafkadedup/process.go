@@ -73,6 +73,47 @@ func (m *Member) Run(ctx context.Context, cl *kgo.Client, h Handler) error {
 
 // batch handles one partition's records.
 func (m *Member) batch(ctx context.Context, cl *kgo.Client, t tp, p *partition, recs []*kgo.Record, h Handler) error {
+	recs, resume := p.unhandled(recs)
+	if len(recs) == 0 {
+		return nil
+	}
+	m.stats.records.Add(uint64(len(recs)))
+	claims, bad, err := m.claim(ctx, p, recs)
+	if err != nil {
+		p.stopAt(cl, t, resume)
+		return err
+	}
+	writes, stop, herr := m.handle(ctx, recs, claims, bad, h)
+	next := recs[len(recs)-1].Offset + 1
+	if stop < len(recs) {
+		next = recs[stop].Offset
+		if err := m.giveBack(ctx, p, claims[stop:]); err != nil {
+			return errors.Join(herr, err)
+		}
+	}
+	if err := m.commit(ctx, p, claims[:stop], writes, next); err != nil {
+		// Nothing of the batch is durable: handle it again from the
+		// stored offset.
+		_ = p.e.UnclaimBatch(ctx, claims[:stop], nil)
+		p.stopAt(cl, t, resume)
+		return errors.Join(herr, err)
+	}
+	p.next.Store(next)
+	if stop < len(recs) {
+		p.stopAt(cl, t, next)
+	}
+	if m.o.CommitToGroup {
+		cl.MarkCommitOffsets(map[string]map[int32]kgo.EpochOffset{t.topic: {t.part: {Epoch: -1, Offset: next}}})
+	}
+	return herr
+}
+
+// unhandled returns the records of recs that the partition has yet to
+// handle, from its stored offset on, and the offset it resumes at if they
+// do not commit. It returns none when every record precedes the stored
+// offset, or when they start beyond the offset the partition stopped at;
+// a batch that starts at that offset clears the stop.
+func (p *partition) unhandled(recs []*kgo.Record) (_ []*kgo.Record, resume int64) {
 	// Records before the stored offset were handled and committed already.
 	stored := p.next.Load()
 	first := 0
@@ -81,20 +122,26 @@ func (m *Member) batch(ctx context.Context, cl *kgo.Client, t tp, p *partition, 
 	}
 	recs = recs[first:]
 	if len(recs) == 0 {
-		return nil
+		return nil, 0
 	}
 	if at := p.stopped.Load(); at >= 0 {
 		if recs[0].Offset > at {
-			return nil // from beyond the stop: the client fetches again from it
+			return nil, 0 // from beyond the stop: the client fetches again from it
 		}
 		p.stopped.Store(-1)
 	}
 	// Where the partition resumes if this batch does not commit.
-	resume := stored
+	resume = stored
 	if resume < 0 {
 		resume = recs[0].Offset
 	}
-	m.stats.records.Add(uint64(len(recs)))
+	return recs, resume
+}
+
+// claim claims the keys of recs in the partition's engine with one
+// ClaimBatch and returns each record's claim. A record whose key the
+// engine would refuse is not claimed: bad holds why, by record.
+func (m *Member) claim(ctx context.Context, p *partition, recs []*kgo.Record) (claims []engine.Claim, bad []error, err error) {
 	keys := make([][]byte, len(recs))
 	var digests []engine.Digest
 	if m.o.Digest != nil {
@@ -102,7 +149,7 @@ func (m *Member) batch(ctx context.Context, cl *kgo.Client, t tp, p *partition, 
 	}
 	// A key the engine refuses would fail the whole batch: reject the
 	// record instead (the engine's own limits decide).
-	bad := make([]error, len(recs))
+	bad = make([]error, len(recs))
 	valid := keys[:0:0]
 	var validAt []int
 	for i, r := range recs {
@@ -123,18 +170,23 @@ func (m *Member) batch(ctx context.Context, cl *kgo.Client, t tp, p *partition, 
 		vdigests = digests[:len(valid)]
 	}
 	if err := p.e.ClaimBatch(ctx, valid, vdigests, vclaims); err != nil {
-		p.stopAt(cl, t, resume)
-		return err
+		return nil, nil, err
 	}
-	claims := make([]engine.Claim, len(recs))
+	claims = make([]engine.Claim, len(recs))
 	for j, i := range validAt {
 		claims[i] = vclaims[j]
 	}
+	return claims, bad, nil
+}
 
-	var writes []engine.Write
+// handle goes through recs in offset order as their claims say: it hands
+// the New ones to h, collecting their writes, counts the duplicates and
+// rejects the records it must. It returns the writes and where it
+// stopped: len(recs), or the record whose handler failed or whose key is
+// in flight elsewhere, with why (herr).
+func (m *Member) handle(ctx context.Context, recs []*kgo.Record, claims []engine.Claim, bad []error, h Handler) (writes []engine.Write, stop int, herr error) {
 	claimed := map[string]bool{} // keys claimed New earlier in this batch
-	stop := len(recs)
-	var herr error
+	stop = len(recs)
 records:
 	for i, r := range recs {
 		c := &claims[i]
@@ -165,41 +217,36 @@ records:
 			m.reject(ctx, r, ErrConflict)
 		}
 	}
+	return writes, stop, herr
+}
 
-	next := recs[len(recs)-1].Offset + 1
-	if stop < len(recs) {
-		next = recs[stop].Offset
-		m.stats.failed.Add(1)
-		if c := claims[stop]; c.Outcome == engine.New {
-			_ = p.e.Release(ctx, c) // the handler failed: an attempt
-		}
-		if err := p.e.UnclaimBatch(ctx, claims[stop+1:], nil); err != nil {
-			return errors.Join(herr, err)
-		}
+// giveBack gives back the claims of a batch from the record it stopped at
+// on, counting the stop as a failure: the stopped record's claim is
+// released if it was New (the handler failed: an attempt), the later ones
+// are given back uncounted.
+func (m *Member) giveBack(ctx context.Context, p *partition, claims []engine.Claim) error {
+	m.stats.failed.Add(1)
+	if c := claims[0]; c.Outcome == engine.New {
+		_ = p.e.Release(ctx, c) // the handler failed: an attempt
 	}
+	return p.e.UnclaimBatch(ctx, claims[1:], nil)
+}
+
+// commit commits claims, the handlers' writes and the partition's next
+// offset with one CommitBatchWith, and counts the New claims committed.
+func (m *Member) commit(ctx context.Context, p *partition, claims []engine.Claim, writes []engine.Write, next int64) error {
 	var offset [8]byte
 	binary.BigEndian.PutUint64(offset[:], uint64(next))
 	writes = append(writes, engine.Write{Key: p.key, Value: offset[:]})
-	if err := p.e.CommitBatchWith(ctx, claims[:stop], nil, writes); err != nil {
-		// Nothing of the batch is durable: handle it again from the
-		// stored offset.
-		_ = p.e.UnclaimBatch(ctx, claims[:stop], nil)
-		p.stopAt(cl, t, resume)
-		return errors.Join(herr, err)
+	if err := p.e.CommitBatchWith(ctx, claims, nil, writes); err != nil {
+		return err
 	}
-	for i := range stop {
+	for i := range claims {
 		if claims[i].Outcome == engine.New {
 			m.stats.news.Add(1)
 		}
 	}
-	p.next.Store(next)
-	if stop < len(recs) {
-		p.stopAt(cl, t, next)
-	}
-	if m.o.CommitToGroup {
-		cl.MarkCommitOffsets(map[string]map[int32]kgo.EpochOffset{t.topic: {t.part: {Epoch: -1, Offset: next}}})
-	}
-	return herr
+	return nil
 }
 
 // stopAt stops partition t at offset at: its records are ignored until a

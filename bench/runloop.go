@@ -1,0 +1,191 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/tierdedup/tierdedup/engine"
+)
+
+// timedLoop is the measured part of a run: it starts the sampler's
+// progress ticks, runs the workers through the rest of the stream (unless
+// the warm-up failed), stops the sampler and closes the series. It returns
+// when the loop started, or the first worker error that is not a
+// cancellation.
+func (r *run) timedLoop(ctx context.Context) (time.Time, error) {
+	start := time.Now()
+	r.due0 = start
+	sampled := make(chan struct{})
+	go r.sample(ctx, start, sampled)
+	if r.firstErr == nil {
+		r.pump(ctx, r.total, true)
+	}
+	r.res.Elapsed = time.Since(start)
+	r.cancel()
+	<-sampled
+	r.closeSeries()
+	if r.firstErr != nil && !errors.Is(r.firstErr, context.Canceled) {
+		return start, fmt.Errorf("bench: run: %w", r.firstErr)
+	}
+	return start, nil
+}
+
+// pump runs the workers until the stream has produced limit messages;
+// measure records their latencies and the segments' ends.
+func (r *run) pump(ctx context.Context, limit int64, measure bool) {
+	var wg sync.WaitGroup
+	for w := range r.rc.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.work(ctx, w, limit, measure)
+		}()
+	}
+	wg.Wait()
+}
+
+// work is worker w of pump: it takes batches until the stream has produced
+// limit messages or ctx ends, marks each (an open-loop batch no earlier
+// than it is due), and counts its answers. The first error cancels the run.
+func (r *run) work(ctx context.Context, w int, limit int64, measure bool) {
+	var keys [][]byte
+	var kinds []Kind
+	idx := make([]int64, 0, r.rc.Batch)
+	out := make([]engine.Outcome, r.rc.Batch)
+	for ctx.Err() == nil {
+		var due time.Time
+		keys, kinds, idx, due = r.take(keys, kinds, idx, limit, measure)
+		if len(keys) == 0 {
+			return
+		}
+		t0 := time.Now()
+		if !due.IsZero() {
+			if wait := time.Until(due); wait > 0 {
+				select {
+				case <-time.After(wait):
+				case <-ctx.Done():
+					return
+				}
+			}
+			t0 = due // late batches count their waiting
+		}
+		if err := r.e.MarkBatch(ctx, keys, nil, out[:len(keys)]); err != nil {
+			r.errOnce.Do(func() { r.firstErr = err; r.cancel() })
+			return
+		}
+		if measure {
+			r.latencies[w] = append(r.latencies[w], time.Since(t0))
+		}
+		r.count(kinds, idx, out[:len(keys)])
+		v := r.processed.Add(int64(len(keys)))
+		if measure {
+			r.endSegments(v, int64(len(keys)))
+		}
+	}
+}
+
+// take fills keys, kinds and idx with the stream's next batch, no further
+// than limit messages, and returns them with the time the batch is due: a
+// measured batch of an open loop is due an interval after the one before,
+// any other at the zero time.
+func (r *run) take(keys [][]byte, kinds []Kind, idx []int64, limit int64, measure bool) ([][]byte, []Kind, []int64, time.Time) {
+	r.mu.Lock()
+	keys, kinds, idx = r.stream.IndexedBatch(keys, kinds, idx, int(min(int64(r.rc.Batch), limit-r.produced)))
+	r.produced += int64(len(keys))
+	var due time.Time
+	if measure && r.interval > 0 {
+		due = r.due0.Add(time.Duration(r.batches) * r.interval)
+		r.batches++
+	}
+	r.mu.Unlock()
+	return keys, kinds, idx, due
+}
+
+// count adds a batch's fresh keys and New answers to the run's totals, and
+// each New answer to its key's count in the ground truth.
+func (r *run) count(kinds []Kind, idx []int64, out []engine.Outcome) {
+	var f, n int64
+	for i, k := range kinds {
+		if k == Fresh {
+			f++
+		}
+		if out[i] == engine.New {
+			n++
+		}
+	}
+	r.fresh.Add(f)
+	r.news.Add(n)
+	r.mu.Lock()
+	for i, o := range out {
+		if o == engine.New && r.newsPerKey[idx[i]] < 255 {
+			r.newsPerKey[idx[i]]++
+		}
+	}
+	r.mu.Unlock()
+}
+
+// endSegments records now as the end of the segments whose last message
+// is in the batch of n messages that brought the count processed to v.
+func (r *run) endSegments(v, n int64) {
+	// The batch that carries the count past a segment's last message ends
+	// that segment.
+	now := time.Now()
+	r.segMu.Lock()
+	for k := range r.segEnds {
+		end := r.warm + int64(k+1)*r.segLen
+		if k == len(r.segEnds)-1 {
+			end = r.total
+		}
+		if end <= v && end > v-n {
+			r.segEnds[k] = now
+		}
+	}
+	r.segMu.Unlock()
+}
+
+// sample is the progress ticks of the timed loop that started at start:
+// every RunConfig.Sample until ctx ends, it appends a Point to the series
+// and passes it to RunConfig.Progress. It closes done when it returns.
+func (r *run) sample(ctx context.Context, start time.Time, done chan<- struct{}) {
+	defer close(done)
+	t := time.NewTicker(r.rc.Sample)
+	defer t.Stop()
+	last, lastAt := r.processed.Load(), time.Duration(0)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, at := r.processed.Load(), time.Since(start)
+		st := r.e.Stats()
+		p := Point{At: at, Keys: n, KeysPerSec: float64(n-last) / (at - lastAt).Seconds(),
+			SimTime: r.o.Clock.Now(), Rotations: st.PartitionDropped, DiskBytes: st.DiskBytes}
+		if known := st.TableBytes + st.WALBytes + st.WALRecycledBytes; st.DiskBytes > known {
+			p.OtherDiskBytes = st.DiskBytes - known
+		}
+		last, lastAt = n, at
+		r.res.Series = append(r.res.Series, p)
+		if r.rc.Progress != nil {
+			r.rc.Progress(p)
+		}
+	}
+}
+
+// closeSeries appends a last point to the series, so that even a run
+// shorter than one sample has a series.
+func (r *run) closeSeries() {
+	res := r.res
+	last := Point{Keys: r.warm}
+	if len(res.Series) > 0 {
+		last = res.Series[len(res.Series)-1]
+	}
+	if n := r.processed.Load(); n > last.Keys {
+		res.Series = append(res.Series, Point{At: res.Elapsed, Keys: n,
+			KeysPerSec: float64(n-last.Keys) / (res.Elapsed - last.At).Seconds(),
+			SimTime:    r.o.Clock.Now(), Rotations: r.e.Stats().PartitionDropped})
+	}
+}
