@@ -343,11 +343,12 @@ func (e *Engine) writeCommits(ctx context.Context, call commitCall, b *batch, k 
 		// lease. A mark's caller has not processed its message: remember
 		// its token, so that a retried mark that finds this commit is New.
 		if call.p.marks() && shared {
-			tokens, keep := make([]uint64, k), make([]int64, k)
+			tokens, keep, attempts := make([]uint64, k), make([]int64, k), make([]uint16, k)
 			for j := range k {
-				tokens[j], keep[j] = claims[b.cand[j]].rtoken, now+e.window
+				c := &claims[b.cand[j]]
+				tokens[j], keep[j], attempts[j] = c.rtoken, now+e.window, c.attempts
 			}
-			e.retries.remember(b.cfps[:k], tokens, keep, now, true)
+			e.retries.remember(b.cfps[:k], tokens, keep, attempts, now, true)
 		}
 		return 0, e.tierError(err)
 	}

@@ -42,6 +42,11 @@ func Open(opts *Options) (_ *Engine, err error) {
 		}
 	}()
 	now := e.reading()
+	if now == 0 && o.Dir == "" {
+		// Only a directory may hold a reading to stand on: refused before
+		// any tier is opened (a shared tier would record its layout).
+		return nil, e.clockError()
+	}
 	switch {
 	case o.Backend != nil:
 		err = e.openBackend(o, &opened)
@@ -150,7 +155,7 @@ func (e *Engine) openLocal(o Options, now int64, opened *closers) (int64, error)
 		Logger: o.Logger, Now: now,
 	})
 	if errors.Is(err, embedded.ErrNoClock) {
-		return 0, fmt.Errorf("%w: Clock reads %v, outside [%v, %v], and the directory holds no earlier reading", ErrOptions, e.clock.Now(), minClock, maxClock)
+		return 0, e.clockError()
 	}
 	if err != nil {
 		return 0, err // tier's ErrLocked, ErrLayout, ErrOptions or ErrStorage, which the engine's are
@@ -172,7 +177,7 @@ func (e *Engine) assemble(o Options, now int64) error {
 		// A clock outside the range the engine takes as time, and no
 		// stored reading to stand on: running at 1970 would let the first
 		// sane reading drop every partition written meanwhile.
-		return fmt.Errorf("%w: Clock reads %v, outside [%v, %v], and the directory holds no earlier reading", ErrOptions, e.clock.Now(), minClock, maxClock)
+		return e.clockError()
 	}
 	if e.exact != nil {
 		e.capabilities()
@@ -198,6 +203,13 @@ func (e *Engine) assemble(o Options, now int64) error {
 		e.queue = newCommitQueue(e, o.CommitQueue)
 	}
 	return nil
+}
+
+// clockError refuses a clock outside the range the engine takes as time
+// with no stored reading to stand on: running at 1970 would let the first
+// sane reading drop every partition written meanwhile.
+func (e *Engine) clockError() error {
+	return fmt.Errorf("%w: Clock reads %v, outside [%v, %v], and the directory holds no earlier reading", ErrOptions, e.clock.Now(), minClock, maxClock)
 }
 
 // capabilities finds the optional interfaces of the exact tier, under the

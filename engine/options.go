@@ -300,7 +300,7 @@ func (o *Options) Validate() error {
 	if o.MaxResultSize < 0 || o.MaxResultSize > MaxResultSize {
 		bad("MaxResultSize %d is outside [1, %d]", o.MaxResultSize, MaxResultSize)
 	}
-	if o.Backend != nil && d.Window > 0 && d.Partition > 0 {
+	if o.Backend != nil {
 		if err := o.Backend.Validate(d.env()); err != nil {
 			errs = append(errs, err) // each matches tier.ErrOptions, which ErrOptions is
 		}

@@ -153,7 +153,7 @@ func (e *Engine) exactRequests(b *batch, ns *Namespace, out []Claim, c *tally, n
 			if rt, ok := e.retries.take(out[i].fp, now); ok {
 				// A retry of a claim whose reply was lost: the same token,
 				// and no more lease than that claim has in the tier.
-				out[i].rtoken = rt.token
+				out[i].rtoken, out[i].attempts = rt.token, rt.attempts
 				if rt.mark {
 					retried[j] = true
 				} else {
@@ -186,7 +186,7 @@ func (e *Engine) claimFailed(b *batch, out []Claim, now int64, p purpose) {
 			leases[q] = now + e.window // a mark may have committed: its retry must find it its own
 		}
 	}
-	e.retries.remember(fps, tokens, leases, now, p == forMarkInTier)
+	e.retries.remember(fps, tokens, leases, nil, now, p == forMarkInTier)
 }
 
 // decideAll decides each candidate the exact tier answered (b.ans[q] for

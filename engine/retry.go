@@ -33,10 +33,14 @@ type retry struct {
 	token      uint64 // the owner token's counter in the shared tier
 	leaseUntil int64  // until when to remember it, engine time: the failed claim's lease end, or a mark's window
 	mark       bool   // a MarkBatch commit whose reply was lost
+	// attempts is the count the lost mark's claim carried (its commit
+	// replaced it in the tier): a give-back of the retry restores it.
+	attempts uint16
 }
 
-// remember records the tokens of claims whose outcome is unknown.
-func (r *retries) remember(fps []shard.Fingerprint, tokens []uint64, leases []int64, now int64, mark bool) {
+// remember records the tokens of claims whose outcome is unknown, and
+// (attempts, nil for none) the counts they carried.
+func (r *retries) remember(fps []shard.Fingerprint, tokens []uint64, leases []int64, attempts []uint16, now int64, mark bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.mu.m == nil {
@@ -49,7 +53,11 @@ func (r *retries) remember(fps []shard.Fingerprint, tokens []uint64, leases []in
 				break
 			}
 		}
-		r.mu.m[fp] = retry{token: tokens[i], leaseUntil: leases[i], mark: mark}
+		rt := retry{token: tokens[i], leaseUntil: leases[i], mark: mark}
+		if attempts != nil {
+			rt.attempts = attempts[i]
+		}
+		r.mu.m[fp] = rt
 	}
 	r.n.Store(int32(len(r.mu.m)))
 }

@@ -2,6 +2,7 @@ package tier
 
 import (
 	"context"
+	"reflect"
 	"log"
 	"time"
 )
@@ -59,4 +60,19 @@ type Env struct {
 	NoSharedCache bool
 	// Logger receives the tier's warnings; never nil.
 	Logger *log.Logger
+}
+
+// Nil reports whether v is nil or an interface value holding a nil
+// pointer, map, slice, function or channel: a client variable left nil
+// (a *redis.Client, a *pgxpool.Pool) is not a nil interface, and a
+// Backend's Validate refuses it rather than letting Open panic on it.
+func Nil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		return rv.IsNil()
+	}
+	return false
 }

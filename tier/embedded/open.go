@@ -42,6 +42,10 @@ func Open(o *Options) (_ *Store, err error) {
 			s.closeOpened()
 		}
 	}()
+	if s.now == 0 && !s.recordsClock(o) {
+		// Nothing to stand on: refused before anything is created.
+		return nil, ErrNoClock
+	}
 	if o.BloomOnly {
 		err = s.openBloomOnly(o)
 	} else {
@@ -62,6 +66,18 @@ func Open(o *Options) (_ *Store, err error) {
 		s.holdDir(s.snapshots.fs, o.Dir)
 	}
 	return s, nil
+}
+
+// recordsClock reports whether o.Dir may hold a clock reading: a Pebble
+// store (not BloomOnly) or bloom-only's saved state.
+func (s *Store) recordsClock(o *Options) bool {
+	switch {
+	case s.snapshots == nil:
+		return false
+	case o.BloomOnly:
+		return s.snapshots.exists()
+	}
+	return s.snapshots.holdsStore() || s.snapshots.exists()
 }
 
 // Discard closes a store that was never started (its owner failed to open
@@ -109,7 +125,7 @@ func (s *Store) openPebble(o *Options) error {
 		return fmt.Errorf("%w: %w", tier.ErrStorage, err)
 	}
 	if s.now = max(s.now, hw); s.now == 0 {
-		return nil // Open refuses it before anything is written
+		return nil // Open refuses it, the store holding no reading either
 	}
 	s.sealFrom = math.MinInt64
 	if created, err := store.Created(); err == nil {

@@ -46,14 +46,8 @@ func (s *snapshotFile) save(f *bloom.Filters, meta bloom.SnapshotMeta) error {
 // old file or the new one, never half of one. It returns write's checksum
 // and the file's size.
 func (s *snapshotFile) saveAs(name string, write func(io.Writer) (uint32, error)) (sum uint32, size int64, err error) {
-	if _, err := s.fs.Stat(s.dir); err != nil {
-		// A new directory: its entry in the parent is made durable too.
-		if err := s.fs.MkdirAll(s.dir, 0o755); err != nil {
-			return 0, 0, err
-		}
-		if err := syncDir(s.fs, s.fs.PathDir(s.dir)); err != nil {
-			return 0, 0, err
-		}
+	if err := mkdirDurable(s.fs, s.dir); err != nil {
+		return 0, 0, err
 	}
 	path := s.fs.PathJoin(s.dir, name)
 	tmp := path + ".tmp"
@@ -121,6 +115,34 @@ func (s *snapshotFile) size(name string) (int64, error) {
 }
 
 func (s *snapshotFile) syncDir() error { return syncDir(s.fs, s.dir) }
+
+// mkdirDurable creates dir and any missing parents, and syncs the parent
+// of each directory it created, so that a machine crash cannot lose the
+// directory (and what is later written and synced inside it).
+func mkdirDurable(fs vfs.FS, dir string) error {
+	var missing []string
+	for d := dir; ; d = fs.PathDir(d) {
+		if _, err := fs.Stat(d); err == nil {
+			break
+		}
+		missing = append(missing, d)
+		if fs.PathDir(d) == d {
+			break
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	if err := fs.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		if err := syncDir(fs, fs.PathDir(missing[i])); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 func syncDir(fs vfs.FS, dir string) error {
 	d, err := fs.OpenDir(dir)
@@ -200,16 +222,30 @@ func (s *snapshotFile) refuseState() error {
 
 // refuseStore refuses bloom-only in a directory that holds a Pebble store.
 func (s *snapshotFile) refuseStore() error {
+	if s.holdsStore() {
+		return layoutError("Tiers", "memory+bloom+pebble", "bloom")
+	}
+	return nil
+}
+
+// holdsStore reports whether the directory holds a Pebble store.
+func (s *snapshotFile) holdsStore() bool {
 	names, err := s.fs.List(s.dir)
 	if err != nil {
-		return nil // no directory yet
+		return false // no directory yet
 	}
 	for _, n := range names {
 		if n == "CURRENT" || strings.HasPrefix(n, "MANIFEST-") || strings.HasPrefix(n, "marker.manifest") {
-			return layoutError("Tiers", "memory+bloom+pebble", "bloom")
+			return true
 		}
 	}
-	return nil
+	return false
+}
+
+// exists reports whether the snapshot file exists.
+func (s *snapshotFile) exists() bool {
+	_, err := s.fs.Stat(s.path)
+	return err == nil
 }
 
 // lockName is bloom-only's lock file inside Dir (a store has Pebble's).
@@ -217,7 +253,7 @@ const lockName = "tierdedup.lock"
 
 // lock takes Dir for this process, or fails with tier.ErrLocked.
 func (s *snapshotFile) lock() (io.Closer, error) {
-	if err := s.fs.MkdirAll(s.dir, 0o755); err != nil {
+	if err := mkdirDurable(s.fs, s.dir); err != nil {
 		return nil, fmt.Errorf("%w: %w", tier.ErrStorage, err)
 	}
 	l, err := s.fs.Lock(s.fs.PathJoin(s.dir, lockName))

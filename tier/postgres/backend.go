@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/tierdedup/tierdedup/tier"
 )
@@ -40,21 +41,25 @@ func (b *Backend) Name() string { return "postgres" }
 // the claims.
 func (b *Backend) Claims() tier.Where { return tier.ClaimsInStore }
 
-// Validate reports a nil database, an invalid table name and namespace
-// windows (a row's expiry is the table's window); each error matches
+// Validate reports a nil database (also a typed nil, such as a
+// *pgxpool.Pool left nil), an invalid table name and namespace windows (a
+// row's expiry is the table's window), all at once; each error matches
 // tier.ErrOptions and ErrOptions.
 func (b *Backend) Validate(env tier.Env) error {
 	var errs []error
-	if b == nil || b.db == nil {
-		return fmt.Errorf("%w: %w: the PostgreSQL backend needs a database", tier.ErrOptions, ErrOptions)
+	if b == nil {
+		return fmt.Errorf("%w: %w: a nil PostgreSQL backend", tier.ErrOptions, ErrOptions)
+	}
+	if tier.Nil(b.db) {
+		errs = append(errs, fmt.Errorf("%w: %w: the PostgreSQL backend needs a database (it is nil)", tier.ErrOptions, ErrOptions))
 	}
 	if len(env.NamespaceWindows) > 0 {
 		errs = append(errs, fmt.Errorf("%w: %w: NamespaceWindows are not supported by the PostgreSQL tier", tier.ErrOptions, ErrOptions))
 	}
 	o := b.options(env)
-	if env.Window == 0 {
-		o.Window = 1 << 62 // the engine's window is checked by the engine
-	}
+	// The engine's own settings (window, attempts) are the engine's to
+	// report: only the table's are checked here.
+	o.Window, o.MaxAttempts = max(o.Window, time.Millisecond), 0
 	if err := o.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("%w: %w", tier.ErrOptions, err))
 	}

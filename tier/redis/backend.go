@@ -46,13 +46,16 @@ func (b *Backend) Name() string { return "redis" }
 // the claims.
 func (b *Backend) Claims() tier.Where { return tier.ClaimsInStore }
 
-// Validate reports a nil client and a prefix Redis keys cannot carry; each
-// error matches tier.ErrOptions and ErrOptions.
+// Validate reports a nil client (also a typed nil, such as a
+// *goredis.Client left nil) and a prefix Redis keys cannot carry, all at
+// once; each error matches tier.ErrOptions and ErrOptions.
 func (b *Backend) Validate(env tier.Env) error {
 	var errs []error
-	if b == nil || b.client == nil {
-		errs = append(errs, fmt.Errorf("%w: %w: the Redis backend needs a client", tier.ErrOptions, ErrOptions))
-		return errors.Join(errs...)
+	if b == nil {
+		return fmt.Errorf("%w: %w: a nil Redis backend", tier.ErrOptions, ErrOptions)
+	}
+	if tier.Nil(b.client) {
+		errs = append(errs, fmt.Errorf("%w: %w: the Redis backend needs a client (it is nil)", tier.ErrOptions, ErrOptions))
 	}
 	if strings.ContainsAny(b.config.Prefix, "{}") {
 		errs = append(errs, fmt.Errorf("%w: %w: Prefix %q contains a hash-tag brace, which would pin every key to one cluster slot", tier.ErrOptions, ErrOptions, b.config.Prefix))
