@@ -25,8 +25,7 @@ import (
 //	go test -run '^$' -bench Redis -cpu 2 ./bench/
 func BenchmarkRedis(b *testing.B) {
 	srv := redistest.Start(b)
-	client := goredis.NewClient(&goredis.Options{Addr: srv.Addr, PoolSize: 64})
-	defer client.Close()
+	client := srv.ClientWith(b, &goredis.Options{PoolSize: 64})
 	for _, batch := range []int{1, 256} {
 		for _, op := range []string{"claim", "mark"} {
 			b.Run(fmt.Sprintf("tier=redis/op=%s/batch=%d", op, batch), func(b *testing.B) {
@@ -41,8 +40,7 @@ func BenchmarkRedis(b *testing.B) {
 	}
 	b.Run("tier=redis-cluster/op=claim/batch=256", func(b *testing.B) {
 		cl := redistest.StartCluster(b)
-		cc := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs(), PoolSize: 64})
-		defer cc.Close()
+		cc := cl.ClientWith(b, &goredis.ClusterOptions{PoolSize: 64})
 		e, err := engine.Open(&engine.Options{Backend: redis.NewBackend(cc, redis.Config{Prefix: fmt.Sprintf("c%d:", time.Now().UnixNano())}), Logger: quiet})
 		if err != nil {
 			b.Fatal(err)
@@ -126,8 +124,7 @@ func (s setNX) close() {}
 // 15 %: the figure the README and `dedupbench plan` quote.
 func TestRedisBytesPerKey(t *testing.T) {
 	srv := redistest.Start(t)
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-	defer c.Close()
+	c := srv.Client(t)
 	ctx := context.Background()
 	e, err := engine.Open(&engine.Options{Backend: redis.NewBackend(c, redis.Config{}), Logger: quiet}) // the default prefix, as the planner assumes
 	if err != nil {

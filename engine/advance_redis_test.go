@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
@@ -21,8 +19,7 @@ import (
 // recognised by its retry as the same claim: New, not held for the lease.
 func TestAdvanceRedisRetriedAfterLostReply(t *testing.T) {
 	srv := redistest.Start(t)
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-	defer c.Close()
+	c := srv.Client(t)
 	prefix := fmt.Sprintf("advlost-%d:", time.Now().UnixNano())
 	e := openRedis(t, c, prefix, engine.Options{Lease: time.Hour})
 	defer e.Close()
@@ -55,8 +52,7 @@ func TestAdvanceRedisRetriedAfterLostReply(t *testing.T) {
 // twice, and no New comes over an equal or higher stored version.
 func TestAdvanceRedisRace(t *testing.T) {
 	ctx := context.Background()
-	c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr})
-	defer c.Close()
+	c := redistest.Start(t).Client(t)
 	prefix := fmt.Sprintf("advrace-%d:", time.Now().UnixNano())
 	o := engine.Options{Lease: 2 * time.Second}
 	a, b := openRedis(t, c, prefix, o), openRedis(t, c, prefix, o)
@@ -120,8 +116,7 @@ func TestAdvanceRedisRace(t *testing.T) {
 // MaxAttempts; versions near 2^64-1 compare as numbers.
 func TestAdvanceMixedBatchesRedis(t *testing.T) {
 	ctx := context.Background()
-	c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr})
-	defer c.Close()
+	c := redistest.Start(t).Client(t)
 	prefix := fmt.Sprintf("advmix-%d:", time.Now().UnixNano())
 	o := engine.Options{Lease: time.Hour, MaxAttempts: 3}
 	e, f := openRedis(t, c, prefix, o), openRedis(t, c, prefix, o)

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
@@ -194,8 +192,7 @@ func TestAdvanceOrderStateMachine(t *testing.T) {
 // would have replaced: another process's lower version is still Stale.
 func TestAdvanceRedisLeaseEnded(t *testing.T) {
 	ctx := context.Background()
-	c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr})
-	defer c.Close()
+	c := redistest.Start(t).Client(t)
 	prefix := fmt.Sprintf("adv-%d:", time.Now().UnixNano())
 	o := engine.Options{Lease: 200 * time.Millisecond}
 	a, b := openRedis(t, c, prefix, o), openRedis(t, c, prefix, o)

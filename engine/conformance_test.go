@@ -7,18 +7,16 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/faultfs"
 	"github.com/tierdedup/tierdedup/tier"
 )
 
@@ -204,10 +202,10 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 	clock := newClock()
 	parts, _ := tier.NewPartitions(cWindow, cPartition)
 	mem := vfs.NewCrashableMem()
-	inj := &oneFault{}
+	var inj faultfs.Fault
 	wrap := func(m *vfs.MemFS) vfs.FS {
 		if cfg.faults {
-			return errorfs.Wrap(m, inj)
+			return faultfs.Wrap(m, &inj)
 		}
 		return m
 	}
@@ -456,13 +454,13 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 						fail(op, "Compact: %v", err)
 					}
 				}
-				inj.arm(rng.IntN(3), int64(1+rng.IntN(3)))
+				inj.ArmNth(oneFault[rng.IntN(3)], int64(1+rng.IntN(3)))
 				broken := faultRound(t, op, e, namespaces, m, clock, rng, randKey)
-				inj.disarm()
+				inj.Disarm()
 				// A fault that hit Pebble's background work (a flush or
 				// compaction) may have failed the store after the round:
 				// reopen then too.
-				if !broken && !inj.hit.Load() {
+				if !broken && inj.Hits() == 0 {
 					continue
 				}
 				faults++
@@ -536,41 +534,10 @@ func dupInBatch(pick []held) bool {
 	return false
 }
 
-// oneFault fails one operation of one kind (an SST read, a WAL write or a
-// WAL sync): the n-th after it is armed.
-type oneFault struct {
-	kind atomic.Int32 // 0: off; 1 + the kind
-	n    atomic.Int64
-	hit  atomic.Bool
-}
-
-func (f *oneFault) arm(kind int, n int64) {
-	f.hit.Store(false)
-	f.n.Store(n)
-	f.kind.Store(int32(kind) + 1)
-}
-
-func (f *oneFault) disarm() { f.kind.Store(0) }
-
-func (f *oneFault) String() string { return "one-fault" }
-
-func (f *oneFault) MaybeError(op errorfs.Op) error {
-	var match bool
-	switch f.kind.Load() {
-	case 1:
-		match = (op.Kind == errorfs.OpFileRead || op.Kind == errorfs.OpFileReadAt) && strings.HasSuffix(op.Path, ".sst")
-	case 2:
-		match = (op.Kind == errorfs.OpFileWrite || op.Kind == errorfs.OpFileWriteAt) && strings.HasSuffix(op.Path, ".log")
-	case 3:
-		match = (op.Kind == errorfs.OpFileSync || op.Kind == errorfs.OpFileSyncData || op.Kind == errorfs.OpFileSyncTo) && strings.HasSuffix(op.Path, ".log")
-	}
-	if match && f.n.Add(-1) == 0 {
-		f.hit.Store(true)
-		f.kind.Store(0)
-		return errorfs.ErrInjected
-	}
-	return nil
-}
+// oneFault are the operations a storage fault of the conformance run
+// fails, one of them (the n-th after it is armed): an SST read, a WAL
+// write or a WAL sync.
+var oneFault = []faultfs.Match{faultfs.SSTReads, faultfs.WALWrites, faultfs.WALSyncs}
 
 // faultRound claims a batch and commits its New claims while a fault is
 // armed. It checks each answer against the model, marks the keys of a

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/crashtest"
 )
 
 // The crash test runs the engine in a child process (this test binary,
@@ -27,24 +28,6 @@ import (
 // acknowledged key is a Duplicate after reopening, and no key was ever
 // answered New after its commit was acknowledged. CI runs 6 rounds;
 // TIERDEDUP_CRASH_ROUNDS=100 (or more) is the long mode.
-
-const crashChildEnv = "TIERDEDUP_CRASH_CHILD"
-
-func TestMain(m *testing.M) {
-	if spec := os.Getenv(crashChildEnv); spec != "" {
-		os.Exit(crashChild(spec))
-	}
-	if spec := os.Getenv(redisChildEnv); spec != "" {
-		os.Exit(redisChild(spec))
-	}
-	if spec := os.Getenv(rabbitChildEnv); spec != "" {
-		os.Exit(rabbitChild(spec))
-	}
-	if spec := os.Getenv(faultChildEnv); spec != "" {
-		os.Exit(faultChild(spec))
-	}
-	os.Exit(m.Run())
-}
 
 // crashChild runs round r over dir until killed: each batch mixes fresh keys
 // with keys of earlier rounds, acknowledged or not. In the async mode each
@@ -162,7 +145,9 @@ func crashRounds(t *testing.T, mode string) {
 	}
 	clean, checked := 0, 0
 	for r := range rounds {
-		cmd, stdout := startChild(t, crashChildEnv+"="+dir+"|"+strconv.Itoa(r)+"|"+mode)
+		// A child that never acknowledges, or hangs, is killed after a
+		// minute and fails the test.
+		child := crashtest.Start(t, "crash", dir+"|"+strconv.Itoa(r)+"|"+mode, &crashtest.Options{Timeout: time.Minute})
 		// The kill comes at a random moment after the child's first
 		// acknowledged commit, however slow its start on a loaded machine.
 		kill := time.Duration(100+rng.IntN(600)) * time.Millisecond
@@ -171,16 +156,17 @@ func crashRounds(t *testing.T, mode string) {
 			sig = syscall.SIGTERM
 		}
 		var timer *time.Timer
-		guard := time.AfterFunc(time.Minute, func() { _ = cmd.Process.Signal(syscall.SIGKILL) }) // a child that never acks
-		defer guard.Stop()
 		news, acks := 0, 0
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if sc.Text() == "CLOSED" {
+		for {
+			line, ok := child.Next()
+			if !ok {
+				break
+			}
+			if line == "CLOSED" {
 				clean++
 				continue
 			}
-			kind, key, ok := strings.Cut(sc.Text(), " ")
+			kind, key, ok := strings.Cut(line, " ")
 			if !ok {
 				continue // a line cut by the kill
 			}
@@ -196,19 +182,19 @@ func crashRounds(t *testing.T, mode string) {
 				acks++
 				acked[key] = true
 				if timer == nil {
-					timer = time.AfterFunc(kill, func() { _ = cmd.Process.Signal(sig) })
+					timer = child.SignalAfter(kill, sig)
 				}
 			case "ERR":
-				t.Fatalf("round %d: child failed: %s", r, key)
+				t.Fatalf("round %d: child failed: %s\n%s", r, key, child.Describe())
 			}
 		}
 		if timer != nil {
 			timer.Stop()
 		}
-		_ = cmd.Wait()
+		_ = child.Wait()
 		t.Logf("round %d: %v after %v, %d New, %d acknowledged", r, sig, kill, news, acks)
 		if acks == 0 {
-			t.Fatalf("round %d acknowledged nothing before the kill", r)
+			t.Fatalf("round %d acknowledged nothing before the kill\n%s", r, child.Describe())
 		}
 	}
 	e := open(t, engine.Options{Dir: dir, ExpectedKeys: 100_000})

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,11 +11,11 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/faultfs"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -156,13 +155,11 @@ func TestConcurrentClaimsOneNewPerKey(t *testing.T) {
 			return open(t, engine.Options{Tiers: engine.BloomOnly, ExpectedKeys: 10_000})
 		}},
 		{"redis", func(t *testing.T) *engine.Engine {
-			c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr, PoolSize: 64})
-			t.Cleanup(func() { c.Close() })
+			c := redistest.Start(t).ClientWith(t, &goredis.Options{PoolSize: 64})
 			return openRedis(t, c, "", engine.Options{MemoryCapacity: 4096})
 		}},
 		{"redis-cluster", func(t *testing.T) *engine.Engine {
-			c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: redistest.StartCluster(t).Addrs(), PoolSize: 64})
-			t.Cleanup(func() { c.Close() })
+			c := redistest.StartCluster(t).ClientWith(t, &goredis.ClusterOptions{PoolSize: 64})
 			return openRedis(t, c, "", engine.Options{MemoryCapacity: 4096})
 		}},
 	}
@@ -230,21 +227,11 @@ func TestConcurrentClaimsOneNewPerKey(t *testing.T) {
 // and every later claim get ErrStorage (never New), and after a restart
 // every commit acknowledged before the fault is still a Duplicate.
 func TestStorageFaults(t *testing.T) {
-	faults := map[string][]errorfs.OpKind{
-		"sync":  {errorfs.OpFileSync, errorfs.OpFileSyncData, errorfs.OpFileSyncTo},
-		"write": {errorfs.OpFileWrite, errorfs.OpFileWriteAt},
-	}
-	for name, kinds := range faults {
+	for name, wal := range map[string]faultfs.Match{"sync": faultfs.WALSyncs, "write": faultfs.WALWrites} {
 		t.Run(name, func(t *testing.T) {
 			mem := vfs.NewCrashableMem()
-			var on atomic.Bool
-			fs := errorfs.Wrap(mem, errorfs.InjectorFunc(func(op errorfs.Op) error {
-				if on.Load() && slices.Contains(kinds, op.Kind) && strings.HasSuffix(op.Path, ".log") {
-					return errorfs.ErrInjected
-				}
-				return nil
-			}))
-			e := open(t, engine.Options{Dir: "db", FS: fs, ExpectedKeys: 1000})
+			var fault faultfs.Fault
+			e := open(t, engine.Options{Dir: "db", FS: faultfs.Wrap(mem, &fault), ExpectedKeys: 1000})
 			ctx := context.Background()
 			var acked [][]byte
 			for i := range 50 {
@@ -258,11 +245,11 @@ func TestStorageFaults(t *testing.T) {
 			if err != nil || c.Outcome != engine.New {
 				t.Fatal(c.Outcome, err)
 			}
-			on.Store(true)
+			fault.Arm(wal)
 			if err := e.Commit(ctx, c); !errors.Is(err, engine.ErrStorage) {
 				t.Fatalf("commit under a failing WAL: %v, want ErrStorage", err)
 			}
-			on.Store(false)
+			fault.Disarm()
 			if c, err := e.Claim(ctx, []byte("fresh")); !errors.Is(err, engine.ErrStorage) || c.Outcome == engine.New {
 				t.Fatalf("claim after a storage failure = %v, %v; want ErrStorage and no New", c.Outcome, err)
 			}

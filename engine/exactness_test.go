@@ -7,39 +7,14 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/faultfs"
 )
-
-// failNthRead fails the n-th read of an SST file after it is armed with
-// n, once; armed with everySSTRead it fails every SST read.
-type failNthRead struct {
-	armed atomic.Int64 // n; 0 is off
-	seen  atomic.Int64
-	fired atomic.Bool
-}
-
-const everySSTRead = -1
-
-func (f *failNthRead) MaybeError(op errorfs.Op) error {
-	n := f.armed.Load()
-	if n == 0 || (op.Kind != errorfs.OpFileRead && op.Kind != errorfs.OpFileReadAt) || !strings.HasSuffix(op.Path, ".sst") {
-		return nil
-	}
-	if n == everySSTRead || f.seen.Add(1) == n {
-		f.fired.Store(true)
-		return errorfs.ErrInjected
-	}
-	return nil
-}
-
-func (f *failNthRead) String() string { return "fail-nth-sst-read" }
 
 // TestReadErrorNeverNew commits a key in the newest partition (so a cold
 // claim reads it first, then older partitions), compacts it into an SST,
@@ -79,14 +54,14 @@ func TestReadErrorNeverNew(t *testing.T) {
 	failures, most := 0, int64(1)
 	for n := int64(1); n <= most+2; n++ {
 		for range 3 {
-			inj := &failNthRead{}
-			o.FS = errorfs.Wrap(base.CrashClone(vfs.CrashCloneCfg{}), inj)
+			var fault faultfs.Fault
+			o.FS = faultfs.Wrap(base.CrashClone(vfs.CrashCloneCfg{}), &fault)
 			e := open(t, o)
-			inj.armed.Store(n)
+			fault.ArmNth(faultfs.SSTReads, n)
 			c, err := e.Claim(ctx, victim)
-			fired := inj.fired.Load()
-			most = max(most, inj.seen.Load())
-			inj.armed.Store(0)
+			fired := fault.Hits() > 0
+			most = max(most, fault.Seen())
+			fault.Disarm()
 			switch {
 			case c.Outcome == engine.New:
 				t.Fatalf("read %d failed (injected: %v) and the committed key was answered New, err %v", n, fired, err)

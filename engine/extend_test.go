@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
@@ -85,8 +83,7 @@ func TestExtend(t *testing.T) {
 // the script that counts attempts).
 func TestExtendRedis(t *testing.T) {
 	srv := redistest.Start(t)
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-	defer c.Close()
+	c := srv.Client(t)
 	ctx := context.Background()
 	for _, attempts := range []int{0, 3} {
 		prefix := "extend-" + time.Now().Format("150405.000000") + ":"

@@ -34,13 +34,11 @@ func TestFailOpenScope(t *testing.T) {
 			switch shared {
 			case "redis":
 				srv := redistest.Start(t)
-				c := goredis.NewClient(&goredis.Options{Addr: srv.Addr, MaxRetries: -1})
+				c := srv.ClientWith(t, &goredis.Options{MaxRetries: -1})
 				c.AddHook(out)
-				t.Cleanup(func() { c.Close() })
 				prefix := fmt.Sprintf("fo%d:", time.Now().UnixNano())
 				o.Backend = redisBackend(c, prefix)
-				plain := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-				t.Cleanup(func() { plain.Close() })
+				plain := srv.Client(t)
 				healthy = redisBackend(plain, prefix)
 			case "postgres":
 				p := postgresPool(t)

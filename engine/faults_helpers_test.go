@@ -207,10 +207,9 @@ func faultConfigs(names ...string) []faultCfg {
 		{"redis", true, func(t *testing.T, o engine.Options) (*engine.Engine, func() *engine.Engine, *faultInjector) {
 			srv := redistest.Start(t)
 			f := &faultInjector{}
-			c := goredis.NewClient(&goredis.Options{Addr: srv.Addr, MaxRetries: -1})
+			c := srv.ClientWith(t, &goredis.Options{MaxRetries: -1})
 			c.AddHook(f)
-			plain := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-			t.Cleanup(func() { c.Close(); plain.Close() })
+			plain := srv.Client(t)
 			prefix := fmt.Sprintf("rv%d:", time.Now().UnixNano())
 			o.Backend = redisBackend(c, prefix)
 			e := open(t, o)

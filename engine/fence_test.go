@@ -8,9 +8,10 @@ import (
 	"testing"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/faultfs"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -38,7 +39,8 @@ func forgetAsync(e *engine.Engine, key []byte) <-chan forgetResult {
 // agree that the key is gone, before and after a reopen.
 func TestForgetFenceOutlivesLease(t *testing.T) {
 	ctx := context.Background()
-	fs := newGateFS()
+	gate := faultfs.NewGate(faultfs.WALSyncs)
+	fs := faultfs.Wrap(vfs.NewMem(), gate)
 	clock := newClock()
 	o := engine.Options{Dir: "db", FS: fs, Clock: clock, ExpectedKeys: 1000,
 		Window: 24 * time.Hour, Partition: time.Hour, Lease: time.Minute}
@@ -47,9 +49,9 @@ func TestForgetFenceOutlivesLease(t *testing.T) {
 	if got, err := e.MarkIfAbsent(ctx, key); err != nil || got != engine.New {
 		t.Fatalf("mark: %v %v", got, err)
 	}
-	fs.close()
+	gate.Shut()
 	forgot := forgetAsync(e, key)
-	waitFor(t, "the Forget's delete to wait on its WAL sync", func() bool { return fs.synced.Load() > 0 })
+	waitFor(t, "the Forget's delete to wait on its WAL sync", func() bool { return gate.Waited() > 0 })
 	clock.Add(2 * time.Minute) // past the Lease
 	if c, err := e.Claim(ctx, key); err != nil || c.Outcome != engine.InFlight {
 		t.Errorf("a claim while the Forget deletes: %v %v, want InFlight", c.Outcome, err)
@@ -57,7 +59,7 @@ func TestForgetFenceOutlivesLease(t *testing.T) {
 	if got, err := e.MarkIfAbsent(ctx, key); err != nil || got != engine.InFlight {
 		t.Errorf("a mark while the Forget deletes: %v %v, want InFlight", got, err)
 	}
-	fs.release()
+	gate.Open()
 	r := <-forgot
 	if r.err != nil || r.info.Outcome != engine.Duplicate {
 		t.Fatalf("Forget: %v %v, want the commit it removed", r.info.Outcome, r.err)
@@ -92,8 +94,7 @@ func TestForgetFenceOutlivesLease(t *testing.T) {
 // engine closing left its key held there for the whole lease.
 func TestCloseStrandsNoMark(t *testing.T) {
 	ctx := context.Background()
-	c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr})
-	defer c.Close()
+	c := redistest.Start(t).Client(t)
 	o := engine.Options{Lease: time.Hour}
 	check := openRedis(t, c, "close:", o)
 	defer check.Close()

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
@@ -77,8 +75,7 @@ func loseMarkReply(t *testing.T, e *engine.Engine, clock *hookClock, srv *redist
 // another promises to keep.
 func TestRedisWindowIsRecorded(t *testing.T) {
 	srv := redistest.Start(t)
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-	defer c.Close()
+	c := srv.Client(t)
 	ctx := context.Background()
 	a := openRedis(t, c, "win:", engine.Options{Window: time.Hour, Lease: 100 * time.Millisecond})
 	defer a.Close()
@@ -106,8 +103,7 @@ func TestRedisWindowIsRecorded(t *testing.T) {
 // partly committed, so k1's message is processed once and k2's redelivered.
 func TestRedisMarkBatchPartialCommit(t *testing.T) {
 	srv := redistest.Start(t)
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-	defer c.Close()
+	c := srv.Client(t)
 	ctx := context.Background()
 	clock := &hookClock{fakeClock: newClock()}
 	a := openRedis(t, c, "mb:", engine.Options{Clock: clock})
@@ -156,8 +152,7 @@ func errString(err error) string {
 // plus a small margin (the package's invariant 8), whatever the client's own timeouts.
 func TestRedisGiveBackKeepsDeadline(t *testing.T) {
 	srv := redistest.Start(t)
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr}) // default options
-	defer c.Close()
+	c := srv.Client(t) // default options
 	e := openRedis(t, c, "do:", engine.Options{})
 	defer e.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
@@ -186,8 +181,7 @@ func TestRedisGiveBackKeepsDeadline(t *testing.T) {
 // Duplicate of its own unreported mark (the package's invariant 8).
 func TestRedisMarkLostCommitReply(t *testing.T) {
 	srv := redistest.Start(t)
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-	defer c.Close()
+	c := srv.Client(t)
 	clock := &hookClock{fakeClock: newClock()}
 	e := openRedis(t, c, "lostc:", engine.Options{Clock: clock, Lease: time.Hour})
 	defer e.Close()

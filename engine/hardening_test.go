@@ -6,11 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
-
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/faultfs"
 )
 
 // TestClockBefore1970IsNoProgress: the clock steps back to 1600, a date
@@ -147,16 +146,16 @@ func TestScanWritesReadErrorIsTyped(t *testing.T) {
 	// after the partition drop at Open rewrite the table and may leave its
 	// blocks cached): compact first, and try a number of opens.
 	for try := 0; try < 60; try++ {
-		inj := &failNthRead{}
-		o.FS = errorfs.Wrap(mem.CrashClone(vfs.CrashCloneCfg{}), inj)
+		var fault faultfs.Fault
+		o.FS = faultfs.Wrap(mem.CrashClone(vfs.CrashCloneCfg{}), &fault)
 		e = open(t, o)
 		if err := e.Compact(ctx); err != nil {
 			t.Fatal(err)
 		}
-		inj.armed.Store(everySSTRead)
+		fault.Arm(faultfs.SSTReads)
 		seen := 0
 		err = e.ScanWrites(nil, func(k, v []byte) error { seen++; return nil })
-		inj.armed.Store(0)
+		fault.Disarm()
 		_ = e.Close()
 		if err == nil && seen == 0 {
 			t.Fatal("ScanWrites with failing SST reads returned nil and no record")

@@ -7,13 +7,13 @@ import (
 	"io"
 	"log"
 	"os"
-	"os/exec"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/crashtest"
 )
 
 // fakeClock is an injected clock that tests move by hand.
@@ -40,6 +40,18 @@ func (c *fakeClock) Add(d time.Duration) {
 
 var quiet = log.New(io.Discard, "", 0)
 
+// TestMain sends a child process (this test binary, re-executed by
+// crashtest.Start for a crash or multi-process test) to its code.
+func TestMain(m *testing.M) {
+	crashtest.Main(m, map[string]func(spec string) int{
+		"crash":  crashChild,      // TestCrashRecovery
+		"redis":  redisChild,      // TestRedisProcessesRace, TestPostgresProcessesRace
+		"rabbit": rabbitChild,     // TestRabbitMQRedelivery
+		"fault":  faultChild,      // TestStorageFaultChild
+		"nilctx": nilContextChild, // TestCommitNilContext
+	})
+}
+
 func open(t testing.TB, o engine.Options) *engine.Engine {
 	t.Helper()
 	if o.Logger == nil {
@@ -53,23 +65,6 @@ func open(t testing.TB, o engine.Options) *engine.Engine {
 		t.Fatal(err)
 	}
 	return e
-}
-
-// startChild re-executes this test binary with env set (TestMain sends it to
-// the child's code) and returns it started, with its stdout.
-func startChild(t *testing.T, env string) (*exec.Cmd, io.ReadCloser) {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), env)
-	cmd.Stderr = os.Stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	return cmd, stdout
 }
 
 // outageLoad is four workers claiming and committing fresh keys through e

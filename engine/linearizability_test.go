@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
-	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
@@ -160,11 +159,12 @@ func runLinearizability(t *testing.T, cfg linConfig, calls int) {
 	if cfg.async {
 		o.CommitQueue = 8 // small: CommitAsync waits for room now and then
 	}
-	var redisAddr, redisPrefix string
+	var redisSrv *redistest.Server
+	var redisPrefix string
 	switch {
 	case cfg.backend == linRedis:
 		// Forget needs NoSharedCache with a shared tier.
-		redisAddr = redistest.Start(t).Addr
+		redisSrv = redistest.Start(t)
 		redisPrefix, o.NoSharedCache = fmt.Sprintf("lin-%s-%d:", cfg.name, time.Now().UnixNano()), true
 	case cfg.backend == linPostgres:
 		pool := postgresPool(t)
@@ -175,9 +175,8 @@ func runLinearizability(t *testing.T, cfg linConfig, calls int) {
 	opts := make([]engine.Options, cfg.engines())
 	for i := range opts {
 		opts[i] = o
-		if redisAddr != "" {
-			c := goredis.NewClient(&goredis.Options{Addr: redisAddr}) // a client per process
-			t.Cleanup(func() { c.Close() })
+		if redisSrv != nil {
+			c := redisSrv.Client(t) // a client per process
 			opts[i].Backend = redisBackend(c, redisPrefix)
 		}
 	}

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
@@ -47,8 +45,7 @@ func adminConfigs() []struct {
 			}
 		}},
 		{"redis", func(t *testing.T, o engine.Options) (*engine.Engine, func() *engine.Engine) {
-			c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr})
-			t.Cleanup(func() { c.Close() })
+			c := redistest.Start(t).Client(t)
 			prefix := fmt.Sprintf("admin-%d:", time.Now().UnixNano())
 			o.NoSharedCache = true
 			return openRedis(t, c, prefix, o), func() *engine.Engine {
@@ -242,8 +239,7 @@ func TestLookupForgetRefusals(t *testing.T) {
 	if _, err := bl.Forget(ctx, []byte("k")); !errors.Is(err, engine.ErrOptions) {
 		t.Fatalf("bloom-only Forget: %v", err)
 	}
-	c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr})
-	defer c.Close()
+	c := redistest.Start(t).Client(t)
 	r := openRedis(t, c, "", engine.Options{})
 	defer r.Close()
 	if _, err := r.Forget(ctx, []byte("k")); !errors.Is(err, engine.ErrOptions) {
@@ -292,8 +288,7 @@ func TestForgetBatchRepeatedKey(t *testing.T) {
 // its commits would answer Duplicate for a key another one forgot: the
 // layout records it and refuses a process that differs.
 func TestNoSharedCacheIsRecorded(t *testing.T) {
-	c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr})
-	defer c.Close()
+	c := redistest.Start(t).Client(t)
 	pool := postgresPool(t)
 	table := "uncached_" + time.Now().Format("150405000000")
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })

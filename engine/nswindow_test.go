@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
@@ -119,8 +117,7 @@ func TestNamespaceWindows(t *testing.T) {
 // the engine's memory no longer than that.
 func TestNamespaceWindowRedis(t *testing.T) {
 	ctx := context.Background()
-	c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr})
-	defer c.Close()
+	c := redistest.Start(t).Client(t)
 	prefix := fmt.Sprintf("nsw-%d:", time.Now().UnixNano())
 	o := engine.Options{Lease: 200 * time.Millisecond,
 		NamespaceWindows: map[string]time.Duration{"short": time.Second}}
@@ -172,8 +169,7 @@ func TestNamespaceWindowOptions(t *testing.T) {
 // windows and refuses a process with others (which would answer keys
 // committed under the old window by the new one).
 func TestNamespaceWindowRedisLayout(t *testing.T) {
-	c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr})
-	defer c.Close()
+	c := redistest.Start(t).Client(t)
 	prefix := fmt.Sprintf("nswl-%d:", time.Now().UnixNano())
 	o := engine.Options{Window: time.Hour,
 		NamespaceWindows: map[string]time.Duration{"n": time.Minute}}

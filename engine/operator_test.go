@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
-	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
@@ -159,8 +158,7 @@ func TestForgetFencing(t *testing.T) {
 // another process, through Claim and Lookup.
 func TestRedisResultBytes(t *testing.T) {
 	ctx := context.Background()
-	c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr})
-	defer c.Close()
+	c := redistest.Start(t).Client(t)
 	prefix := fmt.Sprintf("rbytes-%d:", time.Now().UnixNano())
 	o := engine.Options{MaxAttempts: 2}
 	a := openRedis(t, c, prefix, o)

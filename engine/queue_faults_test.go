@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,9 +13,10 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
-	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/crashtest"
+	"github.com/tierdedup/tierdedup/internal/faultfs"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -76,7 +76,8 @@ func TestCommitFromDone(t *testing.T) {
 // commits are refused with ErrClosed, and their dones still run after the
 // dones of the earlier commits from the same goroutine.
 func TestCloseKeepsDoneOrder(t *testing.T) {
-	fs := newGateFS()
+	gate := faultfs.NewGate(faultfs.WALSyncs)
+	fs := faultfs.Wrap(vfs.NewMem(), gate)
 	e := open(t, engine.Options{Dir: "db", FS: fs})
 	ctx := context.Background()
 	first := claimNew(t, e, "first")
@@ -85,9 +86,9 @@ func TestCloseKeepsDoneOrder(t *testing.T) {
 	note := func(s string) func(error) {
 		return func(err error) { mu.Lock(); order = append(order, fmt.Sprintf("%s:%v", s, err)); mu.Unlock() }
 	}
-	fs.close()
+	gate.Shut()
 	e.CommitAsync(ctx, first, note("first"))
-	waitFor(t, "first's write to wait in its sync", func() bool { return fs.synced.Load() > 0 })
+	waitFor(t, "first's write to wait in its sync", func() bool { return gate.Waited() > 0 })
 	closed := make(chan error, 1)
 	go func() { closed <- e.Close() }()
 	waitFor(t, "Close to refuse new commits", func() bool {
@@ -99,7 +100,7 @@ func TestCloseKeepsDoneOrder(t *testing.T) {
 	mu.Lock()
 	early := fmt.Sprint(order)
 	mu.Unlock()
-	fs.release()
+	gate.Open()
 	<-closed
 	if early != "[]" {
 		t.Fatalf("dones %s ran while the first commit was not yet durable", early)
@@ -115,8 +116,7 @@ func TestCloseKeepsDoneOrder(t *testing.T) {
 // fail the others.
 func TestGroupDeadlineIsEachCallers(t *testing.T) {
 	srv := redistest.Start(t)
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { c.Close() })
+	c := srv.Client(t)
 	e := open(t, engine.Options{Backend: redisBackend(c, "q11dl:")})
 	defer e.Close()
 	ctx := context.Background()
@@ -151,8 +151,7 @@ func TestGroupDeadlineIsEachCallers(t *testing.T) {
 // its own deadline (its commit's outcome is then unknown).
 func TestSyncCommitKeepsItsDeadline(t *testing.T) {
 	srv := redistest.Start(t)
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { c.Close() })
+	c := srv.Client(t)
 	e := open(t, engine.Options{Backend: redisBackend(c, "q11sync:")})
 	defer e.Close()
 	ctx := context.Background()
@@ -314,8 +313,7 @@ func TestCloseRacesCommits(t *testing.T) {
 // a typed error in done, in order; MemoryOnly runs inline.
 func TestCommitAsyncWritesUnsupportedInOrder(t *testing.T) {
 	srv := redistest.Start(t)
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { c.Close() })
+	c := srv.Client(t)
 	e := open(t, engine.Options{Backend: redisBackend(c, "q11w:")})
 	defer e.Close()
 	ctx := context.Background()
@@ -364,106 +362,55 @@ func hangWait() time.Duration {
 // crash the engine's writer goroutine (run in a child process, which would
 // die with every pending commit).
 func TestCommitNilContext(t *testing.T) {
-	if os.Getenv("TIERDEDUP_NILCTX_CHILD") != "" {
-		e := open(t, engine.Options{Dir: "db", FS: vfs.NewMem()})
-		c := claimNew(t, e, "k")
-		func() {
-			defer func() { recover() }()
-			e.CommitAsync(nil, c, func(err error) { fmt.Println("done:", err) }) //nolint:staticcheck
-		}()
-		func() {
-			defer func() {
-				if r := recover(); r != nil {
-					fmt.Println("sync Commit(nil) panicked in the caller:", r)
-				}
-			}()
-			fmt.Println("sync:", e.Commit(nil, claimNew(t, e, "k2"))) //nolint:staticcheck
-		}()
-		fmt.Println("flush:", e.Flush(context.Background()))
-		e.Close()
-		fmt.Println("survived")
-		return
+	child := crashtest.Start(t, "nilctx", "", &crashtest.Options{StderrApart: true})
+	if err := child.Wait(); err != nil {
+		lines := strings.SplitN(child.Stderr(), "\n", 12)
+		t.Fatalf("child crashed (%v):\n%s\n%s", err, strings.Join(child.Lines(), "\n"), strings.Join(lines[:len(lines)-1], "\n"))
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCommitNilContext$", "-test.v")
-	cmd.Env = append(os.Environ(), "TIERDEDUP_NILCTX_CHILD=1")
-	out, err := cmd.CombinedOutput()
+	t.Logf("%s", strings.Join(child.Lines(), "\n"))
+}
+
+// nilContextChild is TestCommitNilContext's child: it commits with a nil
+// ctx, asynchronously and synchronously, and says "survived" if the
+// process did.
+func nilContextChild(string) int {
+	e, err := engine.Open(&engine.Options{Dir: "db", FS: vfs.NewMem(), Logger: quiet})
 	if err != nil {
-		lines := strings.SplitN(string(out), "\n", 12)
-		t.Fatalf("child crashed (%v):\n%s", err, strings.Join(lines[:len(lines)-1], "\n"))
+		fmt.Println("ERR", err)
+		return 1
 	}
-	t.Logf("%s", out)
-}
-
-// failFS fails every sync of the files whose names contain files (the
-// WAL's, ".log", when empty) once armed.
-type failFS struct {
-	vfs.FS
-	files string
-	armed atomic.Bool
-}
-
-func (f *failFS) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
-	x, err := f.FS.Create(name, c)
-	return f.wrap(name, x, err)
-}
-
-func (f *failFS) ReuseForWrite(o, n string, c vfs.DiskWriteCategory) (vfs.File, error) {
-	x, err := f.FS.ReuseForWrite(o, n, c)
-	return f.wrap(n, x, err)
-}
-
-func (f *failFS) OpenReadWrite(name string, c vfs.DiskWriteCategory, opts ...vfs.OpenOption) (vfs.File, error) {
-	x, err := f.FS.OpenReadWrite(name, c, opts...)
-	return f.wrap(name, x, err)
-}
-
-// wrap fails the syncs of WAL files only, unless told other files: a
-// failed manifest sync in a background compaction is fatal to Pebble,
-// outside any call (TestStorageFaultChild).
-func (f *failFS) wrap(name string, x vfs.File, err error) (vfs.File, error) {
-	files := f.files
-	if files == "" {
-		files = ".log"
+	claimNew := func(key string) engine.Claim {
+		c, err := e.Claim(context.Background(), []byte(key))
+		if err != nil || c.Outcome != engine.New {
+			fmt.Printf("ERR claim %s: %v, %v\n", key, c.Outcome, err)
+			os.Exit(1)
+		}
+		return c
 	}
-	if err != nil || !strings.Contains(name, files) {
-		return x, err
-	}
-	return failFile{File: x, fs: f}, nil
-}
-
-type failFile struct {
-	vfs.File
-	fs *failFS
-}
-
-var errInjected = errors.New("injected sync failure")
-
-func (f failFile) Sync() error {
-	if f.fs.armed.Load() {
-		return errInjected
-	}
-	return f.File.Sync()
-}
-
-func (f failFile) SyncData() error {
-	if f.fs.armed.Load() {
-		return errInjected
-	}
-	return f.File.SyncData()
-}
-
-func (f failFile) SyncTo(n int64) (bool, error) {
-	if f.fs.armed.Load() {
-		return false, errInjected
-	}
-	return f.File.SyncTo(n)
+	c := claimNew("k")
+	func() {
+		defer func() { recover() }()
+		e.CommitAsync(nil, c, func(err error) { fmt.Println("done:", err) }) //nolint:staticcheck
+	}()
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				fmt.Println("sync Commit(nil) panicked in the caller:", r)
+			}
+		}()
+		fmt.Println("sync:", e.Commit(nil, claimNew("k2"))) //nolint:staticcheck
+	}()
+	fmt.Println("flush:", e.Flush(context.Background()))
+	e.Close()
+	fmt.Println("survived")
+	return 0
 }
 
 // TestSyncFailureFailsWholeGroup: a WAL sync error in a group: every
 // call of the group gets an error (none acknowledged), later calls error.
 func TestSyncFailureFailsWholeGroup(t *testing.T) {
-	fs := &failFS{FS: vfs.NewMem()}
-	e := open(t, engine.Options{Dir: "db", FS: fs})
+	var fault faultfs.Fault
+	e := open(t, engine.Options{Dir: "db", FS: faultfs.Wrap(vfs.NewMem(), &fault)})
 	defer e.Close()
 	ctx := context.Background()
 	var claims []engine.Claim
@@ -484,7 +431,7 @@ func TestSyncFailureFailsWholeGroup(t *testing.T) {
 	syncErr := make(chan error, 1)
 	go func() { syncErr <- e.Commit(ctx, claims[4]) }()
 	waitFor(t, "5 pending", func() bool { return e.Stats().CommitsPending == 5 })
-	fs.armed.Store(true)
+	fault.Arm(faultfs.Match{Kinds: faultfs.Syncs, Contains: ".log"}) // the WAL's syncs
 	release()
 	if err := e.Flush(ctx); err != nil {
 		t.Fatal(err)
@@ -541,10 +488,11 @@ func TestKeyMutatedBeforeTurn(t *testing.T) {
 // sync: CommitAsync of a claim that is not New (a duplicate the consumer
 // acks in order) waits for room too, so the queue holds at most 2 calls.
 func TestBoundHoldsRefusedCalls(t *testing.T) {
-	fs := newGateFS()
+	gate := faultfs.NewGate(faultfs.WALSyncs)
+	fs := faultfs.Wrap(vfs.NewMem(), gate)
 	e := open(t, engine.Options{Dir: "db", FS: fs, CommitQueue: 2})
 	defer e.Close()
-	defer fs.release()
+	defer gate.Open()
 	ctx := context.Background()
 	a := claimNew(t, e, "a")
 	if err := e.Commit(ctx, a); err != nil {
@@ -554,9 +502,9 @@ func TestBoundHoldsRefusedCalls(t *testing.T) {
 	if err != nil || dup.Outcome != engine.Duplicate {
 		t.Fatal(dup.Outcome, err)
 	}
-	fs.close()
+	gate.Shut()
 	e.CommitAsync(ctx, claimNew(t, e, "b"), nil)
-	waitFor(t, "b's write to wait in its sync", func() bool { return fs.synced.Load() > 0 })
+	waitFor(t, "b's write to wait in its sync", func() bool { return gate.Waited() > 0 })
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,94 +13,9 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/faultfs"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
-
-// gateFS holds every file sync while it is shut: the commit queue's writer
-// then waits inside its durable write, and what is enqueued meanwhile
-// piles up behind it.
-type gateFS struct {
-	vfs.FS
-	mu     sync.Mutex
-	shut   bool
-	open   chan struct{}
-	synced atomic.Int64 // syncs that waited
-}
-
-func newGateFS() *gateFS { return &gateFS{FS: vfs.NewMem(), open: make(chan struct{})} }
-
-func (g *gateFS) close() {
-	g.mu.Lock()
-	g.shut, g.open = true, make(chan struct{})
-	g.mu.Unlock()
-}
-
-func (g *gateFS) release() {
-	g.mu.Lock()
-	if g.shut {
-		g.shut = false
-		close(g.open)
-	}
-	g.mu.Unlock()
-}
-
-func (g *gateFS) wait() {
-	g.mu.Lock()
-	shut, open := g.shut, g.open
-	g.mu.Unlock()
-	if shut {
-		g.synced.Add(1)
-		<-open
-	}
-}
-
-func (g *gateFS) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
-	f, err := g.FS.Create(name, c)
-	return g.wrap(name, f, err)
-}
-
-func (g *gateFS) ReuseForWrite(oldname, newname string, c vfs.DiskWriteCategory) (vfs.File, error) {
-	f, err := g.FS.ReuseForWrite(oldname, newname, c)
-	return g.wrap(newname, f, err)
-}
-
-func (g *gateFS) OpenReadWrite(name string, c vfs.DiskWriteCategory, opts ...vfs.OpenOption) (vfs.File, error) {
-	f, err := g.FS.OpenReadWrite(name, c, opts...)
-	return g.wrap(name, f, err)
-}
-
-// wrap gates the WAL's syncs alone: the commits'. Holding a background
-// compaction's manifest sync too would hold Stats (Pebble's metrics wait
-// for the manifest) and hang the test.
-func (g *gateFS) wrap(name string, f vfs.File, err error) (vfs.File, error) {
-	if err != nil {
-		return nil, err
-	}
-	if !strings.HasSuffix(name, ".log") {
-		return f, nil
-	}
-	return gatedFile{File: f, g: g}, nil
-}
-
-type gatedFile struct {
-	vfs.File
-	g *gateFS
-}
-
-func (f gatedFile) Sync() error {
-	f.g.wait()
-	return f.File.Sync()
-}
-
-func (f gatedFile) SyncData() error {
-	f.g.wait()
-	return f.File.SyncData()
-}
-
-func (f gatedFile) SyncTo(length int64) (bool, error) {
-	f.g.wait()
-	return f.File.SyncTo(length)
-}
 
 // waitFor polls cond for up to 10 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -127,11 +41,12 @@ func claimNew(t *testing.T, e *engine.Engine, key string) engine.Claim {
 // order, and only after its commit is durable: while the writer is held
 // inside its sync, no done runs.
 func TestCommitAsyncOrderAndDurability(t *testing.T) {
-	fs := newGateFS()
+	gate := faultfs.NewGate(faultfs.WALSyncs)
+	fs := faultfs.Wrap(vfs.NewMem(), gate)
 	e := open(t, engine.Options{Dir: "db", FS: fs})
 	ctx := context.Background()
 	const workers, each = 4, 500
-	fs.close()
+	gate.Shut()
 	var ran atomic.Int64
 	got := make([][]int, workers)
 	var mu sync.Mutex
@@ -153,14 +68,14 @@ func TestCommitAsyncOrderAndDurability(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	waitFor(t, "the writer to wait in its sync", func() bool { return fs.synced.Load() > 0 })
+	waitFor(t, "the writer to wait in its sync", func() bool { return gate.Waited() > 0 })
 	if n := ran.Load(); n != 0 {
 		t.Fatalf("%d dones ran while the write was not yet durable", n)
 	}
 	if st := e.Stats(); st.CommitsPending == 0 {
 		t.Fatalf("no commit waits behind the held write: %+v", st.CommitsPending)
 	}
-	fs.release()
+	gate.Open()
 	if err := e.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -220,12 +135,13 @@ func TestCommitAsyncFencedAndNotClaimed(t *testing.T) {
 // CommitAsync waits for room; its ctx ending gets it ctx's error in done,
 // in order after the two before it, which succeed once the writer goes on.
 func TestCommitQueueBound(t *testing.T) {
-	fs := newGateFS()
+	gate := faultfs.NewGate(faultfs.WALSyncs)
+	fs := faultfs.Wrap(vfs.NewMem(), gate)
 	e := open(t, engine.Options{Dir: "db", FS: fs, CommitQueue: 2})
 	defer e.Close()
 	ctx := context.Background()
 	a, b, c := claimNew(t, e, "a"), claimNew(t, e, "b"), claimNew(t, e, "c")
-	fs.close()
+	gate.Shut()
 	var order []string
 	var mu sync.Mutex
 	note := func(name string) func(error) {
@@ -236,7 +152,7 @@ func TestCommitQueueBound(t *testing.T) {
 		}
 	}
 	e.CommitAsync(ctx, a, note("a"))
-	waitFor(t, "a's write to wait in its sync", func() bool { return fs.synced.Load() > 0 })
+	waitFor(t, "a's write to wait in its sync", func() bool { return gate.Waited() > 0 })
 	e.CommitAsync(ctx, b, note("b"))
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
@@ -245,7 +161,7 @@ func TestCommitQueueBound(t *testing.T) {
 	if d := time.Since(began); d < 40*time.Millisecond {
 		t.Fatalf("the third CommitAsync returned after %v with the queue full", d)
 	}
-	fs.release()
+	gate.Open()
 	if err := e.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -306,7 +222,7 @@ func TestCommitGroupKeepsEachCallsRecords(t *testing.T) {
 // TestCloseFlushesCommitQueue: Close writes every commit enqueued before it
 // and runs its done; a CommitAsync after Close gets ErrClosed.
 func TestCloseFlushesCommitQueue(t *testing.T) {
-	fs := newGateFS()
+	fs := vfs.NewMem() // (it was a gateFS never shut: the same filesystem)
 	e := open(t, engine.Options{Dir: "db", FS: fs})
 	ctx := context.Background()
 	var ran atomic.Int64
@@ -348,13 +264,11 @@ func TestCommitAsyncSharedTiers(t *testing.T) {
 		open func(t *testing.T) engine.Options
 	}{
 		{"redis", func(t *testing.T) engine.Options {
-			c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr, PoolSize: 16})
-			t.Cleanup(func() { c.Close() })
+			c := redistest.Start(t).ClientWith(t, &goredis.Options{PoolSize: 16})
 			return engine.Options{Backend: redisBackend(c, "async:")}
 		}},
 		{"redis-cluster", func(t *testing.T) engine.Options {
-			c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: redistest.StartCluster(t).Addrs(), PoolSize: 16})
-			t.Cleanup(func() { c.Close() })
+			c := redistest.StartCluster(t).ClientWith(t, &goredis.ClusterOptions{PoolSize: 16})
 			return engine.Options{Backend: redisBackend(c, "async:")}
 		}},
 		{"postgres", func(t *testing.T) engine.Options {

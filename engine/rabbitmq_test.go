@@ -5,15 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,6 +19,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/crashtest"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -30,8 +28,7 @@ import (
 // SIGKILL at random moments and restarts them, and checks every effect.
 
 const (
-	rabbitURL      = "amqp://guest:guest@127.0.0.1:5672/"
-	rabbitChildEnv = "TIERDEDUP_RABBIT_CHILD"
+	rabbitURL = "amqp://guest:guest@127.0.0.1:5672/"
 	// splitLedgerEnv makes the atomic consumer write its effect apart from
 	// its commit: the check that the test can see a repeated effect.
 	splitLedgerEnv   = "TIERDEDUP_SPLIT_LEDGER"
@@ -179,8 +176,7 @@ func rabbitChild(spec string) int {
 
 type consumer struct {
 	mode, queue, store, ledger string
-	cmd                        *exec.Cmd
-	done                       chan struct{}
+	child                      *crashtest.Child
 	mu                         sync.Mutex
 	// The consumer handles one message at a time, so its last logged line
 	// says which message it was inside and in which phase.
@@ -189,36 +185,28 @@ type consumer struct {
 
 func (c *consumer) start(t *testing.T, events chan<- [2]string) {
 	t.Helper()
-	var stdout io.ReadCloser
-	c.cmd, stdout = startChild(t, rabbitChildEnv+"="+strings.Join([]string{c.mode, c.queue, c.store, c.ledger}, "|"))
-	c.done = make(chan struct{})
 	c.mu.Lock()
 	c.lastID, c.lastPhase = "", ""
 	c.mu.Unlock()
-	go func() {
-		defer close(c.done)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			phase, id, ok := strings.Cut(sc.Text(), " ")
-			if !ok {
-				continue
-			}
-			if phase != "R" {
-				c.mu.Lock()
-				c.lastID, c.lastPhase = id, phase
-				c.mu.Unlock()
-			}
-			events <- [2]string{phase, id}
+	// It runs until killed (or the test ends).
+	c.child = crashtest.Start(t, "rabbit", strings.Join([]string{c.mode, c.queue, c.store, c.ledger}, "|"), &crashtest.Options{Timeout: crashtest.NoTimeout, OnLine: func(line string) {
+		phase, id, ok := strings.Cut(line, " ")
+		if !ok {
+			return
 		}
-		_ = c.cmd.Wait()
-	}()
+		if phase != "R" {
+			c.mu.Lock()
+			c.lastID, c.lastPhase = id, phase
+			c.mu.Unlock()
+		}
+		events <- [2]string{phase, id}
+	}})
 }
 
 // kill SIGKILLs the consumer and returns the message it was inside and the
 // phase it had entered ("" if it was between messages).
 func (c *consumer) kill() (string, string) {
-	_ = c.cmd.Process.Signal(syscall.SIGKILL)
-	<-c.done
+	_ = c.child.Kill()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch c.lastPhase {

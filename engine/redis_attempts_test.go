@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
@@ -19,8 +17,7 @@ import (
 // count kept in this process (Redis alone counts attempts).
 func TestRedisCommittedKeyIsNotPoison(t *testing.T) {
 	srv := redistest.Start(t)
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-	defer c.Close()
+	c := srv.Client(t)
 	clock := newClock()
 	prefix := fmt.Sprintf("r2a-%d:", time.Now().UnixNano())
 	e := openRedis(t, c, prefix, engine.Options{Clock: clock, MaxAttempts: 1})
@@ -61,8 +58,7 @@ func TestRedisCommittedKeyIsNotPoison(t *testing.T) {
 // Poison.
 func TestRedisLostMarkRetryIsNew(t *testing.T) {
 	srv := redistest.Start(t)
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-	defer c.Close()
+	c := srv.Client(t)
 	clock := &hookClock{fakeClock: newClock()}
 	prefix := fmt.Sprintf("r2b-%d:", time.Now().UnixNano())
 	e := openRedis(t, c, prefix, engine.Options{Clock: clock, Lease: time.Hour, MaxAttempts: 1})
@@ -81,8 +77,7 @@ func TestRedisLostMarkRetryIsNew(t *testing.T) {
 // not Poison from a count of its own.
 func TestRedisPoisonLastsAsLongAsRedisCount(t *testing.T) {
 	srv := redistest.Start(t)
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-	defer c.Close()
+	c := srv.Client(t)
 	prefix := fmt.Sprintf("r2c-%d:", time.Now().UnixNano())
 	o := engine.Options{Window: 2 * time.Second, Partition: 10 * time.Second, Lease: 500 * time.Millisecond, MaxAttempts: 1}
 	a, b := openRedis(t, c, prefix, o), openRedis(t, c, prefix, o)
@@ -108,8 +103,7 @@ func TestRedisPoisonLastsAsLongAsRedisCount(t *testing.T) {
 // to another consumer process is New: someone processes the message.
 func TestRedisLostMarkOtherProcess(t *testing.T) {
 	srv := redistest.Start(t)
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-	defer c.Close()
+	c := srv.Client(t)
 	clock := &hookClock{fakeClock: newClock()}
 	prefix := fmt.Sprintf("r2d-%d:", time.Now().UnixNano())
 	a := openRedis(t, c, prefix, engine.Options{Clock: clock, Lease: time.Hour})
@@ -130,8 +124,7 @@ func TestRedisLostMarkOtherProcess(t *testing.T) {
 // hands such values to the counting script.
 func TestRedisMaxAttemptsChangeKeepsKeysUsable(t *testing.T) {
 	srv := redistest.Start(t)
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-	defer c.Close()
+	c := srv.Client(t)
 	ctx := context.Background()
 	prefix := fmt.Sprintf("r2e-%d:", time.Now().UnixNano())
 	a := openRedis(t, c, prefix, engine.Options{MaxAttempts: 3})

@@ -46,8 +46,7 @@ func TestRedisSentinelFailover(t *testing.T) {
 	start := time.Now()
 	// The server to kill is the master the sentinel names at that moment:
 	// on a loaded machine it may already have failed over once.
-	sc := goredis.NewSentinelClient(&goredis.Options{Addr: sentinel.Addr})
-	defer sc.Close()
+	sc := sentinel.SentinelClient(t)
 	masterAddr := func() string {
 		addr, err := sc.GetMasterAddrByName(context.Background(), "dedup").Result()
 		if err != nil || len(addr) != 2 {
@@ -157,8 +156,7 @@ func TestRedisSentinelFailover(t *testing.T) {
 
 func waitReplicaSynced(t *testing.T, replica *redistest.Server) {
 	t.Helper()
-	c := goredis.NewClient(&goredis.Options{Addr: replica.Addr})
-	defer c.Close()
+	c := replica.Client(t)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		info, _ := c.Info(context.Background(), "replication").Result()

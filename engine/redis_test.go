@@ -17,6 +17,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/crashtest"
 	"github.com/tierdedup/tierdedup/tier/redis"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
@@ -28,9 +29,7 @@ import (
 func TestConformanceRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	single := confConfig{name: "redis", capacity: 4096, redis: func(t *testing.T) goredis.UniversalClient {
-		c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-		t.Cleanup(func() { c.Close() })
-		return c
+		return srv.Client(t)
 	}}
 	small := single
 	small.name, small.capacity = "redis-small-cache", 16
@@ -39,9 +38,7 @@ func TestConformanceRedis(t *testing.T) {
 
 	cl := redistest.StartCluster(t)
 	cluster := confConfig{name: "redis-cluster", capacity: 4096, redis: func(t *testing.T) goredis.UniversalClient {
-		c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs()})
-		t.Cleanup(func() { c.Close() })
-		return c
+		return cl.Client(t)
 	}}
 	t.Run(cluster.name, func(t *testing.T) { runConformanceSeeds(t, cluster) })
 }
@@ -66,8 +63,7 @@ func redisBackend(c goredis.UniversalClient, prefix string) *redis.Backend {
 // another process cannot commit or release, and changes nothing.
 func TestRedisFencing(t *testing.T) {
 	srv := redistest.Start(t)
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-	defer c.Close()
+	c := srv.Client(t)
 	clockA, clockB := newClock(), newClock()
 	a := openRedis(t, c, "fence:", engine.Options{Clock: clockA})
 	b := openRedis(t, c, "fence:", engine.Options{Clock: clockB}) // another process
@@ -116,8 +112,7 @@ func TestRedisFencing(t *testing.T) {
 // another process is a Duplicate here although memory never saw it.
 func TestRedisMemoryNeverSaysNew(t *testing.T) {
 	srv := redistest.Start(t)
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-	defer c.Close()
+	c := srv.Client(t)
 	a := openRedis(t, c, "mem:", engine.Options{})
 	b := openRedis(t, c, "mem:", engine.Options{})
 	defer a.Close()
@@ -145,8 +140,7 @@ func TestRedisMemoryNeverSaysNew(t *testing.T) {
 // that has not cached it).
 func TestRedisKilledMidRun(t *testing.T) {
 	srv := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr, MaxRetries: 1, DialTimeout: 100 * time.Millisecond, MaxRetryBackoff: 20 * time.Millisecond})
-	defer c.Close()
+	c := srv.ClientWith(t, &goredis.Options{MaxRetries: 1, DialTimeout: 100 * time.Millisecond, MaxRetryBackoff: 20 * time.Millisecond})
 	e := openRedis(t, c, "kill:", engine.Options{})
 	defer e.Close()
 	load := startOutageLoad(e)
@@ -182,8 +176,7 @@ func TestRedisKilledMidRun(t *testing.T) {
 
 func TestRedisFailOpenIsCounted(t *testing.T) {
 	srv := redistest.Start(t)
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
-	defer c.Close()
+	c := srv.ClientWith(t, &goredis.Options{MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
 	closed := openRedis(t, c, "fo:", engine.Options{})
 	open := openRedis(t, c, "fo:", engine.Options{FailOpen: true})
 	defer closed.Close()
@@ -208,8 +201,6 @@ func TestRedisFailOpenIsCounted(t *testing.T) {
 // The multi-process race: four OS processes (this test binary re-executed)
 // claim the same keys in different orders through one Redis (or one
 // PostgreSQL table); exactly one claim per key is New across all of them.
-
-const redisChildEnv = "TIERDEDUP_REDIS_CHILD"
 
 func redisChild(spec string) int {
 	parts := strings.Split(spec, "|")
@@ -286,30 +277,25 @@ func runProcessesRace(t *testing.T, addr string) {
 	}
 	news := map[string]int{}
 	var mu sync.Mutex
-	var wg sync.WaitGroup
+	children := make([]*crashtest.Child, procs)
 	for p := range procs {
-		cmd, stdout := startChild(t, fmt.Sprintf("%s=%s|%s|%d|%d", redisChildEnv, addr, prefix, p, keys))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sc := bufio.NewScanner(stdout)
-			for sc.Scan() {
-				kind, key, _ := strings.Cut(sc.Text(), " ")
-				mu.Lock()
-				switch kind {
-				case "N":
-					news[key]++
-				case "ERR":
-					t.Errorf("process %d: %s", p, key)
-				}
-				mu.Unlock()
+		children[p] = crashtest.Start(t, "redis", fmt.Sprintf("%s|%s|%d|%d", addr, prefix, p, keys), &crashtest.Options{OnLine: func(line string) {
+			kind, key, _ := strings.Cut(line, " ")
+			mu.Lock()
+			defer mu.Unlock()
+			switch kind {
+			case "N":
+				news[key]++
+			case "ERR":
+				t.Errorf("process %d: %s", p, key)
 			}
-			if err := cmd.Wait(); err != nil {
-				t.Errorf("process %d: %v", p, err)
-			}
-		}()
+		}})
 	}
-	wg.Wait()
+	for p, c := range children {
+		if err := c.Wait(); err != nil {
+			t.Errorf("process %d: %v\n%s", p, err, c.Describe())
+		}
+	}
 	for i := range keys {
 		if n := news[fmt.Sprintf("shared-%d", i)]; n != 1 {
 			t.Fatalf("shared-%d was New in %d processes", i, n)
@@ -324,8 +310,7 @@ func runProcessesRace(t *testing.T, addr string) {
 // InFlight for the whole lease.
 func TestRedisClaimRetriedAfterLostReply(t *testing.T) {
 	srv := redistest.Start(t)
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr}) // default options: 3 s read timeout
-	defer c.Close()
+	c := srv.Client(t) // default options: 3 s read timeout
 	prefix := fmt.Sprintf("lost-%d:", time.Now().UnixNano())
 	e := openRedis(t, c, prefix, engine.Options{Lease: time.Hour})
 	defer e.Close()
@@ -371,8 +356,7 @@ func TestRedisClaimRetriedAfterLostReply(t *testing.T) {
 // Poison for both; a restarted engine sees the count too.
 func TestRedisAttemptsAreShared(t *testing.T) {
 	srv := redistest.Start(t)
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-	defer c.Close()
+	c := srv.Client(t)
 	prefix := fmt.Sprintf("att-%d:", time.Now().UnixNano())
 	o := engine.Options{MaxAttempts: 3}
 	a, b := openRedis(t, c, prefix, o), openRedis(t, c, prefix, o)

@@ -8,9 +8,10 @@ import (
 	"testing"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/faultfs"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -42,8 +43,7 @@ func resultConfigs(t *testing.T) []struct {
 			}
 		}},
 		{"redis", func(t *testing.T, clock engine.Clock) (*engine.Engine, func(*engine.Engine) *engine.Engine) {
-			c := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr})
-			t.Cleanup(func() { c.Close() })
+			c := redistest.Start(t).Client(t)
 			prefix := fmt.Sprintf("results-%d:", time.Now().UnixNano())
 			o := engine.Options{Clock: clock}
 			return openRedis(t, c, prefix, o), func(e *engine.Engine) *engine.Engine {
@@ -239,20 +239,21 @@ func TestResultRefusedWithoutStore(t *testing.T) {
 // it was given.
 func TestCommitAsyncCopiesResult(t *testing.T) {
 	ctx := context.Background()
-	fs := newGateFS()
+	gate := faultfs.NewGate(faultfs.WALSyncs)
+	fs := faultfs.Wrap(vfs.NewMem(), gate)
 	e := open(t, engine.Options{Dir: "db", FS: fs})
 	defer e.Close()
 	first := claimNew(t, e, "first")
-	fs.close() // the writer waits inside the first group's sync
+	gate.Shut() // the writer waits inside the first group's sync
 	e.CommitAsync(ctx, first, nil)
-	waitFor(t, "the writer in its sync", func() bool { return fs.synced.Load() > 0 })
+	waitFor(t, "the writer in its sync", func() bool { return gate.Waited() > 0 })
 	c := claimNew(t, e, "k")
 	buf := []byte("response-for-k")
 	c.Result = buf
 	done := make(chan error, 1)
 	e.CommitAsync(ctx, c, func(err error) { done <- err })
 	copy(buf, "RESPONSE-FOR-X")
-	fs.release()
+	gate.Open()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}

@@ -1,13 +1,9 @@
 package engine_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,9 +13,9 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/crashtest"
+	"github.com/tierdedup/tierdedup/internal/faultfs"
 )
-
-const faultChildEnv = "TIERDEDUP_FAULT_CHILD"
 
 // faultBound is how long any call may take once the disk has failed.
 const faultBound = 10 * time.Second
@@ -51,22 +47,14 @@ func TestStorageFaultChild(t *testing.T) {
 				dir := t.TempDir()
 				// The child's stderr is kept apart: a fail stop prints
 				// Pebble's fatal error and every goroutine's stack.
-				var stderr bytes.Buffer
-				cmd := exec.Command(os.Args[0], "-test.run=^$")
-				cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s|%s", faultChildEnv, dir, target))
-				cmd.Stderr = &stderr
-				stdout, err := cmd.StdoutPipe()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := cmd.Start(); err != nil {
-					t.Fatal(err)
-				}
+				child := crashtest.Start(t, "fault", dir+"|"+target, &crashtest.Options{StderrApart: true})
 				var acked []string
 				ending := "fail-stop"
-				sc := bufio.NewScanner(stdout)
-				for sc.Scan() {
-					line := sc.Text()
+				for {
+					line, ok := child.Next()
+					if !ok {
+						break
+					}
 					switch {
 					case strings.HasPrefix(line, "ACK "):
 						acked = append(acked, strings.Fields(line)[1:]...)
@@ -76,16 +64,17 @@ func TestStorageFaultChild(t *testing.T) {
 						t.Errorf("child: %s", line)
 					}
 				}
-				werr := cmd.Wait()
-				first, _, _ := strings.Cut(stderr.String(), "\n\n")
+				werr := child.Wait()
+				stderr := child.Stderr()
+				first, _, _ := strings.Cut(stderr, "\n\n")
 				if ending == "fail-closed" && werr != nil {
 					t.Errorf("the child failed closed, then exited with %v: %s", werr, first)
 				}
 				if ending == "fail-stop" && werr == nil {
 					t.Fatal("the child exited cleanly without failing closed: it never met the fault")
 				}
-				if ending == "fail-stop" && !strings.Contains(stderr.String(), "pebble") {
-					t.Errorf("the child died (%v), not by Pebble's fail stop: %s", werr, stderr.String())
+				if ending == "fail-stop" && !strings.Contains(stderr, "pebble") {
+					t.Errorf("the child died (%v), not by Pebble's fail stop: %s", werr, stderr)
 				}
 				if len(acked) == 0 {
 					t.Fatal("the child acknowledged nothing before the fault")
@@ -122,11 +111,15 @@ func TestStorageFaultChild(t *testing.T) {
 // dies by Pebble's fail-stop.
 func faultChild(spec string) int {
 	dir, target, _ := strings.Cut(spec, "|")
-	fs := &failFS{FS: vfs.Default}
+	// Once armed, every sync of the WAL's files fails (or of the MANIFEST's:
+	// a failed manifest sync in a background compaction is fatal to
+	// Pebble, outside any call).
+	files := ".log"
 	if target == "manifest" {
-		fs.files = "MANIFEST"
+		files = "MANIFEST"
 	}
-	e, err := engine.Open(&engine.Options{Dir: dir, FS: fs, ExpectedKeys: 100000, MaxAttempts: 5, Lease: time.Minute, Logger: quiet})
+	var fault faultfs.Fault
+	e, err := engine.Open(&engine.Options{Dir: dir, FS: faultfs.Wrap(vfs.Default, &fault), ExpectedKeys: 100000, MaxAttempts: 5, Lease: time.Minute, Logger: quiet})
 	if err != nil {
 		fmt.Println("ERR", err)
 		return 1
@@ -204,7 +197,7 @@ func faultChild(spec string) int {
 	for nacked.Load() < 5000 {
 		time.Sleep(time.Millisecond)
 	}
-	fs.armed.Store(true)
+	fault.Arm(faultfs.Match{Kinds: faultfs.Syncs, Contains: files})
 	if target == "manifest" {
 		go func() { _ = e.Compact(ctx) }() // writes the MANIFEST
 	}

@@ -18,20 +18,28 @@ import (
 
 	"github.com/tierdedup/tierdedup/bench"
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/crashtest"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 	"golang.org/x/perf/benchfmt"
 )
 
-// TestMain lets the crash test re-execute this binary as the consumer.
+// TestMain lets the crash and recovery tests re-execute this binary as
+// the command its arguments name (crash-child, recover-child).
 func TestMain(m *testing.M) {
-	if os.Getenv("DEDUPBENCH_CHILD") == "1" {
+	crashtest.Main(m, map[string]func(string) int{"dedupbench": func(string) int {
 		if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
 			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
+			return 1
 		}
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
+		return 0
+	}})
+}
+
+// command returns, not started, this binary re-executed as dedupbench with
+// args, for bench's crash and recovery drivers to start, read and kill;
+// one that hangs is killed and fails the test.
+func command(t *testing.T, args ...string) *exec.Cmd {
+	return crashtest.Command(t, "dedupbench", "", &crashtest.Options{Args: args})
 }
 
 // TestCrashTable reproduces the crash table with real processes killed by
@@ -46,11 +54,7 @@ func TestMain(m *testing.M) {
 // effect, and the effect written in the engine's commit repeats and loses
 // nothing.
 func TestCrashTable(t *testing.T) {
-	child := func(a ...string) *exec.Cmd {
-		cmd := exec.Command(os.Args[0], append([]string{"crash-child"}, a...)...)
-		cmd.Env = append(os.Environ(), "DEDUPBENCH_CHILD=1")
-		return cmd
-	}
+	child := func(a ...string) *exec.Cmd { return command(t, append([]string{"crash-child"}, a...)...) }
 	cfg := bench.CrashConfig{Messages: 2000, Every: 100, Kills: bench.RandomKills(2000, 100, 10, rand.New(rand.NewPCG(1, 0)))}
 	after := 0
 	for _, k := range cfg.Kills {
@@ -95,11 +99,7 @@ func TestCrashTable(t *testing.T) {
 // writes the effect and the mark in two steps repeats effects here (a kill
 // between them leaves the effect without its mark).
 func TestCrashLedgerKilledInsideCommit(t *testing.T) {
-	child := func(a ...string) *exec.Cmd {
-		cmd := exec.Command(os.Args[0], append([]string{"crash-child"}, a...)...)
-		cmd.Env = append(os.Environ(), "DEDUPBENCH_CHILD=1")
-		return cmd
-	}
+	child := func(a ...string) *exec.Cmd { return command(t, append([]string{"crash-child"}, a...)...) }
 	rng := rand.New(rand.NewPCG(2, 0))
 	cfg := bench.CrashConfig{Messages: 600, Every: 20, Kills: bench.RandomKills(600, 20, 30, rng)}
 	for i := range cfg.Kills {
@@ -261,8 +261,7 @@ func TestRecover(t *testing.T) {
 	dir := t.TempDir()
 	args := []string{"-keys", "400000", "-dir", dir, "-after", "300ms"}
 	child := func(a ...string) *exec.Cmd {
-		cmd := exec.Command(os.Args[0], append(append([]string{"recover-child"}, args...), a...)...)
-		cmd.Env = append(os.Environ(), "DEDUPBENCH_CHILD=1")
+		cmd := command(t, append(append([]string{"recover-child"}, args...), a...)...)
 		cmd.Stderr = os.Stderr
 		return cmd
 	}

@@ -9,7 +9,6 @@ import (
 	"log"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
@@ -24,19 +23,17 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/integrations/kafkadedup"
+	"github.com/tierdedup/tierdedup/internal/crashtest"
 )
 
 // The end-to-end tests run an in-process Kafka cluster (kfake: the real
 // protocol, consumer groups and rebalances, on loopback) and consumer
 // processes that are this test binary re-executed, killed and restarted.
 
-const childEnv = "TIERDEDUP_KAFKA_CHILD"
-
+// TestMain sends a consumer process (this test binary, re-executed by
+// crashtest.Start) to its code.
 func TestMain(m *testing.M) {
-	if spec := os.Getenv(childEnv); spec != "" {
-		os.Exit(child(spec))
-	}
-	os.Exit(m.Run())
+	crashtest.Main(m, map[string]func(spec string) int{"consumer": child})
 }
 
 // childSpec is what a consumer process is told.
@@ -153,9 +150,8 @@ func (w writerFunc) Write(p []byte) (int, error) { w(p); return len(p), nil }
 
 // consumer is one consumer process and what its output told.
 type consumer struct {
-	spec string
-	cmd  *exec.Cmd
-	done chan struct{}
+	spec  string
+	child *crashtest.Child
 	// fetched gets a value when the consumer starts processing a poll,
 	// committing when it handled a partition's last record.
 	fetched, committing chan struct{}
@@ -241,33 +237,18 @@ func (r *run) start(spec childSpec) *consumer {
 	return c
 }
 
+// restart starts c's process; it runs until killed or stopped.
 func (r *run) restart(c *consumer) {
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+c.spec)
-	cmd.Stderr = os.Stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		r.t.Fatal(err)
-	}
-	c.cmd, c.done = cmd, make(chan struct{})
-	go func() {
-		defer close(c.done)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			switch ch := map[string]chan struct{}{"F": c.fetched, "H": c.committing}[strings.Fields(sc.Text() + " ")[0]]; {
-			case ch != nil:
-				select {
-				case ch <- struct{}{}:
-				default:
-				}
+	c.child = crashtest.Start(r.t, "consumer", c.spec, &crashtest.Options{Timeout: crashtest.NoTimeout, OnLine: func(line string) {
+		switch ch := map[string]chan struct{}{"F": c.fetched, "H": c.committing}[strings.Fields(line + " ")[0]]; {
+		case ch != nil:
+			select {
+			case ch <- struct{}{}:
+			default:
 			}
-			r.line(sc.Text())
 		}
-		_ = cmd.Wait()
-	}()
+		r.line(line)
+	}})
 }
 
 func (r *run) line(s string) {
@@ -361,15 +342,10 @@ func (r *run) redeliveries() int {
 	return n
 }
 
-// stop ends a consumer with SIGTERM (a clean leave) and waits for it.
+// stop ends a consumer with SIGTERM (a clean leave) and waits for it, up
+// to 30 s before it kills it.
 func stop(c *consumer) {
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-c.done:
-	case <-time.After(30 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-c.done
-	}
+	_ = c.child.Stop(syscall.SIGTERM, 30*time.Second)
 }
 
 // effects counts each message ID's ledger records over the partition
@@ -469,8 +445,7 @@ func TestKafkaKills(t *testing.T) {
 		case phase != nil:
 			killAfter(phase, time.Duration(rng.IntN(1500))*time.Microsecond)
 		}
-		_ = c.cmd.Process.Signal(syscall.SIGKILL)
-		<-c.done
+		_ = c.child.Kill()
 		kills++
 		time.Sleep(time.Duration(rng.IntN(400)) * time.Millisecond)
 		r.restart(c)

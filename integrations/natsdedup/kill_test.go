@@ -4,10 +4,10 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
@@ -22,15 +22,13 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/integrations/natsdedup"
+	"github.com/tierdedup/tierdedup/internal/crashtest"
 )
 
-const childEnv = "TIERDEDUP_NATS_CHILD"
-
+// TestMain sends a consumer process (this test binary, re-executed by
+// crashtest.Start) to its code.
 func TestMain(m *testing.M) {
-	if spec := os.Getenv(childEnv); spec != "" {
-		os.Exit(child(spec))
-	}
-	os.Exit(m.Run())
+	crashtest.Main(m, map[string]func(spec string) int{"consumer": child})
 }
 
 type childSpec struct {
@@ -146,38 +144,21 @@ func runKills(t *testing.T, split bool) (repeated int) {
 
 	var mu sync.Mutex
 	var redeliveries, dups int
-	var proc *exec.Cmd
-	var done chan struct{}
+	var proc *crashtest.Child
 	start := func() {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), childEnv+"="+string(spec))
-		cmd.Stderr = os.Stderr
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		proc, done = cmd, make(chan struct{})
-		d := done
-		go func() {
-			defer close(d)
-			sc := bufio.NewScanner(stdout)
-			for sc.Scan() {
-				mu.Lock()
-				switch f := strings.Fields(sc.Text()); f[0] {
-				case "R":
-					redeliveries++
-				case "D":
-					dups++
-				case "ERR":
-					t.Errorf("consumer: %s", sc.Text())
-				}
-				mu.Unlock()
+		// It runs until killed, or stopped at the end.
+		proc = crashtest.Start(t, "consumer", string(spec), &crashtest.Options{Timeout: crashtest.NoTimeout, OnLine: func(line string) {
+			mu.Lock()
+			switch f := strings.Fields(line); f[0] {
+			case "R":
+				redeliveries++
+			case "D":
+				dups++
+			case "ERR":
+				t.Errorf("consumer: %s", line)
 			}
-			_ = cmd.Wait()
-		}()
+			mu.Unlock()
+		}})
 	}
 	start()
 
@@ -213,8 +194,7 @@ func runKills(t *testing.T, split bool) (repeated int) {
 	kills := 0
 	for finished := false; !finished || kills < 10; {
 		time.Sleep(time.Duration(200+rng.IntN(800)) * time.Millisecond)
-		_ = proc.Process.Signal(syscall.SIGKILL)
-		<-done
+		_ = proc.Kill()
 		kills++
 		start()
 		select {
@@ -224,8 +204,9 @@ func runKills(t *testing.T, split bool) (repeated int) {
 		}
 	}
 	waitAcked(t, cons, 3*time.Minute)
-	_ = proc.Process.Signal(syscall.SIGTERM)
-	<-done
+	if err := proc.Stop(syscall.SIGTERM, time.Minute); errors.Is(err, crashtest.ErrNotStopped) {
+		t.Error(err)
+	}
 
 	e, err := engine.Open(&engine.Options{Dir: filepath.Join(dir, "dedup"), ExpectedKeys: 100_000, Logger: quiet})
 	if err != nil {

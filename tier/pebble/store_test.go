@@ -1,7 +1,6 @@
 package pebble
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/hex"
@@ -9,23 +8,28 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
-	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 
+	"github.com/tierdedup/tierdedup/internal/crashtest"
+	"github.com/tierdedup/tierdedup/internal/faultfs"
 	"github.com/tierdedup/tierdedup/tier"
 )
 
 var quiet = log.New(io.Discard, "", 0)
+
+// TestMain sends a child process (this test binary, re-executed by
+// crashtest.Start) to its code.
+func TestMain(m *testing.M) {
+	crashtest.Main(m, map[string]func(spec string) int{
+		"lock": lockChild, // TestOpenRefusedWhileAnotherProcessHoldsTheDirectory
+	})
+}
 
 func open(t testing.TB, o Options) *Store {
 	t.Helper()
@@ -248,31 +252,21 @@ func sstBytes(s *Store) int64 { return int64(s.Disk().Tables) }
 // must fail with ErrStorage (not exit), later writes must be refused, and
 // the records acknowledged before must survive a reopen.
 func TestWriteFailureIsTypedAndSticky(t *testing.T) {
-	faults := map[string][]errorfs.OpKind{
-		"sync":  {errorfs.OpFileSync, errorfs.OpFileSyncData, errorfs.OpFileSyncTo},
-		"write": {errorfs.OpFileWrite, errorfs.OpFileWriteAt},
-	}
-	for name, kinds := range faults {
+	for name, wal := range map[string]faultfs.Match{"sync": faultfs.WALSyncs, "write": faultfs.WALWrites} {
 		t.Run(name, func(t *testing.T) {
 			mem := vfs.NewMem()
-			var on atomic.Bool
-			fs := errorfs.Wrap(mem, errorfs.InjectorFunc(func(op errorfs.Op) error {
-				if on.Load() && slices.Contains(kinds, op.Kind) && strings.HasSuffix(op.Path, ".log") {
-					return errorfs.ErrInjected
-				}
-				return nil
-			}))
-			s := open(t, Options{Dir: "db", FS: fs})
+			var fault faultfs.Fault
+			s := open(t, Options{Dir: "db", FS: faultfs.Wrap(mem, &fault)})
 			ok := Record{Partition: 1, Key: []byte("acked"), Value: Value{State: StateCommitted}}
 			if err := s.write([]Record{ok}); err != nil {
 				t.Fatal(err)
 			}
-			on.Store(true)
+			fault.Arm(wal)
 			err := s.write([]Record{{Partition: 1, Key: []byte("lost"), Value: Value{State: StateCommitted}}})
 			if !errors.Is(err, ErrStorage) {
 				t.Fatalf("Write under a failing WAL = %v, want ErrStorage", err)
 			}
-			on.Store(false)
+			fault.Disarm()
 			if err := s.write([]Record{ok}); !errors.Is(err, ErrStorage) {
 				t.Fatalf("Write after a failure = %v, want ErrStorage (the store must stay failed)", err)
 			}
@@ -305,30 +299,25 @@ func cloneMem(t *testing.T, src *vfs.MemFS) vfs.FS {
 // (this test binary) that opens the directory, and checks that this process
 // cannot open it too.
 func TestOpenRefusedWhileAnotherProcessHoldsTheDirectory(t *testing.T) {
-	if dir := os.Getenv("TIERDEDUP_LOCK_CHILD"); dir != "" {
-		if _, err := Open(&Options{Dir: dir, Logger: quiet, Partition: time.Hour, Window: 4 * time.Hour}); err != nil {
-			os.Exit(3)
-		}
-		fmt.Println("open")
-		select {} // hold the directory until killed
-	}
 	dir := t.TempDir()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestOpenRefusedWhileAnotherProcessHoldsTheDirectory$")
-	cmd.Env = append(os.Environ(), "TIERDEDUP_LOCK_CHILD="+dir)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil || line != "open\n" {
-		t.Fatalf("child did not open the directory: %q %v", line, err)
+	child := crashtest.Start(t, "lock", dir, nil) // killed when the test ends
+	if line, ok := child.Next(); !ok || line != "open" {
+		t.Fatalf("child did not open the directory: %q\n%s", line, child.Describe())
 	}
 	if _, err := Open(&Options{Dir: dir, Logger: quiet, Partition: time.Hour, Window: 4 * time.Hour}); !errors.Is(err, ErrLocked) {
 		t.Fatalf("Open while another process holds the directory: %v, want ErrLocked", err)
+	}
+}
+
+// lockChild opens the store in dir and holds it until killed; it exits 3
+// if it cannot open it.
+func lockChild(dir string) int {
+	if _, err := Open(&Options{Dir: dir, Logger: quiet, Partition: time.Hour, Window: 4 * time.Hour}); err != nil {
+		return 3
+	}
+	fmt.Println("open")
+	for {
+		time.Sleep(time.Hour)
 	}
 }
 

@@ -61,8 +61,7 @@ func contractSuite(t *testing.T, c goredis.UniversalClient) {
 // TestContract runs the contract suite against one redis-server.
 func TestContract(t *testing.T) {
 	srv := redistest.Start(t)
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { c.Close() })
+	c := srv.Client(t)
 	contractSuite(t, c)
 }
 
@@ -72,7 +71,6 @@ func TestContractCluster(t *testing.T) {
 	began := time.Now()
 	cl := redistest.StartCluster(t)
 	t.Logf("cluster started in %v", time.Since(began).Round(time.Millisecond))
-	c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs()})
-	t.Cleanup(func() { c.Close() })
+	c := cl.Client(t)
 	contractSuite(t, c)
 }

@@ -36,13 +36,6 @@ func newStore(t *testing.T, c goredis.UniversalClient, o redis.Options) *redis.S
 	return s
 }
 
-func client(t *testing.T, srv *redistest.Server) *goredis.Client {
-	t.Helper()
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
 func tok(i byte) redis.Token { return redis.Token{i, 1, 2, 3} }
 
 func req(key string, t redis.Token) redis.Request {
@@ -81,7 +74,7 @@ func status(t *testing.T, fn func(context.Context, []redis.Request, []redis.Stat
 
 func TestClaimCommitReleaseAndFencing(t *testing.T) {
 	srv := redistest.Start(t)
-	c := client(t, srv)
+	c := srv.Client(t)
 	s := newStore(t, c, redis.Options{})
 	ctx := context.Background()
 
@@ -153,7 +146,7 @@ func waitGone(t *testing.T, c goredis.Cmdable, key string) {
 
 func TestKeysAreExactAndNamespaced(t *testing.T) {
 	srv := redistest.Start(t)
-	s := newStore(t, client(t, srv), redis.Options{Prefix: "app:"})
+	s := newStore(t, srv.Client(t), redis.Options{Prefix: "app:"})
 	if got := s.Key("ns", []byte("k\x00\xff")); got != "app:\x00\x02nsk\x00\xff" {
 		t.Fatalf("Key = %q", got)
 	}
@@ -164,7 +157,7 @@ func TestKeysAreExactAndNamespaced(t *testing.T) {
 		t.Fatalf("(ab, c) collides with (a, bc): %v", r.Status)
 	}
 	for _, p := range []string{"{tag}", "a\x00b"} {
-		if _, err := redis.New(context.Background(), client(t, srv), &redis.Options{Prefix: p, Window: time.Hour}); !errors.Is(err, redis.ErrOptions) {
+		if _, err := redis.New(context.Background(), srv.Client(t), &redis.Options{Prefix: p, Window: time.Hour}); !errors.Is(err, redis.ErrOptions) {
 			t.Fatalf("prefix %q: %v, want ErrOptions", p, err)
 		}
 	}
@@ -176,7 +169,7 @@ func TestKeysAreExactAndNamespaced(t *testing.T) {
 // each other's claims, whatever their namespaces.
 func TestPrefixesNeverShareKeys(t *testing.T) {
 	srv := redistest.Start(t)
-	c := client(t, srv)
+	c := srv.Client(t)
 	short := newStore(t, c, redis.Options{Prefix: "a:"})
 	long := newStore(t, c, redis.Options{Prefix: "a:b:"})
 	tail := strings.Repeat("x", 96)
@@ -199,8 +192,7 @@ func TestPrefixesNeverShareKeys(t *testing.T) {
 // ErrUnavailable by the caller's deadline, not the client's.
 func TestDeadlineIsTheCallers(t *testing.T) {
 	srv := redistest.Start(t)
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
-	defer c.Close()
+	c := srv.Client(t)
 	s := newStore(t, c, redis.Options{})
 	defer s.Close()
 	srv.Pause()
@@ -233,7 +225,7 @@ func TestDeadlineIsTheCallers(t *testing.T) {
 
 func TestEvictionPolicyCheck(t *testing.T) {
 	srv := redistest.Start(t, "--maxmemory-policy", "allkeys-lru")
-	c := client(t, srv)
+	c := srv.Client(t)
 	_, err := redis.New(context.Background(), c, &redis.Options{Window: time.Hour, RequireNoEviction: true, Logger: quiet})
 	if !errors.Is(err, redis.ErrEvictionPolicy) {
 		t.Fatalf("allkeys-lru with RequireNoEviction: %v", err)
@@ -251,8 +243,7 @@ func TestEvictionPolicyCheck(t *testing.T) {
 // server is gone, and works again when it returns.
 func TestRedisDownIsTransient(t *testing.T) {
 	srv := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
-	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr, MaxRetries: 1, DialTimeout: 200 * time.Millisecond})
-	defer c.Close()
+	c := srv.ClientWith(t, &goredis.Options{MaxRetries: 1, DialTimeout: 200 * time.Millisecond})
 	s := newStore(t, c, redis.Options{})
 	a := req("k", tok(1))
 	claim(t, s, a, time.Minute)
@@ -381,8 +372,7 @@ func startProxy(t *testing.T, target string) *proxy {
 
 func TestClusterSpreadsKeys(t *testing.T) {
 	cl := redistest.StartCluster(t)
-	c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs()})
-	defer c.Close()
+	c := cl.Client(t)
 	s := newStore(t, c, redis.Options{})
 	reqs := make([]redis.Request, 300)
 	for i := range reqs {
@@ -402,7 +392,7 @@ func TestClusterSpreadsKeys(t *testing.T) {
 		}
 	}
 	for _, m := range cl.Masters {
-		n, err := goredis.NewClient(&goredis.Options{Addr: m.Addr}).DBSize(context.Background()).Result()
+		n, err := m.Client(t).DBSize(context.Background()).Result()
 		if err != nil || n < 50 {
 			t.Fatalf("master %s holds %d keys (%v): keys are not spread", m.Addr, n, err)
 		}
@@ -417,8 +407,8 @@ func TestClusterSpreadsKeys(t *testing.T) {
 func TestAttemptsAreShared(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
-	a := newStore(t, client(t, srv), redis.Options{Prefix: "att:", MaxAttempts: 3, Window: time.Hour})
-	b := newStore(t, client(t, srv), redis.Options{Prefix: "att:", MaxAttempts: 3, Window: time.Hour})
+	a := newStore(t, srv.Client(t), redis.Options{Prefix: "att:", MaxAttempts: 3, Window: time.Hour})
+	b := newStore(t, srv.Client(t), redis.Options{Prefix: "att:", MaxAttempts: 3, Window: time.Hour})
 	k := func(i byte) redis.Request { return req("poison", tok(i)) }
 	if r := claim(t, a, k(1), time.Minute); r.Status != tier.Acquired || r.Attempts != 0 {
 		t.Fatalf("first claim = %+v", r)
@@ -445,7 +435,7 @@ func TestAttemptsAreShared(t *testing.T) {
 			t.Fatalf("after three attempts = %+v, want poisoned", r)
 		}
 	}
-	if ttl, _ := client(t, srv).PTTL(ctx, a.Key("", []byte("poison"))).Result(); ttl < 59*time.Minute {
+	if ttl, _ := srv.Client(t).PTTL(ctx, a.Key("", []byte("poison"))).Result(); ttl < 59*time.Minute {
 		t.Fatalf("the count is kept for %v, want the window", ttl)
 	}
 }
@@ -457,7 +447,7 @@ func TestAttemptsAreShared(t *testing.T) {
 // counted, for the next claim.
 func TestCommitAfterLeaseIsLost(t *testing.T) {
 	srv := redistest.Start(t)
-	s := newStore(t, client(t, srv), redis.Options{Prefix: "lease:", MaxAttempts: 5})
+	s := newStore(t, srv.Client(t), redis.Options{Prefix: "lease:", MaxAttempts: 5})
 	a := req("k", tok(1))
 	if r := claim(t, s, a, 50*time.Millisecond); r.Status != tier.Acquired {
 		t.Fatalf("claim = %+v", r)

@@ -2,8 +2,9 @@
 // single node, a replica, a sentinel or a three-master cluster, each on
 // free loopback ports with a temporary directory, stopped by PID.
 //
-// It owns nothing but those processes. It must never reach a server it did
-// not start, nor bind anything but 127.0.0.1.
+// It owns nothing but those processes, and the go-redis clients it makes
+// for them (Client, ClientWith), each closed when its test ends. It must
+// never reach a server it did not start, nor bind anything but 127.0.0.1.
 //
 // # Concurrency
 //
@@ -22,6 +23,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
 )
 
 // RequireEnv names the variable that turns a missing redis-server into a
@@ -168,6 +171,31 @@ func tail(s string) string {
 	return s
 }
 
+// Client returns a go-redis client of s with default options, closed when
+// the test t (which may be a subtest of the one that started s) ends.
+func (s *Server) Client(t testing.TB) *goredis.Client { return s.ClientWith(t, nil) }
+
+// ClientWith is Client with the options o (timeouts, retries, pool size),
+// whose Addr is replaced by s's; o is not changed.
+func (s *Server) ClientWith(t testing.TB, o *goredis.Options) *goredis.Client {
+	var opts goredis.Options
+	if o != nil {
+		opts = *o
+	}
+	opts.Addr = s.Addr
+	c := goredis.NewClient(&opts)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// SentinelClient returns a go-redis client of s, a sentinel
+// (StartSentinel), closed when the test t ends.
+func (s *Server) SentinelClient(t testing.TB) *goredis.SentinelClient {
+	c := goredis.NewSentinelClient(&goredis.Options{Addr: s.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 // Pid returns the server's process ID.
 func (s *Server) Pid() int { return s.cmd.Process.Pid }
 
@@ -251,6 +279,23 @@ func (c *Cluster) Addrs() []string {
 		out[i] = m.Addr
 	}
 	return out
+}
+
+// Client returns a go-redis cluster client of c with default options,
+// closed when the test t ends.
+func (c *Cluster) Client(t testing.TB) *goredis.ClusterClient { return c.ClientWith(t, nil) }
+
+// ClientWith is Client with the options o, whose Addrs are replaced by the
+// masters'; o is not changed.
+func (c *Cluster) ClientWith(t testing.TB, o *goredis.ClusterOptions) *goredis.ClusterClient {
+	var opts goredis.ClusterOptions
+	if o != nil {
+		opts = *o
+	}
+	opts.Addrs = c.Addrs()
+	cc := goredis.NewClusterClient(&opts)
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc
 }
 
 // StartCluster starts three masters with cluster-enabled and joins them
