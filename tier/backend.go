@@ -2,8 +2,8 @@ package tier
 
 import (
 	"context"
-	"reflect"
 	"log"
+	"reflect"
 	"time"
 )
 
