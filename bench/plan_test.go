@@ -37,7 +37,7 @@ func TestMakePlanRejectsBadInput(t *testing.T) {
 	}
 }
 
-// TestPlan500MPerDay pins the worked example of the README: 500M IDs/day,
+// TestPlan500MPerDay pins the worked example of docs/dedupbench.md: 500M IDs/day,
 // 7-day window in daily partitions, 10 % duplicates, 1 % false positives.
 func TestPlan500MPerDay(t *testing.T) {
 	pl, err := MakePlan(PlanInput{IDsPerDay: 500e6, Window: 7 * 24 * time.Hour, Partition: 24 * time.Hour, DupRatio: 0.1,

@@ -121,7 +121,7 @@ func (s setNX) close() {}
 // TestRedisBytesPerKey measures Redis's memory per committed key (INFO
 // memory before and after marking 100,000 36-byte keys through the engine)
 // and checks the planner's RedisFixedBytes + key size against it, within
-// 15 %: the figure the README and `dedupbench plan` quote.
+// 15 %: the figure docs/performance.md and `dedupbench plan` quote.
 func TestRedisBytesPerKey(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)

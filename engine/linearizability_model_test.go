@@ -33,7 +33,7 @@ import (
 //     call may see the key InFlight. Invariant 1 of the package: "the
 //     memory tier's stripe lock installs a claim before any slower tier is
 //     consulted"; Outcome InFlight: "another claim holds the key now"; the
-//     README on Forget: "a claim racing a Forget is InFlight until the
+//     docs on Forget (docs/operations.md): "a claim racing a Forget is InFlight until the
 //     removal is durable". The holds are a claim or an advance while it
 //     consults a slower tier, whatever it answers; a commit, from its lease
 //     check until memory shows it (its claim is pinned meanwhile, past its
@@ -50,7 +50,7 @@ import (
 //     the tier) excuse it in every engine. Which calls hold, and where, is
 //     linHolds.
 //   - stalled: a mark, or a token's use, whose call lasted a whole lease may
-//     answer InFlight (ErrInFlight): the README, "In a MarkBatch, a key
+//     answer InFlight (ErrInFlight): docs/consuming.md, "In a MarkBatch, a key
 //     whose lease was lost before the commit (another worker took it over)
 //     is answered InFlight", and ConsumeToken, "ErrInFlight ... when this
 //     call stalled past the Lease before its use was durable". An
@@ -63,7 +63,7 @@ import (
 //     "Commit and Release succeed only for the current owner of an
 //     unexpired lease; otherwise they return ErrLeaseLost and change
 //     nothing."
-//   - a restart voids every claim of the embedded tier (the README:
+//   - a restart voids every claim of the embedded tier (docs/operations.md:
 //     "Claims of a previous process are void at open"; MaxAttempts: "a
 //     claim abandoned by a crash is void at the next Open and not
 //     counted"); a shared tier keeps a closed engine's claims ("in Redis

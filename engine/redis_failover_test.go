@@ -15,10 +15,10 @@ import (
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
-// TestRedisSentinelFailover runs the configuration the README recommends
+// TestRedisSentinelFailover runs the configuration docs/shared-tiers.md recommends
 // for Sentinel: a master, a replica and a sentinel (started here on
 // loopback ports), an engine with a go-redis FailoverClient marking batches
-// of keys, and the master SIGKILLed mid-run. It checks what the README's
+// of keys, and the master SIGKILLed mid-run. It checks what docs/shared-tiers.md's
 // failover row says: every error is ErrUnavailable (never a wrong answer);
 // marks succeed again once the sentinel has promoted the replica; every key
 // acknowledged after the failover is a Duplicate; and it counts the keys

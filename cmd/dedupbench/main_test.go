@@ -211,8 +211,8 @@ func hasRow(table, group, name, batch, conc string, ratio bool) bool {
 	return false
 }
 
-// TestCompareAgainstPostgres runs the PostgreSQL dedup-table baselines the
-// README quotes against the server on 127.0.0.1:5432 (TIERDEDUP_POSTGRES
+// TestCompareAgainstPostgres runs the PostgreSQL dedup-table baselines
+// docs/dedupbench.md quotes against the server on 127.0.0.1:5432 (TIERDEDUP_POSTGRES
 // overrides the address): every row must run and report a ratio. With
 // TIERDEDUP_REQUIRE_POSTGRES set (CI sets it) an unreachable server fails
 // the test instead of skipping it.
