@@ -1,7 +1,3 @@
-// Package pgtest connects tests to the PostgreSQL on loopback. It owns
-// nothing but the connection: each test makes and drops its own tables.
-// With TIERDEDUP_REQUIRE_POSTGRES set (CI) a server that cannot be reached
-// fails the test instead of skipping it.
 package pgtest
 
 import (
