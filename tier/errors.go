@@ -1,6 +1,9 @@
 package tier
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Errors the tiers and the engine share; the engine's sentinels of the
 // same names are these values, so errors.Is matches either. Every other
@@ -19,3 +22,22 @@ var (
 	// ErrLocked reports a directory that another engine holds.
 	ErrLocked = errors.New("tierdedup: directory in use")
 )
+
+// Classify wraps a backend's error so the engine can tell a caller's
+// mistake from an outage: with ErrOptions when it matches one of options,
+// with ErrLayout when it matches layout; any other error is returned as it
+// is (nil stays nil).
+func Classify(err error, layout error, options ...error) error {
+	if err == nil {
+		return nil
+	}
+	for _, o := range options {
+		if errors.Is(err, o) {
+			return fmt.Errorf("%w: %w", ErrOptions, err)
+		}
+	}
+	if errors.Is(err, layout) {
+		return fmt.Errorf("%w: %w", ErrLayout, err)
+	}
+	return err
+}

@@ -79,13 +79,8 @@ func (b *Backend) Open(ctx context.Context, env tier.Env) (tier.Exact, error) {
 		return nil, err
 	}
 	s, err := New(ctx, b.db, b.options(env))
-	switch {
-	case errors.Is(err, ErrOptions):
-		return nil, fmt.Errorf("%w: %w", tier.ErrOptions, err)
-	case errors.Is(err, ErrLayout):
-		return nil, fmt.Errorf("%w: %w", tier.ErrLayout, err)
-	case err != nil:
-		return nil, err
+	if err != nil {
+		return nil, tier.Classify(err, ErrLayout, ErrOptions)
 	}
 	return s, nil
 }

@@ -79,13 +79,8 @@ func (b *Backend) Open(ctx context.Context, env tier.Env) (tier.Exact, error) {
 		Prefix: b.config.Prefix, Window: env.Window, RequireNoEviction: b.config.RequireNoEviction, Logger: env.Logger,
 		MaxAttempts: env.MaxAttempts, NamespaceWindows: env.NamespaceWindows, Uncached: env.NoSharedCache,
 	})
-	switch {
-	case errors.Is(err, ErrEvictionPolicy), errors.Is(err, ErrOptions):
-		return nil, fmt.Errorf("%w: %w", tier.ErrOptions, err)
-	case errors.Is(err, ErrLayout):
-		return nil, fmt.Errorf("%w: %w", tier.ErrLayout, err)
-	case err != nil:
-		return nil, err
+	if err != nil {
+		return nil, tier.Classify(err, ErrLayout, ErrOptions, ErrEvictionPolicy)
 	}
 	return s, nil
 }
