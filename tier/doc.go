@@ -2,7 +2,9 @@
 // tier (Backend, which opens it, and Exact, with its optional CommitWriter, Dropper, Scanner,
 // Latching, Extender, Marker, ResultKeeper, Looker, Forgetter and
 // Advancer), the vocabulary every tier answers in (Status, Digest, Token,
-// Request, Answer), and how time is cut into retention partitions. It holds
+// Request, Answer), the errors the tiers and the engine share (ErrOptions,
+// ErrLayout, ErrStorage, ErrLocked, and Classify for a backend's own), and
+// how time is cut into retention partitions. It holds
 // no state and orders nothing; the engine decides which tier is asked what.
 //
 // A shared tier reaches the engine as a Backend, built by the caller in the
