@@ -96,7 +96,3 @@ func (e *KeyError) Error() string {
 
 // Unwrap returns ErrEmptyKey or ErrKeyTooLong.
 func (e *KeyError) Unwrap() error { return e.Err }
-
-func layoutError(field, stored, given string) error {
-	return fmt.Errorf("%w: %s is %s in the directory, %s in the options", ErrLayout, field, stored, given)
-}

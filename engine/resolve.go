@@ -61,7 +61,7 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 		err = e.exact.Claim(ctx, reqs, time.Duration(e.lease), ans)
 	}
 	if err == nil {
-		err = e.decideAll(b, ns, out, c, now, p, proves)
+		err = e.decideAll(d, b, ns, out, c, now, p, proves)
 	} else {
 		e.claimFailed(b, out, now, p)
 		err = e.tierError(err)
@@ -189,10 +189,9 @@ func (e *Engine) claimFailed(b *batch, out []Claim, now int64, p purpose) {
 	e.retries.remember(fps, tokens, leases, nil, now, p == forMarkInTier)
 }
 
-// decideAll decides each candidate the exact tier answered (b.ans[q] for
-// request q).
-func (e *Engine) decideAll(b *batch, ns *Namespace, out []Claim, c *tally, now int64, p purpose, proves bool) error {
-	d := decision{actions: b.actions, expires: b.expires, digests: b.digests, attempts: b.attempts}
+// decideAll decides, into d, each candidate the exact tier answered
+// (b.ans[q] for request q).
+func (e *Engine) decideAll(d decision, b *batch, ns *Namespace, out []Claim, c *tally, now int64, p purpose, proves bool) error {
 	for q, j := range b.qidx {
 		a := &b.ans[q]
 		if a.Expired {

@@ -62,7 +62,6 @@ func Open(o *Options) (_ *Store, err error) {
 	}
 	s.hasher = shard.NewHasher(s.secret)
 	if o.Dir != "" {
-		s.dir = canonical(s.snapshots.fs, o.Dir)
 		s.holdDir(s.snapshots.fs, o.Dir)
 	}
 	return s, nil

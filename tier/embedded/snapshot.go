@@ -105,15 +105,6 @@ func (s *snapshotFile) loadAs(name string, size int64, read func(io.ReaderAt, in
 	return read(file, size)
 }
 
-// size returns the size of name in Dir.
-func (s *snapshotFile) size(name string) (int64, error) {
-	st, err := s.fs.Stat(s.fs.PathJoin(s.dir, name))
-	if err != nil {
-		return 0, err
-	}
-	return st.Size(), nil
-}
-
 func (s *snapshotFile) syncDir() error { return syncDir(s.fs, s.dir) }
 
 // mkdirDurable creates dir and any missing parents, and syncs the parent

@@ -57,7 +57,6 @@ type Store struct {
 	snapshots *snapshotFile // nil when the filters are not persisted
 	sealedDir *snapshotFile // the sealed partitions' directory (not BloomOnly)
 	dirLock   io.Closer     // bloom-only's hold on Dir
-	dir       string        // canonical Dir, held while open ("" for none)
 
 	secret   shard.Secret // keys the fingerprints
 	hasher   shard.Hasher // of secret, for the rebuild

@@ -138,9 +138,6 @@ func New(opts *Options) (*Table, error) {
 	return t, nil
 }
 
-// stripeOf returns the stripe index of f; the engine uses it to group work.
-func (t *Table) stripeOf(f shard.Fingerprint) int { return t.router.Stripe(f) }
-
 // Len returns the number of claims and committed entries held.
 func (t *Table) Len() (claims, committed int) {
 	for i := range t.stripes {
@@ -280,17 +277,6 @@ func (t *Table) put(fps []shard.Fingerprint, expires []int64, digests []Digest) 
 	t.each(fps, func(s *stripe, i int) {
 		s.putLocked(fps[i], expires[i], digests[i])
 	})
-}
-
-// forget removes every entry, claims included: what a restart does to a
-// process's memory (for tests).
-func (t *Table) forget() {
-	for i := range t.stripes {
-		s := &t.stripes[i]
-		s.mu.Lock()
-		s.init(s.limit, 64, s.seed)
-		s.mu.Unlock()
-	}
 }
 
 // grouping is the per-batch scratch that orders keys by stripe.
