@@ -128,12 +128,12 @@ func TestRejectedSnapshotIsNeverReused(t *testing.T) {
 	}
 }
 
+// waitWarm waits up to 30 s for e's filters to be warm.
 func waitWarm(t *testing.T, e *engine.Engine) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for e.Stats().BloomMode != "warm" {
+	for deadline := time.Now().Add(30 * time.Second); e.Stats().BloomMode != "warm"; {
 		if time.Now().After(deadline) {
-			t.Fatal("the filters did not become warm")
+			t.Fatalf("the filters did not become warm: still %q after 30 s", e.Stats().BloomMode)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}

@@ -107,16 +107,7 @@ func (f *faultInjector) DialHook(next goredis.DialHook) goredis.DialHook { retur
 
 func (f *faultInjector) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
 	return func(ctx context.Context, cmd goredis.Cmder) error {
-		switch f.hit(cmd.Args()) {
-		case faultDown:
-			cmd.SetErr(errInjectedFault)
-			return errInjectedFault
-		case faultLost:
-			_ = next(ctx, cmd)
-			cmd.SetErr(errInjectedFault)
-			return errInjectedFault
-		}
-		return next(ctx, cmd)
+		return processFault(ctx, next, cmd, f.hit(cmd.Args()))
 	}
 }
 
@@ -126,21 +117,42 @@ func (f *faultInjector) ProcessPipelineHook(next goredis.ProcessPipelineHook) go
 		for _, c := range cmds {
 			args = append(args, c.Args()...)
 		}
-		switch f.hit(args) {
-		case faultDown:
-			for _, c := range cmds {
-				c.SetErr(errInjectedFault)
-			}
-			return errInjectedFault
-		case faultLost:
-			_ = next(ctx, cmds)
-			for _, c := range cmds {
-				c.SetErr(errInjectedFault)
-			}
-			return errInjectedFault
-		}
-		return next(ctx, cmds)
+		return pipelineFault(ctx, next, cmds, f.hit(args))
 	}
+}
+
+// processFault runs a Redis command as mode says: it fails before
+// reaching the server (faultDown), runs with its reply lost (faultLost),
+// or runs.
+func processFault(ctx context.Context, next goredis.ProcessHook, cmd goredis.Cmder, mode int32) error {
+	switch mode {
+	case faultDown:
+		cmd.SetErr(errInjectedFault)
+		return errInjectedFault
+	case faultLost:
+		_ = next(ctx, cmd)
+		cmd.SetErr(errInjectedFault)
+		return errInjectedFault
+	}
+	return next(ctx, cmd)
+}
+
+// pipelineFault is processFault for a pipeline, its commands together.
+func pipelineFault(ctx context.Context, next goredis.ProcessPipelineHook, cmds []goredis.Cmder, mode int32) error {
+	switch mode {
+	case faultDown:
+		for _, c := range cmds {
+			c.SetErr(errInjectedFault)
+		}
+		return errInjectedFault
+	case faultLost:
+		_ = next(ctx, cmds)
+		for _, c := range cmds {
+			c.SetErr(errInjectedFault)
+		}
+		return errInjectedFault
+	}
+	return next(ctx, cmds)
 }
 
 // faultDB is faultInjector for the PostgreSQL tier.
@@ -150,29 +162,50 @@ type faultDB struct {
 }
 
 func (d faultDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	switch d.f.hit(args) {
-	case faultDown:
-		return pgconn.CommandTag{}, &net.OpError{Op: "dial", Net: "tcp", Err: errInjectedFault}
-	case faultLost:
-		_, _ = d.Pool.Exec(ctx, sql, args...)
-		return pgconn.CommandTag{}, &net.OpError{Op: "read", Net: "tcp", Err: errInjectedFault}
-	}
-	return d.Pool.Exec(ctx, sql, args...)
+	return execFault(ctx, d.Pool, d.f.hit(args), netFault, sql, args)
 }
 
 func (d faultDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	switch d.f.hit(args) {
+	return queryFault(ctx, d.Pool, d.f.hit(args), netFault, sql, args)
+}
+
+// netFault is the error of an injected PostgreSQL fault as the network
+// would give it: a dial error for faultDown, a read error for faultLost.
+func netFault(mode int32) error {
+	op := "dial"
+	if mode == faultLost {
+		op = "read"
+	}
+	return &net.OpError{Op: op, Net: "tcp", Err: errInjectedFault}
+}
+
+// execFault runs an Exec on p as mode says (see processFault); the
+// injected fault's error is faultErr(mode).
+func execFault(ctx context.Context, p *pgxpool.Pool, mode int32, faultErr func(int32) error, sql string, args []any) (pgconn.CommandTag, error) {
+	switch mode {
 	case faultDown:
-		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errInjectedFault}
+		return pgconn.CommandTag{}, faultErr(mode)
 	case faultLost:
-		if rows, err := d.Pool.Query(ctx, sql, args...); err == nil {
+		_, _ = p.Exec(ctx, sql, args...)
+		return pgconn.CommandTag{}, faultErr(mode)
+	}
+	return p.Exec(ctx, sql, args...)
+}
+
+// queryFault is execFault for a Query; a lost one is read to its end.
+func queryFault(ctx context.Context, p *pgxpool.Pool, mode int32, faultErr func(int32) error, sql string, args []any) (pgx.Rows, error) {
+	switch mode {
+	case faultDown:
+		return nil, faultErr(mode)
+	case faultLost:
+		if rows, err := p.Query(ctx, sql, args...); err == nil {
 			for rows.Next() {
 			}
 			rows.Close()
 		}
-		return nil, &net.OpError{Op: "read", Net: "tcp", Err: errInjectedFault}
+		return nil, faultErr(mode)
 	}
-	return d.Pool.Query(ctx, sql, args...)
+	return p.Query(ctx, sql, args...)
 }
 
 // faultCfg is one configuration under test: open returns an engine,

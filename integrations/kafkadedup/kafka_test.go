@@ -418,6 +418,26 @@ func killAfter(phase chan struct{}, d time.Duration) {
 	}
 }
 
+// churn, until produced is closed and it has done so at least least times,
+// waits 300 ms plus up to spread ms, ends a random consumer with end,
+// waits up to gap ms and restarts it. It returns how many it ended.
+func (r *run) churn(rng *rand.Rand, cs []*consumer, produced <-chan struct{}, least, spread, gap int, end func(*consumer)) (n int) {
+	for done := false; !done || n < least; {
+		time.Sleep(time.Duration(300+rng.IntN(spread)) * time.Millisecond)
+		c := cs[rng.IntN(len(cs))]
+		end(c)
+		n++
+		time.Sleep(time.Duration(rng.IntN(gap)) * time.Millisecond)
+		r.restart(c)
+		select {
+		case <-produced:
+			done = true
+		default:
+		}
+	}
+	return n
+}
+
 // TestKafkaKills: one topic of 6 partitions, 100,000 records of which a
 // tenth are producer re-sends of an earlier ID, 3 consumer processes
 // sharing one directory that are SIGKILLed and restarted at random moments
@@ -438,10 +458,7 @@ func TestKafkaKills(t *testing.T) {
 	produced := make(chan struct{})
 	seed := rng.Uint64()
 	go func() { defer close(produced); r.produce(100_000, 0.1, 15*time.Second, seed) }()
-	kills := 0
-	for done := false; !done || kills < 10; {
-		time.Sleep(time.Duration(300+rng.IntN(900)) * time.Millisecond)
-		c := cs[rng.IntN(len(cs))]
+	kills := r.churn(rng, cs, produced, 10, 900, 400, func(c *consumer) {
 		// A third of the kills fall anywhere, a third inside the
 		// processing of a poll (its handlers, its commits), a third around
 		// a partition's commit.
@@ -452,15 +469,7 @@ func TestKafkaKills(t *testing.T) {
 			killAfter(phase, time.Duration(rng.IntN(1500))*time.Microsecond)
 		}
 		_ = c.child.Kill()
-		kills++
-		time.Sleep(time.Duration(rng.IntN(400)) * time.Millisecond)
-		r.restart(c)
-		select {
-		case <-produced:
-			done = true
-		default:
-		}
-	}
+	})
 	r.waitCaughtUp(catchUp)
 	for _, c := range cs {
 		stop(c)
@@ -492,19 +501,7 @@ func TestKafkaHandoff(t *testing.T) {
 	produced := make(chan struct{})
 	seed := rng.Uint64()
 	go func() { defer close(produced); r.produce(30_000, 0.1, 6*time.Second, seed) }()
-	moves := 0
-	for done := false; !done || moves < 6; moves++ {
-		time.Sleep(time.Duration(300+rng.IntN(600)) * time.Millisecond)
-		c := cs[rng.IntN(len(cs))]
-		stop(c)
-		time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
-		r.restart(c)
-		select {
-		case <-produced:
-			done = true
-		default:
-		}
-	}
+	moves := r.churn(rng, cs, produced, 6, 600, 300, stop)
 	r.waitCaughtUp(catchUp)
 	// Whatever the moves above made of it, one member now handles records
 	// of its own and then leaves for good: the others must take its

@@ -35,14 +35,11 @@ type childSpec struct {
 	URL     string
 	Dir     string
 	AckWait time.Duration
-	// Split writes the effect apart from the commit: the check that the
-	// test sees a repeated effect.
-	Split bool
 }
 
 // child consumes the durable consumer "work" until killed. The effect of a
 // message is a ledger record ledger/<id>/<pid>-<seq>, one per application,
-// written with the mark (or, split, before it). A message whose data ends
+// written with the mark. A message whose data ends
 // in "slow" takes 1.5 ack waits. It prints "R id" for a redelivery, "D" for
 // a duplicate absorbed.
 func child(specJSON string) int {
@@ -93,14 +90,7 @@ func child(specJSON string) int {
 		if strings.HasSuffix(string(m.Data()), "slow") {
 			time.Sleep(3 * spec.AckWait / 2)
 		}
-		w := []engine.Write{{Key: fmt.Appendf(nil, "ledger/%s/%d-%d", m.Headers().Get(nats.MsgIdHdr), pid, seq), Value: []byte{1}}}
-		if spec.Split {
-			if err := e.CommitBatchWith(context.Background(), nil, nil, w); err != nil {
-				return nil, err
-			}
-			return nil, nil
-		}
-		return w, nil
+		return []engine.Write{{Key: fmt.Appendf(nil, "ledger/%s/%d-%d", m.Headers().Get(nats.MsgIdHdr), pid, seq), Value: []byte{1}}}, nil
 	}
 	before := c.Stats()
 	cc, err := cons.Consume(func(m jetstream.Msg) {
@@ -132,15 +122,15 @@ func TestKills(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end run; CI runs it without -short")
 	}
-	runKills(t, false)
+	runKills(t)
 }
 
-func runKills(t *testing.T, split bool) (repeated int) {
+func runKills(t *testing.T) (repeated int) {
 	srv := startNATS(t)
 	const ackWait = 2 * time.Second
 	_, js, cons := stream(t, srv.URL, ackWait)
 	dir := t.TempDir()
-	spec, _ := json.Marshal(childSpec{URL: srv.URL, Dir: filepath.Join(dir, "dedup"), AckWait: ackWait, Split: split})
+	spec, _ := json.Marshal(childSpec{URL: srv.URL, Dir: filepath.Join(dir, "dedup"), AckWait: ackWait})
 
 	var mu sync.Mutex
 	var redeliveries, dups int
@@ -233,7 +223,7 @@ func runKills(t *testing.T, split bool) (repeated int) {
 	if missing > 0 {
 		t.Errorf("%d of %d messages have no effect", missing, n)
 	}
-	if !split && repeated > 0 {
+	if repeated > 0 {
 		t.Errorf("%d repeated effects with the ledger in the commit batch: want exactly once", repeated)
 	}
 	mu.Lock()

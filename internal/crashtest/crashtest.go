@@ -119,9 +119,12 @@ func Command(t testing.TB, name, spec string, o *Options) *exec.Cmd {
 		o = &Options{}
 	}
 	timeout := o.timeout()
-	ctx, cancel := context.WithCancel(context.Background())
+	var ctx context.Context
+	var cancel context.CancelFunc
 	if timeout > 0 {
 		ctx, cancel = context.WithTimeout(context.Background(), timeout)
+	} else {
+		ctx, cancel = context.WithCancel(context.Background())
 	}
 	cmd := o.command(ctx, name, spec)
 	var hung atomic.Bool

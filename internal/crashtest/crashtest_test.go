@@ -25,7 +25,11 @@ func TestMain(m *testing.M) {
 				fmt.Println(w)
 			}
 			fmt.Fprintln(os.Stderr, "first stderr line\nsecond")
-			n, _ := strconv.Atoi(code)
+			n, err := strconv.Atoi(code)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "echo: bad exit status:", err)
+				return 2
+			}
 			return n
 		},
 		// hang says it is ready and waits forever, ignoring SIGTERM.
