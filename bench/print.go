@@ -40,6 +40,18 @@ func PrintResult(w io.Writer, r *Result) {
 			days = append(days, fmt.Sprintf("day %d: %.0fk", d.Day+1, d.KeysPerSec/1000))
 		}
 		p("keys/s per simulated day", "%s", strings.Join(days, ", "))
+		if last := r.PerDay[len(r.PerDay)-1]; r.PerDay[0].KeysPerSec > 0 {
+			p("last day / first day", "%.2f", last.KeysPerSec/r.PerDay[0].KeysPerSec)
+		}
+		days = days[:0]
+		for _, d := range r.PerDay {
+			s := fmt.Sprintf("day %d: %.2f µs CPU/key, %d GCs", d.Day+1, float64(d.CPUPerKey)/1e3, d.GCs)
+			if d.WriteAmp > 0 {
+				s += fmt.Sprintf(", write amp %.2f", d.WriteAmp)
+			}
+			days = append(days, s)
+		}
+		p("cost per simulated day", "%s", strings.Join(days, "; "))
 	}
 	dups := fmt.Sprintf("%d duplicates let through", r.DupsLetThrough)
 	if !r.DupsChecked {

@@ -72,7 +72,9 @@ type Result struct {
 	// MemoryCapacity is the memory tier's capacity in committed keys.
 	MemoryCapacity int
 	Series         []Point
-	// PerDay is the throughput of each simulated day, from the series.
+	// PerDay is the throughput of each simulated day the timed loop finished,
+	// from the moments its days ended (exact to a batch, whatever the
+	// sampling interval).
 	PerDay []DayRate
 	Stats  engine.Stats
 }
@@ -140,6 +142,12 @@ type DayRate struct {
 	Day        int
 	Keys       int64
 	KeysPerSec float64
+	// CPUPerKey is the process's CPU time per key during the day, GCs its
+	// garbage collections, and WriteAmp the bytes written to SSTs over
+	// those written to the WAL (zero without a Pebble store).
+	CPUPerKey time.Duration
+	GCs       uint64
+	WriteAmp  float64
 }
 
 // rates fills the Result's counts, rates and latencies from the timed loop
@@ -148,7 +156,7 @@ type DayRate struct {
 // and the batch and per-key latency percentiles.
 func (r *run) rates(start time.Time) {
 	res := r.res
-	res.PerDay = perDay(res.Series, r.stream.start, Point{Keys: r.warm, SimTime: r.stream.start.Add(time.Duration(r.warm) * r.stream.step)})
+	res.PerDay = perDay(r.warm, r.stream.step, r.dayStart, r.dayBounds, r.dayEnds)
 	res.Keys = r.processed.Load()
 	res.Measured = res.Keys - r.warm
 	res.KeysPerSec = float64(res.Measured) / res.Elapsed.Seconds()
@@ -269,28 +277,50 @@ func (r *run) filterAndHitRatios(st engine.Stats) {
 	}
 }
 
-// perDay groups the series by simulated day (counted from start); first
-// is where the series begins (the end of a warm-up).
-func perDay(series []Point, start time.Time, first Point) []DayRate {
-	var out []DayRate
-	prev := first
-	prevSim := first.SimTime
-	for _, p := range series {
-		// A sample covers (prev, p]: it belongs to the day it began in.
-		day := int(prevSim.Sub(start) / (24 * time.Hour))
-		prevSim = p.SimTime
-		if len(out) == 0 || out[len(out)-1].Day != day {
-			out = append(out, DayRate{Day: day})
-		}
-		d := &out[len(out)-1]
-		d.Keys += p.Keys - prev.Keys
-		d.KeysPerSec += (p.At - prev.At).Seconds() // wall seconds, divided below
-		prev = p
+// dayBounds returns the message counts in (warm, total] at which a
+// simulated day of a stream advancing step per message ends, total last;
+// nil for a stream without time.
+func dayBounds(warm, total int64, step time.Duration) []int64 {
+	if step <= 0 || total <= warm {
+		return nil
 	}
-	for i := range out {
-		if out[i].KeysPerSec > 0 {
-			out[i].KeysPerSec = float64(out[i].Keys) / out[i].KeysPerSec
+	perDay := int64(24 * time.Hour / step)
+	if perDay < 1 {
+		perDay = 1
+	}
+	var out []int64
+	for b := (warm/perDay + 1) * perDay; b < total; b += perDay {
+		out = append(out, b)
+	}
+	return append(out, total)
+}
+
+// perDay is the throughput of each simulated day of the timed loop that
+// started at start, from the exact moments its days ended (bounds and
+// ends, as dayBounds and endSegments make them): a day's keys are those
+// between its bounds (the first from warm), its time the wall time
+// between its end and the one before. A day the run did not finish is
+// left out.
+func perDay(warm int64, step time.Duration, start dayMark, bounds []int64, ends []dayMark) []DayRate {
+	var out []DayRate
+	prevKeys, prev := warm, start
+	for k, b := range bounds {
+		end := ends[k]
+		if end.at.IsZero() {
+			break
 		}
+		d := DayRate{Day: int(time.Duration(b-1) * step / (24 * time.Hour)), Keys: b - prevKeys, GCs: end.gcs - prev.gcs}
+		if s := end.at.Sub(prev.at).Seconds(); s > 0 {
+			d.KeysPerSec = float64(d.Keys) / s
+		}
+		if d.Keys > 0 {
+			d.CPUPerKey = (end.cpu - prev.cpu) / time.Duration(d.Keys)
+		}
+		if wal := end.walBytes - prev.walBytes; wal > 0 {
+			d.WriteAmp = float64(end.tables-prev.tables) / float64(wal)
+		}
+		out = append(out, d)
+		prevKeys, prev = b, end
 	}
 	return out
 }

@@ -112,6 +112,12 @@ type run struct {
 	segMu     sync.Mutex         // guards segEnds
 	segEnds   []time.Time
 	segLen    int64
+	// dayBounds are the message counts at which a simulated day ends
+	// (ascending; the last is total), dayEnds when the batch that crossed
+	// each was answered: the exact per-day rates. Guarded by segMu.
+	dayBounds []int64
+	dayEnds   []dayMark
+	dayStart  dayMark // when the timed loop started
 	// Open loop: the measured batches taken so far, when the first was
 	// due, and the interval between two.
 	batches  int64
@@ -250,6 +256,8 @@ func (r *run) prepare() {
 	r.latencies = make([][]time.Duration, rc.Workers)
 	r.segEnds = make([]time.Time, rc.Segments)
 	r.segLen = max(1, (r.total-r.warm)/int64(rc.Segments))
+	r.dayBounds = dayBounds(r.warm, r.total, r.stream.step)
+	r.dayEnds = make([]dayMark, len(r.dayBounds))
 	if rc.Rate > 0 {
 		r.interval = time.Duration(float64(rc.Batch) / rc.Rate * float64(time.Second))
 	}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/metrics"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
@@ -16,7 +18,8 @@ import (
 // when the loop started, or the first worker error that is not a
 // cancellation.
 func (r *run) timedLoop(ctx context.Context) (time.Time, error) {
-	start := time.Now()
+	r.dayStart = r.mark()
+	start := r.dayStart.at
 	r.due0 = start
 	sampled := make(chan struct{})
 	go r.sample(ctx, start, sampled)
@@ -127,8 +130,8 @@ func (r *run) count(kinds []Kind, idx []int64, out []engine.Outcome) {
 	r.mu.Unlock()
 }
 
-// endSegments records now as the end of the segments whose last message
-// is in the batch of n messages that brought the count processed to v.
+// endSegments records now as the end of the segments and simulated days
+// whose last message is in the batch of n messages that brought the count processed to v.
 func (r *run) endSegments(v, n int64) {
 	// The batch that carries the count past a segment's last message ends
 	// that segment.
@@ -141,6 +144,11 @@ func (r *run) endSegments(v, n int64) {
 		}
 		if end <= v && end > v-n {
 			r.segEnds[k] = now
+		}
+	}
+	for k, end := range r.dayBounds {
+		if end <= v && end > v-n {
+			r.dayEnds[k] = r.mark()
 		}
 	}
 	r.segMu.Unlock()
@@ -188,4 +196,38 @@ func (r *run) closeSeries() {
 			KeysPerSec: float64(n-last.Keys) / (res.Elapsed - last.At).Seconds(),
 			SimTime:    r.o.Clock.Now(), Rotations: r.e.Stats().PartitionDropped})
 	}
+}
+
+// dayMark is what the run had spent when a simulated day ended: wall
+// time, process CPU time, GC cycles, and the store's bytes written to the
+// WAL and to SSTs.
+type dayMark struct {
+	at               time.Time
+	cpu              time.Duration
+	gcs              uint64
+	walBytes, tables uint64
+}
+
+// mark reads the run's spending now.
+func (r *run) mark() dayMark {
+	m := dayMark{at: time.Now(), cpu: processCPU()}
+	sample := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(sample)
+	if sample[0].Value.Kind() == metrics.KindUint64 {
+		m.gcs = sample[0].Value.Uint64()
+	}
+	if r.e != nil {
+		st := r.e.Stats()
+		m.walBytes, m.tables = st.WALWrittenBytes, st.TableWrittenBytes
+	}
+	return m
+}
+
+// processCPU is the CPU time the process has used, user and system.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

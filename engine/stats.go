@@ -79,9 +79,11 @@ type Stats struct {
 	// (WALBytes), recycled WAL files kept for reuse (WALRecycledBytes, in
 	// WALRecycledFiles files), files a compaction has not yet deleted, the
 	// manifest. WALWrittenBytes counts the bytes written to the WAL since
-	// Open.
+	// Open, TableWrittenBytes those written to SSTs (flushes, compactions,
+	// moves of sealed partitions): their ratio is the write amplification.
 	DiskBytes, TableBytes, WALBytes   uint64
 	WALRecycledBytes, WALWrittenBytes uint64
+	TableWrittenBytes                 uint64
 	WALRecycledFiles                  int
 
 	// Window is the retention window; Coverage how much of it the engine
@@ -180,6 +182,7 @@ func (e *Engine) Stats() Stats {
 			d := l.Disk
 			s.DiskBytes, s.TableBytes, s.WALBytes = d.Total, d.Tables, d.WAL
 			s.WALRecycledBytes, s.WALWrittenBytes, s.WALRecycledFiles = d.RecycledWAL, d.WALWritten, d.RecycledWALFiles
+			s.TableWrittenBytes = d.TablesWritten
 		}
 	}
 	s.Coverage = min(time.Duration(e.highWater.Load()-e.openedAt), s.Window)

@@ -90,19 +90,30 @@ func recoverChildCmd(ctx context.Context, args []string, stdout io.Writer) error
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *profile != "" {
-		f, err := os.Create(*profile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stop, err := startProfile(*profile)
+	if err != nil {
+		return err
 	}
+	defer stop()
 	if *phase == "fill" {
 		return bench.RecoverFill(ctx, rf.config(), stdout)
 	}
 	return bench.RecoverMeasure(ctx, rf.config(), *at, *all, stdout)
+}
+
+// startProfile writes a CPU profile to path (nothing when it is empty)
+// until the returned function is called.
+func startProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }

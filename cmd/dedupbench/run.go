@@ -22,9 +22,15 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	rate := fs.Float64("rate", 0, "open loop: offer this many keys/s, batches due on a fixed schedule, latency measured from each batch's due time (0: closed loop)")
 	maxP99 := fs.Duration("max-p99", 0, "search for the highest open-loop rate whose batch p99 stays at most this (a closed-loop run, then -search-steps open-loop runs)")
 	steps := fs.Int("search-steps", 6, "open-loop runs of a -max-p99 search")
+	profile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to the file")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	stop, err := startProfile(*profile)
+	if err != nil {
+		return err
+	}
+	defer stop()
 	if *asJSON {
 		*format = "json"
 	}

@@ -68,6 +68,10 @@ type DiskUsage struct {
 	// memtable; WALWritten the bytes written to the WAL since Open.
 	WAL, RecycledWAL, WALWritten uint64
 	RecycledWALFiles             int
+	// TablesWritten is the bytes of SSTs written since Open: flushes,
+	// compactions and ingests. Over WALWritten it is the write
+	// amplification of the LSM.
+	TablesWritten uint64
 }
 
 // Disk returns the store's disk usage.
@@ -79,6 +83,8 @@ func (s *Store) Disk() DiskUsage {
 	for _, l := range m.Levels {
 		d.Tables += uint64(l.TablesSize)
 	}
+	t := m.Total()
+	d.TablesWritten = t.TableBytesFlushed + t.TableBytesCompacted + t.TableBytesIngested
 	return d
 }
 
