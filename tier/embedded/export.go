@@ -18,6 +18,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/tierdedup/tierdedup/tier"
+	"github.com/tierdedup/tierdedup/tier/pebble"
 )
 
 // An export is a directory holding a consistent copy of an engine's whole
@@ -53,6 +54,11 @@ const (
 	// pebbleLock is the lock file Pebble takes inside its directory.
 	pebbleLock = "LOCK"
 )
+
+// exportSubdirs are the directories an export holds files in: its top
+// level (the hot Pebble database), the sealed partitions' filters and the
+// cold Pebble database.
+var exportSubdirs = []string{"", sealedSubdir, pebble.ColdSubdir}
 
 // ExportInfo describes an export.
 type ExportInfo struct {
@@ -197,7 +203,7 @@ func (s *Store) copySealed(ctx context.Context, dir string) error {
 // level and the sealed partitions' directory), syncing each.
 func manifestOf(ctx context.Context, fs vfs.FS, dir string) (*exportManifest, error) {
 	m := &exportManifest{Format: exportFormat}
-	for _, sub := range []string{"", sealedSubdir} {
+	for _, sub := range exportSubdirs {
 		names, err := fs.List(fs.PathJoin(dir, sub))
 		if err != nil {
 			if sub != "" && fileMissing(err) {
@@ -253,8 +259,10 @@ func writeManifest(fs vfs.FS, dir string, m *exportManifest) error {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	if err := syncDir(fs, fs.PathJoin(dir, sealedSubdir)); err != nil && !fileMissing(err) {
-		return err
+	for _, sub := range exportSubdirs[1:] {
+		if err := syncDir(fs, fs.PathJoin(dir, sub)); err != nil && !fileMissing(err) {
+			return err
+		}
 	}
 	return syncDir(fs, dir)
 }
@@ -307,11 +315,11 @@ func readManifest(fs vfs.FS, dir string) (*exportManifest, error) {
 }
 
 // validExportName accepts the names an export holds: a file at its top
-// level or in the sealed partitions' directory, nothing that leaves it.
+// level or in one of its subdirectories, nothing that leaves it.
 func validExportName(name string) bool {
 	dir, file := path.Split(name)
 	return file != "" && file != "." && file != ".." && !strings.ContainsAny(file, `/\`) &&
-		(dir == "" || dir == sealedSubdir+"/") && file != pebbleLock
+		slices.Contains(exportSubdirs, strings.TrimSuffix(dir, "/")) && file != pebbleLock
 }
 
 // replaceDir puts the synced directory tmp in dst's place: dst (if any)

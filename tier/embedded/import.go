@@ -104,8 +104,8 @@ func Import(ctx context.Context, src string, o *Options, newerThan uint64) (Expo
 			_ = fsys.RemoveAll(tmp)
 		}
 	}()
-	for _, sub := range []string{tmp, fsys.PathJoin(tmp, sealedSubdir)} {
-		if err := fsys.MkdirAll(sub, 0o755); err != nil {
+	for _, sub := range exportSubdirs {
+		if err := fsys.MkdirAll(fsys.PathJoin(tmp, sub), 0o755); err != nil {
 			return ExportInfo{}, fmt.Errorf("%w: import: %w", tier.ErrStorage, err)
 		}
 	}
@@ -124,8 +124,10 @@ func Import(ctx context.Context, src string, o *Options, newerThan uint64) (Expo
 				ErrExport, src, f.Name, size, sum, f.Size, f.SHA256)
 		}
 	}
-	if err := syncDir(fsys, fsys.PathJoin(tmp, sealedSubdir)); err != nil {
-		return ExportInfo{}, fmt.Errorf("%w: import: %w", tier.ErrStorage, err)
+	for _, sub := range exportSubdirs[1:] {
+		if err := syncDir(fsys, fsys.PathJoin(tmp, sub)); err != nil {
+			return ExportInfo{}, fmt.Errorf("%w: import: %w", tier.ErrStorage, err)
+		}
 	}
 	if err := replaceDir(fsys, tmp, dst, importOldSuffix); err != nil {
 		return ExportInfo{}, fmt.Errorf("%w: import: %w", tier.ErrStorage, err)

@@ -92,36 +92,56 @@ func (s *Store) writeRequests(partition int64, reqs []tier.Request, writes []tie
 // deleted key costs a read, never a wrong answer. Failures latch as
 // Claim's and writes' do.
 func (s *Store) Forget(ctx context.Context, reqs []tier.Request, out []tier.Answer) (err error) {
+	// No move between the reads and the deletions: a key read in the hot
+	// database is deleted there, before a move could copy it.
+	s.moveMu.Lock()
+	defer s.moveMu.Unlock()
 	if err := s.Claim(ctx, reqs, 0, out); err != nil {
 		return err
 	}
 	defer s.guard(&err)
-	it, err := s.db.NewIter(&pebble.IterOptions{UseL6Filters: true})
+	its, err := s.newIters(&pebble.IterOptions{UseL6Filters: true})
 	if err != nil {
-		return s.fail(err)
+		return err
 	}
-	defer it.Close()
-	b := s.db.NewBatch()
-	defer b.Close()
+	defer its.close()
+	hot, cold := s.db.NewBatch(), s.cold.NewBatch()
+	defer hot.Close()
+	defer cold.Close()
 	var k []byte
 	for i := range reqs {
 		q := &reqs[i]
 		for m := q.Mask; m != 0; m &^= 1 << (63 - bits.LeadingZeros64(m)) {
 			part := q.Oldest + int64(63-bits.LeadingZeros64(m))
 			k = appendRecordKey(k[:0], part, q.NS, q.Key)
+			it, err := its.of(part)
+			if err != nil {
+				return err
+			}
 			found := it.SeekPrefixGE(k)
 			if err := it.Error(); err != nil {
 				return s.fail(err)
 			}
 			if found && bytes.Equal(it.Key(), k) {
+				b := hot
+				if it == its.cold {
+					b = cold
+				}
 				if err := b.Delete(k, nil); err != nil {
 					return s.fail(err)
 				}
 			}
 		}
 	}
-	if b.Empty() {
+	// The cold deletions first: a crash between leaves a key in the hot
+	// database (still a duplicate), never a half that answers for it.
+	if !cold.Empty() {
+		if err := s.applyTo(s.cold, cold, s.writeOpts); err != nil {
+			return err
+		}
+	}
+	if hot.Empty() {
 		return nil
 	}
-	return s.commit(b)
+	return s.commit(hot)
 }

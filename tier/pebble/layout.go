@@ -17,7 +17,10 @@ import (
 //
 // Version 2 adds a committed value's time and result (value flags 2 and
 // 4); its values are a superset of version 1's, which decode unchanged.
-const FormatVersion = 2
+// Version 3 moves sealed partitions into the cold database (cold.go): a
+// version 2 store is a version 3 store with nothing moved, and a binary of
+// version 2, which would not read the cold database, refuses it.
+const FormatVersion = 3
 
 // ErrLayout reports a store whose recorded layout differs from the one
 // requested; errors.As finds the *LayoutError naming the field.
@@ -79,7 +82,7 @@ func decodeLayout(b []byte) (Layout, error) {
 		return Layout{}, fmt.Errorf("%w: layout of %d bytes", ErrCorrupt, len(b))
 	}
 	v := binary.LittleEndian.Uint32(b)
-	if v != FormatVersion && v != 1 {
+	if v < 1 || v > FormatVersion {
 		return Layout{}, &LayoutError{Field: "format version", Stored: fmt.Sprint(v), Wanted: fmt.Sprint(FormatVersion)}
 	}
 	if len(b) != layoutLen {
@@ -114,9 +117,11 @@ func (s *Store) initLayout(partition, window time.Duration, now int64) error {
 			return &LayoutError{Field: "Window", Stored: l.Window.String(), Wanted: window.String() + " (a window may grow, never shrink: keys were promised the stored one)"}
 		case window > l.Window || l.version < FormatVersion:
 			// A longer window keeps every promise; version 1's values read
-			// unchanged as version 2's. Recorded before anything is
-			// written, so a binary of version 1 then refuses the store at
-			// Open instead of failing on a value it cannot read.
+			// unchanged as version 2's, and a version 2 store is one of
+			// version 3 with nothing moved. Recorded before anything is
+			// written, so an older binary then refuses the store at Open
+			// instead of failing on a value it cannot read or missing the
+			// partitions moved out of its sight.
 			l.Window, l.version = window, FormatVersion
 			if err := s.db.Set(keyLayout, appendLayout(nil, l), pebble.Sync); err != nil {
 				return fmt.Errorf("%w: %w", ErrStorage, err)

@@ -16,16 +16,32 @@ func (s *Store) compactLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case r := <-s.compactions:
-			s.compact(ctx, r[0], r[1])
+		case c := <-s.compactions:
+			s.compact(ctx, c)
 		}
 	}
 }
 
-func (s *Store) compact(ctx context.Context, start, end []byte) {
+// compaction is a range of one of the store's databases to compact.
+type compaction struct {
+	db         *pebble.DB
+	start, end []byte
+}
+
+// queueCompaction asks the background loop to compact [start, end) of db,
+// so the space of deleted records leaves the disk. A full queue drops the
+// request: the next drop or move covers the range too.
+func (s *Store) queueCompaction(db *pebble.DB, start, end []byte) {
+	select {
+	case s.compactions <- compaction{db, start, end}:
+	default:
+	}
+}
+
+func (s *Store) compact(ctx context.Context, c compaction) {
 	var err error
 	defer s.guard(&err)
-	if err = s.db.Compact(ctx, start, end, false); err != nil && ctx.Err() == nil {
+	if err = c.db.Compact(ctx, c.start, c.end, false); err != nil && ctx.Err() == nil {
 		s.fail(err)
 	}
 }
@@ -37,8 +53,10 @@ func (s *Store) Compact(ctx context.Context) (err error) {
 		return err
 	}
 	defer s.guard(&err)
-	if err := s.db.Compact(ctx, []byte{spaceRecords}, []byte{spaceRecords + 1}, false); err != nil {
-		return fmt.Errorf("%w: %w", ErrStorage, err)
+	for _, db := range []*pebble.DB{s.db, s.cold} {
+		if err := db.Compact(ctx, []byte{spaceRecords}, []byte{spaceRecords + 1}, false); err != nil {
+			return fmt.Errorf("%w: %w", ErrStorage, err)
+		}
 	}
 	return nil
 }
@@ -72,26 +90,37 @@ type DiskUsage struct {
 	// compactions and ingests. Over WALWritten it is the write
 	// amplification of the LSM.
 	TablesWritten uint64
+	// ColdPartitions counts the sealed partitions moved into the cold
+	// database since Open.
+	ColdPartitions uint64
 }
 
 // Disk returns the store's disk usage.
 func (s *Store) Disk() DiskUsage {
-	m := s.db.Metrics()
-	d := DiskUsage{Total: m.DiskSpaceUsage(), ObsoleteTables: m.Table.Local.ObsoleteSize + m.Table.Local.ZombieSize,
-		WAL: m.WAL.PhysicalSize, RecycledWAL: m.WAL.ObsoletePhysicalSize, WALWritten: m.WAL.BytesWritten,
-		RecycledWALFiles: int(m.WAL.ObsoleteFiles)}
-	for _, l := range m.Levels {
-		d.Tables += uint64(l.TablesSize)
+	var d DiskUsage
+	for _, db := range []*pebble.DB{s.db, s.cold} {
+		m := db.Metrics()
+		d.Total += m.DiskSpaceUsage()
+		d.ObsoleteTables += m.Table.Local.ObsoleteSize + m.Table.Local.ZombieSize
+		d.WAL += m.WAL.PhysicalSize
+		d.RecycledWAL += m.WAL.ObsoletePhysicalSize
+		d.WALWritten += m.WAL.BytesWritten
+		d.RecycledWALFiles += int(m.WAL.ObsoleteFiles)
+		for _, l := range m.Levels {
+			d.Tables += uint64(l.TablesSize)
+		}
+		t := m.Total()
+		d.TablesWritten += t.TableBytesFlushed + t.TableBytesCompacted + t.TableBytesIngested
 	}
-	t := m.Total()
-	d.TablesWritten = t.TableBytesFlushed + t.TableBytesCompacted + t.TableBytesIngested
+	d.ColdPartitions = s.moved.Load()
 	return d
 }
 
 // Checkpoint writes a consistent copy of the whole store, every write
 // acknowledged before the call included, into dir, which must not exist
 // (it is created; sstables are hard-linked when dir is on the same file
-// system, other files copied). The copy opens as a store of its own with
+// system, other files copied): the hot database into dir, then the cold
+// one into dir/cold, with no move or cold write between. The copy opens as a store of its own with
 // this store's identity: what makes it valid is the caller's business (the
 // engine's Export records a checksum of every file).
 func (s *Store) Checkpoint(dir string) (err error) {
@@ -99,7 +128,12 @@ func (s *Store) Checkpoint(dir string) (err error) {
 		return err
 	}
 	defer s.guard(&err)
+	s.moveMu.Lock()
+	defer s.moveMu.Unlock()
 	if err := s.db.Checkpoint(dir, pebble.WithFlushedWAL()); err != nil {
+		return fmt.Errorf("%w: checkpoint %s: %w", ErrStorage, dir, err)
+	}
+	if err := s.cold.Checkpoint(s.fs.PathJoin(dir, ColdSubdir), pebble.WithFlushedWAL()); err != nil {
 		return fmt.Errorf("%w: checkpoint %s: %w", ErrStorage, dir, err)
 	}
 	return nil

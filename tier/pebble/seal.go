@@ -60,9 +60,11 @@ func (s *Store) SealPartition(p int64, seal Seal) (err error) {
 	for {
 		cur := s.sealed.Load()
 		if p <= cur || s.sealed.CompareAndSwap(cur, p) {
-			return nil
+			break
 		}
 	}
+	s.wakeMover()
+	return nil
 }
 
 // Seals returns the seal of every partition at or after from.

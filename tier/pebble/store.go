@@ -45,6 +45,9 @@ const (
 	// diskSlowThreshold is when a disk operation is logged as slow: Pebble's
 	// own default.
 	diskSlowThreshold = 5 * time.Second
+	// coldMemTableSize is the cold database's: it takes only Forget's
+	// deletions and Drop's range deletions.
+	coldMemTableSize = 4 << 20
 	// filterBitsPerKey gives Pebble's SST filters a ~1 % false-positive rate,
 	// so an absent key costs about one block read in a hundred.
 	filterBitsPerKey = 10
@@ -105,9 +108,24 @@ type Store struct {
 	buffers   sync.Pool // *[]byte key buffers
 	records   sync.Pool // *[]Record of a Commit or Release
 
-	compactions chan [2][]byte // ranges to compact after a drop
+	compactions chan compaction // ranges to compact after a drop or a move
 	stop        context.CancelFunc
 	done        chan struct{}
+
+	// cold is the database of sealed partitions (see cold.go): every
+	// partition at or before coldUpTo is read there. moveMu is held by a
+	// move, and by what must not interleave with one (Forget, the cold
+	// part of Drop, Checkpoint).
+	cold      *pebble.DB
+	coldOpts  *pebble.Options
+	coldUpTo  atomic.Int64
+	moveMu    sync.Mutex
+	moveWake  chan struct{}
+	moverDone chan struct{}
+	moved     atomic.Uint64 // partitions moved since Open
+	fs        vfs.FS
+	dir       string
+	logger    *log.Logger
 	health      io.Closer    // the disk-health checker this Store wrapped around the OS filesystem, or nil
 	layout      Layout       // as recorded; set by Open
 	fresh       bool         // Open created the store
@@ -167,6 +185,16 @@ func Open(opts *Options) (*Store, error) {
 	for i := range popts.Levels {
 		popts.Levels[i].FilterPolicy = pebblebloom.FilterPolicy(filterBitsPerKey)
 	}
+	coldOpts := &pebble.Options{
+		FS:           fs,
+		Cache:        cache,
+		MemTableSize: coldMemTableSize,
+		Logger:       logger{o.Logger},
+	}
+	for i := range coldOpts.Levels {
+		coldOpts.Levels[i].FilterPolicy = pebblebloom.FilterPolicy(filterBitsPerKey)
+	}
+	coldOpts.EnsureDefaults() // the move's tables are written with them
 	db, err := openDB(o.Dir, popts)
 	if err != nil {
 		if healthCloser != nil {
@@ -181,10 +209,16 @@ func Open(opts *Options) (*Store, error) {
 	s := &Store{
 		db:          db,
 		writeOpts:   pebble.Sync,
-		compactions: make(chan [2][]byte, 16),
+		compactions: make(chan compaction, 16),
 		stop:        cancel,
 		done:        make(chan struct{}),
 		health:      healthCloser,
+		coldOpts:    coldOpts,
+		moveWake:    make(chan struct{}, 1),
+		moverDone:   make(chan struct{}),
+		fs:          fs,
+		dir:         o.Dir,
+		logger:      o.Logger,
 	}
 	if o.NoSync {
 		s.writeOpts = pebble.NoSync
@@ -194,13 +228,21 @@ func Open(opts *Options) (*Store, error) {
 	if err == nil {
 		err = s.loadSealed()
 	}
+	if err == nil {
+		err = s.openCold(o.Dir, fs, coldOpts)
+	}
 	if err != nil {
 		cancel()
+		if s.cold != nil {
+			_ = s.cold.Close()
+		}
 		_ = db.Close()
 		s.closeHealth()
 		return nil, err
 	}
 	go s.compactLoop(ctx)
+	go s.moveLoop(ctx)
+	s.wakeMover()
 	return s, nil
 }
 
@@ -252,9 +294,11 @@ func (s *Store) Close() (err error) {
 		return s.Broken()
 	}
 	<-s.done
+	<-s.moverDone
 	defer s.guard(&err)
 	defer s.closeHealth()
-	if err := s.db.Close(); err != nil {
+	errCold := s.cold.Close()
+	if err := errors.Join(s.db.Close(), errCold); err != nil {
 		return fmt.Errorf("%w: close: %w", ErrStorage, err)
 	}
 	return nil

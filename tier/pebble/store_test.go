@@ -325,7 +325,7 @@ func lockChild(dir string) int {
 func TestLayoutGolden(t *testing.T) {
 	l := Layout{Partition: time.Hour, Window: 7 * 24 * time.Hour, Secret: [16]byte{1, 2, 3}, ID: [16]byte{0xaa, 0xbb}, version: FormatVersion}
 	got := hex.EncodeToString(appendLayout(nil, l))
-	const want = "02000000" + "00a0b83046030000" + "000029f90f260200" + "01020300000000000000000000000000" + "aabb0000000000000000000000000000"
+	const want = "03000000" + "00a0b83046030000" + "000029f90f260200" + "01020300000000000000000000000000" + "aabb0000000000000000000000000000"
 	if got != want {
 		t.Fatalf("layout encoding\n got %s\nwant %s", got, want)
 	}
@@ -337,7 +337,7 @@ func TestLayoutGolden(t *testing.T) {
 			t.Errorf("decode of %d bytes: %v, want ErrCorrupt", len(bad), err)
 		}
 	}
-	for _, v := range []byte{0, 3} {
+	for _, v := range []byte{0, FormatVersion + 1} {
 		if _, err := decodeLayout([]byte{v, 0, 0, 0}); !errors.Is(err, ErrLayout) {
 			t.Errorf("decode of version %d: %v, want ErrLayout", v, err)
 		}

@@ -79,6 +79,12 @@ func (s *Store) commit(b *pebble.Batch) error { return s.apply(b, s.writeOpts) }
 // latches before the next batch may enter, so after a failed write every
 // concurrent and later write returns ErrStorage instead of hanging.
 func (s *Store) apply(b *pebble.Batch, opts *pebble.WriteOptions) (err error) {
+	return s.applyTo(s.db, b, opts)
+}
+
+// applyTo is apply into db, the hot or the cold database: both share the
+// one entry into a commit pipeline.
+func (s *Store) applyTo(db *pebble.DB, b *pebble.Batch, opts *pebble.WriteOptions) (err error) {
 	s.writes.Lock()
 	entered := true
 	defer func() {
@@ -91,12 +97,12 @@ func (s *Store) apply(b *pebble.Batch, opts *pebble.WriteOptions) (err error) {
 		return err
 	}
 	if !opts.GetSync() {
-		if err := s.db.Apply(b, opts); err != nil {
+		if err := db.Apply(b, opts); err != nil {
 			return s.fail(err)
 		}
 		return nil
 	}
-	if err := s.db.ApplyNoSyncWait(b, opts); err != nil {
+	if err := db.ApplyNoSyncWait(b, opts); err != nil {
 		return s.fail(err)
 	}
 	entered = false
@@ -159,8 +165,9 @@ func (s *Store) HighWater() (int64, error) {
 }
 
 // Drop deletes every record in partitions before `before` with one range
-// deletion and records highWater, synced, in the same batch. The space is
-// reclaimed by a compaction the Store schedules in the background.
+// deletion and records highWater, synced, in the same batch of the hot
+// database, then deletes them from the cold one. The space is reclaimed
+// by compactions the Store schedules in the background.
 func (s *Store) Drop(before, highWater int64) (err error) {
 	if err := s.usable(); err != nil {
 		return err
@@ -184,11 +191,22 @@ func (s *Store) Drop(before, highWater int64) (err error) {
 	if err := s.apply(b, pebble.Sync); err != nil {
 		return err
 	}
-	if before > 0 {
-		select {
-		case s.compactions <- [2][]byte{start, end}:
-		default: // a compaction is queued already; the next drop will cover this range too
-		}
+	if before <= 0 {
+		return nil
 	}
+	s.queueCompaction(s.db, start, end)
+	// The cold database after the hot one, whose clock now says these
+	// partitions left the window: a crash between leaves them in the cold
+	// database, unread, until the next Drop.
+	s.moveMu.Lock()
+	defer s.moveMu.Unlock()
+	cb := s.cold.NewBatch()
+	defer cb.Close()
+	_ = cb.DeleteRange(start, end, nil) // a batch's writes fail only when it is committing
+	_ = cb.DeleteRange(markerKey(0), markerKey(before), nil)
+	if err := s.applyTo(s.cold, cb, pebble.Sync); err != nil {
+		return err
+	}
+	s.queueCompaction(s.cold, start, end)
 	return nil
 }

@@ -1,0 +1,418 @@
+package pebble
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/objstorage/objstorageprovider"
+	"github.com/cockroachdb/pebble/v2/sstable"
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// The store is two Pebble databases in one directory:
+//
+//   - the hot database (Dir itself) takes every write: the partitions not
+//     yet sealed, attempt counts, the caller's records and the meta
+//     records (layout, clock, seals, snapshot epoch);
+//   - the cold database (Dir/cold) holds the sealed partitions, each moved
+//     there once, as sorted tables ingested into its bottom level, and is
+//     written afterwards only by Forget and Drop.
+//
+// So the hot database's LSM holds about one partition whatever the
+// window, and a week of history costs today's writes nothing: its
+// compactions never grow with the window, and a sealed partition is
+// never rewritten (measured in docs/performance.md).
+//
+// Moving sealed partition P (move, under moveMu):
+//
+//  1. the records of P are read from the hot database, in key order, into
+//     table files beside the cold database, with a marker table holding
+//     the cold key marker(P);
+//  2. the tables are ingested into the cold database in one Ingest, which
+//     is atomic and durable when it returns: the marker is there exactly
+//     when the records are;
+//  3. coldUpTo becomes P (reads of P go to the cold database from then on);
+//  4. one synced batch of the hot database deletes P's records and records
+//     keyMoved = P.
+//
+// A crash between 2 and 4 leaves P in both; Open finds marker(P) in the
+// cold database for a partition after keyMoved, and the mover completes
+// step 4. A
+// crash before 2 leaves P in the hot database only, and it is moved again.
+// A reader creates its hot iterator before it loads coldUpTo and its cold
+// iterator after, so whichever it reads P from holds all of it.
+//
+// What makes the cold database invalid, and who checks (Open, ErrLayout):
+// a cold database whose recorded store ID is not the hot database's, a
+// hot database that recorded a move with no cold database beside it, and
+// a cold database with records but without its ID. A version 2 store has none and opens
+// with nothing moved; its sealed partitions move in the background.
+var (
+	keyMoved  = []byte{spaceMeta, 'm', 'v'} // hot: the newest partition moved, u64
+	keyColdID = []byte{spaceMeta, 'i', 'd'} // cold: the store ID it belongs to
+)
+
+// ColdSubdir is the cold database's directory inside Dir: a copy of the
+// store (an export) holds it beside the hot database's files.
+const ColdSubdir = "cold"
+
+// moveTmpSuffix names the tables a move writes before ingesting them; a
+// crash leaves them behind and Open removes them.
+const moveTmpSuffix = ".move-tmp"
+
+// moveTableSize is the size at which a move starts a new table: each is
+// read through its own index and filter.
+const moveTableSize = 128 << 20
+
+func markerKey(p int64) []byte {
+	return binary.BigEndian.AppendUint32([]byte{spaceMeta, 'm', 'k'}, uint32(min(max(p, 0), MaxPartition)))
+}
+
+// openCold opens or creates the cold database in dir/cold with opts and
+// checks it belongs to this store. A move a crash interrupted is the
+// mover's to complete: its partition is still in the hot database, where
+// reads find it until then.
+func (s *Store) openCold(dir string, fs vfs.FS, opts *pebble.Options) error {
+	s.coldUpTo.Store(-1)
+	moved, err := s.meta(keyMoved)
+	switch {
+	case errors.Is(err, pebble.ErrNotFound):
+		moved = -1
+	case err != nil:
+		return err
+	}
+	path := fs.PathJoin(dir, ColdSubdir)
+	if _, err := fs.Stat(path); moved >= 0 && err != nil {
+		return &LayoutError{Field: "cold store", Stored: "missing", Wanted: fmt.Sprintf("%s holding the partitions up to %d", path, moved)}
+	}
+	if err := removeMoveTmp(fs, dir); err != nil {
+		return fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	cold, err := openDB(path, opts)
+	if err != nil {
+		if isLockError(err) {
+			return fmt.Errorf("%w: %s: %w", ErrLocked, path, err)
+		}
+		return fmt.Errorf("%w: open %s: %w", ErrStorage, path, err)
+	}
+	s.cold = cold
+	id, closer, err := cold.Get(keyColdID)
+	switch {
+	case errors.Is(err, pebble.ErrNotFound) && moved < 0:
+		// A new cold database (an empty directory is one: an import of a
+		// store that had moved nothing makes it) is bound to the store.
+		if empty, err := isEmpty(cold); err != nil || !empty {
+			if err != nil {
+				return err
+			}
+			return &LayoutError{Field: "cold store", Stored: "records without its store ID", Wanted: fmt.Sprintf("%x", s.layout.ID)}
+		}
+		if err := cold.Set(keyColdID, s.layout.ID[:], pebble.Sync); err != nil {
+			return fmt.Errorf("%w: %w", ErrStorage, err)
+		}
+	case errors.Is(err, pebble.ErrNotFound):
+		return &LayoutError{Field: "cold store", Stored: "without its store ID", Wanted: fmt.Sprintf("%x", s.layout.ID)}
+	case err != nil:
+		return fmt.Errorf("%w: %w", ErrStorage, err)
+	default:
+		same := bytes.Equal(id, s.layout.ID[:])
+		stored := fmt.Sprintf("%x", id)
+		closer.Close()
+		if !same {
+			return &LayoutError{Field: "cold store ID", Stored: stored, Wanted: fmt.Sprintf("%x", s.layout.ID)}
+		}
+	}
+	s.coldUpTo.Store(moved)
+	return nil
+}
+
+// isEmpty reports whether db holds no key.
+func isEmpty(db *pebble.DB) (bool, error) {
+	it, err := db.NewIter(nil)
+	if err != nil {
+		return false, fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	defer it.Close()
+	if it.First() {
+		return false, nil
+	}
+	if err := it.Error(); err != nil {
+		return false, fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	return true, nil
+}
+
+// removeMoveTmp removes the tables of a move a crash interrupted.
+func removeMoveTmp(fs vfs.FS, dir string) error {
+	names, err := fs.List(dir)
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if strings.HasSuffix(n, moveTmpSuffix) {
+			if err := fs.Remove(fs.PathJoin(dir, n)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// coldHas reports whether partition p's move was ingested.
+func (s *Store) coldHas(p int64) (bool, error) {
+	_, closer, err := s.cold.Get(markerKey(p))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, s.fail(err)
+	}
+	closer.Close()
+	return true, nil
+}
+
+// finishMove is steps 3 and 4 of a move: reads of p go to the cold
+// database, and the hot one forgets p.
+func (s *Store) finishMove(p int64) error {
+	for {
+		cur := s.coldUpTo.Load()
+		if p <= cur || s.coldUpTo.CompareAndSwap(cur, p) {
+			break
+		}
+	}
+	start, end := recordPrefix(p), recordPrefix(p+1)
+	b := s.db.NewBatch()
+	defer b.Close()
+	_ = b.DeleteRange(start, end, nil) // a batch's writes fail only when it is committing
+	_ = b.Set(keyMoved, binary.LittleEndian.AppendUint64(nil, uint64(p)), nil)
+	if err := s.apply(b, pebble.Sync); err != nil {
+		return err
+	}
+	s.queueCompaction(s.db, start, end)
+	return nil
+}
+
+// moveLoop moves sealed partitions into the cold database whenever it is
+// woken (by SealPartition, and once at Open). It stops when ctx ends or
+// the Store fails.
+func (s *Store) moveLoop(ctx context.Context) {
+	defer close(s.moverDone)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.moveWake:
+		}
+		if err := s.moveSealed(ctx); err != nil {
+			if ctx.Err() == nil && !errors.Is(err, ErrStorage) {
+				s.logger.Printf("tierdedup/pebble: moving sealed partitions: %v", err)
+			}
+		}
+	}
+}
+
+func (s *Store) wakeMover() {
+	select {
+	case s.moveWake <- struct{}{}:
+	default:
+	}
+}
+
+// moveSealed moves every sealed live partition not moved yet, oldest
+// first. Partitions without records, and those that left the window (the
+// next Drop deletes them), are skipped.
+func (s *Store) moveSealed(ctx context.Context) error {
+	for ctx.Err() == nil {
+		if err := s.usable(); err != nil {
+			return err
+		}
+		sealed := s.sealed.Load()
+		from := s.coldUpTo.Load() + 1
+		if hw, err := s.HighWater(); err == nil && s.layout.Partition > 0 {
+			from = max(from, hw/int64(s.layout.Partition)-int64(s.layout.Window/s.layout.Partition)-1)
+		}
+		p, ok, err := s.firstPartition(from, sealed+1)
+		if err != nil || !ok {
+			return err
+		}
+		if err := s.move(ctx, p); err != nil {
+			return err
+		}
+	}
+	return ctx.Err()
+}
+
+// firstPartition returns the first partition in [from, to) holding a
+// record in the hot database.
+func (s *Store) firstPartition(from, to int64) (p int64, ok bool, err error) {
+	if to <= from {
+		return 0, false, nil
+	}
+	defer s.guard(&err)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: recordPrefix(from), UpperBound: recordPrefix(to)})
+	if err != nil {
+		return 0, false, s.fail(err)
+	}
+	defer it.Close()
+	if !it.First() {
+		if err := it.Error(); err != nil {
+			return 0, false, s.fail(err)
+		}
+		return 0, false, nil
+	}
+	p, _, _, err = parseRecordKey(it.Key())
+	if err != nil {
+		return 0, false, s.fail(err)
+	}
+	return p, true, nil
+}
+
+// move moves sealed partition p into the cold database (steps 1 to 4).
+func (s *Store) move(ctx context.Context, p int64) (err error) {
+	s.moveMu.Lock()
+	defer s.moveMu.Unlock()
+	defer s.guard(&err)
+	if p <= s.coldUpTo.Load() {
+		return nil
+	}
+	if ok, err := s.coldHas(p); err != nil || ok {
+		if err == nil {
+			err = s.finishMove(p)
+		}
+		return err
+	}
+	paths, err := s.writeMoveTables(ctx, p)
+	defer func() {
+		for _, path := range paths {
+			_ = s.fs.Remove(path)
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	if err := s.cold.Ingest(ctx, paths); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return s.fail(err)
+	}
+	s.moved.Add(1)
+	return s.finishMove(p)
+}
+
+// writeMoveTables writes partition p's records from the hot database into
+// tables of at most about moveTableSize, then the marker table, and
+// returns their paths in key order.
+func (s *Store) writeMoveTables(ctx context.Context, p int64) (paths []string, err error) {
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: recordPrefix(p), UpperBound: recordPrefix(p + 1)})
+	if err != nil {
+		return nil, s.fail(err)
+	}
+	defer it.Close()
+	wopts := s.coldOpts.MakeWriterOptions(len(s.coldOpts.Levels)-1, s.cold.TableFormat())
+	var w *sstable.Writer
+	closeTable := func() error {
+		if w == nil {
+			return nil
+		}
+		err := w.Close()
+		w = nil
+		return err
+	}
+	defer func() { _ = closeTable() }()
+	newTable := func(n int) error {
+		path := s.fs.PathJoin(s.dir, "p"+strconv.FormatInt(p, 10)+"-"+strconv.Itoa(n)+moveTmpSuffix)
+		f, err := s.fs.Create(path, vfs.WriteCategoryUnspecified)
+		if err != nil {
+			return err
+		}
+		paths = append(paths, path)
+		w = sstable.NewWriter(objstorageprovider.NewFileWritable(f), wopts)
+		return nil
+	}
+	var n uint64
+	for ok := it.First(); ok; ok = it.Next() {
+		if n%4096 == 0 && ctx.Err() != nil {
+			return paths, ctx.Err()
+		}
+		if w == nil || w.Raw().EstimatedSize() >= moveTableSize {
+			if err := closeTable(); err != nil {
+				return paths, fmt.Errorf("%w: move: %w", ErrStorage, err)
+			}
+			if err := newTable(len(paths)); err != nil {
+				return paths, fmt.Errorf("%w: move: %w", ErrStorage, err)
+			}
+		}
+		v, err := it.ValueAndErr()
+		if err != nil {
+			return paths, s.fail(err)
+		}
+		if err := w.Set(it.Key(), v); err != nil {
+			return paths, fmt.Errorf("%w: move: %w", ErrStorage, err)
+		}
+		n++
+	}
+	if err := it.Error(); err != nil {
+		return paths, s.fail(err)
+	}
+	if err := closeTable(); err != nil {
+		return paths, fmt.Errorf("%w: move: %w", ErrStorage, err)
+	}
+	if err := newTable(len(paths)); err != nil {
+		return paths, fmt.Errorf("%w: move: %w", ErrStorage, err)
+	}
+	if err := w.Set(markerKey(p), binary.LittleEndian.AppendUint64(nil, n)); err != nil {
+		return paths, fmt.Errorf("%w: move: %w", ErrStorage, err)
+	}
+	if err := closeTable(); err != nil {
+		return paths, fmt.Errorf("%w: move: %w", ErrStorage, err)
+	}
+	return paths, nil
+}
+
+// iters is a read's view of the two databases: the hot iterator, created
+// first, the partitions the cold database holds as read after it, and the
+// cold iterator, created on first use.
+type iters struct {
+	s        *Store
+	opts     *pebble.IterOptions
+	hot      *pebble.Iterator
+	cold     *pebble.Iterator
+	coldUpTo int64
+}
+
+func (s *Store) newIters(opts *pebble.IterOptions) (*iters, error) {
+	hot, err := s.db.NewIter(opts)
+	if err != nil {
+		return nil, s.fail(err)
+	}
+	return &iters{s: s, opts: opts, hot: hot, coldUpTo: s.coldUpTo.Load()}, nil
+}
+
+// of returns the iterator that holds partition p.
+func (v *iters) of(p int64) (*pebble.Iterator, error) {
+	if p > v.coldUpTo {
+		return v.hot, nil
+	}
+	if v.cold == nil {
+		it, err := v.s.cold.NewIter(v.opts)
+		if err != nil {
+			return nil, v.s.fail(err)
+		}
+		v.cold = it
+	}
+	return v.cold, nil
+}
+
+func (v *iters) close() {
+	_ = v.hot.Close()
+	if v.cold != nil {
+		_ = v.cold.Close()
+	}
+}

@@ -1,0 +1,253 @@
+package pebble
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/tierdedup/tierdedup/tier"
+)
+
+// coldFixture is a store with keys k0..k(n-1) committed in partitions 10
+// and 11 (hour partitions), its clock in partition 12.
+func coldFixture(t *testing.T, dir string, n int) *Store {
+	t.Helper()
+	s := open(t, Options{Dir: dir})
+	hour := int64(time.Hour)
+	for _, p := range []int64{10, 11} {
+		reqs := make([]tier.Request, n)
+		for i := range reqs {
+			reqs[i] = tier.Request{NS: "ns", Key: fmt.Appendf(nil, "p%d-k%d", p, i), Digest: Digest{byte(p)}}
+		}
+		if err := s.Commit(context.Background(), p, reqs, make([]tier.Status, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Drop(0, 12*hour+1); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// hotRecords counts the records of partition p in the hot database.
+func hotRecords(t *testing.T, s *Store, p int64) int {
+	t.Helper()
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: recordPrefix(p), UpperBound: recordPrefix(p + 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer it.Close()
+	n := 0
+	for ok := it.First(); ok; ok = it.Next() {
+		n++
+	}
+	return n
+}
+
+// claimAll claims every key of coldFixture and counts the committed ones
+// with their partition's digest.
+func claimAll(t *testing.T, s *Store, n int) int {
+	t.Helper()
+	found := 0
+	for _, p := range []int64{10, 11} {
+		reqs := make([]tier.Request, n)
+		for i := range reqs {
+			reqs[i] = tier.Request{NS: "ns", Key: fmt.Appendf(nil, "p%d-k%d", p, i), Oldest: 9, Mask: 0b1110}
+		}
+		out := make([]tier.Answer, n)
+		if err := s.Claim(context.Background(), reqs, 0, out); err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range out {
+			if a.Status == tier.Committed && a.Partition == p && a.Digest == (Digest{byte(p)}) {
+				found++
+			}
+		}
+	}
+	return found
+}
+
+func waitMoved(t *testing.T, s *Store, upTo int64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.coldUpTo.Load() < upTo {
+		if time.Now().After(deadline) {
+			t.Fatalf("partitions up to %d not moved: coldUpTo %d, broken %v", upTo, s.coldUpTo.Load(), s.Broken())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestSealedPartitionsMoveToCold: a sealed partition leaves the hot
+// database for the cold one, every key still answers Committed with its
+// value, Scan still sees every record once in key order, Forget reaches
+// the cold database, the move survives a reopen, and Drop removes expired
+// partitions from the cold database.
+func TestSealedPartitionsMoveToCold(t *testing.T) {
+	const n = 3000
+	dir := t.TempDir()
+	s := coldFixture(t, dir, n)
+	if err := s.SealPartition(10, Seal{ID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	waitMoved(t, s, 10)
+	if got := hotRecords(t, s, 10); got != 0 {
+		t.Fatalf("partition 10 left %d records in the hot database", got)
+	}
+	if got := hotRecords(t, s, 11); got != n {
+		t.Fatalf("unsealed partition 11 has %d records in the hot database, want %d", got, n)
+	}
+	if got := claimAll(t, s, n); got != 2*n {
+		t.Fatalf("after the move %d of %d keys answer Committed", got, 2*n)
+	}
+	var scanned []int64
+	last := ""
+	err := s.Scan(context.Background(), 0, 12, func(p int64, ns, key []byte) error {
+		k := fmt.Sprintf("%d/%s", p, key)
+		if k <= last {
+			return fmt.Errorf("scan out of order: %s after %s", k, last)
+		}
+		last = k
+		scanned = append(scanned, p)
+		return nil
+	})
+	if err != nil || len(scanned) != 2*n {
+		t.Fatalf("Scan: %d records, %v; want %d", len(scanned), err, 2*n)
+	}
+	// Forget one key of each partition: the cold one and the hot one.
+	forget := []tier.Request{{NS: "ns", Key: []byte("p10-k7"), Oldest: 9, Mask: 0b110}, {NS: "ns", Key: []byte("p11-k7"), Oldest: 9, Mask: 0b110}}
+	out := make([]tier.Answer, 2)
+	if err := s.Forget(context.Background(), forget, out); err != nil || out[0].Status != tier.Committed || out[1].Status != tier.Committed {
+		t.Fatalf("Forget: %+v, %v", out, err)
+	}
+	if err := s.Claim(context.Background(), forget, 0, out); err != nil || out[0].Status != tier.Absent || out[1].Status != tier.Absent {
+		t.Fatalf("claims after Forget: %+v, %v", out, err)
+	}
+	if err := s.SealPartition(11, Seal{ID: 2}); err != nil {
+		t.Fatal(err)
+	}
+	waitMoved(t, s, 11)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s = open(t, Options{Dir: dir})
+	defer s.Close()
+	if s.coldUpTo.Load() != 11 || hotRecords(t, s, 11) != 0 {
+		t.Fatalf("after reopen: coldUpTo %d, %d records of 11 hot", s.coldUpTo.Load(), hotRecords(t, s, 11))
+	}
+	if got := claimAll(t, s, n); got != 2*n-2 {
+		t.Fatalf("after reopen %d keys answer Committed, want %d", got, 2*n-2)
+	}
+	if err := s.Drop(11, 13*int64(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if got := claimAll(t, s, n); got != n-1 {
+		t.Fatalf("after dropping partition 10, %d keys answer Committed, want %d", got, n-1)
+	}
+	if ok, err := s.coldHas(10); ok || err != nil {
+		t.Fatalf("partition 10's marker outlived its Drop: %v, %v", ok, err)
+	}
+}
+
+// TestInterruptedMoveCompletes: a move that ingested its partition and
+// crashed before the hot database forgot it is completed by the next
+// Open; one that crashed while writing its tables leaves them behind,
+// and Open removes them and the partition is moved again. Either way
+// every key answers Committed once, from one database.
+func TestInterruptedMoveCompletes(t *testing.T) {
+	const n = 500
+	for _, ingested := range []bool{true, false} {
+		t.Run(fmt.Sprintf("ingested=%v", ingested), func(t *testing.T) {
+			dir := t.TempDir()
+			s := coldFixture(t, dir, n)
+			// Seal partition 10 as SealPartition does, without waking the
+			// mover, then run the move's first steps by hand.
+			if err := s.set(sealKey(10), make([]byte, sealLen)); err != nil {
+				t.Fatal(err)
+			}
+			s.sealed.Store(10)
+			s.moveMu.Lock()
+			paths, err := s.writeMoveTables(context.Background(), 10)
+			if err == nil && ingested {
+				err = s.cold.Ingest(context.Background(), paths)
+			}
+			s.moveMu.Unlock()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ingested {
+				for _, p := range paths {
+					_ = os.Remove(p)
+				}
+			}
+			if err := s.Close(); err != nil { // the mover wakes only at Open
+				t.Fatal(err)
+			}
+			if left, _ := filepath.Glob(filepath.Join(dir, "*"+moveTmpSuffix)); len(left) == 0 && !ingested {
+				t.Fatal("no move tables left behind to test their removal")
+			}
+			s = open(t, Options{Dir: dir})
+			defer s.Close()
+			waitMoved(t, s, 10)
+			if hot := hotRecords(t, s, 10); hot != 0 {
+				t.Fatalf("%d records of partition 10 left hot", hot)
+			}
+			if left, _ := filepath.Glob(filepath.Join(dir, "*"+moveTmpSuffix)); len(left) != 0 {
+				t.Fatalf("move tables left: %v", left)
+			}
+			if got := claimAll(t, s, n); got != 2*n {
+				t.Fatalf("%d of %d keys answer Committed", got, 2*n)
+			}
+			cold, err := s.cold.NewIter(&pebble.IterOptions{LowerBound: recordPrefix(10), UpperBound: recordPrefix(11)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cold.Close()
+			c := 0
+			for ok := cold.First(); ok; ok = cold.Next() {
+				c++
+			}
+			if c != n {
+				t.Fatalf("the cold database holds %d records of partition 10, want %d (once)", c, n)
+			}
+		})
+	}
+}
+
+// TestColdStoreIsBound: a cold database of another store, and a hot
+// database that recorded a move with its cold database gone, are refused
+// with ErrLayout.
+func TestColdStoreIsBound(t *testing.T) {
+	a, b := t.TempDir(), t.TempDir()
+	s := coldFixture(t, a, 10)
+	if err := s.SealPartition(10, Seal{ID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	waitMoved(t, s, 10)
+	_ = s.Close()
+	_ = open(t, Options{Dir: b}).Close()
+
+	if err := os.RemoveAll(filepath.Join(b, ColdSubdir)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(a, ColdSubdir), filepath.Join(b, ColdSubdir)); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{a, b} {
+		_, err := Open(&Options{Dir: dir, Logger: quiet, Partition: time.Hour, Window: 4 * time.Hour})
+		var le *LayoutError
+		if !errors.Is(err, ErrLayout) || !errors.As(err, &le) {
+			t.Fatalf("open of %s: %v, want ErrLayout", dir, err)
+		}
+		if _, err := os.Stat(filepath.Join(a, ColdSubdir)); dir == a && err == nil {
+			t.Fatal("the refused open created a cold database")
+		}
+	}
+}
