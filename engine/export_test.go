@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/tierdedup/tierdedup/internal/hooks"
@@ -41,4 +42,28 @@ func SetBeforeDurable(fn func()) {
 // sealing pass runs.
 func (e *Engine) Sealed(t time.Time) bool {
 	return e.local != nil && e.local.Sealed(e.parts.Of(t.UnixNano()))
+}
+
+// SetNoRestore makes every Open after an unclean shutdown rebuild the open
+// partitions' filters by a scan, ignoring the checkpoint and the journal
+// (the path taken when they are damaged).
+func SetNoRestore(on bool) { hooks.NoRestore.Store(on) }
+
+// SetCheckpointKeys sets the keys between two checkpoints of the open
+// partitions' filters (0: the store's own choice).
+func SetCheckpointKeys(n int64) { hooks.CheckpointKeys.Store(n) }
+
+// SetInCheckpoint and SetInMove set the functions a checkpoint and a move
+// call at their critical point (nil: none).
+func SetInCheckpoint(f func()) { setHook(&hooks.InCheckpoint, f) }
+
+// SetInMove: see SetInCheckpoint.
+func SetInMove(f func()) { setHook(&hooks.InMove, f) }
+
+func setHook(h *atomic.Pointer[func()], f func()) {
+	if f == nil {
+		h.Store(nil)
+		return
+	}
+	h.Store(&f)
 }

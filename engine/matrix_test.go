@@ -1140,6 +1140,8 @@ func mxFillEmbedded(t *testing.T, e *engine.Engine, clock *fakeClock) (old, rece
 // record as written, and fresh keys New; likewise once warm, and after a
 // clean restart from there.
 func TestMatrixCrashRebuildAnswers(t *testing.T) {
+	engine.SetNoRestore(true) // the scan path: see TestCheckpointRestore for the restore
+	defer engine.SetNoRestore(false)
 	mem := vfs.NewCrashableMem()
 	clock := newClock()
 	o := engine.Options{Dir: "db", FS: mem, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000, MaxAttempts: 3, Clock: clock}
@@ -1180,6 +1182,8 @@ func TestMatrixCrashRebuildAnswers(t *testing.T) {
 // warm, every key the child acknowledged is a Duplicate to Lookup, Claim
 // and MarkBatch. A second Open while the parent holds it is ErrLocked.
 func TestMatrixKilledChildReopen(t *testing.T) {
+	engine.SetNoRestore(true) // the scan path: see TestCheckpointRestore for the restore
+	defer engine.SetNoRestore(false)
 	dir := t.TempDir()
 	child := crashtest.Start(t, "crash", dir+"|0|sync", &crashtest.Options{Timeout: time.Minute})
 	var acked [][]byte
@@ -1306,6 +1310,8 @@ func TestBloomOnlyNewDirSurvivesPowerLoss(t *testing.T) {
 // other Options, an Export of another configuration or into the engine's
 // own directory are each refused with their sentinel, changing nothing.
 func TestMatrixExportImportRoundTrip(t *testing.T) {
+	engine.SetNoRestore(true) // the scan path: see TestCheckpointRestore for the restore
+	defer engine.SetNoRestore(false)
 	ctx := context.Background()
 	root := t.TempDir()
 	clock := newClock()
@@ -1773,6 +1779,8 @@ func TestValidateReportsEveryBackendField(t *testing.T) {
 // warm and after a restart), and a key marked during the rebuild is a
 // Duplicate throughout.
 func TestMatrixRebuildCloseAndForget(t *testing.T) {
+	engine.SetNoRestore(true) // the scan path: see TestCheckpointRestore for the restore
+	defer engine.SetNoRestore(false)
 	ctx := context.Background()
 	mem := vfs.NewCrashableMem()
 	clock := newClock()

@@ -111,7 +111,7 @@ func sealedFiles(t *testing.T, fs vfs.FS) []string {
 	}
 	var out []string
 	for _, n := range names {
-		if strings.HasPrefix(n, "tierdedup-bloom.p") {
+		if strings.HasPrefix(n, "tierdedup-bloom.p") && strings.HasSuffix(n, ".sealed") {
 			out = append(out, n)
 		}
 	}
@@ -123,6 +123,8 @@ func sealedFiles(t *testing.T, fs vfs.FS) []string {
 // loads the three sealed filters and rebuilds from Pebble the open
 // partition alone; every key is a Duplicate once warm, and a new key New.
 func TestCrashRebuildsOnlyTheOpenPartition(t *testing.T) {
+	engine.SetNoRestore(true) // the scan path: see TestCheckpointRestore for the restore
+	defer engine.SetNoRestore(false)
 	mem := vfs.NewCrashableMem()
 	clock := newClock()
 	const perHour = 50
@@ -215,6 +217,8 @@ func TestSealWaitsForWritesInFlight(t *testing.T) {
 // store and these filter parameters; any other is removed and its
 // partition rebuilt, and no acknowledged key is lost.
 func TestSealedFilesThatMustNotBeTrusted(t *testing.T) {
+	engine.SetNoRestore(true) // the scan path: see TestCheckpointRestore for the restore
+	defer engine.SetNoRestore(false)
 	const perHour = 40
 	for _, tc := range []struct {
 		name   string

@@ -71,6 +71,15 @@ type Stats struct {
 	// this Open loaded after an unclean shutdown instead of rebuilding
 	// them from Pebble; BloomSealFailures, failed attempts to save one.
 	BloomSealed, BloomSealedLoaded, BloomSealFailures uint64
+	// BloomCheckpoints counts the checkpoints of the open partitions'
+	// filters taken since Open (BloomCheckpointFailures failed);
+	// BloomRestored, the partitions this Open restored from one after an
+	// unclean shutdown instead of scanning them, with BloomJournalKeys
+	// read from the journal after it.
+	BloomCheckpoints, BloomCheckpointFailures, BloomRestored, BloomJournalKeys uint64
+	// ColdPartitions counts the sealed partitions moved into the store's
+	// cold database since Open.
+	ColdPartitions uint64
 
 	// StoreReads counts keys looked up in the durable tier (Pebble or
 	// Redis); StoreHits, those found committed.
@@ -176,6 +185,9 @@ func (e *Engine) Stats() Stats {
 		l := e.local.Stats()
 		s.BloomMode, s.BloomBytes, s.BloomTargetFP, s.BloomEstimatedFP = l.Mode, l.Bytes, l.TargetFP, l.EstimatedFP
 		s.BloomRebuiltKeys, s.BloomSealed, s.BloomSealedLoaded, s.BloomSealFailures = l.RebuiltKeys, l.Sealed, l.SealedLoaded, l.SealFailures
+		s.BloomCheckpoints, s.BloomCheckpointFailures = l.Checkpoints, l.CheckpointFailures
+		s.BloomRestored, s.BloomJournalKeys = l.RestoredPartitions, l.JournalKeys
+		s.ColdPartitions = l.Disk.ColdPartitions
 		if e.exact != nil {
 			h := &s.FsyncLatency
 			h.Bounds, h.Counts, h.Count, h.Sum = e.local.FsyncLatency(latencyBounds)

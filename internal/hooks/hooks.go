@@ -5,3 +5,20 @@ import "sync/atomic"
 // RebuildGate, when set, makes every Bloom rebuild wait for the channel to
 // close before it starts (or its store to close).
 var RebuildGate atomic.Pointer[chan struct{}]
+
+// CheckpointKeys, when positive, replaces the number of keys between two
+// checkpoints of the open partitions' filters, so a test sees many.
+var CheckpointKeys atomic.Int64
+
+// InCheckpoint, when set, is called by a checkpoint of the open
+// partitions' filters once their files are saved and before the store
+// records them; InMove by a move of a sealed partition into the cold
+// database once it is ingested and before the hot database forgets it.
+// A kill test stops a process there.
+var InCheckpoint, InMove atomic.Pointer[func()]
+
+// NoRestore, when set, makes an Open after an unclean shutdown ignore the
+// filter checkpoint and the journal, and rebuild the open partitions by a
+// scan of the store, as it does when the checkpoint is damaged: the tests
+// of that path set it.
+var NoRestore atomic.Bool

@@ -50,7 +50,10 @@ func AllLive(parts tier.Partitions, current int64, probes []bloom.Probe) (oldest
 
 // Add records keys about to be written in partition p, before the write:
 // the filters must have seen every key the store holds.
-func (s *Store) Add(fps []shard.Fingerprint, p int64) { s.bloom.Add(fps, p) }
+func (s *Store) Add(fps []shard.Fingerprint, p int64) {
+	s.bloom.Add(fps, p)
+	s.noteAdded(len(fps))
+}
 
 // Rotate makes p the current partition (the engine's clock moved on): the
 // filters drop what fell out of the window, and the sealer is woken for

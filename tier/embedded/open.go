@@ -109,7 +109,7 @@ func (s *Store) openPebble(o *Options) error {
 	if err := s.snapshots.refuseState(); err != nil {
 		return err
 	}
-	store, err := pebble.Open(&pebble.Options{Dir: o.Dir, FS: o.FS, NoSync: o.NoSync, CacheSize: o.CacheSize, Logger: s.logger, Partition: o.Partition, Window: o.Window, Now: s.now})
+	store, err := pebble.Open(&pebble.Options{Dir: o.Dir, FS: o.FS, NoSync: o.NoSync, CacheSize: o.CacheSize, Logger: s.logger, Partition: o.Partition, Window: o.Window, Now: s.now, Journal: true})
 	switch {
 	case errors.Is(err, pebble.ErrLocked):
 		return fmt.Errorf("%w: %w", tier.ErrLocked, err)
@@ -180,6 +180,12 @@ func (s *Store) loadFilters() error {
 			s.logger.Printf("tierdedup: bloom snapshot not used, rebuilding from Pebble: %v", err)
 		}
 		s.toRebuild, err = s.loadSealed(s.parts.Of(s.now))
+		if err == nil {
+			s.toRebuild, err = s.restore(s.toRebuild)
+		}
+		if err == nil && len(s.toRebuild) == 0 {
+			s.warm.Store(true) // every live partition sealed or restored
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("%w: %w", tier.ErrStorage, err)

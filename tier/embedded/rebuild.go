@@ -57,6 +57,7 @@ func (s *Store) rebuild(ctx context.Context, spans [][2]int64) {
 	s.warm.Store(true)
 	s.cold.Store(nil)
 	s.sealWakeup()
+	s.checkpointWakeup() // so the next crash does not scan again
 }
 
 func isNotExist(err error) bool { return errors.Is(err, errNoSnapshot) }

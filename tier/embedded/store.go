@@ -89,6 +89,14 @@ type Store struct {
 	workers sync.WaitGroup // the rebuild and the sealer
 
 	rebuilt, sealedN, sealedLoaded, sealFailures atomic.Uint64
+
+	// The checkpointer (checkpoint.go): woken on ckptWake once sinceCkpt
+	// keys reached ckptEvery; nil when the filters are not checkpointed.
+	ckptWake                   chan struct{}
+	sinceCkpt                  atomic.Uint64
+	ckptEvery                  uint64
+	checkpoints, ckptFailures  atomic.Uint64
+	restoredParts, journalKeys atomic.Uint64
 }
 
 // Exact returns the Pebble store, the exact tier; nil when BloomOnly.
@@ -134,6 +142,10 @@ func (s *Store) Start(current int64, highWater func() int64) {
 	s.workers.Add(1)
 	go s.sealer(ctx)
 	s.sealWakeup() // partitions that closed while the store was closed
+	s.ckptEvery = s.checkpointEvery()
+	s.ckptWake = make(chan struct{}, 1)
+	s.workers.Add(1)
+	go s.checkpointer(ctx)
 }
 
 // Close stops the background work and, if the store works, seals what
@@ -201,6 +213,10 @@ type Stats struct {
 	// hold a seal now, SealedLoaded were loaded from their file by Open,
 	// and SealFailures sealing passes failed.
 	RebuiltKeys, Sealed, SealedLoaded, SealFailures uint64
+	// Checkpoints of the open partitions' filters were taken since Open,
+	// CheckpointFailures failed; Open restored RestoredPartitions from a
+	// checkpoint, adding JournalKeys from the journal after it.
+	Checkpoints, CheckpointFailures, RestoredPartitions, JournalKeys uint64
 	// Disk is the Pebble store's (zero when BloomOnly).
 	Disk pebble.DiskUsage
 }
@@ -210,6 +226,8 @@ func (s *Store) Stats() Stats {
 	st := Stats{
 		Bytes: s.bloom.Bytes(), EstimatedFP: s.bloom.EstimatedFalsePositive(),
 		RebuiltKeys: s.rebuilt.Load(), Sealed: s.sealedN.Load(), SealedLoaded: s.sealedLoaded.Load(), SealFailures: s.sealFailures.Load(),
+		Checkpoints: s.checkpoints.Load(), CheckpointFailures: s.ckptFailures.Load(),
+		RestoredPartitions: s.restoredParts.Load(), JournalKeys: s.journalKeys.Load(),
 	}
 	switch {
 	case s.warm.Load():

@@ -13,6 +13,8 @@ import (
 	"github.com/cockroachdb/pebble/v2/objstorage/objstorageprovider"
 	"github.com/cockroachdb/pebble/v2/sstable"
 	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/tierdedup/tierdedup/internal/hooks"
 )
 
 // The store is two Pebble databases in one directory:
@@ -301,6 +303,9 @@ func (s *Store) move(ctx context.Context, p int64) (err error) {
 			return ctx.Err()
 		}
 		return s.fail(err)
+	}
+	if f := hooks.InMove.Load(); f != nil {
+		(*f)()
 	}
 	s.moved.Add(1)
 	return s.finishMove(p)

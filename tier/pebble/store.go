@@ -16,6 +16,7 @@ import (
 	pebblebloom "github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
 
+	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
 )
 
@@ -78,6 +79,11 @@ type Options struct {
 	// Now is the time a new store records as its creation (Created), in
 	// Unix nanoseconds of the caller's clock; zero means the system clock.
 	Now int64
+	// Journal writes each batch's fingerprints beside its records, so the
+	// open partitions' filters can be restored from a checkpoint and the
+	// journal after it (journal.go). A store opened without it forgets its
+	// checkpoint: the journal then has a gap.
+	Journal bool
 }
 
 // Validate reports every invalid field at once.
@@ -126,6 +132,12 @@ type Store struct {
 	fs        vfs.FS
 	dir       string
 	logger    *log.Logger
+
+	// The journal (Options.Journal): its generation and the sequence of
+	// its entries, and the hasher of the store's secret.
+	journal    bool
+	jgen, jseq atomic.Uint64
+	hasher     shard.Hasher
 	health      io.Closer    // the disk-health checker this Store wrapped around the OS filesystem, or nil
 	layout      Layout       // as recorded; set by Open
 	fresh       bool         // Open created the store
@@ -219,6 +231,7 @@ func Open(opts *Options) (*Store, error) {
 		fs:          fs,
 		dir:         o.Dir,
 		logger:      o.Logger,
+		journal:     o.Journal,
 	}
 	if o.NoSync {
 		s.writeOpts = pebble.NoSync
@@ -230,6 +243,10 @@ func Open(opts *Options) (*Store, error) {
 	}
 	if err == nil {
 		err = s.openCold(o.Dir, fs, coldOpts)
+	}
+	if err == nil {
+		s.hasher = shard.NewHasher(s.layout.Secret)
+		err = s.initJournal()
 	}
 	if err != nil {
 		cancel()

@@ -59,6 +59,11 @@ func (s *Store) writeWith(recs []Record, user []tier.Write) (err error) {
 			return s.fail(err)
 		}
 	}
+	if s.journal && len(recs) > 0 {
+		if err := s.appendJournal(b, recs); err != nil {
+			return err
+		}
+	}
 	for _, u := range user {
 		buf := append(append((*bp)[:0], spaceUser), u.Key...)
 		*bp = buf[:0]

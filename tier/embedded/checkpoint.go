@@ -1,0 +1,235 @@
+package embedded
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/tierdedup/tierdedup/internal/hooks"
+	"github.com/tierdedup/tierdedup/shard"
+	"github.com/tierdedup/tierdedup/tier/bloom"
+	"github.com/tierdedup/tierdedup/tier/pebble"
+)
+
+// Checkpoints of the open partitions. A sealed partition's filter is saved
+// once, when it closes; the open partition's changes with every write, so
+// after a crash it was rebuilt by scanning it in Pebble, which at hundreds
+// of millions of keys is minutes of reads from disk for every claim. A
+// checkpoint instead saves the filters of the unsealed live partitions,
+// every so many keys, bound to a generation of the Pebble store's journal
+// (pebble.Store's journal: each batch's fingerprints, written in the
+// batch), and the next Open restores them from the checkpoint's files and
+// the journal after it.
+//
+// Taking one (checkpoint, under sealMu, only while warm):
+//
+//  1. the store starts a new journal generation; G is the one before;
+//  2. the write gate drains: every write that journaled in G or before
+//     has written, and its keys were added to the filters before
+//     (invariant 2);
+//  3. each unsealed live partition's filter is saved to its file (durably,
+//     through a temporary file), named by partition and G;
+//  4. the store records the checkpoint (G, the current partition, each
+//     file's random ID, checksum and size), synced, and deletes the
+//     journal up to G in the same batch;
+//  5. the files of earlier checkpoints are removed.
+//
+// What makes a checkpoint invalid, and who checks (Open, restore): a file
+// the store's record does not name (another generation, a crash before
+// step 4), or of another store, partition, ID, checksum, size or filter
+// parameters: its partition is rebuilt by a scan, exact but slow. So is a
+// partition the checkpoint does not cover (one closed before it whose
+// sealed file is damaged), and every partition of a store that was opened
+// without the journal since (its record is deleted then). The journal
+// itself is in the store's batches, so it is as durable as the records.
+const (
+	checkpointSuffix = ".ckpt"
+	// minCheckpointKeys is the fewest keys between two checkpoints: below
+	// it a checkpoint costs more than the journal it trims.
+	minCheckpointKeys = 1 << 20
+)
+
+func checkpointName(p int64, gen uint64) string {
+	return sealedPrefix + strconv.FormatInt(p, 10) + ".g" + strconv.FormatUint(gen, 10) + checkpointSuffix
+}
+
+// checkpointEvery is how many keys the filters take between two
+// checkpoints: as many as make the journal as large as the open
+// partition's filter, so a checkpoint writes about as much as it trims
+// and a restore reads at most one filter's size of journal.
+func (s *Store) checkpointEvery() uint64 {
+	if n := hooks.CheckpointKeys.Load(); n > 0 {
+		return uint64(n)
+	}
+	per := uint64(s.bloom.Bytes()) / uint64(max(s.parts.Live, 1))
+	return max(minCheckpointKeys, per/16)
+}
+
+// noteAdded counts n keys added to the filters and wakes the checkpointer
+// when enough have been since the last checkpoint.
+func (s *Store) noteAdded(n int) {
+	if s.ckptWake == nil {
+		return
+	}
+	if s.sinceCkpt.Add(uint64(n)) >= s.ckptEvery {
+		s.checkpointWakeup()
+	}
+}
+
+func (s *Store) checkpointWakeup() {
+	if s.ckptWake != nil {
+		select {
+		case s.ckptWake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// checkpointer takes a checkpoint whenever it is woken, until ctx ends.
+func (s *Store) checkpointer(ctx context.Context) {
+	defer s.workers.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.ckptWake:
+		}
+		if err := s.checkpoint(ctx); err != nil && ctx.Err() == nil {
+			s.ckptFailures.Add(1)
+			s.logger.Printf("tierdedup: checkpoint of the open partitions' bloom filters: %v", err)
+		}
+	}
+}
+
+// checkpoint takes a checkpoint (steps 1 to 5 above).
+func (s *Store) checkpoint(ctx context.Context) error {
+	s.sealMu.Lock()
+	defer s.sealMu.Unlock()
+	s.sinceCkpt.Store(0)
+	if !s.warm.Load() {
+		return nil // the filters lack keys the store holds: the rebuild's end wakes this
+	}
+	gen := s.store.NextJournalGen()
+	if err := s.gate.wait(ctx); err != nil {
+		return err
+	}
+	cur := s.current.Load()
+	ck := pebble.FilterCheckpoint{Gen: gen, Current: cur, Parts: map[int64]pebble.Seal{}}
+	id := s.store.Layout().ID
+	for p := max(s.parts.Oldest(cur), s.sealFrom); p <= cur; p++ {
+		if s.sealed[p] {
+			continue
+		}
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		meta := bloom.SnapshotMeta{Kind: bloom.SnapshotPartition, StoreID: id, Epoch: binary.LittleEndian.Uint64(b[:]), HighWater: s.highWater()}
+		sum, size, err := s.sealedDir.saveAs(checkpointName(p, gen), func(w io.Writer) (uint32, error) {
+			return s.bloom.WritePartition(w, p, meta)
+		})
+		if errors.Is(err, bloom.ErrNotLive) {
+			continue // a rotation dropped it
+		}
+		if err != nil {
+			return fmt.Errorf("partition %d: %w", p, err)
+		}
+		ck.Parts[p] = pebble.Seal{ID: meta.Epoch, Sum: sum, Size: size}
+	}
+	if f := hooks.InCheckpoint.Load(); f != nil {
+		(*f)()
+	}
+	if err := s.store.SaveFilterCheckpoint(ck); err != nil {
+		return err
+	}
+	s.checkpoints.Add(1)
+	return s.removeStaleCheckpoints(&ck)
+}
+
+// removeStaleCheckpoints removes every checkpoint file ck does not name
+// (nil: every one), and temporary ones.
+func (s *Store) removeStaleCheckpoints(ck *pebble.FilterCheckpoint) error {
+	fs := s.sealedDir.fs
+	names, err := fs.List(s.sealedDir.dir)
+	if err != nil {
+		return nil // no directory: nothing saved yet
+	}
+	keep := map[string]bool{}
+	if ck != nil {
+		for p := range ck.Parts {
+			keep[checkpointName(p, ck.Gen)] = true
+		}
+	}
+	var errs []error
+	removed := false
+	for _, n := range names {
+		if strings.HasPrefix(n, sealedPrefix) && (strings.HasSuffix(n, checkpointSuffix) || strings.HasSuffix(n, checkpointSuffix+".tmp")) && !keep[n] {
+			errs = append(errs, fs.Remove(fs.PathJoin(s.sealedDir.dir, n)))
+			removed = true
+		}
+	}
+	if removed {
+		errs = append(errs, s.sealedDir.syncDir())
+	}
+	return errors.Join(errs...)
+}
+
+// restore restores, after an unclean shutdown, the filters of the
+// partitions of rebuild that the recorded checkpoint covers, from its
+// files and the journal after it, and returns the partitions left to
+// rebuild by a scan.
+func (s *Store) restore(rebuild []int64) (left []int64, err error) {
+	if hooks.NoRestore.Load() {
+		return rebuild, nil
+	}
+	ck, ok, err := s.store.LoadFilterCheckpoint()
+	if err != nil || !ok {
+		return rebuild, err
+	}
+	defer func() {
+		if err == nil {
+			err = s.removeStaleCheckpoints(&ck)
+		}
+	}()
+	id := s.store.Layout().ID
+	restored := map[int64]bool{}
+	for _, p := range rebuild {
+		if p < s.sealFrom {
+			continue // before the store was created: nothing to restore
+		}
+		if !ck.Covers(p) {
+			left = append(left, p)
+			continue
+		}
+		if seal, ok := ck.Parts[p]; ok {
+			err := s.sealedDir.loadAs(checkpointName(p, ck.Gen), seal.Size, func(r io.ReaderAt, size int64) error {
+				return s.bloom.MergeSnapshot(r, size, func(h bloom.SnapshotHeader) error { return sealedAccept(h, id, p, seal) })
+			})
+			if err != nil {
+				s.logger.Printf("tierdedup: checkpoint of partition %d's bloom filter not used, rebuilding it from Pebble: %v", p, err)
+				left = append(left, p)
+				continue
+			}
+		}
+		restored[p] = true
+	}
+	if len(restored) == 0 {
+		return left, nil
+	}
+	var n uint64
+	err = s.store.ReadJournal(ck.Gen, func(p int64, fps []shard.Fingerprint) {
+		if restored[p] {
+			s.bloom.Add(fps, p)
+			n += uint64(len(fps))
+		}
+	})
+	if err != nil {
+		return rebuild, err
+	}
+	s.restoredParts.Add(uint64(len(restored)))
+	s.journalKeys.Add(n)
+	return left, nil
+}
