@@ -138,10 +138,10 @@ type Store struct {
 	journal    bool
 	jgen, jseq atomic.Uint64
 	hasher     shard.Hasher
-	health      io.Closer    // the disk-health checker this Store wrapped around the OS filesystem, or nil
-	layout      Layout       // as recorded; set by Open
-	fresh       bool         // Open created the store
-	sealed      atomic.Int64 // highest sealed partition, -1 if none: writes at or before it are refused
+	health     io.Closer    // the disk-health checker this Store wrapped around the OS filesystem, or nil
+	layout     Layout       // as recorded; set by Open
+	fresh      bool         // Open created the store
+	sealed     atomic.Int64 // highest sealed partition, -1 if none: writes at or before it are refused
 	// writes admits one batch at a time into Pebble's commit pipeline
 	// (apply). A batch whose WAL write fails stays at the head of the
 	// pipeline's queue, never published, and every batch that entered
