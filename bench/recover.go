@@ -19,13 +19,16 @@ import (
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/hooks"
 )
 
 // RecoverConfig describes a recovery measurement: a store filled with Keys
 // messages over Days simulated days, a SIGKILL while it is still being
-// written, and the next Open, which either loads the sealed partitions'
-// filters and rebuilds the open partition, or (with the sealed files
-// removed) rebuilds the whole window from Pebble.
+// written, and three reopens of copies of the killed store: as the kill
+// left it (the sealed partitions' filters load, the open partition's is
+// restored from its checkpoint and the journal after it); with the
+// checkpoint files removed (the open partition is rebuilt by a scan of
+// Pebble); with every filter file removed (the whole window is).
 type RecoverConfig struct {
 	// Keys is the messages written before the kill (10 % duplicates).
 	Keys int64
@@ -67,9 +70,8 @@ func (c *RecoverConfig) workload(seed uint64) WorkloadConfig {
 
 // RecoverResult is what one reopen after the kill measured.
 type RecoverResult struct {
-	// Mode is "sealed" (the sealed partitions' filters loaded) or
-	// "rebuild all" (their files removed first: the whole window is
-	// rebuilt from Pebble).
+	// Mode is the reopen: RecoverCheckpoint, RecoverNoCheckpoint or
+	// RecoverRebuildAll.
 	Mode string
 	// StoreKeys is the messages written before the kill.
 	StoreKeys int64
@@ -77,8 +79,10 @@ type RecoverResult struct {
 	// the filters were warm.
 	Open, Warm time.Duration
 	// SealedLoaded is the sealed filters loaded, RebuiltKeys the keys
-	// scanned from Pebble into the filters.
-	SealedLoaded, RebuiltKeys uint64
+	// scanned from Pebble into the filters; Restored the partitions
+	// restored from a checkpoint, JournalKeys the keys read back from the
+	// journal after it.
+	SealedLoaded, RebuiltKeys, Restored, JournalKeys uint64
 	// RebuildingRate is the keys/s of MarkBatch calls made while the
 	// filters rebuilt (every key memory does not know reads Pebble);
 	// WarmRate the keys/s in the After that followed.
@@ -169,25 +173,53 @@ func RecoverFill(ctx context.Context, c RecoverConfig, out io.Writer) error {
 	return pumpStream(ctx, e, more, c.Batch, c.Workers, &n, nil)
 }
 
-// RecoverMeasure is the child that reopens the killed store (with all set,
-// after removing the sealed files, so the whole window is rebuilt), runs a
-// load of new keys from the simulated time at (Unix ns) while the filters
-// rebuild and for c.After once warm, prints "RESULT <json>", and returns
-// without closing the engine: its exit leaves the store as a kill would.
-func RecoverMeasure(ctx context.Context, c RecoverConfig, at int64, all bool, out io.Writer) error {
+// The reopens of a recovery measurement.
+const (
+	RecoverCheckpoint   = "checkpoint"    // the store as the kill left it
+	RecoverNoCheckpoint = "no checkpoint" // the checkpoint files removed and the journal not read
+	RecoverRebuildAll   = "rebuild all"   // every filter file removed, the journal not read
+)
+
+// RecoverModes are the reopens Recover measures, in order.
+var RecoverModes = []string{RecoverCheckpoint, RecoverNoCheckpoint, RecoverRebuildAll}
+
+// RecoverMeasure is the child that reopens the killed store in dir after
+// removing what mode says, runs a load of new keys from the simulated time
+// at (Unix ns) while the filters rebuild and for c.After once warm, prints
+// "RESULT <json>", and returns without closing the engine.
+func RecoverMeasure(ctx context.Context, c RecoverConfig, at int64, mode string, out io.Writer) error {
 	c.defaults()
-	res := RecoverResult{Mode: "sealed", StoreKeys: c.Keys}
-	if all {
-		res.Mode = "rebuild all"
-		if err := os.RemoveAll(filepath.Join(c.Engine.Dir, "tierdedup-sealed")); err != nil {
+	res := RecoverResult{Mode: mode, StoreKeys: c.Keys}
+	sealed := filepath.Join(c.Engine.Dir, "tierdedup-sealed")
+	seed := uint64(2)
+	switch mode {
+	case RecoverCheckpoint:
+	case RecoverNoCheckpoint:
+		// The checkpoint files go, and the journal is not read either (a
+		// store younger than its first checkpoint restores from the
+		// journal alone): the open partition is scanned, as when the
+		// checkpoint is damaged.
+		seed = 3
+		ckpts, err := filepath.Glob(filepath.Join(sealed, "*.ckpt"))
+		if err != nil {
 			return err
 		}
+		for _, f := range ckpts {
+			if err := os.Remove(f); err != nil {
+				return err
+			}
+		}
+		hooks.NoRestore.Store(true)
+	case RecoverRebuildAll:
+		seed = 4
+		if err := os.RemoveAll(sealed); err != nil {
+			return err
+		}
+		hooks.NoRestore.Store(true)
+	default:
+		return fmt.Errorf("bench: unknown recover mode %q", mode)
 	}
-	// Each reopen sends keys of its own: the other's are in the store.
-	seed := uint64(2)
-	if all {
-		seed = 3
-	}
+	all := mode != RecoverCheckpoint
 	stream, err := NewStream(c.workload(seed))
 	if err != nil {
 		return err
@@ -242,6 +274,7 @@ func RecoverMeasure(ctx context.Context, c RecoverConfig, at int64, all bool, ou
 	st := e.Stats()
 	res.Warm = warmAt.Sub(t0)
 	res.SealedLoaded, res.RebuiltKeys = st.BloomSealedLoaded, st.BloomRebuiltKeys
+	res.Restored, res.JournalKeys = st.BloomRestored, st.BloomJournalKeys
 	res.RebuildingKeys = warmKeys
 	if d := warmAt.Sub(t0) - res.Open; d > 0 {
 		res.RebuildingRate = float64(warmKeys) / d.Seconds()
@@ -256,12 +289,14 @@ func RecoverMeasure(ctx context.Context, c RecoverConfig, at int64, all bool, ou
 }
 
 // Recover fills a store in a child process, kills it with SIGKILL, and
-// reopens it twice in child processes: with the sealed filters, then
-// without them. child(args...) runs this program's recover child with args
-// (RecoverFill with "-phase fill", RecoverMeasure with "-phase measure").
-func Recover(ctx context.Context, c RecoverConfig, child func(args ...string) *exec.Cmd) ([]RecoverResult, error) {
+// reopens a copy of it per RecoverModes in child processes, each with the
+// killed directory's contents (so each reopen recovers from the kill, not
+// from the reopen before). child(dir, args...) runs this program's recover
+// child on dir with args (RecoverFill with "-phase fill", RecoverMeasure
+// with "-phase measure").
+func Recover(ctx context.Context, c RecoverConfig, child func(dir string, args ...string) *exec.Cmd) ([]RecoverResult, error) {
 	c.defaults()
-	cmd := child("-phase", "fill")
+	cmd := child(c.Engine.Dir, "-phase", "fill")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -288,14 +323,15 @@ func Recover(ctx context.Context, c RecoverConfig, child func(args ...string) *e
 		return nil, fmt.Errorf("the filling child never got ready (%v)", err)
 	}
 	var results []RecoverResult
-	for _, all := range []bool{false, true} {
-		args := []string{"-phase", "measure", "-at", strconv.FormatInt(at, 10)}
-		if all {
-			args = append(args, "-all")
+	for _, mode := range RecoverModes {
+		dir := c.Engine.Dir + ".reopen"
+		if err := copyDir(c.Engine.Dir, dir); err != nil {
+			return nil, err
 		}
-		out, err := child(args...).Output()
+		out, err := child(dir, "-phase", "measure", "-at", strconv.FormatInt(at, 10), "-mode", mode).Output()
+		_ = os.RemoveAll(dir)
 		if err != nil {
-			return nil, fmt.Errorf("reopen (all %v): %w", all, err)
+			return nil, fmt.Errorf("reopen (%s): %w", mode, err)
 		}
 		var r RecoverResult
 		for _, line := range strings.Split(string(out), "\n") {
@@ -304,7 +340,7 @@ func Recover(ctx context.Context, c RecoverConfig, child func(args ...string) *e
 			}
 		}
 		if err != nil || r.Mode == "" {
-			return nil, fmt.Errorf("reopen (all %v): no result (%v)", all, err)
+			return nil, fmt.Errorf("reopen (%s): no result (%v)", mode, err)
 		}
 		results = append(results, r)
 	}
@@ -313,9 +349,47 @@ func Recover(ctx context.Context, c RecoverConfig, child func(args ...string) *e
 
 // PrintRecover prints the results of Recover.
 func PrintRecover(w io.Writer, rs []RecoverResult) {
-	fmt.Fprintf(w, "%-12s %10s %8s %8s %8s %12s %14s %12s\n", "reopen", "store keys", "open", "warm", "sealed", "rebuilt keys", "rebuilding k/s", "warm k/s")
+	fmt.Fprintf(w, "%-14s %10s %8s %8s %7s %9s %12s %12s %14s %9s\n", "reopen", "store keys", "open", "warm", "sealed", "restored", "journal keys", "rebuilt keys", "rebuilding k/s", "warm k/s")
 	for _, r := range rs {
-		fmt.Fprintf(w, "%-12s %10d %8s %8s %8d %12d %14.0f %12.0f\n", r.Mode, r.StoreKeys, r.Open.Round(time.Millisecond), r.Warm.Round(time.Millisecond),
-			r.SealedLoaded, r.RebuiltKeys, r.RebuildingRate/1000, r.WarmRate/1000)
+		fmt.Fprintf(w, "%-14s %10d %8s %8s %7d %9d %12d %12d %14.0f %9.0f\n", r.Mode, r.StoreKeys, r.Open.Round(time.Millisecond), r.Warm.Round(time.Millisecond),
+			r.SealedLoaded, r.Restored, r.JournalKeys, r.RebuiltKeys, r.RebuildingRate/1000, r.WarmRate/1000)
 	}
+}
+
+// copyDir copies the directory tree src to dst (replaced): regular files
+// and directories only, as a store holds.
+func copyDir(src, dst string) error {
+	if err := os.RemoveAll(dst); err != nil {
+		return err
+	}
+	return filepath.WalkDir(src, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, path)
+		if err != nil {
+			return err
+		}
+		to := filepath.Join(dst, rel)
+		if d.IsDir() {
+			return os.MkdirAll(to, 0o755)
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		in, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer in.Close()
+		out, err := os.Create(to)
+		if err != nil {
+			return err
+		}
+		if _, err := io.Copy(out, in); err != nil {
+			out.Close()
+			return err
+		}
+		return out.Close()
+	})
 }

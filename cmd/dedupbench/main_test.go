@@ -254,31 +254,39 @@ func TestUnknownCommand(t *testing.T) {
 
 // TestRecover runs the recovery measurement small: 400k keys over the
 // default window's 8 days, a real SIGKILL while the filling child writes,
-// then the two reopens. With the sealed filters the seven closed days load
-// from their files and only the open day is scanned; without them the
-// whole window is.
+// then the three reopens. As the kill left it, the seven closed days load
+// from their files and the open day is restored from its checkpoint and
+// the journal: warm at Open, nothing scanned. Without the checkpoint files
+// the open day is scanned; without any filter file, the whole window is.
 func TestRecover(t *testing.T) {
 	dir := t.TempDir()
-	args := []string{"-keys", "400000", "-dir", dir, "-after", "300ms"}
-	child := func(a ...string) *exec.Cmd {
-		cmd := command(t, append(append([]string{"recover-child"}, args...), a...)...)
+	args := []string{"-keys", "400000", "-after", "300ms"}
+	child := func(dir string, a ...string) *exec.Cmd {
+		cmd := command(t, append(append([]string{"recover-child", "-dir", dir}, args...), a...)...)
 		cmd.Stderr = os.Stderr
 		return cmd
 	}
-	rs, err := bench.Recover(context.Background(), bench.RecoverConfig{Keys: 400000, Engine: engine.Options{Dir: dir}, After: 300 * time.Millisecond}, child)
+	restore := engine.Options{Dir: dir}
+	rs, err := bench.Recover(context.Background(), bench.RecoverConfig{Keys: 400000, Engine: restore, After: 300 * time.Millisecond}, child)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rs) != 2 {
+	if len(rs) != 3 {
 		t.Fatalf("results %+v", rs)
 	}
-	sealed, all := rs[0], rs[1]
-	t.Logf("%+v\n%+v", sealed, all)
-	if sealed.Mode != "sealed" || sealed.SealedLoaded != 7 || all.Mode != "rebuild all" || all.SealedLoaded != 0 {
-		t.Fatalf("modes and sealed filters loaded: %+v, %+v", sealed, all)
+	ckpt, scan, all := rs[0], rs[1], rs[2]
+	t.Logf("%+v\n%+v\n%+v", ckpt, scan, all)
+	if ckpt.Mode != bench.RecoverCheckpoint || ckpt.SealedLoaded != 7 || ckpt.Restored != 1 || ckpt.RebuiltKeys != 0 || ckpt.Warm != ckpt.Open && ckpt.Warm > ckpt.Open+50*time.Millisecond {
+		t.Fatalf("as killed: %+v; want 7 sealed, the open day restored, nothing scanned, warm at Open", ckpt)
+	}
+	if scan.Mode != bench.RecoverNoCheckpoint || scan.SealedLoaded != 7 || scan.Restored != 0 || scan.RebuiltKeys == 0 {
+		t.Fatalf("without checkpoints: %+v; want 7 sealed and the open day scanned", scan)
+	}
+	if all.Mode != bench.RecoverRebuildAll || all.SealedLoaded != 0 {
+		t.Fatalf("without filter files: %+v", all)
 	}
 	// Seven of the eight days hold ≈ 7/8 of the 360k distinct keys.
-	if saved := int64(all.RebuiltKeys) - int64(sealed.RebuiltKeys); saved < 250000 {
+	if saved := int64(all.RebuiltKeys) - int64(scan.RebuiltKeys); saved < 250000 {
 		t.Fatalf("the sealed filters spared %d keys of the rebuild, want ≈ 315k", saved)
 	}
 	for _, r := range rs {

@@ -61,10 +61,10 @@ func recoverCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	base := []string{"-keys", fmt.Sprint(rf.keys), "-days", fmt.Sprint(rf.days), "-dir", rf.dir,
+	base := []string{"-keys", fmt.Sprint(rf.keys), "-days", fmt.Sprint(rf.days),
 		"-window", rf.window.String(), "-partition", rf.partition.String(), "-after", rf.after.String()}
-	child := func(a ...string) *exec.Cmd {
-		cmd := exec.CommandContext(ctx, exe, append(append([]string{"recover-child"}, base...), a...)...)
+	child := func(dir string, a ...string) *exec.Cmd {
+		cmd := exec.CommandContext(ctx, exe, append(append([]string{"recover-child", "-dir", dir}, base...), a...)...)
 		cmd.Stderr = stderr
 		return cmd
 	}
@@ -85,7 +85,7 @@ func recoverChildCmd(ctx context.Context, args []string, stdout io.Writer) error
 	rf.bind(fs)
 	phase := fs.String("phase", "fill", "fill or measure")
 	at := fs.Int64("at", 0, "measure: the simulated time of the kill, Unix ns")
-	all := fs.Bool("all", false, "measure: remove the sealed filters first")
+	mode := fs.String("mode", bench.RecoverCheckpoint, "measure: what to remove first (checkpoint: nothing; no checkpoint: the checkpoint files; rebuild all: every filter file)")
 	profile := fs.String("cpuprofile", "", "write a CPU profile of this child to the file")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -98,7 +98,7 @@ func recoverChildCmd(ctx context.Context, args []string, stdout io.Writer) error
 	if *phase == "fill" {
 		return bench.RecoverFill(ctx, rf.config(), stdout)
 	}
-	return bench.RecoverMeasure(ctx, rf.config(), *at, *all, stdout)
+	return bench.RecoverMeasure(ctx, rf.config(), *at, *mode, stdout)
 }
 
 // startProfile writes a CPU profile to path (nothing when it is empty)
