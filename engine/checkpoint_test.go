@@ -1,15 +1,20 @@
 package engine_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/crashtest"
 )
 
 // checkpointFiles lists the checkpoint files in the sealed directory.
@@ -160,3 +165,129 @@ func TestCheckpointRestore(t *testing.T) {
 		})
 	}
 }
+
+// stepClock is a child's clock: base plus a minute per Step.
+type stepClock struct {
+	base  time.Time
+	steps atomic.Int64
+}
+
+func (c *stepClock) Now() time.Time { return c.base.Add(time.Duration(c.steps.Load()) * time.Minute) }
+
+// stallChild (spec "dir|hook|start ns") marks batches of fresh keys, a
+// simulated minute apart, with a checkpoint every 500 keys and hour
+// partitions, printing "A key" for every key acknowledged New and "T ns"
+// after each batch. When the hook ("ckpt" or "move") is reached it prints
+// "STALL" and blocks that background work for good: the parent kills the
+// process there.
+func stallChild(spec string) int {
+	parts := strings.Split(spec, "|")
+	dir, hook := parts[0], parts[1]
+	start, _ := strconv.ParseInt(parts[2], 10, 64)
+	engine.SetCheckpointKeys(500)
+	stall := func() {
+		fmt.Println("STALL")
+		select {}
+	}
+	switch hook {
+	case "ckpt":
+		engine.SetInCheckpoint(stall)
+	case "move":
+		engine.SetInMove(stall)
+	}
+	clock := &stepClock{base: time.Unix(0, start)}
+	e, err := engine.Open(&engine.Options{Dir: dir, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 20_000, Logger: quiet})
+	if err != nil {
+		fmt.Println("ERR", err)
+		return 1
+	}
+	out := bufio.NewWriter(os.Stdout)
+	for i := 0; ; i++ {
+		keys := make([][]byte, 64)
+		for j := range keys {
+			keys[j] = fmt.Appendf(nil, "%d-%d", start, i*64+j)
+		}
+		res := make([]engine.Outcome, len(keys))
+		if err := e.MarkBatch(context.Background(), keys, nil, res); err != nil {
+			fmt.Println("ERR", err)
+			return 1
+		}
+		for j, r := range res {
+			if r == engine.New {
+				fmt.Fprintf(out, "A %s\n", keys[j])
+			}
+		}
+		fmt.Fprintf(out, "T %d\n", clock.Now().UnixNano())
+		out.Flush()
+		clock.steps.Add(1)
+	}
+}
+
+// TestKillDuringCheckpointAndMove kills a child while a checkpoint of the
+// open partition's filter has written its files but not recorded them,
+// and while a sealed partition's move into the cold database has ingested
+// it but not yet removed it from the hot one, three times each over one
+// directory. After each kill every key acknowledged in the window is a
+// Duplicate, a key never sent is New, and the reopen after a stalled
+// checkpoint restores the open partition from the checkpoint before it.
+func TestKillDuringCheckpointAndMove(t *testing.T) {
+	dir := t.TempDir()
+	now := newClock().Now().UnixNano()
+	acked := map[string]int64{} // key → when it was acknowledged
+	for round, hook := range []string{"ckpt", "move", "ckpt", "move", "ckpt", "move"} {
+		child := crashtest.Start(t, "stall", fmt.Sprintf("%s|%s|%d", dir, hook, now), &crashtest.Options{Timeout: time.Minute})
+		stalled := false
+		for batches := 0; ; {
+			line, ok := child.Next()
+			if !ok {
+				t.Fatalf("round %d (%s): the child ended before stalling", round, hook)
+			}
+			kind, rest, _ := strings.Cut(line, " ")
+			switch kind {
+			case "A":
+				acked[rest] = now
+			case "T":
+				now, _ = strconv.ParseInt(rest, 10, 64)
+				if stalled {
+					batches++
+				}
+			case "STALL":
+				stalled = true
+			case "ERR":
+				t.Fatalf("round %d: child: %s", round, rest)
+			}
+			if stalled && batches == 5 { // writes went on past the stall
+				break
+			}
+		}
+		_ = child.Kill() // "signal: killed"
+		now += int64(time.Minute)
+		e := open(t, engine.Options{Dir: dir, Clock: fixedClock(now), Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 20_000})
+		s := e.Stats()
+		if hook == "ckpt" && (s.BloomRestored == 0 || s.BloomMode != "warm" || s.BloomRebuiltKeys != 0) {
+			t.Fatalf("round %d: after a kill inside a checkpoint: %d restored, mode %s, %d rebuilt; want the one before it restored, warm",
+				round, s.BloomRestored, s.BloomMode, s.BloomRebuiltKeys)
+		}
+		var keys [][]byte
+		for k, at := range acked {
+			if now-at < int64(3*time.Hour) {
+				keys = append(keys, []byte(k))
+			}
+		}
+		allDuplicates(t, e, keys)
+		if o, err := e.MarkIfAbsent(context.Background(), fmt.Appendf(nil, "never-%d", round)); err != nil || o != engine.New {
+			t.Fatalf("round %d: a new key: %v, %v", round, o, err)
+		}
+		if hook == "move" && e.Stats().ColdPartitions == 0 {
+			// The interrupted move is completed by the reopened store.
+			waitFor(t, "the interrupted move to complete", func() bool { return e.Stats().ColdPartitions > 0 })
+		}
+		_ = e.Close()
+		t.Logf("round %d (%s): %d keys checked, %d restored, %d journal keys", round, hook, len(keys), s.BloomRestored, s.BloomJournalKeys)
+	}
+}
+
+// fixedClock is a clock that stays at t (Unix ns).
+type fixedClock int64
+
+func (c fixedClock) Now() time.Time { return time.Unix(0, int64(c)) }

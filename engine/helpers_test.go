@@ -49,6 +49,7 @@ func TestMain(m *testing.M) {
 		"rabbit": rabbitChild,     // TestRabbitMQRedelivery
 		"fault":  faultChild,      // TestStorageFaultChild
 		"nilctx": nilContextChild, // TestCommitNilContext
+		"stall":  stallChild,      // TestKillDuringCheckpointAndMove
 	})
 }
 

@@ -196,6 +196,7 @@ func (s *Store) finishMove(p int64) error {
 	if err := s.apply(b, pebble.Sync); err != nil {
 		return err
 	}
+	s.moved.Add(1)
 	s.queueCompaction(s.db, start, end)
 	return nil
 }
@@ -307,7 +308,6 @@ func (s *Store) move(ctx context.Context, p int64) (err error) {
 	if f := hooks.InMove.Load(); f != nil {
 		(*f)()
 	}
-	s.moved.Add(1)
 	return s.finishMove(p)
 }
 
