@@ -131,11 +131,11 @@ func TestCheckpointRestore(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			mem := vfs.NewCrashableMem()
+			mem := newCrashFS()
 			e, o, keys, first := checkpointedEngine(t, mem)
 			crashed := mem.CrashClone(vfs.CrashCloneCfg{})
 			_ = e.Close()
-			otherMem := vfs.NewCrashableMem()
+			otherMem := newCrashFS()
 			other, _, _, _ := checkpointedEngine(t, otherMem)
 			otherCrashed := otherMem.CrashClone(vfs.CrashCloneCfg{})
 			_ = other.Close()

@@ -201,9 +201,9 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 	rng := rand.New(rand.NewPCG(seed, 99))
 	clock := newClock()
 	parts, _ := tier.NewPartitions(cWindow, cPartition)
-	mem := vfs.NewCrashableMem()
+	mem := newCrashFS()
 	var inj faultfs.Fault
-	wrap := func(m *vfs.MemFS) vfs.FS {
+	wrap := func(m crashFS) vfs.FS {
 		if cfg.faults {
 			return faultfs.Wrap(m, &inj)
 		}

@@ -229,7 +229,7 @@ func TestConcurrentClaimsOneNewPerKey(t *testing.T) {
 func TestStorageFaults(t *testing.T) {
 	for name, wal := range map[string]faultfs.Match{"sync": faultfs.WALSyncs, "write": faultfs.WALWrites} {
 		t.Run(name, func(t *testing.T) {
-			mem := vfs.NewCrashableMem()
+			mem := newCrashFS()
 			var fault faultfs.Fault
 			e := open(t, engine.Options{Dir: "db", FS: faultfs.Wrap(mem, &fault), ExpectedKeys: 1000})
 			ctx := context.Background()
@@ -319,7 +319,7 @@ func TestRetention(t *testing.T) {
 // Pebble while the filters rebuild, then returns to the fast path.
 func TestColdStart(t *testing.T) {
 	ctx := context.Background()
-	mem := vfs.NewCrashableMem()
+	mem := newCrashFS()
 	o := engine.Options{Dir: "db", FS: mem, ExpectedKeys: 10_000}
 	e := open(t, o)
 	keys := make([][]byte, 2000)
@@ -346,7 +346,10 @@ func TestColdStart(t *testing.T) {
 		t.Fatalf("a new key read the disk while warm: %+v", after)
 	}
 
-	// Crash: reopen what was synced, with no snapshot.
+	// Crash: reopen what was synced, with no snapshot, and no checkpoint
+	// either (the scan path; TestCheckpointRestore has the restore).
+	engine.SetNoRestore(true)
+	defer engine.SetNoRestore(false)
 	gate := make(chan struct{})
 	engine.SetRebuildGate(gate)
 	defer engine.SetRebuildGate(nil)
@@ -481,7 +484,7 @@ func TestPoisonAfterMaxAttempts(t *testing.T) {
 // with the commit (they survive a crash of the filesystem together), and
 // are refused outside the embedded store.
 func TestCommitBatchWithWritesAtomically(t *testing.T) {
-	mem := vfs.NewCrashableMem()
+	mem := newCrashFS()
 	e := open(t, engine.Options{Dir: "db", FS: mem, ExpectedKeys: 1000})
 	ctx := context.Background()
 	keys := [][]byte{[]byte("m1"), []byte("m2"), []byte("m1")}

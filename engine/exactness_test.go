@@ -23,7 +23,7 @@ import (
 // New, and must latch: the next claim of a key never seen is ErrStorage too.
 func TestReadErrorNeverNew(t *testing.T) {
 	ctx := context.Background()
-	mem := vfs.NewCrashableMem()
+	mem := newCrashFS()
 	clock := newClock()
 	o := engine.Options{Dir: "db", FS: mem, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
 	e := open(t, o)
@@ -90,7 +90,7 @@ func TestReadErrorNeverNew(t *testing.T) {
 // acknowledged must still be a Duplicate.
 func TestRejectedSnapshotIsNeverReused(t *testing.T) {
 	ctx := context.Background()
-	mem := vfs.NewCrashableMem()
+	mem := newCrashFS()
 	o1 := engine.Options{Dir: "db", FS: mem, ExpectedKeys: 1000}
 	e := open(t, o1)
 	if _, err := e.MarkIfAbsent(ctx, []byte("run-1")); err != nil {
@@ -171,7 +171,7 @@ func TestFailedOpenLeaksNoGoroutine(t *testing.T) {
 // durably, not dropped.
 func TestCommitBatchWithNoNewClaimWrites(t *testing.T) {
 	ctx := context.Background()
-	mem := vfs.NewCrashableMem()
+	mem := newCrashFS()
 	e := open(t, engine.Options{Dir: "db", FS: mem, ExpectedKeys: 1000})
 	if _, err := e.MarkIfAbsent(ctx, []byte("k")); err != nil {
 		t.Fatal(err)
@@ -202,7 +202,7 @@ func TestCommitBatchWithNoNewClaimWrites(t *testing.T) {
 // window is accepted.
 func TestLayoutChangesAreRefused(t *testing.T) {
 	ctx := context.Background()
-	mem := vfs.NewCrashableMem()
+	mem := newCrashFS()
 	base := engine.Options{Dir: "db", FS: mem, Window: 48 * time.Hour, Partition: 24 * time.Hour, ExpectedKeys: 1000}
 	e := open(t, base)
 	if o, err := e.MarkIfAbsent(ctx, []byte("acked")); err != nil || o != engine.New {
@@ -258,7 +258,7 @@ func expectRefused(t *testing.T, base engine.Options, changes []layoutChange) {
 // error, not a fresh start.
 func TestBloomOnlyStateIsItsOwnLayout(t *testing.T) {
 	ctx := context.Background()
-	mem := vfs.NewCrashableMem()
+	mem := newCrashFS()
 	o := engine.Options{Tiers: engine.BloomOnly, Dir: "state", FS: mem, ExpectedKeys: 1000}
 	e := open(t, o)
 	if _, err := e.MarkIfAbsent(ctx, []byte("acked")); err != nil {
@@ -344,7 +344,7 @@ func TestConstructedFingerprintCollision(t *testing.T) {
 // are a Conflict from memory and from disk alike.
 func TestDigestsComparedAtFullWidth(t *testing.T) {
 	ctx := context.Background()
-	mem := vfs.NewCrashableMem()
+	mem := newCrashFS()
 	o := engine.Options{Dir: "db", FS: mem, ExpectedKeys: 1000}
 	e := open(t, o)
 	var d1, d2 engine.Digest
@@ -388,7 +388,7 @@ func TestAttemptsAreDurable(t *testing.T) {
 	fail := func(context.Context) error { return boom }
 	for _, restart := range []string{"crash", "clean", "eviction"} {
 		t.Run(restart, func(t *testing.T) {
-			mem := vfs.NewCrashableMem()
+			mem := newCrashFS()
 			clock := newClock()
 			o := engine.Options{Dir: "db", FS: mem, Clock: clock, MaxAttempts: 3, ExpectedKeys: 1000, Lease: time.Minute, MemoryCapacity: 16, Stripes: 1}
 			e := open(t, o)

@@ -126,7 +126,7 @@ func TestBloomOnlyDirIsExclusive(t *testing.T) {
 // and latch, like every other read of the store.
 func TestScanWritesReadErrorIsTyped(t *testing.T) {
 	ctx := context.Background()
-	mem := vfs.NewCrashableMem()
+	mem := newCrashFS()
 	o := engine.Options{Dir: "db", FS: mem, ExpectedKeys: 1000}
 	e := open(t, o)
 	c, err := e.Claim(ctx, []byte("k"))

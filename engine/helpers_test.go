@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
+
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
 )
@@ -175,3 +177,19 @@ func checkDoneOrder(t *testing.T, got [][]int) {
 		}
 	}
 }
+
+// crashFS is a crashable in-memory filesystem whose Link fails, so Pebble
+// copies instead (vfs.LinkOrCopy): Pebble's crashable MemFS takes its
+// clone lock twice in Link, and a CrashClone waiting between the two
+// deadlocks both, which an ingest of a moved partition would hit.
+type crashFS struct{ *vfs.MemFS }
+
+func newCrashFS() crashFS { return crashFS{vfs.NewCrashableMem()} }
+
+// Link refuses, so the caller copies.
+func (crashFS) Link(oldname, newname string) error {
+	return errors.New("crashFS: no hard links")
+}
+
+// CrashClone is MemFS.CrashClone, wrapped.
+func (f crashFS) CrashClone(cfg vfs.CrashCloneCfg) crashFS { return crashFS{f.MemFS.CrashClone(cfg)} }

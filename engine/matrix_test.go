@@ -1142,7 +1142,7 @@ func mxFillEmbedded(t *testing.T, e *engine.Engine, clock *fakeClock) (old, rece
 func TestMatrixCrashRebuildAnswers(t *testing.T) {
 	engine.SetNoRestore(true) // the scan path: see TestCheckpointRestore for the restore
 	defer engine.SetNoRestore(false)
-	mem := vfs.NewCrashableMem()
+	mem := newCrashFS()
 	clock := newClock()
 	o := engine.Options{Dir: "db", FS: mem, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000, MaxAttempts: 3, Clock: clock}
 	e := open(t, o)
@@ -1234,7 +1234,7 @@ func TestMatrixKilledChildReopen(t *testing.T) {
 // what was marked before that Close stays Duplicate, and the directory is
 // usable (not ErrStorage). Without Dir, nothing survives a Close.
 func TestMatrixBloomOnlyDirCrashFallsBack(t *testing.T) {
-	mem := vfs.NewCrashableMem()
+	mem := newCrashFS()
 	mxDurableDir(t, mem, "b") // see TestBloomOnlyNewDirSurvivesPowerLoss
 	o := engine.Options{Tiers: engine.BloomOnly, Dir: "b", FS: mem, ExpectedKeys: 10000}
 	e := open(t, o)
@@ -1287,7 +1287,7 @@ func mxDurableDir(t *testing.T, fs vfs.FS, dir string) {
 // and syncs its parent, so the directory's entry is durable and every key
 // marked before the clean Close is still a Duplicate.
 func TestBloomOnlyNewDirSurvivesPowerLoss(t *testing.T) {
-	mem := vfs.NewCrashableMem()
+	mem := newCrashFS()
 	o := engine.Options{Tiers: engine.BloomOnly, Dir: "state/bloom", FS: mem, ExpectedKeys: 10000}
 	mxDurableDir(t, mem, "state") // the parent exists and is durable; Dir does not exist
 	e := open(t, o)
@@ -1782,7 +1782,7 @@ func TestMatrixRebuildCloseAndForget(t *testing.T) {
 	engine.SetNoRestore(true) // the scan path: see TestCheckpointRestore for the restore
 	defer engine.SetNoRestore(false)
 	ctx := context.Background()
-	mem := vfs.NewCrashableMem()
+	mem := newCrashFS()
 	clock := newClock()
 	o := engine.Options{Dir: "db", FS: mem, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000, MaxAttempts: 3, Clock: clock}
 	e := open(t, o)

@@ -21,7 +21,7 @@ import (
 func TestMixedNamespacesAsync(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock()
-	fs := vfs.NewCrashableMem()
+	fs := newCrashFS()
 	o := engine.Options{Dir: "db", FS: fs, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, Lease: time.Minute, MemoryCapacity: 16, ExpectedKeys: 1000,
 		NamespaceWindows: map[string]time.Duration{"short": 10 * time.Minute, "": 20 * time.Minute}}
 	e := open(t, o)

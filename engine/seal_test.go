@@ -125,7 +125,7 @@ func sealedFiles(t *testing.T, fs vfs.FS) []string {
 func TestCrashRebuildsOnlyTheOpenPartition(t *testing.T) {
 	engine.SetNoRestore(true) // the scan path: see TestCheckpointRestore for the restore
 	defer engine.SetNoRestore(false)
-	mem := vfs.NewCrashableMem()
+	mem := newCrashFS()
 	clock := newClock()
 	const perHour = 50
 	e, o, keys := sealedEngine(t, mem, clock, 4, perHour)
@@ -171,7 +171,7 @@ func TestCrashRebuildsOnlyTheOpenPartition(t *testing.T) {
 // it New.
 func TestSealWaitsForWritesInFlight(t *testing.T) {
 	ctx := context.Background()
-	mem := vfs.NewCrashableMem()
+	mem := newCrashFS()
 	clock := newClock()
 	o := engine.Options{Dir: "db", FS: mem, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
 	e := open(t, o)
@@ -255,13 +255,13 @@ func TestSealedFilesThatMustNotBeTrusted(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			mem := vfs.NewCrashableMem()
+			mem := newCrashFS()
 			e, o, keys := sealedEngine(t, mem, newClock(), 4, perHour)
 			crashed := mem.CrashClone(vfs.CrashCloneCfg{})
 			_ = e.Close()
 			// The same history in another store: its files have the
 			// same names and partitions, another store ID and seal IDs.
-			otherMem := vfs.NewCrashableMem()
+			otherMem := newCrashFS()
 			other, _, _ := sealedEngine(t, otherMem, newClock(), 4, perHour)
 			_ = other.Close()
 			if tc.tamper != nil {
@@ -327,7 +327,7 @@ func rewrite(t *testing.T, fs vfs.FS, name string, change func([]byte)) {
 // TestRemovedSealedFileStaysRemoved: the file of a partition that left the
 // window is removed durably, so a crash does not bring it back.
 func TestRemovedSealedFileStaysRemoved(t *testing.T) {
-	mem := vfs.NewCrashableMem()
+	mem := newCrashFS()
 	clock := newClock()
 	e, _, _ := sealedEngine(t, mem, clock, 5, 10) // hours 0..3 sealed
 	defer e.Close()
@@ -353,7 +353,7 @@ func TestRemovedSealedFileStaysRemoved(t *testing.T) {
 // read the time in hour 0, across the rotation to hour 1.
 func TestSealWaitsForReleasesInFlight(t *testing.T) {
 	ctx := context.Background()
-	mem := vfs.NewCrashableMem()
+	mem := newCrashFS()
 	clock := newClock()
 	o := engine.Options{Dir: "db", FS: mem, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000, MaxAttempts: 3}
 	e := open(t, o)
@@ -386,7 +386,7 @@ func TestSealWaitsForReleasesInFlight(t *testing.T) {
 // was closed is not kept by a warm Open; the sealer writes it again, so the
 // next crash still rebuilds only the open partition.
 func TestDamagedSealedFileIsRewritten(t *testing.T) {
-	mem := vfs.NewCrashableMem()
+	mem := newCrashFS()
 	clock := newClock()
 	e, o, keys := sealedEngine(t, mem, clock, 4, 40)
 	if err := e.Close(); err != nil {

@@ -3,7 +3,8 @@
 // front of it (tier/bloom), with everything that exists only because the
 // two live together in one directory of one process: which filters are
 // complete (warm, rebuilding, cold), the snapshot a clean Close leaves, the
-// seals of closed partitions, the rebuild after a crash, the process's
+// seals of closed partitions, the checkpoints of the open ones and their
+// restore after a crash, the rebuild when those cannot be used, the process's
 // registry of open directories, and the directory's handoff to another
 // process (Export, Import, ReadExport). With Options.BloomOnly it is the
 // filters alone, their state saved in the directory.
@@ -54,4 +55,11 @@
 //  6. An Import a crash interrupted is completed or undone by the next
 //     Import or Open of its destination, which never finds the
 //     destination missing.
+//  7. A checkpoint of the open partitions' filters is taken only while
+//     warm, after the write gate drained every write of the journal
+//     generation it names, and is trusted after a crash only with the
+//     journal after that generation and only for the files the store's
+//     record names (ID, checksum, size, store, partition): a file
+//     missing, damaged, foreign or of an earlier checkpoint is not
+//     trusted, and its partition is rebuilt by a scan (checkpoint.go).
 package embedded

@@ -1,12 +1,18 @@
 // Package pebble is the durable, exact tier of one process: committed keys
-// in a Pebble database that the process opens exclusively.
+// in two Pebble databases of one directory that the process opens
+// exclusively: the hot one takes every write, the cold one (Dir/cold)
+// holds the sealed partitions, moved there once each (cold.go), so the
+// LSM that today's writes compact holds about one partition whatever the
+// window.
 //
 // It owns the on-disk layout (partition ‖ namespace ‖ key, so retention is
 // one range deletion per expired span of partitions), the versioned value
 // encoding, the store's recorded Layout (partition length, window,
 // fingerprint secret, store ID, format version), snapshot epoch and
-// partition seals, WAL durability and the translation of every Pebble
-// failure into ErrStorage. It must never hold claims in flight (the engine's memory tier
+// partition seals, the moves of sealed partitions, the journal of
+// fingerprints and the record of the filters' checkpoint (journal.go),
+// WAL durability and the translation of every Pebble failure into
+// ErrStorage. It must never hold claims in flight (the engine's memory tier
 // does, and an exclusive directory makes them void at the next open anyway),
 // never compare fingerprints instead of key bytes, and never exit the
 // process: a Pebble fatal error or panic inside a call of this package (its
@@ -63,4 +69,17 @@
 //     written in it or before it (ErrSealed), across reopens; Drop deletes
 //     seals with their partitions. So a seal never describes fewer records
 //     than its partition holds.
+//  8. A partition is in the cold database only once sealed, and is read
+//     from exactly one database at a time: it leaves the hot one only
+//     after an ingest that holds all of it (atomic, with its marker) is
+//     durable, and a reader's hot iterator predates its look at the
+//     boundary while its cold iterator follows it. A cold database of
+//     another store, or none where the hot one recorded a move, is
+//     refused at Open (ErrLayout).
+//  9. With Options.Journal, every batch that writes records journals
+//     their fingerprints in the same batch, and SaveFilterCheckpoint trims
+//     the journal up to the generation it records in the same batch: the
+//     checkpoint's generation and the journal after it always hold every
+//     key written since the checkpoint's files were taken. A store opened
+//     without the journal deletes its checkpoint record.
 package pebble
