@@ -39,13 +39,14 @@ import (
 //  2. the tables are ingested into the cold database in one Ingest, which
 //     is atomic and durable when it returns: the marker is there exactly
 //     when the records are;
-//  3. coldUpTo becomes P (reads of P go to the cold database from then on);
-//  4. one synced batch of the hot database deletes P's records and records
-//     keyMoved = P.
+//  3. the hot database records keyMoved = P, synced, and coldUpTo becomes
+//     P (reads of P go to the cold database from then on);
+//  4. P's records are excised from the hot database (exciseHot).
 //
-// A crash between 2 and 4 leaves P in both; Open finds marker(P) in the
-// cold database for a partition after keyMoved, and the mover completes
-// step 4. A
+// A crash between 2 and 3 leaves P in both, read from the hot one; the
+// mover finds marker(P) in the cold database and completes steps 3 and 4.
+// A crash between 3 and 4 leaves P's records in the hot database, unread;
+// Open excises them. A
 // crash before 2 leaves P in the hot database only, and it is moved again.
 // A reader creates its hot iterator before it loads coldUpTo and its cold
 // iterator after, so whichever it reads P from holds all of it.
@@ -68,9 +69,11 @@ const ColdSubdir = "cold"
 // crash leaves them behind and Open removes them.
 const moveTmpSuffix = ".move-tmp"
 
-// moveTableSize is the size at which a move starts a new table: each is
-// read through its own index and filter.
-const moveTableSize = 128 << 20
+// moveTableSize is the size at which a move starts a new table. A read
+// loads the whole filter block of the table its key falls in: tables of
+// 128 MiB (filter blocks of megabytes) thrashed the block cache and cost a
+// read syscall per lookup; at 8 MiB a filter block is about 250 KiB.
+const moveTableSize = 8 << 20
 
 func markerKey(p int64) []byte {
 	return binary.BigEndian.AppendUint32([]byte{spaceMeta, 'm', 'k'}, uint32(min(max(p, 0), MaxPartition)))
@@ -131,6 +134,15 @@ func (s *Store) openCold(dir string, fs vfs.FS, opts *pebble.Options) error {
 		}
 	}
 	s.coldUpTo.Store(moved)
+	// A crash between recording a move and the excise leaves the moved
+	// partitions' records in the hot database, unread: take them out.
+	if moved >= 0 {
+		if _, left, err := s.firstPartition(0, moved+1); err != nil {
+			return err
+		} else if left {
+			return s.exciseHot(moved + 1)
+		}
+	}
 	return nil
 }
 
@@ -182,22 +194,37 @@ func (s *Store) coldHas(p int64) (bool, error) {
 // finishMove is steps 3 and 4 of a move: reads of p go to the cold
 // database, and the hot one forgets p.
 func (s *Store) finishMove(p int64) error {
+	if err := s.set(keyMoved, binary.LittleEndian.AppendUint64(nil, uint64(p))); err != nil {
+		return err
+	}
 	for {
 		cur := s.coldUpTo.Load()
 		if p <= cur || s.coldUpTo.CompareAndSwap(cur, p) {
 			break
 		}
 	}
-	start, end := recordPrefix(p), recordPrefix(p+1)
-	b := s.db.NewBatch()
-	defer b.Close()
-	_ = b.DeleteRange(start, end, nil) // a batch's writes fail only when it is committing
-	_ = b.Set(keyMoved, binary.LittleEndian.AppendUint64(nil, uint64(p)), nil)
-	if err := s.apply(b, pebble.Sync); err != nil {
+	if err := s.exciseHot(p + 1); err != nil {
 		return err
 	}
 	s.moved.Add(1)
-	s.queueCompaction(s.db, start, end)
+	return nil
+}
+
+// exciseHot takes every record of the partitions before `before` out of
+// the hot database at once (Pebble's Excise: whole tables leave the LSM,
+// and tables that straddle the span are narrowed), so they stop counting
+// in its level sizes and compactions: a range deletion would stay in the
+// LSM until compactions carried it down over the data, and the moved
+// partitions would go on shaping the compactions of the open one. Iterators
+// opened before still see them.
+func (s *Store) exciseHot(before int64) (err error) {
+	defer s.guard(&err)
+	if err := s.usable(); err != nil {
+		return err
+	}
+	if err := s.db.Excise(context.Background(), pebble.KeyRange{Start: recordPrefix(0), End: recordPrefix(before)}); err != nil {
+		return s.fail(err)
+	}
 	return nil
 }
 

@@ -82,6 +82,8 @@ func waitMoved(t *testing.T, s *Store, upTo int64) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+	s.moveMu.Lock() // the move that set coldUpTo has ended
+	s.moveMu.Unlock()
 }
 
 // TestSealedPartitionsMoveToCold: a sealed partition leaves the hot

@@ -193,15 +193,19 @@ func Open(opts *Options) (*Store, error) {
 		Cache:        cache,
 		MemTableSize: uint64(o.MemTableSize),
 		Logger:       logger{o.Logger},
+		// Excise, which takes a moved partition out of the hot database at
+		// once, needs virtual tables; an older store is ratcheted up.
+		FormatMajorVersion: pebble.FormatVirtualSSTables,
 	}
 	for i := range popts.Levels {
 		popts.Levels[i].FilterPolicy = pebblebloom.FilterPolicy(filterBitsPerKey)
 	}
 	coldOpts := &pebble.Options{
-		FS:           fs,
-		Cache:        cache,
-		MemTableSize: coldMemTableSize,
-		Logger:       logger{o.Logger},
+		FS:                 fs,
+		Cache:              cache,
+		MemTableSize:       coldMemTableSize,
+		Logger:             logger{o.Logger},
+		FormatMajorVersion: pebble.FormatVirtualSSTables,
 	}
 	for i := range coldOpts.Levels {
 		coldOpts.Levels[i].FilterPolicy = pebblebloom.FilterPolicy(filterBitsPerKey)
