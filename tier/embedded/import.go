@@ -124,7 +124,9 @@ func Import(ctx context.Context, src string, o *Options, newerThan uint64) (Expo
 				ErrExport, src, f.Name, size, sum, f.Size, f.SHA256)
 		}
 	}
-	for _, sub := range exportSubdirs[1:] {
+	// Every directory of the copy, its top level too: the renames that
+	// follow make it the destination, and a crash must find its files.
+	for _, sub := range exportSubdirs {
 		if err := syncDir(fsys, fsys.PathJoin(tmp, sub)); err != nil {
 			return ExportInfo{}, fmt.Errorf("%w: import: %w", tier.ErrStorage, err)
 		}

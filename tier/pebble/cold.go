@@ -43,8 +43,10 @@ import (
 //     P (reads of P go to the cold database from then on);
 //  4. P's records are excised from the hot database (exciseHot).
 //
-// A crash between 2 and 3 leaves P in both, read from the hot one; the
-// mover finds marker(P) in the cold database and completes steps 3 and 4.
+// A crash between 2 and 3 leaves P in both, read from the hot one, which
+// alone is the partition (a Forget may have changed it since): Open
+// deletes the cold copy of every partition after keyMoved, and the mover
+// moves P again.
 // A crash between 3 and 4 leaves P's records in the hot database, unread;
 // Open excises them. A
 // crash before 2 leaves P in the hot database only, and it is moved again.
@@ -134,6 +136,14 @@ func (s *Store) openCold(dir string, fs vfs.FS, opts *pebble.Options) error {
 		}
 	}
 	s.coldUpTo.Store(moved)
+	// A crash between an ingest and its record leaves a copy in the cold
+	// database that the hot one may have outgrown since (a Forget reads
+	// and deletes in the hot one until the move is recorded): only the hot
+	// copy is the partition, so the cold one goes and the mover moves it
+	// again.
+	if err := s.dropUnrecorded(moved); err != nil {
+		return err
+	}
 	// A crash between recording a move and the excise leaves the moved
 	// partitions' records in the hot database, unread: take them out.
 	if moved >= 0 {
@@ -160,6 +170,33 @@ func isEmpty(db *pebble.DB) (bool, error) {
 		return false, fmt.Errorf("%w: %w", ErrStorage, err)
 	}
 	return true, nil
+}
+
+// dropUnrecorded deletes from the cold database, synced, every record and
+// marker of a partition after moved, the last move the hot database
+// recorded.
+func (s *Store) dropUnrecorded(moved int64) error {
+	it, err := s.cold.NewIter(&pebble.IterOptions{LowerBound: markerKey(moved + 1), UpperBound: markerKey(MaxPartition + 1)})
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	found := it.First()
+	err = it.Error()
+	it.Close()
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	if !found {
+		return nil
+	}
+	b := s.cold.NewBatch()
+	defer b.Close()
+	_ = b.DeleteRange(recordPrefix(moved+1), recordPrefix(MaxPartition+1), nil) // a batch's writes fail only when it is committing
+	_ = b.DeleteRange(markerKey(moved+1), []byte{spaceMeta, 'm', 'k' + 1}, nil)
+	if err := b.Commit(pebble.Sync); err != nil {
+		return fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	return nil
 }
 
 // removeMoveTmp removes the tables of a move a crash interrupted.
@@ -311,6 +348,9 @@ func (s *Store) move(ctx context.Context, p int64) (err error) {
 	if p <= s.coldUpTo.Load() {
 		return nil
 	}
+	// A marker here is an ingest of this process whose record failed
+	// (moveMu has been held since, so nothing changed the hot copy): the
+	// move completes. One a crash left was removed at Open.
 	if ok, err := s.coldHas(p); err != nil || ok {
 		if err == nil {
 			err = s.finishMove(p)

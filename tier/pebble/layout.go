@@ -118,14 +118,14 @@ func (s *Store) initLayout(partition, window time.Duration, now int64) error {
 		case window > l.Window || l.version < FormatVersion:
 			// A longer window keeps every promise; version 1's values read
 			// unchanged as version 2's, and a version 2 store is one of
-			// version 3 with nothing moved. Recorded before anything is
-			// written, so an older binary then refuses the store at Open
-			// instead of failing on a value it cannot read or missing the
-			// partitions moved out of its sight.
+			// version 3 with nothing moved. Recorded by recordLayout once
+			// Open has checked everything else (a refused Open changes
+			// nothing) and before anything is written, so an older binary
+			// then refuses the store at Open instead of failing on a value
+			// it cannot read or missing the partitions moved out of its
+			// sight.
 			l.Window, l.version = window, FormatVersion
-			if err := s.db.Set(keyLayout, appendLayout(nil, l), pebble.Sync); err != nil {
-				return fmt.Errorf("%w: %w", ErrStorage, err)
-			}
+			s.layoutChanged = true
 		}
 		s.layout = l
 		return nil
@@ -137,6 +137,19 @@ func (s *Store) initLayout(partition, window time.Duration, now int64) error {
 		return &LayoutError{Field: "format version", Stored: "0 (no layout record)", Wanted: fmt.Sprint(FormatVersion)}
 	} else if !errors.Is(err, pebble.ErrNotFound) {
 		return err
+	}
+	// No layout: a new store only if it holds nothing at all. A store's
+	// cold database (its ID record, markers, records) opened as a Dir is
+	// refused, as is anything else that holds keys.
+	if empty, err := isEmpty(s.db); err != nil {
+		return err
+	} else if !empty {
+		stored := "keys without a layout record"
+		if _, closer, err := s.db.Get(keyColdID); err == nil {
+			closer.Close()
+			stored = "another store's cold database (" + ColdSubdir + ")"
+		}
+		return &LayoutError{Field: "store", Stored: stored, Wanted: "a store or an empty directory"}
 	}
 	l := Layout{Partition: partition, Window: window, version: FormatVersion}
 	_, _ = rand.Read(l.Secret[:]) // crypto/rand.Read never fails on supported platforms.
@@ -152,6 +165,19 @@ func (s *Store) initLayout(partition, window time.Duration, now int64) error {
 		return fmt.Errorf("%w: %w", ErrStorage, err)
 	}
 	s.layout, s.fresh = l, true
+	return nil
+}
+
+// recordLayout records, synced, the layout initLayout changed (a longer
+// window, a newer format version); Open calls it once every check passed.
+func (s *Store) recordLayout() error {
+	if !s.layoutChanged {
+		return nil
+	}
+	if err := s.db.Set(keyLayout, appendLayout(nil, s.layout), pebble.Sync); err != nil {
+		return fmt.Errorf("%w: %w", ErrStorage, err)
+	}
+	s.layoutChanged = false
 	return nil
 }
 

@@ -46,8 +46,9 @@ func (s *Store) compact(ctx context.Context, c compaction) {
 	}
 }
 
-// Compact compacts the whole record keyspace now, so dropped partitions'
-// bytes leave the disk; tests and benchmarks use it to measure.
+// Compact compacts the whole record keyspace of both databases now, so
+// dropped partitions' bytes leave the disk; tests and benchmarks use it to
+// measure.
 func (s *Store) Compact(ctx context.Context) (err error) {
 	if err := s.usable(); err != nil {
 		return err

@@ -104,8 +104,10 @@ func (o *Options) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Store is an exclusively opened Pebble database of committed keys. It is
-// safe for concurrent use; Close must not race with other calls.
+// Store is an exclusively opened pair of Pebble databases of committed
+// keys: the hot one, which takes every write, and the cold one of sealed
+// partitions (cold.go). It is safe for concurrent use; Close must not race
+// with other calls.
 type Store struct {
 	db        *pebble.DB
 	writeOpts *pebble.WriteOptions
@@ -138,10 +140,13 @@ type Store struct {
 	journal    bool
 	jgen, jseq atomic.Uint64
 	hasher     shard.Hasher
-	health     io.Closer    // the disk-health checker this Store wrapped around the OS filesystem, or nil
-	layout     Layout       // as recorded; set by Open
-	fresh      bool         // Open created the store
-	sealed     atomic.Int64 // highest sealed partition, -1 if none: writes at or before it are refused
+	health     io.Closer // the disk-health checker this Store wrapped around the OS filesystem, or nil
+	layout     Layout    // as recorded; set by Open
+	fresh      bool      // Open created the store
+	// layoutChanged is set by initLayout when the recorded layout is to
+	// be updated (recordLayout), once the rest of Open has checked out.
+	layoutChanged bool
+	sealed        atomic.Int64 // highest sealed partition, -1 if none: writes at or before it are refused
 	// writes admits one batch at a time into Pebble's commit pipeline
 	// (apply). A batch whose WAL write fails stays at the head of the
 	// pipeline's queue, never published, and every batch that entered
@@ -247,6 +252,9 @@ func Open(opts *Options) (*Store, error) {
 	}
 	if err == nil {
 		err = s.openCold(o.Dir, fs, coldOpts)
+	}
+	if err == nil {
+		err = s.recordLayout()
 	}
 	if err == nil {
 		s.hasher = shard.NewHasher(s.layout.Secret)
