@@ -59,15 +59,18 @@ func checkpointName(p int64, gen uint64) string {
 }
 
 // checkpointEvery is how many keys the filters take between two
-// checkpoints: as many as make the journal as large as the open
-// partition's filter, so a checkpoint writes about as much as it trims
-// and a restore reads at most one filter's size of journal.
+// checkpoints: as many as make the journal four times as large as the
+// open partition's filter (16 bytes a key), so checkpoints write a quarter
+// of the bytes the journal does, and a restore reads at most four
+// filters' size of journal. (One filter's size cost the sustained
+// MarkBatch about a tenth of its rate: go test -bench
+// 'Mark/tier=default/batch=256' -benchtime 10000000x -cpu 2 ./bench/.)
 func (s *Store) checkpointEvery() uint64 {
 	if n := hooks.CheckpointKeys.Load(); n > 0 {
 		return uint64(n)
 	}
 	per := uint64(s.bloom.Bytes()) / uint64(max(s.parts.Live, 1))
-	return max(minCheckpointKeys, per/16)
+	return max(minCheckpointKeys, per/4)
 }
 
 // noteAdded counts n keys added to the filters and wakes the checkpointer

@@ -140,20 +140,24 @@ func (s *Store) initJournal() error {
 // one per partition they are in. recs are sorted by partition.
 func (s *Store) appendJournal(b *pebble.Batch, recs []Record) error {
 	gen := s.jgen.Load()
+	bp := s.buffer() // Set copies key and value into the batch
+	defer s.buffers.Put(bp)
 	for i := 0; i < len(recs); {
 		p := recs[i].Partition
 		j := i
 		for j < len(recs) && recs[j].Partition == p {
 			j++
 		}
-		v := make([]byte, 4, 4+16*(j-i))
-		binary.LittleEndian.PutUint32(v, uint32(p))
+		v := binary.BigEndian.AppendUint64(append((*bp)[:0], spaceJournal), gen)
+		v = binary.BigEndian.AppendUint64(v, s.jseq.Add(1))
+		v = binary.LittleEndian.AppendUint32(v, uint32(p))
 		for _, r := range recs[i:j] {
 			fp := shard.Sum(s.hasher, r.NS, r.Key)
 			v = binary.LittleEndian.AppendUint64(v, fp.Hi)
 			v = binary.LittleEndian.AppendUint64(v, fp.Lo)
 		}
-		if err := b.Set(journalKey(gen, s.jseq.Add(1)), v, nil); err != nil {
+		*bp = v[:0]
+		if err := b.Set(v[:journalKeyLen], v[journalKeyLen:], nil); err != nil {
 			return s.fail(err)
 		}
 		i = j
