@@ -127,7 +127,10 @@ func TestBloomOnlyDirIsExclusive(t *testing.T) {
 func TestScanWritesReadErrorIsTyped(t *testing.T) {
 	ctx := context.Background()
 	mem := newCrashFS()
-	o := engine.Options{Dir: "db", FS: mem, ExpectedKeys: 1000}
+	// A block cache of one byte: Open's own reads (the journal's end, the
+	// layout checks) would otherwise leave the one small table's blocks
+	// cached, and ScanWrites would never read the filesystem.
+	o := engine.Options{Dir: "db", FS: mem, ExpectedKeys: 1000, CacheSize: 1}
 	e := open(t, o)
 	c, err := e.Claim(ctx, []byte("k"))
 	if err != nil {

@@ -131,6 +131,8 @@ func (s *Store) Start(current int64, highWater func() int64) {
 		return
 	}
 	s.sealWake = make(chan struct{}, 1) // before the rebuild, which wakes the sealer
+	s.ckptWake = make(chan struct{}, 1) // and the checkpointer
+	s.ckptEvery = s.checkpointEvery()
 	if !s.warm.Load() {
 		rebuild := s.toRebuild
 		s.toRebuild = nil
@@ -142,8 +144,6 @@ func (s *Store) Start(current int64, highWater func() int64) {
 	s.workers.Add(1)
 	go s.sealer(ctx)
 	s.sealWakeup() // partitions that closed while the store was closed
-	s.ckptEvery = s.checkpointEvery()
-	s.ckptWake = make(chan struct{}, 1)
 	s.workers.Add(1)
 	go s.checkpointer(ctx)
 }
