@@ -20,17 +20,7 @@ import (
 // checkpointFiles lists the checkpoint files in the sealed directory.
 func checkpointFiles(t *testing.T, fs vfs.FS) []string {
 	t.Helper()
-	names, err := fs.List("db/tierdedup-sealed")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, n := range names {
-		if strings.HasSuffix(n, ".ckpt") {
-			out = append(out, "db/tierdedup-sealed/"+n)
-		}
-	}
-	return out
+	return filterFiles(t, fs, ".ckpt", "db/tierdedup-sealed/")
 }
 
 // checkpointedEngine commits keys over two hours with a checkpoint every

@@ -105,14 +105,21 @@ func allDuplicates(t *testing.T, e *engine.Engine, keys [][]byte) {
 
 func sealedFiles(t *testing.T, fs vfs.FS) []string {
 	t.Helper()
+	return filterFiles(t, fs, ".sealed", "")
+}
+
+// filterFiles lists the files of the sealed directory ending in suffix,
+// each prefixed with prefix.
+func filterFiles(t *testing.T, fs vfs.FS, suffix, prefix string) []string {
+	t.Helper()
 	names, err := fs.List("db/tierdedup-sealed")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out []string
 	for _, n := range names {
-		if strings.HasPrefix(n, "tierdedup-bloom.p") && strings.HasSuffix(n, ".sealed") {
-			out = append(out, n)
+		if strings.HasPrefix(n, "tierdedup-bloom.p") && strings.HasSuffix(n, suffix) {
+			out = append(out, prefix+n)
 		}
 	}
 	return out

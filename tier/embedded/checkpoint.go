@@ -2,11 +2,8 @@ package embedded
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 
@@ -84,28 +81,15 @@ func (s *Store) noteAdded(n int) {
 	}
 }
 
-func (s *Store) checkpointWakeup() {
-	if s.ckptWake != nil {
-		select {
-		case s.ckptWake <- struct{}{}:
-		default:
-		}
-	}
-}
+// checkpointWakeup asks the checkpointer to take a checkpoint.
+func (s *Store) checkpointWakeup() { wake(s.ckptWake) }
 
-// checkpointer takes a checkpoint whenever it is woken, until ctx ends.
-func (s *Store) checkpointer(ctx context.Context) {
-	defer s.workers.Done()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.ckptWake:
-		}
-		if err := s.checkpoint(ctx); err != nil && ctx.Err() == nil {
-			s.ckptFailures.Add(1)
-			s.logger.Printf("tierdedup: checkpoint of the open partitions' bloom filters: %v", err)
-		}
+// checkpointPass takes a checkpoint; a failure is counted and logged (the
+// previous checkpoint stays the one a crash restores from).
+func (s *Store) checkpointPass(ctx context.Context) {
+	if err := s.checkpoint(ctx); err != nil && ctx.Err() == nil {
+		s.ckptFailures.Add(1)
+		s.logger.Printf("tierdedup: checkpoint of the open partitions' bloom filters: %v", err)
 	}
 }
 
@@ -123,24 +107,18 @@ func (s *Store) checkpoint(ctx context.Context) error {
 	}
 	cur := s.current.Load()
 	ck := pebble.FilterCheckpoint{Gen: gen, Current: cur, Parts: map[int64]pebble.Seal{}}
-	id := s.store.Layout().ID
 	for p := max(s.parts.Oldest(cur), s.sealFrom); p <= cur; p++ {
 		if s.sealed[p] {
 			continue
 		}
-		var b [8]byte
-		_, _ = rand.Read(b[:])
-		meta := bloom.SnapshotMeta{Kind: bloom.SnapshotPartition, StoreID: id, Epoch: binary.LittleEndian.Uint64(b[:]), HighWater: s.highWater()}
-		sum, size, err := s.sealedDir.saveAs(checkpointName(p, gen), func(w io.Writer) (uint32, error) {
-			return s.bloom.WritePartition(w, p, meta)
-		})
+		seal, err := s.savePartition(checkpointName(p, gen), p)
 		if errors.Is(err, bloom.ErrNotLive) {
 			continue // a rotation dropped it
 		}
 		if err != nil {
 			return fmt.Errorf("partition %d: %w", p, err)
 		}
-		ck.Parts[p] = pebble.Seal{ID: meta.Epoch, Sum: sum, Size: size}
+		ck.Parts[p] = seal
 	}
 	if f := hooks.InCheckpoint.Load(); f != nil {
 		(*f)()
@@ -197,7 +175,6 @@ func (s *Store) restore(rebuild []int64) (left []int64, err error) {
 			err = s.removeStaleCheckpoints(&ck)
 		}
 	}()
-	id := s.store.Layout().ID
 	restored := map[int64]bool{}
 	for _, p := range rebuild {
 		if p < s.sealFrom {
@@ -208,10 +185,7 @@ func (s *Store) restore(rebuild []int64) (left []int64, err error) {
 			continue
 		}
 		if seal, ok := ck.Parts[p]; ok {
-			err := s.sealedDir.loadAs(checkpointName(p, ck.Gen), seal.Size, func(r io.ReaderAt, size int64) error {
-				return s.bloom.MergeSnapshot(r, size, func(h bloom.SnapshotHeader) error { return sealedAccept(h, id, p, seal) })
-			})
-			if err != nil {
+			if err := s.loadPartition(checkpointName(p, ck.Gen), p, seal); err != nil {
 				s.logger.Printf("tierdedup: checkpoint of partition %d's bloom filter not used, rebuilding it from Pebble: %v", p, err)
 				left = append(left, p)
 				continue

@@ -98,27 +98,53 @@ func (g *writeGate) wait(ctx context.Context) error {
 }
 
 // sealWakeup asks the sealer to look for closed partitions to seal.
-func (s *Store) sealWakeup() {
-	if s.sealWake != nil {
+func (s *Store) sealWakeup() { wake(s.sealWake) }
+
+// wake asks the worker that waits on ch (nil: none) to run, without
+// waiting: a wake-up already pending covers this one.
+func wake(ch chan struct{}) {
+	if ch != nil {
 		select {
-		case s.sealWake <- struct{}{}:
+		case ch <- struct{}{}:
 		default:
 		}
 	}
 }
 
-// sealer seals closed partitions whenever the clock moves on or the filters
-// become warm, until ctx ends.
-func (s *Store) sealer(ctx context.Context) {
+// work runs a background worker of the Store: pass each time ch is woken,
+// until ctx ends. The sealer and the checkpointer are two.
+func (s *Store) work(ctx context.Context, ch <-chan struct{}, pass func(context.Context)) {
 	defer s.workers.Done()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.sealWake:
+		case <-ch:
 		}
-		s.seal(ctx)
+		pass(ctx)
 	}
+}
+
+// savePartition saves partition p's filter to the file name in the sealed
+// directory (durably) under a new random ID, and returns what names that
+// file: a seal, or a checkpoint's entry.
+func (s *Store) savePartition(name string, p int64) (pebble.Seal, error) {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	meta := bloom.SnapshotMeta{Kind: bloom.SnapshotPartition, StoreID: s.store.Layout().ID, Epoch: binary.LittleEndian.Uint64(b[:]), HighWater: s.highWater()}
+	sum, size, err := s.sealedDir.saveAs(name, func(w io.Writer) (uint32, error) {
+		return s.bloom.WritePartition(w, p, meta)
+	})
+	return pebble.Seal{ID: meta.Epoch, Sum: sum, Size: size}, err
+}
+
+// loadPartition merges into the filters partition p's file name, if it is
+// the file seal names (sealedAccept).
+func (s *Store) loadPartition(name string, p int64, seal pebble.Seal) error {
+	id := s.store.Layout().ID
+	return s.sealedDir.loadAs(name, seal.Size, func(r io.ReaderAt, size int64) error {
+		return s.bloom.MergeSnapshot(r, size, func(h bloom.SnapshotHeader) error { return sealedAccept(h, id, p, seal) })
+	})
 }
 
 // seal runs a sealing pass; a failure is counted and logged. The partition
@@ -146,7 +172,6 @@ func (s *Store) sealClosed(ctx context.Context) error {
 	if err := s.gate.wait(ctx); err != nil {
 		return err
 	}
-	id := s.store.Layout().ID
 	// Partitions before the store's creation hold nothing: sealing them
 	// would only write. (A crash rebuilds them, empty, with the open one;
 	// if the recorded creation is late, a partition left unsealed here is
@@ -155,14 +180,9 @@ func (s *Store) sealClosed(ctx context.Context) error {
 		if s.sealed[p] || p < s.parts.Oldest(s.current.Load()) {
 			continue // sealed, or dropped by a rotation since cur was read
 		}
-		var b [8]byte
-		_, _ = rand.Read(b[:])
-		meta := bloom.SnapshotMeta{Kind: bloom.SnapshotPartition, StoreID: id, Epoch: binary.LittleEndian.Uint64(b[:]), HighWater: s.highWater()}
-		sum, size, err := s.sealedDir.saveAs(sealedName(p), func(w io.Writer) (uint32, error) {
-			return s.bloom.WritePartition(w, p, meta)
-		})
+		seal, err := s.savePartition(sealedName(p), p)
 		if err == nil {
-			err = s.store.SealPartition(p, pebble.Seal{ID: meta.Epoch, Sum: sum, Size: size})
+			err = s.store.SealPartition(p, seal)
 		}
 		if errors.Is(err, bloom.ErrNotLive) {
 			continue // a rotation dropped it since it was checked
@@ -214,17 +234,13 @@ func (s *Store) loadSealed(current int64) (rebuild []int64, err error) {
 	if err != nil {
 		return nil, err
 	}
-	id := s.store.Layout().ID
 	for p := oldest; p <= current; p++ {
 		seal, ok := seals[p]
 		if !ok || p == current {
 			rebuild = append(rebuild, p)
 			continue
 		}
-		err := s.sealedDir.loadAs(sealedName(p), seal.Size, func(r io.ReaderAt, size int64) error {
-			return s.bloom.MergeSnapshot(r, size, func(h bloom.SnapshotHeader) error { return sealedAccept(h, id, p, seal) })
-		})
-		if err != nil {
+		if err := s.loadPartition(sealedName(p), p, seal); err != nil {
 			s.logger.Printf("tierdedup: sealed bloom filter of partition %d not used, rebuilding it from Pebble: %v", p, err)
 			rebuild = append(rebuild, p)
 			continue

@@ -142,10 +142,10 @@ func (s *Store) Start(current int64, highWater func() int64) {
 		go s.rebuild(ctx, spans(rebuild))
 	}
 	s.workers.Add(1)
-	go s.sealer(ctx)
+	go s.work(ctx, s.sealWake, s.seal)
 	s.sealWakeup() // partitions that closed while the store was closed
 	s.workers.Add(1)
-	go s.checkpointer(ctx)
+	go s.work(ctx, s.ckptWake, s.checkpointPass)
 }
 
 // Close stops the background work and, if the store works, seals what
