@@ -77,6 +77,10 @@ const moveTmpSuffix = ".move-tmp"
 // read syscall per lookup; at 8 MiB a filter block is about 250 KiB.
 const moveTableSize = 8 << 20
 
+// markersEnd is above every marker key (markerKey clamps a partition past
+// MaxPartition to it, so markerKey(MaxPartition+1) is not).
+var markersEnd = []byte{spaceMeta, 'm', 'k' + 1}
+
 func markerKey(p int64) []byte {
 	return binary.BigEndian.AppendUint32([]byte{spaceMeta, 'm', 'k'}, uint32(min(max(p, 0), MaxPartition)))
 }
@@ -176,7 +180,7 @@ func isEmpty(db *pebble.DB) (bool, error) {
 // marker of a partition after moved, the last move the hot database
 // recorded.
 func (s *Store) dropUnrecorded(moved int64) error {
-	it, err := s.cold.NewIter(&pebble.IterOptions{LowerBound: markerKey(moved + 1), UpperBound: markerKey(MaxPartition + 1)})
+	it, err := s.cold.NewIter(&pebble.IterOptions{LowerBound: markerKey(moved + 1), UpperBound: markersEnd})
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrStorage, err)
 	}
@@ -192,7 +196,7 @@ func (s *Store) dropUnrecorded(moved int64) error {
 	b := s.cold.NewBatch()
 	defer b.Close()
 	_ = b.DeleteRange(recordPrefix(moved+1), recordPrefix(MaxPartition+1), nil) // a batch's writes fail only when it is committing
-	_ = b.DeleteRange(markerKey(moved+1), []byte{spaceMeta, 'm', 'k' + 1}, nil)
+	_ = b.DeleteRange(markerKey(moved+1), markersEnd, nil)
 	if err := b.Commit(pebble.Sync); err != nil {
 		return fmt.Errorf("%w: %w", ErrStorage, err)
 	}
