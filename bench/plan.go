@@ -207,7 +207,7 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 		p.BloomPartitionFP, p.BloomK = sz.PerFilter, sz.K
 		p.BloomBitsPerKey = float64(sz.M) / math.Max(1, p.KeysPerPartition)
 		p.BloomWindowFP = 1 - math.Pow(1-p.BloomPartitionFP, float64(parts.Live))
-		p.BloomBytes = float64(sz.M/8) * float64(parts.Live)
+		p.BloomBytes = float64(sz.Bytes)
 	}
 	if in.Tiers != engine.BloomOnly {
 		if p.Input.MemoryCapacity == 0 {

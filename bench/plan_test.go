@@ -45,10 +45,10 @@ func TestPlan500MPerDay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pl.Live != 8 || pl.KeysPerPartition != 450e6 || math.Abs(pl.BloomBitsPerKey-13.9) > 0.1 || pl.BloomK != 10 {
+	if pl.Live != 8 || pl.KeysPerPartition != 450e6 || math.Abs(pl.BloomBitsPerKey-15.5) > 0.1 || pl.BloomK != 8 {
 		t.Fatalf("plan: live %d, %.3g keys/partition, %.2f bits/key, k %d", pl.Live, pl.KeysPerPartition, pl.BloomBitsPerKey, pl.BloomK)
 	}
-	if gib := pl.BloomBytes / (1 << 30); gib < 5.5 || gib > 6.2 {
+	if gib := pl.BloomBytes / (1 << 30); gib < 6.3 || gib > 6.8 {
 		t.Fatalf("bloom %.2f GiB", gib)
 	}
 }

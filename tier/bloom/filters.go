@@ -54,10 +54,12 @@ func (o *Options) Validate() error {
 	if o.ExpectedKeys < 0 {
 		errs = append(errs, fmt.Errorf("%w: ExpectedKeys %d is negative", ErrOptions, o.ExpectedKeys))
 	}
-	if fp := o.FalsePositive; fp != 0 {
-		if err := CheckFalsePositive(fp, max(o.ExpectedKeys, 1), max(o.Partitions.Live, 1)); err != nil {
+	if fp := o.FalsePositive; fp != 0 && len(errs) == 0 {
+		if err := CheckFalsePositive(fp, max(o.ExpectedKeys, 1), o.Partitions.Live); err != nil {
 			errs = append(errs, fmt.Errorf("%w: %w", ErrOptions, err))
 		}
+	} else if fp != 0 && !(fp > 0 && fp < 1) {
+		errs = append(errs, fmt.Errorf("%w: FalsePositive %v is outside (0, 1)", ErrOptions, fp))
 	}
 	return errors.Join(errs...)
 }
@@ -68,13 +70,14 @@ type Probe struct {
 	Maybe uint64
 }
 
-// Filters is a ring of per-partition Bloom filters. It is safe for concurrent
-// use: probes and adds read the current ring without locking, and writers
-// (rotation, a new partition's filter, restore) publish a new ring.
+// Filters is a ring of per-partition Bloom filters stored interleaved (see
+// the package documentation): one probe reads the bits of every live
+// partition at once. It is safe for concurrent use: probes and adds read the
+// current ring without locking, and writers (rotation, a new partition's
+// filter, restore) publish a new ring.
 type Filters struct {
 	parts  tier.Partitions
-	m      uint64 // bits per filter, a multiple of 64
-	k      int
+	lay    layout
 	perFP  float64 // per-filter false-positive target
 	expect int
 
@@ -85,17 +88,22 @@ type Filters struct {
 
 // ring is an immutable view of the live filters. Measured: a RWMutex here
 // cost 7 % of the default configuration's CPU on two cores, its reader count
-// bouncing between them.
+// bouncing between them. Only the bits in words change in place (atomically):
+// adds set them, and rotation clears a dropped partition's slot before any
+// later partition is given it.
 type ring struct {
-	newest  int64     // newest partition; the ring covers Oldest(newest)..newest
-	filters []*filter // filters[slot(p)]; nil until first written
+	newest int64
+	words  []uint64  // the interleaved filters; nil until a filter is first written
+	slots  []*filter // slots[slot(p)]: the partition whose bits lane bit slot(p) holds, nil if none
+	valid  uint64    // bit s set: slots[s] is a live partition of this ring
+	// copying marks the ring published while a merge copies words into
+	// the ring that replaces it: adds wait for the merge and repeat.
+	copying bool
 }
 
 type filter struct {
-	part  int64
-	bf    *bitsbloom.BloomFilter
-	words []uint64 // bf's bits, accessed atomically
-	adds  atomic.Int64
+	part int64
+	adds atomic.Int64
 }
 
 // New returns empty Filters whose newest partition is newest.
@@ -114,8 +122,8 @@ func New(opts *Options, newest int64) (*Filters, error) {
 		o.FalsePositive = DefaultFalsePositive
 	}
 	sz := Sizing(o.ExpectedKeys, o.FalsePositive, o.Partitions.Live)
-	f := &Filters{parts: o.Partitions, m: sz.M, k: sz.K, perFP: sz.PerFilter, expect: o.ExpectedKeys}
-	f.cur.Store(&ring{newest: newest, filters: make([]*filter, o.Partitions.Live)})
+	f := &Filters{parts: o.Partitions, lay: newLayout(o.Partitions.Live, sz.M, sz.K), perFP: sz.PerFilter, expect: o.ExpectedKeys}
+	f.cur.Store(&ring{newest: newest, slots: make([]*filter, o.Partitions.Live)})
 	return f, nil
 }
 
@@ -127,6 +135,11 @@ type Size struct {
 	// PerFilter is each filter's false-positive target at capacity; Window
 	// the union's over the live filters (the configured rate).
 	PerFilter, Window float64
+	// Bytes is the memory of the whole ring (every live filter).
+	Bytes int64
+	// LinesPerProbe is the most 64-byte cache lines one probe reads,
+	// whatever the number of partitions holding keys.
+	LinesPerProbe int
 }
 
 // CheckFalsePositive is the one rule for a whole-window false-positive
@@ -136,8 +149,18 @@ func CheckFalsePositive(fp float64, expectedKeys, live int) error {
 	if !(fp > 0 && fp < 1) {
 		return fmt.Errorf("FalsePositive %v is outside (0, 1)", fp)
 	}
-	if k := Sizing(expectedKeys, fp, live).K; k > MaxK {
+	if live < 1 || live > tier.MaxLive {
+		return fmt.Errorf("%d live partitions is outside [1, %d]", live, tier.MaxLive)
+	}
+	// The rule is a classic filter's optimal hash count: the blocked
+	// layout reaches any rate with fewer hashes and ever more bits, which
+	// is no way to size a filter.
+	per := -math.Expm1(math.Log1p(-fp) / float64(live))
+	if _, k := bitsbloom.EstimateParameters(uint(max(expectedKeys, 1)), per); k > MaxK {
 		return fmt.Errorf("FalsePositive %v needs %d hashes per key, max %d", fp, k, MaxK)
+	}
+	if sz := Sizing(expectedKeys, fp, live); sz.K == 0 {
+		return fmt.Errorf("FalsePositive %v is out of the layout's reach", fp)
 	}
 	return nil
 }
@@ -145,26 +168,26 @@ func CheckFalsePositive(fp float64, expectedKeys, live int) error {
 // Sizing is the one rule that sizes the filters, for them, for the
 // engine's option checks and for capacity plans: live filters of
 // expectedKeys keys each, whose union meets the whole-window rate window.
+// It sizes for the blocked layout's own false-positive rate (blockedFP), a
+// little above a classic filter's for the same bits.
 func Sizing(expectedKeys int, window float64, live int) Size {
+	live = min(max(live, 1), tier.MaxLive)
 	per := -math.Expm1(math.Log1p(-window) / float64(live))
-	m, k := bitsbloom.EstimateParameters(uint(max(expectedKeys, 1)), per)
-	return Size{M: uint64((m + 63) &^ 63), K: int(k), PerFilter: per, Window: window}
+	lay := newLayout(live, 0, 0)
+	m, k := lay.size(max(expectedKeys, 1), per)
+	lay = newLayout(live, m, k)
+	return Size{M: m, K: k, PerFilter: per, Window: window, Bytes: int64(len64(lay)) * 8, LinesPerProbe: lay.linesPerProbe()}
 }
+
+func len64(l layout) uint64 { return l.blocks * l.blockWords }
 
 // Params returns bits per filter, hashes per key and the per-filter
 // false-positive target.
-func (f *Filters) Params() (m uint64, k int, perFilter float64) { return f.m, f.k, f.perFP }
+func (f *Filters) Params() (m uint64, k int, perFilter float64) { return f.lay.m, f.lay.k, f.perFP }
 
-// Bytes returns the memory held by the allocated filters.
-func (f *Filters) Bytes() int64 {
-	var n int64
-	for _, fl := range f.cur.Load().filters {
-		if fl != nil {
-			n += int64(len(fl.words)) * 8
-		}
-	}
-	return n
-}
+// Bytes returns the memory held by the filters: the whole ring once any
+// filter has been written, nothing before.
+func (f *Filters) Bytes() int64 { return int64(len(f.cur.Load().words)) * 8 }
 
 // newestPartition returns the newest partition.
 func (f *Filters) newestPartition() int64 { return f.cur.Load().newest }
@@ -179,97 +202,87 @@ func (f *Filters) Rotate(p int64) int {
 	return f.rotateLocked(p)
 }
 
+// rotateLocked publishes the ring of newest p and clears the slots of the
+// dropped filters. Probes still holding the previous ring may see a dropped
+// partition's bits vanish while it is cleared: that partition is out of the
+// window for every later reading of the clock. The slot is given to a later
+// partition only after it is clear, so no key of a live partition is ever
+// cleared.
 func (f *Filters) rotateLocked(p int64) int {
 	r := f.cur.Load()
 	if p <= r.newest {
 		return 0
 	}
-	next := &ring{newest: p, filters: slices.Clone(r.filters)}
+	next := &ring{newest: p, words: r.words, slots: slices.Clone(r.slots)}
 	oldest := f.parts.Oldest(p)
-	dropped := 0
-	for i, fl := range next.filters {
+	var dropped uint64
+	for s, fl := range next.slots {
 		if fl != nil && fl.part < oldest {
-			next.filters[i] = nil
-			dropped++
+			next.slots[s] = nil
+			dropped |= 1 << s
 		}
 	}
+	next.valid = r.valid &^ dropped
 	f.cur.Store(next)
-	return dropped
-}
-
-// locations holds the k bit positions of one key, computed once and tested
-// against every partition.
-type locations struct {
-	n   int
-	pos [MaxK]uint64
-}
-
-// locate derives k positions in [0, m) from the fingerprint by double hashing
-// (Kirsch and Mitzenmacher, 2006), reduced with a multiply-shift instead of a
-// division.
-func (f *Filters) locate(fp shard.Fingerprint, l *locations) {
-	h, step := fp.Hi, fp.Lo|1
-	l.n = f.k
-	for i := 0; i < f.k; i++ {
-		l.pos[i], _ = bits.Mul64(h, f.m)
-		h += step
-	}
-}
-
-func (fl *filter) test(l *locations) bool {
-	for _, p := range l.pos[:l.n] {
-		if atomic.LoadUint64(&fl.words[p>>6])&(1<<(p&63)) == 0 {
-			return false
-		}
-	}
-	return true
-}
-
-func (fl *filter) add(l *locations) {
-	for _, p := range l.pos[:l.n] {
-		w := &fl.words[p>>6]
-		if bit := uint64(1) << (p & 63); atomic.LoadUint64(w)&bit == 0 {
-			atomic.OrUint64(w, bit)
-		}
-	}
+	f.lay.clear(next.words, dropped)
+	return bits.OnesCount64(dropped)
 }
 
 // Test probes each key against every live filter; out must have len(fps).
 // It does not allocate.
 func (f *Filters) Test(fps []shard.Fingerprint, out []Probe) (oldest int64) {
-	var l locations
 	r := f.cur.Load()
 	oldest = f.parts.Oldest(r.newest)
-	live := len(r.filters)
+	if r.valid == 0 {
+		clear(out[:len(fps)])
+		return oldest
+	}
+	s0 := uint(f.slot(oldest))
+	live := uint(f.parts.Live)
+	all := uint64(1)<<live - 1
+	if live == 64 {
+		all = ^uint64(0)
+	}
 	for i := range fps {
-		f.locate(fps[i], &l)
-		var maybe uint64
-		for j := 0; j < live; j++ {
-			fl := r.filters[f.slot(oldest+int64(j))]
-			if fl != nil && fl.part == oldest+int64(j) && fl.test(&l) {
-				maybe |= 1 << j
-			}
-		}
-		out[i] = Probe{Maybe: maybe}
+		acc := f.lay.test(r.words, fps[i], r.valid)
+		// Lane bit s is partition oldest+(s-s0) mod live.
+		out[i] = Probe{Maybe: (acc>>s0 | acc<<(live-s0)) & all}
 	}
 	return oldest
 }
 
 // Add records keys in partition p. A p older than the window is ignored; a p
 // newer than the newest rotates first.
+//
+// A merge copies the words into a new ring: an add that may have written
+// into the old words after they were copied (the ring it ends on is not the
+// one it started on, or is being copied) waits for the merge and writes
+// again into the new words. Bits are idempotent, so a repeated add changes
+// nothing else.
 func (f *Filters) Add(fps []shard.Fingerprint, p int64) {
-	fl := f.cur.Load().filter(f, p)
-	if fl == nil {
-		if fl = f.create(p); fl == nil {
-			return
+	for {
+		r := f.cur.Load()
+		if r.copying {
+			f.mu.Lock() // the merge holds mu until it publishes
+			f.mu.Unlock()
+			continue
 		}
+		fl := r.filter(f, p)
+		if fl == nil {
+			if r, fl = f.create(p); fl == nil {
+				return
+			}
+		}
+		bit := uint64(1) << f.slot(p)
+		for i := range fps {
+			f.lay.add(r.words, fps[i], bit)
+		}
+		if now := f.cur.Load(); now.copying || !sameWords(now.words, r.words) {
+			continue
+		}
+		fl.adds.Add(int64(len(fps)))
+		return
 	}
-	var l locations
-	for i := range fps {
-		f.locate(fps[i], &l)
-		fl.add(&l)
-	}
-	fl.adds.Add(int64(len(fps)))
 }
 
 // filter returns partition p's filter, or nil if it is not live or not yet
@@ -278,32 +291,43 @@ func (r *ring) filter(f *Filters, p int64) *filter {
 	if p > r.newest || p < f.parts.Oldest(r.newest) {
 		return nil
 	}
-	fl := r.filters[f.slot(p)]
+	fl := r.slots[f.slot(p)]
 	if fl == nil || fl.part != p {
 		return nil
 	}
 	return fl
 }
 
-// create rotates to p if it is newer and allocates its filter if it is
-// live, publishing a new ring.
-func (f *Filters) create(p int64) *filter {
+// create rotates to p if it is newer and gives p its slot if it is live,
+// publishing a new ring.
+func (f *Filters) create(p int64) (*ring, *filter) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.rotateLocked(p)
 	r := f.cur.Load()
 	if fl := r.filter(f, p); fl != nil {
-		return fl
+		return r, fl
 	}
 	if p < f.parts.Oldest(r.newest) {
-		return nil
+		return r, nil
 	}
-	words := make([]uint64, f.m/64)
-	fl := &filter{part: p, bf: bitsbloom.FromWithM(words, uint(f.m), uint(f.k)), words: words}
-	next := &ring{newest: r.newest, filters: slices.Clone(r.filters)}
-	next.filters[f.slot(p)] = fl
+	next := f.assign(r, &filter{part: p})
 	f.cur.Store(next)
-	return fl
+	return next, next.slots[f.slot(p)]
+}
+
+// assign returns a copy of r with fl in its partition's slot (whose bits
+// are clear: a slot is cleared when its partition is dropped), allocating the
+// ring's words on first use.
+func (f *Filters) assign(r *ring, fl *filter) *ring {
+	next := &ring{newest: r.newest, words: r.words, slots: slices.Clone(r.slots), valid: r.valid}
+	if next.words == nil {
+		next.words = make([]uint64, len64(f.lay))
+	}
+	s := f.slot(fl.part)
+	next.slots[s] = fl
+	next.valid |= 1 << s
+	return next
 }
 
 func (f *Filters) slot(p int64) int64 {
@@ -317,21 +341,27 @@ func (f *Filters) Reset() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	r := f.cur.Load()
-	f.cur.Store(&ring{newest: r.newest, filters: make([]*filter, len(r.filters))})
+	f.cur.Store(&ring{newest: r.newest, slots: make([]*filter, len(r.slots))})
 }
 
 // EstimatedFalsePositive returns the theoretical whole-window false-positive
-// rate of the filters as filled now: each filter's (1-e^(-kn/m))^k from the
-// keys added to it, combined over the live filters.
+// rate of the filters as filled now: each filter's rate in the blocked
+// layout (blockedFP) from the keys added to it, combined over the live
+// filters.
 func (f *Filters) EstimatedFalsePositive() float64 {
 	none := 1.0
-	for _, fl := range f.cur.Load().filters {
-		if fl == nil {
+	r := f.cur.Load()
+	for _, fl := range r.slots {
+		if fl == nil || fl.part < f.parts.Oldest(r.newest) {
 			continue
 		}
-		n := float64(fl.adds.Load())
-		p := math.Pow(-math.Expm1(-float64(f.k)*n/float64(f.m)), float64(f.k))
-		none *= 1 - p
+		none *= 1 - f.lay.fp(float64(fl.adds.Load()))
 	}
 	return 1 - none
+}
+
+
+// sameWords reports whether a and b are the same words.
+func sameWords(a, b []uint64) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"math/bits"
 	"slices"
 	"sync/atomic"
 
@@ -71,7 +72,13 @@ type SnapshotHeader struct {
 	Sum uint32
 }
 
-// Snapshot layout, version 2, little endian unless noted:
+// ErrSnapshotVersion is the ErrSnapshot of a snapshot written in another
+// version of the format, whose bits are at other positions: version 2 put a
+// key's bits where a classic filter does, version 3 in two blocks
+// (layout).
+var ErrSnapshotVersion = fmt.Errorf("%w: written in another format version", ErrSnapshot)
+
+// Snapshot layout, version 3, little endian unless noted:
 //
 //	header  [112]byte: magic "tdbloom\x00", version u32, k u32, m u64,
 //	        partition length i64, live u32, count u32, newest i64,
@@ -79,15 +86,16 @@ type SnapshotHeader struct {
 //	        high water i64, reserved u64
 //	count × record: partition i64, adds i64, then the bits-and-blooms
 //	        encoding (m, k and bit length as big-endian u64, then m/64
-//	        big-endian words)
+//	        big-endian words) of the filter's positions in order (layout)
 //	trailer crc32c u32 of everything before it
 //
 // bits-and-blooms' own encoding has no magic, version or checksum, so it is
 // only ever read inside this envelope, after the envelope is verified.
-// Version 1 (no meta, unkeyed fingerprints) is refused.
+// Versions 1 (no meta, unkeyed fingerprints) and 2 (a classic filter's
+// positions) are refused with ErrSnapshotVersion.
 const (
 	snapshotMagic   = "tdbloom\x00"
-	snapshotVersion = 2
+	snapshotVersion = 3
 	headerSize      = 112
 	recordHead      = 16 + 24
 )
@@ -104,13 +112,7 @@ func (f *Filters) WriteSnapshot(w io.Writer, meta SnapshotMeta) (sum uint32, err
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	r := f.cur.Load()
-	var live []*filter
-	for _, fl := range r.filters {
-		if fl != nil {
-			live = append(live, fl)
-		}
-	}
-	return f.write(w, meta, r.newest, live)
+	return f.write(w, meta, r.newest, r, r.valid)
 }
 
 // WritePartition writes partition p's filter alone (none if p has no keys)
@@ -122,14 +124,14 @@ func (f *Filters) WritePartition(w io.Writer, p int64, meta SnapshotMeta) (sum u
 	if p > r.newest || p < f.parts.Oldest(r.newest) {
 		return 0, fmt.Errorf("%w: partition %d (newest %d)", ErrNotLive, p, r.newest)
 	}
-	var one []*filter
-	if fl := r.filter(f, p); fl != nil {
-		one = append(one, fl)
+	var one uint64
+	if r.filter(f, p) != nil {
+		one = 1 << f.slot(p)
 	}
-	return f.write(w, meta, p, one)
+	return f.write(w, meta, p, r, one)
 }
 
-func (f *Filters) write(w io.Writer, meta SnapshotMeta, newest int64, live []*filter) (uint32, error) {
+func (f *Filters) write(w io.Writer, meta SnapshotMeta, newest int64, r *ring, slots uint64) (uint32, error) {
 	crc := crc32.New(castagnoli)
 	// The checksum sees each buffer before w does: a writer may reuse or
 	// scribble on a buffer once Write returns (Pebble's MemFS does so in
@@ -138,11 +140,11 @@ func (f *Filters) write(w io.Writer, meta SnapshotMeta, newest int64, live []*fi
 	var h [headerSize]byte
 	copy(h[:8], snapshotMagic)
 	binary.LittleEndian.PutUint32(h[8:], snapshotVersion)
-	binary.LittleEndian.PutUint32(h[12:], uint32(f.k))
-	binary.LittleEndian.PutUint64(h[16:], f.m)
+	binary.LittleEndian.PutUint32(h[12:], uint32(f.lay.k))
+	binary.LittleEndian.PutUint64(h[16:], f.lay.m)
 	binary.LittleEndian.PutUint64(h[24:], uint64(f.parts.Length))
 	binary.LittleEndian.PutUint32(h[32:], uint32(f.parts.Live))
-	binary.LittleEndian.PutUint32(h[36:], uint32(len(live)))
+	binary.LittleEndian.PutUint32(h[36:], uint32(bits.OnesCount64(slots)))
 	binary.LittleEndian.PutUint64(h[40:], uint64(newest))
 	h[48] = byte(meta.Kind)
 	copy(h[56:72], meta.StoreID[:])
@@ -152,20 +154,22 @@ func (f *Filters) write(w io.Writer, meta SnapshotMeta, newest int64, live []*fi
 	if _, err := bw.Write(h[:]); err != nil {
 		return 0, err
 	}
-	words := make([]uint64, f.m/64)
-	for _, fl := range live {
-		var r [16]byte
-		binary.LittleEndian.PutUint64(r[:], uint64(fl.part))
-		binary.LittleEndian.PutUint64(r[8:], uint64(fl.adds.Load()))
-		if _, err := bw.Write(r[:]); err != nil {
+	col := make([]uint64, f.lay.m/64)
+	for s := range uint64(f.parts.Live) {
+		if slots&(1<<s) == 0 {
+			continue
+		}
+		fl := r.slots[s]
+		var rec [16]byte
+		binary.LittleEndian.PutUint64(rec[:], uint64(fl.part))
+		binary.LittleEndian.PutUint64(rec[8:], uint64(fl.adds.Load()))
+		if _, err := bw.Write(rec[:]); err != nil {
 			return 0, err
 		}
-		// Adds set bits atomically, so the words are copied with atomic
-		// loads into a bits-and-blooms filter of their own for encoding.
-		for i := range words {
-			words[i] = atomic.LoadUint64(&fl.words[i])
-		}
-		if _, err := bitsbloom.FromWithM(words, uint(f.m), uint(f.k)).WriteTo(bw); err != nil {
+		// The slot's bits, gathered from the interleaved words in position
+		// order, are encoded as a bits-and-blooms filter of their own.
+		f.lay.column(r.words, s, col)
+		if _, err := bitsbloom.FromWithM(col, uint(f.lay.m), uint(f.lay.k)).WriteTo(bw); err != nil {
 			return 0, err
 		}
 	}
@@ -194,7 +198,7 @@ func ReadSnapshotHeader(r io.ReaderAt, size int64) (SnapshotHeader, int, error) 
 		return SnapshotHeader{}, 0, fmt.Errorf("%w: bad magic", ErrSnapshot)
 	}
 	if v := binary.LittleEndian.Uint32(h[8:]); v != snapshotVersion {
-		return SnapshotHeader{}, 0, fmt.Errorf("%w: version %d, want %d", ErrSnapshot, v, snapshotVersion)
+		return SnapshotHeader{}, 0, fmt.Errorf("%w: version %d, want %d", ErrSnapshotVersion, v, snapshotVersion)
 	}
 	hd := SnapshotHeader{
 		K:               int(binary.LittleEndian.Uint32(h[12:])),
@@ -229,16 +233,35 @@ func (f *Filters) ReadSnapshot(r io.ReaderAt, size int64, accept func(SnapshotHe
 	if err != nil {
 		return err
 	}
-	filters := make([]*filter, f.parts.Live)
-	for _, fl := range loaded {
-		filters[f.slot(fl.part)] = fl
+	next := &ring{newest: hd.Newest, slots: make([]*filter, f.parts.Live)}
+	for _, rec := range loaded {
+		next = f.place(next, rec)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	cur := f.cur.Load().newest
-	f.cur.Store(&ring{newest: hd.Newest, filters: filters})
-	f.rotateLocked(cur)
+	cur := f.cur.Load()
+	marker := *cur
+	marker.copying = true
+	f.cur.Store(&marker) // adds in flight repeat into next
+	f.cur.Store(next)
+	f.rotateLocked(cur.newest)
 	return nil
+}
+
+// place returns r with rec's bits set in its slot, allocating r's words on
+// first use; r's words must not be shared yet.
+func (f *Filters) place(r *ring, rec record) *ring {
+	s := f.slot(rec.part)
+	if r.slots[s] == nil || r.slots[s].part != rec.part {
+		fl := &filter{part: rec.part}
+		r = f.assign(r, fl)
+	}
+	if r.words == nil {
+		r.words = make([]uint64, len64(f.lay))
+	}
+	f.lay.scatter(r.words, uint64(s), rec.col)
+	r.slots[s].adds.Add(rec.adds)
+	return r
 }
 
 // MergeSnapshot adds the filters in r (size bytes long) to the current
@@ -246,6 +269,14 @@ func (f *Filters) ReadSnapshot(r io.ReaderAt, size int64, accept func(SnapshotHe
 // itself and the snapshot's filter of its partition. A union keeps every
 // key either side holds, so merging never loses one. Filters of partitions
 // that are not live now are ignored. On any error it changes nothing.
+//
+// The merge writes into a copy of the ring's words, then publishes it:
+// probes meanwhile read the words as they were, and adds that overlap the
+// copy repeat into the new words (Add). The copy costs, briefly, the
+// memory of a second ring; it is taken because setting a partition's bits
+// in shared words would need an atomic operation per word (measured: 5.5 ns
+// a word against 0.4 for a plain copy, an Open restoring seven partitions of
+// the default size spending 0.7 s in it instead of 0.1 s).
 func (f *Filters) MergeSnapshot(r io.ReaderAt, size int64, accept func(SnapshotHeader) error) error {
 	_, loaded, err := f.read(r, size, accept)
 	if err != nil {
@@ -254,23 +285,27 @@ func (f *Filters) MergeSnapshot(r io.ReaderAt, size int64, accept func(SnapshotH
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	cur := f.cur.Load()
-	next := &ring{newest: cur.newest, filters: slices.Clone(cur.filters)}
-	for _, fl := range loaded {
-		if fl.part > cur.newest || fl.part < f.parts.Oldest(cur.newest) {
-			continue
+	var keep []record
+	for _, rec := range loaded {
+		if rec.part <= cur.newest && rec.part >= f.parts.Oldest(cur.newest) {
+			keep = append(keep, rec)
 		}
-		old := cur.filter(f, fl.part)
-		if old == nil {
-			next.filters[f.slot(fl.part)] = fl
-			continue
+	}
+	if len(keep) == 0 {
+		return nil
+	}
+	marker := *cur
+	marker.copying = true
+	f.cur.Store(&marker)
+	next := &ring{newest: cur.newest, slots: slices.Clone(cur.slots), valid: cur.valid}
+	if cur.words != nil {
+		next.words = make([]uint64, len(cur.words))
+		for i := range cur.words {
+			next.words[i] = atomic.LoadUint64(&cur.words[i])
 		}
-		// Readers hold the old filter: its bits are set in place.
-		for i, w := range fl.words {
-			if w != 0 {
-				atomic.OrUint64(&old.words[i], w)
-			}
-		}
-		old.adds.Add(fl.adds.Load())
+	}
+	for _, rec := range keep {
+		next = f.place(next, rec)
 	}
 	f.cur.Store(next)
 	return nil
@@ -295,15 +330,15 @@ func (f *Filters) CheckSnapshot(r io.ReaderAt, size int64, accept func(SnapshotH
 }
 
 func (f *Filters) checkParams(hd SnapshotHeader) error {
-	if hd.K != f.k || hd.M != f.m || hd.PartitionLength != f.parts.Length || hd.Live != f.parts.Live {
+	if hd.K != f.lay.k || hd.M != f.lay.m || hd.PartitionLength != f.parts.Length || hd.Live != f.parts.Live {
 		return fmt.Errorf("%w: m=%d k=%d partition=%d live=%d, want m=%d k=%d partition=%d live=%d",
-			ErrSnapshotParams, hd.M, hd.K, hd.PartitionLength, hd.Live, f.m, f.k, f.parts.Length, f.parts.Live)
+			ErrSnapshotParams, hd.M, hd.K, hd.PartitionLength, hd.Live, f.lay.m, f.lay.k, f.parts.Length, f.parts.Live)
 	}
 	return nil
 }
 
 // read verifies a snapshot and decodes its filters.
-func (f *Filters) read(r io.ReaderAt, size int64, accept func(SnapshotHeader) error) (SnapshotHeader, []*filter, error) {
+func (f *Filters) read(r io.ReaderAt, size int64, accept func(SnapshotHeader) error) (SnapshotHeader, []record, error) {
 	hd, count, err := ReadSnapshotHeader(r, size)
 	if err != nil {
 		return hd, nil, err
@@ -319,19 +354,19 @@ func (f *Filters) read(r io.ReaderAt, size int64, accept func(SnapshotHeader) er
 	if err := f.checkParams(hd); err != nil {
 		return hd, nil, err
 	}
-	loaded := make([]*filter, 0, count)
+	loaded := make([]record, 0, count)
 	seen := make(map[int64]bool, count)
 	for i := int64(0); i < int64(count); i++ {
-		off := headerSize + i*recordSize(f.m)
-		fl, err := f.readRecord(io.NewSectionReader(r, off, recordSize(f.m)))
+		off := headerSize + i*recordSize(f.lay.m)
+		rec, err := f.readRecord(io.NewSectionReader(r, off, recordSize(f.lay.m)))
 		if err != nil {
 			return hd, nil, err
 		}
-		if fl.part > hd.Newest || fl.part < f.parts.Oldest(hd.Newest) || seen[fl.part] {
-			return hd, nil, fmt.Errorf("%w: partition %d outside the window or repeated", ErrSnapshot, fl.part)
+		if rec.part > hd.Newest || rec.part < f.parts.Oldest(hd.Newest) || seen[rec.part] {
+			return hd, nil, fmt.Errorf("%w: partition %d outside the window or repeated", ErrSnapshot, rec.part)
 		}
-		seen[fl.part] = true
-		loaded = append(loaded, fl)
+		seen[rec.part] = true
+		loaded = append(loaded, rec)
 	}
 	return hd, loaded, nil
 }
@@ -352,24 +387,30 @@ func verifyChecksum(r io.ReaderAt, size int64) (uint32, error) {
 	return want, nil
 }
 
-func (f *Filters) readRecord(r *io.SectionReader) (*filter, error) {
+// record is one filter of a snapshot: its partition, its count of adds and
+// its bits in position order.
+type record struct {
+	part, adds int64
+	col        []uint64
+}
+
+func (f *Filters) readRecord(r *io.SectionReader) (record, error) {
 	var head [recordHead]byte
 	if _, err := io.ReadFull(r, head[:]); err != nil {
-		return nil, fmt.Errorf("%w: record: %w", ErrSnapshot, err)
+		return record{}, fmt.Errorf("%w: record: %w", ErrSnapshot, err)
 	}
 	// The inner bits-and-blooms header must agree with the envelope before
 	// its decoder allocates anything.
-	if m, k, n := binary.BigEndian.Uint64(head[16:]), binary.BigEndian.Uint64(head[24:]), binary.BigEndian.Uint64(head[32:]); m != f.m || k != uint64(f.k) || n != f.m {
-		return nil, fmt.Errorf("%w: filter header m=%d k=%d bits=%d", ErrSnapshot, m, k, n)
+	if m, k, n := binary.BigEndian.Uint64(head[16:]), binary.BigEndian.Uint64(head[24:]), binary.BigEndian.Uint64(head[32:]); m != f.lay.m || k != uint64(f.lay.k) || n != f.lay.m {
+		return record{}, fmt.Errorf("%w: filter header m=%d k=%d bits=%d", ErrSnapshot, m, k, n)
 	}
 	bf := &bitsbloom.BloomFilter{}
 	if _, err := bf.ReadFrom(io.MultiReader(bytes.NewReader(head[16:]), r)); err != nil {
-		return nil, fmt.Errorf("%w: filter: %w", ErrSnapshot, err)
+		return record{}, fmt.Errorf("%w: filter: %w", ErrSnapshot, err)
 	}
-	fl := &filter{part: int64(binary.LittleEndian.Uint64(head[:])), bf: bf, words: bf.BitSet().Words()}
-	if uint64(len(fl.words))*64 != f.m {
-		return nil, fmt.Errorf("%w: filter has %d words", ErrSnapshot, len(fl.words))
+	rec := record{part: int64(binary.LittleEndian.Uint64(head[:])), adds: int64(binary.LittleEndian.Uint64(head[8:])), col: bf.BitSet().Words()}
+	if uint64(len(rec.col))*64 != f.lay.m {
+		return record{}, fmt.Errorf("%w: filter has %d words", ErrSnapshot, len(rec.col))
 	}
-	fl.adds.Store(int64(binary.LittleEndian.Uint64(head[8:])))
-	return fl, nil
+	return rec, nil
 }

@@ -261,6 +261,10 @@ func (s *Store) loadState() (highWater int64, err error) {
 		return 0, nil
 	case errors.Is(err, tier.ErrLayout):
 		return 0, err
+	case errors.Is(err, bloom.ErrSnapshotVersion):
+		// Filters of another layout cannot be converted (the keys are not
+		// kept): the state is refused, not dropped, so the operator decides.
+		return 0, fmt.Errorf("%w: bloom-only state in another filter format: %w (open it with the release that wrote it until its window has passed, or remove the file to start empty)", tier.ErrLayout, err)
 	default:
 		return 0, fmt.Errorf("%w: bloom-only state: %w (remove the file to start empty)", tier.ErrStorage, err)
 	}
