@@ -360,7 +360,6 @@ func (f *Filters) EstimatedFalsePositive() float64 {
 	return 1 - none
 }
 
-
 // sameWords reports whether a and b are the same words.
 func sameWords(a, b []uint64) bool {
 	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
