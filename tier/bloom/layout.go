@@ -91,6 +91,9 @@ func (l layout) fp(n float64) float64 {
 		return 1
 	}
 	lambda := 2 * n / float64(l.blocks)
+	if !(lambda >= 0) || lambda > 1<<20 {
+		return 1 // no count, or a filter a million times over capacity
+	}
 	half := float64(l.k / 2)
 	miss := 1 - 1/float64(l.positions())
 	lo := max(0, math.Floor(lambda-12*math.Sqrt(lambda)-12))

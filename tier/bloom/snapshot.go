@@ -409,6 +409,9 @@ func (f *Filters) readRecord(r *io.SectionReader) (record, error) {
 		return record{}, fmt.Errorf("%w: filter: %w", ErrSnapshot, err)
 	}
 	rec := record{part: int64(binary.LittleEndian.Uint64(head[:])), adds: int64(binary.LittleEndian.Uint64(head[8:])), col: bf.BitSet().Words()}
+	if rec.adds < 0 {
+		return record{}, fmt.Errorf("%w: filter of %d adds", ErrSnapshot, rec.adds)
+	}
 	if uint64(len(rec.col))*64 != f.lay.m {
 		return record{}, fmt.Errorf("%w: filter has %d words", ErrSnapshot, len(rec.col))
 	}
