@@ -76,10 +76,9 @@ type Probe struct {
 // current ring without locking, and writers (rotation, a new partition's
 // filter, restore) publish a new ring.
 type Filters struct {
-	parts  tier.Partitions
-	lay    layout
-	perFP  float64 // per-filter false-positive target
-	expect int
+	parts tier.Partitions
+	lay   layout
+	perFP float64 // per-filter false-positive target
 
 	mu   sync.Mutex           // serialises writers of cur
 	cur  atomic.Pointer[ring] // read without mu; replaced, never modified, under mu
@@ -122,7 +121,7 @@ func New(opts *Options, newest int64) (*Filters, error) {
 		o.FalsePositive = DefaultFalsePositive
 	}
 	sz := Sizing(o.ExpectedKeys, o.FalsePositive, o.Partitions.Live)
-	f := &Filters{parts: o.Partitions, lay: newLayout(o.Partitions.Live, sz.M, sz.K), perFP: sz.PerFilter, expect: o.ExpectedKeys}
+	f := &Filters{parts: o.Partitions, lay: newLayout(o.Partitions.Live, sz.M, sz.K), perFP: sz.PerFilter}
 	f.cur.Store(&ring{newest: newest, slots: make([]*filter, o.Partitions.Live)})
 	return f, nil
 }

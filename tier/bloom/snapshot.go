@@ -248,16 +248,13 @@ func (f *Filters) ReadSnapshot(r io.ReaderAt, size int64, accept func(SnapshotHe
 	return nil
 }
 
-// place returns r with rec's bits set in its slot, allocating r's words on
-// first use; r's words must not be shared yet.
+// place returns r with rec's bits set in its slot; r's words must not be
+// shared yet.
 func (f *Filters) place(r *ring, rec record) *ring {
 	s := f.slot(rec.part)
 	if r.slots[s] == nil || r.slots[s].part != rec.part {
 		fl := &filter{part: rec.part}
-		r = f.assign(r, fl)
-	}
-	if r.words == nil {
-		r.words = make([]uint64, len64(f.lay))
+		r = f.assign(r, fl) // allocates the words on first use
 	}
 	f.lay.scatter(r.words, uint64(s), rec.col)
 	r.slots[s].adds.Add(rec.adds)
