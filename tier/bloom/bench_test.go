@@ -2,6 +2,7 @@ package bloom
 
 import (
 	"strconv"
+	"sync/atomic"
 	"testing"
 )
 
@@ -36,6 +37,30 @@ func BenchmarkProbeNew(b *testing.B) {
 			b.ReportMetric(float64(b.N)*256/b.Elapsed().Seconds(), "keys/s")
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/256, "ns/key")
 			b.ReportMetric(float64(hits)/float64(b.N)/256, "fp")
+		})
+	}
+}
+
+// BenchmarkAdd adds new keys to the newest partition from every core, in
+// batches of 1 (a mark per message) and 256: the cost of the ring's
+// in-flight counts is per call, so batch 1 shows it.
+func BenchmarkAdd(b *testing.B) {
+	const n = 2_000_000
+	ks := keys("add", 1<<20)
+	for _, batch := range []int{1, 256} {
+		b.Run("batch="+strconv.Itoa(batch), func(b *testing.B) {
+			f := newFilters(b, n, 0.01, 7)
+			var next atomic.Int64
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					j := int(next.Add(int64(batch))-int64(batch)) & (len(ks) - 1)
+					if j+batch > len(ks) {
+						j = 0
+					}
+					f.Add(ks[j:j+batch], 7)
+				}
+			})
+			b.ReportMetric(float64(b.N)*float64(batch)/b.Elapsed().Seconds(), "keys/s")
 		})
 	}
 }

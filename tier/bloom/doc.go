@@ -30,8 +30,10 @@
 // Filters is safe for concurrent use. Probes and adds read an immutable ring
 // of filters without locking and test or set bits with atomic operations;
 // rotation, a new partition's filter and restore publish a new ring under a
-// mutex. A merge sets bits in a copy of the words and publishes it; an add
-// that overlapped the copy writes again into the new words.
+// mutex, and wait for the adds still writing through the ring they replaced
+// (each add counts itself on its ring, then checks the ring is current). A
+// merge first publishes a marker that makes new adds wait, waits for the
+// others, then copies the words, sets its bits in the copy and publishes it.
 //
 // # Invariants
 //
@@ -46,7 +48,9 @@
 //  4. MergeSnapshot only adds: each filter becomes the union of itself and
 //     the snapshot's, so merging never removes a key.
 //  5. A slot is cleared when its partition is dropped and before a later
-//     partition is given it; clearing touches no other slot's bits.
+//     partition is given it; clearing touches no other slot's bits, and
+//     starts only when no add of the dropped partition is still writing,
+//     so none of its bits survive into the slot's next partition.
 //  6. A snapshot's filters are in the layout of its version: a file of
 //     another version (ErrSnapshotVersion) puts a key's bits elsewhere and
 //     is never loaded.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -90,14 +91,44 @@ type Filters struct {
 // bouncing between them. Only the bits in words change in place (atomically):
 // adds set them, and rotation clears a dropped partition's slot before any
 // later partition is given it.
+//
+// busy counts the adds writing through this ring, striped so that adds on
+// two cores rarely share a counter's cache line. A writer that replaces the
+// ring waits for them (publish): once it holds mu after a publish, no add
+// writes through any ring but the current one. That is what lets rotation
+// clear a dropped slot, and a merge copy the words, without an add of the
+// dropped partition (or one straddling the copy) writing after them.
 type ring struct {
 	newest int64
 	words  []uint64  // the interleaved filters; nil until a filter is first written
 	slots  []*filter // slots[slot(p)]: the partition whose bits lane bit slot(p) holds, nil if none
 	valid  uint64    // bit s set: slots[s] is a live partition of this ring
 	// copying marks the ring published while a merge copies words into
-	// the ring that replaces it: adds wait for the merge and repeat.
+	// the ring that replaces it: adds wait for the merge (on mu) and start
+	// again on the new ring.
 	copying bool
+	busy    [busyStripes]busyCount
+}
+
+const busyStripes = 8
+
+type busyCount struct {
+	n atomic.Int64
+	_ [56]byte
+}
+
+// publish makes next the current ring and waits until no add still writes
+// through the ring it replaced. f.mu must be held. An add counts itself on
+// its ring before it checks that the ring is still current (Add), and
+// publish swaps the ring before it reads the counts: with both atomic, an
+// add either sees the new ring and starts again, or is seen and waited for.
+func (f *Filters) publish(next *ring) {
+	old := f.cur.Swap(next)
+	for i := range old.busy {
+		for old.busy[i].n.Load() != 0 {
+			runtime.Gosched()
+		}
+	}
 }
 
 type filter struct {
@@ -222,7 +253,7 @@ func (f *Filters) rotateLocked(p int64) int {
 		}
 	}
 	next.valid = r.valid &^ dropped
-	f.cur.Store(next)
+	f.publish(next) // no add of a dropped partition writes after this
 	f.lay.clear(next.words, dropped)
 	return bits.OnesCount64(dropped)
 }
@@ -253,12 +284,15 @@ func (f *Filters) Test(fps []shard.Fingerprint, out []Probe) (oldest int64) {
 // Add records keys in partition p. A p older than the window is ignored; a p
 // newer than the newest rotates first.
 //
-// A merge copies the words into a new ring: an add that may have written
-// into the old words after they were copied (the ring it ends on is not the
-// one it started on, or is being copied) waits for the merge and writes
-// again into the new words. Bits are idempotent, so a repeated add changes
-// nothing else.
+// The add counts itself on the ring it writes through, then checks that the
+// ring is still current: if a writer replaced it, the add starts again on
+// the new one (where a dropped p is no longer live), and a writer that
+// replaced it after the check waits for the add to finish (publish). A ring
+// being copied by a merge makes the add wait for the merge.
 func (f *Filters) Add(fps []shard.Fingerprint, p int64) {
+	if len(fps) == 0 {
+		return
+	}
 	for {
 		r := f.cur.Load()
 		if r.copying {
@@ -272,13 +306,17 @@ func (f *Filters) Add(fps []shard.Fingerprint, p int64) {
 				return
 			}
 		}
+		busy := &r.busy[fps[0].Lo%busyStripes].n
+		busy.Add(1)
+		if f.cur.Load() != r {
+			busy.Add(-1)
+			continue
+		}
 		bit := uint64(1) << f.slot(p)
 		for i := range fps {
 			f.lay.add(r.words, fps[i], bit)
 		}
-		if now := f.cur.Load(); now.copying || !sameWords(now.words, r.words) {
-			continue
-		}
+		busy.Add(-1)
 		fl.adds.Add(int64(len(fps)))
 		return
 	}
@@ -311,7 +349,7 @@ func (f *Filters) create(p int64) (*ring, *filter) {
 		return r, nil
 	}
 	next := f.assign(r, &filter{part: p})
-	f.cur.Store(next)
+	f.publish(next)
 	return next, next.slots[f.slot(p)]
 }
 
@@ -340,7 +378,7 @@ func (f *Filters) Reset() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	r := f.cur.Load()
-	f.cur.Store(&ring{newest: r.newest, slots: make([]*filter, len(r.slots))})
+	f.publish(&ring{newest: r.newest, slots: make([]*filter, len(r.slots))})
 }
 
 // EstimatedFalsePositive returns the theoretical whole-window false-positive
@@ -357,9 +395,4 @@ func (f *Filters) EstimatedFalsePositive() float64 {
 		none *= 1 - f.lay.fp(float64(fl.adds.Load()))
 	}
 	return 1 - none
-}
-
-// sameWords reports whether a and b are the same words.
-func sameWords(a, b []uint64) bool {
-	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }

@@ -247,3 +247,59 @@ func TestLinesPerProbeDoNotGrow(t *testing.T) {
 		}
 	}
 }
+
+// TestAddInFlightDuringDropLeavesNoBits: an Add into partition p that is
+// still writing when p leaves the window must not leave bits in p's slot
+// once the slot is p+Live's: they would be false positives for the new
+// partition (in a bloom-only store, a new message dropped as a duplicate).
+// One goroutine adds batches of distinct keys to p while the window moves
+// past p and p+Live gets its slot; no key of p may then be reported in
+// p+Live above the filters' false-positive rate.
+func TestAddInFlightDuringDropLeavesNoBits(t *testing.T) {
+	const live, n, batch = 2, 1 << 16, 2048
+	var flagged, total int
+	for round := range 40 {
+		f := filtersOfLive(t, live, n, 0.01, 0)
+		var (
+			added [][]shard.Fingerprint
+			stop  = make(chan struct{})
+			done  = make(chan struct{})
+		)
+		go func() {
+			defer close(done)
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				fps := keys(fmt.Sprintf("r%d-b%d-", round, i), batch)
+				f.Add(fps, 0)
+				added = append(added, fps)
+			}
+		}()
+		time.Sleep(time.Duration(200+rand.IntN(800)) * time.Microsecond)
+		f.Rotate(live) // partition 0 leaves the window
+		f.Add(keys(fmt.Sprintf("r%d-new", round), 1), live)
+		close(stop)
+		<-done
+		for _, fps := range added {
+			out := make([]Probe, len(fps))
+			oldest := f.Test(fps, out)
+			for _, p := range out {
+				total++
+				if p.Maybe&(1<<(live-oldest)) != 0 {
+					flagged++
+				}
+			}
+		}
+	}
+	// The partition holds one key: its false-positive rate is ~0.
+	if total == 0 {
+		t.Fatal("no keys added")
+	}
+	if rate := float64(flagged) / float64(total); rate > 0.001 {
+		t.Fatalf("%d of %d keys of the dropped partition are reported in its slot's new partition (%.4f)", flagged, total, rate)
+	}
+	t.Logf("%d of %d flagged", flagged, total)
+}

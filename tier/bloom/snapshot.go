@@ -240,12 +240,16 @@ func (f *Filters) ReadSnapshot(r io.ReaderAt, size int64, accept func(SnapshotHe
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	cur := f.cur.Load()
-	marker := *cur
-	marker.copying = true
-	f.cur.Store(&marker) // adds in flight repeat into next
-	f.cur.Store(next)
+	f.publish(cur.marker()) // adds wait, then start again on next
+	f.publish(next)
 	f.rotateLocked(cur.newest)
 	return nil
+}
+
+// marker returns a copy of r that makes adds wait for the writer holding
+// mu (see ring.copying).
+func (r *ring) marker() *ring {
+	return &ring{newest: r.newest, words: r.words, slots: r.slots, valid: r.valid, copying: true}
 }
 
 // place returns r with rec's bits set in its slot; r's words must not be
@@ -291,9 +295,7 @@ func (f *Filters) MergeSnapshot(r io.ReaderAt, size int64, accept func(SnapshotH
 	if len(keep) == 0 {
 		return nil
 	}
-	marker := *cur
-	marker.copying = true
-	f.cur.Store(&marker)
+	f.publish(cur.marker()) // no add writes cur.words while they are copied
 	next := &ring{newest: cur.newest, slots: slices.Clone(cur.slots), valid: cur.valid}
 	if cur.words != nil {
 		next.words = make([]uint64, len(cur.words))
@@ -304,7 +306,7 @@ func (f *Filters) MergeSnapshot(r io.ReaderAt, size int64, accept func(SnapshotH
 	for _, rec := range keep {
 		next = f.place(next, rec)
 	}
-	f.cur.Store(next)
+	f.publish(next)
 	return nil
 }
 
