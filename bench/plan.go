@@ -163,7 +163,12 @@ type Plan struct {
 	// Derate is the factor applied to the calibrated rate: 1, or
 	// LargeStoreFactor when the planned store outgrows the calibration's.
 	Derate                   float64
-	CapacityPerDay, Headroom float64 // keys/day this machine sustains, and its ratio to IDsPerDay
+	// CapacityPerDay is the keys a day this machine sustains in the
+	// steady state: the rate on the last day of a full window (the
+	// calibration is timed once every live partition holds its keys, each
+	// sealed one moved to the cold database, the open one filling), times
+	// Derate. Headroom is its ratio to IDsPerDay.
+	CapacityPerDay, Headroom float64
 }
 
 // ErrPlan reports an invalid PlanInput.

@@ -101,9 +101,13 @@ func PrintPlan(w io.Writer, pl Plan) {
 		c.Keys, c.Elapsed.Round(time.Millisecond), c.StoreKeys, c.KeysPerSec, strings.Join(rates, ", "))
 	derate := ""
 	if pl.Derate != 1 {
-		derate = fmt.Sprintf(" (calibration × %.2f: the planned store is larger than the calibration's)", pl.Derate)
+		derate = fmt.Sprintf(", × %.2f: the planned store is larger than the calibration's", pl.Derate)
 	}
-	p("headroom", "%.2f×: one process sustains %.3g IDs/day%s", pl.Headroom, pl.CapacityPerDay, derate)
+	if c.KeysPerSec > 0 {
+		p("steady state", "%.0f keys/s on the last day of a full %v window (timed after every live partition was filled%s)",
+			pl.CapacityPerDay/86400, in.Window, derate)
+	}
+	p("headroom", "%.2f×: one process sustains %.3g IDs/day", pl.Headroom, pl.CapacityPerDay)
 	if c.StoreKeys > 0 && pl.Derate != 1 {
 		if x := pl.KeysHeld / float64(c.StoreKeys); x > 10 {
 			p("warning", "the planned store is %.0f× the calibration's; the derate was measured at 9×: run the load at a fraction of its scale on the target machine (dedupbench run) before relying on the headroom", x)
