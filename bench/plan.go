@@ -162,7 +162,7 @@ type Plan struct {
 	Calibration                                   Calibration
 	// Derate is the factor applied to the calibrated rate: 1, or
 	// LargeStoreFactor when the planned store outgrows the calibration's.
-	Derate                   float64
+	Derate float64
 	// CapacityPerDay is the keys a day this machine sustains in the
 	// steady state: the rate on the last day of a full window (the
 	// calibration is timed once every live partition holds its keys, each
