@@ -142,10 +142,12 @@ type Options struct {
 	// Stripes is the number of lock stripes, a power of two. Zero means 256.
 	Stripes int
 	// ExpectedKeys is the number of keys one partition is sized for in the
-	// Bloom filters, at most MaxExpectedKeys. Zero means 10M. Each live
-	// partition's filter takes about ExpectedKeys × 1.44 × log2(1/fp) bits,
-	// allocated when the partition gets its first key (dedupbench plan
-	// computes it). Bloom-only state remembers it (ErrLayout if changed).
+	// Bloom filters, at most MaxExpectedKeys. Zero means 10M. The filters
+	// of every live partition are one interleaved ring, allocated whole
+	// when the first key is added: Live × ExpectedKeys × bits a key (15.5
+	// at the default 1 % over 8 partitions, 155 MB for the default 10M;
+	// bloom.Sizing, and dedupbench plan, compute it). Bloom-only state
+	// remembers it (ErrLayout if changed).
 	ExpectedKeys int
 	// FalsePositive is the Bloom false-positive target over the whole
 	// window, in (0, 1). Zero means 0.01. In Default it costs a disk read;
