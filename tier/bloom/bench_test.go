@@ -50,10 +50,13 @@ func BenchmarkAdd(b *testing.B) {
 	for _, batch := range []int{1, 256} {
 		b.Run("batch="+strconv.Itoa(batch), func(b *testing.B) {
 			f := newFilters(b, n, 0.01, 7)
-			var next atomic.Int64
+			var worker atomic.Int64
 			b.RunParallel(func(pb *testing.PB) {
+				// Each goroutine walks the keys from its own offset: no
+				// counter shared between cores but the filters' own.
+				j := int(worker.Add(1)) * 4099 * batch
 				for pb.Next() {
-					j := int(next.Add(int64(batch))-int64(batch)) & (len(ks) - 1)
+					j = (j + batch) & (len(ks) - 1)
 					if j+batch > len(ks) {
 						j = 0
 					}

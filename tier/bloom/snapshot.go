@@ -10,7 +10,6 @@ import (
 	"io"
 	"math/bits"
 	"slices"
-	"sync/atomic"
 
 	bitsbloom "github.com/bits-and-blooms/bloom/v3"
 
@@ -298,10 +297,9 @@ func (f *Filters) MergeSnapshot(r io.ReaderAt, size int64, accept func(SnapshotH
 	f.publish(cur.marker()) // no add writes cur.words while they are copied
 	next := &ring{newest: cur.newest, slots: slices.Clone(cur.slots), valid: cur.valid}
 	if cur.words != nil {
-		next.words = make([]uint64, len(cur.words))
-		for i := range cur.words {
-			next.words[i] = atomic.LoadUint64(&cur.words[i])
-		}
+		// No add writes cur.words now (the marker's publish waited for
+		// them), and rotation needs mu: a plain copy.
+		next.words = slices.Clone(cur.words)
 	}
 	for _, rec := range keep {
 		next = f.place(next, rec)
