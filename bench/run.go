@@ -53,6 +53,13 @@ type RunConfig struct {
 	// which a pause of a shared machine moves less than the mean. Zero
 	// means one.
 	Segments int
+	// DayProfiles, when set, is a path prefix: a CPU profile of each
+	// simulated day of the measured part is written to DayProfiles +
+	// "day<N>.pprof" (N from 1), started and stopped with the day's
+	// figures in Result.PerDay, so day 1 and day 8 can be compared
+	// function by function. It cannot be used while another CPU profile
+	// runs (ErrConfig).
+	DayProfiles string
 }
 
 // Point is one sample of a run's progress.
@@ -116,8 +123,12 @@ type run struct {
 	// (ascending; the last is total), dayEnds when the batch that crossed
 	// each was answered: the exact per-day rates. Guarded by segMu.
 	dayBounds []int64
-	dayEnds   []dayMark
-	dayStart  dayMark // when the timed loop started
+	// dayProfile is the file of the running day's CPU profile
+	// (RunConfig.DayProfiles), nil when none runs. Guarded by segMu once
+	// the workers run.
+	dayProfile *os.File
+	dayEnds    []dayMark
+	dayStart   dayMark // when the timed loop started
 	// Open loop: the measured batches taken so far, when the first was
 	// due, and the interval between two.
 	batches  int64

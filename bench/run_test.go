@@ -1,8 +1,12 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"os"
+	"runtime/pprof"
+	"strconv"
 	"testing"
 	"time"
 
@@ -83,5 +87,45 @@ func TestExactnessAllowsWhatTheConfigurationSays(t *testing.T) {
 		if err := r.Exactness(); err != nil {
 			t.Errorf("%+v: %v", r, err)
 		}
+	}
+}
+
+// TestDayProfiles: a run over three simulated days writes one CPU profile
+// per day (gzip-compressed pprof, so each starts with the gzip magic), and
+// none for a day the stream does not reach; a second CPU profile running
+// already makes the run fail with ErrConfig instead of profiling nothing.
+func TestDayProfiles(t *testing.T) {
+	prefix := t.TempDir() + "/"
+	w := WorkloadConfig{Keys: 30_000, DupRatio: 0.1, DupReach: time.Hour, Span: 72 * time.Hour, Seed: 5}
+	rc := RunConfig{Workload: w, Engine: engine.Options{Tiers: engine.BloomOnly, ExpectedKeys: 100_000}, Workers: 2, DayProfiles: prefix}
+	res, err := Run(context.Background(), rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.PerDay) != 3 {
+		t.Fatalf("%d days in the result, want 3", len(res.PerDay))
+	}
+	for d := 1; d <= 4; d++ {
+		b, err := os.ReadFile(prefix + "day" + strconv.Itoa(d) + ".pprof")
+		if d == 4 {
+			if !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("a profile of day 4 of a 3-day run: %v", err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("day %d: %v", d, err)
+		}
+		if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+			t.Fatalf("day %d: %d bytes, not a gzip-compressed profile", d, len(b))
+		}
+	}
+	var other bytes.Buffer
+	if err := pprof.StartCPUProfile(&other); err != nil {
+		t.Fatal(err)
+	}
+	defer pprof.StopCPUProfile()
+	if _, err := Run(context.Background(), rc); !errors.Is(err, ErrConfig) {
+		t.Fatalf("a run while another CPU profile runs: %v, want ErrConfig", err)
 	}
 }

@@ -1,6 +1,10 @@
 package bench
 
 import (
+	"os"
+	"runtime/pprof"
+	"strconv"
+
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +22,14 @@ import (
 // when the loop started, or the first worker error that is not a
 // cancellation.
 func (r *run) timedLoop(ctx context.Context) (time.Time, error) {
+	if err := r.profileDay(0); err != nil {
+		return time.Now(), err
+	}
+	defer func() {
+		r.segMu.Lock()
+		r.stopDayProfile()
+		r.segMu.Unlock()
+	}()
 	r.dayStart = r.mark()
 	start := r.dayStart.at
 	r.due0 = start
@@ -149,6 +161,12 @@ func (r *run) endSegments(v, n int64) {
 	for k, end := range r.dayBounds {
 		if end <= v && end > v-n {
 			r.dayEnds[k] = r.mark()
+			r.stopDayProfile()
+			if k+1 < len(r.dayBounds) {
+				if err := r.profileDay(k + 1); err != nil {
+					r.errOnce.Do(func() { r.firstErr = err; r.cancel() })
+				}
+			}
 		}
 	}
 	r.segMu.Unlock()
@@ -230,4 +248,33 @@ func processCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// profileDay starts the CPU profile of simulated day k (from 0) when
+// RunConfig.DayProfiles is set. Once the workers run, the caller holds
+// r.segMu.
+func (r *run) profileDay(k int) error {
+	if r.rc.DayProfiles == "" {
+		return nil
+	}
+	f, err := os.Create(r.rc.DayProfiles + "day" + strconv.Itoa(k+1) + ".pprof")
+	if err != nil {
+		return fmt.Errorf("%w: day profile: %w", ErrConfig, err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("%w: day profile: %w", ErrConfig, err)
+	}
+	r.dayProfile = f
+	return nil
+}
+
+// stopDayProfile ends the running day's profile, if any.
+func (r *run) stopDayProfile() {
+	if r.dayProfile == nil {
+		return
+	}
+	pprof.StopCPUProfile()
+	_ = r.dayProfile.Close()
+	r.dayProfile = nil
 }

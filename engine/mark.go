@@ -22,8 +22,10 @@ func (e *Engine) MarkBatch(ctx context.Context, keys [][]byte, digests []Digest,
 // was marked before, InFlight that a two-phase claim holds it. While the
 // call runs it holds the key as a claim does, so a concurrent call of the
 // same key may see it InFlight until the mark is durable; a mark whose
-// lease ended before its commit (a stall longer than the Lease) answers
-// InFlight and marks nothing.
+// lease ended before its commit (a stall longer than the Lease, or an
+// Options.Clock that moved past the Lease while the call ran) answers
+// InFlight and marks nothing: the message is redelivered and its next
+// mark decides it.
 func (n *Namespace) MarkIfAbsent(ctx context.Context, key []byte) (Outcome, error) {
 	keys := [1][]byte{key}
 	var out [1]Outcome

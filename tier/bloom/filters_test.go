@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"hash/crc32"
 	"math"
 	"strconv"
 	"testing"
@@ -223,4 +224,63 @@ func FuzzReadSnapshot(f *testing.F) {
 			t.Fatalf("untyped error %v", err)
 		}
 	})
+}
+
+// TestCheckSnapshotRefusesWhatMergeRefuses: records whose checksum holds
+// but whose head is wrong (a repeated or out-of-window partition, a
+// negative add count, an inner filter header that disagrees with the
+// envelope) are refused by CheckSnapshot, which a clean Open uses to keep
+// a sealed file without loading it, exactly as by MergeSnapshot; the
+// intact snapshot passes both.
+func TestCheckSnapshotRefusesWhatMergeRefuses(t *testing.T) {
+	f := newFilters(t, 1000, 0.01, 9)
+	f.Add(keys("a", 100), 8)
+	f.Add(keys("b", 100), 9)
+	var buf bytes.Buffer
+	if _, err := f.WriteSnapshot(&buf, SnapshotMeta{Kind: SnapshotState}); err != nil {
+		t.Fatal(err)
+	}
+	good := buf.Bytes()
+	m, _, _ := f.Params()
+	second := headerSize + int(recordSize(m)) // the second record's head
+	// resum rewrites the trailer so that only the record's content is wrong.
+	resum := func(b []byte) []byte {
+		binary.LittleEndian.PutUint32(b[len(b)-4:], crc32.Checksum(b[:len(b)-4], castagnoli))
+		return b
+	}
+	edit := func(off int, v uint64, big bool) []byte {
+		b := append([]byte{}, good...)
+		if big {
+			binary.BigEndian.PutUint64(b[off:], v)
+		} else {
+			binary.LittleEndian.PutUint64(b[off:], v)
+		}
+		return resum(b)
+	}
+	first := binary.LittleEndian.Uint64(good[headerSize:])
+	bad := map[string][]byte{
+		"repeated partition":  edit(second, first, false),
+		"partition too old":   edit(second, 1, false),
+		"partition too new":   edit(second, 10, false),
+		"negative adds":       edit(second+8, ^uint64(0), false),
+		"inner m":             edit(second+16, m+64, true),
+		"inner k":             edit(second+24, 99, true),
+		"inner bit length":    edit(second+32, m-64, true),
+		"first record's head": edit(headerSize+16, m+64, true),
+	}
+	for name, b := range bad {
+		g := newFilters(t, 1000, 0.01, 9)
+		errCheck := g.CheckSnapshot(bytes.NewReader(b), int64(len(b)), nil)
+		errMerge := g.MergeSnapshot(bytes.NewReader(b), int64(len(b)), nil)
+		if !errors.Is(errCheck, ErrSnapshot) || !errors.Is(errMerge, ErrSnapshot) {
+			t.Errorf("%s: CheckSnapshot %v, MergeSnapshot %v, want ErrSnapshot from both", name, errCheck, errMerge)
+		}
+	}
+	g := newFilters(t, 1000, 0.01, 9)
+	if err := g.CheckSnapshot(bytes.NewReader(good), int64(len(good)), nil); err != nil {
+		t.Fatalf("intact snapshot: %v", err)
+	}
+	if err := g.MergeSnapshot(bytes.NewReader(good), int64(len(good)), nil); err != nil {
+		t.Fatalf("intact snapshot: %v", err)
+	}
 }

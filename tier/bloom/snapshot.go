@@ -309,21 +309,13 @@ func (f *Filters) MergeSnapshot(r io.ReaderAt, size int64, accept func(SnapshotH
 }
 
 // CheckSnapshot verifies a snapshot as MergeSnapshot does (header,
-// checksum, accept, parameters) without decoding or loading its filters.
+// checksum, accept, parameters, and each record's head: its filter's
+// parameters, its partition inside the window and not repeated, its add
+// count) without decoding or loading its filters' bits, which any value
+// of passes.
 func (f *Filters) CheckSnapshot(r io.ReaderAt, size int64, accept func(SnapshotHeader) error) error {
-	hd, _, err := ReadSnapshotHeader(r, size)
-	if err != nil {
-		return err
-	}
-	if hd.Sum, err = verifyChecksum(r, size); err != nil {
-		return err
-	}
-	if accept != nil {
-		if err := accept(hd); err != nil {
-			return err
-		}
-	}
-	return f.checkParams(hd)
+	_, _, err := f.verify(r, size, accept, func(io.Reader, recordHeadFields) error { return nil })
+	return err
 }
 
 func (f *Filters) checkParams(hd SnapshotHeader) error {
@@ -336,36 +328,59 @@ func (f *Filters) checkParams(hd SnapshotHeader) error {
 
 // read verifies a snapshot and decodes its filters.
 func (f *Filters) read(r io.ReaderAt, size int64, accept func(SnapshotHeader) error) (SnapshotHeader, []record, error) {
-	hd, count, err := ReadSnapshotHeader(r, size)
+	var loaded []record
+	hd, _, err := f.verify(r, size, accept, func(body io.Reader, h recordHeadFields) error {
+		rec, err := f.decodeRecord(body, h)
+		if err == nil {
+			loaded = append(loaded, rec)
+		}
+		return err
+	})
 	if err != nil {
 		return hd, nil, err
 	}
+	return hd, loaded, nil
+}
+
+// verify checks a snapshot's header, checksum, accept and parameters, then
+// each record's head (checkRecordHead), in order, passing the record's
+// head and the rest of the record to each.
+func (f *Filters) verify(r io.ReaderAt, size int64, accept func(SnapshotHeader) error, each func(io.Reader, recordHeadFields) error) (SnapshotHeader, int, error) {
+	hd, count, err := ReadSnapshotHeader(r, size)
+	if err != nil {
+		return hd, 0, err
+	}
 	if hd.Sum, err = verifyChecksum(r, size); err != nil {
-		return hd, nil, err
+		return hd, 0, err
 	}
 	if accept != nil {
 		if err := accept(hd); err != nil {
-			return hd, nil, err
+			return hd, 0, err
 		}
 	}
 	if err := f.checkParams(hd); err != nil {
-		return hd, nil, err
+		return hd, 0, err
 	}
-	loaded := make([]record, 0, count)
 	seen := make(map[int64]bool, count)
 	for i := int64(0); i < int64(count); i++ {
-		off := headerSize + i*recordSize(f.lay.m)
-		rec, err := f.readRecord(io.NewSectionReader(r, off, recordSize(f.lay.m)))
+		sr := io.NewSectionReader(r, headerSize+i*recordSize(f.lay.m), recordSize(f.lay.m))
+		var head [recordHead]byte
+		if _, err := io.ReadFull(sr, head[:]); err != nil {
+			return hd, 0, fmt.Errorf("%w: record: %w", ErrSnapshot, err)
+		}
+		h, err := f.checkRecordHead(head)
 		if err != nil {
-			return hd, nil, err
+			return hd, 0, err
 		}
-		if rec.part > hd.Newest || rec.part < f.parts.Oldest(hd.Newest) || seen[rec.part] {
-			return hd, nil, fmt.Errorf("%w: partition %d outside the window or repeated", ErrSnapshot, rec.part)
+		if h.part > hd.Newest || h.part < f.parts.Oldest(hd.Newest) || seen[h.part] {
+			return hd, 0, fmt.Errorf("%w: partition %d outside the window or repeated", ErrSnapshot, h.part)
 		}
-		seen[rec.part] = true
-		loaded = append(loaded, rec)
+		seen[h.part] = true
+		if err := each(io.MultiReader(bytes.NewReader(head[16:]), sr), h); err != nil {
+			return hd, 0, err
+		}
 	}
-	return hd, loaded, nil
+	return hd, count, nil
 }
 
 func verifyChecksum(r io.ReaderAt, size int64) (uint32, error) {
@@ -391,24 +406,32 @@ type record struct {
 	col        []uint64
 }
 
-func (f *Filters) readRecord(r *io.SectionReader) (record, error) {
-	var head [recordHead]byte
-	if _, err := io.ReadFull(r, head[:]); err != nil {
-		return record{}, fmt.Errorf("%w: record: %w", ErrSnapshot, err)
-	}
-	// The inner bits-and-blooms header must agree with the envelope before
-	// its decoder allocates anything.
+// recordHeadFields is what a record's head says: its partition and add
+// count (its filter's parameters are checked, not kept).
+type recordHeadFields struct{ part, adds int64 }
+
+// checkRecordHead checks a record's head: the inner bits-and-blooms header
+// must agree with the envelope before its decoder allocates anything, and
+// the add count must not be negative.
+func (f *Filters) checkRecordHead(head [recordHead]byte) (recordHeadFields, error) {
 	if m, k, n := binary.BigEndian.Uint64(head[16:]), binary.BigEndian.Uint64(head[24:]), binary.BigEndian.Uint64(head[32:]); m != f.lay.m || k != uint64(f.lay.k) || n != f.lay.m {
-		return record{}, fmt.Errorf("%w: filter header m=%d k=%d bits=%d", ErrSnapshot, m, k, n)
+		return recordHeadFields{}, fmt.Errorf("%w: filter header m=%d k=%d bits=%d", ErrSnapshot, m, k, n)
 	}
+	h := recordHeadFields{part: int64(binary.LittleEndian.Uint64(head[:])), adds: int64(binary.LittleEndian.Uint64(head[8:]))}
+	if h.adds < 0 {
+		return recordHeadFields{}, fmt.Errorf("%w: filter of %d adds", ErrSnapshot, h.adds)
+	}
+	return h, nil
+}
+
+// decodeRecord decodes a record's filter from body, the bits-and-blooms
+// encoding that starts with the inner header checkRecordHead checked.
+func (f *Filters) decodeRecord(body io.Reader, h recordHeadFields) (record, error) {
 	bf := &bitsbloom.BloomFilter{}
-	if _, err := bf.ReadFrom(io.MultiReader(bytes.NewReader(head[16:]), r)); err != nil {
+	if _, err := bf.ReadFrom(body); err != nil {
 		return record{}, fmt.Errorf("%w: filter: %w", ErrSnapshot, err)
 	}
-	rec := record{part: int64(binary.LittleEndian.Uint64(head[:])), adds: int64(binary.LittleEndian.Uint64(head[8:])), col: bf.BitSet().Words()}
-	if rec.adds < 0 {
-		return record{}, fmt.Errorf("%w: filter of %d adds", ErrSnapshot, rec.adds)
-	}
+	rec := record{part: h.part, adds: h.adds, col: bf.BitSet().Words()}
 	if uint64(len(rec.col))*64 != f.lay.m {
 		return record{}, fmt.Errorf("%w: filter has %d words", ErrSnapshot, len(rec.col))
 	}

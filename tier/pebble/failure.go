@@ -1,6 +1,8 @@
 package pebble
 
 import (
+	"github.com/cockroachdb/pebble/v2"
+
 	"errors"
 	"fmt"
 	"log"
@@ -23,6 +25,21 @@ func (logger) Infof(string, ...any) {}
 func (l logger) Errorf(format string, args ...any) {
 	l.l.Printf("tierdedup/pebble: "+format, args...)
 }
+
+// events reports Pebble's background errors to the Logger, except a
+// compaction or flush that a concurrent operation cancelled and Pebble
+// retries (an Excise of a moved partition cancels those that overlap it):
+// that is routine, and a line saying "background error" once a day would
+// send operators looking for a fault that is not there.
+func (l logger) events() *pebble.EventListener {
+	return &pebble.EventListener{BackgroundError: func(err error) {
+		if errors.Is(err, pebble.ErrCancelledCompaction) {
+			return
+		}
+		l.Errorf("background error: %s", err)
+	}}
+}
+
 func (l logger) Fatalf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	l.l.Printf("tierdedup/pebble: fatal: %s", msg)

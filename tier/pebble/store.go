@@ -194,10 +194,11 @@ func Open(opts *Options) (*Store, error) {
 	cache := pebble.NewCache(int64(o.CacheSize))
 	defer cache.Unref()
 	popts := &pebble.Options{
-		FS:           fs,
-		Cache:        cache,
-		MemTableSize: uint64(o.MemTableSize),
-		Logger:       logger{o.Logger},
+		FS:            fs,
+		Cache:         cache,
+		MemTableSize:  uint64(o.MemTableSize),
+		Logger:        logger{o.Logger},
+		EventListener: logger{o.Logger}.events(),
 		// Excise, which takes a moved partition out of the hot database at
 		// once, needs virtual tables; an older store is ratcheted up.
 		FormatMajorVersion: pebble.FormatVirtualSSTables,
@@ -210,6 +211,7 @@ func Open(opts *Options) (*Store, error) {
 		Cache:              cache,
 		MemTableSize:       coldMemTableSize,
 		Logger:             logger{o.Logger},
+		EventListener:      logger{o.Logger}.events(),
 		FormatMajorVersion: pebble.FormatVirtualSSTables,
 	}
 	for i := range coldOpts.Levels {

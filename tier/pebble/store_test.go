@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/internal/crashtest"
@@ -495,5 +496,21 @@ func TestExactContract(t *testing.T) {
 	var got []string
 	if err := s.ScanWrites([]byte("off/"), func(k, v []byte) error { got = append(got, string(k)+"="+string(v)); return nil }); err != nil || len(got) != 1 || got[0] != "off/0=42" {
 		t.Fatalf("writes %v, %v", got, err)
+	}
+}
+
+// TestCancelledCompactionIsNotLogged: a flush or compaction that an Excise
+// cancelled (Pebble retries it) is routine and stays out of the Logger;
+// every other background error is logged.
+func TestCancelledCompactionIsNotLogged(t *testing.T) {
+	var buf bytes.Buffer
+	ev := logger{log.New(&buf, "", 0)}.events()
+	ev.BackgroundError(fmt.Errorf("flush: %w", pebble.ErrCancelledCompaction))
+	if buf.Len() != 0 {
+		t.Fatalf("a cancelled compaction was logged: %q", buf.String())
+	}
+	ev.BackgroundError(errors.New("disk on fire"))
+	if !strings.Contains(buf.String(), "background error: disk on fire") {
+		t.Fatalf("a background error was not logged: %q", buf.String())
 	}
 }
