@@ -71,10 +71,11 @@ const ColdSubdir = "cold"
 // crash leaves them behind and Open removes them.
 const moveTmpSuffix = ".move-tmp"
 
-// moveTableSize is the size at which a move starts a new table. A read
-// loads the whole filter block of the table its key falls in: tables of
-// 128 MiB (filter blocks of megabytes) thrashed the block cache and cost a
-// read syscall per lookup; at 8 MiB a filter block is about 250 KiB.
+// moveTableSize is the size at which a move starts a new table. Tables of
+// 128 MiB, when they carried filter blocks (megabytes each, loaded whole by
+// a read), thrashed the block cache and cost a read syscall per lookup;
+// the move's tables now carry none (Open: coldOpts), and 8 MiB keeps each
+// table's index small for the same reason.
 const moveTableSize = 8 << 20
 
 // markersEnd is above every marker key (markerKey clamps a partition past

@@ -253,3 +253,38 @@ func TestColdStoreIsBound(t *testing.T) {
 		}
 	}
 }
+
+// TestColdTablesCarryNoFilter: a moved partition's tables in the cold
+// database have no filter block (the engine's filters already chose the
+// partition: a table filter there is a block load that answers yes),
+// while the hot database's flushed tables keep theirs.
+func TestColdTablesCarryNoFilter(t *testing.T) {
+	s := coldFixture(t, t.TempDir(), 3000)
+	defer s.Close()
+	policies := func(db *pebble.DB) map[string]int {
+		levels, err := db.SSTables(pebble.WithProperties())
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := map[string]int{}
+		for _, level := range levels {
+			for _, tb := range level {
+				n[tb.Properties.FilterPolicyName]++
+			}
+		}
+		return n
+	}
+	if err := s.db.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if hot := policies(s.db); len(hot) != 1 || hot[""] != 0 {
+		t.Fatalf("hot tables by filter policy: %v, want every one with a filter", hot)
+	}
+	if err := s.SealPartition(10, Seal{ID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	waitMoved(t, s, 10)
+	if cold := policies(s.cold); len(cold) != 1 || cold[""] == 0 {
+		t.Fatalf("cold tables by filter policy: %v, want every one without a filter", cold)
+	}
+}
