@@ -3,6 +3,7 @@ package bloom
 import (
 	"bytes"
 	"errors"
+	"strconv"
 	"testing"
 
 	"github.com/tierdedup/tierdedup/shard"
@@ -111,4 +112,52 @@ func probe(f *Filters, fps []shard.Fingerprint) []Probe {
 	out := make([]Probe, len(fps))
 	f.Test(fps, out)
 	return out
+}
+
+// TestMergeSnapshotsKeepsEachFileApart: merged together, a damaged file
+// and a refused one get their own errors and change nothing, while the
+// good files around them are merged, into empty filters (no copy) and
+// into filters already written (one copy).
+func TestMergeSnapshotsKeepsEachFileApart(t *testing.T) {
+	f := newFilters(t, 5000, 0.01, 100)
+	ks := map[int64][]shard.Fingerprint{}
+	var files [][]byte
+	for _, p := range []int64{96, 97, 98, 99} {
+		ks[p] = keys("p"+strconv.FormatInt(p, 10), 500)
+		f.Add(ks[p], p)
+		var buf bytes.Buffer
+		if _, err := f.WritePartition(&buf, p, SnapshotMeta{Kind: SnapshotPartition}); err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, buf.Bytes())
+	}
+	refused := errors.New("refused")
+	srcs := []SnapshotSource{
+		{R: bytes.NewReader(files[0]), Size: int64(len(files[0]))},
+		{R: bytes.NewReader(flip(files[1], headerSize+100)), Size: int64(len(files[1]))},
+		{R: bytes.NewReader(files[2]), Size: int64(len(files[2])), Accept: func(SnapshotHeader) error { return refused }},
+		{R: bytes.NewReader(files[3]), Size: int64(len(files[3]))},
+	}
+	for _, written := range []bool{false, true} {
+		g := newFilters(t, 5000, 0.01, 100)
+		if written {
+			g.Add(keys("other", 10), 100)
+		}
+		errs := g.MergeSnapshots(srcs)
+		if errs[0] != nil || !errors.Is(errs[1], ErrSnapshot) || !errors.Is(errs[2], refused) || errs[3] != nil {
+			t.Fatalf("written %v: errors %v, want nil, ErrSnapshot, refused, nil", written, errs)
+		}
+		for p, want := range map[int64]bool{96: true, 97: false, 98: false, 99: true} {
+			bit := uint64(1) << (p - g.parts.Oldest(100))
+			found := 0
+			for _, pr := range probe(g, ks[p]) {
+				if pr.Maybe&bit != 0 {
+					found++
+				}
+			}
+			if want && found != len(ks[p]) || !want && found > 25 {
+				t.Fatalf("written %v: partition %d has %d of %d keys, want all: %v", written, p, found, len(ks[p]), want)
+			}
+		}
+	}
 }

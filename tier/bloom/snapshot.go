@@ -276,11 +276,37 @@ func (f *Filters) place(r *ring, rec record) *ring {
 // memory of a second ring; it is taken because setting a partition's bits
 // in shared words would need an atomic operation per word (measured: 5.5 ns
 // a word against 0.4 for a plain copy, an Open restoring seven partitions of
-// the default size spending 0.7 s in it instead of 0.1 s).
+// the default size spending 0.7 s in it instead of 0.1 s). Merging several
+// files, use MergeSnapshots: one copy for all of them.
 func (f *Filters) MergeSnapshot(r io.ReaderAt, size int64, accept func(SnapshotHeader) error) error {
-	_, loaded, err := f.read(r, size, accept)
-	if err != nil {
-		return err
+	return f.MergeSnapshots([]SnapshotSource{{R: r, Size: size, Accept: accept}})[0]
+}
+
+// SnapshotSource is one snapshot for MergeSnapshots: Size bytes of R, and
+// the Accept MergeSnapshot would be given (nil accepts any).
+type SnapshotSource struct {
+	R      io.ReaderAt
+	Size   int64
+	Accept func(SnapshotHeader) error
+}
+
+// MergeSnapshots merges each of srcs as MergeSnapshot does, and returns
+// one error for each (nil: merged): a snapshot refused for any reason
+// changes nothing, and the others are merged all the same. All of them
+// share one copy of the ring's words, and none is made while no filter has
+// been written yet (an Open merging its sealed files into new filters):
+// copying a ring sized for hundreds of millions of keys once for every file
+// was most of an Open's time to warm (BenchmarkMergeSealed).
+func (f *Filters) MergeSnapshots(srcs []SnapshotSource) []error {
+	errs := make([]error, len(srcs))
+	var loaded []record
+	for i, src := range srcs {
+		_, recs, err := f.read(src.R, src.Size, src.Accept)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		loaded = append(loaded, recs...)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -292,7 +318,7 @@ func (f *Filters) MergeSnapshot(r io.ReaderAt, size int64, accept func(SnapshotH
 		}
 	}
 	if len(keep) == 0 {
-		return nil
+		return errs
 	}
 	f.publish(cur.marker()) // no add writes cur.words while they are copied
 	next := &ring{newest: cur.newest, slots: slices.Clone(cur.slots), valid: cur.valid}
@@ -305,7 +331,7 @@ func (f *Filters) MergeSnapshot(r io.ReaderAt, size int64, accept func(SnapshotH
 		next = f.place(next, rec)
 	}
 	f.publish(next)
-	return nil
+	return errs
 }
 
 // CheckSnapshot verifies a snapshot as MergeSnapshot does (header,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -176,6 +177,7 @@ func (s *Store) restore(rebuild []int64) (left []int64, err error) {
 		}
 	}()
 	restored := map[int64]bool{}
+	var files []partitionFile
 	for _, p := range rebuild {
 		if p < s.sealFrom {
 			continue // before the store was created: nothing to restore
@@ -185,14 +187,21 @@ func (s *Store) restore(rebuild []int64) (left []int64, err error) {
 			continue
 		}
 		if seal, ok := ck.Parts[p]; ok {
-			if err := s.loadPartition(checkpointName(p, ck.Gen), p, seal); err != nil {
-				s.logger.Printf("tierdedup: checkpoint of partition %d's bloom filter not used, rebuilding it from Pebble: %v", p, err)
-				left = append(left, p)
-				continue
-			}
+			files = append(files, partitionFile{checkpointName(p, ck.Gen), p, seal})
+			continue
+		}
+		restored[p] = true // covered, and held no key at the checkpoint
+	}
+	for i, err := range s.loadPartitions(files) {
+		p := files[i].p
+		if err != nil {
+			s.logger.Printf("tierdedup: checkpoint of partition %d's bloom filter not used, rebuilding it from Pebble: %v", p, err)
+			left = append(left, p)
+			continue
 		}
 		restored[p] = true
 	}
+	slices.Sort(left)
 	if len(restored) == 0 {
 		return left, nil
 	}

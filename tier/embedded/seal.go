@@ -138,13 +138,44 @@ func (s *Store) savePartition(name string, p int64) (pebble.Seal, error) {
 	return pebble.Seal{ID: meta.Epoch, Sum: sum, Size: size}, err
 }
 
+// partitionFile is a partition's filter file in the sealed directory and
+// the seal (or checkpoint entry) that names it.
+type partitionFile struct {
+	name string
+	p    int64
+	seal pebble.Seal
+}
+
 // loadPartition merges into the filters partition p's file name, if it is
 // the file seal names (sealedAccept).
 func (s *Store) loadPartition(name string, p int64, seal pebble.Seal) error {
+	return s.loadPartitions([]partitionFile{{name, p, seal}})[0]
+}
+
+// loadPartitions is loadPartition for several files, merged together (one
+// copy of the filters for all of them, none into empty filters), with one
+// error for each: a file refused changes nothing, and the others load.
+func (s *Store) loadPartitions(files []partitionFile) []error {
 	id := s.store.Layout().ID
-	return s.sealedDir.loadAs(name, seal.Size, func(r io.ReaderAt, size int64) error {
-		return s.bloom.MergeSnapshot(r, size, func(h bloom.SnapshotHeader) error { return sealedAccept(h, id, p, seal) })
-	})
+	errs := make([]error, len(files))
+	var srcs []bloom.SnapshotSource
+	var at []int // at[j]: the file of srcs[j]
+	for i, pf := range files {
+		f, err := s.sealedDir.openAs(pf.name, pf.seal.Size)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		defer f.Close()
+		srcs = append(srcs, bloom.SnapshotSource{R: f, Size: pf.seal.Size, Accept: func(h bloom.SnapshotHeader) error {
+			return sealedAccept(h, id, pf.p, pf.seal)
+		}})
+		at = append(at, i)
+	}
+	for j, err := range s.bloom.MergeSnapshots(srcs) {
+		errs[at[j]] = err
+	}
+	return errs
 }
 
 // seal runs a sealing pass; a failure is counted and logged. The partition
@@ -234,13 +265,18 @@ func (s *Store) loadSealed(current int64) (rebuild []int64, err error) {
 	if err != nil {
 		return nil, err
 	}
+	var files []partitionFile
 	for p := oldest; p <= current; p++ {
 		seal, ok := seals[p]
 		if !ok || p == current {
 			rebuild = append(rebuild, p)
 			continue
 		}
-		if err := s.loadPartition(sealedName(p), p, seal); err != nil {
+		files = append(files, partitionFile{sealedName(p), p, seal})
+	}
+	for i, err := range s.loadPartitions(files) {
+		p := files[i].p
+		if err != nil {
 			s.logger.Printf("tierdedup: sealed bloom filter of partition %d not used, rebuilding it from Pebble: %v", p, err)
 			rebuild = append(rebuild, p)
 			continue
@@ -248,6 +284,7 @@ func (s *Store) loadSealed(current int64) (rebuild []int64, err error) {
 		s.sealed[p] = true
 		s.sealedLoaded.Add(1)
 	}
+	slices.Sort(rebuild)
 	return rebuild, s.removeStaleSealed(oldest)
 }
 

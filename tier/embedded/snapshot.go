@@ -90,19 +90,29 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 
 // loadAs opens name in Dir and, if it is size bytes long, calls read with it.
 func (s *snapshotFile) loadAs(name string, size int64, read func(io.ReaderAt, int64) error) error {
-	file, err := s.fs.Open(s.fs.PathJoin(s.dir, name))
+	file, err := s.openAs(name, size)
 	if err != nil {
 		return err
 	}
 	defer file.Close()
-	st, err := file.Stat()
-	if err != nil {
-		return err
-	}
-	if st.Size() != size {
-		return fmt.Errorf("%s is %d bytes, its seal says %d", name, st.Size(), size)
-	}
 	return read(file, size)
+}
+
+// openAs opens name in Dir if it is size bytes long; the caller closes it.
+func (s *snapshotFile) openAs(name string, size int64) (vfs.File, error) {
+	file, err := s.fs.Open(s.fs.PathJoin(s.dir, name))
+	if err != nil {
+		return nil, err
+	}
+	st, err := file.Stat()
+	if err == nil && st.Size() != size {
+		err = fmt.Errorf("%s is %d bytes, its seal says %d", name, st.Size(), size)
+	}
+	if err != nil {
+		_ = file.Close()
+		return nil, err
+	}
+	return file, nil
 }
 
 func (s *snapshotFile) syncDir() error { return syncDir(s.fs, s.dir) }
