@@ -3,7 +3,10 @@
 // exclusively: the hot one takes every write, the cold one (Dir/cold)
 // holds the sealed partitions, moved there once each (cold.go), so the
 // LSM that today's writes compact holds about one partition whatever the
-// window.
+// window. The hot database's tables carry Pebble's Bloom filters (a read
+// skips the levels a key is not in); the cold database's do not: a read
+// reaches a sealed partition only where the engine's own filter says the
+// key may be there, so a table filter would only load its block to agree.
 //
 // It owns the on-disk layout (partition ‖ namespace ‖ key, so retention is
 // one range deletion per expired span of partitions), the versioned value
