@@ -18,12 +18,12 @@ const r28cShort = 150 * time.Minute
 // r28cHist is a history built by r28cBuild, crashed.
 type r28cHist struct {
 	o      engine.Options
-	crash  crashFS   // the machine crash's file system
-	def    [][]byte  // default-namespace keys, all live and not forgotten
-	short  [][][]byte // "short" keys by hour
-	forgot map[string]string // ns/key → namespace, forgotten after their move
-	early  string            // an earlier checkpoint's file (name)
-	earlyB []byte            // and its content
+	crash  crashFS         // the machine crash's file system
+	def    [][]byte        // default-namespace keys, all live and not forgotten
+	short  [][][]byte      // "short" keys by hour
+	forgot map[string]bool // "ns/key", forgotten after their move
+	early  string          // an earlier checkpoint's file (name)
+	earlyB []byte          // and its content
 }
 
 func r28cStart() time.Time { return newClock().Now() }
@@ -50,7 +50,7 @@ func r28cBuild(t *testing.T) *r28cHist {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &r28cHist{o: o, forgot: map[string]string{}}
+	h := &r28cHist{o: o, forgot: map[string]bool{}}
 	mark := func(ns *engine.Namespace, keys [][]byte) {
 		t.Helper()
 		out := make([]engine.Outcome, len(keys))
@@ -101,11 +101,11 @@ func r28cBuild(t *testing.T) *r28cHist {
 		if err != nil || info.Outcome != engine.Duplicate {
 			t.Fatalf("Forget %s/%s: %v %v", f.nsn, f.key, info.Outcome, err)
 		}
-		h.forgot[f.nsn+"/"+f.key] = f.nsn
+		h.forgot[f.nsn+"/"+f.key] = true
 	}
 	var kept [][]byte
 	for _, k := range h.def {
-		if h.forgot["/"+string(k)] == "" {
+		if !h.forgot["/"+string(k)] {
 			kept = append(kept, k)
 		}
 	}
@@ -157,7 +157,7 @@ func (h *r28cHist) check(t *testing.T, e *engine.Engine, what string) {
 		}
 		for i, info := range out {
 			w := want
-			if h.forgot["short/"+string(keys[i])] != "" {
+			if h.forgot["short/"+string(keys[i])] {
 				w = engine.New
 			}
 			if info.Outcome != w {
@@ -167,9 +167,10 @@ func (h *r28cHist) check(t *testing.T, e *engine.Engine, what string) {
 			}
 		}
 	}
-	for id, nsn := range h.forgot {
+	for id := range h.forgot {
+		nsn, key, _ := strings.Cut(id, "/")
 		ns, _ := e.Namespace(nsn)
-		info, err := ns.Lookup(ctx, []byte(strings.TrimPrefix(id, nsn+"/")))
+		info, err := ns.Lookup(ctx, []byte(key))
 		if err != nil {
 			t.Fatal(err)
 		}
