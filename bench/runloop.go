@@ -1,14 +1,13 @@
 package bench
 
 import (
-	"os"
-	"runtime/pprof"
-	"strconv"
-
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"runtime/metrics"
+	"runtime/pprof"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"

@@ -146,15 +146,10 @@ type partitionFile struct {
 	seal pebble.Seal
 }
 
-// loadPartition merges into the filters partition p's file name, if it is
-// the file seal names (sealedAccept).
-func (s *Store) loadPartition(name string, p int64, seal pebble.Seal) error {
-	return s.loadPartitions([]partitionFile{{name, p, seal}})[0]
-}
-
-// loadPartitions is loadPartition for several files, merged together (one
-// copy of the filters for all of them, none into empty filters), with one
-// error for each: a file refused changes nothing, and the others load.
+// loadPartitions merges into the filters each partition's file that its
+// seal (or checkpoint entry) names (sealedAccept), all together (one copy
+// of the filters for all of them, none into empty filters), with one error
+// for each: a file refused changes nothing, and the others load.
 func (s *Store) loadPartitions(files []partitionFile) []error {
 	id := s.store.Layout().ID
 	errs := make([]error, len(files))

@@ -1,11 +1,11 @@
 package pebble
 
 import (
-	"github.com/cockroachdb/pebble/v2"
-
 	"errors"
 	"fmt"
 	"log"
+
+	"github.com/cockroachdb/pebble/v2"
 )
 
 // fatal is what the Logger's Fatalf panics with, so that a Pebble fatal
