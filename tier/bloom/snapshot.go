@@ -340,7 +340,7 @@ func (f *Filters) MergeSnapshots(srcs []SnapshotSource) []error {
 // count) without decoding or loading its filters' bits, which any value
 // of passes.
 func (f *Filters) CheckSnapshot(r io.ReaderAt, size int64, accept func(SnapshotHeader) error) error {
-	_, _, err := f.verify(r, size, accept, func(io.Reader, recordHeadFields) error { return nil })
+	_, err := f.verify(r, size, accept, func(io.Reader, recordHeadFields) error { return nil })
 	return err
 }
 
@@ -355,7 +355,7 @@ func (f *Filters) checkParams(hd SnapshotHeader) error {
 // read verifies a snapshot and decodes its filters.
 func (f *Filters) read(r io.ReaderAt, size int64, accept func(SnapshotHeader) error) (SnapshotHeader, []record, error) {
 	var loaded []record
-	hd, _, err := f.verify(r, size, accept, func(body io.Reader, h recordHeadFields) error {
+	hd, err := f.verify(r, size, accept, func(body io.Reader, h recordHeadFields) error {
 		rec, err := f.decodeRecord(body, h)
 		if err == nil {
 			loaded = append(loaded, rec)
@@ -371,42 +371,42 @@ func (f *Filters) read(r io.ReaderAt, size int64, accept func(SnapshotHeader) er
 // verify checks a snapshot's header, checksum, accept and parameters, then
 // each record's head (checkRecordHead), in order, passing the record's
 // head and the rest of the record to each.
-func (f *Filters) verify(r io.ReaderAt, size int64, accept func(SnapshotHeader) error, each func(io.Reader, recordHeadFields) error) (SnapshotHeader, int, error) {
+func (f *Filters) verify(r io.ReaderAt, size int64, accept func(SnapshotHeader) error, each func(io.Reader, recordHeadFields) error) (SnapshotHeader, error) {
 	hd, count, err := ReadSnapshotHeader(r, size)
 	if err != nil {
-		return hd, 0, err
+		return hd, err
 	}
 	if hd.Sum, err = verifyChecksum(r, size); err != nil {
-		return hd, 0, err
+		return hd, err
 	}
 	if accept != nil {
 		if err := accept(hd); err != nil {
-			return hd, 0, err
+			return hd, err
 		}
 	}
 	if err := f.checkParams(hd); err != nil {
-		return hd, 0, err
+		return hd, err
 	}
 	seen := make(map[int64]bool, count)
 	for i := int64(0); i < int64(count); i++ {
 		sr := io.NewSectionReader(r, headerSize+i*recordSize(f.lay.m), recordSize(f.lay.m))
 		var head [recordHead]byte
 		if _, err := io.ReadFull(sr, head[:]); err != nil {
-			return hd, 0, fmt.Errorf("%w: record: %w", ErrSnapshot, err)
+			return hd, fmt.Errorf("%w: record: %w", ErrSnapshot, err)
 		}
 		h, err := f.checkRecordHead(head)
 		if err != nil {
-			return hd, 0, err
+			return hd, err
 		}
 		if h.part > hd.Newest || h.part < f.parts.Oldest(hd.Newest) || seen[h.part] {
-			return hd, 0, fmt.Errorf("%w: partition %d outside the window or repeated", ErrSnapshot, h.part)
+			return hd, fmt.Errorf("%w: partition %d outside the window or repeated", ErrSnapshot, h.part)
 		}
 		seen[h.part] = true
 		if err := each(io.MultiReader(bytes.NewReader(head[16:]), sr), h); err != nil {
-			return hd, 0, err
+			return hd, err
 		}
 	}
-	return hd, count, nil
+	return hd, nil
 }
 
 func verifyChecksum(r io.ReaderAt, size int64) (uint32, error) {
