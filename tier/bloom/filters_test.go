@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"hash/crc32"
 	"math"
 	"strconv"
 	"testing"
@@ -243,11 +242,6 @@ func TestCheckSnapshotRefusesWhatMergeRefuses(t *testing.T) {
 	good := buf.Bytes()
 	m, _, _ := f.Params()
 	second := headerSize + int(recordSize(m)) // the second record's head
-	// resum rewrites the trailer so that only the record's content is wrong.
-	resum := func(b []byte) []byte {
-		binary.LittleEndian.PutUint32(b[len(b)-4:], crc32.Checksum(b[:len(b)-4], castagnoli))
-		return b
-	}
 	edit := func(off int, v uint64, big bool) []byte {
 		b := append([]byte{}, good...)
 		if big {
