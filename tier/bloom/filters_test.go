@@ -242,15 +242,7 @@ func TestCheckSnapshotRefusesWhatMergeRefuses(t *testing.T) {
 	good := buf.Bytes()
 	m, _, _ := f.Params()
 	second := headerSize + int(recordSize(m)) // the second record's head
-	edit := func(off int, v uint64, big bool) []byte {
-		b := append([]byte{}, good...)
-		if big {
-			binary.BigEndian.PutUint64(b[off:], v)
-		} else {
-			binary.LittleEndian.PutUint64(b[off:], v)
-		}
-		return resum(b)
-	}
+	edit := func(off int, v uint64, big bool) []byte { return editSnapshot(good, off, v, big) }
 	first := binary.LittleEndian.Uint64(good[headerSize:])
 	bad := map[string][]byte{
 		"repeated partition":  edit(second, first, false),

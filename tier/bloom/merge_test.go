@@ -152,6 +152,19 @@ func TestMergeSnapshotsConcurrent(t *testing.T) {
 	t.Logf("%d adds checked, newest %d, %d lost", len(adds), newest, lost)
 }
 
+// editSnapshot returns a copy of snapshot b with the u64 at off set to v
+// (big endian if big) and its checksum made to match: only the content is
+// wrong.
+func editSnapshot(b []byte, off int, v uint64, big bool) []byte {
+	c := append([]byte{}, b...)
+	if big {
+		binary.BigEndian.PutUint64(c[off:], v)
+	} else {
+		binary.LittleEndian.PutUint64(c[off:], v)
+	}
+	return resum(c)
+}
+
 // resum rewrites a snapshot's trailer to match its content, so that only
 // the content is wrong.
 func resum(b []byte) []byte {
@@ -182,15 +195,7 @@ func TestRefusedFileChangesNothing(t *testing.T) {
 	if p := int64(binary.LittleEndian.Uint64(good[headerSize:])); p != 8 {
 		t.Fatalf("first record of partition %d, want 8", p)
 	}
-	edit := func(off int, v uint64, big bool) []byte {
-		b := append([]byte{}, good...)
-		if big {
-			binary.BigEndian.PutUint64(b[off:], v)
-		} else {
-			binary.LittleEndian.PutUint64(b[off:], v)
-		}
-		return resum(b)
-	}
+	edit := func(off int, v uint64, big bool) []byte { return editSnapshot(good, off, v, big) }
 	// Two writers' files for partition 7, one for partition 9.
 	b7, c7, c9 := newFilters(t, n, 0.01, 9), newFilters(t, n, 0.01, 9), newFilters(t, n, 0.01, 9)
 	kb7, kc7, kc9 := keys("b7-", 800), keys("c7-", 800), keys("c9-", 800)
