@@ -281,3 +281,32 @@ func TestKillDuringCheckpointAndMove(t *testing.T) {
 type fixedClock int64
 
 func (c fixedClock) Now() time.Time { return time.Unix(0, int64(c)) }
+
+// TestImportRestoresFromCheckpoint: an export taken after a checkpoint
+// carries the checkpoint's files beside the sealed ones, so the imported
+// store restores its open partition from them and the journal after the
+// checkpoint, with nothing scanned; every key is a Duplicate.
+func TestImportRestoresFromCheckpoint(t *testing.T) {
+	engine.SetCheckpointKeys(100)
+	defer engine.SetCheckpointKeys(0)
+	mem := newCrashFS()
+	e, o, keys, _ := checkpointedEngine(t, mem)
+	ctx := context.Background()
+	if _, err := e.Export(ctx, "exp", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	o.Dir = "other"
+	if _, err := engine.Import(ctx, "exp", &o, 0); err != nil {
+		t.Fatal(err)
+	}
+	e2 := open(t, o)
+	defer e2.Close()
+	if s := e2.Stats(); s.BloomMode != "warm" || s.BloomRestored != 1 || s.BloomRebuiltKeys != 0 || s.BloomSealedLoaded != 1 {
+		t.Fatalf("after import: mode %s, %d restored, %d keys rebuilt by a scan, %d sealed loaded; want warm, 1, 0, 1",
+			s.BloomMode, s.BloomRestored, s.BloomRebuiltKeys, s.BloomSealedLoaded)
+	}
+	allDuplicates(t, e2, keys)
+}

@@ -42,8 +42,9 @@ import (
 //     the destination, which never finds the destination missing.
 //
 // The imported store opens as after a crash: its sealed partitions load
-// where their seals in the store name them, the rest is rebuilt from the
-// store, and until then claims read the store.
+// where their seals in the store name them, its open partitions restore
+// from the checkpoint the store records and the journal after it, the rest
+// is rebuilt from the store, and until then claims read the store.
 const (
 	exportManifestName = "tierdedup-export.json"
 	exportFormat       = 1
@@ -171,10 +172,15 @@ func (s *Store) Export(ctx context.Context, dir string, version uint64) (info Ex
 	return m.info(), nil
 }
 
-// copySealed copies the sealed partitions' files into dir. A file the
-// sealer removes meanwhile is left out: its partition is then rebuilt from
-// the store when the export is opened, as is one whose seal the copy of the
-// store lacks.
+// copySealed copies the sealed partitions' files and the checkpoint's
+// files into dir, after the copy of the store was taken. A file the sealer
+// or the checkpointer removes meanwhile is left out, and one written after
+// the copy of the store is not named by it: either way its partition is
+// rebuilt from the store when the export is opened, as is one whose seal
+// or checkpoint record the copy of the store lacks. A checkpoint's files
+// are never newer than the record that names them (they are written
+// first), and the journal after that record is in the copy of the store,
+// so the open partitions restore without a scan.
 func (s *Store) copySealed(ctx context.Context, dir string) error {
 	fs := s.sealedDir.fs
 	names, err := fs.List(s.sealedDir.dir)
@@ -185,7 +191,7 @@ func (s *Store) copySealed(ctx context.Context, dir string) error {
 		return fmt.Errorf("%w: export: %w", tier.ErrStorage, err)
 	}
 	for _, n := range names {
-		if !strings.HasSuffix(n, sealedSuffix) {
+		if !strings.HasSuffix(n, sealedSuffix) && !strings.HasSuffix(n, checkpointSuffix) {
 			continue
 		}
 		if err := ctx.Err(); err != nil {
