@@ -23,7 +23,7 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	maxP99 := fs.Duration("max-p99", 0, "search for the highest open-loop rate whose batch p99 stays at most this (a closed-loop run, then -search-steps open-loop runs)")
 	steps := fs.Int("search-steps", 6, "open-loop runs of a -max-p99 search")
 	profile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to the file")
-	dayProfiles := fs.String("cpuprofile-days", "", "write a CPU profile of each simulated day to PREFIXday<N>.pprof (not with -cpuprofile)")
+	dayProfiles := fs.String("cpuprofile-days", "", "write a CPU profile of each simulated day to PREFIXday<N>.pprof (not with -cpuprofile; with -count or -max-p99, each run overwrites the last)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
