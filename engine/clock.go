@@ -56,7 +56,7 @@ func (e *Engine) rotate(p, t int64) error {
 		return nil
 	}
 	if e.dropper != nil {
-		if err := e.dropper.Drop(e.parts.Oldest(p), t); err != nil {
+		if err := e.dropper.Drop(e.dropFloor(p), t); err != nil {
 			e.stats.errors.Add(1)
 			return fmt.Errorf("%w: %w", ErrStorage, err)
 		}
@@ -65,5 +65,8 @@ func (e *Engine) rotate(p, t int64) error {
 		e.stats.partitionsDropped.Add(uint64(e.local.Rotate(p)))
 	}
 	e.current.Store(p)
+	if e.arch != nil {
+		e.arch.poke()
+	}
 	return nil
 }

@@ -1,5 +1,10 @@
 package engine
 
+import (
+	"errors"
+	"fmt"
+)
+
 // Close flushes the commit queue, waits for the calls in progress, stops
 // background work, saves the Bloom filters (so the next Open is warm) and
 // closes the store. It is idempotent; calls after it return ErrClosed.
@@ -24,10 +29,17 @@ func (e *Engine) Close() error {
 	}
 	e.life.closed = true
 	e.life.Unlock()
+	var archErr error
+	if e.arch != nil {
+		// Before the store it reads: its loop stops between partitions.
+		if err := e.arch.close(); err != nil {
+			archErr = fmt.Errorf("%w: archive: %w", ErrStorage, err)
+		}
+	}
 	if e.local != nil {
 		// It stops the rebuild and the sealer, saves the filters (so the
 		// next Open is warm) and closes the Pebble store.
-		return e.local.Close(e.highWater.Load())
+		return errors.Join(archErr, e.local.Close(e.highWater.Load()))
 	}
 	if e.exact != nil {
 		if err := e.exact.Close(); err != nil {

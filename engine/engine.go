@@ -4,6 +4,7 @@ import (
 	"log"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
@@ -56,6 +57,10 @@ type Engine struct {
 	looker    tier.Looker
 	forgetter tier.Forgetter
 	advancer  tier.Advancer // compares versions in the shared tier
+	// arch keeps the history behind the window (Options.Archive); nil
+	// without one.
+	arch          *archiver
+	archiveWindow time.Duration
 	// nsWindows are the namespaces' own windows (Options.NamespaceWindows).
 	nsWindows map[string]int64
 	// noSharedCache: memory keeps no commits of a shared tier

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strconv"
 
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/memory"
@@ -24,6 +25,39 @@ type KeyInfo struct {
 	Digest      Digest
 	Result      []byte
 	CommittedAt int64
+	// CommittedBefore is the end of the partition holding the commit
+	// (Duplicate read from the exact tier or the archive): the commit was
+	// made in the Partition before it. Zero when the tier cannot tell.
+	CommittedBefore int64
+	// Source is the tier that answered.
+	Source Source
+}
+
+// Source names the tier that answered a Lookup.
+type Source uint8
+
+// Sources.
+const (
+	// SourceMemory: the memory table (a claim in flight, a cached commit,
+	// or memory-only's answer).
+	SourceMemory Source = iota + 1
+	// SourceFilter: the Bloom filters proved the key absent.
+	SourceFilter
+	// SourceStore: the exact tier (embedded store or shared tier).
+	SourceStore
+	// SourceArchive: the archive (Options.Archive), or a partition that
+	// left the window before the archive took it.
+	SourceArchive
+)
+
+var sourceNames = [...]string{"", "memory", "filter", "store", "archive"}
+
+// String returns the source's name.
+func (s Source) String() string {
+	if int(s) < len(sourceNames) {
+		return sourceNames[s]
+	}
+	return "Source(" + strconv.Itoa(int(s)) + ")"
 }
 
 // Lookup reads key's state in the default namespace; see
@@ -134,8 +168,18 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 	repeats := b.repeatsOf(b.fps[:n])
 	cand := e.lookupMemory(b, out, repeats, forget)
 	var c tally
+	archived := e.arch != nil && ns.window == 0 && archiveNS(ns.name)
+	if forget && archived {
+		// No partition is archived between the two deletions (invariant 3
+		// of the archive).
+		e.arch.mu.RLock()
+		defer e.arch.mu.RUnlock()
+	}
 	if e.exact != nil && len(cand) > 0 {
 		err = e.lookupExact(ctx, b, ns, keys, out, forget, &c, now)
+		if err == nil && archived {
+			err = e.lookupArchive(ctx, b, ns, keys, out, forget, now)
+		}
 	}
 	if forget {
 		// Give back every claim Seize made: the key is free, or (on an
@@ -177,13 +221,13 @@ func (e *Engine) lookupMemory(b *batch, out []KeyInfo, repeats map[int]int, forg
 			continue
 		}
 		r := &b.res[i]
-		out[i] = KeyInfo{Attempts: r.Attempts}
+		out[i] = KeyInfo{Attempts: r.Attempts, Source: SourceMemory}
 		switch r.Status {
 		case tier.Held:
 			out[i].Outcome = InFlight
 			continue
 		case tier.Committed:
-			out[i] = KeyInfo{Outcome: Duplicate, Digest: r.Digest, Result: r.Result, CommittedAt: r.At}
+			out[i] = KeyInfo{Outcome: Duplicate, Digest: r.Digest, Result: r.Result, CommittedAt: r.At, Source: SourceMemory}
 		case tier.Poisoned:
 			out[i].Outcome = Poison
 		default: // Absent, Released
@@ -247,7 +291,13 @@ func (e *Engine) lookupExact(ctx context.Context, b *batch, ns *Namespace, keys 
 		mask := b.probes[j].Maybe
 		if warm && mask == 0 {
 			c.bloomNegatives++
+			if out[i].Outcome == New {
+				out[i].Source = SourceFilter
+			}
 			continue
+		}
+		if out[i].Outcome == New {
+			out[i].Source = SourceStore
 		}
 		reqs = append(reqs, tier.Request{NS: ns.name, Key: keys[i], Oldest: oldest, Mask: mask})
 		qidx = append(qidx, i)
@@ -280,14 +330,17 @@ func (e *Engine) lookupExact(ctx context.Context, b *batch, ns *Namespace, keys 
 				continue // older than the namespace's window: New
 			}
 			c.storeHits++
-			*o = KeyInfo{Outcome: Duplicate, Digest: a.Digest, Result: a.Result}
+			*o = KeyInfo{Outcome: Duplicate, Digest: a.Digest, Result: a.Result, Source: SourceStore}
 			if a.Result != nil {
 				o.CommittedAt = a.At // dated only with a result, whichever tier answers
 			}
+			if a.Partition >= 0 {
+				o.CommittedBefore = (a.Partition + 1) * e.parts.Length
+			}
 		case tier.Held:
-			o.Outcome = InFlight
+			o.Outcome, o.Source = InFlight, SourceStore
 		case tier.Poisoned:
-			o.Outcome, o.Attempts = Poison, max(o.Attempts, a.Attempts)
+			o.Outcome, o.Attempts, o.Source = Poison, max(o.Attempts, a.Attempts), SourceStore
 		case tier.Released:
 			if o.Outcome != Duplicate {
 				o.Outcome, o.Attempts = New, max(o.Attempts, a.Attempts)

@@ -56,7 +56,7 @@ func Open(opts *Options) (_ *Engine, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := e.assemble(o, now); err != nil {
+	if err := e.assemble(o, now, &opened); err != nil {
 		return nil, err
 	}
 	return e, nil
@@ -152,7 +152,7 @@ func (e *Engine) openLocal(o Options, now int64, opened *closers) (int64, error)
 	local, err := embedded.Open(&embedded.Options{
 		Dir: o.Dir, FS: o.FS, BloomOnly: o.Tiers == BloomOnly, NoSync: o.NoSync, CacheSize: o.CacheSize,
 		Window: o.Window, Partition: o.Partition, ExpectedKeys: o.ExpectedKeys, FalsePositive: o.FalsePositive,
-		Logger: o.Logger, Now: now,
+		Logger: o.Logger, Now: now, HoldDrops: o.Archive != nil,
 	})
 	if errors.Is(err, embedded.ErrNoClock) {
 		return 0, e.clockError()
@@ -172,7 +172,7 @@ func (e *Engine) openLocal(o Options, now int64, opened *closers) (int64, error)
 // namespaces, and starts the background work: the rebuild and the sealer
 // (the local store's) and the commit queue. Nothing after the first
 // goroutine fails, so none leaks.
-func (e *Engine) assemble(o Options, now int64) error {
+func (e *Engine) assemble(o Options, now int64, opened *closers) error {
 	if now == 0 {
 		// A clock outside the range the engine takes as time, and no
 		// stored reading to stand on: running at 1970 would let the first
@@ -195,12 +195,21 @@ func (e *Engine) assemble(o Options, now int64) error {
 		e.openedAt = now
 	}
 	e.current.Store(e.parts.Of(now))
+	if o.Archive != nil {
+		if err := e.openArchive(o, opened); err != nil {
+			return err
+		}
+		e.archiveWindow = o.ArchiveWindow
+	}
 
 	if e.local != nil {
 		e.local.Start(e.current.Load(), e.highWater.Load)
 	}
 	if e.exact != nil {
 		e.queue = newCommitQueue(e, o.CommitQueue)
+	}
+	if e.arch != nil {
+		e.arch.start()
 	}
 	return nil
 }

@@ -227,7 +227,32 @@ type Options struct {
 	// table) records it, so every process sharing it must agree
 	// (ErrLayout otherwise).
 	NoSharedCache bool
+
+	// Archive keeps the committed keys of partitions that left the
+	// Window, for ArchiveWindow: a claim, mark or Lookup of a key
+	// committed before the window but inside ArchiveWindow answers
+	// Duplicate (with its stored result), read from the archive where the
+	// archive's own filter says the key may be; Forget reaches it too. Nil
+	// means none: a key is New once its partition leaves the Window. The
+	// embedded store only (Tiers Default with Dir), with
+	// pebble.ArchiveDir; namespaces with their own window and the
+	// engine's tokens are not archived (their window is their promise).
+	// See docs/archive.md.
+	Archive tier.ArchiveBackend
+	// ArchiveWindow is how long the archive keeps a key, counted like
+	// Window (from its partition; at most one partition more). Zero means
+	// DefaultArchiveWindow; it must be longer than Window, at most
+	// MaxWindow. The archive records it: a later Open may lengthen it,
+	// never shorten it (ErrLayout).
+	ArchiveWindow time.Duration
+	// ArchiveFalsePositive is the archive filter's false-positive target,
+	// the share of new keys that cost an archive read. Zero means 0.01.
+	ArchiveFalsePositive float64
 }
+
+// DefaultArchiveWindow is the archive window when Options.Archive is set
+// and ArchiveWindow is zero.
+const DefaultArchiveWindow = 90 * 24 * time.Hour
 
 // Validate reports every invalid field at once; each error matches
 // ErrOptions.
@@ -302,6 +327,7 @@ func (o *Options) Validate() error {
 	if o.MaxResultSize < 0 || o.MaxResultSize > MaxResultSize {
 		bad("MaxResultSize %d is outside [1, %d]", o.MaxResultSize, MaxResultSize)
 	}
+	o.validateArchive(d, bad)
 	if o.Backend != nil {
 		if err := o.Backend.Validate(d.env()); err != nil {
 			errs = append(errs, err) // each matches tier.ErrOptions, which ErrOptions is
@@ -340,6 +366,45 @@ func (o *Options) validateTiers(bad func(format string, args ...any)) {
 	}
 }
 
+// validateArchive reports, through bad, archive settings that cannot
+// work, and the ones the configuration cannot keep.
+func (o *Options) validateArchive(d Options, bad func(format string, args ...any)) {
+	if o.Archive == nil {
+		if o.ArchiveWindow != 0 || o.ArchiveFalsePositive != 0 {
+			bad("ArchiveWindow and ArchiveFalsePositive need an Archive")
+		}
+		return
+	}
+	switch {
+	case tier.Nil(o.Archive):
+		bad("Archive is a nil %T", o.Archive)
+		return
+	case o.Tiers != Default || o.Backend != nil || o.Dir == "":
+		bad("Archive %s needs the embedded store (Tiers Default with Dir), have %s", o.Archive.Name(), o.Name())
+	}
+	if o.ArchiveWindow < 0 || o.ArchiveWindow > MaxWindow {
+		bad("ArchiveWindow %v is outside [0, %v]", o.ArchiveWindow, MaxWindow)
+	} else if d.ArchiveWindow <= d.Window {
+		bad("ArchiveWindow %v must be longer than Window %v", d.ArchiveWindow, d.Window)
+	}
+	if fp := o.ArchiveFalsePositive; fp != 0 && !(fp > 0 && fp < 1) {
+		bad("ArchiveFalsePositive %v is outside (0, 1)", fp)
+	}
+	if d.Window > 0 && d.Partition > 0 && d.ArchiveWindow > d.Window {
+		if parts, err := tier.NewPartitions(d.Window, d.Partition); err == nil {
+			if err := o.Archive.Validate(d.archiveEnv(parts)); err != nil {
+				bad("%v", err)
+			}
+		}
+	}
+}
+
+// archiveEnv is what Validate tells the archive (Open adds the owner and
+// the secret's check).
+func (o Options) archiveEnv(parts tier.Partitions) tier.ArchiveEnv {
+	return tier.ArchiveEnv{Partitions: parts, Window: o.ArchiveWindow, Logger: o.Logger}
+}
+
 // WithDefaults returns a copy of o with every field left zero that has a
 // default set to it: the options Open runs with. It does not validate.
 func (o Options) WithDefaults() Options {
@@ -369,6 +434,12 @@ func (o Options) WithDefaults() Options {
 	}
 	if o.Clock == nil {
 		o.Clock = systemClock{}
+	}
+	if o.Archive != nil && o.ArchiveWindow == 0 {
+		o.ArchiveWindow = DefaultArchiveWindow
+	}
+	if o.Archive != nil && o.ArchiveFalsePositive == 0 {
+		o.ArchiveFalsePositive = bloom.DefaultFalsePositive
 	}
 	if o.Logger == nil {
 		o.Logger = log.Default()

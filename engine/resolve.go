@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"time"
 
@@ -50,7 +51,15 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 	}
 	reqs := e.exactRequests(b, ns, out, c, now, oldest, proves)
 	if len(reqs) == 0 {
-		return nil
+		if e.arch == nil {
+			return nil
+		}
+		err := e.resolveArchive(ctx, b, ns, out, d, c, now)
+		if err != nil {
+			d.dropAll()
+		}
+		d.settle(e)
+		return err
 	}
 	ans := b.ans[:len(reqs)]
 	c.storeReads += uint64(len(reqs))
@@ -62,6 +71,9 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 	}
 	if err == nil {
 		err = e.decideAll(d, b, ns, out, c, now, p, proves)
+		if err == nil && e.arch != nil {
+			err = e.resolveArchive(ctx, b, ns, out, d, c, now)
+		}
 	} else {
 		e.claimFailed(b, out, now, p)
 		err = e.tierError(err)
@@ -305,6 +317,9 @@ func (e *Engine) decideCommitted(d decision, j int, cl *Claim, a *tier.Answer, t
 // tierError wraps an exact tier's failure: ErrUnavailable for a shared
 // tier (a server that may come back), ErrStorage for the embedded one.
 func (e *Engine) tierError(err error) error {
+	if errors.Is(err, ErrUnavailable) {
+		return err // the archive's, already classified
+	}
 	if e.where == tier.ClaimsInStore {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}

@@ -16,6 +16,8 @@ type Stats struct {
 	// check reads Pebble while the filters refill) or "cold" (rebuild
 	// failed: every check reads Pebble), or "" without filters.
 	BloomMode string
+	// Archive is the archive's figures (Options.Archive); nil without one.
+	Archive *ArchiveStats
 
 	Claims, New, Duplicates, InFlight, Conflicts, Poisoned uint64
 	// Stale counts Advance answers Stale (Claims and the others count
@@ -181,6 +183,9 @@ func (e *Engine) Stats() Stats {
 		s.CommitsPending = e.queue.pending()
 	}
 	s.CommitLatency = c.commitLatency.snapshot()
+	if e.arch != nil {
+		s.Archive = e.arch.stats(e.archiveWindow)
+	}
 	if e.local != nil {
 		l := e.local.Stats()
 		s.BloomMode, s.BloomBytes, s.BloomTargetFP, s.BloomEstimatedFP = l.Mode, l.Bytes, l.TargetFP, l.EstimatedFP

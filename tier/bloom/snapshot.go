@@ -43,6 +43,11 @@ const (
 	// valid only while the store named by StoreID holds the seal whose ID
 	// is Epoch.
 	SnapshotPartition SnapshotKind = 3
+	// SnapshotArchive holds one slot of an archive's filter ring
+	// (WritePartition), saved in the archive it describes: Secret is a
+	// check of the fingerprint secret (not the secret), Epoch the newest
+	// partition whose keys it holds.
+	SnapshotArchive SnapshotKind = 4
 )
 
 // SnapshotMeta is what a snapshot records about the state it describes.

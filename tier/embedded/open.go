@@ -29,7 +29,7 @@ func Open(o *Options) (_ *Store, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", tier.ErrOptions, err)
 	}
-	s := &Store{parts: parts, window: o.Window, logger: o.Logger, now: o.Now, secret: shard.NewSecret()}
+	s := &Store{parts: parts, window: o.Window, logger: o.Logger, now: o.Now, secret: shard.NewSecret(), holdDrops: o.HoldDrops}
 	if s.logger == nil {
 		s.logger = log.Default()
 	}
@@ -166,7 +166,7 @@ func (s *Store) loadFilters() error {
 	}, true, s.logger)
 	// Drop what expired while the store was closed, and persist the
 	// high-water clock before answering anything.
-	if derr := s.store.Drop(s.parts.Oldest(s.parts.Of(s.now)), s.now); derr != nil {
+	if derr := s.store.Drop(s.dropBefore(s.parts.Of(s.now)), s.now); derr != nil {
 		return fmt.Errorf("%w: %w", tier.ErrStorage, derr)
 	}
 	switch {

@@ -41,6 +41,10 @@ type Options struct {
 	// Now is the engine's clock reading (Unix ns), 0 when it is not one;
 	// the store starts from the later of it and its own recorded clock.
 	Now int64
+	// HoldDrops leaves every Drop of partitions to the engine (an archive
+	// needs a partition until it holds it): Open and Close record the
+	// clock and drop nothing.
+	HoldDrops bool
 }
 
 // Store is the engine's embedded default: a Pebble store in a directory
@@ -57,6 +61,8 @@ type Store struct {
 	snapshots *snapshotFile // nil when the filters are not persisted
 	sealedDir *snapshotFile // the sealed partitions' directory (not BloomOnly)
 	dirLock   io.Closer     // bloom-only's hold on Dir
+
+	holdDrops bool // Options.HoldDrops
 
 	secret   shard.Secret // keys the fingerprints
 	hasher   shard.Hasher // of secret, for the rebuild
@@ -105,6 +111,23 @@ func (s *Store) Exact() tier.Exact {
 		return nil
 	}
 	return s.store
+}
+
+// ID returns the Pebble store's ID; zero when BloomOnly.
+func (s *Store) ID() [16]byte {
+	if s.store == nil {
+		return [16]byte{}
+	}
+	return s.store.Layout().ID
+}
+
+// dropBefore is the partition Open and Close drop before: the oldest live
+// one, or none with HoldDrops.
+func (s *Store) dropBefore(current int64) int64 {
+	if s.holdDrops {
+		return 0
+	}
+	return s.parts.Oldest(current)
 }
 
 // Secret returns the secret that keys the fingerprints: the directory's,
@@ -170,7 +193,7 @@ func (s *Store) Close(highWater int64) error {
 		// Persist the high-water clock, so time does not run back across a
 		// clean restart, then seal the state the snapshot describes: no
 		// write follows.
-		err := s.store.Drop(s.parts.Oldest(s.current.Load()), highWater)
+		err := s.store.Drop(s.dropBefore(s.current.Load()), highWater)
 		if err == nil {
 			meta = bloom.SnapshotMeta{Kind: bloom.SnapshotCache, StoreID: s.store.Layout().ID, HighWater: highWater}
 			meta.Epoch, err = s.store.SealSnapshot()

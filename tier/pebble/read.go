@@ -176,3 +176,52 @@ func (s *Store) scan(ctx context.Context, it *pebble.Iterator, ok bool, fn func(
 	}
 	return nil
 }
+
+// ScanRecords calls fn for every committed record of partition p, in key
+// order, from whichever database holds it (tier.RecordScanner). Attempt
+// counts are left out. The record's slices alias Pebble's buffers.
+func (s *Store) ScanRecords(ctx context.Context, p int64, fn func(*tier.Record) error) (err error) {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	defer s.guard(&err)
+	its, err := s.newIters(&pebble.IterOptions{LowerBound: recordPrefix(p), UpperBound: recordPrefix(p + 1)})
+	if err != nil {
+		return err
+	}
+	defer its.close()
+	it, err := its.of(p)
+	if err != nil {
+		return err
+	}
+	var r tier.Record
+	n := 0
+	for ok := it.First(); ok; ok = it.Next() {
+		if n++; n%1024 == 0 && ctx.Err() != nil {
+			return ctx.Err()
+		}
+		_, ns, key, err := parseRecordKey(it.Key())
+		if err != nil {
+			return s.fail(err)
+		}
+		raw, err := it.ValueAndErr()
+		if err != nil {
+			return s.fail(err)
+		}
+		v, err := decodeValue(raw)
+		if err != nil {
+			return s.fail(err)
+		}
+		if v.State != StateCommitted {
+			continue
+		}
+		r = tier.Record{NS: ns, Key: key, Digest: v.Digest, At: v.At, Result: v.Result}
+		if err := fn(&r); err != nil {
+			return err
+		}
+	}
+	if err := it.Error(); err != nil {
+		return s.fail(err)
+	}
+	return nil
+}

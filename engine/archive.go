@@ -1,0 +1,633 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math/bits"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tierdedup/tierdedup/shard"
+	"github.com/tierdedup/tierdedup/tier"
+	"github.com/tierdedup/tierdedup/tier/bloom"
+	"github.com/tierdedup/tierdedup/tier/memory"
+)
+
+// The archive (Options.Archive) keeps every committed key of a partition
+// that left the window for ArchiveWindow after it:
+//
+//	commit ──► hot partition p (exact tier, the Window)
+//	           │ p closes and is sealed
+//	           ▼
+//	           archive.Put(p) ──► archived (durable) ──► the exact tier may drop p
+//	                                                     once p leaves the Window
+//	                              │ ArchiveWindow after p
+//	                              ▼
+//	                              archive.Drop: the key is New again
+//
+// A closed partition is archived as soon as it is sealed, so the archive
+// normally holds it long before it leaves the window; the exact tier drops
+// a partition only once the archive holds it (dropFloor), and while the
+// archive lags behind the window, the exact tier's partitions that left
+// the window are still read, unfiltered, for every key found nowhere else
+// (lagRead).
+//
+// A filter ring of its own covers the archive (archiveSlots slots of
+// group partitions each): a key it rules out never reaches the archive.
+// Each slot's filter is saved in the archive as a blob after each
+// partition it takes in, naming the newest partition it covers; a
+// partition archived after its group's blob (a crash between the two) is
+// scanned back into the filter at Open. What makes a blob invalid, and
+// who checks (Open): another kind, secret check or filter parameters, or a
+// damaged file (the snapshot's checksum): it is not loaded, and its
+// group's partitions are scanned.
+//
+// Invariants:
+//
+//  1. The exact tier drops partition p only after archive.Put(p)
+//     returned (next > p): no committed key is ever in neither.
+//  2. A key is added to the archive filter before its partition becomes
+//     visible to claims (next moves past it).
+//  3. A Forget and the archiving of a partition exclude each other (mu),
+//     so an archived copy never brings back a key a Forget removed.
+//  4. The archive is consulted only for keys the exact tier left New,
+//     and an archive that cannot answer fails the call (ErrUnavailable):
+//     it never makes a key New.
+
+// archiveSlots is the archive filter ring's slot count: 4 cache lines a
+// block, 8 a probe.
+const archiveSlots = 32
+
+// archiveNS reports whether a namespace's keys are archived: not the
+// engine's own (tokens), whose promise is their window.
+func archiveNS(ns string) bool { return !strings.HasPrefix(ns, "\x00") }
+
+// archiver drives the archive of the embedded store.
+type archiver struct {
+	e       *Engine
+	store   tier.Archive
+	name    string
+	scanner tier.RecordScanner
+	live    int64 // partitions the archive keeps, the current one counted
+	group   int64 // partitions per filter slot
+	filters *bloom.Filters
+	check   [16]byte
+
+	// next is the first partition not archived: every partition before
+	// it that the exact tier held is in the archive (invariant 1).
+	next atomic.Int64
+	mu   sync.RWMutex // Lock: archiving a partition; RLock: a Forget
+	wake chan struct{}
+	stop context.CancelFunc
+	done chan struct{}
+
+	reads, hits, lagReads, archived, keys, failures atomic.Uint64
+}
+
+// archiveLive returns the partitions an archive window keeps, the current
+// one counted, as tier.NewPartitions counts a window's.
+func archiveLive(window time.Duration, parts tier.Partitions) int64 {
+	return (int64(window)+parts.Length-1)/parts.Length + 1
+}
+
+// openArchive opens o.Archive behind the embedded store, loads its
+// filters and starts nothing yet (startArchive does).
+func (e *Engine) openArchive(o Options, opened *closers) error {
+	scanner, ok := e.exact.(tier.RecordScanner)
+	if !ok || e.local == nil {
+		return fmt.Errorf("%w: Archive needs the embedded store (Tiers Default with Dir)", ErrOptions)
+	}
+	fp := shard.Sum(e.hasher, "\x00archive", nil)
+	var check [16]byte
+	copy(check[:8], bytes.Clone(u64(fp.Hi)))
+	copy(check[8:], u64(fp.Lo))
+	id := e.local.ID()
+	env := tier.ArchiveEnv{Partitions: e.parts, Window: o.ArchiveWindow, Owner: "embedded:" + hex.EncodeToString(id[:]), Check: check, Logger: e.logger}
+	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+	defer cancel()
+	st, err := o.Archive.Open(ctx, env)
+	switch {
+	case errors.Is(err, ErrOptions), errors.Is(err, ErrLayout), errors.Is(err, ErrLocked):
+		return err
+	case err != nil:
+		return fmt.Errorf("%w: archive: %w", ErrUnavailable, err)
+	}
+	opened.add(st)
+	a := &archiver{e: e, store: st, name: o.Archive.Name(), scanner: scanner, check: check, wake: make(chan struct{}, 1)}
+	a.live = archiveLive(o.ArchiveWindow, e.parts)
+	a.group = (a.live + archiveSlots - 2) / (archiveSlots - 1)
+	slots := min(archiveSlots, int((a.live+a.group-1)/a.group)+1)
+	cur := e.current.Load()
+	a.filters, err = bloom.New(&bloom.Options{
+		Partitions:    tier.Partitions{Length: a.group * e.parts.Length, Live: slots},
+		ExpectedKeys:  int(min(int64(o.ExpectedKeys)*a.group, MaxExpectedKeys)),
+		FalsePositive: o.ArchiveFalsePositive,
+	}, cur/a.group)
+	if err != nil {
+		return fmt.Errorf("%w: archive filters: %w", ErrOptions, err)
+	}
+	if err := a.load(ctx, cur); err != nil {
+		return fmt.Errorf("%w: archive: %w", ErrUnavailable, err)
+	}
+	e.arch = a
+	return nil
+}
+
+func u64(x uint64) []byte {
+	var b [8]byte
+	for i := range b {
+		b[i] = byte(x >> (8 * i))
+	}
+	return b[:]
+}
+
+// oldest is the oldest partition the archive keeps when cur is current.
+func (a *archiver) oldest(cur int64) int64 { return cur - a.live + 1 }
+
+// blobName names group g's filter blob.
+func blobName(g int64) string { return "filter-" + strconv.FormatInt(g, 10) }
+
+func blobGroup(name string) (int64, bool) {
+	s, ok := strings.CutPrefix(name, "filter-")
+	if !ok {
+		return 0, false
+	}
+	g, err := strconv.ParseInt(s, 10, 64)
+	return g, err == nil && g >= 0
+}
+
+// load drops what expired, loads each group's filter blob and scans back
+// every archived partition no blob covers, and sets next.
+func (a *archiver) load(ctx context.Context, cur int64) error {
+	oldest := a.oldest(cur)
+	if err := a.store.Drop(ctx, oldest); err != nil {
+		return err
+	}
+	held, err := a.store.Archived(ctx)
+	if err != nil {
+		return err
+	}
+	names, err := a.store.Blobs(ctx)
+	if err != nil {
+		return err
+	}
+	covered := map[int64]int64{} // group → newest partition its loaded blob covers
+	var srcs []bloom.SnapshotSource
+	var groups []int64
+	var open []tier.ReadBlob
+	defer func() {
+		for _, b := range open {
+			_ = b.Close()
+		}
+	}()
+	for _, n := range names {
+		g, ok := blobGroup(n)
+		if !ok {
+			continue
+		}
+		if (g+1)*a.group <= oldest {
+			_ = a.store.DeleteBlob(ctx, n) // every partition it covers expired
+			continue
+		}
+		b, ok, err := a.store.Blob(ctx, n)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			continue
+		}
+		open = append(open, b)
+		var upTo int64
+		srcs = append(srcs, bloom.SnapshotSource{R: b, Size: b.Size(), Accept: func(h bloom.SnapshotHeader) error {
+			switch {
+			case h.Kind != bloom.SnapshotArchive:
+				return fmt.Errorf("blob kind %d is not an archive filter", h.Kind)
+			case h.Secret != a.check:
+				return errors.New("archive filter of another secret")
+			}
+			upTo = int64(h.Epoch)
+			covered[g] = upTo
+			return nil
+		}})
+		groups = append(groups, g)
+	}
+	for i, err := range a.filters.MergeSnapshots(srcs) {
+		if err != nil {
+			delete(covered, groups[i])
+			a.e.logger.Printf("tierdedup: archive filter blob %s not used, its partitions are scanned: %v", blobName(groups[i]), err)
+		}
+	}
+	next := max(oldest, a.e.parts.Of(a.e.openedAt))
+	for _, p := range held {
+		if p < oldest {
+			continue
+		}
+		next = max(next, p+1)
+		if c, ok := covered[p/a.group]; ok && p <= c {
+			continue
+		}
+		if err := a.scanBack(ctx, p); err != nil {
+			return err
+		}
+	}
+	a.next.Store(next)
+	return nil
+}
+
+// scanBack adds archived partition p's keys to the archive filter.
+func (a *archiver) scanBack(ctx context.Context, p int64) error {
+	var fps []shard.Fingerprint
+	err := a.store.Scan(ctx, p, func(ns, key []byte) error {
+		fps = append(fps, shard.Sum(a.e.hasher, ns, key))
+		if len(fps) == cap(fps) && len(fps) >= 1024 {
+			a.filters.Add(fps, p/a.group)
+			fps = fps[:0]
+		}
+		return nil
+	})
+	a.filters.Add(fps, p/a.group)
+	return err
+}
+
+// start runs the archiving loop.
+func (a *archiver) start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	a.stop, a.done = cancel, make(chan struct{})
+	go a.loop(ctx)
+	a.poke()
+}
+
+func (a *archiver) poke() {
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+// loop archives whenever woken (a rotation), and retries every second
+// while a closed partition waits for its seal or the archive fails.
+func (a *archiver) loop(ctx context.Context) {
+	defer close(a.done)
+	retry := time.NewTimer(time.Hour)
+	defer retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.wake:
+		case <-retry.C:
+		}
+		if behind := a.pass(ctx); behind {
+			retry.Reset(time.Second)
+		}
+	}
+}
+
+// pass archives every closed, sealed partition not archived yet, oldest
+// first, expires the archive, and lets the exact tier drop what the
+// archive now holds. It reports whether a closed partition is still
+// waiting.
+func (a *archiver) pass(ctx context.Context) (behind bool) {
+	e := a.e
+	for ctx.Err() == nil {
+		cur := e.current.Load()
+		p := a.next.Load()
+		if p >= cur {
+			break
+		}
+		if p >= e.parts.Oldest(cur) && !e.local.Sealed(p) {
+			return true // its writes may not all be in yet
+		}
+		if err := a.archive(ctx, p); err != nil {
+			if ctx.Err() == nil {
+				a.failures.Add(1)
+				e.logger.Printf("tierdedup: archiving partition %d: %v", p, err)
+			}
+			return true
+		}
+	}
+	if ctx.Err() != nil {
+		return false
+	}
+	cur := e.current.Load()
+	if err := a.store.Drop(ctx, a.oldest(cur)); err != nil {
+		a.failures.Add(1)
+		e.logger.Printf("tierdedup: expiring the archive: %v", err)
+		return true
+	}
+	a.filters.Rotate(cur / a.group)
+	if err := e.dropHot(e.highWater.Load()); err != nil {
+		e.logger.Printf("tierdedup: dropping archived partitions: %v", err)
+		return true
+	}
+	return false
+}
+
+// archive copies partition p of the exact tier into the archive, its keys
+// into the archive filter, and saves p's group filter.
+func (a *archiver) archive(ctx context.Context, p int64) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	g := p / a.group
+	fps := make([]shard.Fingerprint, 0, 1024)
+	var n uint64
+	err := a.store.Put(ctx, p, func(put func(*tier.Record) error) error {
+		return a.scanner.ScanRecords(ctx, p, func(r *tier.Record) error {
+			if !archiveNS(string(r.NS)) {
+				return nil
+			}
+			fps = append(fps, shard.Sum(a.e.hasher, r.NS, r.Key))
+			if len(fps) == cap(fps) {
+				a.filters.Add(fps, g) // before p becomes visible (invariant 2)
+				fps = fps[:0]
+			}
+			n++
+			return put(r)
+		})
+	})
+	a.filters.Add(fps, g)
+	if err != nil {
+		return err
+	}
+	a.next.Store(p + 1)
+	a.archived.Add(1)
+	a.keys.Add(n)
+	if err := a.store.PutBlob(ctx, blobName(g), func(w io.Writer) error {
+		_, err := a.filters.WritePartition(w, g, bloom.SnapshotMeta{Kind: bloom.SnapshotArchive, Secret: a.check, Epoch: uint64(p)})
+		return err
+	}); err != nil && ctx.Err() == nil {
+		// The next Open scans the partitions the blob misses.
+		a.e.logger.Printf("tierdedup: saving the archive filter of partition %d: %v", p, err)
+	}
+	return nil
+}
+
+// close stops the loop and closes the archive.
+func (a *archiver) close() error {
+	if a.stop != nil {
+		a.stop()
+		<-a.done
+	}
+	return a.store.Close()
+}
+
+// dropFloor is the first partition the exact tier must keep: the oldest
+// live one, or the first the archive does not hold yet.
+func (e *Engine) dropFloor(cur int64) int64 {
+	floor := e.parts.Oldest(cur)
+	if e.arch != nil {
+		floor = min(floor, e.arch.next.Load())
+	}
+	return floor
+}
+
+// dropHot drops from the exact tier what the window and the archive let
+// go, recording highWater.
+func (e *Engine) dropHot(highWater int64) error {
+	e.rotateMu.Lock()
+	defer e.rotateMu.Unlock()
+	return e.dropper.Drop(e.dropFloor(e.current.Load()), highWater)
+}
+
+// archiveCandidate is a key the exact tier left New that the archive may
+// hold.
+type archiveCandidate struct {
+	j int // candidate index (b.cand)
+	i int // key index
+}
+
+// resolveArchive answers from the archive the candidates the exact tier
+// left New: Duplicate (or Conflict) when the archive holds them inside
+// the archive window. The call fails, changing nothing, when the archive
+// or a lagging partition cannot be read.
+func (e *Engine) resolveArchive(ctx context.Context, b *batch, ns *Namespace, out []Claim, d decision, c *tally, now int64) error {
+	a := e.arch
+	if a == nil || ns.window > 0 || !archiveNS(ns.name) {
+		return nil
+	}
+	var keys [][]byte
+	var digests []Digest
+	var idx []int
+	for j, i := range b.cand {
+		if out[i].Outcome == New && !out[i].undo {
+			keys = append(keys, out[i].Key)
+			digests = append(digests, out[i].digest)
+			idx = append(idx, j)
+		}
+	}
+	if len(idx) == 0 {
+		return nil
+	}
+	fps := make([]shard.Fingerprint, len(idx))
+	for q, j := range idx {
+		fps[q] = d.fps[j]
+	}
+	ans, err := a.find(ctx, ns, keys, fps, now)
+	if err != nil {
+		return err
+	}
+	for q, j := range idx {
+		r := &ans[q]
+		if r.Status != tier.Committed {
+			continue
+		}
+		cl := &out[b.cand[j]]
+		cl.Outcome = Duplicate
+		if conflicts(digests[q], r.Digest) {
+			cl.Outcome = Conflict
+		}
+		d.digests[j], cl.digest = r.Digest, r.Digest
+		cl.Result, cl.CommittedAt = r.Result, r.At
+		if r.Result == nil {
+			cl.CommittedAt = 0
+		}
+		d.actions[j] = memory.Drop // not cached: memory would outlive the hot window's expiry rules
+		c.storeHits++
+	}
+	return nil
+}
+
+// find answers each key (fingerprint fps[q]) from the archive and the
+// exact tier's partitions that left the window unarchived: Committed with
+// the archived record, or Absent.
+func (a *archiver) find(ctx context.Context, ns *Namespace, keys [][]byte, fps []shard.Fingerprint, now int64) ([]tier.Answer, error) {
+	e := a.e
+	cur := e.parts.Of(now)
+	hotOldest := e.parts.Oldest(cur)
+	oldest := a.oldest(cur)
+	next := a.next.Load()
+	out := make([]tier.Answer, len(keys))
+	for q := range out {
+		out[q] = tier.Answer{Status: tier.Absent, Partition: -1}
+	}
+	// The archive, where its filter says the key may be, in the archived
+	// partitions that left the window.
+	probes := make([]bloom.Probe, len(fps))
+	gOldest := a.filters.Test(fps, probes)
+	upTo := min(next, hotOldest)
+	var qs []tier.ArchiveQuery
+	var qidx []int
+	for q := range fps {
+		m := probes[q].Maybe
+		if m == 0 || upTo <= oldest {
+			continue
+		}
+		lo := gOldest + int64(bits.TrailingZeros64(m))
+		hi := gOldest + int64(63-bits.LeadingZeros64(m))
+		from, to := max(lo*a.group, oldest), min((hi+1)*a.group, upTo)
+		if from >= to {
+			continue
+		}
+		qs = append(qs, tier.ArchiveQuery{NS: ns.name, Key: keys[q], From: from, To: to})
+		qidx = append(qidx, q)
+	}
+	if len(qs) > 0 {
+		ans := make([]tier.Answer, len(qs))
+		a.reads.Add(uint64(len(qs)))
+		if err := a.store.Lookup(ctx, qs, ans); err != nil {
+			return nil, fmt.Errorf("%w: archive: %w", ErrUnavailable, err)
+		}
+		for k, q := range qidx {
+			if ans[k].Status == tier.Committed {
+				out[q] = ans[k]
+				a.hits.Add(1)
+			}
+		}
+	}
+	// Partitions that left the window before the archive took them: still
+	// in the exact tier, with no filter.
+	if lagFrom := max(next, oldest); lagFrom < hotOldest {
+		span := hotOldest - lagFrom
+		if span > 63 {
+			return nil, fmt.Errorf("%w: the archive is %d partitions behind the window", ErrUnavailable, span)
+		}
+		var reqs []tier.Request
+		var ridx []int
+		for q := range keys {
+			if out[q].Status == tier.Absent {
+				reqs = append(reqs, tier.Request{NS: ns.name, Key: keys[q], Oldest: lagFrom, Mask: 1<<span - 1})
+				ridx = append(ridx, q)
+			}
+		}
+		if len(reqs) > 0 {
+			ans := make([]tier.Answer, len(reqs))
+			a.lagReads.Add(uint64(len(reqs)))
+			if err := e.exact.Claim(ctx, reqs, 0, ans); err != nil {
+				return nil, e.tierError(err)
+			}
+			for k, q := range ridx {
+				if ans[k].Status == tier.Committed {
+					out[q] = ans[k]
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// forgetArchive removes each key from the archive (and from the exact
+// tier's unarchived partitions that left the window), answering in out
+// what it found; the caller holds a.mu's read lock.
+func (a *archiver) forget(ctx context.Context, ns string, keys [][]byte, now int64, out []tier.Answer) error {
+	cur := a.e.parts.Of(now)
+	oldest, next := a.oldest(cur), a.next.Load()
+	qs := make([]tier.ArchiveQuery, len(keys))
+	for q := range keys {
+		qs[q] = tier.ArchiveQuery{NS: ns, Key: keys[q], From: oldest, To: next}
+	}
+	if err := a.store.Forget(ctx, qs, out); err != nil {
+		return fmt.Errorf("%w: archive: %w", ErrUnavailable, err)
+	}
+	hotOldest := a.e.parts.Oldest(cur)
+	if lagFrom := max(next, oldest); lagFrom < hotOldest && a.e.forgetter != nil {
+		span := min(hotOldest-lagFrom, 63)
+		reqs := make([]tier.Request, len(keys))
+		for q := range keys {
+			reqs[q] = tier.Request{NS: ns, Key: keys[q], Oldest: lagFrom, Mask: 1<<span - 1}
+		}
+		ans := make([]tier.Answer, len(keys))
+		if err := a.e.forgetter.Forget(ctx, reqs, ans); err != nil {
+			return a.e.tierError(err)
+		}
+		for q := range ans {
+			if out[q].Status != tier.Committed {
+				out[q] = ans[q]
+			}
+		}
+	}
+	return nil
+}
+
+// ArchiveStats are the archive's figures (Stats.Archive).
+type ArchiveStats struct {
+	// Name is the archive's ("files", "postgres"); Window its window.
+	Name   string
+	Window time.Duration
+	// Partitions archived and Keys archived since Open; Lag is the number
+	// of closed partitions not archived yet; Failures counts failed
+	// archiving passes.
+	Partitions, Keys, Lag, Failures uint64
+	// Reads are keys looked up in the archive, Hits those it held;
+	// LagReads keys read in the exact tier's unarchived partitions that
+	// left the window.
+	Reads, Hits, LagReads uint64
+	// FilterBytes is the archive filter's memory.
+	FilterBytes int64
+}
+
+func (a *archiver) stats(window time.Duration) *ArchiveStats {
+	cur := a.e.current.Load()
+	return &ArchiveStats{
+		Name: a.name, Window: window,
+		Partitions: a.archived.Load(), Keys: a.keys.Load(), Lag: uint64(max(0, cur-a.next.Load())), Failures: a.failures.Load(),
+		Reads: a.reads.Load(), Hits: a.hits.Load(), LagReads: a.lagReads.Load(), FilterBytes: a.filters.Bytes(),
+	}
+}
+
+// lookupArchive completes a Lookup from the archive for the keys of b.cand
+// still New, or a Forget by removing every key of b.cand from it.
+func (e *Engine) lookupArchive(ctx context.Context, b *batch, ns *Namespace, keys [][]byte, out []KeyInfo, forget bool, now int64) error {
+	var ks [][]byte
+	var fps []shard.Fingerprint
+	var idx []int
+	for _, i := range b.cand {
+		if forget || out[i].Outcome == New {
+			ks, fps, idx = append(ks, keys[i]), append(fps, b.fps[i]), append(idx, i)
+		}
+	}
+	if len(idx) == 0 {
+		return nil
+	}
+	var ans []tier.Answer
+	var err error
+	if forget {
+		ans = make([]tier.Answer, len(ks))
+		err = e.arch.forget(ctx, ns.name, ks, now, ans)
+	} else {
+		ans, err = e.arch.find(ctx, ns, ks, fps, now)
+	}
+	if err != nil {
+		return err
+	}
+	for q, i := range idx {
+		a := &ans[q]
+		if a.Status != tier.Committed || out[i].Outcome == Duplicate {
+			continue
+		}
+		out[i] = KeyInfo{Outcome: Duplicate, Digest: a.Digest, Result: a.Result, Source: SourceArchive, Attempts: out[i].Attempts}
+		if a.Result != nil {
+			out[i].CommittedAt = a.At
+		}
+		if a.Partition >= 0 {
+			out[i].CommittedBefore = (a.Partition + 1) * e.parts.Length
+		}
+	}
+	return nil
+}

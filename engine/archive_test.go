@@ -1,0 +1,312 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier"
+	"github.com/tierdedup/tierdedup/tier/pebble"
+)
+
+const day = 24 * time.Hour
+
+// archiveRun commits keysPerDay keys a simulated day into an engine with
+// a 7-day window and a 21-day archive, and checks every key committed so
+// far through the public API: Duplicate while its partition is inside the
+// archive window (from the archive once it left the hot window), New
+// after it.
+type archiveRun struct {
+	t       *testing.T
+	clock   *fakeClock
+	fs      vfs.FS
+	archive tier.ArchiveBackend
+	e       *engine.Engine
+	days    int // days committed
+	perDay  int
+	start   int64 // partition of day 0
+}
+
+func archiveOptions(clock *fakeClock, fs vfs.FS, archive tier.ArchiveBackend) engine.Options {
+	return engine.Options{
+		Dir: "store", FS: fs, Clock: clock, Window: 7 * day, Partition: day,
+		ExpectedKeys: 2000, Archive: archive, ArchiveWindow: 21 * day,
+	}
+}
+
+func (r *archiveRun) open() {
+	r.t.Helper()
+	r.e = open(r.t, archiveOptions(r.clock, r.fs, r.archive))
+}
+
+func archiveKey(d, i int) []byte { return fmt.Appendf(nil, "day%03d-key%04d", d, i) }
+
+// commitDay marks one day's keys, then moves the clock a day on.
+func (r *archiveRun) commitDay() {
+	r.t.Helper()
+	keys := make([][]byte, r.perDay)
+	for i := range keys {
+		keys[i] = archiveKey(r.days, i)
+	}
+	out := make([]engine.Outcome, len(keys))
+	if err := r.e.MarkBatch(context.Background(), keys, nil, out); err != nil {
+		r.t.Fatalf("day %d: %v", r.days, err)
+	}
+	for i, o := range out {
+		if o != engine.New {
+			r.t.Fatalf("day %d key %d: %v, want New", r.days, i, o)
+		}
+	}
+	r.days++
+	r.clock.Add(day)
+}
+
+// check looks every committed key up and returns what disagrees with the
+// archive window.
+func (r *archiveRun) check() []string {
+	r.t.Helper()
+	cur := r.start + int64(r.days) // the clock's partition
+	var bad []string
+	for d := 0; d < r.days; d++ {
+		keys := make([][]byte, r.perDay)
+		for i := range keys {
+			keys[i] = archiveKey(d, i)
+		}
+		out := make([]engine.KeyInfo, len(keys))
+		if err := r.e.LookupBatch(context.Background(), keys, out); err != nil {
+			r.t.Fatalf("lookup day %d: %v", d, err)
+		}
+		p := r.start + int64(d)
+		want := engine.Duplicate
+		if cur-p >= 22 { // 21 days and the current partition
+			want = engine.New
+		}
+		for i, o := range out {
+			if o.Outcome != want {
+				bad = append(bad, fmt.Sprintf("day %d (age %d) key %d: %v from %v, want %v", d, cur-p, i, o.Outcome, o.Source, want))
+				continue
+			}
+			if want == engine.Duplicate && cur-p >= 8 && o.Source != engine.SourceArchive {
+				bad = append(bad, fmt.Sprintf("day %d (age %d) key %d: answered by %v, want the archive", d, cur-p, i, o.Source))
+			}
+		}
+	}
+	return bad
+}
+
+func newArchiveRun(t *testing.T, archive func(vfs.FS) tier.ArchiveBackend) *archiveRun {
+	clock := newClock()
+	fs := vfs.NewMem()
+	r := &archiveRun{t: t, clock: clock, fs: fs, archive: archive(fs), perDay: 200}
+	r.start = clock.Now().UnixNano() / int64(day)
+	r.open()
+	return r
+}
+
+func filesArchive(fs vfs.FS) tier.ArchiveBackend { return pebble.ArchiveDir{Dir: "archive", FS: fs} }
+
+// TestArchiveKeepsHistory: over 30 days, with reopens every 4 days, every
+// key inside the 21-day archive window stays Duplicate (read from the
+// archive once past the 7-day window) and every older one is New; Claim
+// agrees with Lookup, Forget reaches the archive, and Stats counts it.
+func TestArchiveKeepsHistory(t *testing.T) {
+	r := newArchiveRun(t, filesArchive)
+	for r.days < 30 {
+		r.commitDay()
+		if r.days%4 == 0 {
+			if err := r.e.Close(); err != nil {
+				t.Fatal(err)
+			}
+			r.open()
+		}
+		if bad := r.check(); len(bad) > 0 {
+			t.Fatalf("after day %d, %d wrong answers, first: %s", r.days, len(bad), bad[0])
+		}
+	}
+	defer r.e.Close()
+	ctx := context.Background()
+	// A claim of an archived key is a Duplicate with no claim taken; one
+	// of an expired key is New.
+	c, err := r.e.Claim(ctx, archiveKey(15, 3)) // age 15: archived
+	if err != nil || c.Outcome != engine.Duplicate {
+		t.Fatalf("claim of an archived key: %v, %v", c.Outcome, err)
+	}
+	c, err = r.e.Claim(ctx, archiveKey(2, 3)) // age 28: expired
+	if err != nil || c.Outcome != engine.New {
+		t.Fatalf("claim of an expired key: %v, %v", c.Outcome, err)
+	}
+	if err := r.e.Release(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	// Forget reaches the archive.
+	info, err := r.e.Forget(ctx, archiveKey(12, 7))
+	if err != nil || info.Outcome != engine.Duplicate {
+		t.Fatalf("forget of an archived key: %+v, %v", info, err)
+	}
+	if info, err := r.e.Lookup(ctx, archiveKey(12, 7)); err != nil || info.Outcome != engine.New {
+		t.Fatalf("an archived key after Forget: %+v, %v", info, err)
+	}
+	st := r.e.Stats()
+	if st.Archive == nil || st.Archive.Hits == 0 || st.Archive.Reads < st.Archive.Hits {
+		t.Fatalf("archive stats %+v", st.Archive)
+	}
+}
+
+// lossyArchive loses the records of one partition it is given: the
+// checker must see it.
+type lossyArchive struct {
+	tier.ArchiveBackend
+	lose int64
+}
+
+func (l lossyArchive) Open(ctx context.Context, env tier.ArchiveEnv) (tier.Archive, error) {
+	a, err := l.ArchiveBackend.Open(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	return lossyStore{a, l.lose}, nil
+}
+
+type lossyStore struct {
+	tier.Archive
+	lose int64
+}
+
+func (l lossyStore) Put(ctx context.Context, p int64, scan func(func(*tier.Record) error) error) error {
+	if p == l.lose {
+		scan = func(func(*tier.Record) error) error { return nil }
+	}
+	return l.Archive.Put(ctx, p, scan)
+}
+
+// TestArchiveCheckerSeesLoss: the checker of TestArchiveKeepsHistory
+// fails when the archive loses one partition.
+func TestArchiveCheckerSeesLoss(t *testing.T) {
+	var lose int64
+	r := newArchiveRun(t, func(fs vfs.FS) tier.ArchiveBackend {
+		lose = newClock().Now().UnixNano()/int64(day) + 3
+		return lossyArchive{filesArchive(fs), lose}
+	})
+	defer func() { r.e.Close() }()
+	for r.days < 12 {
+		r.commitDay()
+	}
+	// Let the archiver catch up, so the hot store drops the lost day.
+	waitArchived(t, r.e)
+	bad := r.check()
+	if len(bad) == 0 {
+		t.Fatal("the checker found nothing with a partition lost")
+	}
+	t.Logf("%d wrong answers, first: %s", len(bad), bad[0])
+}
+
+// waitArchived waits until no closed partition waits for the archive.
+func waitArchived(t *testing.T, e *engine.Engine) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if st := e.Stats(); st.Archive != nil && st.Archive.Lag == 0 {
+			return
+		}
+	}
+	t.Fatalf("the archive still lags: %+v", e.Stats().Archive)
+}
+
+// TestArchiveOptions: what cannot work is refused at Open.
+func TestArchiveOptions(t *testing.T) {
+	fs := vfs.NewMem()
+	a := pebble.ArchiveDir{Dir: "archive", FS: fs}
+	for name, o := range map[string]engine.Options{
+		"memory-only":       {Tiers: engine.MemoryOnly, Archive: a},
+		"bloom-only":        {Tiers: engine.BloomOnly, Archive: a},
+		"window not longer": {Dir: "s", FS: fs, Window: 7 * day, Archive: a, ArchiveWindow: 7 * day},
+		"window alone":      {Dir: "s", FS: fs, ArchiveWindow: 30 * day},
+		"bad fp":            {Dir: "s", FS: fs, Archive: a, ArchiveFalsePositive: 1.5},
+		"no archive dir":    {Dir: "s", FS: fs, Archive: pebble.ArchiveDir{FS: fs}},
+	} {
+		_, err := engine.Open(&o)
+		if !errors.Is(err, engine.ErrOptions) {
+			t.Errorf("%s: %v, want ErrOptions", name, err)
+		}
+	}
+	// An archive of another store is refused.
+	clock := newClock()
+	o := archiveOptions(clock, fs, a)
+	e := open(t, o)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	o.Dir = "other"
+	if _, err := engine.Open(&o); !errors.Is(err, engine.ErrLayout) {
+		t.Fatalf("an archive of another store: %v, want ErrLayout", err)
+	}
+	// A shorter archive window than recorded is refused.
+	o = archiveOptions(clock, fs, a)
+	o.ArchiveWindow = 14 * day
+	if _, err := engine.Open(&o); !errors.Is(err, engine.ErrLayout) {
+		t.Fatalf("a shorter archive window: %v, want ErrLayout", err)
+	}
+}
+
+// failingArchive refuses every Put while down is set.
+type failingArchive struct {
+	tier.ArchiveBackend
+	down *atomic.Bool
+}
+
+func (f failingArchive) Open(ctx context.Context, env tier.ArchiveEnv) (tier.Archive, error) {
+	a, err := f.ArchiveBackend.Open(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	return failingStore{a, f.down}, nil
+}
+
+type failingStore struct {
+	tier.Archive
+	down *atomic.Bool
+}
+
+func (f failingStore) Put(ctx context.Context, p int64, scan func(func(*tier.Record) error) error) error {
+	if f.down.Load() {
+		return errors.New("archive down")
+	}
+	return f.Archive.Put(ctx, p, scan)
+}
+
+// TestArchiveLagsBehindWindow: while the archive takes nothing, the
+// exact tier keeps the partitions that leave the window and answers for
+// them; once it is back, it catches up and they go.
+func TestArchiveLagsBehindWindow(t *testing.T) {
+	var down atomic.Bool
+	down.Store(true)
+	r := newArchiveRun(t, func(fs vfs.FS) tier.ArchiveBackend { return failingArchive{filesArchive(fs), &down} })
+	defer func() { r.e.Close() }()
+	for r.days < 12 {
+		r.commitDay()
+	}
+	if bad := r.check(); len(bad) > 0 {
+		t.Fatalf("archive down: %d wrong answers, first: %s", len(bad), bad[0])
+	}
+	if st := r.e.Stats().Archive; st.Lag < 12 || st.LagReads == 0 || st.Failures == 0 {
+		t.Fatalf("archive down: stats %+v", st)
+	}
+	if err := r.e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r.open() // the partitions that left the window survive a restart
+	if bad := r.check(); len(bad) > 0 {
+		t.Fatalf("archive down, reopened: %d wrong answers, first: %s", len(bad), bad[0])
+	}
+	down.Store(false)
+	r.commitDay()
+	waitArchived(t, r.e)
+	if bad := r.check(); len(bad) > 0 {
+		t.Fatalf("archive back: %d wrong answers, first: %s", len(bad), bad[0])
+	}
+}

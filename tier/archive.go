@@ -1,0 +1,128 @@
+package tier
+
+import (
+	"context"
+	"io"
+	"log"
+	"time"
+)
+
+// An archive keeps the committed keys of partitions that left the hot
+// window, for the archive window after them: the exact tier answers for
+// the window, the archive for the history behind it.
+//
+// The engine copies each closed partition of the exact tier into the
+// archive once (Put, all or nothing), keeps a filter of the archived keys
+// in memory (saved in the archive as blobs, so no process scans the
+// history to start), and deletes a partition from the exact tier only
+// after the archive holds it durably. A key the exact tier does not hold
+// is looked up in the archive only where that filter says it may be.
+
+// ArchiveBackend is an archive the engine has not opened yet, built by the
+// caller in the store's own package (a directory, a PostgreSQL pool), as a
+// Backend is.
+type ArchiveBackend interface {
+	// Name names the archive in the configuration's name and in Stats:
+	// "files", "postgres".
+	Name() string
+	// Validate reports every setting the archive refuses, each matching
+	// ErrOptions; it never reaches a server.
+	Validate(env ArchiveEnv) error
+	// Open connects, checks or records the layout env implies (ErrLayout
+	// for an archive of another owner, secret, partition length or
+	// format), and returns the archive. ctx bounds the opening only.
+	Open(ctx context.Context, env ArchiveEnv) (Archive, error)
+}
+
+// ArchiveEnv is what the engine tells an archive when it opens it.
+type ArchiveEnv struct {
+	// Partitions are the exact tier's: the archive keeps whole partitions
+	// of that length, numbered alike.
+	Partitions Partitions
+	// Window is the archive window: a partition is kept until partition
+	// p+Window/Length+1 begins, as the exact tier keeps it for its own.
+	Window time.Duration
+	// Owner identifies the exact tier whose partitions the archive holds
+	// (a store ID, a Redis prefix); Check is a digest of the secret that
+	// keys the fingerprints of its filter blobs. An archive recorded with
+	// another of either is refused (ErrLayout): its filters would not
+	// match, or its history is another store's.
+	Owner string
+	Check [16]byte
+	// Logger receives the archive's warnings; never nil.
+	Logger *log.Logger
+}
+
+// Record is one committed key of a partition, as it is archived.
+type Record struct {
+	NS, Key []byte
+	Digest  Digest
+	// At is the commit's time (Unix ns), zero when the tier did not store
+	// it; Result the commit's stored result, nil for none.
+	At     int64
+	Result []byte
+}
+
+// ArchiveQuery asks for one key in the archived partitions [From, To).
+type ArchiveQuery struct {
+	NS       string
+	Key      []byte
+	From, To int64
+}
+
+// Archive is an opened archive. Its methods are safe for concurrent use;
+// errors mean nothing is known (a read) or the call may not have taken
+// effect (a write, which is safe to retry).
+type Archive interface {
+	// Archived returns the partitions the archive holds whole, in
+	// ascending order.
+	Archived(ctx context.Context) ([]int64, error)
+	// Put stores partition p's records, which scan produces (calling its
+	// argument once per record, whose slices are valid only during the
+	// call), all or nothing and durably: after it returns nil, Archived
+	// lists p; after a failure or a crash, p is absent or whole. Putting a
+	// partition already held replaces nothing and returns nil.
+	Put(ctx context.Context, p int64, scan func(func(*Record) error) error) error
+	// Lookup answers each query: Committed, with Partition, Digest, At and
+	// Result (a copy), from the newest partition in [From, To) holding
+	// the key, or Absent.
+	Lookup(ctx context.Context, qs []ArchiveQuery, out []Answer) error
+	// Forget removes the key from every partition in [From, To), durably,
+	// and answers what it found as Lookup does.
+	Forget(ctx context.Context, qs []ArchiveQuery, out []Answer) error
+	// Scan calls fn for every key of archived partition p (rebuilding a
+	// filter whose blob is missing); ns and key are valid only during the
+	// call.
+	Scan(ctx context.Context, p int64, fn func(ns, key []byte) error) error
+	// Drop deletes every partition before `before`, and the blobs
+	// (DropBlobs) named with a partition number before it.
+	Drop(ctx context.Context, before int64) error
+	// PutBlob stores the bytes write produces under name, replacing any
+	// blob of that name, atomically and durably.
+	PutBlob(ctx context.Context, name string, write func(io.Writer) error) error
+	// Blob returns the named blob; ok is false when there is none. The
+	// caller closes it.
+	Blob(ctx context.Context, name string) (b ReadBlob, ok bool, err error)
+	// Blobs lists the names of the stored blobs, in ascending order.
+	Blobs(ctx context.Context) ([]string, error)
+	// DeleteBlob removes a blob; a missing one is no error.
+	DeleteBlob(ctx context.Context, name string) error
+	// Close releases the archive's resources.
+	Close() error
+}
+
+// ReadBlob is a stored blob: its bytes, random access, and its size.
+type ReadBlob interface {
+	io.ReaderAt
+	io.Closer
+	Size() int64
+}
+
+// RecordScanner is a partitioned Exact tier that can list a partition's
+// committed records whole, for the archive.
+type RecordScanner interface {
+	// ScanRecords calls fn for every committed record of partition p, in
+	// key order; the record's slices are valid only during the call.
+	// Attempt counts and an entity's versions (Advance) are not records.
+	ScanRecords(ctx context.Context, p int64, fn func(*Record) error) error
+}

@@ -1,0 +1,651 @@
+package pebble
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/errors/oserror"
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/objstorage/objstorageprovider"
+	"github.com/cockroachdb/pebble/v2/sstable"
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/tierdedup/tierdedup/tier"
+)
+
+// The embedded archive is a Pebble database of its own directory that
+// holds whole partitions as immutable tables: each partition is written
+// once, in key order, into sorted tables (checksummed block by block, as
+// every Pebble table) with a marker table naming it, and ingested in one
+// atomic, durable Ingest into the bottom level, where no compaction
+// rewrites it. Forget writes deletions; Drop takes expired partitions out
+// whole (Excise). Filter blobs are files of the blobs directory, written
+// beside and renamed into place.
+//
+// What makes it invalid, and who checks (Open, ErrLayout): a recorded
+// layout of another format version, partition length, owner or secret
+// check, or a longer window than the one asked for (keys were promised
+// it). Records of a partition without its marker cannot be read (Lookup
+// reads only marked partitions), and Open takes out records before the
+// oldest marked partition (a Drop a crash interrupted). Blob files are
+// checked by their reader (a Bloom snapshot carries its checksum).
+
+// ArchiveDir is the embedded archive backend (tier.ArchiveBackend): the
+// archived partitions of one engine in Dir, a directory no other process
+// uses.
+type ArchiveDir struct {
+	// Dir is the archive's directory; required, and not the store's own.
+	Dir string
+	// FS is the filesystem; nil means the operating system's.
+	FS vfs.FS
+	// CacheSize is the block cache in bytes; zero means 16 MiB: the
+	// archive is read only for keys the filters say it may hold.
+	CacheSize int
+}
+
+// archiveFormat is the archive's layout version.
+const archiveFormat = 1
+
+var (
+	keyArchiveLayout = []byte{spaceMeta, 'a', 'l'}
+	// blobsSubdir holds the archive's blobs.
+	blobsSubdir   = "blobs"
+	putTmpSuffix  = ".put-tmp"
+	blobTmpSuffix = ".tmp"
+)
+
+// Name returns "files".
+func (a ArchiveDir) Name() string { return "files" }
+
+// Validate refuses an empty Dir or a negative CacheSize.
+func (a ArchiveDir) Validate(env tier.ArchiveEnv) error {
+	var errs []error
+	if a.Dir == "" {
+		errs = append(errs, fmt.Errorf("%w: ArchiveDir.Dir is empty", tier.ErrOptions))
+	}
+	if a.CacheSize < 0 {
+		errs = append(errs, fmt.Errorf("%w: ArchiveDir.CacheSize %d is negative", tier.ErrOptions, a.CacheSize))
+	}
+	if env.Partitions.Length <= 0 || env.Window <= 0 {
+		errs = append(errs, fmt.Errorf("%w: archive partitions %+v, window %v", tier.ErrOptions, env.Partitions, env.Window))
+	}
+	return errors.Join(errs...)
+}
+
+// Open opens or creates the archive in Dir.
+func (a ArchiveDir) Open(ctx context.Context, env tier.ArchiveEnv) (tier.Archive, error) {
+	if err := a.Validate(env); err != nil {
+		return nil, err
+	}
+	fs := a.FS
+	if fs == nil {
+		fs = vfs.Default
+	}
+	if err := fs.MkdirAll(a.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("%w: %w", tier.ErrStorage, err)
+	}
+	if err := removeSuffixed(fs, a.Dir, putTmpSuffix); err != nil {
+		return nil, fmt.Errorf("%w: %w", tier.ErrStorage, err)
+	}
+	cacheSize := a.CacheSize
+	if cacheSize == 0 {
+		cacheSize = 16 << 20
+	}
+	lg := env.Logger
+	if lg == nil {
+		lg = log.Default()
+	}
+	cache := pebble.NewCache(int64(cacheSize))
+	defer cache.Unref()
+	opts := &pebble.Options{
+		FS:                 fs,
+		Cache:              cache,
+		MemTableSize:       coldMemTableSize,
+		Logger:             logger{lg},
+		EventListener:      logger{lg}.events(),
+		FormatMajorVersion: pebble.FormatVirtualSSTables,
+	}
+	opts.EnsureDefaults()
+	db, err := openDB(a.Dir, opts)
+	if err != nil {
+		if isLockError(err) {
+			return nil, fmt.Errorf("%w: %s: %w", tier.ErrLocked, a.Dir, err)
+		}
+		return nil, fmt.Errorf("%w: open %s: %w", tier.ErrStorage, a.Dir, err)
+	}
+	ar := &archive{db: db, fs: fs, dir: a.Dir, blobs: fs.PathJoin(a.Dir, blobsSubdir), opts: opts}
+	if err := ar.init(env); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return ar, nil
+}
+
+// removeSuffixed removes the files of dir whose name ends with suffix.
+func removeSuffixed(fs vfs.FS, dir, suffix string) error {
+	names, err := fs.List(dir)
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if strings.HasSuffix(n, suffix) {
+			if err := fs.Remove(fs.PathJoin(dir, n)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// archive is an opened ArchiveDir.
+type archive struct {
+	db    *pebble.DB
+	fs    vfs.FS
+	dir   string
+	blobs string
+	opts  *pebble.Options
+
+	putMu  sync.Mutex              // one Put at a time
+	held   atomic.Pointer[[]int64] // the marked partitions, ascending
+	dropMu sync.Mutex              // serialises Drop with itself
+	closed atomic.Bool
+}
+
+// archiveLayout encoding: format u32 ‖ partition i64 ‖ window i64 ‖ check
+// [16] ‖ owner bytes.
+func (ar *archive) init(env tier.ArchiveEnv) error {
+	want := binary.LittleEndian.AppendUint32(nil, archiveFormat)
+	want = binary.LittleEndian.AppendUint64(want, uint64(env.Partitions.Length))
+	want = binary.LittleEndian.AppendUint64(want, uint64(env.Window))
+	want = append(want, env.Check[:]...)
+	want = append(want, env.Owner...)
+	raw, closer, err := ar.db.Get(keyArchiveLayout)
+	switch {
+	case errors.Is(err, pebble.ErrNotFound):
+		if err := ar.db.Set(keyArchiveLayout, want, pebble.Sync); err != nil {
+			return fmt.Errorf("%w: %w", tier.ErrStorage, err)
+		}
+	case err != nil:
+		return fmt.Errorf("%w: %w", tier.ErrStorage, err)
+	default:
+		stored := bytes.Clone(raw)
+		closer.Close()
+		if err := checkArchiveLayout(stored, want); err != nil {
+			return fmt.Errorf("%w: archive %s: %w", tier.ErrLayout, ar.dir, err)
+		}
+		if !bytes.Equal(stored, want) { // a longer window: recorded
+			if err := ar.db.Set(keyArchiveLayout, want, pebble.Sync); err != nil {
+				return fmt.Errorf("%w: %w", tier.ErrStorage, err)
+			}
+		}
+	}
+	held, err := ar.markers()
+	if err != nil {
+		return err
+	}
+	ar.held.Store(&held)
+	if len(held) > 0 && held[0] > 0 {
+		// Records before the oldest marked partition are a Drop's that a
+		// crash interrupted between its markers and its records.
+		if err := ar.db.Excise(context.Background(), pebble.KeyRange{Start: recordPrefix(0), End: recordPrefix(held[0])}); err != nil {
+			return fmt.Errorf("%w: %w", tier.ErrStorage, err)
+		}
+	}
+	return nil
+}
+
+func checkArchiveLayout(stored, want []byte) error {
+	if len(stored) < 36 {
+		return fmt.Errorf("layout of %d bytes", len(stored))
+	}
+	if v := binary.LittleEndian.Uint32(stored); v != archiveFormat {
+		return fmt.Errorf("format version %d, want %d", v, archiveFormat)
+	}
+	if a, b := binary.LittleEndian.Uint64(stored[4:]), binary.LittleEndian.Uint64(want[4:]); a != b {
+		return fmt.Errorf("partition length %v, want %v", time.Duration(a), time.Duration(b))
+	}
+	if a, b := time.Duration(binary.LittleEndian.Uint64(stored[12:])), time.Duration(binary.LittleEndian.Uint64(want[12:])); b < a {
+		return fmt.Errorf("archive window %v recorded, %v asked (a window may grow, never shrink)", a, b)
+	}
+	if !bytes.Equal(stored[20:36], want[20:36]) {
+		return errors.New("written under another fingerprint secret")
+	}
+	if !bytes.Equal(stored[36:], want[36:]) {
+		return fmt.Errorf("of store %x, not %x", stored[36:], want[36:])
+	}
+	return nil
+}
+
+// markers reads the marked partitions.
+func (ar *archive) markers() ([]int64, error) {
+	it, err := ar.db.NewIter(&pebble.IterOptions{LowerBound: markerKey(0), UpperBound: markersEnd})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", tier.ErrStorage, err)
+	}
+	defer it.Close()
+	var held []int64
+	for ok := it.First(); ok; ok = it.Next() {
+		k := it.Key()
+		if len(k) != 7 {
+			return nil, fmt.Errorf("%w: %w: archive marker of %d bytes", tier.ErrStorage, ErrCorrupt, len(k))
+		}
+		held = append(held, int64(binary.BigEndian.Uint32(k[3:])))
+	}
+	if err := it.Error(); err != nil {
+		return nil, fmt.Errorf("%w: %w", tier.ErrStorage, err)
+	}
+	return held, nil
+}
+
+func (ar *archive) usable() error {
+	if ar.closed.Load() {
+		return fmt.Errorf("%w: archive closed", tier.ErrStorage)
+	}
+	return nil
+}
+
+// Archived returns the marked partitions.
+func (ar *archive) Archived(context.Context) ([]int64, error) {
+	if err := ar.usable(); err != nil {
+		return nil, err
+	}
+	return slices.Clone(*ar.held.Load()), nil
+}
+
+func (ar *archive) has(p int64) bool {
+	_, ok := slices.BinarySearch(*ar.held.Load(), p)
+	return ok
+}
+
+// Put writes partition p's records into tables and ingests them with the
+// partition's marker. The records must come in key order (namespace
+// length, namespace, key: a partitioned tier's ScanRecords order).
+func (ar *archive) Put(ctx context.Context, p int64, scan func(func(*tier.Record) error) error) (err error) {
+	if err := ar.usable(); err != nil {
+		return err
+	}
+	if p < 0 || p > MaxPartition {
+		return fmt.Errorf("%w: partition %d", tier.ErrOptions, p)
+	}
+	ar.putMu.Lock()
+	defer ar.putMu.Unlock()
+	if ar.has(p) {
+		return nil
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %w", tier.ErrStorage, panicError(r))
+		}
+	}()
+	var paths []string
+	defer func() {
+		for _, path := range paths {
+			_ = ar.fs.Remove(path)
+		}
+	}()
+	wopts := ar.opts.MakeWriterOptions(len(ar.opts.Levels)-1, ar.db.TableFormat())
+	var w *sstable.Writer
+	closeTable := func() error {
+		if w == nil {
+			return nil
+		}
+		err := w.Close()
+		w = nil
+		return err
+	}
+	defer func() { _ = closeTable() }()
+	newTable := func() error {
+		path := ar.fs.PathJoin(ar.dir, "p"+strconv.FormatInt(p, 10)+"-"+strconv.Itoa(len(paths))+putTmpSuffix)
+		f, err := ar.fs.Create(path, vfs.WriteCategoryUnspecified)
+		if err != nil {
+			return err
+		}
+		paths = append(paths, path)
+		w = sstable.NewWriter(objstorageprovider.NewFileWritable(f), wopts)
+		return nil
+	}
+	var n uint64
+	var k, v, last []byte
+	err = scan(func(r *tier.Record) error {
+		if n%4096 == 0 && ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if len(r.NS) > 255 {
+			return fmt.Errorf("%w: namespace of %d bytes", tier.ErrOptions, len(r.NS))
+		}
+		k = appendRecordKey(k[:0], p, string(r.NS), r.Key)
+		if n > 0 && bytes.Compare(k, last) <= 0 {
+			return fmt.Errorf("%w: archive records out of key order", tier.ErrOptions)
+		}
+		last = append(last[:0], k...)
+		if w == nil || w.Raw().EstimatedSize() >= moveTableSize {
+			if err := closeTable(); err != nil {
+				return err
+			}
+			if err := newTable(); err != nil {
+				return err
+			}
+		}
+		v = appendValue(v[:0], Value{State: StateCommitted, Digest: r.Digest, At: r.At, Result: r.Result})
+		n++
+		return w.Set(k, v)
+	})
+	if err == nil {
+		err = closeTable()
+	}
+	if err == nil {
+		err = newTable()
+	}
+	if err == nil {
+		err = w.Set(markerKey(p), binary.LittleEndian.AppendUint64(nil, n))
+	}
+	if err == nil {
+		err = closeTable()
+	}
+	if err != nil {
+		if errors.Is(err, tier.ErrOptions) || ctx.Err() != nil {
+			return err
+		}
+		return fmt.Errorf("%w: archive put: %w", tier.ErrStorage, err)
+	}
+	if err := ar.db.Ingest(ctx, paths); err != nil {
+		return fmt.Errorf("%w: archive ingest: %w", tier.ErrStorage, err)
+	}
+	paths = nil // ingested: they are the database's now
+	held := append(slices.Clone(*ar.held.Load()), p)
+	slices.Sort(held)
+	ar.held.Store(&held)
+	return nil
+}
+
+// span returns the held partitions in [from, to), newest first.
+func (ar *archive) span(from, to int64) []int64 {
+	held := *ar.held.Load()
+	i, _ := slices.BinarySearch(held, from)
+	j, _ := slices.BinarySearch(held, to)
+	out := slices.Clone(held[i:j])
+	slices.Reverse(out)
+	return out
+}
+
+// Lookup reads each query's newest record in its span.
+func (ar *archive) Lookup(ctx context.Context, qs []tier.ArchiveQuery, out []tier.Answer) error {
+	return ar.lookup(ctx, qs, out, nil)
+}
+
+func (ar *archive) lookup(ctx context.Context, qs []tier.ArchiveQuery, out []tier.Answer, del *pebble.Batch) error {
+	if err := ar.usable(); err != nil {
+		return err
+	}
+	if len(out) != len(qs) {
+		return fmt.Errorf("%w: %d answers for %d queries", tier.ErrOptions, len(out), len(qs))
+	}
+	var k []byte
+	for i := range qs {
+		q := &qs[i]
+		out[i] = tier.Answer{Status: tier.Absent, Partition: -1}
+		for _, p := range ar.span(q.From, q.To) {
+			k = appendRecordKey(k[:0], p, q.NS, q.Key)
+			raw, closer, err := ar.db.Get(k)
+			if errors.Is(err, pebble.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("%w: %w", tier.ErrStorage, err)
+			}
+			v, derr := decodeValue(raw)
+			if derr == nil && v.State != StateCommitted {
+				derr = fmt.Errorf("%w: archived state %d", ErrCorrupt, v.State)
+			}
+			if derr != nil {
+				closer.Close()
+				return fmt.Errorf("%w: %w", tier.ErrStorage, derr)
+			}
+			if out[i].Status == tier.Absent {
+				out[i] = tier.Answer{Status: tier.Committed, Partition: p, Digest: v.Digest, At: v.At}
+				if v.Result != nil {
+					out[i].Result = bytes.Clone(v.Result)
+				}
+			}
+			closer.Close()
+			if del == nil {
+				break
+			}
+			if err := del.Delete(k, nil); err != nil {
+				return fmt.Errorf("%w: %w", tier.ErrStorage, err)
+			}
+		}
+	}
+	return ctx.Err()
+}
+
+// Forget deletes each query's records in its span, synced.
+func (ar *archive) Forget(ctx context.Context, qs []tier.ArchiveQuery, out []tier.Answer) error {
+	b := ar.db.NewBatch()
+	defer b.Close()
+	if err := ar.lookup(ctx, qs, out, b); err != nil {
+		return err
+	}
+	if b.Empty() {
+		return nil
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		return fmt.Errorf("%w: %w", tier.ErrStorage, err)
+	}
+	return nil
+}
+
+// Scan reads partition p's keys.
+func (ar *archive) Scan(ctx context.Context, p int64, fn func(ns, key []byte) error) error {
+	if err := ar.usable(); err != nil {
+		return err
+	}
+	if !ar.has(p) {
+		return nil
+	}
+	it, err := ar.db.NewIter(&pebble.IterOptions{LowerBound: recordPrefix(p), UpperBound: recordPrefix(p + 1)})
+	if err != nil {
+		return fmt.Errorf("%w: %w", tier.ErrStorage, err)
+	}
+	defer it.Close()
+	n := 0
+	for ok := it.First(); ok; ok = it.Next() {
+		if n++; n%1024 == 0 && ctx.Err() != nil {
+			return ctx.Err()
+		}
+		_, ns, key, err := parseRecordKey(it.Key())
+		if err != nil {
+			return fmt.Errorf("%w: %w", tier.ErrStorage, err)
+		}
+		if err := fn(ns, key); err != nil {
+			return err
+		}
+	}
+	if err := it.Error(); err != nil {
+		return fmt.Errorf("%w: %w", tier.ErrStorage, err)
+	}
+	return nil
+}
+
+// Drop deletes the markers of partitions before `before`, synced, then
+// takes their records out whole.
+func (ar *archive) Drop(ctx context.Context, before int64) error {
+	if err := ar.usable(); err != nil {
+		return err
+	}
+	if before <= 0 {
+		return nil
+	}
+	ar.dropMu.Lock()
+	defer ar.dropMu.Unlock()
+	ar.putMu.Lock()
+	held := *ar.held.Load()
+	i, _ := slices.BinarySearch(held, before)
+	if i == 0 {
+		ar.putMu.Unlock()
+		return nil
+	}
+	if err := ar.db.DeleteRange(markerKey(0), markerKey(before), pebble.Sync); err != nil {
+		ar.putMu.Unlock()
+		return fmt.Errorf("%w: %w", tier.ErrStorage, err)
+	}
+	rest := slices.Clone(held[i:])
+	ar.held.Store(&rest)
+	ar.putMu.Unlock()
+	if err := ar.db.Excise(ctx, pebble.KeyRange{Start: recordPrefix(0), End: recordPrefix(before)}); err != nil {
+		return fmt.Errorf("%w: %w", tier.ErrStorage, err)
+	}
+	return nil
+}
+
+// checkBlobName refuses names that are not plain file names.
+func checkBlobName(name string) error {
+	if name == "" || len(name) > 128 || strings.HasSuffix(name, blobTmpSuffix) {
+		return fmt.Errorf("%w: blob name %q", tier.ErrOptions, name)
+	}
+	for _, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '.') {
+			return fmt.Errorf("%w: blob name %q", tier.ErrOptions, name)
+		}
+	}
+	return nil
+}
+
+// PutBlob writes the blob beside its place, syncs it, and renames it
+// into place, syncing the directory.
+func (ar *archive) PutBlob(_ context.Context, name string, write func(io.Writer) error) error {
+	if err := ar.usable(); err != nil {
+		return err
+	}
+	if err := checkBlobName(name); err != nil {
+		return err
+	}
+	if err := ar.fs.MkdirAll(ar.blobs, 0o755); err != nil {
+		return fmt.Errorf("%w: %w", tier.ErrStorage, err)
+	}
+	tmp := ar.fs.PathJoin(ar.blobs, name+blobTmpSuffix)
+	f, err := ar.fs.Create(tmp, vfs.WriteCategoryUnspecified)
+	if err != nil {
+		return fmt.Errorf("%w: %w", tier.ErrStorage, err)
+	}
+	werr := write(f)
+	if werr == nil {
+		werr = f.Sync()
+	}
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr == nil {
+		werr = ar.fs.Rename(tmp, ar.fs.PathJoin(ar.blobs, name))
+	}
+	if werr == nil {
+		werr = syncDir(ar.fs, ar.blobs)
+	}
+	if werr != nil {
+		_ = ar.fs.Remove(tmp)
+		return fmt.Errorf("%w: blob %s: %w", tier.ErrStorage, name, werr)
+	}
+	return nil
+}
+
+func syncDir(fs vfs.FS, dir string) error {
+	d, err := fs.OpenDir(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+type blobFile struct {
+	vfs.File
+	size int64
+}
+
+func (b blobFile) Size() int64 { return b.size }
+
+// Blob opens the named blob.
+func (ar *archive) Blob(_ context.Context, name string) (tier.ReadBlob, bool, error) {
+	if err := ar.usable(); err != nil {
+		return nil, false, err
+	}
+	if err := checkBlobName(name); err != nil {
+		return nil, false, err
+	}
+	f, err := ar.fs.Open(ar.fs.PathJoin(ar.blobs, name))
+	if err != nil {
+		if oserror.IsNotExist(err) {
+			return nil, false, nil
+		}
+		return nil, false, fmt.Errorf("%w: %w", tier.ErrStorage, err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		_ = f.Close()
+		return nil, false, fmt.Errorf("%w: %w", tier.ErrStorage, err)
+	}
+	return blobFile{File: f, size: st.Size()}, true, nil
+}
+
+// Blobs lists the blobs, leaving out any a crash left half written.
+func (ar *archive) Blobs(context.Context) ([]string, error) {
+	if err := ar.usable(); err != nil {
+		return nil, err
+	}
+	names, err := ar.fs.List(ar.blobs)
+	if err != nil {
+		if oserror.IsNotExist(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("%w: %w", tier.ErrStorage, err)
+	}
+	out := names[:0]
+	for _, n := range names {
+		if checkBlobName(n) == nil {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// DeleteBlob removes a blob.
+func (ar *archive) DeleteBlob(_ context.Context, name string) error {
+	if err := ar.usable(); err != nil {
+		return err
+	}
+	if err := checkBlobName(name); err != nil {
+		return err
+	}
+	if err := ar.fs.Remove(ar.fs.PathJoin(ar.blobs, name)); err != nil && !oserror.IsNotExist(err) {
+		return fmt.Errorf("%w: %w", tier.ErrStorage, err)
+	}
+	return nil
+}
+
+// Close closes the database.
+func (ar *archive) Close() error {
+	if ar.closed.Swap(true) {
+		return nil
+	}
+	ar.putMu.Lock()
+	defer ar.putMu.Unlock()
+	if err := ar.db.Close(); err != nil {
+		return fmt.Errorf("%w: %w", tier.ErrStorage, err)
+	}
+	return nil
+}
