@@ -4,7 +4,9 @@
 // Advancer), the vocabulary every tier answers in (Status, Digest, Token,
 // Request, Answer), the errors the tiers and the engine share (ErrOptions,
 // ErrLayout, ErrStorage, ErrLocked, and Classify for a backend's own), and
-// how time is cut into retention partitions. It holds
+// how time is cut into retention partitions, and the archive contract
+// (Archive, ArchiveBackend, RecordScanner) for the history behind the
+// window. It holds
 // no state and orders nothing; the engine decides which tier is asked what.
 //
 // A shared tier reaches the engine as a Backend, built by the caller in the

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/bench"
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/pebble"
 )
 
 func main() {
@@ -121,6 +122,8 @@ type workloadFlags struct {
 	cache                  int
 	noSync                 bool
 	seed                   uint64
+	archive                string
+	archiveWindow          time.Duration
 }
 
 func (w *workloadFlags) bind(fs *flag.FlagSet, keys int64) {
@@ -142,6 +145,8 @@ func (w *workloadFlags) bind(fs *flag.FlagSet, keys int64) {
 	fs.IntVar(&w.workers, "workers", 0, "goroutines (0: 4 per CPU)")
 	fs.BoolVar(&w.noSync, "nosync", false, "do not fsync commits")
 	fs.Uint64Var(&w.seed, "seed", 1, "workload seed")
+	fs.StringVar(&w.archive, "archive", "", "archive directory (default configuration): keys stay known for -archive-window after they leave the window")
+	fs.DurationVar(&w.archiveWindow, "archive-window", 0, "archive window with -archive (0: engine.DefaultArchiveWindow)")
 }
 
 func parseTiers(s string) (engine.Tiers, error) {
@@ -165,12 +170,18 @@ func (w *workloadFlags) config() (bench.RunConfig, error) {
 	wc := bench.WorkloadConfig{Keys: w.keys, Shape: shape, KeySize: w.keySize, DupRatio: w.dup, DupReach: w.reach, Zipf: w.zipf,
 		InBatchRepeat: w.inBatch, Span: w.span, Seed: w.seed}
 	perPartition := float64(w.keys) * (1 - w.dup - w.inBatch) * float64(w.partition) / float64(max(w.span, w.partition))
-	return bench.RunConfig{
+	rc := bench.RunConfig{
 		Workload: wc,
 		Engine: engine.Options{Tiers: tiers, Window: w.window, Partition: w.partition, FalsePositive: w.fp,
 			MemoryCapacity: w.memCap, ExpectedKeys: max(1000, int(perPartition)), NoSync: w.noSync, CacheSize: w.cache},
 		Batch: w.batch, Workers: w.workers,
-	}, nil
+	}
+	if w.archive != "" {
+		rc.Engine.Archive, rc.Engine.ArchiveWindow = pebble.ArchiveDir{Dir: w.archive}, w.archiveWindow
+	} else if w.archiveWindow != 0 {
+		return bench.RunConfig{}, errors.New("-archive-window needs -archive")
+	}
+	return rc, nil
 }
 
 // bindOutput binds -json and -report, shared by run and compare.

@@ -15,7 +15,9 @@
 // partition seals, the moves of sealed partitions, the journal of
 // fingerprints and the record of the filters' checkpoint (journal.go),
 // WAL durability and the translation of every Pebble failure into
-// ErrStorage. It must never hold claims in flight (the engine's memory tier
+// ErrStorage; and ArchiveDir, the embedded archive (archive.go): closed
+// partitions kept as immutable tables in a Pebble database of another
+// directory. It must never hold claims in flight (the engine's memory tier
 // does, and an exclusive directory makes them void at the next open anyway),
 // never compare fingerprints instead of key bytes, and never exit the
 // process: a Pebble fatal error or panic inside a call of this package (its
