@@ -34,6 +34,10 @@ func PrintResult(w io.Writer, r *Result) {
 	p("hit ratios", "memory %.1f%% of claims; bloom proved new %.1f%% of memory misses; pebble found %.1f%% of reads",
 		100*r.MemoryHitRatio, 100*r.BloomNegativeRatio, 100*r.StoreHitRatio)
 	p("partitions dropped", "%d", r.Stats.PartitionDropped)
+	if a := r.Stats.Archive; a != nil {
+		p("archive", "%s, window %v: %d partitions and %d keys archived, lag %d; %d reads (%.2f%% of claims), %d found, %d reads of unarchived partitions; filter %.1f MiB",
+			a.Name, a.Window, a.Partitions, a.Keys, a.Lag, a.Reads, 100*float64(a.Reads)/float64(max(1, r.Stats.Claims)), a.Hits, a.LagReads, float64(a.FilterBytes)/(1<<20))
+	}
 	if len(r.PerDay) > 1 {
 		var days []string
 		for _, d := range r.PerDay {

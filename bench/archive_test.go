@@ -1,0 +1,193 @@
+package bench_test
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/shard"
+	"github.com/tierdedup/tierdedup/tier/pebble"
+)
+
+// archiveDays is the history BenchmarkArchive builds before it measures:
+// a 24 h window and 240 h of archive behind it, full.
+const (
+	archiveDays      = 11
+	archivePerDayEnv = "ARCHIVE_BENCH_PER_DAY" // keys a simulated day; default 100000
+)
+
+// benchClock is a clock the benchmark moves by hand.
+type benchClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *benchClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *benchClock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// archivedEngine is an engine whose archive holds ten windows of keys:
+// archiveDays simulated days of perDay keys each, 6 h partitions, the
+// clock at the start of the last day and every closed partition
+// archived (none when archive is false: the same history, expired).
+type archivedEngine struct {
+	e      *engine.Engine
+	dir    string
+	perDay int
+	fresh  int // keys handed out by next
+}
+
+// dayKey is key i of day d: 32 hex digits, as a hashed or random ID
+// (which no compression shrinks).
+func dayKey(d, i int) []byte {
+	x := uint64(d)<<40 | uint64(i)
+	return fmt.Appendf(nil, "%016x%016x", shard.Mix(x), shard.Mix(^x))
+}
+
+func newArchivedEngine(b *testing.B, archive bool) *archivedEngine {
+	perDay := 100000
+	if v, err := strconv.Atoi(os.Getenv(archivePerDayEnv)); err == nil && v > 0 {
+		perDay = v
+	}
+	dir := b.TempDir()
+	clock := &benchClock{t: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)}
+	o := engine.Options{Dir: filepath.Join(dir, "store"), Clock: clock, Window: 24 * time.Hour, Partition: 6 * time.Hour,
+		ExpectedKeys: perDay / 4, MemoryCapacity: 1 << 16, Logger: quiet}
+	if archive {
+		o.Archive, o.ArchiveWindow = pebble.ArchiveDir{Dir: filepath.Join(dir, "archive")}, 240*time.Hour
+	}
+	e, err := engine.Open(&o)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	out := make([]engine.Outcome, 256)
+	batch := make([][]byte, 0, 256)
+	for d := 0; d < archiveDays; d++ {
+		for q := 0; q < 4; q++ { // four partitions a day
+			for i := q * perDay / 4; i < (q+1)*perDay/4; i++ {
+				batch = append(batch, dayKey(d, i))
+				if len(batch) == cap(batch) {
+					if err := e.MarkBatch(ctx, batch, nil, out[:len(batch)]); err != nil {
+						b.Fatal(err)
+					}
+					batch = batch[:0]
+				}
+			}
+			if len(batch) > 0 {
+				if err := e.MarkBatch(ctx, batch, nil, out[:len(batch)]); err != nil {
+					b.Fatal(err)
+				}
+				batch = batch[:0]
+			}
+			clock.add(6 * time.Hour)
+		}
+	}
+	if err := e.Flush(ctx); err != nil {
+		b.Fatal(err)
+	}
+	// Every closed partition archived, and dropped from the hot store.
+	for deadline := time.Now().Add(5 * time.Minute); archive; time.Sleep(10 * time.Millisecond) {
+		if e.Stats().Archive.Lag == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("archive still lags: %+v", e.Stats().Archive)
+		}
+	}
+	return &archivedEngine{e: e, dir: dir, perDay: perDay}
+}
+
+// BenchmarkArchive measures what an archive of ten windows costs and
+// gives, each configuration built once and measured in the same run:
+//
+//   - new: MarkBatch of new keys, batch 256, with the archive and without
+//     (the same history, expired): keys/s, and the archive's reads a key;
+//   - archived-duplicates: MarkBatch of keys committed 2 to 9 days ago,
+//     past the window, each found in the archive: keys/s;
+//
+// and, for the archive, the filter's memory and the archive's disk per
+// archived key. ARCHIVE_BENCH_PER_DAY sets the keys a simulated day.
+func BenchmarkArchive(b *testing.B) {
+	ctx := context.Background()
+	engines := map[bool]*archivedEngine{}
+	parent := b // owns the directories: a sub-benchmark's are removed when it ends
+	get := func(b *testing.B, archive bool) *archivedEngine {
+		if engines[archive] == nil {
+			engines[archive] = newArchivedEngine(parent, archive)
+		}
+		return engines[archive]
+	}
+	defer func() {
+		for _, a := range engines {
+			_ = a.e.Close()
+		}
+	}()
+	mark := func(b *testing.B, a *archivedEngine, key func(i int) []byte, want engine.Outcome) {
+		out := make([]engine.Outcome, 256)
+		batch := make([][]byte, 0, 256)
+		before := a.e.Stats().Archive
+		b.ResetTimer()
+		t0 := time.Now()
+		for i := 0; i < b.N; i++ {
+			batch = append(batch, key(i))
+			if len(batch) == cap(batch) || i == b.N-1 {
+				if err := a.e.MarkBatch(ctx, batch, nil, out[:len(batch)]); err != nil {
+					b.Fatal(err)
+				}
+				for j, o := range out[:len(batch)] {
+					if o != want {
+						b.Fatalf("%s: %v, want %v", batch[j], o, want)
+					}
+				}
+				batch = batch[:0]
+			}
+		}
+		b.ReportMetric(float64(b.N)/time.Since(t0).Seconds(), "keys/s")
+		if after := a.e.Stats().Archive; after != nil && before != nil {
+			b.ReportMetric(float64(after.Reads-before.Reads)/float64(b.N), "archive-reads/key")
+		}
+	}
+	for _, archive := range []bool{false, true} {
+		b.Run(fmt.Sprintf("new/archive=%v", archive), func(b *testing.B) {
+			a := get(b, archive)
+			mark(b, a, func(int) []byte { a.fresh++; return dayKey(99, a.fresh) }, engine.New)
+		})
+	}
+	b.Run("archived-duplicates", func(b *testing.B) {
+		a := get(b, true)
+		n := 8 * a.perDay // days 1 to 8 of 0..10: 2 to 9 days old
+		if b.N > n {
+			b.Skipf("only %d archived keys past the window to mark once each", n)
+		}
+		mark(b, a, func(i int) []byte { return dayKey(1+i/a.perDay, i%a.perDay) }, engine.Duplicate)
+		st := a.e.Stats().Archive
+		var disk int64
+		_ = filepath.WalkDir(filepath.Join(a.dir, "archive"), func(_ string, d fs.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				if info, err := d.Info(); err == nil {
+					disk += info.Size()
+				}
+			}
+			return nil
+		})
+		held := float64(archiveDays-1) * float64(a.perDay) // the closed days the archive holds
+		b.ReportMetric(float64(st.FilterBytes)/held, "filter-B/archived-key")
+		b.ReportMetric(float64(disk)/held, "disk-B/archived-key")
+	})
+}
