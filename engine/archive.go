@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tierdedup/tierdedup/internal/hooks"
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/bloom"
@@ -323,6 +324,7 @@ func (a *archiver) pass(ctx context.Context) (behind bool) {
 		return true
 	}
 	a.filters.Rotate(cur / a.group)
+	archiveHook("drop")
 	if err := e.dropHot(e.highWater.Load()); err != nil {
 		e.logger.Printf("tierdedup: dropping archived partitions: %v", err)
 		return true
@@ -348,6 +350,9 @@ func (a *archiver) archive(ctx context.Context, p int64) error {
 				a.filters.Add(fps, g) // before p becomes visible (invariant 2)
 				fps = fps[:0]
 			}
+			if n == 0 {
+				archiveHook("put")
+			}
 			n++
 			return put(r)
 		})
@@ -356,6 +361,7 @@ func (a *archiver) archive(ctx context.Context, p int64) error {
 	if err != nil {
 		return err
 	}
+	archiveHook("held")
 	a.next.Store(p + 1)
 	a.archived.Add(1)
 	a.keys.Add(n)
@@ -366,7 +372,15 @@ func (a *archiver) archive(ctx context.Context, p int64) error {
 		// The next Open scans the partitions the blob misses.
 		a.e.logger.Printf("tierdedup: saving the archive filter of partition %d: %v", p, err)
 	}
+	archiveHook("blob")
 	return nil
+}
+
+// archiveHook calls the test hook of a stage of archiving, if set.
+func archiveHook(stage string) {
+	if f := hooks.InArchive.Load(); f != nil {
+		(*f)(stage)
+	}
 }
 
 // close stops the loop and closes the archive.

@@ -67,3 +67,13 @@ func setHook(h *atomic.Pointer[func()], f func()) {
 	}
 	h.Store(&f)
 }
+
+// SetInArchive sets the function the archiver calls at each stage of
+// archiving a partition (nil: none).
+func SetInArchive(f func(stage string)) {
+	if f == nil {
+		hooks.InArchive.Store(nil)
+		return
+	}
+	hooks.InArchive.Store(&f)
+}

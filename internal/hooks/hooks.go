@@ -22,3 +22,10 @@ var InCheckpoint, InMove atomic.Pointer[func()]
 // scan of the store, as it does when the checkpoint is damaged: the tests
 // of that path set it.
 var NoRestore atomic.Bool
+
+// InArchive, when set, is called by the engine's archiver at each stage of
+// archiving a partition: "put" (inside the archive's Put, at its first
+// record), "held" (Put returned, the partition not yet visible as
+// archived), "blob" (its filter blob saved) and "drop" (before the exact
+// tier drops what the archive holds). A kill test stops a process there.
+var InArchive atomic.Pointer[func(stage string)]
