@@ -13,6 +13,7 @@ import (
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/pebble"
+	"github.com/tierdedup/tierdedup/tier/postgres"
 )
 
 const day = 24 * time.Hour
@@ -116,7 +117,21 @@ func filesArchive(fs vfs.FS) tier.ArchiveBackend { return pebble.ArchiveDir{Dir:
 // archive once past the 7-day window) and every older one is New; Claim
 // agrees with Lookup, Forget reaches the archive, and Stats counts it.
 func TestArchiveKeepsHistory(t *testing.T) {
-	r := newArchiveRun(t, filesArchive)
+	t.Run("files", func(t *testing.T) { testArchiveKeepsHistory(t, filesArchive) })
+	t.Run("postgres", func(t *testing.T) {
+		p := postgresPool(t)
+		table := fmt.Sprintf("engine_arch_%d", time.Now().UnixNano()%1e9)
+		t.Cleanup(func() {
+			for _, s := range []string{"", "_layout", "_parts", "_blobs"} {
+				_, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table+s+" CASCADE")
+			}
+		})
+		testArchiveKeepsHistory(t, func(vfs.FS) tier.ArchiveBackend { return postgres.Archive{DB: p, Table: table} })
+	})
+}
+
+func testArchiveKeepsHistory(t *testing.T, archive func(vfs.FS) tier.ArchiveBackend) {
+	r := newArchiveRun(t, archive)
 	for r.days < 30 {
 		r.commitDay()
 		if r.days%4 == 0 {

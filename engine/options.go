@@ -234,8 +234,9 @@ type Options struct {
 	// Duplicate (with its stored result), read from the archive where the
 	// archive's own filter says the key may be; Forget reaches it too. Nil
 	// means none: a key is New once its partition leaves the Window. The
-	// embedded store only (Tiers Default with Dir), with
-	// pebble.ArchiveDir; namespaces with their own window and the
+	// embedded store only (Tiers Default with Dir), with pebble.ArchiveDir
+	// (files in a directory) or postgres.Archive (a table partition per
+	// partition); namespaces with their own window and the
 	// engine's tokens are not archived (their window is their promise).
 	// See docs/archive.md.
 	Archive tier.ArchiveBackend

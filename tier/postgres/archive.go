@@ -1,0 +1,571 @@
+package postgres
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"slices"
+	"strconv"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tierdedup/tierdedup/tier"
+)
+
+// The PostgreSQL archive keeps each archived partition in a table
+// partition of its own: <table> is partitioned by LIST (part), and
+// archiving partition p, in one transaction, creates <table>_p<p> with
+// the check part = p, copies the partition's rows into it (COPY), adds
+// its primary key, attaches it (the check spares the scan), and records p
+// in <table>_parts; expiry detaches and drops whole tables, never DELETEs.
+// Filter blobs are rows of <table>_blobs, chunked.
+//
+// What makes it invalid, and who checks (Open, ErrLayout): a row of
+// <table>_layout of another format, partition length, owner or secret
+// check, or a longer window than asked (keys were promised it). A table
+// partition is visible only once its transaction committed, with its row
+// in <table>_parts: a crash rolls the whole Put back.
+
+// ArchiveDB is what the archive needs of a PostgreSQL pool: a
+// *pgxpool.Pool is one.
+type ArchiveDB interface {
+	DB
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Archive is the PostgreSQL archive backend (tier.ArchiveBackend).
+type Archive struct {
+	// DB is the pool; required. The caller closes it after the engine.
+	DB ArchiveDB
+	// Table names the archive's tables; zero means "tierdedup_archive".
+	// Letters, digits and underscores, at most 40.
+	Table string
+}
+
+var archiveTable = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,39}$`)
+
+// archiveFormat is the archive's layout version.
+const archiveFormat = 1
+
+// blobChunk is the size of a blob's rows.
+const blobChunk = 1 << 20
+
+// Name returns "postgres".
+func (a Archive) Name() string { return "postgres" }
+
+func (a Archive) table() string {
+	if a.Table == "" {
+		return "tierdedup_archive"
+	}
+	return a.Table
+}
+
+// Validate refuses a nil DB and an invalid table name.
+func (a Archive) Validate(env tier.ArchiveEnv) error {
+	var errs []error
+	if tier.Nil(a.DB) {
+		errs = append(errs, fmt.Errorf("%w: postgres.Archive.DB is nil", tier.ErrOptions))
+	}
+	if !archiveTable.MatchString(a.table()) {
+		errs = append(errs, fmt.Errorf("%w: archive table %q: letters, digits and underscores, at most 40", tier.ErrOptions, a.table()))
+	}
+	if env.Partitions.Length <= 0 || env.Window <= 0 {
+		errs = append(errs, fmt.Errorf("%w: archive partitions %+v, window %v", tier.ErrOptions, env.Partitions, env.Window))
+	}
+	return errors.Join(errs...)
+}
+
+// Open creates the archive's tables if missing and checks its layout.
+func (a Archive) Open(ctx context.Context, env tier.ArchiveEnv) (tier.Archive, error) {
+	if err := a.Validate(env); err != nil {
+		return nil, err
+	}
+	t := a.table()
+	ar := &pgArchive{db: a.DB, t: t}
+	for _, stmt := range []string{
+		`CREATE TABLE IF NOT EXISTS ` + t + `_layout (id int PRIMARY KEY, format int NOT NULL, partition_ns bigint NOT NULL, window_ns bigint NOT NULL, "check" bytea NOT NULL, owner text NOT NULL)`,
+		`CREATE TABLE IF NOT EXISTS ` + t + ` (part bigint NOT NULL, ns bytea NOT NULL, key bytea NOT NULL, digest bytea, at bigint, result bytea, PRIMARY KEY (ns, key, part)) PARTITION BY LIST (part)`,
+		`CREATE TABLE IF NOT EXISTS ` + t + `_parts (part bigint PRIMARY KEY, keys bigint NOT NULL)`,
+		`CREATE TABLE IF NOT EXISTS ` + t + `_blobs (name text NOT NULL, chunk int NOT NULL, data bytea NOT NULL, PRIMARY KEY (name, chunk))`,
+	} {
+		if _, err := a.DB.Exec(ctx, stmt); err != nil && !isDuplicateObject(err) {
+			return nil, fmt.Errorf("%w: creating %s: %w", ErrUnavailable, t, err)
+		}
+	}
+	if _, err := a.DB.Exec(ctx, `INSERT INTO `+t+`_layout VALUES (1, $1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING`,
+		archiveFormat, env.Partitions.Length, int64(env.Window), env.Check[:], env.Owner); err != nil {
+		return nil, fmt.Errorf("%w: %s_layout: %w", ErrUnavailable, t, err)
+	}
+	var format int
+	var part, window int64
+	var check []byte
+	var owner string
+	if err := queryRow(ctx, a.DB, `SELECT format, partition_ns, window_ns, "check", owner FROM `+t+`_layout WHERE id = 1`, []any{&format, &part, &window, &check, &owner}); err != nil {
+		return nil, fmt.Errorf("%w: %s_layout: %w", ErrUnavailable, t, err)
+	}
+	switch {
+	case format != archiveFormat:
+		return nil, fmt.Errorf("%w: archive %s: format %d, want %d", tier.ErrLayout, t, format, archiveFormat)
+	case part != env.Partitions.Length:
+		return nil, fmt.Errorf("%w: archive %s: partition length %d ns, want %d", tier.ErrLayout, t, part, env.Partitions.Length)
+	case !bytes.Equal(check, env.Check[:]):
+		return nil, fmt.Errorf("%w: archive %s: written under another fingerprint secret", tier.ErrLayout, t)
+	case owner != env.Owner:
+		return nil, fmt.Errorf("%w: archive %s: of %s, not %s", tier.ErrLayout, t, owner, env.Owner)
+	case int64(env.Window) < window:
+		return nil, fmt.Errorf("%w: archive %s: window %d ns recorded, %v asked (a window may grow, never shrink)", tier.ErrLayout, t, window, env.Window)
+	case int64(env.Window) > window:
+		if _, err := a.DB.Exec(ctx, `UPDATE `+t+`_layout SET window_ns = $1 WHERE id = 1`, int64(env.Window)); err != nil {
+			return nil, fmt.Errorf("%w: %s_layout: %w", ErrUnavailable, t, err)
+		}
+	}
+	// A table partition that a crashed Put left unattached (its
+	// transaction rolled back, so none exists) needs nothing; one that
+	// exists unrecorded cannot, as both are in one transaction.
+	return ar, nil
+}
+
+func isDuplicateObject(err error) bool {
+	var pe *pgconn.PgError
+	// CREATE TABLE IF NOT EXISTS races another process's: 23505 on the
+	// catalog, 42P07 duplicate table.
+	return errors.As(err, &pe) && (pe.Code == "23505" || pe.Code == "42P07")
+}
+
+func queryRow(ctx context.Context, db DB, sql string, dst []any, args ...any) error {
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return errors.New("no row")
+	}
+	if err := rows.Scan(dst...); err != nil {
+		return err
+	}
+	return rows.Err()
+}
+
+// pgArchive is an opened Archive.
+type pgArchive struct {
+	db    ArchiveDB
+	t     string
+	putMu sync.Mutex
+}
+
+func (ar *pgArchive) part(p int64) string { return ar.t + "_p" + strconv.FormatInt(p, 10) }
+
+func unavailable(what string, err error) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %s: %w", ErrUnavailable, what, err)
+	}
+	return fmt.Errorf("%w: %s: %w", ErrUnavailable, what, err)
+}
+
+// Archived lists the recorded partitions.
+func (ar *pgArchive) Archived(ctx context.Context) ([]int64, error) {
+	rows, err := ar.db.Query(ctx, `SELECT part FROM `+ar.t+`_parts ORDER BY part`)
+	if err != nil {
+		return nil, unavailable("archived partitions", err)
+	}
+	defer rows.Close()
+	var out []int64
+	for rows.Next() {
+		var p int64
+		if err := rows.Scan(&p); err != nil {
+			return nil, unavailable("archived partitions", err)
+		}
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, unavailable("archived partitions", err)
+	}
+	return out, nil
+}
+
+// copySource feeds COPY from the scan, which a goroutine runs: pgx pulls
+// rows one at a time.
+type copySource struct {
+	rows chan []any
+	err  chan error
+	cur  []any
+	done bool
+	fail error
+}
+
+func (c *copySource) Next() bool {
+	if c.done {
+		return false
+	}
+	r, ok := <-c.rows
+	if !ok {
+		c.done = true
+		c.fail = <-c.err
+		return false
+	}
+	c.cur = r
+	return true
+}
+func (c *copySource) Values() ([]any, error) { return c.cur, nil }
+func (c *copySource) Err() error             { return c.fail }
+
+// Put copies partition p into a new table partition, in one transaction.
+func (ar *pgArchive) Put(ctx context.Context, p int64, scan func(func(*tier.Record) error) error) error {
+	ar.putMu.Lock()
+	defer ar.putMu.Unlock()
+	var held bool
+	if err := queryRow(ctx, ar.db, `SELECT EXISTS (SELECT 1 FROM `+ar.t+`_parts WHERE part = $1)`, []any{&held}, p); err != nil {
+		return unavailable("archive put", err)
+	}
+	if held {
+		return nil
+	}
+	tx, err := ar.db.Begin(ctx)
+	if err != nil {
+		return unavailable("archive put", err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	name := ar.part(p)
+	if _, err := tx.Exec(ctx, `DROP TABLE IF EXISTS `+name); err != nil {
+		return unavailable("archive put", err)
+	}
+	if _, err := tx.Exec(ctx, `CREATE TABLE `+name+` (LIKE `+ar.t+`, CHECK (part = `+strconv.FormatInt(p, 10)+`))`); err != nil {
+		return unavailable("archive put", err)
+	}
+	src := &copySource{rows: make(chan []any, 1024), err: make(chan error, 1)}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		defer close(src.rows)
+		src.err <- scan(func(r *tier.Record) error {
+			row := []any{p, bytes.Clone(r.NS), bytes.Clone(r.Key), nil, nil, nil}
+			if r.Digest != (tier.Digest{}) {
+				row[3] = bytes.Clone(r.Digest[:])
+			}
+			if r.At != 0 {
+				row[4] = r.At
+			}
+			if r.Result != nil {
+				row[5] = bytes.Clone(r.Result)
+			}
+			select {
+			case src.rows <- row:
+				return nil
+			case <-sctx.Done():
+				return sctx.Err()
+			}
+		})
+	}()
+	n, err := tx.CopyFrom(ctx, pgx.Identifier{name}, []string{"part", "ns", "key", "digest", "at", "result"}, src)
+	cancel()
+	for range src.rows { // let the scan end
+	}
+	if err == nil && src.fail != nil {
+		err = src.fail
+	}
+	if err != nil {
+		return unavailable("archive copy", err)
+	}
+	for _, stmt := range []string{
+		`ALTER TABLE ` + name + ` ADD PRIMARY KEY (ns, key, part)`,
+		`ALTER TABLE ` + ar.t + ` ATTACH PARTITION ` + name + ` FOR VALUES IN (` + strconv.FormatInt(p, 10) + `)`,
+	} {
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			return unavailable("archive put", err)
+		}
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO `+ar.t+`_parts VALUES ($1, $2)`, p, n); err != nil {
+		return unavailable("archive put", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return unavailable("archive commit", err)
+	}
+	return nil
+}
+
+// queries returns the statement's arrays for qs.
+func queryArrays(qs []tier.ArchiveQuery) (idx []int32, ns, keys [][]byte, lo, hi []int64) {
+	for i, q := range qs {
+		idx = append(idx, int32(i))
+		ns = append(ns, []byte(q.NS))
+		keys = append(keys, q.Key)
+		lo = append(lo, q.From)
+		hi = append(hi, q.To)
+	}
+	return
+}
+
+// found reads rows (i, part, digest, at, result) into out, the newest
+// partition of each query winning.
+func found(rows pgx.Rows, out []tier.Answer) error {
+	defer rows.Close()
+	for rows.Next() {
+		var i int32
+		var part int64
+		var digest, result []byte
+		var at *int64
+		if err := rows.Scan(&i, &part, &digest, &at, &result); err != nil {
+			return err
+		}
+		if int(i) >= len(out) || i < 0 {
+			return fmt.Errorf("row of query %d", i)
+		}
+		a := &out[i]
+		if a.Status == tier.Committed && a.Partition >= part {
+			continue
+		}
+		*a = tier.Answer{Status: tier.Committed, Partition: part, Result: result}
+		if len(digest) == len(a.Digest) {
+			copy(a.Digest[:], digest)
+		}
+		if at != nil {
+			a.At = *at
+		}
+	}
+	return rows.Err()
+}
+
+// Lookup reads each query's newest row in its span, one statement for the
+// batch.
+func (ar *pgArchive) Lookup(ctx context.Context, qs []tier.ArchiveQuery, out []tier.Answer) error {
+	if len(out) != len(qs) {
+		return fmt.Errorf("%w: %d answers for %d queries", tier.ErrOptions, len(out), len(qs))
+	}
+	for i := range out {
+		out[i] = tier.Answer{Status: tier.Absent, Partition: -1}
+	}
+	if len(qs) == 0 {
+		return nil
+	}
+	idx, ns, keys, lo, hi := queryArrays(qs)
+	rows, err := ar.db.Query(ctx, `SELECT q.i, a.part, a.digest, a.at, a.result
+FROM unnest($1::int[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[]) AS q(i, ns, key, lo, hi)
+CROSS JOIN LATERAL (SELECT part, digest, at, result FROM `+ar.t+` a
+  WHERE a.ns = q.ns AND a.key = q.key AND a.part >= q.lo AND a.part < q.hi ORDER BY a.part DESC LIMIT 1) a`, idx, ns, keys, lo, hi)
+	if err != nil {
+		return unavailable("archive lookup", err)
+	}
+	if err := found(rows, out); err != nil {
+		return unavailable("archive lookup", err)
+	}
+	return nil
+}
+
+// Forget deletes each query's rows in its span, one statement for the
+// batch.
+func (ar *pgArchive) Forget(ctx context.Context, qs []tier.ArchiveQuery, out []tier.Answer) error {
+	if len(out) != len(qs) {
+		return fmt.Errorf("%w: %d answers for %d queries", tier.ErrOptions, len(out), len(qs))
+	}
+	for i := range out {
+		out[i] = tier.Answer{Status: tier.Absent, Partition: -1}
+	}
+	if len(qs) == 0 {
+		return nil
+	}
+	idx, ns, keys, lo, hi := queryArrays(qs)
+	rows, err := ar.db.Query(ctx, `DELETE FROM `+ar.t+` a
+USING unnest($1::int[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[]) AS q(i, ns, key, lo, hi)
+WHERE a.ns = q.ns AND a.key = q.key AND a.part >= q.lo AND a.part < q.hi
+RETURNING q.i, a.part, a.digest, a.at, a.result`, idx, ns, keys, lo, hi)
+	if err != nil {
+		return unavailable("archive forget", err)
+	}
+	if err := found(rows, out); err != nil {
+		return unavailable("archive forget", err)
+	}
+	return nil
+}
+
+// Scan reads partition p's keys.
+func (ar *pgArchive) Scan(ctx context.Context, p int64, fn func(ns, key []byte) error) error {
+	rows, err := ar.db.Query(ctx, `SELECT ns, key FROM `+ar.t+` WHERE part = $1`, p)
+	if err != nil {
+		return unavailable("archive scan", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var ns, key []byte
+		if err := rows.Scan(&ns, &key); err != nil {
+			return unavailable("archive scan", err)
+		}
+		if err := fn(ns, key); err != nil {
+			return err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return unavailable("archive scan", err)
+	}
+	return nil
+}
+
+// Drop detaches and drops the table partitions before `before`, each in
+// one transaction with its record.
+func (ar *pgArchive) Drop(ctx context.Context, before int64) error {
+	held, err := ar.Archived(ctx)
+	if err != nil {
+		return err
+	}
+	for _, p := range held {
+		if p >= before {
+			break
+		}
+		tx, err := ar.db.Begin(ctx)
+		if err != nil {
+			return unavailable("archive drop", err)
+		}
+		for _, stmt := range []string{
+			`DELETE FROM ` + ar.t + `_parts WHERE part = ` + strconv.FormatInt(p, 10),
+			`ALTER TABLE ` + ar.t + ` DETACH PARTITION ` + ar.part(p),
+			`DROP TABLE ` + ar.part(p),
+		} {
+			if _, err = tx.Exec(ctx, stmt); err != nil {
+				break
+			}
+		}
+		if err == nil {
+			err = tx.Commit(ctx)
+		}
+		_ = tx.Rollback(context.Background())
+		if err != nil {
+			return unavailable("archive drop", err)
+		}
+	}
+	return nil
+}
+
+// chunkWriter inserts a blob's chunks as they fill.
+type chunkWriter struct {
+	ctx  context.Context
+	tx   pgx.Tx
+	t    string
+	name string
+	buf  []byte
+	n    int
+}
+
+func (w *chunkWriter) Write(p []byte) (int, error) {
+	total := len(p)
+	for len(p) > 0 {
+		k := min(len(p), blobChunk-len(w.buf))
+		w.buf = append(w.buf, p[:k]...)
+		p = p[k:]
+		if len(w.buf) == blobChunk {
+			if err := w.flush(); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return total, nil
+}
+
+func (w *chunkWriter) flush() error {
+	if len(w.buf) == 0 {
+		return nil
+	}
+	if _, err := w.tx.Exec(w.ctx, `INSERT INTO `+w.t+`_blobs VALUES ($1, $2, $3)`, w.name, w.n, w.buf); err != nil {
+		return err
+	}
+	w.n++
+	w.buf = w.buf[:0]
+	return nil
+}
+
+// PutBlob replaces the named blob in one transaction.
+func (ar *pgArchive) PutBlob(ctx context.Context, name string, write func(io.Writer) error) error {
+	tx, err := ar.db.Begin(ctx)
+	if err != nil {
+		return unavailable("archive blob", err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := tx.Exec(ctx, `DELETE FROM `+ar.t+`_blobs WHERE name = $1`, name); err != nil {
+		return unavailable("archive blob", err)
+	}
+	w := &chunkWriter{ctx: ctx, tx: tx, t: ar.t, name: name, buf: make([]byte, 0, blobChunk)}
+	if err := write(w); err != nil {
+		return unavailable("archive blob", err)
+	}
+	if err := w.flush(); err != nil {
+		return unavailable("archive blob", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return unavailable("archive blob", err)
+	}
+	return nil
+}
+
+type memBlob struct{ *bytes.Reader }
+
+func (memBlob) Close() error { return nil }
+
+// Blob reads the named blob whole.
+func (ar *pgArchive) Blob(ctx context.Context, name string) (tier.ReadBlob, bool, error) {
+	rows, err := ar.db.Query(ctx, `SELECT chunk, data FROM `+ar.t+`_blobs WHERE name = $1 ORDER BY chunk`, name)
+	if err != nil {
+		return nil, false, unavailable("archive blob", err)
+	}
+	defer rows.Close()
+	var all []byte
+	n := 0
+	for rows.Next() {
+		var chunk int
+		var data []byte
+		if err := rows.Scan(&chunk, &data); err != nil {
+			return nil, false, unavailable("archive blob", err)
+		}
+		if chunk != n {
+			return nil, false, fmt.Errorf("%w: blob %s misses chunk %d", tier.ErrStorage, name, n)
+		}
+		all = append(all, data...)
+		n++
+	}
+	if err := rows.Err(); err != nil {
+		return nil, false, unavailable("archive blob", err)
+	}
+	if n == 0 {
+		return nil, false, nil
+	}
+	return memBlob{bytes.NewReader(all)}, true, nil
+}
+
+// Blobs lists the blobs.
+func (ar *pgArchive) Blobs(ctx context.Context) ([]string, error) {
+	rows, err := ar.db.Query(ctx, `SELECT DISTINCT name FROM `+ar.t+`_blobs`)
+	if err != nil {
+		return nil, unavailable("archive blobs", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			return nil, unavailable("archive blobs", err)
+		}
+		out = append(out, n)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, unavailable("archive blobs", err)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// DeleteBlob removes a blob.
+func (ar *pgArchive) DeleteBlob(ctx context.Context, name string) error {
+	if _, err := ar.db.Exec(ctx, `DELETE FROM `+ar.t+`_blobs WHERE name = $1`, name); err != nil {
+		return unavailable("archive blob", err)
+	}
+	return nil
+}
+
+// Close does nothing: the caller owns the pool.
+func (ar *pgArchive) Close() error { return nil }
