@@ -90,6 +90,7 @@ type archiver struct {
 	done chan struct{}
 
 	reads, hits, lagReads, archived, keys, failures atomic.Uint64
+	held                                            atomic.Int64 // partitions the archive holds, as last listed
 }
 
 // archiveLive returns the partitions an archive window keeps, the current
@@ -175,6 +176,7 @@ func (a *archiver) load(ctx context.Context, cur int64) error {
 	if err != nil {
 		return err
 	}
+	a.held.Store(int64(len(held)))
 	names, err := a.store.Blobs(ctx)
 	if err != nil {
 		return err
@@ -324,6 +326,9 @@ func (a *archiver) pass(ctx context.Context) (behind bool) {
 		return true
 	}
 	a.filters.Rotate(cur / a.group)
+	if held, err := a.store.Archived(ctx); err == nil {
+		a.held.Store(int64(len(held)))
+	}
 	archiveHook("drop")
 	if err := e.dropHot(e.highWater.Load()); err != nil {
 		e.logger.Printf("tierdedup: dropping archived partitions: %v", err)
@@ -584,10 +589,11 @@ type ArchiveStats struct {
 	// Name is the archive's ("files", "postgres"); Window its window.
 	Name   string
 	Window time.Duration
-	// Partitions archived and Keys archived since Open; Lag is the number
+	// Held is the number of partitions the archive holds (as of its last
+	// pass); Partitions archived and Keys archived since Open; Lag is the number
 	// of closed partitions not archived yet; Failures counts failed
 	// archiving passes.
-	Partitions, Keys, Lag, Failures uint64
+	Held, Partitions, Keys, Lag, Failures uint64
 	// Reads are keys looked up in the archive, Hits those it held;
 	// LagReads keys read in the exact tier's unarchived partitions that
 	// left the window.
@@ -599,7 +605,7 @@ type ArchiveStats struct {
 func (a *archiver) stats(window time.Duration) *ArchiveStats {
 	cur := a.e.current.Load()
 	return &ArchiveStats{
-		Name: a.name, Window: window,
+		Name: a.name, Window: window, Held: uint64(max(0, a.held.Load())),
 		Partitions: a.archived.Load(), Keys: a.keys.Load(), Lag: uint64(max(0, cur-a.next.Load())), Failures: a.failures.Load(),
 		Reads: a.reads.Load(), Hits: a.hits.Load(), LagReads: a.lagReads.Load(), FilterBytes: a.filters.Bytes(),
 	}

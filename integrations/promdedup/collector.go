@@ -52,6 +52,13 @@ var metrics = []metric{
 	{"bloom_estimated_false_positive_ratio", "False-positive rate of the filters at their current fill.", nil},
 	{"window_seconds", "The retention window.", nil},
 	{"window_coverage_ratio", "Share of the window the engine holds: since its store was created (Default) or it opened.", nil},
+	{"archive_partitions", "Partitions the archive holds (Options.Archive).", nil},
+	{"archive_lag_partitions", "Closed partitions not archived yet.", nil},
+	{"archive_keys_total", "Keys archived since the engine opened.", nil},
+	{"archive_reads_total", "Keys looked up in the archive, by result: hit or miss.", []string{"result"}},
+	{"archive_lag_reads_total", "Keys read in partitions that left the window before the archive took them.", nil},
+	{"archive_failures_total", "Archiving passes that failed (the archive was unreachable or refused a write).", nil},
+	{"archive_filter_bytes", "Memory of the archive's filter.", nil},
 	{"disk_bytes", "Size on disk of the embedded store, by kind: total, tables, wal, wal_recycled.", []string{"kind"}},
 }
 
@@ -127,6 +134,16 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge("bloom_bytes", float64(s.BloomBytes))
 		gauge("bloom_estimated_false_positive_ratio", s.BloomEstimatedFP)
+	}
+	if a := s.Archive; a != nil {
+		gauge("archive_partitions", float64(a.Held))
+		gauge("archive_lag_partitions", float64(a.Lag))
+		counter("archive_keys_total", a.Keys)
+		counter("archive_reads_total", a.Hits, "hit")
+		counter("archive_reads_total", a.Reads-min(a.Hits, a.Reads), "miss")
+		counter("archive_lag_reads_total", a.LagReads)
+		counter("archive_failures_total", a.Failures)
+		gauge("archive_filter_bytes", float64(a.FilterBytes))
 	}
 	gauge("window_seconds", s.Window.Seconds())
 	if s.Window > 0 {

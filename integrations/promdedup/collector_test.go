@@ -2,11 +2,15 @@ package promdedup_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -15,6 +19,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/integrations/promdedup"
+	"github.com/tierdedup/tierdedup/tier/pebble"
 )
 
 // scrape fetches url and parses the text exposition format.
@@ -165,4 +170,73 @@ func BenchmarkScrape(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "scrapes/s")
+}
+
+// stepClock is a clock a test moves by hand.
+type stepClock struct{ t atomic.Int64 }
+
+func (c *stepClock) Now() time.Time { return time.Unix(0, c.t.Load()) }
+
+// TestScrapeArchive: with an archive, its partitions, lag, keys, reads
+// (hits and misses) and filter are scraped as Stats reports them.
+func TestScrapeArchive(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	clock := &stepClock{}
+	clock.t.Store(time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	e, err := engine.Open(&engine.Options{Dir: filepath.Join(dir, "s"), Clock: clock, Window: 2 * time.Hour, Partition: time.Hour,
+		ExpectedKeys: 1000, Archive: pebble.ArchiveDir{Dir: filepath.Join(dir, "a")}, ArchiveWindow: 10 * time.Hour,
+		Logger: log.New(io.Discard, "", 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	for h := 0; h < 5; h++ {
+		for i := 0; i < 10; i++ {
+			if _, err := e.MarkIfAbsent(ctx, fmt.Appendf(nil, "h%d-%d", h, i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		clock.t.Add(int64(time.Hour))
+	}
+	if _, err := e.MarkIfAbsent(ctx, []byte("now")); err != nil { // rotates into the last hour
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); e.Stats().Archive.Lag > 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("archive lags: %+v", e.Stats().Archive)
+		}
+	}
+	for i := 0; i < 10; i++ { // hour 0: past the window, in the archive
+		if o, err := e.MarkIfAbsent(ctx, fmt.Appendf(nil, "h0-%d", i)); err != nil || o != engine.Duplicate {
+			t.Fatalf("an archived key: %v, %v", o, err)
+		}
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(promdedup.New(e, nil))
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.HTTPErrorOnError}))
+	defer srv.Close()
+	fams := scrape(t, srv.URL)
+	a := e.Stats().Archive
+	if a.Hits < 10 || a.Held < 5 || a.Keys < 50 || a.FilterBytes == 0 {
+		t.Fatalf("archive stats after the workload: %+v", a)
+	}
+	for _, c := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"tierdedup_archive_partitions", nil, float64(a.Held)},
+		{"tierdedup_archive_lag_partitions", nil, float64(a.Lag)},
+		{"tierdedup_archive_keys_total", nil, float64(a.Keys)},
+		{"tierdedup_archive_reads_total", []string{"result", "hit"}, float64(a.Hits)},
+		{"tierdedup_archive_reads_total", []string{"result", "miss"}, float64(a.Reads - a.Hits)},
+		{"tierdedup_archive_lag_reads_total", nil, float64(a.LagReads)},
+		{"tierdedup_archive_failures_total", nil, float64(a.Failures)},
+		{"tierdedup_archive_filter_bytes", nil, float64(a.FilterBytes)},
+	} {
+		if got := value(t, fams, c.name, c.labels...); got != c.want {
+			t.Errorf("%s%v = %v, Stats says %v", c.name, c.labels, got, c.want)
+		}
+	}
 }
