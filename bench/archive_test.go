@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierdedup/tierdedup/bench"
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier/pebble"
@@ -190,4 +191,46 @@ func BenchmarkArchive(b *testing.B) {
 		b.ReportMetric(float64(st.FilterBytes)/held, "filter-B/archived-key")
 		b.ReportMetric(float64(disk)/held, "disk-B/archived-key")
 	})
+}
+
+// TestPlanArchiveFilterIsTheEngines: the plan's archive filter memory is
+// the ring the engine allocates for the same load and windows, and its
+// archived keys and disk follow from them.
+func TestPlanArchiveFilterIsTheEngines(t *testing.T) {
+	in := bench.PlanInput{IDsPerDay: 2.4e6, Window: 4 * time.Hour, Partition: time.Hour, FalsePositive: 0.01,
+		Shape: bench.UUIDv4, ArchiveWindow: 100 * time.Hour}
+	pl, err := bench.MakePlan(in, bench.Calibration{TableBytesPerKey: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pl.ArchiveLayout.Partitions != 101 || pl.ArchiveLayout.Group != 4 || pl.ArchiveKeysHeld != pl.KeysPerPartition*(101-float64(pl.Live)) {
+		t.Fatalf("plan layout %+v, %.0f keys held past the window", pl.ArchiveLayout, pl.ArchiveKeysHeld)
+	}
+	dir := t.TempDir()
+	clock := &benchClock{t: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)}
+	e, err := engine.Open(&engine.Options{Dir: filepath.Join(dir, "s"), Clock: clock, Window: in.Window, Partition: in.Partition,
+		ExpectedKeys: int(pl.KeysPerPartition), Archive: pebble.ArchiveDir{Dir: filepath.Join(dir, "a")}, ArchiveWindow: in.ArchiveWindow, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ctx := context.Background()
+	if _, err := e.MarkIfAbsent(ctx, []byte("k")); err != nil {
+		t.Fatal(err)
+	}
+	clock.add(time.Hour)
+	if _, err := e.MarkIfAbsent(ctx, []byte("l")); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); e.Stats().Archive.FilterBytes == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing archived: %+v", e.Stats().Archive)
+		}
+	}
+	if got := float64(e.Stats().Archive.FilterBytes); got != pl.ArchiveFilterBytes {
+		t.Fatalf("engine's archive filter %.0f bytes, plan %.0f", got, pl.ArchiveFilterBytes)
+	}
+	if want := pl.KeysPerPartition*100*50 + pl.ArchiveBlobBytes; pl.ArchiveDiskBytes != want {
+		t.Fatalf("plan disk %.0f, want %.0f", pl.ArchiveDiskBytes, want)
+	}
 }

@@ -71,6 +71,11 @@ type PlanInput struct {
 	// empty: the tiers Tiers names.
 	Shared         string
 	MemoryCapacity int
+	// ArchiveWindow, when set, plans an archive behind the window
+	// (engine.Options.Archive) keeping keys that long; ArchiveFalsePositive
+	// is its filter's target (zero: 0.01).
+	ArchiveWindow        time.Duration
+	ArchiveFalsePositive float64
 }
 
 // SharedRedis is PlanInput.Shared for the Redis tier.
@@ -159,7 +164,15 @@ type Plan struct {
 	// the calibration's FixedDiskBytes.
 	DiskBytes, TableBytes, WALBytes, WALFileBytes float64
 	RedisBytes                                    float64 // Redis configuration
-	Calibration                                   Calibration
+	// The archive (PlanInput.ArchiveWindow): the keys it holds past the
+	// window, its filter's layout, memory (on the heap, in HeapBytes) and
+	// false-positive rate, and its disk: the archived tables, at the
+	// calibration's bytes a key, and one filter blob a slot.
+	ArchiveKeysHeld                    float64
+	ArchiveLayout                      engine.ArchiveLayout
+	ArchiveFilterBytes, ArchiveFP      float64
+	ArchiveDiskBytes, ArchiveBlobBytes float64
+	Calibration                        Calibration
 	// Derate is the factor applied to the calibrated rate: 1, or
 	// LargeStoreFactor when the planned store outgrows the calibration's.
 	Derate float64
@@ -220,7 +233,12 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 		}
 		p.MemoryBytes = float64(p.Input.MemoryCapacity) * MemoryEntryBytes
 	}
-	p.HeapBytes = p.MemoryBytes + p.BloomBytes + FixedHeapBytes
+	if in.ArchiveWindow > 0 {
+		if err := p.planArchive(in, cal); err != nil {
+			return Plan{}, err
+		}
+	}
+	p.HeapBytes = p.MemoryBytes + p.BloomBytes + p.ArchiveFilterBytes + FixedHeapBytes
 	switch {
 	case in.Shared == SharedRedis:
 		p.RedisBytes = p.KeysHeld * (RedisFixedBytes + p.KeyBytes)
@@ -247,6 +265,31 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 	p.CapacityPerDay = cal.KeysPerSec * p.Derate * 86400
 	p.Headroom = p.CapacityPerDay / in.IDsPerDay
 	return p, nil
+}
+
+// planArchive sizes the archive: the filter as the engine lays it out
+// (engine.ArchiveFilterLayout, bloom.Sizing), the tables at the
+// calibration's bytes a key (the archive writes a partition's keys as the
+// cold database's tables hold them).
+func (p *Plan) planArchive(in PlanInput, cal Calibration) error {
+	if in.Tiers != engine.Default || in.Shared != "" || in.ArchiveWindow <= in.Window {
+		return fmt.Errorf("%w: an archive needs the embedded store (Tiers Default, no Shared) and an ArchiveWindow longer than the Window", ErrPlan)
+	}
+	fp := in.ArchiveFalsePositive
+	if fp == 0 {
+		fp = bloom.DefaultFalsePositive
+	}
+	lay := engine.ArchiveFilterLayout(in.Partition, in.ArchiveWindow)
+	p.ArchiveLayout = lay
+	p.ArchiveKeysHeld = p.KeysPerPartition * float64(lay.Partitions-p.Live)
+	sz := bloom.Sizing(int(math.Max(1, p.KeysPerPartition*float64(lay.Group))), fp, lay.Slots)
+	p.ArchiveFilterBytes = float64(sz.Bytes)
+	p.ArchiveFP = 1 - math.Pow(1-sz.PerFilter, float64(lay.Slots))
+	p.ArchiveBlobBytes = p.ArchiveFilterBytes // one blob a slot, each a slot's filter
+	// The archive holds every closed partition inside its window: the
+	// window's own closed ones too (archived once sealed).
+	p.ArchiveDiskBytes = p.KeysPerPartition*float64(lay.Partitions-1)*cal.TableBytesPerKey + p.ArchiveBlobBytes
+	return nil
 }
 
 // CalibrateConfig sizes a calibration run.

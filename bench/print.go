@@ -85,6 +85,10 @@ func PrintPlan(w io.Writer, pl Plan) {
 	if pl.MemoryBytes > 0 {
 		p("memory tier", "%s (%d keys × %.1f B)", gib(pl.MemoryBytes), max(in.MemoryCapacity, 0), MemoryEntryBytes)
 	}
+	if a := pl.ArchiveLayout; a.Partitions > 0 {
+		p("archive", "%v: %.3g keys past the window; filter of %d slots of %d partitions, %.4f%% false positives: %s on the heap; disk %s (tables at %.1f B/key, blobs %s)",
+			in.ArchiveWindow, pl.ArchiveKeysHeld, a.Slots, a.Group, 100*pl.ArchiveFP, gib(pl.ArchiveFilterBytes), gib(pl.ArchiveDiskBytes), pl.Calibration.TableBytesPerKey, gib(pl.ArchiveBlobBytes))
+	}
 	p("heap", "%s", gib(pl.HeapBytes))
 	if pl.OffHeapBytes > 0 {
 		p("pebble off-heap", "%s (memtables and block cache)", gib(pl.OffHeapBytes))

@@ -93,10 +93,20 @@ type archiver struct {
 	held                                            atomic.Int64 // partitions the archive holds, as last listed
 }
 
-// archiveLive returns the partitions an archive window keeps, the current
-// one counted, as tier.NewPartitions counts a window's.
-func archiveLive(window time.Duration, parts tier.Partitions) int64 {
-	return (int64(window)+parts.Length-1)/parts.Length + 1
+// ArchiveLayout is how the archive's filter covers an archive window
+// (ArchiveFilterLayout): Partitions the archive keeps (the current one
+// counted), grouped Group to a filter slot, in Slots slots. Its memory is
+// Slots filters each sized for Group partitions' keys.
+type ArchiveLayout struct {
+	Partitions, Group, Slots int
+}
+
+// ArchiveFilterLayout returns the archive filter's layout for a partition
+// length and an archive window (the capacity planner sizes it with it).
+func ArchiveFilterLayout(partition, archiveWindow time.Duration) ArchiveLayout {
+	live := (int64(archiveWindow)+int64(partition)-1)/int64(partition) + 1
+	group := (live + archiveSlots - 2) / (archiveSlots - 1)
+	return ArchiveLayout{Partitions: int(live), Group: int(group), Slots: min(archiveSlots, int((live+group-1)/group)+1)}
 }
 
 // openArchive opens o.Archive behind the embedded store, loads its
@@ -123,9 +133,9 @@ func (e *Engine) openArchive(o Options, opened *closers) error {
 	}
 	opened.add(st)
 	a := &archiver{e: e, store: st, name: o.Archive.Name(), scanner: scanner, check: check, wake: make(chan struct{}, 1)}
-	a.live = archiveLive(o.ArchiveWindow, e.parts)
-	a.group = (a.live + archiveSlots - 2) / (archiveSlots - 1)
-	slots := min(archiveSlots, int((a.live+a.group-1)/a.group)+1)
+	lay := ArchiveFilterLayout(o.Partition, o.ArchiveWindow)
+	a.live, a.group = int64(lay.Partitions), int64(lay.Group)
+	slots := lay.Slots
 	cur := e.current.Load()
 	a.filters, err = bloom.New(&bloom.Options{
 		Partitions:    tier.Partitions{Length: a.group * e.parts.Length, Live: slots},

@@ -27,6 +27,7 @@ func planCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	calStore := fs.Int64("calibrate-store", 4_000_000, "keys the calibration's store holds before the timed part (up to the planned store)")
 	segments := fs.Int("segments", 3, "timed parts of the calibration; their median rate is kept")
 	asJSON := fs.Bool("json", false, "print the plan as JSON")
+	archiveWindow := fs.Duration("archive-window", 0, "plan an archive keeping keys this long (0: none)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -39,7 +40,7 @@ func planCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	in := bench.PlanInput{IDsPerDay: *ids, Window: *window, Partition: *partition, DupRatio: *dup, DupReach: *reach,
-		Shape: shape, KeySize: *keySize, FalsePositive: *fp, Tiers: tiers, MemoryCapacity: *memCap}
+		Shape: shape, KeySize: *keySize, FalsePositive: *fp, Tiers: tiers, MemoryCapacity: *memCap, ArchiveWindow: *archiveWindow}
 	if _, err := bench.MakePlan(in, bench.Calibration{}); err != nil {
 		return err // before the calibration's minutes
 	}
