@@ -12,9 +12,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/tierdedup/tierdedup/bench"
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier/pebble"
+	"github.com/tierdedup/tierdedup/tier/postgres"
 )
 
 func main() {
@@ -145,7 +148,7 @@ func (w *workloadFlags) bind(fs *flag.FlagSet, keys int64) {
 	fs.IntVar(&w.workers, "workers", 0, "goroutines (0: 4 per CPU)")
 	fs.BoolVar(&w.noSync, "nosync", false, "do not fsync commits")
 	fs.Uint64Var(&w.seed, "seed", 1, "workload seed")
-	fs.StringVar(&w.archive, "archive", "", "archive directory (default configuration): keys stay known for -archive-window after they leave the window")
+	fs.StringVar(&w.archive, "archive", "", "archive (default configuration): a directory, or a PostgreSQL URL (postgres://…, table dedupbench_archive, dropped first); keys stay known for -archive-window after they leave the window")
 	fs.DurationVar(&w.archiveWindow, "archive-window", 0, "archive window with -archive (0: engine.DefaultArchiveWindow)")
 }
 
@@ -178,6 +181,21 @@ func (w *workloadFlags) config() (bench.RunConfig, error) {
 	}
 	if w.archive != "" {
 		rc.Engine.Archive, rc.Engine.ArchiveWindow = pebble.ArchiveDir{Dir: w.archive}, w.archiveWindow
+		if strings.HasPrefix(w.archive, "postgres://") || strings.HasPrefix(w.archive, "postgresql://") {
+			// A pool for the process's life: the command ends with the run.
+			pool, err := pgxpool.New(context.Background(), w.archive)
+			if err != nil {
+				return bench.RunConfig{}, fmt.Errorf("-archive %s: %w", w.archive, err)
+			}
+			// The benchmark's own tables, from a previous run of another
+			// store (which the archive would refuse): started afresh.
+			for _, s := range []string{"", "_layout", "_parts", "_blobs"} {
+				if _, err := pool.Exec(context.Background(), "DROP TABLE IF EXISTS dedupbench_archive"+s+" CASCADE"); err != nil {
+					return bench.RunConfig{}, fmt.Errorf("-archive %s: %w", w.archive, err)
+				}
+			}
+			rc.Engine.Archive = postgres.Archive{DB: pool, Table: "dedupbench_archive"}
+		}
 	} else if w.archiveWindow != 0 {
 		return bench.RunConfig{}, errors.New("-archive-window needs -archive")
 	}
