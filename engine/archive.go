@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math/bits"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,8 +48,9 @@ import (
 // partition archived after its group's blob (a crash between the two) is
 // scanned back into the filter at Open. What makes a blob invalid, and
 // who checks (Open): another kind, secret check or filter parameters, or a
-// damaged file (the snapshot's checksum): it is not loaded, and its
-// group's partitions are scanned.
+// damaged file (the snapshot's checksum), or one whose newest partition
+// is not in the group its name gives: it is not loaded, and its group's
+// partitions are scanned.
 //
 // Invariants:
 //
@@ -121,7 +123,8 @@ func (e *Engine) openArchive(o Options, opened *closers) error {
 	copy(check[:8], bytes.Clone(u64(fp.Hi)))
 	copy(check[8:], u64(fp.Lo))
 	id := e.local.ID()
-	env := tier.ArchiveEnv{Partitions: e.parts, Window: o.ArchiveWindow, Owner: "embedded:" + hex.EncodeToString(id[:]), Check: check, Logger: e.logger}
+	env := o.archiveEnv(e.parts)
+	env.Owner, env.Check = "embedded:"+hex.EncodeToString(id[:]), check
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
 	st, err := o.Archive.Open(ctx, env)
@@ -146,6 +149,9 @@ func (e *Engine) openArchive(o Options, opened *closers) error {
 		return fmt.Errorf("%w: archive filters: %w", ErrOptions, err)
 	}
 	if err := a.load(ctx, cur); err != nil {
+		if errors.Is(err, ErrLayout) || errors.Is(err, ErrStorage) {
+			return err
+		}
 		return fmt.Errorf("%w: archive: %w", ErrUnavailable, err)
 	}
 	e.arch = a
@@ -224,6 +230,10 @@ func (a *archiver) load(ctx context.Context, cur int64) error {
 				return fmt.Errorf("blob kind %d is not an archive filter", h.Kind)
 			case h.Secret != a.check:
 				return errors.New("archive filter of another secret")
+			case int64(h.Epoch)/a.group != g:
+				// Its name and its content disagree (a file copied or
+				// renamed): the snapshot's own partition decides.
+				return fmt.Errorf("archive filter of partition %d stored as group %d's", h.Epoch, g)
 			}
 			upTo = int64(h.Epoch)
 			covered[g] = upTo
@@ -236,6 +246,14 @@ func (a *archiver) load(ctx context.Context, cur int64) error {
 			delete(covered, groups[i])
 			a.e.logger.Printf("tierdedup: archive filter blob %s not used, its partitions are scanned: %v", blobName(groups[i]), err)
 		}
+	}
+	// An archive that lost what the store dropped (deleted, replaced by an
+	// empty one, restored from an older copy) would answer New for keys
+	// committed inside its window: refused.
+	if rec, ok, err := a.e.local.Archived(); err != nil {
+		return err
+	} else if ok && rec-1 >= oldest && !slices.Contains(held, rec-1) {
+		return fmt.Errorf("%w: the archive does not hold partition %d, which the store recorded as archived (and may have dropped): a lost, replaced or older archive", ErrLayout, rec-1)
 	}
 	next := max(oldest, a.e.parts.Of(a.e.openedAt))
 	for _, p := range held {
@@ -377,6 +395,9 @@ func (a *archiver) archive(ctx context.Context, p int64) error {
 		return err
 	}
 	archiveHook("held")
+	if err := a.e.local.SetArchived(p + 1); err != nil {
+		return err // before next moves: the exact tier keeps p
+	}
 	a.next.Store(p + 1)
 	a.archived.Add(1)
 	a.keys.Add(n)
@@ -438,7 +459,7 @@ type archiveCandidate struct {
 // or a lagging partition cannot be read.
 func (e *Engine) resolveArchive(ctx context.Context, b *batch, ns *Namespace, out []Claim, d decision, c *tally, now int64) error {
 	a := e.arch
-	if a == nil || ns.window > 0 || !archiveNS(ns.name) {
+	if a == nil || ns.archiveWindow == 0 {
 		return nil
 	}
 	var keys [][]byte
@@ -464,7 +485,7 @@ func (e *Engine) resolveArchive(ctx context.Context, b *batch, ns *Namespace, ou
 	}
 	for q, j := range idx {
 		r := &ans[q]
-		if r.Status != tier.Committed {
+		if r.Status != tier.Committed || ns.archiveExpired(r.Partition, r.At, now) {
 			continue
 		}
 		cl := &out[b.cand[j]]
@@ -483,29 +504,36 @@ func (e *Engine) resolveArchive(ctx context.Context, b *batch, ns *Namespace, ou
 	return nil
 }
 
-// find answers each key (fingerprint fps[q]) from the archive and the
-// exact tier's partitions that left the window unarchived: Committed with
-// the archived record, or Absent.
+// find answers each key (fingerprint fps[q]) from the exact tier's
+// partitions that left the window unarchived and from the archive:
+// Committed with the record, or Absent.
+//
+// The unarchived partitions are read first, then the archive up to the
+// first partition not archived as read after that: a partition the
+// exact tier dropped meanwhile was archived before it was dropped
+// (invariant 1), so one of the two reads holds it.
 func (a *archiver) find(ctx context.Context, ns *Namespace, keys [][]byte, fps []shard.Fingerprint, now int64) ([]tier.Answer, error) {
 	e := a.e
 	cur := e.parts.Of(now)
 	hotOldest := e.parts.Oldest(cur)
 	oldest := a.oldest(cur)
-	next := a.next.Load()
 	out := make([]tier.Answer, len(keys))
 	for q := range out {
 		out[q] = tier.Answer{Status: tier.Absent, Partition: -1}
+	}
+	if err := a.readLagging(ctx, ns.name, keys, max(a.next.Load(), oldest), hotOldest, out, false); err != nil {
+		return nil, err
 	}
 	// The archive, where its filter says the key may be, in the archived
 	// partitions that left the window.
 	probes := make([]bloom.Probe, len(fps))
 	gOldest := a.filters.Test(fps, probes)
-	upTo := min(next, hotOldest)
+	upTo := min(a.next.Load(), hotOldest)
 	var qs []tier.ArchiveQuery
 	var qidx []int
 	for q := range fps {
 		m := probes[q].Maybe
-		if m == 0 || upTo <= oldest {
+		if m == 0 || upTo <= oldest || out[q].Status == tier.Committed {
 			continue
 		}
 		lo := gOldest + int64(bits.TrailingZeros64(m))
@@ -530,65 +558,76 @@ func (a *archiver) find(ctx context.Context, ns *Namespace, keys [][]byte, fps [
 			}
 		}
 	}
-	// Partitions that left the window before the archive took them: still
-	// in the exact tier, with no filter.
-	if lagFrom := max(next, oldest); lagFrom < hotOldest {
-		span := hotOldest - lagFrom
-		if span > 63 {
-			return nil, fmt.Errorf("%w: the archive is %d partitions behind the window", ErrUnavailable, span)
+	return out, nil
+}
+
+// readLagging reads (or, with forget, removes) each key in the exact
+// tier's partitions [from, to) that left the window before the archive
+// took them, 64 partitions a request (a request's mask), into out where
+// out still says Absent (forget: where it found something).
+func (a *archiver) readLagging(ctx context.Context, ns string, keys [][]byte, from, to int64, out []tier.Answer, forget bool) error {
+	e := a.e
+	for lo := from; lo < to; lo += 64 {
+		span := min(to-lo, 64)
+		mask := ^uint64(0)
+		if span < 64 {
+			mask = 1<<span - 1
 		}
 		var reqs []tier.Request
 		var ridx []int
 		for q := range keys {
-			if out[q].Status == tier.Absent {
-				reqs = append(reqs, tier.Request{NS: ns.name, Key: keys[q], Oldest: lagFrom, Mask: 1<<span - 1})
+			if forget || out[q].Status == tier.Absent {
+				reqs = append(reqs, tier.Request{NS: ns, Key: keys[q], Oldest: lo, Mask: mask})
 				ridx = append(ridx, q)
 			}
 		}
-		if len(reqs) > 0 {
-			ans := make([]tier.Answer, len(reqs))
+		if len(reqs) == 0 {
+			return nil
+		}
+		ans := make([]tier.Answer, len(reqs))
+		var err error
+		if forget {
+			err = e.forgetter.Forget(ctx, reqs, ans)
+		} else {
 			a.lagReads.Add(uint64(len(reqs)))
-			if err := e.exact.Claim(ctx, reqs, 0, ans); err != nil {
-				return nil, e.tierError(err)
-			}
-			for k, q := range ridx {
-				if ans[k].Status == tier.Committed {
-					out[q] = ans[k]
-				}
+			err = e.exact.Claim(ctx, reqs, 0, ans)
+		}
+		if err != nil {
+			return e.tierError(err)
+		}
+		for k, q := range ridx {
+			if ans[k].Status == tier.Committed && (out[q].Status != tier.Committed || ans[k].Partition > out[q].Partition) {
+				out[q] = ans[k]
 			}
 		}
 	}
-	return out, nil
+	return nil
 }
 
-// forgetArchive removes each key from the archive (and from the exact
-// tier's unarchived partitions that left the window), answering in out
-// what it found; the caller holds a.mu's read lock.
+// forget removes each key from the exact tier's unarchived partitions
+// that left the window and from the archive, answering in out what it
+// found (the newest); the caller holds a.mu's read lock, so no partition
+// is archived meanwhile and next stays where it is.
 func (a *archiver) forget(ctx context.Context, ns string, keys [][]byte, now int64, out []tier.Answer) error {
 	cur := a.e.parts.Of(now)
 	oldest, next := a.oldest(cur), a.next.Load()
+	for q := range out {
+		out[q] = tier.Answer{Status: tier.Absent, Partition: -1}
+	}
+	if err := a.readLagging(ctx, ns, keys, max(next, oldest), a.e.parts.Oldest(cur), out, true); err != nil {
+		return err
+	}
 	qs := make([]tier.ArchiveQuery, len(keys))
 	for q := range keys {
 		qs[q] = tier.ArchiveQuery{NS: ns, Key: keys[q], From: oldest, To: next}
 	}
-	if err := a.store.Forget(ctx, qs, out); err != nil {
+	ans := make([]tier.Answer, len(keys))
+	if err := a.store.Forget(ctx, qs, ans); err != nil {
 		return fmt.Errorf("%w: archive: %w", ErrUnavailable, err)
 	}
-	hotOldest := a.e.parts.Oldest(cur)
-	if lagFrom := max(next, oldest); lagFrom < hotOldest && a.e.forgetter != nil {
-		span := min(hotOldest-lagFrom, 63)
-		reqs := make([]tier.Request, len(keys))
-		for q := range keys {
-			reqs[q] = tier.Request{NS: ns, Key: keys[q], Oldest: lagFrom, Mask: 1<<span - 1}
-		}
-		ans := make([]tier.Answer, len(keys))
-		if err := a.e.forgetter.Forget(ctx, reqs, ans); err != nil {
-			return a.e.tierError(err)
-		}
-		for q := range ans {
-			if out[q].Status != tier.Committed {
-				out[q] = ans[q]
-			}
+	for q := range ans {
+		if ans[q].Status == tier.Committed && out[q].Status != tier.Committed {
+			out[q] = ans[q]
 		}
 	}
 	return nil
@@ -648,7 +687,7 @@ func (e *Engine) lookupArchive(ctx context.Context, b *batch, ns *Namespace, key
 	}
 	for q, i := range idx {
 		a := &ans[q]
-		if a.Status != tier.Committed || out[i].Outcome == Duplicate {
+		if a.Status != tier.Committed || out[i].Outcome == Duplicate || (!forget && ns.archiveExpired(a.Partition, a.At, now)) {
 			continue
 		}
 		out[i] = KeyInfo{Outcome: Duplicate, Digest: a.Digest, Result: a.Result, Source: SourceArchive, Attempts: out[i].Attempts}

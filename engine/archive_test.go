@@ -331,3 +331,93 @@ func TestArchiveLagsBehindWindow(t *testing.T) {
 		t.Fatalf("archive back: %d wrong answers, first: %s", len(bad), bad[0])
 	}
 }
+
+// TestArchiveNamespaceWindows: a namespace's own archive window, shorter
+// than ArchiveWindow, ends its keys' Duplicate answers on time; a
+// namespace with a window shorter than Window is not answered from the
+// archive; Forget reaches the archive in both; the combinations that
+// cannot work are refused.
+func TestArchiveNamespaceWindows(t *testing.T) {
+	clock := newClock()
+	fs := vfs.NewMem()
+	o := archiveOptions(clock, fs, filesArchive(fs))
+	o.NamespaceArchiveWindows = map[string]time.Duration{"short": 10 * day}
+	o.NamespaceWindows = map[string]time.Duration{"telemetry": time.Hour}
+	e := open(t, o)
+	defer func() { e.Close() }()
+	ctx := context.Background()
+	names := []string{"", "short", "telemetry"}
+	mark := func(d int) {
+		for _, name := range names {
+			ns, err := e.Namespace(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o, err := ns.MarkIfAbsent(ctx, archiveKey(d, 0)); err != nil || o != engine.New {
+				t.Fatalf("ns %q day %d: %v, %v", name, d, o, err)
+			}
+		}
+	}
+	for d := 0; d < 16; d++ {
+		mark(d)
+		clock.Add(day)
+	}
+	waitArchived(t, e)
+	// Now is day 16: day 3 is 13 days old, day 8 is 8 days old.
+	for _, c := range []struct {
+		ns   string
+		d    int
+		want engine.Outcome
+	}{
+		{"", 3, engine.Duplicate}, {"", 8, engine.Duplicate},
+		{"short", 3, engine.New}, {"short", 8, engine.Duplicate}, {"short", 15, engine.Duplicate},
+		{"telemetry", 8, engine.New}, {"telemetry", 15, engine.New},
+	} {
+		ns, _ := e.Namespace(c.ns)
+		info, err := ns.Lookup(ctx, archiveKey(c.d, 0))
+		if err != nil || info.Outcome != c.want {
+			t.Errorf("ns %q, key of day %d: lookup %v from %v (%v), want %v", c.ns, c.d, info.Outcome, info.Source, err, c.want)
+		}
+		cl, err := ns.Claim(ctx, archiveKey(c.d, 0))
+		if err != nil || cl.Outcome != c.want {
+			t.Errorf("ns %q, key of day %d: claim %v (%v), want %v", c.ns, c.d, cl.Outcome, err, c.want)
+		}
+		if cl.Outcome == engine.New {
+			if err := e.Release(ctx, cl); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Forget reaches the archive in a namespace it does not answer for:
+	// once that namespace is given an archive window, nothing comes back.
+	tele, _ := e.Namespace("telemetry")
+	if _, err := tele.Forget(ctx, archiveKey(5, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	o.NamespaceWindows = nil
+	o.NamespaceArchiveWindows = map[string]time.Duration{"telemetry": 20 * day}
+	e = open(t, o)
+	tele, _ = e.Namespace("telemetry")
+	for d, want := range map[int]engine.Outcome{5: engine.New, 6: engine.Duplicate} {
+		if info, err := tele.Lookup(ctx, archiveKey(d, 0)); err != nil || info.Outcome != want {
+			t.Errorf("telemetry with an archive window, key of day %d: %v from %v (%v), want %v", d, info.Outcome, info.Source, err, want)
+		}
+	}
+	for name, bad := range map[string]engine.Options{
+		"both windows":       {NamespaceWindows: map[string]time.Duration{"x": time.Hour}, NamespaceArchiveWindows: map[string]time.Duration{"x": 10 * day}},
+		"not past Window":    {NamespaceArchiveWindows: map[string]time.Duration{"x": 7 * day}},
+		"past ArchiveWindow": {NamespaceArchiveWindows: map[string]time.Duration{"x": 22 * day}},
+	} {
+		b := archiveOptions(clock, fs, filesArchive(fs))
+		b.NamespaceWindows, b.NamespaceArchiveWindows = bad.NamespaceWindows, bad.NamespaceArchiveWindows
+		if err := b.Validate(); !errors.Is(err, engine.ErrOptions) {
+			t.Errorf("%s: %v, want ErrOptions", name, err)
+		}
+	}
+	if err := (&engine.Options{Dir: "x", NamespaceArchiveWindows: map[string]time.Duration{"x": 10 * day}}).Validate(); !errors.Is(err, engine.ErrOptions) {
+		t.Errorf("NamespaceArchiveWindows without an archive: %v", err)
+	}
+}

@@ -59,8 +59,9 @@ type Engine struct {
 	advancer  tier.Advancer // compares versions in the shared tier
 	// arch keeps the history behind the window (Options.Archive); nil
 	// without one.
-	arch          *archiver
-	archiveWindow time.Duration
+	arch             *archiver
+	archiveWindow    time.Duration
+	nsArchiveWindows map[string]time.Duration
 	// nsWindows are the namespaces' own windows (Options.NamespaceWindows).
 	nsWindows map[string]int64
 	// noSharedCache: memory keeps no commits of a shared tier

@@ -168,7 +168,9 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 	repeats := b.repeatsOf(b.fps[:n])
 	cand := e.lookupMemory(b, out, repeats, forget)
 	var c tally
-	archived := e.arch != nil && ns.window == 0 && archiveNS(ns.name)
+	// A Forget reaches the archive in every namespace it may hold (any
+	// window may become an archive window at the next Open).
+	archived := e.arch != nil && (ns.archiveWindow > 0 || forget && archiveNS(ns.name))
 	if forget && archived {
 		// No partition is archived between the two deletions (invariant 3
 		// of the archive).

@@ -17,6 +17,11 @@ type Namespace struct {
 	// window is the namespace's own window (Options.NamespaceWindows),
 	// zero for the engine's; cacheFor is how long memory keeps its commits.
 	window, cacheFor int64
+	// archiveWindow is how long the archive answers for its keys: its own
+	// (Options.NamespaceArchiveWindows), the engine's ArchiveWindow, or
+	// zero (not archived: no archive, a window of its own, or the
+	// engine's own namespaces).
+	archiveWindow int64
 }
 
 // Namespace returns the namespace called name (at most MaxNamespace bytes,
@@ -50,7 +55,14 @@ func ownNamespace(name string) bool { return len(name) > 0 && name[0] == 0 }
 // newNamespace is the namespace called name with its window.
 func (e *Engine) newNamespace(name string) *Namespace {
 	n := &Namespace{e: e, name: name, cacheFor: e.cacheFor}
+	if e.arch != nil && !ownNamespace(name) {
+		n.archiveWindow = int64(e.archiveWindow)
+		if w, ok := e.nsArchiveWindows[name]; ok {
+			n.archiveWindow = int64(w)
+		}
+	}
 	if w, ok := e.nsWindows[name]; ok {
+		n.archiveWindow = 0
 		n.window = w
 		n.cacheFor = w
 		if e.where == tier.ClaimsInStore {
@@ -82,6 +94,16 @@ func (n *Namespace) expired(partition, at, now int64) bool {
 		at = (partition + 1) * n.e.parts.Length
 	}
 	return now-at >= n.window
+}
+
+// archiveExpired reports whether a commit the archive found in partition
+// (at at, zero if it stored no time) has outlived the namespace's archive
+// window by now, dated as expired dates it.
+func (n *Namespace) archiveExpired(partition, at, now int64) bool {
+	if at == 0 {
+		at = (partition + 1) * n.e.parts.Length
+	}
+	return now-at >= n.archiveWindow
 }
 
 // Name returns the namespace's name.

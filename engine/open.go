@@ -188,19 +188,31 @@ func (e *Engine) assemble(o Options, now int64, opened *closers) error {
 			e.nsWindows[name] = int64(w)
 		}
 	}
-	e.def = *e.newNamespace("") // now that where claims live is known
 	e.hasher = shard.NewHasher(e.secret)
 	e.highWater.Store(now)
 	if e.openedAt == 0 {
 		e.openedAt = now
 	}
 	e.current.Store(e.parts.Of(now))
+	if o.Archive == nil && e.local != nil {
+		// Without an archive the store drops what leaves the window: an
+		// archive given later promises nothing before it.
+		if _, ok, err := e.local.Archived(); err != nil || ok {
+			if err == nil {
+				err = e.local.SetArchived(-1)
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
 	if o.Archive != nil {
 		if err := e.openArchive(o, opened); err != nil {
 			return err
 		}
-		e.archiveWindow = o.ArchiveWindow
+		e.archiveWindow, e.nsArchiveWindows = o.ArchiveWindow, o.NamespaceArchiveWindows
 	}
+	e.def = *e.newNamespace("") // now that where claims live, and the archive, are known
 
 	if e.local != nil {
 		e.local.Start(e.current.Load(), e.highWater.Load)

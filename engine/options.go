@@ -249,6 +249,14 @@ type Options struct {
 	// ArchiveFalsePositive is the archive filter's false-positive target,
 	// the share of new keys that cost an archive read. Zero means 0.01.
 	ArchiveFalsePositive float64
+	// NamespaceArchiveWindows gives namespaces (by name; "" is the default
+	// one) an archive window of their own, longer than Window and at most
+	// ArchiveWindow: a key committed in one is a Duplicate for that long,
+	// then New (dated by its partition's end unless its commit stored a
+	// time, so never judged older than it is). A namespace cannot have
+	// both a NamespaceWindows entry (shorter than Window, never archived)
+	// and one here. Storage is ArchiveWindow's for every namespace.
+	NamespaceArchiveWindows map[string]time.Duration
 }
 
 // DefaultArchiveWindow is the archive window when Options.Archive is set
@@ -371,10 +379,21 @@ func (o *Options) validateTiers(bad func(format string, args ...any)) {
 // work, and the ones the configuration cannot keep.
 func (o *Options) validateArchive(d Options, bad func(format string, args ...any)) {
 	if o.Archive == nil {
-		if o.ArchiveWindow != 0 || o.ArchiveFalsePositive != 0 {
-			bad("ArchiveWindow and ArchiveFalsePositive need an Archive")
+		if o.ArchiveWindow != 0 || o.ArchiveFalsePositive != 0 || len(o.NamespaceArchiveWindows) > 0 {
+			bad("ArchiveWindow, ArchiveFalsePositive and NamespaceArchiveWindows need an Archive")
 		}
 		return
+	}
+	for name, w := range o.NamespaceArchiveWindows {
+		_, short := o.NamespaceWindows[name]
+		switch {
+		case checkNamespace(name) != nil:
+			bad("NamespaceArchiveWindows: %v", checkNamespace(name))
+		case short:
+			bad("namespace %q has both a window shorter than Window (NamespaceWindows, never archived) and an archive window", name)
+		case w <= d.Window || w > d.ArchiveWindow:
+			bad("NamespaceArchiveWindows[%q] %v is outside (Window %v, ArchiveWindow %v]", name, w, d.Window, d.ArchiveWindow)
+		}
 	}
 	switch {
 	case tier.Nil(o.Archive):
@@ -403,7 +422,7 @@ func (o *Options) validateArchive(d Options, bad func(format string, args ...any
 // archiveEnv is what Validate tells the archive (Open adds the owner and
 // the secret's check).
 func (o Options) archiveEnv(parts tier.Partitions) tier.ArchiveEnv {
-	return tier.ArchiveEnv{Partitions: parts, Window: o.ArchiveWindow, Logger: o.Logger}
+	return tier.ArchiveEnv{Partitions: parts, Window: o.ArchiveWindow, Dir: o.Dir, Logger: o.Logger}
 }
 
 // WithDefaults returns a copy of o with every field left zero that has a

@@ -49,6 +49,9 @@ type ArchiveEnv struct {
 	// match, or its history is another store's.
 	Owner string
 	Check [16]byte
+	// Dir is the exact tier's directory, empty when it has none: an
+	// archive of files refuses one that overlaps it (ErrOptions).
+	Dir string
 	// Logger receives the archive's warnings; never nil.
 	Logger *log.Logger
 }

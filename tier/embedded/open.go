@@ -109,7 +109,7 @@ func (s *Store) openPebble(o *Options) error {
 	if err := s.snapshots.refuseState(); err != nil {
 		return err
 	}
-	store, err := pebble.Open(&pebble.Options{Dir: o.Dir, FS: o.FS, NoSync: o.NoSync, CacheSize: o.CacheSize, Logger: s.logger, Partition: o.Partition, Window: o.Window, Now: s.now, Journal: true})
+	store, err := pebble.Open(&pebble.Options{Dir: o.Dir, FS: o.FS, NoSync: o.NoSync, CacheSize: o.CacheSize, Logger: s.logger, Partition: o.Partition, Window: o.Window, Now: s.now, Journal: true, KeepExpired: o.HoldDrops})
 	switch {
 	case errors.Is(err, pebble.ErrLocked):
 		return fmt.Errorf("%w: %w", tier.ErrLocked, err)

@@ -284,3 +284,28 @@ func pow(x float64, n int) float64 {
 	}
 	return r
 }
+
+// SetArchived records that every partition before next is in the engine's
+// archive (pebble.Store.SetArchived); next < 0 removes the record. Errors
+// match tier.ErrStorage.
+func (s *Store) SetArchived(next int64) error {
+	if s.store == nil {
+		return nil
+	}
+	if err := s.store.SetArchived(next); err != nil {
+		return fmt.Errorf("%w: %w", tier.ErrStorage, err)
+	}
+	return nil
+}
+
+// Archived returns the record SetArchived made (ok false: none).
+func (s *Store) Archived() (next int64, ok bool, err error) {
+	if s.store == nil {
+		return 0, false, nil
+	}
+	next, ok, err = s.store.Archived()
+	if err != nil {
+		return 0, false, fmt.Errorf("%w: %w", tier.ErrStorage, err)
+	}
+	return next, ok, nil
+}

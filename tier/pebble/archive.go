@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -80,7 +81,24 @@ func (a ArchiveDir) Validate(env tier.ArchiveEnv) error {
 	if env.Partitions.Length <= 0 || env.Window <= 0 {
 		errs = append(errs, fmt.Errorf("%w: archive partitions %+v, window %v", tier.ErrOptions, env.Partitions, env.Window))
 	}
+	if a.Dir != "" && env.Dir != "" && dirsOverlap(a.Dir, env.Dir) {
+		errs = append(errs, fmt.Errorf("%w: ArchiveDir.Dir %q overlaps the store's directory %q: give the archive a directory of its own", tier.ErrOptions, a.Dir, env.Dir))
+	}
 	return errors.Join(errs...)
+}
+
+// dirsOverlap reports whether one directory is the other or inside it.
+func dirsOverlap(a, b string) bool {
+	a, errA := filepath.Abs(a)
+	b, errB := filepath.Abs(b)
+	if errA != nil || errB != nil {
+		return a == b
+	}
+	inside := func(x, y string) bool { // x is y or below it
+		rel, err := filepath.Rel(y, x)
+		return err == nil && (rel == "." || rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)))
+	}
+	return inside(a, b) || inside(b, a)
 }
 
 // Open opens or creates the archive in Dir.

@@ -306,7 +306,12 @@ func (s *Store) moveSealed(ctx context.Context) error {
 		}
 		sealed := s.sealed.Load()
 		from := s.coldUpTo.Load() + 1
-		if hw, err := s.HighWater(); err == nil && s.layout.Partition > 0 {
+		switch hw, err := s.HighWater(); {
+		case s.keepExpired:
+			// Skipping one would leave it in the hot database below
+			// coldUpTo, where no read looks.
+			from = max(from, s.droppedBefore.Load())
+		case err == nil && s.layout.Partition > 0:
 			from = max(from, hw/int64(s.layout.Partition)-int64(s.layout.Window/s.layout.Partition)-1)
 		}
 		p, ok, err := s.firstPartition(from, sealed+1)

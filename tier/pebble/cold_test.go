@@ -288,3 +288,46 @@ func TestColdTablesCarryNoFilter(t *testing.T) {
 		t.Fatalf("cold tables by filter policy: %v, want every one without a filter", cold)
 	}
 }
+
+// TestKeepExpiredMovesEveryPartition: with KeepExpired, partitions that
+// left the window before their move are moved all the same, in order, so
+// every partition up to the moved one is read from the cold database, and
+// holds all its records there (an archive reads them after the window).
+// Without it the mover skips them, which is right only because Drop
+// deletes them next.
+func TestKeepExpiredMovesEveryPartition(t *testing.T) {
+	const n = 500
+	s := open(t, Options{Dir: t.TempDir(), KeepExpired: true})
+	hour := int64(time.Hour)
+	ctx := context.Background()
+	for _, p := range []int64{10, 11, 20} {
+		reqs := make([]tier.Request, n)
+		for i := range reqs {
+			reqs[i] = tier.Request{NS: "ns", Key: fmt.Appendf(nil, "p%d-k%d", p, i)}
+		}
+		if err := s.Commit(ctx, p, reqs, make([]tier.Status, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Drop(0, 22*hour+1); err != nil { // the clock: 10 and 11 left the window
+		t.Fatal(err)
+	}
+	if err := s.SealPartition(20, Seal{ID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	waitMoved(t, s, 20)
+	for _, p := range []int64{10, 11, 20} {
+		if got := hotRecords(t, s, p); got != 0 {
+			t.Errorf("partition %d: %d records left in the hot database", p, got)
+		}
+		got := 0
+		if err := s.ScanRecords(ctx, p, func(*tier.Record) error { got++; return nil }); err != nil || got != n {
+			t.Errorf("ScanRecords(%d): %d records, %v; want %d", p, got, err, n)
+		}
+		out := make([]tier.Answer, 1)
+		req := []tier.Request{{NS: "ns", Key: fmt.Appendf(nil, "p%d-k7", p), Oldest: p, Mask: 1}}
+		if err := s.Claim(ctx, req, 0, out); err != nil || out[0].Status != tier.Committed {
+			t.Errorf("a key of partition %d: %v, %v", p, out[0].Status, err)
+		}
+	}
+}

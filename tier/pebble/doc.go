@@ -80,7 +80,11 @@
 //     durable, and a reader's hot iterator predates its look at the
 //     boundary while its cold iterator follows it. A cold database of
 //     another store, or none where the hot one recorded a move, is
-//     refused at Open (ErrLayout).
+//     refused at Open (ErrLayout). Every partition up to the newest moved
+//     one is read from the cold database: the mover skips a partition only
+//     when it left the window (Drop deletes it next), and with
+//     Options.KeepExpired (an archive that has not taken it yet) only when
+//     a Drop deleted it.
 //  9. With Options.Journal, every batch that writes records journals
 //     their fingerprints in the same batch, and SaveFilterCheckpoint trims
 //     the journal up to the generation it records in the same batch: the

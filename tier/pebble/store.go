@@ -84,6 +84,12 @@ type Options struct {
 	// journal after it (journal.go). A store opened without it forgets its
 	// checkpoint: the journal then has a gap.
 	Journal bool
+	// KeepExpired says the caller keeps partitions past the window (an
+	// archive that has not taken them yet): the mover then moves every
+	// sealed partition its last Drop kept, instead of skipping those that
+	// left the window, so every partition up to the moved one is in the
+	// cold database, where reads look for it.
+	KeepExpired bool
 }
 
 // Validate reports every invalid field at once.
@@ -137,12 +143,16 @@ type Store struct {
 
 	// The journal (Options.Journal): its generation and the sequence of
 	// its entries, and the hasher of the store's secret.
-	journal    bool
-	jgen, jseq atomic.Uint64
-	hasher     shard.Hasher
-	health     io.Closer // the disk-health checker this Store wrapped around the OS filesystem, or nil
-	layout     Layout    // as recorded; set by Open
-	fresh      bool      // Open created the store
+	journal bool
+	// keepExpired: Options.KeepExpired; droppedBefore is the last Drop's
+	// bound, below which the mover moves nothing.
+	keepExpired   bool
+	droppedBefore atomic.Int64
+	jgen, jseq    atomic.Uint64
+	hasher        shard.Hasher
+	health        io.Closer // the disk-health checker this Store wrapped around the OS filesystem, or nil
+	layout        Layout    // as recorded; set by Open
+	fresh         bool      // Open created the store
 	// layoutChanged is set by initLayout when the recorded layout is to
 	// be updated (recordLayout), once the rest of Open has checked out.
 	layoutChanged bool
@@ -249,6 +259,7 @@ func Open(opts *Options) (*Store, error) {
 		dir:         o.Dir,
 		logger:      o.Logger,
 		journal:     o.Journal,
+		keepExpired: o.KeepExpired,
 	}
 	if o.NoSync {
 		s.writeOpts = pebble.NoSync

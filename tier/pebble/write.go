@@ -199,6 +199,11 @@ func (s *Store) Drop(before, highWater int64) (err error) {
 	if before <= 0 {
 		return nil
 	}
+	for {
+		if cur := s.droppedBefore.Load(); before <= cur || s.droppedBefore.CompareAndSwap(cur, before) {
+			break
+		}
+	}
 	s.queueCompaction(s.db, start, end)
 	// The cold database after the hot one, whose clock now says these
 	// partitions left the window: a crash between leaves them in the cold
@@ -214,4 +219,38 @@ func (s *Store) Drop(before, highWater int64) (err error) {
 	}
 	s.queueCompaction(s.cold, start, end)
 	return nil
+}
+
+// keyArchived records the first partition an archive did not hold yet
+// when the engine last archived one (SetArchived).
+var keyArchived = []byte{spaceMeta, 'a', 'n'}
+
+// SetArchived records, synced, that every partition before next is in the
+// engine's archive; next < 0 removes the record (no archive). Open of the
+// engine then refuses an archive that lost what this store dropped.
+func (s *Store) SetArchived(next int64) (err error) {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	defer s.guard(&err)
+	if next < 0 {
+		b := s.db.NewBatch()
+		defer b.Close()
+		_ = b.Delete(keyArchived, nil)
+		return s.apply(b, pebble.Sync)
+	}
+	return s.set(keyArchived, binary.LittleEndian.AppendUint64(nil, uint64(next)))
+}
+
+// Archived returns the record SetArchived made; ok is false when there is
+// none.
+func (s *Store) Archived() (next int64, ok bool, err error) {
+	if err := s.usable(); err != nil {
+		return 0, false, err
+	}
+	next, err = s.meta(keyArchived)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, false, nil
+	}
+	return next, err == nil, err
 }
