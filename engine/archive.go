@@ -358,7 +358,7 @@ func (a *archiver) pass(ctx context.Context) (behind bool) {
 		a.held.Store(int64(len(held)))
 	}
 	archiveHook("drop")
-	if err := e.dropHot(e.highWater.Load()); err != nil {
+	if err := e.dropHot(); err != nil {
 		e.logger.Printf("tierdedup: dropping archived partitions: %v", err)
 		return true
 	}
@@ -439,11 +439,13 @@ func (e *Engine) dropFloor(cur int64) int64 {
 }
 
 // dropHot drops from the exact tier what the window and the archive let
-// go, recording highWater.
-func (e *Engine) dropHot(highWater int64) error {
+// go, recording the clock as read under rotateMu (a reading taken before
+// it could be older than one a rotation recorded meanwhile, and the
+// recorded clock must never move back).
+func (e *Engine) dropHot() error {
 	e.rotateMu.Lock()
 	defer e.rotateMu.Unlock()
-	return e.dropper.Drop(e.dropFloor(e.current.Load()), highWater)
+	return e.dropper.Drop(e.dropFloor(e.current.Load()), e.highWater.Load())
 }
 
 // archiveCandidate is a key the exact tier left New that the archive may

@@ -226,10 +226,16 @@ func waitArchived(t *testing.T, e *engine.Engine) {
 	t.Helper()
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if st := e.Stats(); st.Archive != nil && st.Archive.Lag == 0 {
+			if st.BloomSealFailures > 0 {
+				// The recorded clock moved back (a drop raced a rotation):
+				// a closed partition could not be sealed.
+				t.Fatalf("%d sealing passes failed", st.BloomSealFailures)
+			}
 			return
 		}
 	}
-	t.Fatalf("the archive still lags: %+v", e.Stats().Archive)
+	st := e.Stats()
+	t.Fatalf("the archive still lags: %+v (filters %s, %d sealed, %d seal failures)", st.Archive, st.BloomMode, st.BloomSealed, st.BloomSealFailures)
 }
 
 // TestArchiveOptions: what cannot work is refused at Open.

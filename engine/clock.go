@@ -56,7 +56,10 @@ func (e *Engine) rotate(p, t int64) error {
 		return nil
 	}
 	if e.dropper != nil {
-		if err := e.dropper.Drop(e.dropFloor(p), t); err != nil {
+		// The clock as read under the lock, not t: a drop by the archiver
+		// may have recorded a later reading, and the recorded clock
+		// must never move back (a partition is sealed only before it).
+		if err := e.dropper.Drop(e.dropFloor(p), max(t, e.highWater.Load())); err != nil {
 			e.stats.errors.Add(1)
 			return fmt.Errorf("%w: %w", ErrStorage, err)
 		}

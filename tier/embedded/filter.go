@@ -73,11 +73,18 @@ func (s *Store) Enter() int { return s.gate.enter() }
 func (s *Store) Exit(slot int) { s.gate.exit(slot) }
 
 // Sealed reports whether partition p's filter is saved with a seal the
-// store holds; false while a sealing pass runs.
+// store holds; false while a sealing pass runs. A closed partition not
+// sealed yet wakes the sealer, so one that missed its wake (the filters
+// were rebuilding when it closed) is sealed without waiting for the next
+// rotation.
 func (s *Store) Sealed(p int64) bool {
 	if !s.sealMu.TryLock() {
 		return false
 	}
-	defer s.sealMu.Unlock()
-	return s.sealed[p]
+	sealed := s.sealed[p]
+	s.sealMu.Unlock()
+	if !sealed && p < s.current.Load() && s.sealWake != nil {
+		s.sealWakeup()
+	}
+	return sealed
 }
