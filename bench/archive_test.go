@@ -15,6 +15,8 @@ import (
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier/pebble"
+	"github.com/tierdedup/tierdedup/tier/postgres"
+	"github.com/tierdedup/tierdedup/tier/postgres/pgtest"
 )
 
 // archiveDays is the history BenchmarkArchive builds before it measures:
@@ -51,6 +53,7 @@ type archivedEngine struct {
 	dir    string
 	perDay int
 	fresh  int // keys handed out by next
+	kind   string
 }
 
 // dayKey is key i of day d: 32 hex digits, as a hashed or random ID
@@ -60,7 +63,16 @@ func dayKey(d, i int) []byte {
 	return fmt.Appendf(nil, "%016x%016x", shard.Mix(x), shard.Mix(^x))
 }
 
-func newArchivedEngine(b *testing.B, archive bool) *archivedEngine {
+// archiveNone, archiveFiles and archivePostgres are BenchmarkArchive's
+// configurations: no archive (the same history, expired), the files
+// archive, the PostgreSQL archive on the loopback server.
+const (
+	archiveNone     = "none"
+	archiveFiles    = "files"
+	archivePostgres = "postgres"
+)
+
+func newArchivedEngine(b *testing.B, kind string) *archivedEngine {
 	perDay := 100000
 	if v, err := strconv.Atoi(os.Getenv(archivePerDayEnv)); err == nil && v > 0 {
 		perDay = v
@@ -69,8 +81,23 @@ func newArchivedEngine(b *testing.B, archive bool) *archivedEngine {
 	clock := &benchClock{t: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)}
 	o := engine.Options{Dir: filepath.Join(dir, "store"), Clock: clock, Window: 24 * time.Hour, Partition: 6 * time.Hour,
 		ExpectedKeys: perDay / 4, MemoryCapacity: 1 << 16, Logger: quiet}
-	if archive {
-		o.Archive, o.ArchiveWindow = pebble.ArchiveDir{Dir: filepath.Join(dir, "archive")}, 240*time.Hour
+	archive := kind != archiveNone
+	switch kind {
+	case archiveFiles:
+		o.Archive = pebble.ArchiveDir{Dir: filepath.Join(dir, "archive")}
+	case archivePostgres:
+		p := pgtest.Pool(b)
+		table := fmt.Sprintf("bench_archive_%d", time.Now().UnixNano()%1e9)
+		b.Cleanup(func() {
+			for _, s := range []string{"", "_layout", "_parts", "_blobs"} {
+				_, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table+s+" CASCADE")
+			}
+		})
+		o.Archive = postgres.Archive{DB: p, Table: table}
+	}
+	o.ArchiveWindow = 240 * time.Hour
+	if !archive {
+		o.ArchiveWindow = 0
 	}
 	e, err := engine.Open(&o)
 	if err != nil {
@@ -111,7 +138,7 @@ func newArchivedEngine(b *testing.B, archive bool) *archivedEngine {
 			b.Fatalf("archive still lags: %+v", e.Stats().Archive)
 		}
 	}
-	return &archivedEngine{e: e, dir: dir, perDay: perDay}
+	return &archivedEngine{e: e, dir: dir, perDay: perDay, kind: kind}
 }
 
 // BenchmarkArchive measures what an archive of ten windows costs and
@@ -126,13 +153,13 @@ func newArchivedEngine(b *testing.B, archive bool) *archivedEngine {
 // archived key. ARCHIVE_BENCH_PER_DAY sets the keys a simulated day.
 func BenchmarkArchive(b *testing.B) {
 	ctx := context.Background()
-	engines := map[bool]*archivedEngine{}
+	engines := map[string]*archivedEngine{}
 	parent := b // owns the directories: a sub-benchmark's are removed when it ends
-	get := func(b *testing.B, archive bool) *archivedEngine {
-		if engines[archive] == nil {
-			engines[archive] = newArchivedEngine(parent, archive)
+	get := func(kind string) *archivedEngine {
+		if engines[kind] == nil {
+			engines[kind] = newArchivedEngine(parent, kind)
 		}
-		return engines[archive]
+		return engines[kind]
 	}
 	defer func() {
 		for _, a := range engines {
@@ -164,33 +191,43 @@ func BenchmarkArchive(b *testing.B) {
 			b.ReportMetric(float64(after.Reads-before.Reads)/float64(b.N), "archive-reads/key")
 		}
 	}
-	for _, archive := range []bool{false, true} {
-		b.Run(fmt.Sprintf("new/archive=%v", archive), func(b *testing.B) {
-			a := get(b, archive)
+	kinds := []string{archiveNone, archiveFiles, archivePostgres}
+	for _, kind := range kinds {
+		b.Run("new/archive="+kind, func(b *testing.B) {
+			a := get(kind)
 			mark(b, a, func(int) []byte { a.fresh++; return dayKey(99, a.fresh) }, engine.New)
 		})
 	}
-	b.Run("archived-duplicates", func(b *testing.B) {
-		a := get(b, true)
-		n := 8 * a.perDay // days 1 to 8 of 0..10: 2 to 9 days old
-		if b.N > n {
-			b.Skipf("only %d archived keys past the window to mark once each", n)
-		}
-		mark(b, a, func(i int) []byte { return dayKey(1+i/a.perDay, i%a.perDay) }, engine.Duplicate)
-		st := a.e.Stats().Archive
-		var disk int64
-		_ = filepath.WalkDir(filepath.Join(a.dir, "archive"), func(_ string, d fs.DirEntry, err error) error {
-			if err == nil && !d.IsDir() {
-				if info, err := d.Info(); err == nil {
-					disk += info.Size()
-				}
-			}
-			return nil
+	for _, kind := range kinds[1:] {
+		b.Run("archived-duplicates/archive="+kind, func(b *testing.B) {
+			archivedDuplicates(b, get(kind), mark)
 		})
-		held := float64(archiveDays-1) * float64(a.perDay) // the closed days the archive holds
-		b.ReportMetric(float64(st.FilterBytes)/held, "filter-B/archived-key")
-		b.ReportMetric(float64(disk)/held, "disk-B/archived-key")
+	}
+}
+
+// archivedDuplicates marks keys committed 2 to 9 days ago, each once, and
+// reports the archive's memory and disk per archived key.
+func archivedDuplicates(b *testing.B, a *archivedEngine, mark func(*testing.B, *archivedEngine, func(int) []byte, engine.Outcome)) {
+	n := 8 * a.perDay // days 1 to 8 of 0..10: 2 to 9 days old
+	if b.N > n {
+		b.Skipf("only %d archived keys past the window to mark once each", n)
+	}
+	mark(b, a, func(i int) []byte { return dayKey(1+i/a.perDay, i%a.perDay) }, engine.Duplicate)
+	st := a.e.Stats().Archive
+	var disk int64
+	_ = filepath.WalkDir(filepath.Join(a.dir, "archive"), func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			if info, err := d.Info(); err == nil {
+				disk += info.Size()
+			}
+		}
+		return nil
 	})
+	held := float64(archiveDays-1) * float64(a.perDay) // the closed days the archive holds
+	b.ReportMetric(float64(st.FilterBytes)/held, "filter-B/archived-key")
+	if a.kind == archiveFiles {
+		b.ReportMetric(float64(disk)/held, "disk-B/archived-key")
+	}
 }
 
 // TestPlanArchiveFilterIsTheEngines: the plan's archive filter memory is
