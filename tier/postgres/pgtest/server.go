@@ -75,14 +75,27 @@ func StartServer(t testing.TB) *Server {
 	if out, err := initdb.CombinedOutput(); err != nil {
 		t.Fatalf("initdb: %v\n%s", err, out)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	// The port is free when chosen, not when the server binds it: another
+	// test's server (packages run in parallel) may take it first, and
+	// would then answer for this one. A start that finds it taken tries
+	// another port.
+	for try := 0; ; try++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.port = l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+		s.DSN = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres", s.port)
+		err = s.start()
+		if err == nil {
+			break
+		}
+		if try == 4 {
+			t.Fatal(err)
+		}
+		t.Logf("postgres on port %d: %v; trying another port", s.port, err)
 	}
-	s.port = l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	s.DSN = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres", s.port)
-	s.Start()
 	t.Cleanup(s.Kill)
 	return s
 }
@@ -112,41 +125,57 @@ func (s *Server) command(name string, args ...string) *exec.Cmd {
 // recovery) and waits until it accepts connections.
 func (s *Server) Start() {
 	s.t.Helper()
+	if err := s.start(); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// start is Start, returning its failure: the server exited at start, was
+// not ready in 30 s, or the port answers with another server (its data
+// directory is not this one's), which is then left alone.
+func (s *Server) start() error {
 	s.cmd = s.command("postgres", "-D", s.data, "-p", strconv.Itoa(s.port),
 		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
 		"-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "max_connections=50")
 	log, err := os.Create(filepath.Join(filepath.Dir(s.data), "server.log"))
 	if err != nil {
-		s.t.Fatal(err)
+		return err
 	}
 	defer log.Close()
 	s.cmd.Stdout, s.cmd.Stderr = log, log
 	if err := s.cmd.Start(); err != nil {
-		s.t.Fatalf("starting postgres: %v", err)
+		return fmt.Errorf("starting postgres: %w", err)
 	}
 	s.exit = make(chan error, 1)
 	go func(c *exec.Cmd, exit chan error) { exit <- c.Wait() }(s.cmd, s.exit)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		var dataDir string
 		p, err := pgxpool.New(ctx, s.DSN)
 		if err == nil {
-			err = p.Ping(ctx)
+			err = p.QueryRow(ctx, "SHOW data_directory").Scan(&dataDir)
 			p.Close()
 		}
 		cancel()
 		if err == nil {
-			return
+			if filepath.Clean(dataDir) != filepath.Clean(s.data) {
+				s.Kill()
+				return fmt.Errorf("port %d answers with the server of %s, not %s", s.port, dataDir, s.data)
+			}
+			return nil
 		}
 		select {
 		case werr := <-s.exit:
 			body, _ := os.ReadFile(log.Name())
-			s.t.Fatalf("postgres exited at start: %v\n%s", werr, body)
+			s.cmd = nil
+			return fmt.Errorf("postgres exited at start: %v\n%s", werr, body)
 		default:
 		}
 		if time.Now().After(deadline) {
 			body, _ := os.ReadFile(log.Name())
-			s.t.Fatalf("postgres not ready in 30 s: %v\n%s", err, body)
+			s.Kill()
+			return fmt.Errorf("postgres not ready in 30 s: %v\n%s", err, body)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
