@@ -386,3 +386,23 @@ func TestRunFlagsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestRunWithArchive: run takes an archive directory and window, answers
+// exactly through it, and prints the archive's figures; an archive window
+// without an archive is refused.
+func TestRunWithArchive(t *testing.T) {
+	var out, errOut bytes.Buffer
+	dir := filepath.Join(t.TempDir(), "archive")
+	args := []string{"run", "-keys", "200000", "-span", "96h", "-window", "24h", "-partition", "6h", "-archive", dir, "-archive-window", "48h"}
+	if err := run(context.Background(), args, &out, &errOut); err != nil {
+		t.Fatal(err, errOut.String())
+	}
+	for _, want := range []string{"archive ", "files, window 48h0m0s", "0 new keys dropped, 0 duplicates let through"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if err := run(context.Background(), []string{"run", "-keys", "1000", "-archive-window", "48h"}, &out, &errOut); err == nil {
+		t.Error("-archive-window without -archive was accepted")
+	}
+}
