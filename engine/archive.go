@@ -692,10 +692,9 @@ func (e *Engine) lookupArchive(ctx context.Context, b *batch, ns *Namespace, key
 		if a.Status != tier.Committed || out[i].Outcome == Duplicate || (!forget && ns.archiveExpired(a.Partition, a.At, now)) {
 			continue
 		}
-		out[i] = KeyInfo{Outcome: Duplicate, Digest: a.Digest, Result: a.Result, Source: SourceArchive, Attempts: out[i].Attempts}
-		if a.Result != nil {
-			out[i].CommittedAt = a.At
-		}
+		// Dated whenever the commit was (every commit is, while an
+		// archive keeps the namespace's keys).
+		out[i] = KeyInfo{Outcome: Duplicate, Digest: a.Digest, Result: a.Result, Source: SourceArchive, Attempts: out[i].Attempts, CommittedAt: a.At}
 		if a.Partition >= 0 {
 			out[i].CommittedBefore = (a.Partition + 1) * e.parts.Length
 		}

@@ -322,9 +322,10 @@ func (e *Engine) writeCommits(ctx context.Context, call commitCall, b *batch, k 
 	for j := range reqs {
 		c := &claims[b.cand[j]]
 		reqs[j] = tier.Request{NS: c.ns.name, Key: c.Key, Digest: c.digest, Window: time.Duration(c.ns.window)}
-		if len(c.Result) > 0 || c.ns.window > 0 {
-			// Dated: a result carries its time, and a namespace with its
-			// own window is judged by it.
+		if len(c.Result) > 0 || c.ns.window > 0 || c.ns.archiveWindow > 0 {
+			// Dated: a result carries its time, a namespace with its own
+			// window is judged by it, and an archived key answers with
+			// the time of its commit.
 			reqs[j].Result, reqs[j].At = c.Result, now
 		}
 		if shared {

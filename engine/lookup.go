@@ -21,7 +21,9 @@ type KeyInfo struct {
 	// Attempts counts the key's failed claims (Options.MaxAttempts).
 	Attempts uint16
 	// Digest, Result and CommittedAt are the commit's (Duplicate): its
-	// payload digest, stored result and time (zero without a result).
+	// payload digest, stored result and time (zero without a result,
+	// except in an answer from the archive: with an archive every commit
+	// of a namespace it keeps is dated).
 	Digest      Digest
 	Result      []byte
 	CommittedAt int64
