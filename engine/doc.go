@@ -63,4 +63,11 @@
 //  9. Names starting with a NUL byte are the engine's own namespaces
 //     (versions, tokens): callers cannot name them, so no key of theirs
 //     meets a version or a token.
+//  10. With an archive (Options.Archive), the exact tier drops a partition
+//     only after the archive holds it durably, a key is in the archive's
+//     filter before its partition counts as archived, and a key the exact
+//     tier leaves New is answered New only after the archive (where its
+//     filter may hold the key) and the unarchived partitions past the
+//     window said absent; an archive that cannot answer fails the call.
+//     archive.go holds the details and the recorded state.
 package engine
