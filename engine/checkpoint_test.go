@@ -175,7 +175,9 @@ func stallChild(spec string) int {
 	dir, hook := parts[0], parts[1]
 	start, _ := strconv.ParseInt(parts[2], 10, 64)
 	engine.SetCheckpointKeys(500)
+	var stalled atomic.Bool
 	stall := func() {
+		stalled.Store(true)
 		fmt.Println("STALL")
 		select {}
 	}
@@ -209,7 +211,12 @@ func stallChild(spec string) int {
 		}
 		fmt.Fprintf(out, "T %d\n", clock.Now().UnixNano())
 		out.Flush()
-		clock.steps.Add(1)
+		if !stalled.Load() {
+			// Once stalled the clock stays, so no rotation follows: its
+			// drop would wait behind the stalled move, and the writes
+			// that must go on past the stall with it.
+			clock.steps.Add(1)
+		}
 	}
 }
 
