@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -16,7 +17,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cockroachdb/errors/oserror"
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/objstorage/objstorageprovider"
 	"github.com/cockroachdb/pebble/v2/sstable"
@@ -606,7 +606,7 @@ func (ar *archive) Blob(_ context.Context, name string) (tier.ReadBlob, bool, er
 	}
 	f, err := ar.fs.Open(ar.fs.PathJoin(ar.blobs, name))
 	if err != nil {
-		if oserror.IsNotExist(err) {
+		if errors.Is(err, os.ErrNotExist) {
 			return nil, false, nil
 		}
 		return nil, false, fmt.Errorf("%w: %w", tier.ErrStorage, err)
@@ -626,7 +626,7 @@ func (ar *archive) Blobs(context.Context) ([]string, error) {
 	}
 	names, err := ar.fs.List(ar.blobs)
 	if err != nil {
-		if oserror.IsNotExist(err) {
+		if errors.Is(err, os.ErrNotExist) {
 			return nil, nil
 		}
 		return nil, fmt.Errorf("%w: %w", tier.ErrStorage, err)
@@ -649,7 +649,7 @@ func (ar *archive) DeleteBlob(_ context.Context, name string) error {
 	if err := checkBlobName(name); err != nil {
 		return err
 	}
-	if err := ar.fs.Remove(ar.fs.PathJoin(ar.blobs, name)); err != nil && !oserror.IsNotExist(err) {
+	if err := ar.fs.Remove(ar.fs.PathJoin(ar.blobs, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("%w: %w", tier.ErrStorage, err)
 	}
 	return nil
