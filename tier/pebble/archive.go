@@ -18,8 +18,6 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
-	"github.com/cockroachdb/pebble/v2/objstorage/objstorageprovider"
-	"github.com/cockroachdb/pebble/v2/sstable"
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/tier"
@@ -306,33 +304,14 @@ func (ar *archive) Put(ctx context.Context, p int64, scan func(func(*tier.Record
 			err = fmt.Errorf("%w: %w", tier.ErrStorage, panicError(r))
 		}
 	}()
-	var paths []string
+	t := &tableSet{fs: ar.fs, dir: ar.dir, name: "p" + strconv.FormatInt(p, 10), suffix: putTmpSuffix,
+		opts: ar.opts.MakeWriterOptions(len(ar.opts.Levels)-1, ar.db.TableFormat())}
 	defer func() {
-		for _, path := range paths {
+		_ = t.closeTable()
+		for _, path := range t.paths {
 			_ = ar.fs.Remove(path)
 		}
 	}()
-	wopts := ar.opts.MakeWriterOptions(len(ar.opts.Levels)-1, ar.db.TableFormat())
-	var w *sstable.Writer
-	closeTable := func() error {
-		if w == nil {
-			return nil
-		}
-		err := w.Close()
-		w = nil
-		return err
-	}
-	defer func() { _ = closeTable() }()
-	newTable := func() error {
-		path := ar.fs.PathJoin(ar.dir, "p"+strconv.FormatInt(p, 10)+"-"+strconv.Itoa(len(paths))+putTmpSuffix)
-		f, err := ar.fs.Create(path, vfs.WriteCategoryUnspecified)
-		if err != nil {
-			return err
-		}
-		paths = append(paths, path)
-		w = sstable.NewWriter(objstorageprovider.NewFileWritable(f), wopts)
-		return nil
-	}
 	var n uint64
 	var k, v, last []byte
 	err = scan(func(r *tier.Record) error {
@@ -347,29 +326,12 @@ func (ar *archive) Put(ctx context.Context, p int64, scan func(func(*tier.Record
 			return fmt.Errorf("%w: archive records out of key order", tier.ErrOptions)
 		}
 		last = append(last[:0], k...)
-		if w == nil || w.Raw().EstimatedSize() >= moveTableSize {
-			if err := closeTable(); err != nil {
-				return err
-			}
-			if err := newTable(); err != nil {
-				return err
-			}
-		}
 		v = appendValue(v[:0], Value{State: StateCommitted, Digest: r.Digest, At: r.At, Result: r.Result})
 		n++
-		return w.Set(k, v)
+		return t.set(k, v)
 	})
 	if err == nil {
-		err = closeTable()
-	}
-	if err == nil {
-		err = newTable()
-	}
-	if err == nil {
-		err = w.Set(markerKey(p), binary.LittleEndian.AppendUint64(nil, n))
-	}
-	if err == nil {
-		err = closeTable()
+		err = t.finish(markerKey(p), binary.LittleEndian.AppendUint64(nil, n))
 	}
 	if err != nil {
 		if errors.Is(err, tier.ErrOptions) || ctx.Err() != nil {
@@ -377,10 +339,10 @@ func (ar *archive) Put(ctx context.Context, p int64, scan func(func(*tier.Record
 		}
 		return fmt.Errorf("%w: archive put: %w", tier.ErrStorage, err)
 	}
-	if err := ar.db.Ingest(ctx, paths); err != nil {
+	if err := ar.db.Ingest(ctx, t.paths); err != nil {
 		return fmt.Errorf("%w: archive ingest: %w", tier.ErrStorage, err)
 	}
-	paths = nil // ingested: they are the database's now
+	t.paths = nil // ingested: they are the database's now
 	held := append(slices.Clone(*ar.held.Load()), p)
 	slices.Sort(held)
 	ar.held.Store(&held)

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/objstorage/objstorageprovider"
@@ -103,7 +102,7 @@ func (s *Store) openCold(dir string, fs vfs.FS, opts *pebble.Options) error {
 	if _, err := fs.Stat(path); moved >= 0 && err != nil {
 		return &LayoutError{Field: "cold store", Stored: "missing", Wanted: fmt.Sprintf("%s holding the partitions up to %d", path, moved)}
 	}
-	if err := removeMoveTmp(fs, dir); err != nil {
+	if err := removeSuffixed(fs, dir, moveTmpSuffix); err != nil {
 		return fmt.Errorf("%w: %w", ErrStorage, err)
 	}
 	cold, err := openDB(path, opts)
@@ -200,22 +199,6 @@ func (s *Store) dropUnrecorded(moved int64) error {
 	_ = b.DeleteRange(markerKey(moved+1), markersEnd, nil)
 	if err := b.Commit(pebble.Sync); err != nil {
 		return fmt.Errorf("%w: %w", ErrStorage, err)
-	}
-	return nil
-}
-
-// removeMoveTmp removes the tables of a move a crash interrupted.
-func removeMoveTmp(fs vfs.FS, dir string) error {
-	names, err := fs.List(dir)
-	if err != nil {
-		return err
-	}
-	for _, n := range names {
-		if strings.HasSuffix(n, moveTmpSuffix) {
-			if err := fs.Remove(fs.PathJoin(dir, n)); err != nil {
-				return err
-			}
-		}
 	}
 	return nil
 }
@@ -388,6 +371,67 @@ func (s *Store) move(ctx context.Context, p int64) (err error) {
 	return s.finishMove(p)
 }
 
+// tableSet writes sorted records into table files of at most about
+// moveTableSize in dir, named name-N plus suffix, then a last table holding
+// a marker: the files a move or an archive's Put ingests at once. The
+// caller removes paths after the ingest (or on failure).
+type tableSet struct {
+	fs                vfs.FS
+	dir, name, suffix string
+	opts              sstable.WriterOptions
+	w                 *sstable.Writer
+	paths             []string
+}
+
+func (t *tableSet) closeTable() error {
+	if t.w == nil {
+		return nil
+	}
+	err := t.w.Close()
+	t.w = nil
+	return err
+}
+
+func (t *tableSet) newTable() error {
+	path := t.fs.PathJoin(t.dir, t.name+"-"+strconv.Itoa(len(t.paths))+t.suffix)
+	f, err := t.fs.Create(path, vfs.WriteCategoryUnspecified)
+	if err != nil {
+		return err
+	}
+	t.paths = append(t.paths, path)
+	t.w = sstable.NewWriter(objstorageprovider.NewFileWritable(f), t.opts)
+	return nil
+}
+
+// set adds a record, in key order, starting a table when the current one
+// is full.
+func (t *tableSet) set(k, v []byte) error {
+	if t.w == nil || t.w.Raw().EstimatedSize() >= moveTableSize {
+		if err := t.closeTable(); err != nil {
+			return err
+		}
+		if err := t.newTable(); err != nil {
+			return err
+		}
+	}
+	return t.w.Set(k, v)
+}
+
+// finish closes the records' table and writes the marker's.
+func (t *tableSet) finish(marker, value []byte) error {
+	err := t.closeTable()
+	if err == nil {
+		err = t.newTable()
+	}
+	if err == nil {
+		err = t.w.Set(marker, value)
+	}
+	if cerr := t.closeTable(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
 // writeMoveTables writes partition p's records from the hot database into
 // tables of at most about moveTableSize, then the marker table, and
 // returns their paths in key order.
@@ -397,65 +441,30 @@ func (s *Store) writeMoveTables(ctx context.Context, p int64) (paths []string, e
 		return nil, s.fail(err)
 	}
 	defer it.Close()
-	wopts := s.coldOpts.MakeWriterOptions(len(s.coldOpts.Levels)-1, s.cold.TableFormat())
-	var w *sstable.Writer
-	closeTable := func() error {
-		if w == nil {
-			return nil
-		}
-		err := w.Close()
-		w = nil
-		return err
-	}
-	defer func() { _ = closeTable() }()
-	newTable := func(n int) error {
-		path := s.fs.PathJoin(s.dir, "p"+strconv.FormatInt(p, 10)+"-"+strconv.Itoa(n)+moveTmpSuffix)
-		f, err := s.fs.Create(path, vfs.WriteCategoryUnspecified)
-		if err != nil {
-			return err
-		}
-		paths = append(paths, path)
-		w = sstable.NewWriter(objstorageprovider.NewFileWritable(f), wopts)
-		return nil
-	}
+	t := &tableSet{fs: s.fs, dir: s.dir, name: "p" + strconv.FormatInt(p, 10), suffix: moveTmpSuffix,
+		opts: s.coldOpts.MakeWriterOptions(len(s.coldOpts.Levels)-1, s.cold.TableFormat())}
+	defer func() { _ = t.closeTable() }()
 	var n uint64
 	for ok := it.First(); ok; ok = it.Next() {
 		if n%4096 == 0 && ctx.Err() != nil {
-			return paths, ctx.Err()
-		}
-		if w == nil || w.Raw().EstimatedSize() >= moveTableSize {
-			if err := closeTable(); err != nil {
-				return paths, fmt.Errorf("%w: move: %w", ErrStorage, err)
-			}
-			if err := newTable(len(paths)); err != nil {
-				return paths, fmt.Errorf("%w: move: %w", ErrStorage, err)
-			}
+			return t.paths, ctx.Err()
 		}
 		v, err := it.ValueAndErr()
 		if err != nil {
-			return paths, s.fail(err)
+			return t.paths, s.fail(err)
 		}
-		if err := w.Set(it.Key(), v); err != nil {
-			return paths, fmt.Errorf("%w: move: %w", ErrStorage, err)
+		if err := t.set(it.Key(), v); err != nil {
+			return t.paths, fmt.Errorf("%w: move: %w", ErrStorage, err)
 		}
 		n++
 	}
 	if err := it.Error(); err != nil {
-		return paths, s.fail(err)
+		return t.paths, s.fail(err)
 	}
-	if err := closeTable(); err != nil {
-		return paths, fmt.Errorf("%w: move: %w", ErrStorage, err)
+	if err := t.finish(markerKey(p), binary.LittleEndian.AppendUint64(nil, n)); err != nil {
+		return t.paths, fmt.Errorf("%w: move: %w", ErrStorage, err)
 	}
-	if err := newTable(len(paths)); err != nil {
-		return paths, fmt.Errorf("%w: move: %w", ErrStorage, err)
-	}
-	if err := w.Set(markerKey(p), binary.LittleEndian.AppendUint64(nil, n)); err != nil {
-		return paths, fmt.Errorf("%w: move: %w", ErrStorage, err)
-	}
-	if err := closeTable(); err != nil {
-		return paths, fmt.Errorf("%w: move: %w", ErrStorage, err)
-	}
-	return paths, nil
+	return t.paths, nil
 }
 
 // iters is a read's view of the two databases: the hot iterator, created

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"regexp"
-	"slices"
 	"strconv"
 	"sync"
 
@@ -165,31 +164,19 @@ type pgArchive struct {
 func (ar *pgArchive) part(p int64) string { return ar.t + "_p" + strconv.FormatInt(p, 10) }
 
 func unavailable(what string, err error) error {
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("%w: %s: %w", ErrUnavailable, what, err)
-	}
 	return fmt.Errorf("%w: %s: %w", ErrUnavailable, what, err)
 }
 
 // Archived lists the recorded partitions.
 func (ar *pgArchive) Archived(ctx context.Context) ([]int64, error) {
 	rows, err := ar.db.Query(ctx, `SELECT part FROM `+ar.t+`_parts ORDER BY part`)
-	if err != nil {
-		return nil, unavailable("archived partitions", err)
-	}
-	defer rows.Close()
-	var out []int64
-	for rows.Next() {
-		var p int64
-		if err := rows.Scan(&p); err != nil {
-			return nil, unavailable("archived partitions", err)
+	if err == nil {
+		var out []int64
+		if out, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err == nil {
+			return out, nil
 		}
-		out = append(out, p)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, unavailable("archived partitions", err)
-	}
-	return out, nil
+	return nil, unavailable("archived partitions", err)
 }
 
 // copySource feeds COPY from the scan, which a goroutine runs: pgx pulls
@@ -539,24 +526,14 @@ func (ar *pgArchive) Blob(ctx context.Context, name string) (tier.ReadBlob, bool
 
 // Blobs lists the blobs.
 func (ar *pgArchive) Blobs(ctx context.Context) ([]string, error) {
-	rows, err := ar.db.Query(ctx, `SELECT DISTINCT name FROM `+ar.t+`_blobs`)
-	if err != nil {
-		return nil, unavailable("archive blobs", err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var n string
-		if err := rows.Scan(&n); err != nil {
-			return nil, unavailable("archive blobs", err)
+	rows, err := ar.db.Query(ctx, `SELECT DISTINCT name FROM `+ar.t+`_blobs ORDER BY name`)
+	if err == nil {
+		var out []string
+		if out, err = pgx.CollectRows(rows, pgx.RowTo[string]); err == nil {
+			return out, nil
 		}
-		out = append(out, n)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, unavailable("archive blobs", err)
-	}
-	slices.Sort(out)
-	return out, nil
+	return nil, unavailable("archive blobs", err)
 }
 
 // DeleteBlob removes a blob.
