@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"bytes"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -93,6 +92,19 @@ type archiver struct {
 
 	reads, hits, lagReads, archived, keys, failures atomic.Uint64
 	held                                            atomic.Int64 // partitions the archive holds, as last listed
+
+	// Behind a shared tier (archive_log.go): the tier's log, the archive
+	// that takes it, the archive's own hasher (its filters are shared by
+	// every process), this engine's name for the drain lease, the log's
+	// entries not drained yet as last read, and whether this engine held
+	// the lease at its last pass. next is then the first partition not
+	// sealed in this engine's filter.
+	log    tier.ArchiveLog
+	app    tier.ArchiveAppender
+	hasher shard.Hasher
+	owner  string
+	logLag atomic.Int64
+	holder atomic.Bool
 }
 
 // ArchiveLayout is how the archive's filter covers an archive window
@@ -114,17 +126,25 @@ func ArchiveFilterLayout(partition, archiveWindow time.Duration) ArchiveLayout {
 // openArchive opens o.Archive behind the embedded store, loads its
 // filters and starts nothing yet (startArchive does).
 func (e *Engine) openArchive(o Options, opened *closers) error {
-	scanner, ok := e.exact.(tier.RecordScanner)
-	if !ok || e.local == nil {
-		return fmt.Errorf("%w: Archive needs the embedded store (Tiers Default with Dir)", ErrOptions)
-	}
-	fp := shard.Sum(e.hasher, "\x00archive", nil)
-	var check [16]byte
-	copy(check[:8], bytes.Clone(u64(fp.Hi)))
-	copy(check[8:], u64(fp.Lo))
-	id := e.local.ID()
 	env := o.archiveEnv(e.parts)
-	env.Owner, env.Check = "embedded:"+hex.EncodeToString(id[:]), check
+	a := &archiver{e: e, name: o.Archive.Name(), hasher: e.hasher, wake: make(chan struct{}, 1)}
+	if e.local != nil {
+		scanner, ok := e.exact.(tier.RecordScanner)
+		if !ok {
+			return fmt.Errorf("%w: Archive needs the embedded store (Tiers Default with Dir)", ErrOptions)
+		}
+		id := e.local.ID()
+		a.scanner, a.check = scanner, hashCheck(e.hasher)
+		env.Owner, env.Check = "embedded:"+hex.EncodeToString(id[:]), a.check
+	} else {
+		lg, ok := e.exact.(tier.ArchiveLog)
+		if !ok {
+			return fmt.Errorf("%w: Archive behind %s, which keeps no archive log", ErrOptions, e.name)
+		}
+		// The archive's own secret keys its filters: recorded in it, the
+		// check of the layout is the archive's to keep.
+		a.log, env.Owner, env.Log = lg, lg.LogOwner(), true
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
 	st, err := o.Archive.Open(ctx, env)
@@ -135,7 +155,16 @@ func (e *Engine) openArchive(o Options, opened *closers) error {
 		return fmt.Errorf("%w: archive: %w", ErrUnavailable, err)
 	}
 	opened.add(st)
-	a := &archiver{e: e, store: st, name: o.Archive.Name(), scanner: scanner, check: check, wake: make(chan struct{}, 1)}
+	a.store = st
+	if a.log != nil {
+		app, ok := st.(tier.ArchiveAppender)
+		if !ok {
+			return fmt.Errorf("%w: archive %s cannot take a shared tier's log", ErrOptions, a.name)
+		}
+		a.app, a.hasher = app, shard.NewHasher(app.Secret())
+		a.check = hashCheck(a.hasher)
+		a.owner = hex.EncodeToString(e.process[:])
+	}
 	lay := ArchiveFilterLayout(o.Partition, o.ArchiveWindow)
 	a.live, a.group = int64(lay.Partitions), int64(lay.Group)
 	slots := lay.Slots
@@ -148,7 +177,11 @@ func (e *Engine) openArchive(o Options, opened *closers) error {
 	if err != nil {
 		return fmt.Errorf("%w: archive filters: %w", ErrOptions, err)
 	}
-	if err := a.load(ctx, cur); err != nil {
+	load := a.load
+	if a.log != nil {
+		load = a.openLog
+	}
+	if err := load(ctx, cur); err != nil {
 		if errors.Is(err, ErrLayout) || errors.Is(err, ErrStorage) {
 			return err
 		}
@@ -156,6 +189,14 @@ func (e *Engine) openArchive(o Options, opened *closers) error {
 	}
 	e.arch = a
 	return nil
+}
+
+// hashCheck is the digest of a hasher's secret a filter blob records.
+func hashCheck(h shard.Hasher) (check [16]byte) {
+	fp := shard.Sum(h, "\x00archive", nil)
+	copy(check[:8], u64(fp.Hi))
+	copy(check[8:], u64(fp.Lo))
+	return check
 }
 
 func u64(x uint64) []byte {
@@ -276,7 +317,7 @@ func (a *archiver) load(ctx context.Context, cur int64) error {
 func (a *archiver) scanBack(ctx context.Context, p int64) error {
 	var fps []shard.Fingerprint
 	err := a.store.Scan(ctx, p, func(ns, key []byte) error {
-		fps = append(fps, shard.Sum(a.e.hasher, ns, key))
+		fps = append(fps, shard.Sum(a.hasher, ns, key))
 		if len(fps) == cap(fps) && len(fps) >= 1024 {
 			a.filters.Add(fps, p/a.group)
 			fps = fps[:0]
@@ -315,7 +356,10 @@ func (a *archiver) loop(ctx context.Context) {
 		case <-a.wake:
 		case <-retry.C:
 		}
-		if behind := a.pass(ctx); behind {
+		if a.log != nil {
+			a.logPass(ctx)
+			retry.Reset(logTick)
+		} else if behind := a.pass(ctx); behind {
 			retry.Reset(time.Second)
 		}
 	}
@@ -483,13 +527,21 @@ func (e *Engine) resolveArchive(ctx context.Context, b *batch, ns *Namespace, ou
 	}
 	ans, err := a.find(ctx, ns, keys, fps, now)
 	if err != nil {
+		turned := make([]int, len(idx))
+		for q, j := range idx {
+			turned[q] = b.cand[j]
+		}
+		e.giveBackShared(ctx, ns, out, turned, now)
 		return err
 	}
+	var turned []int
+	defer func() { e.giveBackShared(ctx, ns, out, turned, now) }()
 	for q, j := range idx {
 		r := &ans[q]
 		if r.Status != tier.Committed || ns.archiveExpired(r.Partition, r.At, now) {
 			continue
 		}
+		turned = append(turned, b.cand[j])
 		cl := &out[b.cand[j]]
 		cl.Outcome = Duplicate
 		if conflicts(digests[q], r.Digest) {
@@ -504,6 +556,26 @@ func (e *Engine) resolveArchive(ctx context.Context, b *batch, ns *Namespace, ou
 		c.storeHits++
 	}
 	return nil
+}
+
+// giveBackShared gives back the shared tier's claims of out[i] for each
+// i of idx, which the archive answered (or could not answer): the tier
+// acquired them because it no longer holds the key. A give-back that
+// fails leaves the claim to its lease, after which a claim asks the
+// archive again.
+func (e *Engine) giveBackShared(ctx context.Context, ns *Namespace, out []Claim, idx []int, now int64) {
+	if e.where != tier.ClaimsInStore || len(idx) == 0 {
+		return
+	}
+	reqs, st := make([]tier.Request, len(idx)), make([]tier.Status, len(idx))
+	for q, i := range idx {
+		reqs[q] = tier.Request{NS: ns.name, Key: out[i].Key, Token: e.ownerToken(out[i].rtoken), Attempts: out[i].attempts}
+	}
+	gctx, cancel := giveBackContext(ctx)
+	defer cancel()
+	if err := e.exact.Release(gctx, e.parts.Of(now), reqs, true, st); err != nil {
+		e.logger.Printf("tierdedup: giving back %d claims the archive answered: %v (they end with their lease)", len(idx), err)
+	}
 }
 
 // find answers each key (fingerprint fps[q]) from the exact tier's
@@ -523,14 +595,22 @@ func (a *archiver) find(ctx context.Context, ns *Namespace, keys [][]byte, fps [
 	for q := range out {
 		out[q] = tier.Answer{Status: tier.Absent, Partition: -1}
 	}
-	if err := a.readLagging(ctx, ns.name, keys, max(a.next.Load(), oldest), hotOldest, out, false); err != nil {
-		return nil, err
+	upTo := min(a.next.Load(), hotOldest)
+	if a.log == nil {
+		if err := a.readLagging(ctx, ns.name, keys, max(a.next.Load(), oldest), hotOldest, out, false); err != nil {
+			return nil, err
+		}
+	} else {
+		var err error
+		if upTo, err = a.sealedFor(now); err != nil {
+			return nil, err
+		}
+		fps = a.sums(ns.name, keys)
 	}
 	// The archive, where its filter says the key may be, in the archived
 	// partitions that left the window.
 	probes := make([]bloom.Probe, len(fps))
 	gOldest := a.filters.Test(fps, probes)
-	upTo := min(a.next.Load(), hotOldest)
 	var qs []tier.ArchiveQuery
 	var qidx []int
 	for q := range fps {
@@ -616,7 +696,9 @@ func (a *archiver) forget(ctx context.Context, ns string, keys [][]byte, now int
 	for q := range out {
 		out[q] = tier.Answer{Status: tier.Absent, Partition: -1}
 	}
-	if err := a.readLagging(ctx, ns, keys, max(next, oldest), a.e.parts.Oldest(cur), out, true); err != nil {
+	if a.log != nil {
+		next = cur + 1 // every partition the log fills, sealed or not
+	} else if err := a.readLagging(ctx, ns, keys, max(next, oldest), a.e.parts.Oldest(cur), out, true); err != nil {
 		return err
 	}
 	qs := make([]tier.ArchiveQuery, len(keys))
@@ -631,6 +713,11 @@ func (a *archiver) forget(ctx context.Context, ns string, keys [][]byte, now int
 		if ans[q].Status == tier.Committed && out[q].Status != tier.Committed {
 			out[q] = ans[q]
 		}
+	}
+	if a.log != nil {
+		// The log may still hold a commit of the key, which its drain
+		// would bring back until it reaches the forget appended after it.
+		return a.waitApplied(ctx)
 	}
 	return nil
 }
@@ -651,6 +738,12 @@ type ArchiveStats struct {
 	Reads, Hits, LagReads uint64
 	// FilterBytes is the archive filter's memory.
 	FilterBytes int64
+	// Behind a shared tier: LogEntries are the entries of its archive log
+	// not drained yet (commits and removals, as last read), and Drainer
+	// says whether this engine held the drain lease at its last pass.
+	// Lag is then the partitions not sealed yet, the current one counted.
+	LogEntries uint64
+	Drainer    bool
 }
 
 func (a *archiver) stats(window time.Duration) *ArchiveStats {
@@ -659,6 +752,7 @@ func (a *archiver) stats(window time.Duration) *ArchiveStats {
 		Name: a.name, Window: window, Held: uint64(max(0, a.held.Load())),
 		Partitions: a.archived.Load(), Keys: a.keys.Load(), Lag: uint64(max(0, cur-a.next.Load())), Failures: a.failures.Load(),
 		Reads: a.reads.Load(), Hits: a.hits.Load(), LagReads: a.lagReads.Load(), FilterBytes: a.filters.Bytes(),
+		LogEntries: uint64(max(0, a.logLag.Load())), Drainer: a.holder.Load(),
 	}
 }
 

@@ -330,6 +330,8 @@ func (e *Engine) writeCommits(ctx context.Context, call commitCall, b *batch, k 
 		}
 		if shared {
 			reqs[j].Token = e.ownerToken(c.rtoken)
+			// A shared tier appends it to its archive log in the same step.
+			reqs[j].Archive = e.arch != nil && c.ns.archiveWindow > 0
 		}
 	}
 	if len(call.writes) > 0 {

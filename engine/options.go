@@ -399,8 +399,19 @@ func (o *Options) validateArchive(d Options, bad func(format string, args ...any
 	case tier.Nil(o.Archive):
 		bad("Archive is a nil %T", o.Archive)
 		return
+	case o.Backend != nil && o.Backend.Claims() == tier.ClaimsInStore:
+		// A shared tier archives through its log (tier.ArchiveLog): its
+		// Validate refuses the log if it keeps none. Its keys leave it at
+		// the end of their window; the partition holding them must be
+		// sealed in the archive by then.
+		if d.Partition > 0 && d.Window < 2*d.Partition {
+			bad("Archive behind a shared tier needs Window %v of at least two partitions (Partition %v): a partition is sealed in the archive after it ends, and before its first keys leave the shared tier", d.Window, d.Partition)
+		}
+		if o.FailOpen {
+			bad("Archive with FailOpen: a claim the archive cannot answer would be New")
+		}
 	case o.Tiers != Default || o.Backend != nil || o.Dir == "":
-		bad("Archive %s needs the embedded store (Tiers Default with Dir), have %s", o.Archive.Name(), o.Name())
+		bad("Archive %s needs the embedded store (Tiers Default with Dir) or a shared tier (Redis), have %s", o.Archive.Name(), o.Name())
 	}
 	if o.ArchiveWindow < 0 || o.ArchiveWindow > MaxWindow {
 		bad("ArchiveWindow %v is outside [0, %v]", o.ArchiveWindow, MaxWindow)
@@ -422,7 +433,7 @@ func (o *Options) validateArchive(d Options, bad func(format string, args ...any
 // archiveEnv is what Validate tells the archive (Open adds the owner and
 // the secret's check).
 func (o Options) archiveEnv(parts tier.Partitions) tier.ArchiveEnv {
-	return tier.ArchiveEnv{Partitions: parts, Window: o.ArchiveWindow, Dir: o.Dir, Logger: o.Logger}
+	return tier.ArchiveEnv{Partitions: parts, Window: o.ArchiveWindow, Dir: o.Dir, Logger: o.Logger, Log: o.Backend != nil}
 }
 
 // WithDefaults returns a copy of o with every field left zero that has a
@@ -471,7 +482,8 @@ func (o Options) WithDefaults() Options {
 func (o Options) env() tier.Env {
 	parts, _ := tier.NewPartitions(o.Window, o.Partition)
 	return tier.Env{Window: o.Window, Partitions: parts, MaxAttempts: o.MaxAttempts,
-		NamespaceWindows: o.NamespaceWindows, NoSharedCache: o.NoSharedCache, Logger: o.Logger}
+		NamespaceWindows: o.NamespaceWindows, NoSharedCache: o.NoSharedCache, Logger: o.Logger,
+		ArchiveLog: o.Archive != nil && o.Backend != nil}
 }
 
 // Name is the configuration's name: the Tiers', or memory+ the Backend's.

@@ -54,6 +54,10 @@ type ArchiveEnv struct {
 	Dir string
 	// Logger receives the archive's warnings; never nil.
 	Logger *log.Logger
+	// Log says the archive is fed from a shared tier's ArchiveLog, key by
+	// key (ArchiveAppender), by whichever process holds the drain lease:
+	// an archive that cannot take keys so refuses it (ErrOptions).
+	Log bool
 }
 
 // Record is one committed key of a partition, as it is archived.
@@ -128,4 +132,76 @@ type RecordScanner interface {
 	// key order; the record's slices are valid only during the call.
 	// Attempt counts and an entity's versions (Advance) are not records.
 	ScanRecords(ctx context.Context, p int64, fn func(*Record) error) error
+}
+
+// A shared exact tier that expires keys itself (Redis) has no partitions
+// to copy: it appends every archived commit, in the step that makes it,
+// to a durable log (ArchiveLog), and the engine holding the drain lease
+// applies the log, in order, to an archive that takes keys one by one
+// (ArchiveAppender), then seals each partition once the log holds none
+// of its entries and none can come.
+
+// LogPos is a position in an ArchiveLog: entries are ordered by (MS, Seq),
+// MS being the server's clock (Unix ms) when the entry was appended.
+type LogPos struct{ MS, Seq uint64 }
+
+// Less reports whether p is before q.
+func (p LogPos) Less(q LogPos) bool { return p.MS < q.MS || p.MS == q.MS && p.Seq < q.Seq }
+
+// LogEntry is one entry of an ArchiveLog: a commit of Record (its At the
+// commit's time, Unix ns, on the log's clock), or, with Forget, the
+// removal of Record's NS and Key from the archive (a Forget, or a commit
+// undone). Partition is the archive partition the engine files it in.
+type LogEntry struct {
+	Pos       LogPos
+	Forget    bool
+	Record    Record
+	Partition int64
+}
+
+// ArchiveLog is an exact tier that appends, atomically with the write that
+// makes it, every commit of a Request with Archive set, and every removal
+// of one (Forget, a commit undone by a give-back), to a durable log.
+type ArchiveLog interface {
+	// ReadLog returns up to n entries after position after, in order, and
+	// the log's clock (Unix ns) read before them: every entry appended
+	// later is at or after it.
+	ReadLog(ctx context.Context, after LogPos, n int) (entries []LogEntry, now int64, err error)
+	// TrimLog deletes the entries up to and including upTo.
+	TrimLog(ctx context.Context, upTo LogPos) error
+	// LogTail returns the position of the newest entry ever appended, and
+	// the number of entries the log holds.
+	LogTail(ctx context.Context) (tail LogPos, entries int64, err error)
+	// DrainLease takes or renews the drain lease for owner for ttl, and
+	// reports whether owner holds it.
+	DrainLease(ctx context.Context, owner string, ttl time.Duration) (bool, error)
+	// LogOwner names the log for the archive's layout ("redis:" ‖ prefix).
+	LogOwner() string
+}
+
+// ArchiveAppender is an archive that takes an ArchiveLog's entries as they
+// come, instead of whole partitions.
+type ArchiveAppender interface {
+	// Applied returns the position of the last entry applied (zero for
+	// none) and the first partition not sealed (-1 when none was ever).
+	Applied(ctx context.Context) (pos LogPos, sealedNext int64, err error)
+	// Apply applies entries, in order, in one transaction with the new
+	// position: an entry at or before the recorded position is skipped,
+	// so a batch applied twice (a drainer that died before trimming the
+	// log, two drainers a lease apart) changes nothing the second time. A
+	// commit adds its record to its partition (or to the first partition
+	// not sealed, if its own is sealed) unless that partition holds the
+	// key already; a forget removes the key from every partition.
+	Apply(ctx context.Context, entries []LogEntry) error
+	// Start makes p the first partition not sealed if none was ever set
+	// (an archive new to the log), and returns the first partition not
+	// sealed.
+	Start(ctx context.Context, p int64) (sealedNext int64, err error)
+	// Seal records partition p, and every unsealed one before it, as
+	// whole: Archived lists p, and Applied's sealedNext is p+1.
+	Seal(ctx context.Context, p int64) error
+	// Secret returns the archive's own fingerprint secret, drawn when it
+	// was created: the filters of an archive several processes share are
+	// keyed by it.
+	Secret() [16]byte
 }

@@ -58,6 +58,11 @@ type Env struct {
 	// (Forget needs it); a shared tier records it in its layout, so every
 	// process sharing the tier agrees.
 	NoSharedCache bool
+	// ArchiveLog asks the tier to keep an ArchiveLog: the engine archives
+	// its commits through it. A shared tier records it in its layout, so
+	// no process sharing the tier commits without appending; a backend
+	// that cannot keep one refuses it (ErrOptions).
+	ArchiveLog bool
 	// Logger receives the tier's warnings; never nil.
 	Logger *log.Logger
 }

@@ -106,6 +106,9 @@ type Request struct {
 	// committed Digest is the version; Release restores the version the
 	// claim replaced instead of freeing the key, and counts no attempt.
 	Versioned bool
+	// Archive asks a tier that keeps an ArchiveLog to append this commit
+	// (Commit), or this removal (Forget; Release undoing a commit), to it.
+	Archive bool
 	// Window, when positive, is how long Commit keeps the key committed in
 	// a tier that expires keys itself (shorter than its own window: a
 	// namespace's); zero means the tier's window.

@@ -79,6 +79,11 @@ func (a ArchiveDir) Validate(env tier.ArchiveEnv) error {
 	if env.Partitions.Length <= 0 || env.Window <= 0 {
 		errs = append(errs, fmt.Errorf("%w: archive partitions %+v, window %v", tier.ErrOptions, env.Partitions, env.Window))
 	}
+	if env.Log {
+		// A directory is one machine's: processes sharing a tier need an
+		// archive they share, which takes keys as they come.
+		errs = append(errs, fmt.Errorf("%w: an archive directory keeps the embedded store's partitions; behind a shared tier use postgres.Archive", tier.ErrOptions))
+	}
 	if a.Dir != "" && env.Dir != "" && dirsOverlap(a.Dir, env.Dir) {
 		errs = append(errs, fmt.Errorf("%w: ArchiveDir.Dir %q overlaps the store's directory %q: give the archive a directory of its own", tier.ErrOptions, a.Dir, env.Dir))
 	}

@@ -3,10 +3,12 @@ package postgres
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"strconv"
 	"sync"
 
@@ -23,6 +25,13 @@ import (
 // its primary key, attaches it (the check spares the scan), and records p
 // in <table>_parts; expiry detaches and drops whole tables, never DELETEs.
 // Filter blobs are rows of <table>_blobs, chunked.
+//
+// Fed from a shared tier's log (ArchiveAppender), it creates a
+// partition's table when the first key of it comes (listed in
+// <table>_open until sealed), inserts keys with ON CONFLICT DO NOTHING,
+// and records in <table>_log, in the same transaction, the last log
+// position applied, the first partition not sealed, and the archive's
+// own fingerprint secret (drawn when the table is created).
 //
 // What makes it invalid, and who checks (Open, ErrLayout): a row of
 // <table>_layout of another format, partition length, owner or secret
@@ -91,6 +100,8 @@ func (a Archive) Open(ctx context.Context, env tier.ArchiveEnv) (tier.Archive, e
 		`CREATE TABLE IF NOT EXISTS ` + t + ` (part bigint NOT NULL, ns bytea NOT NULL, key bytea NOT NULL, digest bytea, at bigint, result bytea, PRIMARY KEY (ns, key, part)) PARTITION BY LIST (part)`,
 		`CREATE TABLE IF NOT EXISTS ` + t + `_parts (part bigint PRIMARY KEY, keys bigint NOT NULL)`,
 		`CREATE TABLE IF NOT EXISTS ` + t + `_blobs (name text NOT NULL, chunk int NOT NULL, data bytea NOT NULL, PRIMARY KEY (name, chunk))`,
+		`CREATE TABLE IF NOT EXISTS ` + t + `_log (id int PRIMARY KEY, ms bigint NOT NULL, seq bigint NOT NULL, sealed_next bigint NOT NULL, secret bytea NOT NULL)`,
+		`CREATE TABLE IF NOT EXISTS ` + t + `_open (part bigint PRIMARY KEY)`,
 	} {
 		if _, err := a.DB.Exec(ctx, stmt); err != nil && !isDuplicateObject(err) {
 			return nil, fmt.Errorf("%w: creating %s: %w", ErrUnavailable, t, err)
@@ -123,6 +134,21 @@ func (a Archive) Open(ctx context.Context, env tier.ArchiveEnv) (tier.Archive, e
 			return nil, fmt.Errorf("%w: %s_layout: %w", ErrUnavailable, t, err)
 		}
 	}
+	var secret [16]byte
+	if _, err := rand.Read(secret[:]); err != nil {
+		return nil, err
+	}
+	if _, err := a.DB.Exec(ctx, `INSERT INTO `+t+`_log VALUES (1, 0, 0, -1, $1) ON CONFLICT (id) DO NOTHING`, secret[:]); err != nil {
+		return nil, fmt.Errorf("%w: %s_log: %w", ErrUnavailable, t, err)
+	}
+	var stored []byte
+	if err := queryRow(ctx, a.DB, `SELECT secret FROM `+t+`_log WHERE id = 1`, []any{&stored}); err != nil {
+		return nil, fmt.Errorf("%w: %s_log: %w", ErrUnavailable, t, err)
+	}
+	if len(stored) != len(ar.secret) {
+		return nil, fmt.Errorf("%w: archive %s: a secret of %d bytes", tier.ErrLayout, t, len(stored))
+	}
+	copy(ar.secret[:], stored)
 	// A table partition that a crashed Put left unattached (its
 	// transaction rolled back, so none exists) needs nothing; one that
 	// exists unrecorded cannot, as both are in one transaction.
@@ -156,9 +182,10 @@ func queryRow(ctx context.Context, db DB, sql string, dst []any, args ...any) er
 
 // pgArchive is an opened Archive.
 type pgArchive struct {
-	db    ArchiveDB
-	t     string
-	putMu sync.Mutex
+	db     ArchiveDB
+	t      string
+	putMu  sync.Mutex
+	secret [16]byte
 }
 
 func (ar *pgArchive) part(p int64) string { return ar.t + "_p" + strconv.FormatInt(p, 10) }
@@ -402,6 +429,13 @@ func (ar *pgArchive) Drop(ctx context.Context, before int64) error {
 	if err != nil {
 		return err
 	}
+	open, err := ar.openParts(ctx)
+	if err != nil {
+		return err
+	}
+	held = append(held, open...)
+	slices.Sort(held)
+	held = slices.Compact(held)
 	for _, p := range held {
 		if p >= before {
 			break
@@ -412,6 +446,7 @@ func (ar *pgArchive) Drop(ctx context.Context, before int64) error {
 		}
 		for _, stmt := range []string{
 			`DELETE FROM ` + ar.t + `_parts WHERE part = ` + strconv.FormatInt(p, 10),
+			`DELETE FROM ` + ar.t + `_open WHERE part = ` + strconv.FormatInt(p, 10),
 			`ALTER TABLE ` + ar.t + ` DETACH PARTITION ` + ar.part(p),
 			`DROP TABLE ` + ar.part(p),
 		} {

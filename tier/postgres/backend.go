@@ -56,6 +56,9 @@ func (b *Backend) Validate(env tier.Env) error {
 	if len(env.NamespaceWindows) > 0 {
 		errs = append(errs, fmt.Errorf("%w: %w: NamespaceWindows are not supported by the PostgreSQL tier", tier.ErrOptions, ErrOptions))
 	}
+	if env.ArchiveLog {
+		errs = append(errs, fmt.Errorf("%w: %w: the PostgreSQL tier keeps no archive log; an archive behind a shared tier needs the Redis tier", tier.ErrOptions, ErrOptions))
+	}
 	o := b.options(env)
 	// The engine's own settings (window, attempts) are the engine's to
 	// report: only the table's are checked here.

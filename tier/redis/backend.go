@@ -63,6 +63,9 @@ func (b *Backend) Validate(env tier.Env) error {
 	if strings.ContainsRune(b.config.Prefix, 0) {
 		errs = append(errs, fmt.Errorf("%w: %w: Prefix %q contains a NUL byte, which ends a prefix in the key layout", tier.ErrOptions, ErrOptions, b.config.Prefix))
 	}
+	if _, cluster := b.client.(*goredis.ClusterClient); cluster && env.ArchiveLog {
+		errs = append(errs, fmt.Errorf("%w: %w: an archive behind Redis needs a single Redis (or Sentinel) deployment, not a Cluster: the log is appended in the commit's own script, which touches one slot only", tier.ErrOptions, ErrOptions))
+	}
 	return errors.Join(errs...)
 }
 
@@ -77,7 +80,7 @@ func (b *Backend) Open(ctx context.Context, env tier.Env) (tier.Exact, error) {
 	}
 	s, err := New(ctx, b.client, &Options{
 		Prefix: b.config.Prefix, Window: env.Window, RequireNoEviction: b.config.RequireNoEviction, Logger: env.Logger,
-		MaxAttempts: env.MaxAttempts, NamespaceWindows: env.NamespaceWindows, Uncached: env.NoSharedCache,
+		MaxAttempts: env.MaxAttempts, NamespaceWindows: env.NamespaceWindows, Uncached: env.NoSharedCache, ArchiveLog: env.ArchiveLog,
 	})
 	if err != nil {
 		return nil, tier.Classify(err, ErrLayout, ErrOptions, ErrEvictionPolicy)

@@ -19,7 +19,7 @@ func (s *Store) Commit(ctx context.Context, _ int64, reqs []Request, out []Statu
 		if r.Window > 0 {
 			w = max(r.Window.Milliseconds(), 1)
 		}
-		return []any{claimPrefix(r.Token), commitValue(r), w}
+		return []any{claimPrefix(r.Token), commitValue(r), w, s.logs(r)}
 	})
 }
 
@@ -48,7 +48,7 @@ func (s *Store) Release(ctx context.Context, _ int64, reqs []Request, giveBack b
 	}
 	if len(versioned) == 0 {
 		return s.runScript(ctx, releaseScript, reqs, out, func(r *Request) []any {
-			return []any{claimPrefix(r.Token), s.max, window, count, undo, r.Attempts}
+			return []any{claimPrefix(r.Token), s.max, window, count, undo, r.Attempts, s.logsRemovals()}
 		})
 	}
 	// Version keys restore the version their claim replaced; the others
@@ -65,7 +65,9 @@ func (s *Store) Release(ctx context.Context, _ int64, reqs []Request, giveBack b
 		sc   *goredis.Script
 		args func(*Request) []any
 	}{
-		{plain, releaseScript, func(r *Request) []any { return []any{claimPrefix(r.Token), s.max, window, count, undo, r.Attempts} }},
+		{plain, releaseScript, func(r *Request) []any {
+			return []any{claimPrefix(r.Token), s.max, window, count, undo, r.Attempts, s.logsRemovals()}
+		}},
 		{versioned, unadvanceScript, func(r *Request) []any { return []any{claimPrefix(r.Token), window, restored} }},
 	} {
 		if len(part.idx) == 0 {

@@ -30,7 +30,10 @@ const (
 )
 
 // layoutKey is Prefix ‖ NUL: no record key is that short (a record key has
-// a namespace length byte and a non-empty key after it).
+// a namespace length byte and a non-empty key after it). The archive log
+// is Prefix ‖ NUL ‖ NUL, and its drain lease Prefix ‖ NUL ‖ 0xFF ‖
+// "drain": a record key of namespace "" has a key after its two bytes, one
+// of a 255-byte namespace is longer.
 func (s *Store) layoutKey() string { return s.prefix + "\x00" }
 
 // checkLayout records the prefix's window, MaxAttempts and namespace
@@ -49,6 +52,9 @@ func (s *Store) checkLayout(ctx context.Context) error {
 	}
 	if s.uncached {
 		want += " uncached"
+	}
+	if s.logKey != "" {
+		want += " archive-log"
 	}
 	set, err := s.c.SetNX(ctx, s.layoutKey(), want, 0).Result()
 	if err != nil {

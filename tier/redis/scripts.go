@@ -51,8 +51,9 @@ redis.call('SET', KEYS[1], ARGV[1] .. (now + tonumber(ARGV[2])) .. ':' .. n, 'PX
 return tag .. n`)
 
 // commitScript turns the caller's unexpired claim (token prefix ARGV[1])
-// into the committed value ARGV[2] with TTL ARGV[3] ms; a value already
-// committed with the caller's token is a retry and succeeds.
+// into the committed value ARGV[2] with TTL ARGV[3] ms, appending it to
+// the archive log KEYS[2] when ARGV[4] is 1; a value already committed
+// with the caller's token is a retry and succeeds (and was appended).
 var commitScript = goredis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, 17) == ARGV[1] then
@@ -62,6 +63,7 @@ if v and string.sub(v, 1, 17) == ARGV[1] then
     return 0
   end
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  if ARGV[4] == '1' then redis.call('XADD', KEYS[2], '*', 'k', KEYS[1], 'v', ARGV[2]) end
   return 1
 end
 if v and string.sub(v, 1, 17) == string.sub(ARGV[2], 1, 17) then
@@ -85,6 +87,7 @@ if v and ARGV[5] == '1' and string.sub(v, 1, 1) == 'D' and string.sub(v, 2, 17) 
   else
     redis.call('DEL', KEYS[1])
   end
+  if ARGV[7] == '1' then redis.call('XADD', KEYS[2], '*', 'k', KEYS[1], 'f', '1') end
   return 1
 end
 if not v or string.sub(v, 1, 17) ~= ARGV[1] then return 0 end
@@ -131,20 +134,33 @@ return 1`)
 // lookScript reads KEYS[1] without claiming it: ” (absent), 'H' (a live
 // claim), 'E' ‖ attempts (a claim whose lease ended) or the value of a
 // commit ('D'…) or an attempt count ('R'…). With ARGV[1] = 1 it also
-// deletes the key unless a live claim holds it (Forget).
+// deletes the key unless a live claim holds it (Forget), and with ARGV[2]
+// = 1 appends the removal to the archive log KEYS[2], found or not (the
+// log may still hold an earlier commit of the key).
 var lookScript = goredis.NewScript(`
 local v = redis.call('GET', KEYS[1])
-if not v then return '' end
 local out = v
-if string.sub(v, 1, 1) == 'C' then
+if v and string.sub(v, 1, 1) == 'C' then
   local lease, cnt = string.match(string.sub(v, 18), '^(%d+):(%d+)$')
   if not lease then return 'H' end
   local t = redis.call('TIME')
   if tonumber(lease) > tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then return 'H' end
   out = 'E' .. cnt
 end
-if ARGV[1] == '1' then redis.call('DEL', KEYS[1]) end
+if ARGV[1] == '1' then
+  if v then redis.call('DEL', KEYS[1]) end
+  if ARGV[2] == '1' then redis.call('XADD', KEYS[2], '*', 'k', KEYS[1], 'f', '1') end
+end
+if not v then return '' end
 return out`)
+
+// leaseScript gives the drain lease KEYS[1] to ARGV[1] for ARGV[2] ms if
+// it is free or already ARGV[1]'s, and returns 1; otherwise 0.
+var leaseScript = goredis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v and v ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1`)
 
 // Versions (the engine's Advance) live in keys of the engine's own
 // namespaces: committed 'D' ‖ token ‖ version (16 hex digits, the Digest),
@@ -208,7 +224,7 @@ return 1`)
 
 func (s *Store) loadScripts(ctx context.Context) error {
 	return s.eachServer(ctx, func(ctx context.Context, c goredis.Cmdable) error {
-		for _, sc := range []*goredis.Script{claimScript, commitScript, releaseScript, extendScript, lookScript, advanceScript, unadvanceScript} {
+		for _, sc := range []*goredis.Script{claimScript, commitScript, releaseScript, extendScript, lookScript, advanceScript, unadvanceScript, leaseScript} {
 			if err := sc.Load(ctx, c).Err(); err != nil {
 				return fmt.Errorf("%w: loading scripts: %w", ErrUnavailable, err)
 			}
@@ -262,7 +278,11 @@ func (s *Store) evalBatch(ctx context.Context, sc *goredis.Script, reqs []Reques
 		cmds := make([]*goredis.Cmd, len(reqs))
 		for i := range reqs {
 			r := &reqs[i]
-			cmds[i] = sc.EvalSha(ctx, pipe, []string{s.Key(r.NS, r.Key)}, args(r)...)
+			keys := []string{s.Key(r.NS, r.Key)}
+			if s.logKey != "" {
+				keys = append(keys, s.logKey) // a Cluster keeps no log: one server holds both
+			}
+			cmds[i] = sc.EvalSha(ctx, pipe, keys, args(r)...)
 		}
 		err := s.exec(ctx, pipe)
 		if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") && attempt == 0 {

@@ -63,6 +63,13 @@ type Options struct {
 	// Forget needs): the layout records it, so a process that caches is
 	// refused rather than answering Duplicate for a key another forgot.
 	Uncached bool
+	// ArchiveLog keeps the archive log (tier.ArchiveLog): every commit
+	// of a Request with Archive set, and every Forget and undone commit,
+	// is appended to a Redis Stream in the script that makes it. The
+	// layout records it, so no process on the prefix commits without
+	// appending. A Cluster keeps no log (ErrOptions): a script may touch
+	// one slot only.
+	ArchiveLog bool
 	// Logger receives warnings; nil means the standard logger.
 	Logger *log.Logger
 }
@@ -108,6 +115,7 @@ type Store struct {
 	// Options.Uncached, recorded in the layout.
 	nsWindows map[string]time.Duration
 	uncached  bool
+	logKey    string         // the archive log's key; "" without Options.ArchiveLog
 	late      sync.WaitGroup // pipelines still running after their caller's deadline
 }
 
@@ -163,6 +171,12 @@ func New(ctx context.Context, client goredis.UniversalClient, opts *Options) (*S
 		o.Logger = log.Default()
 	}
 	s := &Store{c: client, prefix: o.Prefix, window: o.Window, max: o.MaxAttempts, logger: o.Logger, nsWindows: o.NamespaceWindows, uncached: o.Uncached}
+	if o.ArchiveLog {
+		if _, cluster := client.(*goredis.ClusterClient); cluster {
+			return nil, fmt.Errorf("%w: an archive log needs a single Redis (or Sentinel) deployment: a Cluster script touches one slot only", ErrOptions)
+		}
+		s.logKey = s.prefix + "\x00\x00"
+	}
 	if err := s.checkPolicy(ctx, o.RequireNoEviction); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,228 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier"
+	"github.com/tierdedup/tierdedup/tier/pebble"
+	"github.com/tierdedup/tierdedup/tier/postgres"
+	"github.com/tierdedup/tierdedup/tier/redis/redistest"
+)
+
+// redisArchive is a fresh PostgreSQL archive table for a test.
+func redisArchive(t *testing.T) postgres.Archive {
+	p := postgresPool(t)
+	table := fmt.Sprintf("engine_rarch_%d", time.Now().UnixNano()%1e9)
+	t.Cleanup(func() {
+		for _, s := range []string{"", "_layout", "_parts", "_blobs", "_log", "_open"} {
+			_, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table+s+" CASCADE")
+		}
+	})
+	return postgres.Archive{DB: p, Table: table}
+}
+
+// redisArchiveOptions: a 6 s window of 1 s partitions in Redis, a minute
+// of archive behind it.
+func redisArchiveOptions(c goredis.UniversalClient, prefix string, a tier.ArchiveBackend) engine.Options {
+	return engine.Options{
+		Tiers: engine.Default, Backend: redisBackend(c, prefix), Window: 6 * time.Second, Partition: time.Second,
+		Lease: 2 * time.Second, NoSharedCache: true, ExpectedKeys: 1000, Archive: a, ArchiveWindow: time.Minute,
+	}
+}
+
+func keysOf(prefix string, n int) [][]byte {
+	keys := make([][]byte, n)
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "%s-%04d", prefix, i)
+	}
+	return keys
+}
+
+// waitArchivedInfo looks keys up on e until each answers Duplicate from
+// the archive (the shared tier let them go, the archive holds them).
+func waitFromArchive(t *testing.T, e *engine.Engine, keys [][]byte, within time.Duration) []engine.KeyInfo {
+	t.Helper()
+	out := make([]engine.KeyInfo, len(keys))
+	deadline := time.Now().Add(within)
+	for {
+		err := e.LookupBatch(context.Background(), keys, out)
+		done := err == nil
+		for i := range out {
+			if err == nil && out[i].Outcome != engine.Duplicate {
+				t.Fatalf("key %s: %v from %v while waiting for the archive (want Duplicate throughout)", keys[i], out[i].Outcome, out[i].Source)
+			}
+			done = done && out[i].Source == engine.SourceArchive
+		}
+		if done {
+			return out
+		}
+		if err != nil && !errors.Is(err, engine.ErrUnavailable) {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("keys not answered by the archive within %v (last error %v)", within, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestArchiveBehindRedis: two engines share a Redis prefix and a
+// PostgreSQL archive. Keys one commits stay Duplicate for both after
+// Redis let them go (with their result and commit time), the claims that
+// found them in the archive are given back, new keys stay New, a Forget
+// on one reaches the archive for the other, and the log drains to empty.
+func TestArchiveBehindRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	prefix := fmt.Sprintf("arch-%d:", time.Now().UnixNano())
+	arch := redisArchive(t)
+	a := open(t, redisArchiveOptions(c, prefix, arch))
+	b := open(t, redisArchiveOptions(c, prefix, arch))
+	ctx := context.Background()
+
+	keys := keysOf("old", 300)
+	claims := make([]engine.Claim, len(keys))
+	if err := a.ClaimBatch(ctx, keys, nil, claims); err != nil {
+		t.Fatal(err)
+	}
+	for i := range claims {
+		if claims[i].Outcome != engine.New {
+			t.Fatalf("key %d: %v", i, claims[i].Outcome)
+		}
+		if i%3 == 0 {
+			claims[i].Result = fmt.Appendf(nil, "result-%d", i)
+		}
+	}
+	committed := time.Now().UnixNano()
+	if err := a.CommitBatch(ctx, claims, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Past Redis's window, from the archive, on the other engine.
+	infos := waitFromArchive(t, b, keys, 20*time.Second)
+	for i, in := range infos {
+		if in.CommittedAt < committed-int64(time.Second) || in.CommittedAt > committed+int64(time.Second) {
+			t.Fatalf("key %d committed at %v, answered %v", i, time.Unix(0, committed), time.Unix(0, in.CommittedAt))
+		}
+	}
+	if n, err := c.Exists(ctx, redisKeyOf(prefix, "", keys[0])).Result(); err != nil || n != 0 {
+		t.Fatalf("Redis still holds the key (%d, %v): the test did not reach past the window", n, err)
+	}
+	out := make([]engine.Claim, len(keys))
+	if err := b.ClaimBatch(ctx, keys, nil, out); err != nil {
+		t.Fatal(err)
+	}
+	for i := range out {
+		want := ""
+		if i%3 == 0 {
+			want = fmt.Sprintf("result-%d", i)
+		}
+		if out[i].Outcome != engine.Duplicate || string(out[i].Result) != want {
+			t.Fatalf("key %d: %v %q, want Duplicate %q", i, out[i].Outcome, out[i].Result, want)
+		}
+	}
+	// The claims the archive answered were given back: Redis holds none.
+	if n, err := c.Exists(ctx, redisKeyOf(prefix, "", keys[1])).Result(); err != nil || n != 0 {
+		t.Fatalf("a claim the archive answered is still in Redis (%d, %v)", n, err)
+	}
+	marks := make([]engine.Outcome, len(keys))
+	if err := a.MarkBatch(ctx, keys, nil, marks); err != nil {
+		t.Fatal(err)
+	}
+	for i, o := range marks {
+		if o != engine.Duplicate {
+			t.Fatalf("mark of archived key %d: %v", i, o)
+		}
+	}
+	fresh := keysOf("new", 300)
+	if err := a.MarkBatch(ctx, fresh, nil, marks); err != nil {
+		t.Fatal(err)
+	}
+	for i, o := range marks {
+		if o != engine.New {
+			t.Fatalf("new key %d: %v", i, o)
+		}
+	}
+	// Forget on b reaches the archive; a finds the key New.
+	info, err := b.Forget(ctx, keys[3])
+	if err != nil || info.Outcome != engine.Duplicate || info.Source != engine.SourceArchive {
+		t.Fatalf("Forget: %+v, %v", info, err)
+	}
+	cl, err := a.Claim(ctx, keys[3])
+	if err != nil || cl.Outcome != engine.New {
+		t.Fatalf("claim after Forget: %v, %v", cl.Outcome, err)
+	}
+	if err := a.Release(ctx, cl); err != nil {
+		t.Fatal(err)
+	}
+	// The log drains to empty, and one engine holds the drain.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		sa, sb := a.Stats().Archive, b.Stats().Archive
+		if sa.LogEntries == 0 && sb.LogEntries == 0 && (sa.Drainer != sb.Drainer) {
+			if sa.Keys+sb.Keys < uint64(2*len(keys)) || sa.Partitions+sb.Partitions == 0 {
+				t.Fatalf("stats: %+v / %+v", *sa, *sb)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("log not drained: %+v / %+v", *sa, *sb)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// redisKeyOf is the Redis key of (ns, key) under prefix (redis.Store.Key).
+func redisKeyOf(prefix, ns string, key []byte) string {
+	return prefix + "\x00" + string([]byte{byte(len(ns))}) + ns + string(key)
+}
+
+// TestArchiveBehindRedisRefused: what an archive behind a shared tier
+// cannot keep is refused at Open, each with ErrOptions (or ErrLayout).
+func TestArchiveBehindRedisRefused(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	arch := redisArchive(t)
+	prefix := fmt.Sprintf("refuse-%d:", time.Now().UnixNano())
+	for name, mod := range map[string]func(*engine.Options){
+		"files archive":    func(o *engine.Options) { o.Archive = pebble.ArchiveDir{Dir: t.TempDir()} },
+		"FailOpen":         func(o *engine.Options) { o.FailOpen = true },
+		"short window":     func(o *engine.Options) { o.Window = 1500 * time.Millisecond },
+		"postgres hot tier": func(o *engine.Options) { o.Backend = pgBackend(postgresPool(t), "rarch_hot") },
+	} {
+		o := redisArchiveOptions(c, prefix, arch)
+		mod(&o)
+		if e, err := engine.Open(&o); !errors.Is(err, engine.ErrOptions) {
+			if e != nil {
+				e.Close()
+			}
+			t.Errorf("%s: %v, want ErrOptions", name, err)
+		}
+	}
+	cl := redistest.StartCluster(t)
+	o := redisArchiveOptions(cl.Client(t), prefix, arch)
+	if e, err := engine.Open(&o); !errors.Is(err, engine.ErrOptions) {
+		if e != nil {
+			e.Close()
+		}
+		t.Errorf("cluster: %v, want ErrOptions", err)
+	}
+	// A process without the archive on a prefix that logs would commit
+	// without appending: refused, as the other way round.
+	e := open(t, redisArchiveOptions(c, prefix, arch))
+	plain := redisArchiveOptions(c, prefix, nil)
+	plain.Archive, plain.ArchiveWindow = nil, 0
+	if e2, err := engine.Open(&plain); !errors.Is(err, engine.ErrLayout) {
+		if e2 != nil {
+			e2.Close()
+		}
+		t.Errorf("engine without archive on a logging prefix: %v, want ErrLayout", err)
+	}
+	_ = e
+}
