@@ -49,9 +49,10 @@ const (
 	// logTick is how often each engine renews or seeks the drain lease,
 	// drains (holding it) and loads newly sealed partitions.
 	logTick = 500 * time.Millisecond
-	// drainLeaseTTL is the drain lease: a drainer that dies is replaced
-	// that long after its last renewal.
-	drainLeaseTTL = 10 * time.Second
+	// maxDrainLease is the longest drain lease: a drainer that dies is
+	// replaced that long after its last renewal (a quarter of the window
+	// if shorter, at least a second).
+	maxDrainLease = 10 * time.Second
 	// drainBatch is the number of log entries one Apply takes.
 	drainBatch = 4096
 	// logSkew bounds the difference between this engine's clock and the
@@ -205,7 +206,7 @@ func (a *archiver) logPass(ctx context.Context) {
 			e.logger.Printf("tierdedup: archive: %s: %v", what, err)
 		}
 	}
-	held, err := a.log.DrainLease(ctx, a.owner, drainLeaseTTL)
+	held, err := a.log.DrainLease(ctx, a.owner, min(maxDrainLease, max(time.Duration(e.window)/4, time.Second)))
 	if err != nil {
 		fail("the drain lease", err)
 	}

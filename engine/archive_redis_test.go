@@ -191,9 +191,9 @@ func TestArchiveBehindRedisRefused(t *testing.T) {
 	arch := redisArchive(t)
 	prefix := fmt.Sprintf("refuse-%d:", time.Now().UnixNano())
 	for name, mod := range map[string]func(*engine.Options){
-		"files archive":    func(o *engine.Options) { o.Archive = pebble.ArchiveDir{Dir: t.TempDir()} },
-		"FailOpen":         func(o *engine.Options) { o.FailOpen = true },
-		"short window":     func(o *engine.Options) { o.Window = 1500 * time.Millisecond },
+		"files archive":     func(o *engine.Options) { o.Archive = pebble.ArchiveDir{Dir: t.TempDir()} },
+		"FailOpen":          func(o *engine.Options) { o.FailOpen = true },
+		"short window":      func(o *engine.Options) { o.Window = 1500 * time.Millisecond },
 		"postgres hot tier": func(o *engine.Options) { o.Backend = pgBackend(postgresPool(t), "rarch_hot") },
 	} {
 		o := redisArchiveOptions(c, prefix, arch)

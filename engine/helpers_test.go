@@ -46,13 +46,14 @@ var quiet = log.New(io.Discard, "", 0)
 // crashtest.Start for a crash or multi-process test) to its code.
 func TestMain(m *testing.M) {
 	crashtest.Main(m, map[string]func(spec string) int{
-		"crash":   crashChild,      // TestCrashRecovery
-		"redis":   redisChild,      // TestRedisProcessesRace, TestPostgresProcessesRace
-		"rabbit":  rabbitChild,     // TestRabbitMQRedelivery
-		"fault":   faultChild,      // TestStorageFaultChild
-		"nilctx":  nilContextChild, // TestCommitNilContext
-		"stall":   stallChild,      // TestKillDuringCheckpointAndMove
-		"archive": archiveChild,    // TestKillWhileArchiving
+		"crash":         crashChild,        // TestCrashRecovery
+		"redis":         redisChild,        // TestRedisProcessesRace, TestPostgresProcessesRace
+		"rabbit":        rabbitChild,       // TestRabbitMQRedelivery
+		"fault":         faultChild,        // TestStorageFaultChild
+		"nilctx":        nilContextChild,   // TestCommitNilContext
+		"stall":         stallChild,        // TestKillDuringCheckpointAndMove
+		"archive":       archiveChild,      // TestKillWhileArchiving
+		"redis-archive": redisArchiveChild, // TestKillWhileArchivingRedis
 	})
 }
 
