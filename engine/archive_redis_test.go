@@ -226,3 +226,80 @@ func TestArchiveBehindRedisRefused(t *testing.T) {
 	}
 	_ = e
 }
+
+// TestArchiveBehindRedisLags: while the drain is stopped (inside its
+// Apply), a key Redis has let go is never New: its claim, mark and Lookup
+// fail with ErrUnavailable, and give their Redis claims back; a Forget
+// of a key still only in the log waits for the drain (ErrUnavailable at
+// its deadline). Once the drain goes on, the key is Duplicate from the
+// archive, the forgotten key New, and past the archive window every key
+// is New.
+func TestArchiveBehindRedisLags(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	prefix := fmt.Sprintf("lag-%d:", time.Now().UnixNano())
+	o := redisArchiveOptions(c, prefix, redisArchive(t))
+	o.ArchiveWindow = 12 * time.Second
+	o.Logger = quiet
+	e := open(t, o)
+	ctx := context.Background()
+	stop := make(chan struct{})
+	stopped := make(chan struct{}, 1)
+	var once bool
+	engine.SetInArchive(func(s string) {
+		if s == "put" && !once {
+			once = true
+			stopped <- struct{}{}
+			<-stop
+		}
+	})
+	t.Cleanup(func() { engine.SetInArchive(nil) })
+	keys := keysOf("lag", 50)
+	marks := make([]engine.Outcome, len(keys))
+	if err := e.MarkBatch(ctx, keys, nil, marks); err != nil {
+		t.Fatal(err)
+	}
+	<-stopped // the drain holds the commits in the log
+	committed := time.Now()
+	time.Sleep(o.Window + time.Second)
+	if n, err := c.Exists(ctx, redisKeyOf(prefix, "", keys[0])).Result(); err != nil || n != 0 {
+		t.Fatalf("Redis still holds the key (%d, %v)", n, err)
+	}
+	if _, err := e.Claim(ctx, keys[0]); !errors.Is(err, engine.ErrUnavailable) {
+		t.Fatalf("claim of a key only in the log: %v, want ErrUnavailable", err)
+	}
+	if n, err := c.Exists(ctx, redisKeyOf(prefix, "", keys[0])).Result(); err != nil || n != 0 {
+		t.Fatalf("the failed claim is still in Redis (%d, %v)", n, err)
+	}
+	if _, err := e.MarkIfAbsent(ctx, keys[1]); !errors.Is(err, engine.ErrUnavailable) {
+		t.Fatalf("mark of a key only in the log: %v, want ErrUnavailable", err)
+	}
+	if _, err := e.Lookup(ctx, keys[1]); !errors.Is(err, engine.ErrUnavailable) {
+		t.Fatalf("lookup of a key only in the log: %v, want ErrUnavailable", err)
+	}
+	fctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err := e.Forget(fctx, keys[2])
+	cancel()
+	if !errors.Is(err, engine.ErrUnavailable) {
+		t.Fatalf("Forget while the log holds the key: %v, want ErrUnavailable", err)
+	}
+	close(stop)
+	infos := waitFromArchive(t, e, [][]byte{keys[0], keys[1], keys[3]}, 10*time.Second)
+	if infos[0].CommittedAt > committed.UnixNano() {
+		t.Fatalf("committed at %v, after %v", time.Unix(0, infos[0].CommittedAt), committed)
+	}
+	// The forget, applied after the commit, removed it from the archive.
+	if info, err := e.Lookup(ctx, keys[2]); err != nil || info.Outcome != engine.New {
+		t.Fatalf("forgotten key: %+v, %v", info, err)
+	}
+	// Past the archive window (and its partition), New.
+	time.Sleep(time.Until(committed.Add(o.ArchiveWindow + 2*o.Partition)))
+	if err := e.MarkBatch(ctx, keys[3:], nil, marks[3:]); err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range marks[3:] {
+		if m != engine.New {
+			t.Fatalf("key %d past the archive window: %v", i+3, m)
+		}
+	}
+}

@@ -59,6 +59,8 @@ var metrics = []metric{
 	{"archive_lag_reads_total", "Keys read in partitions that left the window before the archive took them.", nil},
 	{"archive_failures_total", "Archiving passes that failed (the archive was unreachable or refused a write).", nil},
 	{"archive_filter_bytes", "Memory of the archive's filter.", nil},
+	{"archive_log_entries", "Entries of the shared tier's archive log not drained yet (behind Redis).", nil},
+	{"archive_drainer", "1 while this engine holds the drain lease of the shared tier's archive log.", nil},
 	{"disk_bytes", "Size on disk of the embedded store, by kind: total, tables, wal, wal_recycled.", []string{"kind"}},
 }
 
@@ -144,6 +146,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter("archive_lag_reads_total", a.LagReads)
 		counter("archive_failures_total", a.Failures)
 		gauge("archive_filter_bytes", float64(a.FilterBytes))
+		gauge("archive_log_entries", float64(a.LogEntries))
+		drainer := 0.0
+		if a.Drainer {
+			drainer = 1
+		}
+		gauge("archive_drainer", drainer)
 	}
 	gauge("window_seconds", s.Window.Seconds())
 	if s.Window > 0 {
