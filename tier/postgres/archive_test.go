@@ -34,9 +34,26 @@ func TestArchiveContract(t *testing.T) {
 
 // dropArchive drops an archive's tables.
 func dropArchive(t *testing.T, p *pgxpool.Pool, table string) {
-	for _, s := range []string{"", "_layout", "_parts", "_blobs"} {
+	for _, s := range []string{"", "_layout", "_parts", "_blobs", "_log", "_open"} {
 		if _, err := p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table+s+" CASCADE"); err != nil {
 			t.Errorf("dropping %s%s: %v", table, s, err)
 		}
 	}
+}
+
+// TestArchiveAppenderContract runs the contract of an archive fed from a
+// shared tier's log over the PostgreSQL archive.
+func TestArchiveAppenderContract(t *testing.T) {
+	p := pgtest.Pool(t)
+	run := time.Now().UnixNano() % 1e9
+	tables := map[string]string{}
+	tiertest.RunAppender(t, func(t *testing.T) tier.ArchiveBackend {
+		table, ok := tables[t.Name()]
+		if !ok {
+			table = fmt.Sprintf("app_%d_%d", run, len(tables))
+			tables[t.Name()] = table
+			t.Cleanup(func() { dropArchive(t, p, table) })
+		}
+		return postgres.Archive{DB: p, Table: table}
+	})
 }
