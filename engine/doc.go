@@ -69,5 +69,10 @@
 //     tier leaves New is answered New only after the archive (where its
 //     filter may hold the key) and the unarchived partitions past the
 //     window said absent; an archive that cannot answer fails the call.
-//     archive.go holds the details and the recorded state.
+//     Behind Redis, every archived commit is appended to the tier's log in
+//     the script that makes it, the log is trimmed only up to what the
+//     archive recorded applied, and a key Redis let go is answered New
+//     only once every partition it could be in is sealed in this engine's
+//     filter. archive.go and archive_log.go hold the details and the
+//     recorded state.
 package engine

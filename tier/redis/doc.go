@@ -35,4 +35,10 @@
 //     two prefixes never share a key.
 //  6. Every call returns by its context's deadline, whatever the client's
 //     own timeouts.
+//  7. With the archive log (Options.ArchiveLog), a commit of a request
+//     marked Archive is appended to the log in the script that commits it,
+//     and every Forget and undone commit appends its removal in the script
+//     that makes it: no commit Redis holds is missing from the log, and a
+//     removal always follows the commit it removes. The prefix's layout
+//     records the log, so no process on it commits without appending.
 package redis
