@@ -179,7 +179,7 @@ func (e *Engine) openArchive(o Options, opened *closers) error {
 	}
 	load := a.load
 	if a.log != nil {
-		load = a.openLog
+		load = func(ctx context.Context, cur int64) error { return a.openLog(ctx, cur, o.archiveBinding(a.check)) }
 	}
 	if err := load(ctx, cur); err != nil {
 		if errors.Is(err, ErrLayout) || errors.Is(err, ErrStorage) {
@@ -512,7 +512,11 @@ func (e *Engine) resolveArchive(ctx context.Context, b *batch, ns *Namespace, ou
 	var digests []Digest
 	var idx []int
 	for j, i := range b.cand {
-		if out[i].Outcome == New && !out[i].undo {
+		// Behind a shared tier a key another process holds may be one it
+		// claimed only to ask the archive: asked here too, so an archived
+		// key is Duplicate, not InFlight, while that claim lasts.
+		held := out[i].Outcome == InFlight && a.log != nil
+		if out[i].Outcome == New && !out[i].undo || held {
 			keys = append(keys, out[i].Key)
 			digests = append(digests, out[i].digest)
 			idx = append(idx, j)
@@ -527,21 +531,25 @@ func (e *Engine) resolveArchive(ctx context.Context, b *batch, ns *Namespace, ou
 	}
 	ans, err := a.find(ctx, ns, keys, fps, now)
 	if err != nil {
-		turned := make([]int, len(idx))
-		for q, j := range idx {
-			turned[q] = b.cand[j]
+		var turned []int
+		for _, j := range idx {
+			if out[b.cand[j]].Outcome == New {
+				turned = append(turned, b.cand[j])
+			}
 		}
 		e.giveBackShared(ctx, ns, out, turned, now)
 		return err
 	}
-	var turned []int
+	var turned []int // claims this call holds in the shared tier, to give back
 	defer func() { e.giveBackShared(ctx, ns, out, turned, now) }()
 	for q, j := range idx {
 		r := &ans[q]
 		if r.Status != tier.Committed || ns.archiveExpired(r.Partition, r.At, now) {
 			continue
 		}
-		turned = append(turned, b.cand[j])
+		if out[b.cand[j]].Outcome == New {
+			turned = append(turned, b.cand[j])
+		}
 		cl := &out[b.cand[j]]
 		cl.Outcome = Duplicate
 		if conflicts(digests[q], r.Digest) {
@@ -706,7 +714,14 @@ func (a *archiver) forget(ctx context.Context, ns string, keys [][]byte, now int
 		qs[q] = tier.ArchiveQuery{NS: ns, Key: keys[q], From: oldest, To: next}
 	}
 	ans := make([]tier.Answer, len(keys))
-	if err := a.store.Forget(ctx, qs, ans); err != nil {
+	remove := a.store.Forget
+	if a.log != nil {
+		// The removal the shared tier appended deletes the key in the
+		// log's order: a delete here could remove a commit made after
+		// this Forget and applied before it.
+		remove = a.store.Lookup
+	}
+	if err := remove(ctx, qs, ans); err != nil {
 		return fmt.Errorf("%w: archive: %w", ErrUnavailable, err)
 	}
 	for q := range ans {
@@ -741,7 +756,8 @@ type ArchiveStats struct {
 	// Behind a shared tier: LogEntries are the entries of its archive log
 	// not drained yet (commits and removals, as last read), and Drainer
 	// says whether this engine held the drain lease at its last pass.
-	// Lag is then the partitions not sealed yet, the current one counted.
+	// Lag is then the closed partitions not sealed yet (0 while the drain
+	// keeps up).
 	LogEntries uint64
 	Drainer    bool
 }
@@ -763,7 +779,7 @@ func (e *Engine) lookupArchive(ctx context.Context, b *batch, ns *Namespace, key
 	var fps []shard.Fingerprint
 	var idx []int
 	for _, i := range b.cand {
-		if forget || out[i].Outcome == New {
+		if forget || out[i].Outcome == New || out[i].Outcome == InFlight && e.arch.log != nil {
 			ks, fps, idx = append(ks, keys[i]), append(fps, b.fps[i]), append(idx, i)
 		}
 	}
@@ -785,6 +801,9 @@ func (e *Engine) lookupArchive(ctx context.Context, b *batch, ns *Namespace, key
 		a := &ans[q]
 		if a.Status != tier.Committed || out[i].Outcome == Duplicate || (!forget && ns.archiveExpired(a.Partition, a.At, now)) {
 			continue
+		}
+		if forget && out[i].Outcome == InFlight {
+			continue // a live claim: nothing was removed, and the Forget fails ErrInFlight
 		}
 		// Dated whenever the commit was (every commit is, while an
 		// archive keeps the namespace's keys).

@@ -87,10 +87,20 @@ func (a *archiver) sealedFor(now int64) (int64, error) {
 // openLog sets the first partition to seal of an archive new to the log
 // (the oldest entry's, or the current one), and loads every sealed
 // partition's filter.
-func (a *archiver) openLog(ctx context.Context, cur int64) error {
-	_, next, err := a.app.Applied(ctx)
+func (a *archiver) openLog(ctx context.Context, cur int64, bind string) error {
+	if err := a.log.Bind(ctx, bind); err != nil {
+		return err
+	}
+	pos, next, err := a.app.Applied(ctx)
 	if err != nil {
 		return err
+	}
+	// An archive restored from an older copy lacks what the log trimmed
+	// after it applied it.
+	if _, trimmed, _, err := a.log.LogTail(ctx); err != nil {
+		return err
+	} else if pos.Less(trimmed) {
+		return fmt.Errorf("%w: the archive applied the log up to %v, and the log trimmed up to %v: an older or replaced archive lacks what was trimmed", ErrLayout, pos, trimmed)
 	}
 	if next < 0 {
 		first, now, err := a.log.ReadLog(ctx, tier.LogPos{}, 1)
@@ -222,10 +232,13 @@ func (a *archiver) logPass(ctx context.Context) {
 		if err := a.store.Drop(ctx, a.oldest(cur)); err != nil {
 			fail("expiring", err)
 		}
+		if held, err := a.store.Archived(ctx); err == nil {
+			a.held.Store(int64(len(held)))
+		}
 		archiveHook("drop")
 	}
 	a.filters.Rotate(cur / a.group)
-	if _, n, err := a.log.LogTail(ctx); err == nil {
+	if _, _, n, err := a.log.LogTail(ctx); err == nil {
 		a.logLag.Store(n)
 	}
 }
@@ -247,7 +260,9 @@ func (a *archiver) drain(ctx context.Context, cur int64) error {
 			var commits uint64
 			for i := range entries {
 				en := &entries[i]
-				en.Partition = max(e.parts.Of(en.Record.At), next)
+				// Filed by the log's clock, which decides when a
+				// partition is complete (At may be the engine's).
+				en.Partition = max(e.parts.Of(int64(en.Pos.MS)*int64(time.Millisecond)), next)
 				if !en.Forget {
 					commits++
 				}
@@ -312,7 +327,7 @@ func (a *archiver) seal(ctx context.Context, cur, p int64) error {
 // waitApplied waits until the archive applied the log up to its newest
 // entry as read now (a Forget's removal, appended before).
 func (a *archiver) waitApplied(ctx context.Context) error {
-	tail, _, err := a.log.LogTail(ctx)
+	tail, _, _, err := a.log.LogTail(ctx)
 	if err != nil {
 		return fmt.Errorf("%w: archive: %w", ErrUnavailable, err)
 	}

@@ -303,3 +303,40 @@ func TestArchiveBehindRedisLags(t *testing.T) {
 		}
 	}
 }
+
+// TestArchiveBehindRedisOlderArchive: an archive that lost entries the log
+// trimmed after they were applied (restored from an older copy: its
+// recorded position behind the log's trimmed one) is refused at Open
+// with ErrLayout, not read as if whole.
+func TestArchiveBehindRedisOlderArchive(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	prefix := fmt.Sprintf("older-%d:", time.Now().UnixNano())
+	arch := redisArchive(t)
+	o := redisArchiveOptions(c, prefix, arch)
+	e := open(t, o)
+	ctx := context.Background()
+	keys := keysOf("older", 20)
+	if err := e.MarkBatch(ctx, keys, nil, make([]engine.Outcome, len(keys))); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); e.Stats().Archive.Keys < uint64(len(keys)) || e.Stats().Archive.LogEntries > 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not drained: %+v", *e.Stats().Archive)
+		}
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The copy restored from before the drain: no position, no rows.
+	if _, err := postgresPool(t).Exec(ctx, "UPDATE "+arch.Table+"_log SET ms = 0, seq = 0 WHERE id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	o.Logger = quiet
+	if e2, err := engine.Open(&o); !errors.Is(err, engine.ErrLayout) {
+		if e2 != nil {
+			e2.Close()
+		}
+		t.Fatalf("an archive behind the log's trim: %v, want ErrLayout", err)
+	}
+}

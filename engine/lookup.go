@@ -23,7 +23,8 @@ type KeyInfo struct {
 	// Digest, Result and CommittedAt are the commit's (Duplicate): its
 	// payload digest, stored result and time (zero without a result,
 	// except in an answer from the archive: with an archive every commit
-	// of a namespace it keeps is dated).
+	// of a namespace it keeps is dated; behind Redis, a commit without a
+	// result by Redis's clock, to the millisecond).
 	Digest      Digest
 	Result      []byte
 	CommittedAt int64

@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -432,6 +435,22 @@ func (o *Options) validateArchive(d Options, bad func(format string, args ...any
 
 // archiveEnv is what Validate tells the archive (Open adds the owner and
 // the secret's check).
+// archiveBinding is what every process feeding one archive from a shared
+// tier's log must agree on, as the tier records it (tier.ArchiveLog.Bind):
+// the archive (check, the digest of its own secret), its window, the
+// namespaces' archive windows (an engine with a shorter one would expire
+// what another promises) and the filter's parameters (a blob of other
+// parameters is not loaded, and every engine would rescan the partitions).
+func (o Options) archiveBinding(check [16]byte) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "tierdedup archive 1 check=%x window=%dns partition=%dns expected-keys=%d false-positive=%g",
+		check, int64(o.ArchiveWindow), int64(o.Partition), o.ExpectedKeys, o.ArchiveFalsePositive)
+	for _, n := range slices.Sorted(maps.Keys(o.NamespaceArchiveWindows)) {
+		fmt.Fprintf(&b, " %q=%dns", n, int64(o.NamespaceArchiveWindows[n]))
+	}
+	return b.String()
+}
+
 func (o Options) archiveEnv(parts tier.Partitions) tier.ArchiveEnv {
 	return tier.ArchiveEnv{Partitions: parts, Window: o.ArchiveWindow, Dir: o.Dir, Logger: o.Logger, Log: o.Backend != nil}
 }

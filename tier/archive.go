@@ -149,7 +149,8 @@ type LogPos struct{ MS, Seq uint64 }
 func (p LogPos) Less(q LogPos) bool { return p.MS < q.MS || p.MS == q.MS && p.Seq < q.Seq }
 
 // LogEntry is one entry of an ArchiveLog: a commit of Record (its At the
-// commit's time, Unix ns, on the log's clock), or, with Forget, the
+// commit's time, Unix ns, as the committing engine dated it, or else the
+// log's clock at Pos), or, with Forget, the
 // removal of Record's NS and Key from the archive (a Forget, or a commit
 // undone). Partition is the archive partition the engine files it in.
 type LogEntry struct {
@@ -169,9 +170,15 @@ type ArchiveLog interface {
 	ReadLog(ctx context.Context, after LogPos, n int) (entries []LogEntry, now int64, err error)
 	// TrimLog deletes the entries up to and including upTo.
 	TrimLog(ctx context.Context, upTo LogPos) error
-	// LogTail returns the position of the newest entry ever appended, and
-	// the number of entries the log holds.
-	LogTail(ctx context.Context) (tail LogPos, entries int64, err error)
+	// LogTail returns the position of the newest entry ever appended, the
+	// newest ever trimmed (zero for none), and the number of entries the
+	// log holds.
+	LogTail(ctx context.Context) (tail, trimmed LogPos, entries int64, err error)
+	// Bind records, on first use, what the log feeds (the archive and the
+	// settings every process must share, as one string), and refuses
+	// (ErrLayout) a process that brings another: two archives would each
+	// miss what the other drained.
+	Bind(ctx context.Context, archive string) error
 	// DrainLease takes or renews the drain lease for owner for ttl, and
 	// reports whether owner holds it.
 	DrainLease(ctx context.Context, owner string, ttl time.Duration) (bool, error)

@@ -128,6 +128,9 @@ func (s *Store) decodeEntry(m goredis.XMessage) (tier.LogEntry, error) {
 		return tier.LogEntry{}, errors.New("value is no commit")
 	}
 	e.Record.Digest, e.Record.Result = r.Digest, r.Result
+	if r.At != 0 {
+		e.Record.At = r.At // the committing engine's time, as Redis answers it
+	}
 	return e, nil
 }
 
@@ -137,36 +140,75 @@ func (s *Store) TrimLog(ctx context.Context, upTo tier.LogPos) error {
 		return err
 	}
 	pipe := s.c.Pipeline()
-	pipe.XTrimMinID(ctx, s.logKey, formatPos(tier.LogPos{MS: upTo.MS, Seq: upTo.Seq + 1}))
-	if err := s.exec(ctx, pipe); err != nil {
+	trimScript.EvalSha(ctx, pipe, []string{s.logKey, s.trimmedKey()}, formatPos(tier.LogPos{MS: upTo.MS, Seq: upTo.Seq + 1}), upTo.MS, upTo.Seq)
+	err := s.exec(ctx, pipe)
+	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
+		if err = s.loadScripts(ctx); err == nil {
+			return s.TrimLog(ctx, upTo)
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("%w: trimming the archive log: %w", ErrUnavailable, err)
 	}
 	return nil
 }
 
-// LogTail reads the stream's last generated ID and length.
-func (s *Store) LogTail(ctx context.Context) (tier.LogPos, int64, error) {
+func (s *Store) trimmedKey() string { return s.prefix + "\x00\xfftrimmed" }
+
+// LogTail reads the stream's last generated ID, the newest position
+// trimmed (as TrimLog recorded it) and the stream's length.
+func (s *Store) LogTail(ctx context.Context) (tail, trimmed tier.LogPos, n int64, err error) {
 	if err := s.needLog(); err != nil {
-		return tier.LogPos{}, 0, err
+		return tail, trimmed, 0, err
 	}
 	pipe := s.c.Pipeline()
+	mark := pipe.Get(ctx, s.trimmedKey())
 	info := pipe.XInfoStream(ctx, s.logKey)
-	err := s.exec(ctx, pipe)
-	if err != nil && strings.Contains(err.Error(), "no such key") {
-		return tier.LogPos{}, 0, nil // nothing ever appended
+	err = s.exec(ctx, pipe)
+	if v, merr := mark.Result(); merr == nil {
+		if trimmed, merr = parsePos(v); merr != nil {
+			return tail, trimmed, 0, fmt.Errorf("%w: the archive log's trim mark: %w", ErrUnavailable, merr)
+		}
 	}
-	if err != nil {
-		return tier.LogPos{}, 0, fmt.Errorf("%w: reading the archive log: %w", ErrUnavailable, err)
+	if ierr := info.Err(); ierr != nil && strings.Contains(ierr.Error(), "no such key") {
+		return tail, trimmed, 0, nil // nothing ever appended
+	}
+	if err != nil && !errors.Is(err, goredis.Nil) {
+		return tail, trimmed, 0, fmt.Errorf("%w: reading the archive log: %w", ErrUnavailable, err)
 	}
 	in, err := info.Result()
-	if err != nil {
-		return tier.LogPos{}, 0, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	if err == nil {
+		tail, err = parsePos(in.LastGeneratedID)
 	}
-	pos, err := parsePos(in.LastGeneratedID)
 	if err != nil {
-		return tier.LogPos{}, 0, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		return tail, trimmed, 0, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	return pos, in.Length, nil
+	return tail, trimmed, in.Length, nil
+}
+
+func (s *Store) bindKey() string { return s.prefix + "\x00\xffarchive" }
+
+// Bind records archive beside the layout on first use (SET NX) and
+// refuses another.
+func (s *Store) Bind(ctx context.Context, archive string) error {
+	if err := s.needLog(); err != nil {
+		return err
+	}
+	set, err := s.c.SetNX(ctx, s.bindKey(), archive, 0).Result()
+	if err != nil {
+		return fmt.Errorf("%w: recording the archive: %w", ErrUnavailable, err)
+	}
+	if set {
+		return nil
+	}
+	got, err := s.c.Get(ctx, s.bindKey()).Result()
+	if err != nil {
+		return fmt.Errorf("%w: reading the archive: %w", ErrUnavailable, err)
+	}
+	if got != archive {
+		return fmt.Errorf("%w: %w: prefix %q feeds the archive %q, this process %q (to change it, stop every process on the prefix and delete %q)", tier.ErrLayout, ErrLayout, s.prefix, got, archive, s.bindKey())
+	}
+	return nil
 }
 
 // DrainLease takes or renews the drain lease.

@@ -31,8 +31,9 @@ const (
 
 // layoutKey is Prefix ‖ NUL: no record key is that short (a record key has
 // a namespace length byte and a non-empty key after it). The archive log
-// is Prefix ‖ NUL ‖ NUL, and its drain lease Prefix ‖ NUL ‖ 0xFF ‖
-// "drain": a record key of namespace "" has a key after its two bytes, one
+// is Prefix ‖ NUL ‖ NUL, its drain lease Prefix ‖ NUL ‖ 0xFF ‖ "drain" and
+// the archive it feeds Prefix ‖ NUL ‖ 0xFF ‖ "archive" and the newest
+// position trimmed Prefix ‖ NUL ‖ 0xFF ‖ "trimmed": a record key of namespace "" has a key after its two bytes, one
 // of a 255-byte namespace is longer.
 func (s *Store) layoutKey() string { return s.prefix + "\x00" }
 

@@ -154,6 +154,21 @@ end
 if not v then return '' end
 return out`)
 
+// trimScript trims the archive log KEYS[1] below the ID ARGV[1] and
+// records in KEYS[2] the newest position trimmed, ARGV[2] ‖ '-' ‖ ARGV[3]
+// (ms, seq), unless a later one is recorded (XTRIM does not move the
+// stream's max-deleted-entry-id).
+var trimScript = goredis.NewScript(`
+redis.call('XTRIM', KEYS[1], 'MINID', ARGV[1])
+local v = redis.call('GET', KEYS[2])
+if v then
+  local ms, seq = string.match(v, '^(%d+)-(%d+)$')
+  local a, b = tonumber(ARGV[2]), tonumber(ARGV[3])
+  if ms and (tonumber(ms) > a or (tonumber(ms) == a and tonumber(seq) >= b)) then return 0 end
+end
+redis.call('SET', KEYS[2], ARGV[2] .. '-' .. ARGV[3])
+return 1`)
+
 // leaseScript gives the drain lease KEYS[1] to ARGV[1] for ARGV[2] ms if
 // it is free or already ARGV[1]'s, and returns 1; otherwise 0.
 var leaseScript = goredis.NewScript(`
@@ -224,7 +239,7 @@ return 1`)
 
 func (s *Store) loadScripts(ctx context.Context) error {
 	return s.eachServer(ctx, func(ctx context.Context, c goredis.Cmdable) error {
-		for _, sc := range []*goredis.Script{claimScript, commitScript, releaseScript, extendScript, lookScript, advanceScript, unadvanceScript, leaseScript} {
+		for _, sc := range []*goredis.Script{claimScript, commitScript, releaseScript, extendScript, lookScript, advanceScript, unadvanceScript, leaseScript, trimScript} {
 			if err := sc.Load(ctx, c).Err(); err != nil {
 				return fmt.Errorf("%w: loading scripts: %w", ErrUnavailable, err)
 			}
