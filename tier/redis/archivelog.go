@@ -165,6 +165,11 @@ func (s *Store) LogTail(ctx context.Context) (tail, trimmed tier.LogPos, n int64
 	mark := pipe.Get(ctx, s.trimmedKey())
 	info := pipe.XInfoStream(ctx, s.logKey)
 	err = s.exec(ctx, pipe)
+	if err != nil && ctx.Err() != nil {
+		// exec returned at the deadline: the pipeline may still be
+		// writing its commands' results.
+		return tail, trimmed, 0, fmt.Errorf("%w: reading the archive log: %w", ErrUnavailable, err)
+	}
 	if v, merr := mark.Result(); merr == nil {
 		if trimmed, merr = parsePos(v); merr != nil {
 			return tail, trimmed, 0, fmt.Errorf("%w: the archive log's trim mark: %w", ErrUnavailable, merr)
