@@ -49,9 +49,14 @@ func (c *hookClock) Now() time.Time {
 // reading), so the commit fails by a 150 ms deadline and is applied when
 // Redis resumes after pause. It fails the test unless the mark failed that
 // way, and returns once Redis has resumed and applied it.
-func loseMarkReply(t *testing.T, e *engine.Engine, clock *hookClock, srv *redistest.Server, key []byte, pause time.Duration) {
+//
+// reading is the clock reading the pause falls on: 1 for a mark in one step
+// (Redis without MaxAttempts: the pause precedes the mark, which waits in
+// Redis's socket and is applied when it resumes), 2 for a claim and its
+// commit (MaxAttempts: the pause falls between them).
+func loseMarkReply(t *testing.T, e *engine.Engine, clock *hookClock, srv *redistest.Server, key []byte, pause time.Duration, reading int) {
 	t.Helper()
-	clock.arm(2, func() {
+	clock.arm(reading, func() {
 		srv.Pause()
 		time.AfterFunc(pause, srv.Resume)
 	})
@@ -106,8 +111,10 @@ func TestRedisMarkBatchPartialCommit(t *testing.T) {
 	c := srv.Client(t)
 	ctx := context.Background()
 	clock := &hookClock{fakeClock: newClock()}
-	a := openRedis(t, c, "mb:", engine.Options{Clock: clock})
-	b := openRedis(t, c, "mb:", engine.Options{})
+	// With MaxAttempts a Redis mark is a claim and a commit (without, one
+	// step, with no gap for the lease to end in).
+	a := openRedis(t, c, "mb:", engine.Options{Clock: clock, MaxAttempts: 3})
+	b := openRedis(t, c, "mb:", engine.Options{MaxAttempts: 3})
 	defer a.Close()
 	defer b.Close()
 	k1, k2 := []byte("k1"), []byte("k2")
@@ -186,7 +193,7 @@ func TestRedisMarkLostCommitReply(t *testing.T) {
 	e := openRedis(t, c, "lostc:", engine.Options{Clock: clock, Lease: time.Hour})
 	defer e.Close()
 	key := []byte("order-1")
-	loseMarkReply(t, e, clock, srv, key, 400*time.Millisecond)
+	loseMarkReply(t, e, clock, srv, key, 400*time.Millisecond, 1)
 	o, err := e.MarkIfAbsent(context.Background(), key)
 	if err != nil || o != engine.New {
 		t.Fatalf("retry of a MarkIfAbsent that failed with ErrUnavailable: %v, %v; want New (its own lost commit)", o, err)

@@ -211,6 +211,9 @@ func (e *Engine) assemble(o Options, now int64, opened *closers) error {
 			return err
 		}
 		e.archiveWindow, e.nsArchiveWindows = o.ArchiveWindow, o.NamespaceArchiveWindows
+		// A mark must ask the archive before it commits, and commit
+		// through the archive log: claim, archive, commit.
+		e.marker = nil
 	}
 	e.def = *e.newNamespace("") // now that where claims live, and the archive, are known
 
@@ -255,6 +258,9 @@ func (e *Engine) capabilities() {
 	e.advancer, _ = base.(tier.Advancer)
 	if k, ok := base.(tier.ResultKeeper); ok {
 		e.results = k.KeepsResults()
+	}
+	if pm, ok := base.(tier.PartialMarker); ok && !pm.CanMark() {
+		return
 	}
 	if m, ok := base.(tier.Marker); ok {
 		e.marker = m

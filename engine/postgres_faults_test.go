@@ -306,9 +306,11 @@ func TestPostgresFailOpenClaimCommitsWhenBack(t *testing.T) {
 }
 
 // TestPostgresLostMarkRetryIsCommittedInMemory: a lost claim reply and a
-// lost mark reply: the retries are New here and InFlight or Duplicate in
-// another process, and once the mark's retry is New the key is a
-// Duplicate here too (committed in memory, not left a leased claim).
+// lost mark reply: the retries are New here; the lost claim is InFlight in
+// another process, and the lost mark, given back by the failed call, is
+// gone from the table; once the mark's retry is New the key is a
+// Duplicate here and in the other process (committed, not left a leased
+// claim).
 func TestPostgresLostMarkRetryIsCommittedInMemory(t *testing.T) {
 	ctx := context.Background()
 	p := postgresPool(t)
@@ -340,13 +342,16 @@ func TestPostgresLostMarkRetryIsCommittedInMemory(t *testing.T) {
 	if _, err := e.MarkIfAbsent(ctx, []byte("m")); !errors.Is(err, engine.ErrUnavailable) {
 		t.Fatal(err)
 	}
-	if out, err := o.MarkIfAbsent(ctx, []byte("m")); err != nil || out != engine.Duplicate {
-		t.Fatalf("other process: %v %v", out, err)
+	if info, err := o.Lookup(ctx, []byte("m")); err != nil || info.Outcome != engine.New {
+		t.Fatalf("other process after the lost mark was given back: %+v %v; want New (nobody processed it)", info, err)
 	}
 	if out, err := e.MarkIfAbsent(ctx, []byte("m")); err != nil || out != engine.New {
 		t.Fatalf("retry of the lost mark: %v %v", out, err)
 	}
 	if out, err := e.MarkIfAbsent(ctx, []byte("m")); err != nil || out != engine.Duplicate {
 		t.Fatalf("after: %v %v", out, err)
+	}
+	if out, err := o.MarkIfAbsent(ctx, []byte("m")); err != nil || out != engine.Duplicate {
+		t.Fatalf("other process after the retry: %v %v", out, err)
 	}
 }

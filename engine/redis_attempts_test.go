@@ -64,7 +64,7 @@ func TestRedisLostMarkRetryIsNew(t *testing.T) {
 	e := openRedis(t, c, prefix, engine.Options{Clock: clock, Lease: time.Hour, MaxAttempts: 1})
 	defer e.Close()
 	key := []byte("order-1")
-	loseMarkReply(t, e, clock, srv, key, 600*time.Millisecond)
+	loseMarkReply(t, e, clock, srv, key, 600*time.Millisecond, 2)
 	o, err := e.MarkIfAbsent(context.Background(), key)
 	if err != nil || o != engine.New {
 		t.Fatalf("retry of a MarkIfAbsent that failed with ErrUnavailable (MaxAttempts 1): %v, %v; want New", o, err)
@@ -111,7 +111,7 @@ func TestRedisLostMarkOtherProcess(t *testing.T) {
 	b := openRedis(t, c, prefix, engine.Options{})
 	defer b.Close()
 	key := []byte("order-1")
-	loseMarkReply(t, a, clock, srv, key, 400*time.Millisecond)
+	loseMarkReply(t, a, clock, srv, key, 400*time.Millisecond, 1)
 	o, err := b.MarkIfAbsent(context.Background(), key)
 	if err != nil || o != engine.New {
 		t.Fatalf("redelivery to another process of a mark that failed with ErrUnavailable: %v, %v; want New (nobody processed it)", o, err)

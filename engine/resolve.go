@@ -65,6 +65,11 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 	c.storeReads += uint64(len(reqs))
 	var err error
 	if p == forMarkInTier {
+		for q := range reqs {
+			// Committed in the claim: for the namespace's window, in a
+			// tier that expires keys itself.
+			reqs[q].Window = time.Duration(ns.window)
+		}
 		err = e.marker.Mark(ctx, reqs, ans)
 	} else {
 		err = e.exact.Claim(ctx, reqs, time.Duration(e.lease), ans)
@@ -76,6 +81,9 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 		}
 	} else {
 		e.claimFailed(b, out, now, p)
+		if p == forMarkInTier {
+			e.giveBackMarks(ctx, b, ns, out, now)
+		}
 		err = e.tierError(err)
 	}
 	clear(reqs)
@@ -201,6 +209,40 @@ func (e *Engine) claimFailed(b *batch, out []Claim, now int64, p purpose) {
 	e.retries.remember(fps, tokens, leases, nil, now, p == forMarkInTier)
 }
 
+// giveBackMarks gives back, in a shared tier, the marks of a failed Mark
+// call: one the tier applied although the reply was lost is undone (a
+// commit carrying its token), and one still on its way is fenced out
+// (Unmarker), so the caller, told the mark failed, finds the key New
+// again in any process. A give-back that cannot reach the tier leaves the
+// retry of this process to find its own mark (claimFailed).
+func (e *Engine) giveBackMarks(ctx context.Context, b *batch, ns *Namespace, out []Claim, now int64) {
+	if e.where != tier.ClaimsInStore || len(b.qidx) == 0 {
+		return
+	}
+	reqs, st := make([]tier.Request, len(b.qidx)), make([]tier.Status, len(b.qidx))
+	for q, j := range b.qidx {
+		i := b.cand[j]
+		reqs[q] = tier.Request{NS: ns.name, Key: out[i].Key, Token: e.ownerToken(out[i].rtoken), Attempts: out[i].attempts}
+	}
+	gctx, cancel := giveBackContext(ctx)
+	defer cancel()
+	if u, ok := e.unmarker(); ok {
+		_ = u.Unmark(gctx, reqs, time.Duration(e.lease), st)
+		return
+	}
+	_ = e.exact.Release(gctx, e.parts.Of(now), reqs, true, st)
+}
+
+// unmarker returns the exact tier's Unmarker, under the fail-open wrapper.
+func (e *Engine) unmarker() (tier.Unmarker, bool) {
+	base := e.exact
+	if f, ok := base.(failOpen); ok {
+		base = f.Exact
+	}
+	u, ok := base.(tier.Unmarker)
+	return u, ok
+}
+
 // decideAll decides, into d, each candidate the exact tier answered
 // (b.ans[q] for request q).
 func (e *Engine) decideAll(d decision, b *batch, ns *Namespace, out []Claim, c *tally, now int64, p purpose, proves bool) error {
@@ -231,7 +273,7 @@ func (e *Engine) decide(d decision, j int, cl *Claim, a *tier.Answer, token tier
 		d.attempts[j], cl.attempts = a.Attempts, a.Attempts
 		if p == forMarkInTier {
 			// Committed by the tier in the same step.
-			d.commit(j, now+e.cacheFor, cl.digest)
+			d.commit(j, now+ns.cacheFor, cl.digest)
 			c.commits++
 		}
 	case tier.Released:
@@ -278,7 +320,7 @@ func (e *Engine) decideCommitted(d decision, j int, cl *Claim, a *tier.Answer, t
 		cl.Outcome = New
 		if p == forMarkInTier {
 			// This mark's retry: committed, as a mark is.
-			d.commit(j, now+e.cacheFor, cl.digest)
+			d.commit(j, now+ns.cacheFor, cl.digest)
 			c.commits++
 		} else {
 			// A claim: its commit finds its own and succeeds; its release

@@ -227,6 +227,27 @@ type Marker interface {
 	Mark(ctx context.Context, reqs []Request, out []Answer) error
 }
 
+// PartialMarker is a Marker that marks in one step only in some of its
+// configurations: the engine marks through Mark only while CanMark.
+type PartialMarker interface {
+	Marker
+	// CanMark reports whether Mark keeps every promise Claim and Commit
+	// keep in this configuration.
+	CanMark() bool
+}
+
+// Unmarker is a Marker whose marks the engine gives back, after a Mark
+// call failed, through Unmark rather than Release: a mark has no claim for
+// the give-back to remove first, so a mark still on its way to the tier
+// (a paused server) must be fenced out by other means.
+type Unmarker interface {
+	Marker
+	// Unmark undoes each request's mark if the tier applied it (a commit
+	// carrying reqs[i].Token), and otherwise keeps that mark from being
+	// applied for fence; out[i] is OK when a mark was undone.
+	Unmark(ctx context.Context, reqs []Request, fence time.Duration, out []Status) error
+}
+
 // Dropper is a partitioned Exact tier whose retention the engine drives.
 type Dropper interface {
 	// Drop deletes every record of partitions before `before` and

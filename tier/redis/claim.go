@@ -20,9 +20,9 @@ import (
 func (s *Store) Claim(ctx context.Context, reqs []Request, lease time.Duration, out []Result) error {
 	var err error
 	if s.max == 0 {
-		err = s.claimNX(ctx, reqs, lease, out)
+		err = s.claimNX(ctx, reqs, lease, false, out)
 	} else {
-		err = s.claimScripted(ctx, reqs, lease, out)
+		err = s.claimScripted(ctx, reqs, lease, false, out)
 	}
 	for i := range out {
 		out[i].Partition = -1
@@ -30,10 +30,13 @@ func (s *Store) Claim(ctx context.Context, reqs []Request, lease time.Duration, 
 	return err
 }
 
-// claimScripted is Claim through claimScript.
-func (s *Store) claimScripted(ctx context.Context, reqs []Request, lease time.Duration, out []Result) error {
+// claimScripted is Claim through claimScript (mark: Mark's).
+func (s *Store) claimScripted(ctx context.Context, reqs []Request, lease time.Duration, mark bool, out []Result) error {
 	leaseMS, windowMS := max(lease.Milliseconds(), 1), s.window.Milliseconds()
 	return s.evalText(ctx, claimScript, reqs, func(r *Request) []any {
+		if mark {
+			return []any{claimPrefix(r.Token), leaseMS, windowMS, s.max, commitValue(r), s.commitTTL(r).Milliseconds()}
+		}
 		return []any{claimPrefix(r.Token), leaseMS, windowMS, s.max}
 	}, func(i int, v string) (err error) {
 		out[i], err = decodeClaim(v)
@@ -41,15 +44,67 @@ func (s *Store) claimScripted(ctx context.Context, reqs []Request, lease time.Du
 	})
 }
 
+// Mark is Claim with every key it acquires committed in the same step
+// (tier.Marker): one SET … NX GET of the committed value per key without
+// MaxAttempts, one script call per key otherwise, in one pipeline. A key
+// it acquires is committed with reqs[i].Token and Digest, for the window
+// or reqs[i].Window. A mark whose reply was lost finds its own commit when
+// retried (Committed with its token).
+func (s *Store) Mark(ctx context.Context, reqs []Request, out []Result) error {
+	var err error
+	if s.max == 0 {
+		err = s.claimNX(ctx, reqs, 0, true, out)
+	} else {
+		err = s.claimScripted(ctx, reqs, time.Millisecond, true, out)
+	}
+	for i := range out {
+		out[i].Partition = -1
+	}
+	return err
+}
+
+// fenceTag starts a mark's fence (Unmark): 'X' ‖ token.
+const fenceTag = 'X'
+
+// Unmark undoes each mark of reqs[i].Token, or, where the key is free,
+// fences it out for fence (a mark still on its way, the server paused,
+// finds the key taken; every script takes the fence as free), in one
+// pipeline; out[i] is OK when a mark was undone.
+func (s *Store) Unmark(ctx context.Context, reqs []Request, fence time.Duration, out []Status) error {
+	ms := max(fence.Milliseconds(), 1)
+	return s.runScript(ctx, unmarkScript, reqs, out, func(r *Request) []any {
+		return []any{string(append([]byte{commitTag}, r.Token[:]...)), string(append([]byte{fenceTag}, r.Token[:]...)), ms}
+	})
+}
+
+// CanMark reports whether the engine may mark through Mark: without
+// MaxAttempts. With it, a mark whose reply is lost leaves the caller
+// without the attempt count its claim replaced, which the give-back must
+// restore; the engine then claims and commits in two steps.
+func (s *Store) CanMark() bool { return s.max == 0 }
+
+// commitTTL is how long r's commit lives: the window, or its namespace's.
+func (s *Store) commitTTL(r *Request) time.Duration {
+	if r.Window > 0 {
+		return max(r.Window, time.Millisecond)
+	}
+	return s.window
+}
+
 // claimNX is Claim without attempt counting: one SET key 'C'‖token NX PX
 // lease GET per key, whose TTL ends the lease (measured 2.2–2.7× the claim
-// throughput of the script, which must also read the server's clock).
-func (s *Store) claimNX(ctx context.Context, reqs []Request, lease time.Duration, out []Result) error {
+// throughput of the script, which must also read the server's clock). With
+// mark it sets the committed value for the commit's TTL instead (Mark).
+func (s *Store) claimNX(ctx context.Context, reqs []Request, lease time.Duration, mark bool, out []Result) error {
 	pipe := s.c.Pipeline()
 	cmds := make([]*goredis.StatusCmd, len(reqs))
 	for i := range reqs {
 		r := &reqs[i]
-		cmds[i] = pipe.SetArgs(ctx, s.Key(r.NS, r.Key), claimPrefix(r.Token), goredis.SetArgs{Mode: "NX", Get: true, TTL: lease})
+		v, ttl := claimPrefix(r.Token), lease
+		if mark {
+			v, ttl = commitValue(r), s.commitTTL(r)
+		}
+		cmds[i] = pipe.SetArgs(ctx, s.Key(r.NS, r.Key), v, goredis.SetArgs{Mode: "NX", Get: true, TTL: ttl})
 	}
 	if err := s.exec(ctx, pipe); err != nil && !errors.Is(err, goredis.Nil) {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
@@ -62,9 +117,13 @@ func (s *Store) claimNX(ctx context.Context, reqs []Request, lease time.Duration
 			out[i] = Result{Status: tier.Acquired}
 		case err != nil:
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
-		case len(old) == 17 && old[0] == claimTag && old[1:] == string(reqs[i].Token[:]):
+		case len(old) == 17 && old[0] == claimTag && old[1:] == string(reqs[i].Token[:]) && !mark:
 			out[i] = Result{Status: tier.Acquired} // our own claim: a retried SET the server had applied
-		case len(old) > 0 && (old[0] == 'R' || old[0] == claimTag && len(old) > 17):
+		case len(old) == 17 && old[0] == claimTag && old[1:] == string(reqs[i].Token[:]):
+			// A mark retrying a claim of its token whose reply was lost:
+			// the script turns the claim into the commit.
+			later = append(later, i)
+		case len(old) > 0 && (old[0] == 'R' || old[0] == fenceTag || old[0] == claimTag && len(old) > 17):
 			// An attempt count, or a claim with its lease in the value,
 			// left while the prefix had MaxAttempts: the script knows them.
 			later = append(later, i)
@@ -81,7 +140,7 @@ func (s *Store) claimNX(ctx context.Context, reqs []Request, lease time.Duration
 	for j, i := range later {
 		sub[j] = reqs[i]
 	}
-	if err := s.claimScripted(ctx, sub, lease, subOut); err != nil {
+	if err := s.claimScripted(ctx, sub, max(lease, time.Millisecond), mark, subOut); err != nil {
 		return err
 	}
 	for j, i := range later {

@@ -14,13 +14,16 @@ import (
 // ARGV[4] (0: none). It returns 'A'|'T'|'O' ‖ attempts (acquired: free,
 // taken over from an ended lease, or the caller's own claim: a retry),
 // 'P'|'Q' ‖ attempts (poisoned: already, or by this expiry), or the value
-// of a live claim ('C'…) or a commit ('D'…).
+// of a live claim ('C'…) or a commit ('D'…). With ARGV[5] (a mark) a key
+// it acquires is committed instead, to the value ARGV[5] with TTL ARGV[6]
+// ms.
 var claimScript = goredis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local max = tonumber(ARGV[4])
 local v = redis.call('GET', KEYS[1])
 local n, tag = 0, 'A'
+if v and string.sub(v, 1, 1) == 'X' then v = nil end -- a fence: free
 if v then
   local kind = string.sub(v, 1, 1)
   if kind == 'D' then return v end
@@ -44,6 +47,11 @@ if v then
     n = tonumber(string.sub(v, 2)) or 0
     if max > 0 and n >= max then return 'P' .. n end
   end
+end
+if ARGV[5] then
+  -- a mark: committed at once, with the commit's value and TTL
+  redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[6])
+  return tag .. n
 end
 local ttl = ARGV[2]
 if max > 0 then ttl = ARGV[3] end
@@ -139,6 +147,7 @@ return 1`)
 // log may still hold an earlier commit of the key).
 var lookScript = goredis.NewScript(`
 local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, 1) == 'X' then v = nil end -- a fence: free
 local out = v
 if v and string.sub(v, 1, 1) == 'C' then
   local lease, cnt = string.match(string.sub(v, 18), '^(%d+):(%d+)$')
@@ -168,6 +177,25 @@ if v then
 end
 redis.call('SET', KEYS[2], ARGV[2] .. '-' .. ARGV[3])
 return 1`)
+
+// unmarkScript undoes a mark of the token prefix ARGV[1] ('D' ‖ token)
+// at KEYS[1], returning 1; where the key is free it sets the fence ARGV[2]
+// ('X' ‖ token) for ARGV[3] ms, which the plain SET NX of a mark still on
+// its way cannot pass and every script takes as free, returning 2;
+// otherwise 0. (A mark sent through claimScript, for a key holding an
+// attempt count left from MaxAttempts, is not fenced: the script takes the
+// fence as free.)
+var unmarkScript = goredis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, 17) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+if not v then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 2
+end
+return 0`)
 
 // leaseScript gives the drain lease KEYS[1] to ARGV[1] for ARGV[2] ms if
 // it is free or already ARGV[1]'s, and returns 1; otherwise 0.
@@ -239,7 +267,7 @@ return 1`)
 
 func (s *Store) loadScripts(ctx context.Context) error {
 	return s.eachServer(ctx, func(ctx context.Context, c goredis.Cmdable) error {
-		for _, sc := range []*goredis.Script{claimScript, commitScript, releaseScript, extendScript, lookScript, advanceScript, unadvanceScript, leaseScript, trimScript} {
+		for _, sc := range []*goredis.Script{claimScript, commitScript, releaseScript, extendScript, lookScript, advanceScript, unadvanceScript, leaseScript, trimScript, unmarkScript} {
 			if err := sc.Load(ctx, c).Err(); err != nil {
 				return fmt.Errorf("%w: loading scripts: %w", ErrUnavailable, err)
 			}
