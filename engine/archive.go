@@ -238,15 +238,7 @@ func (a *archiver) load(ctx context.Context, cur int64) error {
 	if err != nil {
 		return err
 	}
-	covered := map[int64]int64{} // group → newest partition its loaded blob covers
-	var srcs []bloom.SnapshotSource
 	var groups []int64
-	var open []tier.ReadBlob
-	defer func() {
-		for _, b := range open {
-			_ = b.Close()
-		}
-	}()
 	for _, n := range names {
 		g, ok := blobGroup(n)
 		if !ok {
@@ -256,37 +248,11 @@ func (a *archiver) load(ctx context.Context, cur int64) error {
 			_ = a.store.DeleteBlob(ctx, n) // every partition it covers expired
 			continue
 		}
-		b, ok, err := a.store.Blob(ctx, n)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			continue
-		}
-		open = append(open, b)
-		var upTo int64
-		srcs = append(srcs, bloom.SnapshotSource{R: b, Size: b.Size(), Accept: func(h bloom.SnapshotHeader) error {
-			switch {
-			case h.Kind != bloom.SnapshotArchive:
-				return fmt.Errorf("blob kind %d is not an archive filter", h.Kind)
-			case h.Secret != a.check:
-				return errors.New("archive filter of another secret")
-			case int64(h.Epoch)/a.group != g:
-				// Its name and its content disagree (a file copied or
-				// renamed): the snapshot's own partition decides.
-				return fmt.Errorf("archive filter of partition %d stored as group %d's", h.Epoch, g)
-			}
-			upTo = int64(h.Epoch)
-			covered[g] = upTo
-			return nil
-		}})
 		groups = append(groups, g)
 	}
-	for i, err := range a.filters.MergeSnapshots(srcs) {
-		if err != nil {
-			delete(covered, groups[i])
-			a.e.logger.Printf("tierdedup: archive filter blob %s not used, its partitions are scanned: %v", blobName(groups[i]), err)
-		}
+	covered, err := a.mergeBlobs(ctx, groups)
+	if err != nil {
+		return err
 	}
 	// An archive that lost what the store dropped (deleted, replaced by an
 	// empty one, restored from an older copy) would answer New for keys
@@ -311,6 +277,55 @@ func (a *archiver) load(ctx context.Context, cur int64) error {
 	}
 	a.next.Store(next)
 	return nil
+}
+
+// mergeBlobs merges each group's filter blob into the archive filter and
+// returns, for each group whose blob it merged, the newest partition the
+// blob covers. A blob refused (another kind, secret or filter parameters,
+// a damaged checksum, or a partition outside the group its name gives) is
+// logged and left out: its group's partitions are scanned.
+func (a *archiver) mergeBlobs(ctx context.Context, groups []int64) (map[int64]int64, error) {
+	covered := map[int64]int64{}
+	var srcs []bloom.SnapshotSource
+	var merged []int64
+	var open []tier.ReadBlob
+	defer func() {
+		for _, b := range open {
+			_ = b.Close()
+		}
+	}()
+	for _, g := range groups {
+		b, ok, err := a.store.Blob(ctx, blobName(g))
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			continue
+		}
+		open = append(open, b)
+		srcs = append(srcs, bloom.SnapshotSource{R: b, Size: b.Size(), Accept: func(h bloom.SnapshotHeader) error {
+			switch {
+			case h.Kind != bloom.SnapshotArchive:
+				return fmt.Errorf("blob kind %d is not an archive filter", h.Kind)
+			case h.Secret != a.check:
+				return errors.New("archive filter of another secret")
+			case int64(h.Epoch)/a.group != g:
+				// Its name and its content disagree (a file copied or
+				// renamed): the snapshot's own partition decides.
+				return fmt.Errorf("archive filter of partition %d stored as group %d's", h.Epoch, g)
+			}
+			covered[g] = int64(h.Epoch)
+			return nil
+		}})
+		merged = append(merged, g)
+	}
+	for i, err := range a.filters.MergeSnapshots(srcs) {
+		if err != nil {
+			delete(covered, merged[i])
+			a.e.logger.Printf("tierdedup: archive filter blob %s not used, its partitions are scanned: %v", blobName(merged[i]), err)
+		}
+	}
+	return covered, nil
 }
 
 // scanBack adds archived partition p's keys to the archive filter.

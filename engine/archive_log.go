@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -149,43 +148,13 @@ func (a *archiver) loadSealed(ctx context.Context, cur, from, to int64) error {
 		return err
 	}
 	a.held.Store(int64(len(held)))
-	var srcs []bloom.SnapshotSource
 	var groups []int64
-	covered := map[int64]int64{}
-	var open []tier.ReadBlob
-	defer func() {
-		for _, b := range open {
-			_ = b.Close()
-		}
-	}()
 	for g := from / a.group; g <= (to-1)/a.group; g++ {
-		b, ok, err := a.store.Blob(ctx, blobName(g))
-		if err != nil {
-			return err
-		}
-		if !ok {
-			continue
-		}
-		open = append(open, b)
-		srcs = append(srcs, bloom.SnapshotSource{R: b, Size: b.Size(), Accept: func(h bloom.SnapshotHeader) error {
-			switch {
-			case h.Kind != bloom.SnapshotArchive:
-				return fmt.Errorf("blob kind %d is not an archive filter", h.Kind)
-			case h.Secret != a.check:
-				return errors.New("archive filter of another secret")
-			case int64(h.Epoch)/a.group != g:
-				return fmt.Errorf("archive filter of partition %d stored as group %d's", h.Epoch, g)
-			}
-			covered[g] = int64(h.Epoch)
-			return nil
-		}})
 		groups = append(groups, g)
 	}
-	for i, err := range a.filters.MergeSnapshots(srcs) {
-		if err != nil {
-			delete(covered, groups[i])
-			a.e.logger.Printf("tierdedup: archive filter blob %s not used, its partitions are scanned: %v", blobName(groups[i]), err)
-		}
+	covered, err := a.mergeBlobs(ctx, groups)
+	if err != nil {
+		return err
 	}
 	for _, p := range held {
 		if p < from || p >= to {
