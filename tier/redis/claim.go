@@ -95,28 +95,21 @@ func (s *Store) commitTTL(r *Request) time.Duration {
 // lease GET per key, whose TTL ends the lease (measured 2.2–2.7× the claim
 // throughput of the script, which must also read the server's clock). With
 // mark it sets the committed value for the commit's TTL instead (Mark).
+// The SETs go as plain commands in one pipeline, not as one script call
+// per batch: a script's call of SET costs the server about 1.3 times the
+// command's own cost (measured with INFO commandstats, docs/shared-tiers.md),
+// and the server's time is what processes sharing it compete for.
 func (s *Store) claimNX(ctx context.Context, reqs []Request, lease time.Duration, mark bool, out []Result) error {
-	pipe := s.c.Pipeline()
-	cmds := make([]*goredis.StatusCmd, len(reqs))
-	for i := range reqs {
-		r := &reqs[i]
-		v, ttl := claimPrefix(r.Token), lease
-		if mark {
-			v, ttl = commitValue(r), s.commitTTL(r)
-		}
-		cmds[i] = pipe.SetArgs(ctx, s.Key(r.NS, r.Key), v, goredis.SetArgs{Mode: "NX", Get: true, TTL: ttl})
-	}
-	if err := s.exec(ctx, pipe); err != nil && !errors.Is(err, goredis.Nil) {
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	olds, err := s.setNX(ctx, reqs, lease, mark)
+	if err != nil {
+		return err
 	}
 	var later []int // keys the script must decide
-	for i, cmd := range cmds {
-		old, err := cmd.Result()
+	for i, a := range olds {
+		old, _ := a.(string)
 		switch {
-		case errors.Is(err, goredis.Nil):
+		case a == nil:
 			out[i] = Result{Status: tier.Acquired}
-		case err != nil:
-			return fmt.Errorf("%w: %w", ErrUnavailable, err)
 		case len(old) == 17 && old[0] == claimTag && old[1:] == string(reqs[i].Token[:]) && !mark:
 			out[i] = Result{Status: tier.Acquired} // our own claim: a retried SET the server had applied
 		case len(old) == 17 && old[0] == claimTag && old[1:] == string(reqs[i].Token[:]):
@@ -128,6 +121,7 @@ func (s *Store) claimNX(ctx context.Context, reqs []Request, lease time.Duration
 			// left while the prefix had MaxAttempts: the script knows them.
 			later = append(later, i)
 		default:
+			var err error
 			if out[i], err = decodeClaim(old); err != nil || out[i].Status != tier.Held && out[i].Status != tier.Committed {
 				return fmt.Errorf("%w: unexpected value of %d bytes at %q", ErrUnavailable, len(old), s.Key(reqs[i].NS, reqs[i].Key))
 			}
@@ -147,6 +141,39 @@ func (s *Store) claimNX(ctx context.Context, reqs []Request, lease time.Duration
 		out[i] = subOut[j]
 	}
 	return nil
+}
+
+// setNX sets each key of reqs, where it is free, to its claim (for
+// lease) or with mark its committed value (for its commit's TTL), and
+// answers each key's old value (a string) or nil where it was free.
+func (s *Store) setNX(ctx context.Context, reqs []Request, lease time.Duration, mark bool) ([]any, error) {
+	value := func(r *Request) (string, time.Duration) {
+		if mark {
+			return commitValue(r), s.commitTTL(r)
+		}
+		return claimPrefix(r.Token), lease
+	}
+	pipe := s.c.Pipeline()
+	cmds := make([]*goredis.StatusCmd, len(reqs))
+	for i := range reqs {
+		v, ttl := value(&reqs[i])
+		cmds[i] = pipe.SetArgs(ctx, s.Key(reqs[i].NS, reqs[i].Key), v, goredis.SetArgs{Mode: "NX", Get: true, TTL: ttl})
+	}
+	if err := s.exec(ctx, pipe); err != nil && !errors.Is(err, goredis.Nil) {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	olds := make([]any, len(reqs))
+	for i, cmd := range cmds {
+		old, err := cmd.Result()
+		switch {
+		case errors.Is(err, goredis.Nil):
+		case err != nil:
+			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		default:
+			olds[i] = old
+		}
+	}
+	return olds, nil
 }
 
 // decodeClaim reads claimScript's answer.

@@ -3,8 +3,6 @@ package redis
 import (
 	"context"
 	"time"
-
-	goredis "github.com/redis/go-redis/v9"
 )
 
 // Commit turns each unexpired claim into a committed key with the window
@@ -62,7 +60,7 @@ func (s *Store) Release(ctx context.Context, _ int64, reqs []Request, giveBack b
 	restored := string(append([]byte{commitTag}, make([]byte, len(Token{}))...)) // no committer's token
 	for _, part := range []struct {
 		idx  []int
-		sc   *goredis.Script
+		sc   *keyScript
 		args func(*Request) []any
 	}{
 		{plain, releaseScript, func(r *Request) []any {

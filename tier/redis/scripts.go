@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/tierdedup/tierdedup/tier"
@@ -17,7 +18,7 @@ import (
 // of a live claim ('C'…) or a commit ('D'…). With ARGV[5] (a mark) a key
 // it acquires is committed instead, to the value ARGV[5] with TTL ARGV[6]
 // ms.
-var claimScript = goredis.NewScript(`
+var claimScript = newKeyScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local max = tonumber(ARGV[4])
@@ -62,7 +63,7 @@ return tag .. n`)
 // into the committed value ARGV[2] with TTL ARGV[3] ms, appending it to
 // the archive log KEYS[2] when ARGV[4] is 1; a value already committed
 // with the caller's token is a retry and succeeds (and was appended).
-var commitScript = goredis.NewScript(`
+var commitScript = newKeyScript(`
 local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, 17) == ARGV[1] then
   local lease = string.match(string.sub(v, 18), '^(%d+):')
@@ -86,7 +87,7 @@ return 0`)
 // carrying the caller's token (one whose caller was told it failed): the
 // key is freed, keeping with ARGV[2] > 0 the attempt count ARGV[6] the
 // claim carried (the commit replaced it).
-var releaseScript = goredis.NewScript(`
+var releaseScript = newKeyScript(`
 local v = redis.call('GET', KEYS[1])
 if v and ARGV[5] == '1' and string.sub(v, 1, 1) == 'D' and string.sub(v, 2, 17) == string.sub(ARGV[1], 2, 17) then
   local carried = tonumber(ARGV[6]) or 0
@@ -118,7 +119,7 @@ return 1`)
 // recorded lease (SET NX: its TTL is its lease) has its TTL raised
 // instead. It returns 1, or 0 when the key does not hold the caller's live
 // claim.
-var extendScript = goredis.NewScript(`
+var extendScript = newKeyScript(`
 local v = redis.call('GET', KEYS[1])
 if not v or string.sub(v, 1, 17) ~= ARGV[1] then return 0 end
 local rest = string.sub(v, 18)
@@ -145,7 +146,7 @@ return 1`)
 // deletes the key unless a live claim holds it (Forget), and with ARGV[2]
 // = 1 appends the removal to the archive log KEYS[2], found or not (the
 // log may still hold an earlier commit of the key).
-var lookScript = goredis.NewScript(`
+var lookScript = newKeyScript(`
 local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, 1) == 'X' then v = nil end -- a fence: free
 local out = v
@@ -185,7 +186,7 @@ return 1`)
 // otherwise 0. (A mark sent through claimScript, for a key holding an
 // attempt count left from MaxAttempts, is not fenced: the script takes the
 // fence as free.)
-var unmarkScript = goredis.NewScript(`
+var unmarkScript = newKeyScript(`
 local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, 17) == ARGV[1] then
   redis.call('DEL', KEYS[1])
@@ -225,7 +226,7 @@ end
 // (keeping the value ARGV[4] ms) when the version ARGV[2] is greater than
 // the stored one. It returns 'A' ‖ the version replaced, 'S' ‖ the stored
 // version (not greater), or 'H' (a live claim).
-var advanceScript = goredis.NewScript(versionLE + `
+var advanceScript = newKeyScript(versionLE + `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local v = redis.call('GET', KEYS[1])
@@ -252,7 +253,7 @@ return 'A' .. stored`)
 // ARGV[3] ‖ version for ARGV[2] ms, or deleting the key if it replaced
 // none. It returns 1, or 0 when the key does not hold the caller's live
 // claim.
-var unadvanceScript = goredis.NewScript(`
+var unadvanceScript = newKeyScript(`
 local v = redis.call('GET', KEYS[1])
 if not v or string.sub(v, 1, 17) ~= ARGV[1] then return 0 end
 local lease, prev = string.match(string.sub(v, 18), '^(%d+):(%x*)$')
@@ -267,7 +268,11 @@ return 1`)
 
 func (s *Store) loadScripts(ctx context.Context) error {
 	return s.eachServer(ctx, func(ctx context.Context, c goredis.Cmdable) error {
-		for _, sc := range []*goredis.Script{claimScript, commitScript, releaseScript, extendScript, lookScript, advanceScript, unadvanceScript, leaseScript, trimScript, unmarkScript} {
+		scripts := []*goredis.Script{leaseScript, trimScript}
+		for _, ks := range keyScripts {
+			scripts = append(scripts, ks.one, ks.many)
+		}
+		for _, sc := range scripts {
 			if err := sc.Load(ctx, c).Err(); err != nil {
 				return fmt.Errorf("%w: loading scripts: %w", ErrUnavailable, err)
 			}
@@ -276,17 +281,61 @@ func (s *Store) loadScripts(ctx context.Context) error {
 	})
 }
 
-// evalText runs sc once per request in one pipeline and hands each
-// answer's text to decode; a decode error names the key.
-func (s *Store) evalText(ctx context.Context, sc *goredis.Script, reqs []Request, args func(*Request) []any, decode func(i int, v string) error) error {
-	cmds, err := s.evalBatch(ctx, sc, reqs, args)
+// keyScript is a script about one key (KEYS[1], and the archive log
+// KEYS[2] when the prefix keeps one) in two forms: one, called once per
+// key, and many, which runs one's body for each key of a chunk in one
+// call. A single server takes a batch as one call of many per chunk of
+// at most chunkKeys keys (one round trip, one script run, one reply);
+// a Cluster, whose keys fall in different slots and a script may touch
+// one slot only, takes one call of one per key, pipelined per node.
+type keyScript struct {
+	one, many *goredis.Script
+}
+
+// keyScripts are every keyScript, loaded on each server.
+var keyScripts []*keyScript
+
+// chunkKeys bounds the keys of one call of a keyScript's many form, so
+// one call holds the server for a bounded time (about 0.3 ms for 256
+// claims) and a large batch is a pipeline of such calls.
+const chunkKeys = 256
+
+// newKeyScript makes the keyScript of body, a script about KEYS[1] (and
+// KEYS[2]) with its own ARGV. many takes KEYS as each key's nk keys in
+// turn and ARGV as nk, na and then each key's na arguments in turn, and
+// answers an array of body's answers (false for none).
+func newKeyScript(body string) *keyScript {
+	ks := &keyScript{
+		one: goredis.NewScript(body),
+		many: goredis.NewScript(`local function one(KEYS, ARGV)
+` + body + `
+end
+local nk, na = tonumber(ARGV[1]), tonumber(ARGV[2])
+local out, k, a = {}, {}, {}
+for i = 0, #KEYS / nk - 1 do
+  for j = 1, nk do k[j] = KEYS[i * nk + j] end
+  for j = 1, na do a[j] = ARGV[2 + i * na + j] end
+  local r = one(k, a)
+  if r == nil then r = false end
+  out[i + 1] = r
+end
+return out`),
+	}
+	keyScripts = append(keyScripts, ks)
+	return ks
+}
+
+// evalText runs sc for each request and hands each answer's text to
+// decode; a decode error names the key.
+func (s *Store) evalText(ctx context.Context, sc *keyScript, reqs []Request, args func(*Request) []any, decode func(i int, v string) error) error {
+	answers, err := s.evalBatch(ctx, sc, reqs, args)
 	if err != nil {
 		return err
 	}
-	for i, cmd := range cmds {
-		v, err := cmd.Text()
-		if err != nil {
-			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	for i, a := range answers {
+		v, ok := a.(string)
+		if !ok {
+			return fmt.Errorf("%w: script answered %T at %q", ErrUnavailable, a, s.Key(reqs[i].NS, reqs[i].Key))
 		}
 		if err := decode(i, v); err != nil {
 			return fmt.Errorf("%w: %w at %q", ErrUnavailable, err, s.Key(reqs[i].NS, reqs[i].Key))
@@ -295,15 +344,15 @@ func (s *Store) evalText(ctx context.Context, sc *goredis.Script, reqs []Request
 	return nil
 }
 
-func (s *Store) runScript(ctx context.Context, sc *goredis.Script, reqs []Request, out []Status, args func(*Request) []any) error {
-	cmds, err := s.evalBatch(ctx, sc, reqs, args)
+func (s *Store) runScript(ctx context.Context, sc *keyScript, reqs []Request, out []Status, args func(*Request) []any) error {
+	answers, err := s.evalBatch(ctx, sc, reqs, args)
 	if err != nil {
 		return err
 	}
-	for i, cmd := range cmds {
-		n, err := cmd.Int()
-		if err != nil {
-			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	for i, a := range answers {
+		n, ok := a.(int64)
+		if !ok {
+			return fmt.Errorf("%w: script answered %T at %q", ErrUnavailable, a, s.Key(reqs[i].NS, reqs[i].Key))
 		}
 		out[i] = tier.Lost
 		if n == 1 {
@@ -313,19 +362,45 @@ func (s *Store) runScript(ctx context.Context, sc *goredis.Script, reqs []Reques
 	return nil
 }
 
-// evalBatch runs sc once per request in one pipeline and returns the
-// commands, every one answered.
-func (s *Store) evalBatch(ctx context.Context, sc *goredis.Script, reqs []Request, args func(*Request) []any) ([]*goredis.Cmd, error) {
+// evalBatch runs sc for each request, in one pipeline, and returns each
+// request's answer: a string, an int64, or nil (Lua false). A single
+// server runs sc's many form once per chunk of chunkKeys requests; a
+// sharded client (Cluster, Ring) runs its one form once per request.
+func (s *Store) evalBatch(ctx context.Context, sc *keyScript, reqs []Request, args func(*Request) []any) ([]any, error) {
+	nk := 1
+	if s.logKey != "" {
+		nk = 2 // a Cluster keeps no log: one server holds both
+	}
 	for attempt := 0; ; attempt++ {
 		pipe := s.c.Pipeline()
-		cmds := make([]*goredis.Cmd, len(reqs))
-		for i := range reqs {
-			r := &reqs[i]
-			keys := []string{s.Key(r.NS, r.Key)}
-			if s.logKey != "" {
-				keys = append(keys, s.logKey) // a Cluster keeps no log: one server holds both
+		var cmds []*goredis.Cmd
+		if s.sharded {
+			cmds = make([]*goredis.Cmd, len(reqs))
+			for i := range reqs {
+				r := &reqs[i]
+				cmds[i] = sc.one.EvalSha(ctx, pipe, []string{s.Key(r.NS, r.Key)}, args(r)...)
 			}
-			cmds[i] = sc.EvalSha(ctx, pipe, keys, args(r)...)
+		} else {
+			keys := make([]string, 0, min(len(reqs), chunkKeys)*nk)
+			var argv []any
+			for lo := 0; lo < len(reqs); lo += chunkKeys {
+				keys, argv = keys[:0], append(argv[:0], nk, 0)
+				for i := lo; i < min(lo+chunkKeys, len(reqs)); i++ {
+					r := &reqs[i]
+					keys = append(keys, s.Key(r.NS, r.Key))
+					if nk == 2 {
+						keys = append(keys, s.logKey)
+					}
+					a := args(r)
+					if i == lo {
+						argv[1] = len(a)
+					} else if argv[1] != len(a) {
+						return nil, fmt.Errorf("%w: %d script arguments for one key of a batch, %d for another", ErrOptions, argv[1], len(a))
+					}
+					argv = append(argv, a...)
+				}
+				cmds = append(cmds, sc.many.EvalSha(ctx, pipe, keys, argv...))
+			}
 		}
 		err := s.exec(ctx, pipe)
 		if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") && attempt == 0 {
@@ -337,9 +412,31 @@ func (s *Store) evalBatch(ctx context.Context, sc *goredis.Script, reqs []Reques
 			}
 			continue
 		}
-		if err != nil {
+		if err != nil && !errors.Is(err, goredis.Nil) {
 			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
-		return cmds, nil
+		answers := make([]any, 0, len(reqs))
+		for _, cmd := range cmds {
+			v, err := cmd.Result()
+			switch {
+			case errors.Is(err, goredis.Nil):
+				v = nil
+			case err != nil:
+				return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+			}
+			if s.sharded {
+				answers = append(answers, v)
+				continue
+			}
+			many, ok := v.([]any)
+			if !ok {
+				return nil, fmt.Errorf("%w: batch script answered %T", ErrUnavailable, v)
+			}
+			answers = append(answers, many...)
+		}
+		if len(answers) != len(reqs) {
+			return nil, fmt.Errorf("%w: %d answers for %d keys", ErrUnavailable, len(answers), len(reqs))
+		}
+		return answers, nil
 	}
 }

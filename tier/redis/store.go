@@ -115,8 +115,11 @@ type Store struct {
 	// Options.Uncached, recorded in the layout.
 	nsWindows map[string]time.Duration
 	uncached  bool
-	logKey    string         // the archive log's key; "" without Options.ArchiveLog
-	late      sync.WaitGroup // pipelines still running after their caller's deadline
+	logKey    string // the archive log's key; "" without Options.ArchiveLog
+	// sharded is set for a client whose keys live on several servers
+	// (Cluster, Ring): scripts run once per key, not once per batch.
+	sharded bool
+	late    sync.WaitGroup // pipelines still running after their caller's deadline
 }
 
 // exec runs pipe and returns by ctx's deadline, whatever the client's own
@@ -171,6 +174,8 @@ func New(ctx context.Context, client goredis.UniversalClient, opts *Options) (*S
 		o.Logger = log.Default()
 	}
 	s := &Store{c: client, prefix: o.Prefix, window: o.Window, max: o.MaxAttempts, logger: o.Logger, nsWindows: o.NamespaceWindows, uncached: o.Uncached}
+	_, single := client.(*goredis.Client) // one server, or Sentinel's failover client
+	s.sharded = !single
 	if o.ArchiveLog {
 		if _, cluster := client.(*goredis.ClusterClient); cluster {
 			return nil, fmt.Errorf("%w: an archive log needs a single Redis (or Sentinel) deployment: a Cluster script touches one slot only", ErrOptions)

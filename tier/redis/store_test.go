@@ -296,9 +296,8 @@ func TestRetriedClaimIsOwnClaim(t *testing.T) {
 }
 
 // proxy forwards loopback TCP to a Redis server. Armed, it swallows the
-// reply to the next request that carries a claim (a SET … NX, or with
-// MaxAttempts the one EVALSHA with four arguments: eight elements) and
-// drops that connection.
+// reply to the next request that carries a claim (a SET … NX, or a call
+// of a claim script) and drops that connection.
 type proxy struct {
 	addr          string
 	dropNextReply atomic.Bool
@@ -332,7 +331,10 @@ func startProxy(t *testing.T, target string) *proxy {
 					n, err := cc.Read(buf)
 					if n > 0 {
 						req := strings.ToLower(string(buf[:n]))
-						isClaim := strings.Contains(req, "\r\nnx\r\n") || strings.Contains(req, "*8\r\n$7\r\nevalsha\r\n")
+						isClaim := strings.Contains(req, "\r\nnx\r\n")
+						for _, h := range redis.ClaimScriptHashes() {
+							isClaim = isClaim || strings.Contains(req, "\r\n"+h+"\r\n")
+						}
 						if isClaim && p.dropNextReply.CompareAndSwap(true, false) {
 							dropReply.Store(true)
 						}
@@ -458,5 +460,66 @@ func TestCommitAfterLeaseIsLost(t *testing.T) {
 	}
 	if r := claim(t, s, req("k", tok(2)), time.Minute); r.Status != tier.Acquired || !r.Expired || r.Attempts != 1 {
 		t.Fatalf("claim after the expired lease = %+v, want acquired with the expiry counted", r)
+	}
+}
+
+// TestBatchAnswersInPlace: a batch of more keys than one script call
+// takes (several chunks, in one pipeline) answers each key in its own
+// place, with the archive log's extra key per request and without; keys
+// another token holds, or has committed, are interleaved with free ones.
+func TestBatchAnswersInPlace(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	for _, archiveLog := range []bool{false, true} {
+		t.Run(fmt.Sprint("archive-log=", archiveLog), func(t *testing.T) {
+			s := newStore(t, c, redis.Options{MaxAttempts: 3, ArchiveLog: archiveLog, Prefix: fmt.Sprintf("chunks%v:", archiveLog)})
+			ctx := context.Background()
+			const n = 700 // three chunks
+			mine, others := make([]redis.Request, n), []redis.Request{}
+			for i := range mine {
+				mine[i] = req(fmt.Sprint("k", i), tok(1))
+				if i%3 != 0 {
+					others = append(others, req(fmt.Sprint("k", i), tok(2)))
+				}
+			}
+			held := make([]redis.Result, len(others))
+			if err := s.Claim(ctx, others, time.Minute, held); err != nil {
+				t.Fatal(err)
+			}
+			var committed []redis.Request
+			for i, r := range others {
+				if held[i].Status != tier.Acquired {
+					t.Fatalf("other's claim %d = %v", i, held[i].Status)
+				}
+				if i%2 == 0 {
+					committed = append(committed, r)
+				}
+			}
+			st := make([]redis.Status, len(committed))
+			if err := s.Commit(ctx, 0, committed, st); err != nil {
+				t.Fatal(err)
+			}
+			out := make([]redis.Result, n)
+			if err := s.Claim(ctx, mine, time.Minute, out); err != nil {
+				t.Fatal(err)
+			}
+			j := 0
+			for i := range mine {
+				want := tier.Acquired
+				if i%3 != 0 {
+					want = tier.Held
+					if j%2 == 0 {
+						want = tier.Committed
+					}
+					j++
+				}
+				if out[i].Status != want {
+					t.Fatalf("key %d = %v, want %v", i, out[i].Status, want)
+				}
+				if want == tier.Committed && out[i].Token != tok(2) {
+					t.Fatalf("key %d committed by %x, want the other token", i, out[i].Token)
+				}
+			}
+		})
 	}
 }
