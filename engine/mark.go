@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"github.com/tierdedup/tierdedup/tier"
+
 	"context"
 	"errors"
 	"fmt"
@@ -47,6 +49,9 @@ func (n *Namespace) MarkBatch(ctx context.Context, keys [][]byte, digests []Dige
 		return err
 	}
 	defer done()
+	if n.e.memoryOnly() {
+		return n.markInMemory(ctx, keys, digests, out)
+	}
 	b := n.e.getBatch(len(keys))
 	defer n.e.putBatch(b)
 	claims, errs := b.claims[:len(keys)], b.errs[:len(keys)]
@@ -95,5 +100,72 @@ func (n *Namespace) MarkBatch(ctx context.Context, keys [][]byte, digests []Dige
 		}
 	}
 	clear(errs)
+	return nil
+}
+
+// memoryOnly reports an engine whose memory tier is its only tier: no
+// exact tier, no filters, no archive.
+func (e *Engine) memoryOnly() bool {
+	return e.exact == nil && e.local == nil && e.arch == nil
+}
+
+// markInMemory is MarkBatch on a memory-only engine: each key is visited
+// once, claimed and committed in the same step under its stripe's lock
+// (memory.Table.Mark), where a claim and a commit would visit it three
+// times (acquire, begin, finish): memory is the only tier, so there is
+// nothing slower to ask and nothing durable to wait for between them. The
+// answers are the claim-then-commit path's: a key repeated in the batch
+// finds its first occurrence committed and is a Duplicate (or Conflict).
+func (n *Namespace) markInMemory(ctx context.Context, keys [][]byte, digests []Digest, out []Outcome) error {
+	e := n.e
+	if digests != nil && len(digests) != len(keys) {
+		return fmt.Errorf("%w: %d keys, %d digests", ErrBatch, len(keys), len(digests))
+	}
+	if err := e.checkKeys(keys); err != nil {
+		return err
+	}
+	now, slot, err := e.start(ctx)
+	if err != nil {
+		return err
+	}
+	defer e.finish(slot)
+	k := len(keys)
+	b := e.getBatch(k)
+	defer e.putBatch(b)
+	e.fingerprints(b, n.name, keys, true)
+	res := b.res[:k]
+	e.mem.Mark(b.fps[:k], b.tokens[:k], digests, now, now+e.lease, e.parts.Expiry(e.parts.Of(now)), now+n.cacheFor, res)
+	var c tally
+	for i := range res {
+		switch r := &res[i]; r.Status {
+		case tier.Committed:
+			c.memHits++
+			out[i] = Duplicate
+			var d Digest
+			if digests != nil {
+				d = digests[i]
+			}
+			if conflicts(d, r.Digest) {
+				out[i] = Conflict
+			}
+		case tier.Held:
+			out[i] = InFlight // another caller's claim (ClaimBatch)
+		case tier.Poisoned:
+			if r.Expired {
+				c.leaseExpiries++
+			}
+			out[i] = Poison
+		case tier.TakenOver:
+			c.leaseExpiries++
+			fallthrough
+		default: // Acquired, and committed by Mark
+			c.memMisses++
+			c.commits++
+			out[i] = New
+		}
+		c.count(out[i])
+	}
+	c.claims = uint64(k)
+	e.stats.add(&c)
 	return nil
 }

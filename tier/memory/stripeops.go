@@ -8,19 +8,36 @@ import (
 )
 
 func (s *stripe) acquireLocked(f shard.Fingerprint, token uint64, now, leaseUntil, keepUntil int64) Result {
+	r, _ := s.acquireIdxLocked(f, token, now, leaseUntil, keepUntil)
+	return r
+}
+
+// markLocked is acquireLocked with the claim it installs committed at
+// once, expiring at expires with digest.
+func (s *stripe) markLocked(f shard.Fingerprint, token uint64, now, leaseUntil, keepUntil, expires int64, digest Digest) Result {
+	r, idx := s.acquireIdxLocked(f, token, now, leaseUntil, keepUntil)
+	if r.Status == tier.Acquired || r.Status == tier.TakenOver {
+		s.commitLocked(idx, expires, digest)
+	}
+	return r
+}
+
+// acquireIdxLocked is acquireLocked, also returning the entry index of a
+// claim it installed.
+func (s *stripe) acquireIdxLocked(f shard.Fingerprint, token uint64, now, leaseUntil, keepUntil int64) (Result, uint32) {
 	slot, idx := s.findLocked(f)
 	if idx == 0 {
 		idx = s.insertLocked(slot, f)
 		s.claimLocked(idx, token, leaseUntil)
-		return Result{Status: tier.Acquired}
+		return Result{Status: tier.Acquired}, idx
 	}
 	e := &s.entries[idx]
 	switch e.state {
 	case committing:
-		return Result{Status: tier.Held}
+		return Result{Status: tier.Held}, 0
 	case claimed:
 		if e.until > now {
-			return Result{Status: tier.Held}
+			return Result{Status: tier.Held}, 0
 		}
 		// The holder let its lease run out (it crashed, or its handler
 		// hangs on this message): that is an attempt too, remembered as
@@ -30,31 +47,31 @@ func (s *stripe) acquireLocked(f shard.Fingerprint, token uint64, now, leaseUnti
 			if int(e.attempts) >= s.maxAttempts {
 				a := e.attempts
 				s.releaseToLRULocked(idx, keepUntil)
-				return Result{Status: tier.Poisoned, Attempts: a, Expired: true}
+				return Result{Status: tier.Poisoned, Attempts: a, Expired: true}, 0
 			}
 		}
 		s.claimLocked(idx, token, leaseUntil)
-		return Result{Status: tier.TakenOver, Attempts: e.attempts, Expired: s.maxAttempts > 0}
+		return Result{Status: tier.TakenOver, Attempts: e.attempts, Expired: s.maxAttempts > 0}, idx
 	case released:
 		if e.until <= now {
 			e.attempts = 0
 		} else if int(e.attempts) >= s.maxAttempts {
 			s.unlinkLocked(idx)
 			s.pushFrontLocked(idx)
-			return Result{Status: tier.Poisoned, Attempts: e.attempts}
+			return Result{Status: tier.Poisoned, Attempts: e.attempts}, 0
 		}
 		s.claimLocked(idx, token, leaseUntil)
-		return Result{Status: tier.Acquired, Attempts: e.attempts}
+		return Result{Status: tier.Acquired, Attempts: e.attempts}, idx
 	default: // committed
 		if e.until > now {
 			s.unlinkLocked(idx)
 			s.pushFrontLocked(idx)
 			r := Result{Status: tier.Committed, Digest: wordsDigest(e.word)}
 			r.Result, r.At = s.resultLocked(idx)
-			return r
+			return r, 0
 		}
 		s.claimLocked(idx, token, leaseUntil)
-		return Result{Status: tier.Acquired}
+		return Result{Status: tier.Acquired}, idx
 	}
 }
 

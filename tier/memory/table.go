@@ -161,6 +161,21 @@ func (t *Table) Acquire(fps []shard.Fingerprint, tokens []uint64, now, leaseUnti
 	})
 }
 
+// Mark is Acquire with every claim it installs (Acquired or TakenOver)
+// committed in the same step, expiring at expires with digests[i]
+// (digests may be nil: none), for a table that is the only exact tier and
+// has nothing slower to wait for. A key repeated in the batch finds its
+// earlier occurrence committed.
+func (t *Table) Mark(fps []shard.Fingerprint, tokens []uint64, digests []Digest, now, leaseUntil, keepUntil, expires int64, out []Result) {
+	t.each(fps, func(s *stripe, i int) {
+		var d Digest
+		if digests != nil {
+			d = digests[i]
+		}
+		out[i] = s.markLocked(fps[i], tokens[i], now, leaseUntil, keepUntil, expires, d)
+	})
+}
+
 // Peek answers each key without changing anything: Absent, Held (a live
 // claim, or one being committed), Committed (with its digest and, with
 // Options.Results, its result), Released (an attempt count; a claim whose

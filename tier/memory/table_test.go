@@ -454,3 +454,72 @@ func TestSettleCarriesAttempts(t *testing.T) {
 		t.Fatalf("b settled as poison = %+v", r)
 	}
 }
+
+// TestMarkClaimsAndCommitsInOneStep: Mark answers as Acquire and leaves
+// every key it acquired committed with its digest until expires; a key
+// repeated in the batch finds its first occurrence committed; a live
+// claim is Held and kept; an ended claim is taken over and committed; a
+// poisoned key stays poisoned and uncommitted; expiry is kept.
+func TestMarkClaimsAndCommitsInOneStep(t *testing.T) {
+	tb := newTable(t, &Options{MaxAttempts: 1})
+	const now, lease = 100, 10
+	if r := acquire(tb, fp(2), 7, now, lease); r.Status != tier.Acquired { // a live claim
+		t.Fatal(r.Status)
+	}
+	if r := acquire(tb, fp(3), 8, now-2*lease, lease); r.Status != tier.Acquired { // a claim whose lease ended
+		t.Fatal(r.Status)
+	}
+	if r := acquire(tb, fp(4), 9, now, lease); r.Status != tier.Acquired { // released once: poisoned at MaxAttempts 1
+		t.Fatal(r.Status)
+	}
+	if st := one(release(tb), fp(4), 9, now); st != tier.OK {
+		t.Fatal(st)
+	}
+	fps := []shard.Fingerprint{fp(1), fp(2), fp(1), fp(3), fp(4)}
+	digests := []Digest{d(1), d(2), d(3), d(4), d(5)}
+	out := make([]Result, len(fps))
+	tb.Mark(fps, []uint64{11, 12, 13, 14, 15}, digests, now, now+lease, now+1000, now+500, out)
+	want := []Status{tier.Acquired, tier.Held, tier.Committed, tier.Poisoned, tier.Poisoned}
+	// fp(3)'s ended lease is an attempt: with MaxAttempts 1 it poisons.
+	for i := range want {
+		if out[i].Status != want[i] {
+			t.Fatalf("key %d = %v, want %v", i, out[i].Status, want[i])
+		}
+	}
+	if out[2].Digest != d(1) {
+		t.Fatalf("repeat answered digest %v, want the first occurrence's", out[2].Digest)
+	}
+	peek := func(f shard.Fingerprint, at int64) Result {
+		r := make([]Result, 1)
+		tb.Peek([]shard.Fingerprint{f}, at, r)
+		return r[0]
+	}
+	if r := peek(fp(1), now+499); r.Status != tier.Committed || r.Digest != d(1) {
+		t.Fatalf("marked key before expiry = %v %v", r.Status, r.Digest)
+	}
+	if r := peek(fp(1), now+500); r.Status != tier.Absent {
+		t.Fatalf("marked key at expiry = %v", r.Status)
+	}
+	if r := peek(fp(2), now+1); r.Status != tier.Held {
+		t.Fatalf("the live claim after Mark = %v", r.Status)
+	}
+	if st := one(release(tb), fp(2), 7, now+1); st != tier.OK {
+		t.Fatalf("the live claim's owner lost it to Mark: %v", st)
+	}
+
+	// Without MaxAttempts an ended claim is taken over, and committed.
+	tb = newTable(t, nil)
+	if r := acquire(tb, fp(3), 8, now-2*lease, lease); r.Status != tier.Acquired {
+		t.Fatal(r.Status)
+	}
+	tb.Mark([]shard.Fingerprint{fp(3)}, []uint64{14}, nil, now, now+lease, now+1000, now+500, out[:1])
+	if out[0].Status != tier.TakenOver {
+		t.Fatalf("ended claim = %v, want taken over", out[0].Status)
+	}
+	if r := peek(fp(3), now+lease+1); r.Status != tier.Committed {
+		t.Fatalf("taken-over key after its new lease = %v, want committed", r.Status)
+	}
+	if claims, committed := tb.Len(); claims != 0 || committed != 1 {
+		t.Fatalf("Len = %d claims, %d committed", claims, committed)
+	}
+}
