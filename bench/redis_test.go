@@ -38,16 +38,18 @@ func BenchmarkRedis(b *testing.B) {
 			})
 		}
 	}
-	b.Run("tier=redis-cluster/op=claim/batch=256", func(b *testing.B) {
-		cl := redistest.StartCluster(b)
-		cc := cl.ClientWith(b, &goredis.ClusterOptions{PoolSize: 64})
-		e, err := engine.Open(&engine.Options{Backend: redis.NewBackend(cc, redis.Config{Prefix: fmt.Sprintf("c%d:", time.Now().UnixNano())}), Logger: quiet})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer e.Close()
-		runMark(b, redisOp{e, "claim"}, 256)
-	})
+	for _, op := range []string{"claim", "mark"} {
+		b.Run("tier=redis-cluster/op="+op+"/batch=256", func(b *testing.B) {
+			cl := redistest.StartCluster(b)
+			cc := cl.ClientWith(b, &goredis.ClusterOptions{PoolSize: 64})
+			e, err := engine.Open(&engine.Options{Backend: redis.NewBackend(cc, redis.Config{Prefix: fmt.Sprintf("c%d:", time.Now().UnixNano())}), Logger: quiet})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer e.Close()
+			runMark(b, redisOp{e, op}, 256)
+		})
+	}
 	b.Run("tier=baseline-setnx-per-message/batch=1", func(b *testing.B) {
 		prefix := fmt.Sprintf("s%d:", time.Now().UnixNano())
 		runMark(b, setNX{client, prefix}, 1)
