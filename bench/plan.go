@@ -26,8 +26,26 @@ const (
 	// the default 10-byte prefix, the NUL and namespace-length bytes, the
 	// 17-byte value, the TTL and Redis's own overhead (bench
 	// TestRedisBytesPerKey: 198 B for a 36-byte key, and checks this
-	// within 15 %).
+	// within 15 %). A plan calibrated on a Redis uses the bytes it
+	// measured there instead (Calibration.SharedBytesPerKey).
 	RedisFixedBytes = 162
+	// PostgresFixedBytes plus the key size is the PostgreSQL tier's table
+	// and primary key index per committed row (pg_table_size +
+	// pg_indexes_size): the tuple header and line pointer, the token,
+	// expiry and state columns, the key in the heap and again in the
+	// B-tree, at the fill random inserts leave (bench
+	// TestPostgresBytesPerKey checks it within 15 % for 36-byte keys). A
+	// plan calibrated on a PostgreSQL uses the bytes it measured there
+	// instead.
+	PostgresFixedBytes = 175
+	// SharedFixedHeapBytes is the heap of an engine on a shared tier
+	// beyond its memory tier, for a plan without a calibration: the
+	// client's connections and the buffers of 8 batches of 256 keys in
+	// flight (Run's default on 2 cores), the runtime; each batch in flight
+	// holds about 0.45 MiB of it (TestSharedPlanAgreesWithRun logs the
+	// calibrated figure, Calibration.FixedHeapBytes, which a plan uses
+	// instead).
+	SharedFixedHeapBytes = 5 << 20
 	// LargeStoreFactor derates the calibrated keys/s when the planned
 	// store holds more keys than the calibration's (capped by
 	// CalibrateConfig.Store): a larger store has deeper levels, more
@@ -67,8 +85,9 @@ type PlanInput struct {
 	KeySize       int
 	FalsePositive float64
 	Tiers         engine.Tiers
-	// Shared names a shared tier the plan is for ("redis"), behind memory;
-	// empty: the tiers Tiers names.
+	// Shared names a shared tier the plan is for (SharedRedis or
+	// SharedPostgres), behind memory, with Tiers Default; empty: the tiers
+	// Tiers names.
 	Shared         string
 	MemoryCapacity int
 	// ArchiveWindow, when set, plans an archive behind the window
@@ -119,8 +138,8 @@ type Calibration struct {
 	// filters.
 	KeysPerSec   float64
 	SegmentRates []float64
-	// StoreKeys is the number of keys the calibration's store held at the
-	// end; TableBytesPerKey its SSTs per held key, compacted after the
+	// StoreKeys is the number of keys the calibration's store (or shared
+	// tier) held at the end; TableBytesPerKey its SSTs per held key, compacted after the
 	// timed part (which also removes dropped partitions' data: as the LSM
 	// stands, a drop's range is reclaimed a little later).
 	StoreKeys        int64
@@ -133,6 +152,15 @@ type Calibration struct {
 	// the run's samples: the manifest and options files, obsolete SSTs,
 	// compactions in progress.
 	FixedDiskBytes float64
+	// SharedBytesPerKey is, for a shared tier, what a held key took on
+	// the calibration's server (SharedResult.BytesPerKey: Redis's
+	// used_memory, PostgreSQL's table and index); zero otherwise.
+	SharedBytesPerKey float64
+	// FixedHeapBytes is, for a shared tier, the calibration's heap beyond
+	// its memory tier's entries (MemoryEntryBytes each): the client's
+	// connections and the buffers of the batches in flight (Run's
+	// default, 4 per CPU); zero otherwise.
+	FixedHeapBytes float64
 	// Keys is the number of measured messages, Elapsed their time.
 	Keys    int64
 	Elapsed time.Duration
@@ -146,7 +174,10 @@ type Plan struct {
 	// Live is the number of retention partitions kept.
 	Live int
 	// KeysPerPartition are the distinct keys committed per partition;
-	// KeysHeld the most the durable tier holds (Live partitions).
+	// KeysHeld the most the exact tier holds: Live partitions for the
+	// embedded store (a partition is dropped once it left the window) and
+	// for PostgreSQL (a row that expired is swept at the next partition
+	// rotation), the window's keys for Redis (each expires by its TTL).
 	KeysPerPartition, KeysHeld float64
 	// Bloom sizing: bits per key, hashes, each filter's and the window's
 	// false-positive rate, and the memory of the Live filters.
@@ -163,7 +194,12 @@ type Plan struct {
 	// when full or when a partition is dropped, whichever comes first) and
 	// the calibration's FixedDiskBytes.
 	DiskBytes, TableBytes, WALBytes, WALFileBytes float64
-	RedisBytes                                    float64 // Redis configuration
+	// RedisBytes (SharedRedis) is Redis's used_memory for KeysHeld keys,
+	// PostgresBytes (SharedPostgres) the tier's table and index for
+	// KeysHeld rows, both at SharedBytesPerKey: the calibration's
+	// measurement on the server, or RedisFixedBytes or PostgresFixedBytes
+	// plus the key without one.
+	RedisBytes, PostgresBytes, SharedBytesPerKey float64
 	// The archive (PlanInput.ArchiveWindow): the keys it holds past the
 	// window, its filter's layout, memory (on the heap, in HeapBytes) and
 	// false-positive rate, and its disk: the archived tables, at the
@@ -201,10 +237,10 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 	eo := engine.Options{Tiers: in.Tiers, Dir: "plan", Window: in.Window, Partition: in.Partition, FalsePositive: in.FalsePositive,
 		MemoryCapacity: in.MemoryCapacity, ExpectedKeys: int(min(in.IDsPerDay, engine.MaxExpectedKeys))}
 	switch {
-	case in.Shared != "" && (in.Shared != SharedRedis || in.Tiers != engine.Default):
-		return Plan{}, fmt.Errorf("%w: Shared %q with Tiers %v: plans know the Redis tier behind memory (Tiers Default)", ErrPlan, in.Shared, in.Tiers)
+	case in.Shared != "" && (in.Shared != SharedRedis && in.Shared != SharedPostgres || in.Tiers != engine.Default):
+		return Plan{}, fmt.Errorf("%w: Shared %q with Tiers %v: plans know the Redis and PostgreSQL tiers behind memory (Tiers Default)", ErrPlan, in.Shared, in.Tiers)
 	case in.Shared != "":
-		eo.Tiers, eo.Dir = engine.MemoryOnly, "" // the Redis client is not the plan's business
+		eo.Tiers, eo.Dir = engine.MemoryOnly, "" // the server is not the plan's business
 	case in.Tiers == engine.MemoryOnly, in.Tiers == engine.BloomOnly:
 		eo.Dir = ""
 	}
@@ -220,6 +256,9 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 	p := Plan{Input: in, Live: parts.Live, Calibration: cal, KeyBytes: in.meanKeySize()}
 	p.KeysPerPartition = in.IDsPerDay * (1 - in.DupRatio) * float64(in.Partition) / float64(24*time.Hour)
 	p.KeysHeld = p.KeysPerPartition * float64(parts.Live)
+	if in.Shared == SharedRedis {
+		p.KeysHeld = in.IDsPerDay * (1 - in.DupRatio) * float64(in.Window) / float64(24*time.Hour)
+	}
 	if (in.Tiers == engine.Default && in.Shared == "") || in.Tiers == engine.BloomOnly {
 		sz := bloom.Sizing(int(math.Max(1, p.KeysPerPartition)), in.FalsePositive, parts.Live)
 		p.BloomPartitionFP, p.BloomK = sz.PerFilter, sz.K
@@ -240,8 +279,23 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 	}
 	p.HeapBytes = p.MemoryBytes + p.BloomBytes + p.ArchiveFilterBytes + FixedHeapBytes
 	switch {
-	case in.Shared == SharedRedis:
-		p.RedisBytes = p.KeysHeld * (RedisFixedBytes + p.KeyBytes)
+	case in.Shared != "":
+		p.HeapBytes = p.MemoryBytes + SharedFixedHeapBytes
+		if cal.FixedHeapBytes > 0 {
+			p.HeapBytes = p.MemoryBytes + cal.FixedHeapBytes
+		}
+		p.SharedBytesPerKey = cal.SharedBytesPerKey
+		if p.SharedBytesPerKey == 0 {
+			p.SharedBytesPerKey = RedisFixedBytes + p.KeyBytes
+			if in.Shared == SharedPostgres {
+				p.SharedBytesPerKey = PostgresFixedBytes + p.KeyBytes
+			}
+		}
+		if in.Shared == SharedRedis {
+			p.RedisBytes = p.KeysHeld * p.SharedBytesPerKey
+		} else {
+			p.PostgresBytes = p.KeysHeld * p.SharedBytesPerKey
+		}
 	case in.Tiers == engine.Default:
 		p.OffHeapBytes = PebbleOffHeapBytes
 		p.TableBytes = p.KeysHeld * cal.TableBytesPerKey
@@ -298,7 +352,8 @@ type CalibrateConfig struct {
 	Measure int64
 	// Store caps the keys the store holds before the timed part (the
 	// warm-up fills it to the planned store, or to this); zero means
-	// 4,000,000.
+	// 4,000,000, or 1,000,000 on a shared tier (which the calibration
+	// writes to a server others may use).
 	Store int64
 	// Segments is the number of timed parts whose median rate is taken;
 	// zero means 3.
@@ -306,6 +361,10 @@ type CalibrateConfig struct {
 	// Dir, if set, holds the calibration's store (a temporary directory
 	// otherwise); it must be empty.
 	Dir string
+	// Shared is the server of PlanInput.Shared's tier, which the
+	// calibration runs against (required with a Shared plan, unused
+	// otherwise).
+	Shared SharedServer
 }
 
 // Calibrate runs the plan's load on this machine at steady state: a
@@ -324,6 +383,9 @@ func Calibrate(ctx context.Context, in PlanInput, cc CalibrateConfig) (Calibrati
 	}
 	if cc.Store <= 0 {
 		cc.Store = 4_000_000
+		if in.Shared != "" {
+			cc.Store = 1_000_000
+		}
 	}
 	if cc.Segments <= 0 {
 		cc.Segments = 3
@@ -334,6 +396,9 @@ func Calibrate(ctx context.Context, in PlanInput, cc CalibrateConfig) (Calibrati
 	pl, err := MakePlan(in, Calibration{})
 	if err != nil {
 		return Calibration{}, nil, err
+	}
+	if in.Shared != "" {
+		return calibrateShared(ctx, in, cc, pl)
 	}
 	// The warm-up fills the store to the planned keys, or to cc.Store.
 	warm := int64(min(pl.KeysHeld, float64(cc.Store)) / (1 - in.DupRatio))
@@ -391,6 +456,39 @@ func Calibrate(ctx context.Context, in PlanInput, cc CalibrateConfig) (Calibrati
 		cal.StoreKeys = int64(held)
 		cal.TableBytesPerKey = float64(res.CompactedTableBytes) / held
 	}
+	return cal, res, nil
+}
+
+// calibrateShared is Calibrate on a shared tier, against cc.Shared's
+// server: a warm-up fills a fresh prefix or table to the planned keys
+// held (up to cc.Store), then cc.Measure messages are timed. Simulated
+// time runs at the planned rate, and no longer than the window (Run
+// refuses more): the tier expires keys by the server's clock, so it holds
+// every key the calibration committed, and its bytes per key are the
+// server's for that many. The keys have the plan's shape and size, and
+// duplicates reach as far back as the planned load's.
+func calibrateShared(ctx context.Context, in PlanInput, cc CalibrateConfig, pl Plan) (Calibration, *Result, error) {
+	if cc.Shared.Tier() != in.Shared {
+		return Calibration{}, nil, fmt.Errorf("%w: a plan for the %s tier calibrates against its server: CalibrateConfig.Shared has %q", ErrPlan, in.Shared, cc.Shared.Tier())
+	}
+	warm := int64(min(pl.KeysHeld, float64(cc.Store)) / (1 - in.DupRatio))
+	total := warm + cc.Measure
+	span := time.Duration(float64(total) / in.IDsPerDay * float64(24*time.Hour))
+	span = min(max(span, time.Duration(total)), in.Window)
+	res, err := Run(ctx, RunConfig{
+		Sample:   250 * time.Millisecond,
+		Workload: in.workload(total, span),
+		Warmup:   warm,
+		Segments: cc.Segments,
+		Shared:   cc.Shared,
+		Engine:   engine.Options{Window: in.Window, Partition: in.Partition, MemoryCapacity: in.MemoryCapacity},
+	})
+	if err != nil {
+		return Calibration{}, nil, err
+	}
+	cal := Calibration{KeysPerSec: res.KeysPerSec, SegmentRates: res.SegmentRates, Keys: res.Measured, Elapsed: res.Elapsed,
+		StoreKeys: res.Shared.Keys, SharedBytesPerKey: res.Shared.BytesPerKey,
+		FixedHeapBytes: max(1, float64(res.HeapBytes)-float64(res.Stats.MemoryEntries)*MemoryEntryBytes)}
 	return cal, res, nil
 }
 

@@ -10,11 +10,14 @@ package bench
 
 import (
 	"context"
+	"math"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/postgres/pgtest"
+	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
 // TestPlanAgreesWithRun plans a load of a key shape other than UUIDs,
@@ -131,4 +134,107 @@ func median(xs []float64) float64 {
 	s := slices.Clone(xs)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// TestSharedPlanAgreesWithRun plans a load on each shared tier, calibrated
+// against the server as `dedupbench plan -tiers redis|postgres` does (a
+// Redis the test starts, the loopback PostgreSQL), then runs the load
+// itself, its stream spanning the window as a shared tier's run must, and
+// checks the plan against the run within 25 %: the heap (the memory tier
+// at capacity and the calibrated fixed heap), the server's bytes (Redis:
+// used_memory growth; PostgreSQL: pg_table_size + pg_indexes_size) and
+// keys/s. The PostgreSQL plan holds the window's rows and one partition's
+// (an expired row is swept at the next rotation) where the run holds the
+// window's: with 10-minute partitions of a 2-hour window, 13/12 of it.
+//
+// Calibration and run alternate (which goes first alternating too); heap
+// and bytes are compared as medians, keys/s as the median of each round's
+// plan/run ratio (the pair nearest in time, so in the machine's load). The
+// run's second half is timed, as the calibration's timed part follows a
+// warm-up: both then mark into a tier holding about as many keys. On a
+// shared 2-core machine the server and the client compete with whatever
+// else runs, and the runs of one load differ among themselves by more
+// than 25 % at times: the keys/s check then allows the runs' own spread
+// (the highest run rate over the lowest), which it logs.
+func TestSharedPlanAgreesWithRun(t *testing.T) {
+	for _, tc := range []struct {
+		name                 string
+		server               func(t *testing.T) SharedServer
+		rounds               int
+		keys, measure, store int64
+		serverFigure         func(Plan) float64
+	}{
+		{"redis", func(t *testing.T) SharedServer { return SharedServer{Redis: redistest.Start(t).Client(t)} },
+			5, 200_000, 90_000, 90_000, func(p Plan) float64 { return p.RedisBytes }},
+		{"postgres", func(t *testing.T) SharedServer { return SharedServer{Postgres: pgtest.Pool(t)} },
+			3, 120_000, 60_000, 54_000, func(p Plan) float64 { return p.PostgresBytes }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := tc.server(t)
+			const memory = 100_000
+			window := 2 * time.Hour
+			// The run's stream spans the window: the plan's IDs a day put
+			// as many keys in it.
+			in := PlanInput{IDsPerDay: float64(tc.keys) * float64(24*time.Hour) / float64(window), Window: window, Partition: 10 * time.Minute,
+				DupRatio: 0.1, DupReach: 30 * time.Minute, Shape: UUIDv4, FalsePositive: 0.01, Shared: tc.name, MemoryCapacity: memory}
+			var planHeap, runHeap, planBytes, runBytes, ratios, runRates []float64
+			var pl Plan
+			var res *Result
+			for round := range tc.rounds {
+				calibrate := func() {
+					cal, cres, err := Calibrate(context.Background(), in, CalibrateConfig{Measure: tc.measure, Store: tc.store, Segments: 3, Shared: srv})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := cres.Exactness(); err != nil {
+						t.Fatal(err)
+					}
+					if pl, err = MakePlan(in, cal); err != nil {
+						t.Fatal(err)
+					}
+				}
+				measure := func() {
+					var err error
+					res, err = Run(context.Background(), RunConfig{
+						Segments: 3,
+						Warmup:   tc.keys / 2,
+						Shared:   srv,
+						Workload: WorkloadConfig{Keys: tc.keys, Shape: UUIDv4, DupRatio: 0.1, DupReach: 30 * time.Minute, Span: window, Seed: 11 + uint64(round)},
+						Engine:   engine.Options{Window: in.Window, Partition: in.Partition, MemoryCapacity: memory},
+					})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := res.Exactness(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if round%2 == 0 {
+					calibrate()
+					measure()
+				} else {
+					measure()
+					calibrate()
+				}
+				if res.Shared == nil || res.Shared.Keys != int64(res.Stats.Commits) || res.Stats.MemoryEntries < memory*95/100 {
+					t.Fatalf("run: shared %+v, %d commits, %d memory entries: want every commit held and memory full", res.Shared, res.Stats.Commits, res.Stats.MemoryEntries)
+				}
+				planHeap, runHeap = append(planHeap, pl.HeapBytes), append(runHeap, float64(res.HeapBytes))
+				planBytes, runBytes = append(planBytes, tc.serverFigure(pl)), append(runBytes, float64(res.Shared.Bytes))
+				ratios, runRates = append(ratios, pl.CapacityPerDay/86400/res.KeysPerSec), append(runRates, res.KeysPerSec)
+				t.Logf("round %d: plan %.0f keys/s (segments %.0f), heap %.2f MiB (fixed %.2f), server %.2f MiB (%.0f keys × %.1f B); run %.0f keys/s (segments %.0f), heap %.2f MiB, server %.2f MiB (%d keys × %.1f B)",
+					round, pl.CapacityPerDay/86400, pl.Calibration.SegmentRates, pl.HeapBytes/(1<<20), pl.Calibration.FixedHeapBytes/(1<<20), tc.serverFigure(pl)/(1<<20), pl.KeysHeld, pl.SharedBytesPerKey,
+					res.KeysPerSec, res.SegmentRates, float64(res.HeapBytes)/(1<<20), float64(res.Shared.Bytes)/(1<<20), res.Shared.Keys, res.Shared.BytesPerKey)
+			}
+			within(t, "heap (plan vs run, medians)", median(planHeap), median(runHeap))
+			within(t, "server bytes (plan vs run, medians)", median(planBytes), median(runBytes))
+			spread := slices.Max(runRates)/slices.Min(runRates) - 1
+			tolerance := max(0.25, spread)
+			r := median(ratios)
+			t.Logf("keys/s, plan / run of each round: %.2f, median %.2f; the runs' own spread %.0f%%, tolerance %.0f%%", ratios, r, 100*spread, 100*tolerance)
+			if math.Abs(r-1) > tolerance {
+				t.Errorf("keys/s: the plan's median ratio to the run is %.2f, beyond %.0f%%", r, 100*tolerance)
+			}
+		})
+	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/tierdedup/tierdedup/bench"
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier/postgres"
 	"github.com/tierdedup/tierdedup/tier/postgres/pgtest"
@@ -159,3 +160,60 @@ func (r rawInsert) mark(keys [][]byte, out []engine.Outcome) error {
 }
 
 func (r rawInsert) close() {}
+
+// TestPostgresBytesPerKey measures the PostgreSQL tier's table and index
+// per committed row (pg_table_size + pg_indexes_size after marking
+// 100,000 36-byte UUIDs through the engine, in batches of 256 from 8
+// goroutines, as random as a consumer's) and checks the planner's
+// PostgresFixedBytes + key size against it, within 15 %: the figure
+// `dedupbench plan` uses without a calibration.
+func TestPostgresBytesPerKey(t *testing.T) {
+	p := pgtest.Pool(t)
+	ctx := context.Background()
+	table := fmt.Sprintf("bytes_%d", time.Now().UnixNano())
+	t.Cleanup(func() { _, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
+	e, err := engine.Open(&engine.Options{Backend: postgres.NewBackend(p, postgres.Config{Table: table}), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	const n, keySize = 100_000, 36
+	st, err := bench.NewStream(bench.WorkloadConfig{Keys: n, Shape: bench.UUIDv4, Span: time.Hour, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			var keys [][]byte
+			var kinds []bench.Kind
+			out := make([]engine.Outcome, 256)
+			for {
+				mu.Lock()
+				keys, kinds = st.Batch(keys, kinds, 256)
+				mu.Unlock()
+				if len(keys) == 0 {
+					return
+				}
+				if err := e.MarkBatch(ctx, keys, nil, out[:len(keys)]); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	var tableBytes, indexBytes, rows int64
+	if err := p.QueryRow(ctx, "SELECT pg_table_size($1::regclass), pg_indexes_size($1::regclass), (SELECT count(*) FROM "+table+")", table).
+		Scan(&tableBytes, &indexBytes, &rows); err != nil {
+		t.Fatal(err)
+	}
+	perKey := float64(tableBytes+indexBytes) / float64(rows)
+	planned := float64(bench.PostgresFixedBytes + keySize)
+	t.Logf("PostgreSQL per committed %d-byte key: %.1f B measured (table %.1f, index %.1f; %d rows), %.0f B planned",
+		keySize, perKey, float64(tableBytes)/float64(rows), float64(indexBytes)/float64(rows), rows, planned)
+	if r := perKey / planned; r < 0.85 || r > 1.15 {
+		t.Fatalf("measured %.1f B per row, planner %.0f B (ratio %.2f)", perKey, planned, r)
+	}
+}

@@ -31,8 +31,24 @@ func PrintResult(w io.Writer, r *Result) {
 	if r.BloomFPConfigured > 0 {
 		p("bloom false positives", "%.4f%% measured vs %.4f%% configured (whole window)", 100*r.BloomFPMeasured, 100*r.BloomFPConfigured)
 	}
-	p("hit ratios", "memory %.1f%% of claims; bloom proved new %.1f%% of memory misses; pebble found %.1f%% of reads",
-		100*r.MemoryHitRatio, 100*r.BloomNegativeRatio, 100*r.StoreHitRatio)
+	if s := r.Shared; s != nil {
+		fate := "deleted after the run"
+		if s.Kept {
+			fate = "kept"
+		}
+		switch s.Tier {
+		case SharedRedis:
+			p("redis memory", "%.1f MiB, %.1f B per key: INFO used_memory grew by that over %d master(s), which hold %d keys under prefix %s (%s)",
+				float64(s.Bytes)/(1<<20), s.BytesPerKey, s.Servers, s.Keys, s.Name, fate)
+		case SharedPostgres:
+			p("postgres table", "%.1f MiB, %.1f B per row: pg_table_size %.1f MiB + pg_indexes_size %.1f MiB for %d rows in table %s (%s)",
+				float64(s.Bytes)/(1<<20), s.BytesPerKey, float64(s.TableBytes)/(1<<20), float64(s.IndexBytes)/(1<<20), s.Keys, s.Name, fate)
+		}
+		p("hit ratios", "memory %.1f%% of claims; %s found %.1f%% of reads", 100*r.MemoryHitRatio, s.Tier, 100*r.StoreHitRatio)
+	} else {
+		p("hit ratios", "memory %.1f%% of claims; bloom proved new %.1f%% of memory misses; pebble found %.1f%% of reads",
+			100*r.MemoryHitRatio, 100*r.BloomNegativeRatio, 100*r.StoreHitRatio)
+	}
 	p("partitions dropped", "%d", r.Stats.PartitionDropped)
 	if a := r.Stats.Archive; a != nil {
 		p("archive", "%s, window %v: %d partitions and %d keys archived, lag %d; %d reads (%.2f%% of claims), %d found, %d reads of unarchived partitions; filter %.1f MiB",
@@ -97,8 +113,19 @@ func PrintPlan(w io.Writer, pl Plan) {
 		p("disk", "%s: compacted SSTs %.1f B/key measured by the calibration; WAL %.0f MiB (%.1f files of %.0f MiB, live and recycled)",
 			gib(pl.DiskBytes), pl.Calibration.TableBytesPerKey, pl.WALBytes/(1<<20), RecycledWALFiles+0.5, pl.WALFileBytes/(1<<20))
 	}
+	source := "RedisFixedBytes + the key: no calibration"
+	if in.Shared == SharedPostgres {
+		source = "PostgresFixedBytes + the key: no calibration"
+	}
+	if pl.Calibration.SharedBytesPerKey > 0 {
+		source = "measured on the server by the calibration"
+	}
 	if pl.RedisBytes > 0 {
-		p("redis memory", "%s", gib(pl.RedisBytes))
+		p("redis memory", "%s: %.3g keys (the window's: each expires by its TTL) × %.1f B (used_memory, %s)", gib(pl.RedisBytes), pl.KeysHeld, pl.SharedBytesPerKey, source)
+	}
+	if pl.PostgresBytes > 0 {
+		p("postgres table", "%s: %.3g rows at most (the window's and one partition's: an expired row is swept at the next rotation) × %.1f B (pg_table_size + pg_indexes_size, %s)",
+			gib(pl.PostgresBytes), pl.KeysHeld, pl.SharedBytesPerKey, source)
 	}
 	c := pl.Calibration
 	rates := make([]string, len(c.SegmentRates))
@@ -111,11 +138,17 @@ func PrintPlan(w io.Writer, pl Plan) {
 	if pl.Derate != 1 {
 		derate = fmt.Sprintf(", × %.2f: the planned store is larger than the calibration's", pl.Derate)
 	}
-	if c.KeysPerSec > 0 {
+	if c.KeysPerSec > 0 && in.Shared != "" {
+		p("steady state", "%.0f keys/s of marks into the %s tier holding the calibration's %d keys (expiry's own cost, Redis's expire cycle or PostgreSQL's sweep, is not in it)",
+			pl.CapacityPerDay/86400, in.Shared, c.StoreKeys)
+	} else if c.KeysPerSec > 0 {
 		p("steady state", "%.0f keys/s on the last day of a full %v window (timed after every live partition was filled%s)",
 			pl.CapacityPerDay/86400, in.Window, derate)
 	}
 	p("headroom", "%.2f×: one process sustains %.3g IDs/day", pl.Headroom, pl.CapacityPerDay)
+	if x := pl.KeysHeld / float64(c.StoreKeys); in.Shared != "" && c.StoreKeys > 0 && x > 1.25 {
+		p("warning", "the planned tier holds %.0f× the calibration's keys: its rate was measured on a smaller one (PostgreSQL slows once its table and index outgrow its memory); raise -calibrate-store, or run the load at scale, before relying on the headroom", x)
+	}
 	if c.StoreKeys > 0 && pl.Derate != 1 {
 		if x := pl.KeysHeld / float64(c.StoreKeys); x > 10 {
 			p("warning", "the planned store is %.0f× the calibration's; the derate was measured at 9×: run the load at a fraction of its scale on the target machine (dedupbench run) before relying on the headroom", x)

@@ -77,6 +77,9 @@ type Result struct {
 	// sampling interval).
 	PerDay []DayRate
 	Stats  engine.Stats
+	// Shared is what a run on a shared tier (RunConfig.Shared) left in
+	// its server; nil for the other configurations.
+	Shared *SharedResult `json:",omitempty"`
 }
 
 // ErrExactness reports a run whose answers broke a promise of its

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/memory"
 )
 
@@ -60,6 +61,22 @@ type RunConfig struct {
 	// function by function. It cannot be used while another CPU profile
 	// runs (ErrConfig).
 	DayProfiles string
+	// Shared, when a server is set, runs the engine on that shared tier
+	// behind memory (Engine.Tiers Default, no Dir, Backend or Archive):
+	// over a Redis prefix or a PostgreSQL table of the run's own
+	// (NewSharedTier), measured on the server at the end
+	// (Result.Shared) and deleted unless Shared.Keep.
+	//
+	// A shared tier expires keys by the server's clock, not the engine's:
+	// a run over days of simulated time expires nothing in seconds of
+	// real time. Such a run measures what it can honestly: a stream whose
+	// simulated span fits in the window (Workload.Span at most
+	// Engine.Window, otherwise ErrConfig), so every key committed is still
+	// held at the end, as it would be in real time, and the server's bytes
+	// per held key and the rate of marks into a tier that expires nothing.
+	// Expiry's own cost (Redis's expire cycle, PostgreSQL's sweep of a
+	// partition's rows) is not in the figures.
+	Shared SharedServer
 }
 
 // Point is one sample of a run's progress.
@@ -95,6 +112,9 @@ func (c simClock) Now() time.Time {
 type run struct {
 	rc     RunConfig
 	stream *Stream
+	// shared is the run's own instance of RunConfig.Shared's tier, nil
+	// without one.
+	shared *SharedTier
 	o      engine.Options
 	e      *engine.Engine
 	res    *Result
@@ -137,7 +157,7 @@ type run struct {
 }
 
 // Run pushes the workload through an engine and measures it.
-func Run(ctx context.Context, rc RunConfig) (*Result, error) {
+func Run(ctx context.Context, rc RunConfig) (_ *Result, err error) {
 	stream, err := NewStream(rc.Workload)
 	if err != nil {
 		return nil, err
@@ -146,6 +166,23 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 		return nil, err
 	}
 	r := &run{rc: rc, stream: stream}
+	if rc.Shared.Redis != nil || rc.Shared.Postgres != nil {
+		if rc.Shared.Redis != nil && !tier.Nil(rc.Shared.Redis) && rc.Shared.Postgres != nil {
+			return nil, fmt.Errorf("%w: a shared tier is Redis or PostgreSQL, not both", ErrConfig)
+		}
+		if err := CheckShared(rc.Shared.Tier(), rc); err != nil {
+			return nil, err
+		}
+		if r.shared, err = NewSharedTier(ctx, rc.Shared); err != nil {
+			return nil, err
+		}
+		// Deferred first, so it runs after the engine is closed.
+		defer func() {
+			if derr := r.shared.Delete(ctx); derr != nil && err == nil {
+				err = derr
+			}
+		}()
+	}
 	tmp, err := r.engineOptions()
 	if err != nil {
 		return nil, err
@@ -182,6 +219,13 @@ func Run(ctx context.Context, rc RunConfig) (*Result, error) {
 	}
 	r.heapAndDisk(st)
 	r.filterAndHitRatios(st)
+	if r.shared != nil {
+		sr, err := r.shared.Measure(context.WithoutCancel(ctx))
+		if err != nil {
+			return nil, err
+		}
+		r.res.Shared = &sr
+	}
 	closed = true
 	if err := r.e.Close(); err != nil {
 		return r.res, err
@@ -217,6 +261,9 @@ func (rc RunConfig) withDefaults() (RunConfig, error) {
 func (r *run) engineOptions() (tmp string, err error) {
 	r.o = r.rc.Engine
 	o := &r.o
+	if r.shared != nil {
+		o.Backend = r.shared.Backend()
+	}
 	if o.Tiers == engine.Default && o.Backend == nil && o.Dir == "" && o.FS == nil {
 		if tmp, err = os.MkdirTemp("", "dedupbench-"); err != nil {
 			return "", err

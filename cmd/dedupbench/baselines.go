@@ -16,14 +16,14 @@ import (
 	"github.com/tierdedup/tierdedup/engine"
 )
 
-// baselines runs the dedup tables users replace on the same workload; a
-// server that does not answer gives a skipped row, not an error.
 // baselines runs, beside the engine's MarkBatch row, the engine consumed
 // one message at a time (CommitAsync from one goroutine, Do from 16) and
 // the dedup tables users replace, per message and in batches: Redis SET NX
 // EX (one per message from 1 and 16 clients, and pipelined batches of 256
 // from 4) and a PostgreSQL unique index (one INSERT per message from 1 and
-// 16 connections, and sorted batches of 256 from 1 and 4).
+// 16 connections, and sorted batches of 256 from 1 and 4). A server that
+// does not answer gives a skipped row, not an error. The engine's rows run
+// the configuration of rc, on a shared tier of their own when rc has one.
 func baselines(ctx context.Context, rc bench.RunConfig, redisAddr, dsn string, budget time.Duration, say func(string, ...any)) []bench.CompareRow {
 	wc := rc.Workload
 	var rows []bench.CompareRow
@@ -46,11 +46,11 @@ func baselines(ctx context.Context, rc bench.RunConfig, redisAddr, dsn string, b
 		rows = append(rows, row)
 	}
 	for _, async := range []bool{true, false} {
-		name, workers := "engine "+rc.Engine.Name()+" Claim + CommitAsync", 1
+		name, workers := "engine "+rc.TiersName()+" Claim + CommitAsync", 1
 		if !async {
-			name, workers = "engine "+rc.Engine.Name()+" Do", 16
+			name, workers = "engine "+rc.TiersName()+" Do", 16
 		}
-		b, err := openEngineBaseline(rc.Engine, async)
+		b, err := openEngineBaseline(ctx, rc, async)
 		if err != nil {
 			skip(name, 1, err.Error())
 			continue
@@ -58,15 +58,27 @@ func baselines(ctx context.Context, rc bench.RunConfig, redisAddr, dsn string, b
 		add(name, b, 1, workers)
 	}
 	if redisAddr != "" {
-		c := goredis.NewClient(&goredis.Options{Addr: redisAddr, PoolSize: 16})
-		prefix := "dedupbench:" + time.Now().Format("150405.000") + ":"
-		if err := c.Ping(ctx).Err(); err != nil {
-			skip("redis SET NX EX per message", 1, "no Redis at "+redisAddr+": "+err.Error())
-			skip("redis SET NX EX pipelined", 256, "no Redis at "+redisAddr+": "+err.Error())
-		} else {
-			add("redis SET NX EX per message", redisSetNX{C: c, Prefix: prefix + "1:", Window: time.Hour}, 1, 1)
-			add("redis SET NX EX per message", redisSetNX{C: c, Prefix: prefix + "16:", Window: time.Hour}, 1, 16)
-			add("redis SET NX EX pipelined", redisSetNX{C: c, Prefix: prefix + "p:", Window: time.Hour, Pipelined: true}, 256, 4)
+		c := redisClient(redisAddr, 16)
+		for _, r := range []struct {
+			name         string
+			batch, conns int
+			pipelined    bool
+		}{
+			{"redis SET NX EX per message", 1, 1, false},
+			{"redis SET NX EX per message", 1, 16, false},
+			{"redis SET NX EX pipelined", 256, 4, true},
+		} {
+			err := c.Ping(ctx).Err()
+			var keys *bench.SharedTier
+			if err == nil {
+				// A prefix of its own, deleted after the row.
+				keys, err = bench.NewSharedTier(ctx, bench.SharedServer{Redis: c})
+			}
+			if err != nil {
+				skip(r.name, r.batch, "no Redis at "+redisAddr+": "+err.Error())
+				continue
+			}
+			add(r.name, redisSetNX{C: c, Prefix: keys.Name(), Window: time.Hour, Pipelined: r.pipelined, keys: keys}, r.batch, r.conns)
 		}
 		c.Close()
 	}
@@ -95,10 +107,12 @@ func baselines(ctx context.Context, rc bench.RunConfig, redisAddr, dsn string, b
 // redisSetNX is the common recipe: SET key 1 NX EX window per message, one
 // round trip each.
 type redisSetNX struct {
-	C         *goredis.Client
+	C         goredis.UniversalClient
 	Prefix    string
 	Window    time.Duration
 	Pipelined bool // a batch in one pipeline
+	// keys, when set, are the keys under Prefix, which Close deletes.
+	keys *bench.SharedTier
 }
 
 // Mark implements bench.Baseline.
@@ -128,8 +142,12 @@ func (r redisSetNX) Mark(ctx context.Context, keys [][]byte, fresh []bool) error
 	return nil
 }
 
-// Close implements bench.Baseline.
-func (r redisSetNX) Close() {}
+// Close implements bench.Baseline: it deletes the keys the baseline set.
+func (r redisSetNX) Close() {
+	if r.keys != nil {
+		_ = r.keys.Delete(context.Background())
+	}
+}
 
 // postgresTable is a unique-index dedup table: INSERT ... ON CONFLICT DO NOTHING,
 // one row per statement (Batched false) or a batch per statement, its IDs
@@ -228,14 +246,25 @@ func (p *postgresTable) Close() {
 type engineBaseline struct {
 	e      *engine.Engine
 	dir    string
+	shared *bench.SharedTier // the engine's own keys on rc's shared tier
 	async  bool
 	failed atomic.Pointer[error]
 }
 
-func openEngineBaseline(o engine.Options, async bool) (*engineBaseline, error) {
+// openEngineBaseline opens an engine of rc's configuration: in a
+// temporary directory, or over a prefix or table of its own on rc's shared
+// tier.
+func openEngineBaseline(ctx context.Context, rc bench.RunConfig, async bool) (*engineBaseline, error) {
 	b := &engineBaseline{async: async}
+	o := rc.Engine
 	o.Clock = nil // the system clock: these rows run in real time
-	if o.Tiers == engine.Default && o.Backend == nil {
+	if rc.Shared.Tier() != "" {
+		st, err := bench.NewSharedTier(ctx, rc.Shared)
+		if err != nil {
+			return nil, err
+		}
+		b.shared, o.Backend = st, st.Backend()
+	} else if o.Tiers == engine.Default && o.Backend == nil {
 		dir, err := os.MkdirTemp("", "dedupbench-")
 		if err != nil {
 			return nil, err
@@ -300,5 +329,8 @@ func (b *engineBaseline) Close() {
 	}
 	if b.dir != "" {
 		_ = os.RemoveAll(b.dir)
+	}
+	if b.shared != nil {
+		_ = b.shared.Delete(context.Background())
 	}
 }

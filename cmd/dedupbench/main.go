@@ -127,9 +127,13 @@ type workloadFlags struct {
 	seed                   uint64
 	archive                string
 	archiveWindow          time.Duration
+	shared                 sharedFlags
 }
 
-func (w *workloadFlags) bind(fs *flag.FlagSet, keys int64) {
+// bind binds the flags, -keys defaulting to keys and -postgres to
+// postgres; baselines says the command also runs the Redis and PostgreSQL
+// baselines on -redis and -postgres.
+func (w *workloadFlags) bind(fs *flag.FlagSet, keys int64, postgres string, baselines bool) {
 	fs.Int64Var(&w.keys, "keys", keys, "messages to process")
 	fs.StringVar(&w.shape, "shape", "uuid4", "key shape: uuid4, uuid7, snowflake or business")
 	fs.IntVar(&w.keySize, "key-size", 0, "key size in bytes, padding the shape (0: the shape's own)")
@@ -138,7 +142,7 @@ func (w *workloadFlags) bind(fs *flag.FlagSet, keys int64) {
 	fs.Float64Var(&w.zipf, "zipf", 0, "Zipf exponent (> 1) skewing duplicates to recent keys; 0 is uniform")
 	fs.Float64Var(&w.inBatch, "inbatch", 0.005, "share of messages repeating a key of the same batch")
 	fs.DurationVar(&w.span, "span", 24*time.Hour, "simulated time the stream covers (e.g. 168h for 7 days)")
-	fs.StringVar(&w.tiers, "tiers", "default", "configuration: default, memory or bloom")
+	fs.StringVar(&w.tiers, "tiers", "default", "configuration: default, memory, bloom, redis or postgres"+sharedHelp)
 	fs.DurationVar(&w.window, "window", engine.DefaultWindow, "retention window")
 	fs.DurationVar(&w.partition, "partition", engine.DefaultPartition, "retention partition")
 	fs.Float64Var(&w.fp, "fp", 0.01, "Bloom false-positive target over the whole window")
@@ -150,25 +154,38 @@ func (w *workloadFlags) bind(fs *flag.FlagSet, keys int64) {
 	fs.Uint64Var(&w.seed, "seed", 1, "workload seed")
 	fs.StringVar(&w.archive, "archive", "", "archive (default configuration): a directory, or a PostgreSQL URL (postgres://…, table dedupbench_archive, dropped first); keys stay known for -archive-window after they leave the window")
 	fs.DurationVar(&w.archiveWindow, "archive-window", 0, "archive window with -archive (0: engine.DefaultArchiveWindow)")
+	w.shared.bind(fs, postgres, baselines)
 }
 
-func parseTiers(s string) (engine.Tiers, error) {
+// parseTiers reads -tiers: an engine configuration, or a shared tier
+// (bench.SharedRedis, bench.SharedPostgres) behind memory, whose Tiers is
+// Default.
+func parseTiers(s string) (engine.Tiers, string, error) {
 	for _, t := range []engine.Tiers{engine.Default, engine.MemoryOnly, engine.BloomOnly} {
 		if s == t.String() || (s == "default" && t == engine.Default) {
-			return t, nil
+			return t, "", nil
 		}
 	}
-	return 0, fmt.Errorf("unknown -tiers %q (want default, memory or bloom)", s)
+	for _, shared := range []string{bench.SharedRedis, bench.SharedPostgres} {
+		if s == shared || s == "memory+"+shared {
+			return engine.Default, shared, nil
+		}
+	}
+	return 0, "", fmt.Errorf("unknown -tiers %q (want default, memory, bloom, redis or postgres)", s)
 }
 
-func (w *workloadFlags) config() (bench.RunConfig, error) {
+// config returns the run the flags describe, and a func that closes what
+// it opened (the shared tier's client). A shared tier's server is
+// connected to last, once every other flag is known good.
+func (w *workloadFlags) config(ctx context.Context) (bench.RunConfig, func(), error) {
+	none := func() {}
 	shape, err := bench.ParseKeyShape(w.shape)
 	if err != nil {
-		return bench.RunConfig{}, err
+		return bench.RunConfig{}, none, err
 	}
-	tiers, err := parseTiers(w.tiers)
+	tiers, shared, err := parseTiers(w.tiers)
 	if err != nil {
-		return bench.RunConfig{}, err
+		return bench.RunConfig{}, none, err
 	}
 	wc := bench.WorkloadConfig{Keys: w.keys, Shape: shape, KeySize: w.keySize, DupRatio: w.dup, DupReach: w.reach, Zipf: w.zipf,
 		InBatchRepeat: w.inBatch, Span: w.span, Seed: w.seed}
@@ -179,27 +196,42 @@ func (w *workloadFlags) config() (bench.RunConfig, error) {
 			MemoryCapacity: w.memCap, ExpectedKeys: max(1000, int(perPartition)), NoSync: w.noSync, CacheSize: w.cache},
 		Batch: w.batch, Workers: w.workers,
 	}
+	if w.archiveWindow != 0 && w.archive == "" {
+		return bench.RunConfig{}, none, errors.New("-archive-window needs -archive")
+	}
+	if shared != "" {
+		if w.archive != "" {
+			return bench.RunConfig{}, none, fmt.Errorf("%w: -archive is measured with the embedded store (-tiers default), not -tiers %s", bench.ErrConfig, shared)
+		}
+		if err := bench.CheckShared(shared, rc); err != nil {
+			return bench.RunConfig{}, none, err
+		}
+		srv, closeFn, err := w.shared.connect(ctx, shared)
+		if err != nil {
+			return bench.RunConfig{}, none, err
+		}
+		rc.Shared = srv
+		return rc, closeFn, nil
+	}
 	if w.archive != "" {
 		rc.Engine.Archive, rc.Engine.ArchiveWindow = pebble.ArchiveDir{Dir: w.archive}, w.archiveWindow
 		if strings.HasPrefix(w.archive, "postgres://") || strings.HasPrefix(w.archive, "postgresql://") {
 			// A pool for the process's life: the command ends with the run.
 			pool, err := pgxpool.New(context.Background(), w.archive)
 			if err != nil {
-				return bench.RunConfig{}, fmt.Errorf("-archive %s: %w", w.archive, err)
+				return bench.RunConfig{}, none, fmt.Errorf("-archive %s: %w", w.archive, err)
 			}
 			// The benchmark's own tables, from a previous run of another
 			// store (which the archive would refuse): started afresh.
 			for _, s := range []string{"", "_layout", "_parts", "_blobs"} {
 				if _, err := pool.Exec(context.Background(), "DROP TABLE IF EXISTS dedupbench_archive"+s+" CASCADE"); err != nil {
-					return bench.RunConfig{}, fmt.Errorf("-archive %s: %w", w.archive, err)
+					return bench.RunConfig{}, none, fmt.Errorf("-archive %s: %w", w.archive, err)
 				}
 			}
 			rc.Engine.Archive = postgres.Archive{DB: pool, Table: "dedupbench_archive"}
 		}
-	} else if w.archiveWindow != 0 {
-		return bench.RunConfig{}, errors.New("-archive-window needs -archive")
 	}
-	return rc, nil
+	return rc, none, nil
 }
 
 // bindOutput binds -json and -report, shared by run and compare.

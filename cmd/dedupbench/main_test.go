@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -16,9 +18,12 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/tierdedup/tierdedup/bench"
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
+	"github.com/tierdedup/tierdedup/tier/postgres/pgtest"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 	"golang.org/x/perf/benchfmt"
 )
@@ -404,5 +409,247 @@ func TestRunWithArchive(t *testing.T) {
 	}
 	if err := run(context.Background(), []string{"run", "-keys", "1000", "-archive-window", "48h"}, &out, &errOut); err == nil {
 		t.Error("-archive-window without -archive was accepted")
+	}
+}
+
+// sharedRun runs dedupbench with args and -json and returns its Result,
+// checked for the figures every run on a shared tier must carry: the
+// server's keys are the run's commits (none expired, no other run's), its
+// bytes per key are a plausible Redis or PostgreSQL figure, and heap,
+// keys/s and exactness are those of any run.
+func sharedRun(t *testing.T, tierName string, args ...string) bench.Result {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	if err := run(context.Background(), append(append([]string{"run"}, args...), "-json"), &out, &errOut); err != nil {
+		t.Fatal(err, errOut.String())
+	}
+	var res bench.Result
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatal(err, out.String())
+	}
+	s := res.Shared
+	if res.Tiers != "memory+"+tierName || s == nil || s.Tier != tierName || s.Name == "" {
+		t.Fatalf("tiers %q, shared %+v", res.Tiers, s)
+	}
+	if s.Keys != int64(res.Stats.Commits) || s.Keys != res.Fresh || s.Keys == 0 {
+		t.Fatalf("the server holds %d keys for %d commits of %d distinct keys", s.Keys, res.Stats.Commits, res.Fresh)
+	}
+	// 36-byte UUIDs: about 200 B a key in Redis and in PostgreSQL's table
+	// and index.
+	if s.BytesPerKey < 120 || s.BytesPerKey > 400 || math.Abs(float64(s.Bytes)/float64(s.Keys)-s.BytesPerKey) > 1e-6 {
+		t.Fatalf("%d bytes, %.1f B per key", s.Bytes, s.BytesPerKey)
+	}
+	if res.HeapBytes == 0 || res.KeysPerSec <= 0 || res.DiskBytes != 0 {
+		t.Fatalf("heap %d, %.0f keys/s, disk %d", res.HeapBytes, res.KeysPerSec, res.DiskBytes)
+	}
+	if err := res.Exactness(); err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// dbSize is the number of keys on every server of addrs.
+func dbSize(t *testing.T, addrs ...string) int64 {
+	t.Helper()
+	var n int64
+	for _, a := range addrs {
+		c := goredis.NewClient(&goredis.Options{Addr: a})
+		k, err := c.DBSize(context.Background()).Result()
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += k
+	}
+	return n
+}
+
+// TestRunRedis runs `run -tiers redis` on a Redis the test starts, then on
+// a three-master Cluster (-redis with three addresses): every figure is
+// present and sane, memory is read on every master, and the run's keys are
+// deleted afterwards, or kept with -keep; the text output says the Redis
+// memory per key.
+func TestRunRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	res := sharedRun(t, "redis", "-tiers", "redis", "-redis", srv.Addr, "-keys", "40000", "-memory", "10000")
+	if res.Shared.Servers != 1 || res.Shared.Kept || len(res.Shared.Name) != len("tierdedup:") {
+		t.Fatalf("shared %+v", res.Shared)
+	}
+	if n := dbSize(t, srv.Addr); n != 0 {
+		t.Fatalf("%d keys left in Redis after the run", n)
+	}
+	kept := sharedRun(t, "redis", "-tiers", "redis", "-redis", srv.Addr, "-keys", "20000", "-keep")
+	if n := dbSize(t, srv.Addr); !kept.Shared.Kept || n != kept.Shared.Keys+1 { // and the layout record
+		t.Fatalf("-keep left %d keys for %d committed", n, kept.Shared.Keys)
+	}
+	var out, errOut bytes.Buffer
+	if err := run(context.Background(), []string{"run", "-tiers", "redis", "-redis", srv.Addr, "-keys", "20000"}, &out, &errOut); err != nil {
+		t.Fatal(err, errOut.String())
+	}
+	for _, want := range []string{"memory+redis", "redis memory", "B per key: INFO used_memory grew", "deleted after the run", "0 new keys dropped, 0 duplicates let through"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+
+	cl := redistest.StartCluster(t)
+	res = sharedRun(t, "redis", "-tiers", "redis", "-redis", strings.Join(cl.Addrs(), ","), "-keys", "30000")
+	if res.Shared.Servers != 3 {
+		t.Fatalf("a Cluster measured on %d masters, want 3", res.Shared.Servers)
+	}
+	if n := dbSize(t, cl.Addrs()...); n != 0 {
+		t.Fatalf("%d keys left in the Cluster after the run", n)
+	}
+}
+
+// TestRunPostgres runs `run -tiers postgres` on the loopback PostgreSQL:
+// every figure is present and sane, the table and index sizes add up to
+// the bytes, and the run's table is dropped afterwards.
+func TestRunPostgres(t *testing.T) {
+	p := pgtest.Pool(t)
+	res := sharedRun(t, "postgres", "-tiers", "postgres", "-postgres", pgtest.DSN, "-keys", "40000", "-memory", "10000")
+	s := res.Shared
+	if s.TableBytes <= 0 || s.IndexBytes <= 0 || s.Bytes != s.TableBytes+s.IndexBytes || s.Servers != 1 {
+		t.Fatalf("shared %+v", s)
+	}
+	var exists bool
+	if err := p.QueryRow(context.Background(), "SELECT to_regclass($1) IS NOT NULL", s.Name).Scan(&exists); err != nil {
+		t.Fatal(err)
+	}
+	if exists {
+		t.Fatalf("table %s left after the run", s.Name)
+	}
+	var out, errOut bytes.Buffer
+	if err := run(context.Background(), []string{"run", "-tiers", "postgres", "-postgres", pgtest.DSN, "-keys", "20000"}, &out, &errOut); err != nil {
+		t.Fatal(err, errOut.String())
+	}
+	for _, want := range []string{"memory+postgres", "postgres table", "pg_table_size", "pg_indexes_size", "0 new keys dropped, 0 duplicates let through"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// TestPlanSharedTiers: `plan -tiers redis|postgres` calibrates against the
+// server and sizes its memory or table from what the calibration measured
+// there: the window's keys for Redis, the window's and one partition's
+// rows for PostgreSQL.
+func TestPlanSharedTiers(t *testing.T) {
+	srv := redistest.Start(t)
+	pgtest.Pool(t) // the loopback PostgreSQL must answer
+	for _, tc := range []struct {
+		tier, server string
+		held         float64
+	}{
+		{"redis", srv.Addr, 1e6 * 0.9 * 24 / 24},
+		{"postgres", pgtest.DSN, 1e6 * 0.9 * 30 / 24},
+	} {
+		var out, errOut bytes.Buffer
+		args := []string{"plan", "-tiers", tc.tier, "-" + tc.tier, tc.server, "-ids-per-day", "1e6", "-window", "24h", "-partition", "6h",
+			"-calibrate", "30000", "-calibrate-store", "20000", "-memory", "10000", "-json"}
+		if err := run(context.Background(), args, &out, &errOut); err != nil {
+			t.Fatal(err, errOut.String())
+		}
+		var pl bench.Plan
+		if err := json.Unmarshal(out.Bytes(), &pl); err != nil {
+			t.Fatal(err, out.String())
+		}
+		c := pl.Calibration
+		server := pl.RedisBytes
+		if tc.tier == "postgres" {
+			server = pl.PostgresBytes
+		}
+		if pl.Input.Shared != tc.tier || math.Abs(pl.KeysHeld-tc.held) > 1 || c.SharedBytesPerKey < 120 || c.SharedBytesPerKey > 400 ||
+			server != pl.KeysHeld*c.SharedBytesPerKey || c.FixedHeapBytes <= 0 || pl.HeapBytes != pl.MemoryBytes+c.FixedHeapBytes ||
+			c.KeysPerSec <= 0 || pl.Headroom <= 0 || c.StoreKeys < 40_000 || pl.DiskBytes != 0 || pl.BloomBytes != 0 {
+			t.Fatalf("%s plan %+v", tc.tier, pl)
+		}
+	}
+	if n := dbSize(t, srv.Addr); n != 0 {
+		t.Fatalf("%d keys left in Redis after the calibration", n)
+	}
+}
+
+// TestCompareSharedTiers: `compare -tiers redis` prints the engine on the
+// Redis tier beside pipelined SET NX EX, and `compare -tiers postgres` the
+// engine on the PostgreSQL tier beside batched INSERT … ON CONFLICT DO
+// NOTHING, each with its ratio, in the same run; every engine row runs on
+// the shared tier, and nothing is left in Redis.
+func TestCompareSharedTiers(t *testing.T) {
+	srv := redistest.Start(t)
+	pgtest.Pool(t)
+	for _, tc := range []struct {
+		tier string
+		args []string
+		rows [][4]string // group, name, batch, concurrency
+	}{
+		{"redis", []string{"-redis", srv.Addr, "-postgres", ""}, [][4]string{
+			{"batch", "engine memory+redis MarkBatch", "256", "8"},
+			{"batch", "redis SET NX EX pipelined", "256", "4"},
+			{"per message", "engine memory+redis Claim + CommitAsync", "1", "1"},
+			{"per message", "engine memory+redis Do", "1", "16"},
+			{"per message", "redis SET NX EX per message", "1", "16"},
+		}},
+		{"postgres", []string{"-redis", "", "-postgres", pgtest.DSN}, [][4]string{
+			{"batch", "engine memory+postgres MarkBatch", "256", "8"},
+			{"batch", "postgres INSERT ON CONFLICT, sorted unnest", "256", "4"},
+			{"per message", "engine memory+postgres Claim + CommitAsync", "1", "1"},
+			{"per message", "postgres INSERT ON CONFLICT per message", "1", "16"},
+		}},
+	} {
+		var out, errOut bytes.Buffer
+		args := append([]string{"compare", "-tiers", tc.tier, "-keys", "30000", "-workers", "8", "-budget", "500ms"}, tc.args...)
+		if err := run(context.Background(), args, &out, &errOut); err != nil {
+			t.Fatal(err, errOut.String())
+		}
+		for _, r := range tc.rows {
+			if !hasRow(out.String(), r[0], r[1], r[2], r[3], !strings.HasPrefix(r[1], "engine")) {
+				t.Errorf("%s: no row %v:\n%s", tc.tier, r, out.String())
+			}
+		}
+	}
+	if n := dbSize(t, srv.Addr); n != 0 {
+		t.Fatalf("%d keys left in Redis after compare", n)
+	}
+}
+
+// TestSharedTierFlagsRefused: a shared tier without a server, or one that
+// does not answer, and a configuration a shared tier's run cannot measure
+// honestly (a stream longer than the window, an archive) are errors, never
+// a panic; the latter match bench.ErrConfig.
+func TestSharedTierFlagsRefused(t *testing.T) {
+	ctx := context.Background()
+	for _, args := range [][]string{
+		{"run", "-keys", "1000", "-tiers", "redis", "-redis", "127.0.0.1:1"},
+		{"run", "-keys", "1000", "-tiers", "redis", "-redis", ""},
+		{"run", "-keys", "1000", "-tiers", "redis", "-redis", "127.0.0.1:1,127.0.0.1:2"},
+		{"run", "-keys", "1000", "-tiers", "postgres"},
+		{"run", "-keys", "1000", "-tiers", "postgres", "-postgres", "postgres://nobody@127.0.0.1:1/none"},
+		{"run", "-keys", "1000", "-tiers", "postgres", "-postgres", "not a url"},
+		{"run", "-keys", "1000", "-tiers", "redis-cluster"},
+		{"plan", "-tiers", "redis", "-redis", "127.0.0.1:1"},
+		{"plan", "-tiers", "postgres"},
+		{"compare", "-keys", "1000", "-tiers", "redis", "-redis", "127.0.0.1:1", "-postgres", ""},
+		{"compare", "-keys", "1000", "-tiers", "postgres", "-postgres", "", "-redis", ""},
+	} {
+		if err := run(ctx, args, &bytes.Buffer{}, &bytes.Buffer{}); err == nil {
+			t.Errorf("%v accepted", args)
+		} else {
+			t.Logf("%v: %v", args, err)
+		}
+	}
+	for _, args := range [][]string{
+		{"run", "-tiers", "redis", "-span", "48h", "-window", "24h"},
+		{"run", "-tiers", "postgres", "-postgres", pgtest.DSN, "-span", "25h", "-window", "24h"},
+		{"run", "-tiers", "redis", "-archive", t.TempDir()},
+		{"compare", "-tiers", "redis", "-span", "200h"},
+	} {
+		if err := run(ctx, append(args, "-keys", "1000"), &bytes.Buffer{}, &bytes.Buffer{}); !errors.Is(err, bench.ErrConfig) {
+			t.Errorf("%v: %v, want bench.ErrConfig", args, err)
+		}
+	}
+	// A plan the shared tier cannot have is refused before any calibration.
+	if err := run(ctx, []string{"plan", "-tiers", "postgres", "-archive-window", "400h"}, &bytes.Buffer{}, &bytes.Buffer{}); !errors.Is(err, bench.ErrPlan) {
+		t.Errorf("plan -tiers postgres -archive-window: %v, want bench.ErrPlan", err)
 	}
 }

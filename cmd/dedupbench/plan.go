@@ -21,17 +21,19 @@ func planCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	keySize := fs.Int("key-size", 0, "key size in bytes, padding the shape (0: the shape's own, 36 for UUIDs)")
 	reach := fs.Duration("reach", time.Hour, "how far back duplicates reach")
 	fp := fs.Float64("fp", 0.01, "Bloom false-positive target over the whole window")
-	tiersFlag := fs.String("tiers", "default", "configuration: default, memory or bloom")
+	tiersFlag := fs.String("tiers", "default", "configuration: default, memory, bloom, redis or postgres"+sharedPlanHelp)
 	memCap := fs.Int("memory", 1<<20, "committed keys cached in memory")
 	calKeys := fs.Int64("calibrate", 1_500_000, "timed keys of the calibration run on this machine")
-	calStore := fs.Int64("calibrate-store", 4_000_000, "keys the calibration's store holds before the timed part (up to the planned store)")
+	calStore := fs.Int64("calibrate-store", 0, "keys the calibration's store holds before the timed part, up to the planned store (0: 4,000,000, or 1,000,000 on a shared tier)")
 	segments := fs.Int("segments", 3, "timed parts of the calibration; their median rate is kept")
 	asJSON := fs.Bool("json", false, "print the plan as JSON")
 	archiveWindow := fs.Duration("archive-window", 0, "plan an archive keeping keys this long (0: none)")
+	var sf sharedFlags
+	sf.bind(fs, "", false)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	tiers, err := parseTiers(*tiersFlag)
+	tiers, shared, err := parseTiers(*tiersFlag)
 	if err != nil {
 		return err
 	}
@@ -40,14 +42,30 @@ func planCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	in := bench.PlanInput{IDsPerDay: *ids, Window: *window, Partition: *partition, DupRatio: *dup, DupReach: *reach,
-		Shape: shape, KeySize: *keySize, FalsePositive: *fp, Tiers: tiers, MemoryCapacity: *memCap, ArchiveWindow: *archiveWindow}
+		Shape: shape, KeySize: *keySize, FalsePositive: *fp, Tiers: tiers, MemoryCapacity: *memCap, ArchiveWindow: *archiveWindow, Shared: shared}
 	if _, err := bench.MakePlan(in, bench.Calibration{}); err != nil {
 		return err // before the calibration's minutes
 	}
-	if !*asJSON {
-		fmt.Fprintf(stderr, "calibrating: a store of up to %d %s keys through %s, then %d keys timed, on this machine...\n", *calStore, shape, tiers, *calKeys)
+	srv, closeShared, err := sf.connect(ctx, shared)
+	if err != nil {
+		return err
 	}
-	cal, cres, err := bench.Calibrate(ctx, in, bench.CalibrateConfig{Measure: *calKeys, Store: *calStore, Segments: *segments})
+	defer closeShared()
+	cc := bench.CalibrateConfig{Measure: *calKeys, Store: *calStore, Segments: *segments, Shared: srv}
+	if !*asJSON {
+		store, through := *calStore, tiers.String()
+		if shared != "" {
+			through = "memory+" + shared
+		}
+		if store == 0 {
+			store = 4_000_000
+			if shared != "" {
+				store = 1_000_000
+			}
+		}
+		fmt.Fprintf(stderr, "calibrating: a store of up to %d %s keys through %s, then %d keys timed, on this machine...\n", store, shape, through, *calKeys)
+	}
+	cal, cres, err := bench.Calibrate(ctx, in, cc)
 	if err != nil {
 		return err
 	}

@@ -15,7 +15,7 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var w workloadFlags
-	w.bind(fs, 15_000_000)
+	w.bind(fs, 15_000_000, "", false)
 	asJSON, report := bindOutput(fs)
 	format := fs.String("format", "text", "output: text, json, or bench (Go benchmark format with configuration lines, for benchstat old.txt new.txt)")
 	count := fs.Int("count", 1, "run the measurement this many times, each with a fresh engine (benchstat wants several)")
@@ -48,10 +48,11 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	case *maxP99 > 0 && *format == "bench":
 		return errors.New("-format bench prints runs, not a search: use -rate with the rate the search finds")
 	}
-	rc, err := w.config()
+	rc, closeShared, err := w.config(ctx)
 	if err != nil {
 		return err
 	}
+	defer closeShared()
 	rc.DayProfiles = *dayProfiles
 	rc.Rate = *rate
 	if err := bench.CheckRate(rc.Rate, rc.Batch); err != nil {
