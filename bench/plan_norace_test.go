@@ -153,9 +153,11 @@ func median(xs []float64) float64 {
 // run's second half is timed, as the calibration's timed part follows a
 // warm-up: both then mark into a tier holding about as many keys. On a
 // shared 2-core machine the server and the client compete with whatever
-// else runs, and the runs of one load differ among themselves by more
-// than 25 % at times: the keys/s check then allows the runs' own spread
-// (the highest run rate over the lowest), which it logs.
+// else runs, and one round's ratio strays by 30–50 % at times: the keys/s
+// check allows the rounds' own scatter when it is wider than 25 % (twice
+// the ratios' median absolute deviation), and logs it. A plan that
+// overstates the rate by 1.6× still fails it (tried: medians 1.44 beside
+// tolerances of 25 % and 30 %).
 func TestSharedPlanAgreesWithRun(t *testing.T) {
 	for _, tc := range []struct {
 		name                 string
@@ -165,7 +167,7 @@ func TestSharedPlanAgreesWithRun(t *testing.T) {
 		serverFigure         func(Plan) float64
 	}{
 		{"redis", func(t *testing.T) SharedServer { return SharedServer{Redis: redistest.Start(t).Client(t)} },
-			5, 200_000, 90_000, 90_000, func(p Plan) float64 { return p.RedisBytes }},
+			5, 200_000, 99_000, 90_000, func(p Plan) float64 { return p.RedisBytes }},
 		{"postgres", func(t *testing.T) SharedServer { return SharedServer{Postgres: pgtest.Pool(t)} },
 			3, 120_000, 60_000, 54_000, func(p Plan) float64 { return p.PostgresBytes }},
 	} {
@@ -177,7 +179,7 @@ func TestSharedPlanAgreesWithRun(t *testing.T) {
 			// as many keys in it.
 			in := PlanInput{IDsPerDay: float64(tc.keys) * float64(24*time.Hour) / float64(window), Window: window, Partition: 10 * time.Minute,
 				DupRatio: 0.1, DupReach: 30 * time.Minute, Shape: UUIDv4, FalsePositive: 0.01, Shared: tc.name, MemoryCapacity: memory}
-			var planHeap, runHeap, planBytes, runBytes, ratios, runRates []float64
+			var planHeap, runHeap, planBytes, runBytes, ratios []float64
 			var pl Plan
 			var res *Result
 			for round := range tc.rounds {
@@ -221,17 +223,21 @@ func TestSharedPlanAgreesWithRun(t *testing.T) {
 				}
 				planHeap, runHeap = append(planHeap, pl.HeapBytes), append(runHeap, float64(res.HeapBytes))
 				planBytes, runBytes = append(planBytes, tc.serverFigure(pl)), append(runBytes, float64(res.Shared.Bytes))
-				ratios, runRates = append(ratios, pl.CapacityPerDay/86400/res.KeysPerSec), append(runRates, res.KeysPerSec)
+				ratios = append(ratios, pl.CapacityPerDay/86400/res.KeysPerSec)
 				t.Logf("round %d: plan %.0f keys/s (segments %.0f), heap %.2f MiB (fixed %.2f), server %.2f MiB (%.0f keys × %.1f B); run %.0f keys/s (segments %.0f), heap %.2f MiB, server %.2f MiB (%d keys × %.1f B)",
 					round, pl.CapacityPerDay/86400, pl.Calibration.SegmentRates, pl.HeapBytes/(1<<20), pl.Calibration.FixedHeapBytes/(1<<20), tc.serverFigure(pl)/(1<<20), pl.KeysHeld, pl.SharedBytesPerKey,
 					res.KeysPerSec, res.SegmentRates, float64(res.HeapBytes)/(1<<20), float64(res.Shared.Bytes)/(1<<20), res.Shared.Keys, res.Shared.BytesPerKey)
 			}
 			within(t, "heap (plan vs run, medians)", median(planHeap), median(runHeap))
 			within(t, "server bytes (plan vs run, medians)", median(planBytes), median(runBytes))
-			spread := slices.Max(runRates)/slices.Min(runRates) - 1
-			tolerance := max(0.25, spread)
 			r := median(ratios)
-			t.Logf("keys/s, plan / run of each round: %.2f, median %.2f; the runs' own spread %.0f%%, tolerance %.0f%%", ratios, r, 100*spread, 100*tolerance)
+			dev := make([]float64, len(ratios))
+			for i, x := range ratios {
+				dev[i] = math.Abs(x - r)
+			}
+			scatter := 2 * median(dev)
+			tolerance := max(0.25, scatter)
+			t.Logf("keys/s, plan / run of each round: %.2f, median %.2f; scatter (twice the median absolute deviation) %.0f%%, tolerance %.0f%%", ratios, r, 100*scatter, 100*tolerance)
 			if math.Abs(r-1) > tolerance {
 				t.Errorf("keys/s: the plan's median ratio to the run is %.2f, beyond %.0f%%", r, 100*tolerance)
 			}

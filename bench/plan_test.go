@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"errors"
 	"math"
 	"testing"
@@ -81,5 +82,46 @@ func TestPlanDiskAndRedisModel(t *testing.T) {
 	in.Shared, in.Shape = SharedRedis, Snowflake
 	if pl, _ = MakePlan(in, cal); pl.KeyBytes < 18 || pl.KeyBytes > 20 || pl.RedisBytes != pl.KeysHeld*(RedisFixedBytes+pl.KeyBytes) {
 		t.Fatalf("redis: %.1f-byte keys, %.0f bytes", pl.KeyBytes, pl.RedisBytes)
+	}
+}
+
+// TestPlanSharedModel pins the shared tiers' model: Redis holds the
+// window's keys (each expires by its TTL), PostgreSQL the window's and one
+// partition's (an expired row is swept at the next rotation); the bytes
+// per key and the fixed heap are the calibration's when it measured them,
+// the constants otherwise; no derate, no Bloom filters, no disk; shared
+// tiers other than these, or beside other tiers or an archive, are refused.
+func TestPlanSharedModel(t *testing.T) {
+	in := PlanInput{IDsPerDay: 1e7, Window: 24 * time.Hour, Partition: 6 * time.Hour, DupRatio: 0.1, FalsePositive: 0.01,
+		KeySize: 36, MemoryCapacity: 1 << 20, Shared: SharedRedis}
+	cal := Calibration{KeysPerSec: 1000, StoreKeys: 1000}
+	pl, err := MakePlan(in, cal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pl.KeysHeld != 9e6 || pl.RedisBytes != 9e6*(RedisFixedBytes+36) || pl.PostgresBytes != 0 || pl.HeapBytes != pl.MemoryBytes+SharedFixedHeapBytes ||
+		pl.Derate != 1 || pl.BloomBytes != 0 || pl.DiskBytes != 0 || pl.OffHeapBytes != 0 {
+		t.Fatalf("redis plan %+v", pl)
+	}
+	in.Shared = SharedPostgres
+	if pl, err = MakePlan(in, cal); err != nil || pl.KeysHeld != 9e6*30/24 || pl.PostgresBytes != pl.KeysHeld*(PostgresFixedBytes+36) || pl.RedisBytes != 0 {
+		t.Fatalf("postgres plan %+v, %v", pl, err)
+	}
+	cal.SharedBytesPerKey, cal.FixedHeapBytes = 300, 1e6
+	if pl, err = MakePlan(in, cal); err != nil || pl.PostgresBytes != pl.KeysHeld*300 || pl.SharedBytesPerKey != 300 || pl.HeapBytes != pl.MemoryBytes+1e6 {
+		t.Fatalf("calibrated postgres plan %+v, %v", pl, err)
+	}
+	for _, bad := range []PlanInput{
+		func() PlanInput { in := in; in.Shared = "memcached"; return in }(),
+		func() PlanInput { in := in; in.Tiers = engine.BloomOnly; return in }(),
+		func() PlanInput { in := in; in.ArchiveWindow = 48 * time.Hour; return in }(),
+	} {
+		if _, err := MakePlan(bad, cal); !errors.Is(err, ErrPlan) {
+			t.Errorf("%+v: %v", bad, err)
+		}
+	}
+	// A calibration runs against the plan's own tier.
+	if _, _, err := Calibrate(context.Background(), in, CalibrateConfig{Measure: 30_000}); !errors.Is(err, ErrPlan) {
+		t.Errorf("a PostgreSQL plan calibrated without a server: %v", err)
 	}
 }
