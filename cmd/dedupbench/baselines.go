@@ -155,12 +155,13 @@ func (r redisSetNX) Close() {
 type postgresTable struct {
 	Batched bool
 	table   string
+	dsn     string
 	pool    chan *pgx.Conn
 }
 
 // newPostgres connects conns connections to dsn and creates a fresh table.
 func newPostgres(ctx context.Context, dsn string, conns int, batched bool) (*postgresTable, error) {
-	p := &postgresTable{Batched: batched, table: fmt.Sprintf("dedupbench_%d", time.Now().UnixNano()), pool: make(chan *pgx.Conn, conns)}
+	p := &postgresTable{Batched: batched, table: fmt.Sprintf("dedupbench_%d", time.Now().UnixNano()), dsn: dsn, pool: make(chan *pgx.Conn, conns)}
 	for i := range conns {
 		c, err := pgx.Connect(ctx, dsn)
 		if err != nil {
@@ -222,21 +223,33 @@ func (p *postgresTable) Mark(ctx context.Context, keys [][]byte, fresh []bool) e
 	return nil
 }
 
-// Close drops the table and closes the connections.
+// Close drops the table and closes the connections. A connection whose
+// statement the time budget interrupted is closed by pgx: the table is
+// dropped on the first that still works, or on a new one.
 func (p *postgresTable) Close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	first := true
+	dropped := false
+	drop := func(c *pgx.Conn) {
+		if !dropped && !c.IsClosed() {
+			_, err := c.Exec(ctx, "DROP TABLE IF EXISTS "+p.table)
+			dropped = err == nil
+		}
+	}
 	for {
 		select {
 		case c := <-p.pool:
-			if first {
-				_, _ = c.Exec(ctx, "DROP TABLE IF EXISTS "+p.table)
-				first = false
-			}
+			drop(c)
 			c.Close(ctx)
+			continue
 		default:
-			return
+		}
+		break
+	}
+	if !dropped {
+		if c, err := pgx.Connect(ctx, p.dsn); err == nil {
+			drop(c)
+			c.Close(ctx)
 		}
 	}
 }

@@ -576,10 +576,13 @@ func TestPlanSharedTiers(t *testing.T) {
 // NOTHING, each with its ratio, in the same run. With -keep, Redis holds
 // the keys of exactly three prefixes afterwards: each engine row (MarkBatch,
 // Claim + CommitAsync, Do) ran on the Redis tier over its own, and the
-// baselines deleted theirs.
+// baselines deleted theirs; the PostgreSQL baselines drop their tables,
+// also when the time budget interrupted a statement and pgx closed its
+// connection.
 func TestCompareSharedTiers(t *testing.T) {
 	srv := redistest.Start(t)
-	pgtest.Pool(t)
+	pool := pgtest.Pool(t)
+	start := time.Now().UnixNano()
 	for _, tc := range []struct {
 		tier string
 		args []string
@@ -609,6 +612,25 @@ func TestCompareSharedTiers(t *testing.T) {
 				t.Errorf("%s: no row %v:\n%s", tc.tier, r, out.String())
 			}
 		}
+	}
+	// The baselines' tables are dedupbench_ and the time they were made.
+	var left []string
+	rows, err := pool.Query(context.Background(), `SELECT tablename FROM pg_tables WHERE tablename ~ '^dedupbench_[0-9]+$' AND substr(tablename, 12)::numeric >= $1`, start)
+	if err == nil {
+		for rows.Next() {
+			var name string
+			if err := rows.Scan(&name); err != nil {
+				t.Fatal(err)
+			}
+			left = append(left, name)
+		}
+		err = rows.Err()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) > 0 {
+		t.Errorf("baseline tables left after compare: %v", left)
 	}
 	keys, err := srv.Client(t).Keys(context.Background(), "*").Result()
 	if err != nil {

@@ -36,7 +36,7 @@ const sharedPlanHelp = "; redis and postgres plan memory + that shared tier, cal
 // bind binds the flags; postgres is -postgres's default, which compare's
 // baselines use.
 func (s *sharedFlags) bind(fs *flag.FlagSet, postgres string, baselines bool) {
-	use := "the Redis of -tiers redis: host:port, or several comma-separated for a Cluster"
+	use := "the Redis of -tiers redis: host:port, or several comma-separated for a Cluster (its memory is read as the growth of used_memory: what others write meanwhile counts too)"
 	pgUse := "the PostgreSQL of -tiers postgres: a URL (postgres://user:password@host:5432/db)"
 	if baselines {
 		use += "; also the SET NX EX baselines (empty: skip them)"
