@@ -20,7 +20,18 @@ func PrintResult(w io.Writer, r *Result) {
 	if r.Rate > 0 {
 		p("offered", "%.0f keys/s, open loop: latencies from each batch's due time", r.Rate)
 	}
-	p("throughput", "%.0f keys/s (%d keys in %v)", r.KeysPerSec, r.Keys, r.Elapsed.Round(time.Millisecond))
+	timed := fmt.Sprintf("%d keys in %v", r.Measured, r.Elapsed.Round(time.Millisecond))
+	if r.Warmup > 0 {
+		timed += fmt.Sprintf(", after %d warm-up keys", r.Warmup)
+	}
+	if len(r.SegmentRates) > 1 {
+		parts := make([]string, len(r.SegmentRates))
+		for i, x := range r.SegmentRates {
+			parts[i] = fmt.Sprintf("%.0fk", x/1000)
+		}
+		timed += ", the median of its parts' " + strings.Join(parts, ", ")
+	}
+	p("throughput", "%.0f keys/s (%s)", r.KeysPerSec, timed)
 	p("extrapolated", "%.2f billion IDs/day on this machine", r.IDsPerDay/1e9)
 	p("batch latency", "p50 %v  p99 %v  p999 %v  max %v", r.BatchLatency.P50, r.BatchLatency.P99, r.BatchLatency.P999, r.BatchLatency.Max)
 	p("per-key latency", "p50 %v  p99 %v  p999 %v (batch latency / batch size)", r.KeyLatency.P50, r.KeyLatency.P99, r.KeyLatency.P999)

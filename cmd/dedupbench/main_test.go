@@ -384,7 +384,7 @@ func TestFormatBench(t *testing.T) {
 
 // TestRunFlagsRefused: bad -format, -count and -rate values are errors.
 func TestRunFlagsRefused(t *testing.T) {
-	for _, args := range [][]string{{"-format", "xml"}, {"-count", "0"}, {"-rate", "-1"}, {"-rate", "NaN"}, {"-rate", "+Inf"}, {"-rate", "1e-12"},
+	for _, args := range [][]string{{"-format", "xml"}, {"-count", "0"}, {"-warmup", "10"}, {"-warmup", "-1"}, {"-segments", "0"}, {"-rate", "-1"}, {"-rate", "NaN"}, {"-rate", "+Inf"}, {"-rate", "1e-12"},
 		{"-max-p99", "-1s"}, {"-max-p99", "1s", "-format", "bench"}} {
 		if err := run(context.Background(), append([]string{"run", "-keys", "10"}, args...), &bytes.Buffer{}, &bytes.Buffer{}); err == nil {
 			t.Errorf("%v accepted", args)
@@ -478,9 +478,13 @@ func TestRunRedis(t *testing.T) {
 	if n := dbSize(t, srv.Addr); n != 0 {
 		t.Fatalf("%d keys left in Redis after the run", n)
 	}
-	kept := sharedRun(t, "redis", "-tiers", "redis", "-redis", srv.Addr, "-keys", "20000", "-keep")
+	// -warmup and -segments time the second half, as plan's calibration.
+	kept := sharedRun(t, "redis", "-tiers", "redis", "-redis", srv.Addr, "-keys", "40000", "-warmup", "20000", "-segments", "2", "-keep")
 	if n := dbSize(t, srv.Addr); !kept.Shared.Kept || n != kept.Shared.Keys+1 { // and the layout record
 		t.Fatalf("-keep left %d keys for %d committed", n, kept.Shared.Keys)
+	}
+	if kept.Warmup != 20000 || kept.Measured != 20000 || len(kept.SegmentRates) != 2 {
+		t.Fatalf("-warmup 20000 -segments 2: warm-up %d, %d timed, rates %v", kept.Warmup, kept.Measured, kept.SegmentRates)
 	}
 	var out, errOut bytes.Buffer
 	if err := run(context.Background(), []string{"run", "-tiers", "redis", "-redis", srv.Addr, "-keys", "20000"}, &out, &errOut); err != nil {
