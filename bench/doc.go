@@ -4,7 +4,9 @@
 // capacity plan (Calibrate, MakePlan), reproduces the crash table (Crash),
 // and holds the go test benchmarks that compare every engine configuration
 // with the tables users replace. The clients of those tables (Redis,
-// PostgreSQL) live in cmd/dedupbench, which drives bench.Baseline.
+// PostgreSQL) live in cmd/dedupbench, which drives bench.Baseline; a run
+// on a shared tier takes its server's client from the caller
+// (SharedServer).
 //
 // # Shared tiers
 //
