@@ -162,18 +162,18 @@ func TestSharedPlanAgreesWithRun(t *testing.T) {
 	for _, tc := range []struct {
 		name                 string
 		server               func(t *testing.T) SharedServer
-		rounds               int
+		rounds, memory       int
 		keys, measure, store int64
 		serverFigure         func(Plan) float64
 	}{
 		{"redis", func(t *testing.T) SharedServer { return SharedServer{Redis: redistest.Start(t).Client(t)} },
-			5, 200_000, 99_000, 90_000, func(p Plan) float64 { return p.RedisBytes }},
+			5, 100_000, 200_000, 99_000, 90_000, func(p Plan) float64 { return p.RedisBytes }},
 		{"postgres", func(t *testing.T) SharedServer { return SharedServer{Postgres: pgtest.Pool(t)} },
-			3, 120_000, 60_000, 54_000, func(p Plan) float64 { return p.PostgresBytes }},
+			5, 60_000, 90_000, 45_000, 40_500, func(p Plan) float64 { return p.PostgresBytes }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := tc.server(t)
-			const memory = 100_000
+			memory := tc.memory
 			window := 2 * time.Hour
 			// The run's stream spans the window: the plan's IDs a day put
 			// as many keys in it.
