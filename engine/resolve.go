@@ -314,9 +314,12 @@ func (e *Engine) decideCommitted(d decision, j int, cl *Claim, a *tier.Answer, t
 		cl.Outcome = New
 		return
 	}
-	if retried && a.Token == token {
+	if a.Token == token && (retried || p == forMarkInTier) {
 		// The commit of a mark whose reply was lost: the caller never
-		// learnt it was New, so it still is.
+		// learnt it was New, so it still is. A mark's token is this
+		// call's own, so a commit carrying it is this call's even when
+		// the call did not fail: the client retried the command itself
+		// after losing the reply of an attempt the server applied.
 		cl.Outcome = New
 		if p == forMarkInTier {
 			// This mark's retry: committed, as a mark is.

@@ -242,6 +242,23 @@ func (s *stripe) claimLocked(idx uint32, token uint64, leaseUntil int64) {
 // commitLocked turns entry idx into a committed entry, evicting the least
 // recently used committed entries beyond the limit.
 func (s *stripe) commitLocked(idx uint32, expires int64, digest Digest) {
+	s.commitKeepLocked(idx, expires, digest)
+	s.evictLocked()
+}
+
+// evictLocked removes the least recently used committed entries beyond
+// the limit.
+func (s *stripe) evictLocked() {
+	for s.committed > s.limit {
+		tail := s.entries[0].prev
+		s.removeLocked(s.slotOfLocked(tail))
+	}
+}
+
+// commitKeepLocked is commitLocked without the eviction: the committed
+// entries may exceed the limit until the caller evicts (evictLocked).
+// With no committed entries kept at all (limit 0) the entry is removed.
+func (s *stripe) commitKeepLocked(idx uint32, expires int64, digest Digest) {
 	if s.limit == 0 {
 		s.removeLocked(s.slotOfLocked(idx))
 		return
@@ -259,10 +276,6 @@ func (s *stripe) commitLocked(idx uint32, expires int64, digest Digest) {
 	}
 	e.state, e.word, e.until, e.attempts = committed, digestWords(digest), expires, 0
 	s.pushFrontLocked(idx)
-	for s.committed > s.limit {
-		tail := s.entries[0].prev
-		s.removeLocked(s.slotOfLocked(tail))
-	}
 }
 
 // dropResultLocked forgets the result entry idx kept, if any.

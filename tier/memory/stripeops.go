@@ -12,16 +12,6 @@ func (s *stripe) acquireLocked(f shard.Fingerprint, token uint64, now, leaseUnti
 	return r
 }
 
-// markLocked is acquireLocked with the claim it installs committed at
-// once, expiring at expires with digest.
-func (s *stripe) markLocked(f shard.Fingerprint, token uint64, now, leaseUntil, keepUntil, expires int64, digest Digest) Result {
-	r, idx := s.acquireIdxLocked(f, token, now, leaseUntil, keepUntil)
-	if r.Status == tier.Acquired || r.Status == tier.TakenOver {
-		s.commitLocked(idx, expires, digest)
-	}
-	return r
-}
-
 // acquireIdxLocked is acquireLocked, also returning the entry index of a
 // claim it installed.
 func (s *stripe) acquireIdxLocked(f shard.Fingerprint, token uint64, now, leaseUntil, keepUntil int64) (Result, uint32) {

@@ -162,17 +162,28 @@ func (t *Table) Acquire(fps []shard.Fingerprint, tokens []uint64, now, leaseUnti
 }
 
 // Mark is Acquire with every claim it installs (Acquired or TakenOver)
-// committed in the same step, expiring at expires with digests[i]
-// (digests may be nil: none), for a table that is the only exact tier and
-// has nothing slower to wait for. A key repeated in the batch finds its
-// earlier occurrence committed.
+// committed in the same visit of its stripe, expiring at expires with
+// digests[i] (digests may be nil: none), for a table that is the only
+// exact tier and has nothing slower to wait for. A stripe evicts beyond
+// its capacity only once all its keys of the batch are answered, so a
+// commit cannot make a later key of the batch forget what it held (a
+// commit, an attempt count): the answers are those of Acquire for the
+// whole batch and then Finish, except that a key repeated in the batch
+// answers Committed, with the digest of its first occurrence.
 func (t *Table) Mark(fps []shard.Fingerprint, tokens []uint64, digests []Digest, now, leaseUntil, keepUntil, expires int64, out []Result) {
-	t.each(fps, func(s *stripe, i int) {
-		var d Digest
-		if digests != nil {
-			d = digests[i]
+	t.eachStripe(fps, func(s *stripe, order []int32) {
+		for _, i := range order {
+			var d Digest
+			if digests != nil {
+				d = digests[i]
+			}
+			var idx uint32
+			out[i], idx = s.acquireIdxLocked(fps[i], tokens[i], now, leaseUntil, keepUntil)
+			if idx != 0 {
+				s.commitKeepLocked(idx, expires, d)
+			}
 		}
-		out[i] = s.markLocked(fps[i], tokens[i], now, leaseUntil, keepUntil, expires, d)
+		s.evictLocked()
 	})
 }
 
@@ -294,6 +305,9 @@ func (t *Table) put(fps []shard.Fingerprint, expires []int64, digests []Digest) 
 	})
 }
 
+// firstKey is the order of a batch of one key.
+var firstKey = [1]int32{0}
+
 // grouping is the per-batch scratch that orders keys by stripe.
 type grouping struct {
 	order  []int32
@@ -304,10 +318,20 @@ type grouping struct {
 // each calls fn for every key, grouped by stripe with each stripe locked
 // once, keys of one stripe in batch order.
 func (t *Table) each(fps []shard.Fingerprint, fn func(s *stripe, i int)) {
+	t.eachStripe(fps, func(s *stripe, order []int32) {
+		for _, i := range order {
+			fn(s, int(i))
+		}
+	})
+}
+
+// eachStripe calls fn once per stripe the keys fall in, with the stripe
+// locked and the indices of its keys in batch order.
+func (t *Table) eachStripe(fps []shard.Fingerprint, fn func(s *stripe, order []int32)) {
 	if len(fps) == 1 {
 		s := &t.stripes[t.router.Stripe(fps[0])]
 		s.mu.Lock()
-		fn(s, 0)
+		fn(s, firstKey[:])
 		s.mu.Unlock()
 		return
 	}
@@ -338,10 +362,12 @@ func (t *Table) each(fps []shard.Fingerprint, fn func(s *stripe, i int)) {
 	for j := 0; j < n; {
 		si := stripes[order[j]]
 		s := &t.stripes[si]
-		s.mu.Lock()
-		for ; j < n && stripes[order[j]] == si; j++ {
-			fn(s, int(order[j]))
+		lo := j
+		for j < n && stripes[order[j]] == si {
+			j++
 		}
+		s.mu.Lock()
+		fn(s, order[lo:j])
 		s.mu.Unlock()
 	}
 	t.groups.Put(g)
