@@ -19,6 +19,11 @@
 //
 //  1. A claim stays until it is committed, released, abandoned or replaced
 //     after its lease expired; capacity pressure evicts committed entries only.
+//     Mark (claim and commit in one visit, for a table that is the only
+//     tier) evicts once a stripe's keys of the batch are all answered, so
+//     within one call a stripe may hold more committed entries than its
+//     share of the capacity, and no key of the batch loses what it held to
+//     another key's commit.
 //  2. A committed entry is never reported after its expiry.
 //  3. Within one batch, keys are applied in batch order, so a repeated key
 //     sees the effect of its earlier occurrence.
