@@ -45,7 +45,14 @@ func TestRedisCommittedKeyIsNotPoison(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	clock.Add(engine.DefaultLease + time.Second) // the redelivery comes after the lease
+	// The commit went through the engine's queue, which may still be
+	// reading Redis's reply; until it has, the key is this process's
+	// commit in progress (InFlight). The redelivery comes once it settled,
+	// and after the lease.
+	if err := e.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	clock.Add(engine.DefaultLease + time.Second)
 	got, err := e.Claim(context.Background(), key)
 	if err != nil || got.Outcome != engine.Duplicate {
 		t.Fatalf("claim of a key Redis holds committed: %v, %v; want Duplicate", got.Outcome, err)
