@@ -712,7 +712,10 @@ func (a *archiver) readLagging(ctx context.Context, ns string, keys [][]byte, fr
 // forget removes each key from the exact tier's unarchived partitions
 // that left the window and from the archive, answering in out what it
 // found (the newest); the caller holds a.mu's read lock, so no partition
-// is archived meanwhile and next stays where it is.
+// is archived meanwhile and next stays where it is. Behind a shared tier's
+// archive log it only reads the archive: the caller calls it before the
+// shared tier appends the removal, and then waits (waitApplied) until the
+// drain has applied it.
 func (a *archiver) forget(ctx context.Context, ns string, keys [][]byte, now int64, out []tier.Answer) error {
 	cur := a.e.parts.Of(now)
 	oldest, next := a.oldest(cur), a.next.Load()
@@ -731,9 +734,12 @@ func (a *archiver) forget(ctx context.Context, ns string, keys [][]byte, now int
 	ans := make([]tier.Answer, len(keys))
 	remove := a.store.Forget
 	if a.log != nil {
-		// The removal the shared tier appended deletes the key in the
+		// The removal the shared tier appends deletes the key in the
 		// log's order: a delete here could remove a commit made after
-		// this Forget and applied before it.
+		// this Forget and applied before it. The archive is read before
+		// the shared tier appends the removal (lookup calls this first):
+		// read after, a drain applying the removal in between would hide
+		// what the key held.
 		remove = a.store.Lookup
 	}
 	if err := remove(ctx, qs, ans); err != nil {
@@ -743,11 +749,6 @@ func (a *archiver) forget(ctx context.Context, ns string, keys [][]byte, now int
 		if ans[q].Status == tier.Committed && out[q].Status != tier.Committed {
 			out[q] = ans[q]
 		}
-	}
-	if a.log != nil {
-		// The log may still hold a commit of the key, which its drain
-		// would bring back until it reaches the forget appended after it.
-		return a.waitApplied(ctx)
 	}
 	return nil
 }
@@ -777,6 +778,18 @@ type ArchiveStats struct {
 	Drainer    bool
 }
 
+// readBeforeForget reads the archive for every key of b.cand, for a Forget
+// behind a shared tier's archive log, before the shared tier appends the
+// removals (see forget).
+func (e *Engine) readBeforeForget(ctx context.Context, b *batch, ns *Namespace, keys [][]byte, now int64) ([]tier.Answer, error) {
+	ks := make([][]byte, len(b.cand))
+	for j, i := range b.cand {
+		ks[j] = keys[i]
+	}
+	ans := make([]tier.Answer, len(ks))
+	return ans, e.arch.forget(ctx, ns.name, ks, now, ans)
+}
+
 func (a *archiver) stats(window time.Duration) *ArchiveStats {
 	cur := a.e.current.Load()
 	return &ArchiveStats{
@@ -788,8 +801,10 @@ func (a *archiver) stats(window time.Duration) *ArchiveStats {
 }
 
 // lookupArchive completes a Lookup from the archive for the keys of b.cand
-// still New, or a Forget by removing every key of b.cand from it.
-func (e *Engine) lookupArchive(ctx context.Context, b *batch, ns *Namespace, keys [][]byte, out []KeyInfo, forget bool, now int64) error {
+// still New, or a Forget by removing every key of b.cand from it. pre is
+// nil, or, for a Forget behind a shared tier's archive log, what
+// readBeforeForget found before the shared tier appended the removals.
+func (e *Engine) lookupArchive(ctx context.Context, b *batch, ns *Namespace, keys [][]byte, out []KeyInfo, forget bool, pre []tier.Answer, now int64) error {
 	var ks [][]byte
 	var fps []shard.Fingerprint
 	var idx []int
@@ -803,10 +818,16 @@ func (e *Engine) lookupArchive(ctx context.Context, b *batch, ns *Namespace, key
 	}
 	var ans []tier.Answer
 	var err error
-	if forget {
+	switch {
+	case forget && pre != nil:
+		// Read before the shared tier appended the removals; the log may
+		// still hold a commit of a key, which its drain would bring back
+		// until it reaches the removal appended after it.
+		ans, err = pre, e.arch.waitApplied(ctx)
+	case forget:
 		ans = make([]tier.Answer, len(ks))
 		err = e.arch.forget(ctx, ns.name, ks, now, ans)
-	} else {
+	default:
 		ans, err = e.arch.find(ctx, ns, ks, fps, now)
 	}
 	if err != nil {

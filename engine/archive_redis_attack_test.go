@@ -590,13 +590,16 @@ func (g *gatedDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 	return g.Pool.Query(ctx, sql, args...)
 }
 
-// TestRArchAttackForgetRacesRecommit: a Forget removes the key from
-// Redis, then its step in the archive is slow (a slow connection). In
-// between, another engine claims the key (New: the Forget made it so),
-// commits it, and the drain applies the log (the Forget's removal, then
-// the new commit). The Forget's late delete must not remove the commit
-// made after it: once Redis let the new commit go, the key must still be
-// Duplicate, from the archive.
+// TestRArchAttackForgetRacesRecommit: behind Redis's archive log a Forget
+// reads the archive first (slowly here: a slow connection), then Redis
+// removes the key and appends the removal, and the Forget waits for the
+// drain. While its read waits the key is still committed (another
+// engine's claim is Duplicate); once Redis removed it, another engine
+// claims it (New), commits it, and the drain applies the log (the
+// Forget's removal, then the new commit). Nothing the Forget does may
+// remove the commit made after it: once Redis let the new commit go, the
+// key must still be Duplicate, from the archive. The Forget answers what
+// the key held: Duplicate.
 func TestRArchAttackForgetRacesRecommit(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
@@ -620,17 +623,19 @@ func TestRArchAttackForgetRacesRecommit(t *testing.T) {
 		info, err := a.Forget(ctx, key)
 		forgot <- result{info, err}
 	}()
-	var early *result
 	select {
-	case <-gate.entered: // removed from Redis, its archive step waits
+	case <-gate.entered: // its read of the archive waits
 	case r := <-forgot:
-		// It never asked the archive about the key: the race cannot be
-		// staged, the outcome is checked all the same.
-		t.Logf("Forget returned without a query naming the key: %+v, %v", r.info, r.err)
-		early = &r
+		t.Fatalf("Forget returned without reading the archive for the key: %+v, %v", r.info, r.err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("Forget never returned nor reached the archive")
 	}
+	if cl, err := b.Claim(ctx, key); err != nil || cl.Outcome != engine.Duplicate {
+		close(gate.release)
+		t.Fatalf("claim while the Forget reads the archive, before Redis removed the key: %v, %v; want Duplicate", cl.Outcome, err)
+	}
+	close(gate.release)
+	ra2WaitGone(t, c, redisKeyOf(prefix, "", key), 10*time.Second) // removed from Redis
 	cl, err := b.Claim(ctx, key)
 	if err != nil || cl.Outcome != engine.New {
 		t.Fatalf("claim after the Forget removed the key from Redis: %v, %v", cl.Outcome, err)
@@ -646,17 +651,14 @@ func TestRArchAttackForgetRacesRecommit(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+arch.Table+" WHERE key = $1", key).Scan(&before); err != nil {
 		t.Fatal(err)
 	}
-	close(gate.release)
-	if early == nil {
-		select {
-		case r := <-forgot:
-			early = &r
-		case <-time.After(35 * time.Second):
-			t.Fatal("Forget did not return")
-		}
+	var early result
+	select {
+	case early = <-forgot:
+	case <-time.After(35 * time.Second):
+		t.Fatal("Forget did not return")
 	}
-	if early.err != nil {
-		t.Fatalf("Forget: %v", early.err)
+	if early.err != nil || early.info.Outcome != engine.Duplicate {
+		t.Fatalf("Forget: %+v, %v; want what the key held, Duplicate", early.info, early.err)
 	}
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+arch.Table+" WHERE key = $1", key).Scan(&rows); err != nil {
 		t.Fatal(err)
@@ -868,5 +870,81 @@ func TestRArchAttackStatsHeld(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 		sa.Held, sb.Held = a.Stats().Archive.Held, b.Stats().Archive.Held
+	}
+}
+
+// TestRArchForgetAnswersWhatItHeld: behind Redis's archive log, a Forget
+// of a key only the archive holds (Redis let it go) answers what the key
+// held, also when the drain applies its removal
+// before the Forget's own read of the archive could see the key. The
+// archive read of the forgetting engine waits (a slow connection) until
+// the other engine's drain removed the key from the archive, or 2 s: a
+// read made after Redis appended the removal would find nothing and
+// answer New for a key that was Duplicate.
+func TestRArchForgetAnswersWhatItHeld(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	prefix := fmt.Sprintf("forgetread-%d:", time.Now().UnixNano())
+	arch := redisArchive(t)
+	key := []byte("held")
+	ctx := context.Background()
+	b := ra2Open(t, redisArchiveOptions(c, prefix, arch))
+	ra2WaitDrainer(t, b, 10*time.Second) // b drains; a only forgets
+	gate := newGatedDB(arch.DB.(*pgxpool.Pool), key)
+	a := ra2Open(t, redisArchiveOptions(c, prefix, postgres.Archive{DB: gate, Table: arch.Table}))
+	if x, err := a.MarkIfAbsent(ctx, key); err != nil || x != engine.New {
+		t.Fatalf("commit: %v, %v", x, err)
+	}
+	pool := arch.DB.(*pgxpool.Pool)
+	rows := func() int {
+		var n int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+arch.Table+" WHERE key = $1", key).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	ra2WaitDrained(t, b, 5*time.Second)
+	if n := rows(); n == 0 {
+		t.Fatal("the commit never reached the archive: nothing to forget there")
+	}
+	// Only the archive holds it now: Redis's answer to the Forget is
+	// Absent, and what the key held must come from the archive.
+	ra2WaitGone(t, c, redisKeyOf(prefix, "", key), 10*time.Second)
+	gate.armed.Store(true)
+	type result struct {
+		info engine.KeyInfo
+		err  error
+	}
+	forgot := make(chan result, 1)
+	go func() {
+		info, err := a.Forget(ctx, key)
+		forgot <- result{info, err}
+	}()
+	select {
+	case <-gate.entered:
+	case r := <-forgot:
+		t.Fatalf("Forget returned without reading the archive for the key: %+v, %v", r.info, r.err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Forget never reached the archive")
+	}
+	waited := time.Now()
+	for deadline := time.Now().Add(2 * time.Second); rows() > 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	}
+	t.Logf("the archive held %d rows of the key after %v, when its read went on", rows(), time.Since(waited).Round(time.Millisecond))
+	close(gate.release)
+	var r result
+	select {
+	case r = <-forgot:
+	case <-time.After(35 * time.Second):
+		t.Fatal("Forget did not return")
+	}
+	if r.err != nil || r.info.Outcome != engine.Duplicate {
+		t.Fatalf("Forget of a committed key: %+v, %v; want what it held, Duplicate", r.info, r.err)
+	}
+	if n := rows(); n != 0 {
+		t.Fatalf("the archive still holds %d rows of the forgotten key", n)
+	}
+	if in, err := b.Lookup(ctx, key); err != nil || in.Outcome != engine.New {
+		t.Fatalf("Lookup after the Forget: %v, %v; want New", in.Outcome, err)
 	}
 }

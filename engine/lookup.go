@@ -181,9 +181,15 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 		defer e.arch.mu.RUnlock()
 	}
 	if e.exact != nil && len(cand) > 0 {
-		err = e.lookupExact(ctx, b, ns, keys, out, forget, &c, now)
+		var pre []tier.Answer
+		if forget && archived && e.arch.log != nil {
+			pre, err = e.readBeforeForget(ctx, b, ns, keys, now)
+		}
+		if err == nil {
+			err = e.lookupExact(ctx, b, ns, keys, out, forget, &c, now)
+		}
 		if err == nil && archived {
-			err = e.lookupArchive(ctx, b, ns, keys, out, forget, now)
+			err = e.lookupArchive(ctx, b, ns, keys, out, forget, pre, now)
 		}
 	}
 	if forget {
