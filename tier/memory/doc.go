@@ -15,6 +15,18 @@
 // call takes each stripe's mutex at most once, in stripe order, and never
 // holds two at a time.
 //
+// # Layout
+//
+// Each stripe keeps its entries (56 B: the fingerprint, a token or digest,
+// a deadline, LRU links, state and attempts) in one slab, and indexes them
+// with an open-addressing table of 8-byte slots: an entry's index and the
+// 32-bit hash of its fingerprint. A probe walks adjacent slots comparing
+// hashes and reads an entry only where the hash matches, so a lookup
+// touches the slots' cache line and, for a key present, its entry's; an
+// insert or a backward-shift deletion reads no entry. The index holds at
+// most 0.75 of its slots and is sized to its entries (a hash finds its
+// home slot by multiplication), about 11 B a key.
+//
 // # Invariants
 //
 //  1. A claim stays until it is committed, released, abandoned or replaced

@@ -14,9 +14,13 @@ func (s *stripe) check(t *testing.T) {
 	t.Helper()
 	indexed := map[uint32]bool{}
 	nClaims, nCommitted := 0, 0
-	for _, idx := range s.slots {
-		if idx == 0 {
+	for slot, v := range s.slots {
+		if v == 0 {
 			continue
+		}
+		idx := uint32(v)
+		if h := uint32(v >> 32); h != s.hash(s.entries[idx].fp) {
+			t.Fatalf("slot %d holds hash %#x for entry %d, whose fingerprint hashes to %#x", slot, h, idx, s.hash(s.entries[idx].fp))
 		}
 		if indexed[idx] {
 			t.Fatalf("entry %d indexed twice", idx)

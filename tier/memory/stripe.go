@@ -53,9 +53,13 @@ type entry struct {
 // stripe is one lock domain: an open-addressing index over a slab of entries.
 type stripe struct {
 	mu sync.Mutex // protects every field below
-	// slots maps a fingerprint's home position to an entry index, with linear
-	// probing and backward-shift deletion; 0 is empty.
-	slots       []uint32
+	// slots is an open-addressing index over entries, with linear probing
+	// and backward-shift deletion: each slot holds an entry index (low 32
+	// bits, 0 empty) and the 32-bit hash of its fingerprint (high 32
+	// bits), from which its home slot follows. A probe compares hashes in
+	// the slots, which lie side by side, and reads an entry only where
+	// the hash matches; moving and deleting read no entry at all.
+	slots       []uint64
 	entries     []entry // entries[0] is the LRU sentinel
 	freeList    uint32
 	limit       int // committed and released entries kept before evicting
@@ -89,10 +93,13 @@ func (s *stripe) init(limit, initial int, seed uint64) {
 	s.claims, s.committed, s.freeList = 0, 0, 0
 	s.results = nil
 	n := min(limit, initial)
-	s.slots = make([]uint32, slotsFor(n))
+	s.slots = make([]uint64, slotsFor(n))
 	s.entries = make([]entry, 1, 1+n)
 	if n == limit {
+		// Room for the full slab (the limit and a few claims) without
+		// growing the index.
 		s.entries = make([]entry, 1, s.fullSlab())
+		s.slots = make([]uint64, slotsFor(s.fullSlab()))
 	}
 }
 
@@ -115,28 +122,43 @@ func (s *stripe) growSlabLocked() {
 	s.entries = grown
 }
 
-// slotsFor returns a power of two at least n/0.75, minimum 8.
+// slotsFor returns how many slots hold n entries at a load of at most
+// 0.75 (minimum 8). Any count works: a hash maps to its home slot by
+// multiplication, not by a mask, so the index is sized to its entries,
+// not to the next power of two (which would cost up to twice the slots).
 func slotsFor(n int) int {
-	want := n + n/3 + 1
-	size := 8
-	for size < want {
-		size <<= 1
-	}
-	return size
+	return max(8, n+n/3+1)
 }
 
-func (s *stripe) home(f shard.Fingerprint) uint32 {
-	return uint32(shard.Mix(f.Lo^f.Hi^s.seed)) & uint32(len(s.slots)-1)
+// hash is the 32 bits of f that the index keeps in f's slot.
+func (s *stripe) hash(f shard.Fingerprint) uint32 {
+	return uint32(shard.Mix(f.Lo^f.Hi^s.seed) >> 32)
+}
+
+// homeOf is the home slot of a fingerprint whose hash is h.
+func (s *stripe) homeOf(h uint32) uint32 {
+	return uint32(uint64(h) * uint64(len(s.slots)) >> 32)
+}
+
+// nextSlot is the slot after slot, wrapping around.
+func (s *stripe) nextSlot(slot uint32) uint32 {
+	if slot++; int(slot) == len(s.slots) {
+		return 0
+	}
+	return slot
 }
 
 // findLocked returns the slot and entry index of f, or the empty slot where f
 // would go and entry 0.
 func (s *stripe) findLocked(f shard.Fingerprint) (slot, idx uint32) {
-	mask := uint32(len(s.slots) - 1)
-	for slot = s.home(f); ; slot = (slot + 1) & mask {
-		idx = s.slots[slot]
-		if idx == 0 || s.entries[idx].fp == f {
-			return slot, idx
+	h := s.hash(f)
+	for slot = s.homeOf(h); ; slot = s.nextSlot(slot) {
+		v := s.slots[slot]
+		if v == 0 {
+			return slot, 0
+		}
+		if uint32(v>>32) == h && s.entries[uint32(v)].fp == f {
+			return slot, uint32(v)
 		}
 	}
 }
@@ -154,7 +176,7 @@ func (s *stripe) insertLocked(slot uint32, f shard.Fingerprint) uint32 {
 		idx = uint32(len(s.entries) - 1)
 	}
 	s.entries[idx] = entry{fp: f}
-	s.slots[slot] = idx
+	s.slots[slot] = uint64(s.hash(f))<<32 | uint64(idx)
 	if used := s.claims + s.committed + 1; used*4 > len(s.slots)*3 {
 		s.growLocked()
 	}
@@ -163,23 +185,22 @@ func (s *stripe) insertLocked(slot uint32, f shard.Fingerprint) uint32 {
 
 func (s *stripe) growLocked() {
 	old := s.slots
-	s.slots = make([]uint32, len(old)*2)
-	mask := uint32(len(s.slots) - 1)
-	for _, idx := range old {
-		if idx == 0 {
+	s.slots = make([]uint64, len(old)*2)
+	for _, v := range old {
+		if v == 0 {
 			continue
 		}
-		slot := s.home(s.entries[idx].fp)
+		slot := s.homeOf(uint32(v >> 32))
 		for s.slots[slot] != 0 {
-			slot = (slot + 1) & mask
+			slot = s.nextSlot(slot)
 		}
-		s.slots[slot] = idx
+		s.slots[slot] = v
 	}
 }
 
 // removeLocked deletes the entry at slot, keeping every probe chain intact.
 func (s *stripe) removeLocked(slot uint32) {
-	idx := s.slots[slot]
+	idx := uint32(s.slots[slot])
 	e := &s.entries[idx]
 	switch e.state {
 	case committed, released:
@@ -192,11 +213,10 @@ func (s *stripe) removeLocked(slot uint32) {
 	*e = entry{next: s.freeList}
 	s.freeList = idx
 
-	mask := uint32(len(s.slots) - 1)
 	i := slot
 	s.slots[i] = 0
-	for j := (i + 1) & mask; s.slots[j] != 0; j = (j + 1) & mask {
-		k := s.home(s.entries[s.slots[j]].fp)
+	for j := s.nextSlot(i); s.slots[j] != 0; j = s.nextSlot(j) {
+		k := s.homeOf(uint32(s.slots[j] >> 32))
 		// The entry at j may move to i unless its home lies cyclically in (i, j].
 		if (i <= j && i < k && k <= j) || (i > j && (i < k || k <= j)) {
 			continue
