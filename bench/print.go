@@ -204,3 +204,60 @@ func PrintSearch(w io.Writer, s *Search) {
 		fmt.Fprintf(w, "no rate tried kept p99 <= %v\n", s.Target)
 	}
 }
+
+// PrintFitVerdict writes, before a plan, whether it fits the machine.
+func PrintFitVerdict(w io.Writer, f Fit) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	m := f.Machine
+	gib := func(b float64) string { return fmt.Sprintf("%.2f GiB", b/(1<<30)) }
+	disk := "free disk unknown: not checked"
+	if m.DiskBytes > 0 {
+		disk = fmt.Sprintf("disk %s of the %s free at %s (%.0f%%)", gib(f.DiskBytes), gib(m.DiskBytes), m.DiskPath, 100*f.DiskBytes/m.DiskBytes)
+	}
+	memory := fmt.Sprintf("memory %s of %s (%s, %.0f%%)", gib(f.MemoryBytes), gib(m.MemoryBytes), m.MemorySource, 100*f.MemoryBytes/m.MemoryBytes)
+	if f.Fits() {
+		fmt.Fprintf(tw, "fits\tthis machine: %s; %s (a plan fits within %.0f%% of each)\n", memory, disk, 100*FitShare)
+	} else {
+		var what []string
+		if !f.MemoryFits {
+			what = append(what, "memory")
+		}
+		if !f.DiskFits {
+			what = append(what, "disk")
+		}
+		fmt.Fprintf(tw, "DOES NOT FIT\tthis machine's %s: %s; %s (a plan fits within %.0f%% of each: the rest is the Go runtime's room between collections, the page cache and the rest of the machine). Changes that would make it fit follow the plan.\n",
+			strings.Join(what, " and "), memory, disk, 100*FitShare)
+	}
+	tw.Flush()
+}
+
+// PrintFitChanges writes, after a plan that does not fit, the changes that
+// would make it fit, each with the plan's figures after it and its cost.
+func PrintFitChanges(w io.Writer, f Fit) {
+	if f.Fits() {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	gib := func(b float64) string { return fmt.Sprintf("%.2f GiB", b/(1<<30)) }
+	if len(f.Changes) == 0 {
+		fmt.Fprintf(tw, "to fit\tno change of the window, the filters' target or the process count found: run it on a larger machine\n")
+	}
+	for _, c := range f.Changes {
+		mem, disk := needs(c.Plan)
+		verdict := "fits"
+		switch {
+		case !c.MemoryFits && !c.DiskFits:
+			verdict = "still does not fit memory nor disk"
+		case !c.MemoryFits:
+			verdict = "still does not fit memory"
+		case !c.DiskFits:
+			verdict = "fits memory, still not disk"
+		}
+		headroom := fmt.Sprintf("headroom %.2f×", c.Plan.Headroom)
+		if c.Plan.Calibration.KeysPerSec == 0 {
+			headroom = "headroom not calibrated"
+		}
+		fmt.Fprintf(tw, "to fit\t%s: memory %s, disk %s, %s: %s. Cost: %s\n", c.What, gib(mem), gib(disk), headroom, verdict, c.Cost)
+	}
+	tw.Flush()
+}

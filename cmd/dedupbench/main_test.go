@@ -690,3 +690,42 @@ func TestSharedTierFlagsRefused(t *testing.T) {
 		t.Errorf("plan -tiers postgres -archive-window: %v, want bench.ErrPlan", err)
 	}
 }
+
+// TestPlanSaysWhenItDoesNotFit: a plan larger than this machine (2e10 IDs a
+// day: about 260 GiB of filters) says so on its first line and names at
+// least two changes that fit, with their figures; the JSON carries the
+// same verdict.
+func TestPlanSaysWhenItDoesNotFit(t *testing.T) {
+	args := []string{"plan", "-ids-per-day", "2e10", "-calibrate", "50000", "-calibrate-store", "100000", "-dir", t.TempDir()}
+	var out bytes.Buffer
+	if err := run(context.Background(), args, &out, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if !strings.HasPrefix(lines[0], "DOES NOT FIT") {
+		t.Fatalf("first line %q, want the verdict\n%s", lines[0], out.String())
+	}
+	fitting := 0
+	for _, l := range lines {
+		if strings.HasPrefix(l, "to fit") && strings.Contains(l, ": fits. Cost: ") && strings.Contains(l, "GiB") {
+			fitting++
+		}
+	}
+	if fitting < 2 {
+		t.Fatalf("%d changes that fit, want at least 2:\n%s", fitting, out.String())
+	}
+	out.Reset()
+	if err := run(context.Background(), append(args, "-json"), &out, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		bench.Plan
+		Fit bench.Fit
+	}
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Fit.Fits() || got.Fit.MemoryFits || got.Fit.Machine.MemoryBytes <= 0 || len(got.Fit.Changes) < 2 || got.HeapBytes < 100<<30 {
+		t.Fatalf("JSON fit %+v, heap %.0f", got.Fit.Machine, got.HeapBytes)
+	}
+}

@@ -28,6 +28,7 @@ func planCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	segments := fs.Int("segments", 3, "timed parts of the calibration; their median rate is kept")
 	asJSON := fs.Bool("json", false, "print the plan as JSON")
 	archiveWindow := fs.Duration("archive-window", 0, "plan an archive keeping keys this long (0: none)")
+	dir := fs.String("dir", ".", "where the store will live: the plan is checked against the free disk there and this machine's memory (or its cgroup's limit)")
 	var sf sharedFlags
 	sf.bind(fs, "", false)
 	if err := fs.Parse(args); err != nil {
@@ -76,9 +77,19 @@ func planCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		return writeJSON(stdout, pl)
+	m, err := bench.DetectMachine(*dir)
+	if err != nil {
+		return err
 	}
+	fit := bench.CheckFit(pl, m)
+	if *asJSON {
+		return writeJSON(stdout, struct {
+			bench.Plan
+			Fit bench.Fit
+		}{pl, fit})
+	}
+	bench.PrintFitVerdict(stdout, fit)
 	bench.PrintPlan(stdout, pl)
+	bench.PrintFitChanges(stdout, fit)
 	return nil
 }
