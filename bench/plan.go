@@ -218,7 +218,19 @@ type Plan struct {
 	// sealed one moved to the cold database, the open one filling), times
 	// Derate. Headroom is its ratio to IDsPerDay.
 	CapacityPerDay, Headroom float64
+	// CapacityRange is the low and high CapacityPerDay the calibration
+	// supports, HeadroomRange the same as headroom: the slowest and the
+	// fastest of its segments (SegmentRates), times Derate, and, for the
+	// low end, one more LargeStoreFactor for each tenfold the planned store
+	// exceeds MeasuredDerateRatio times the calibration's (the derate was
+	// measured no further).
+	CapacityRange, HeadroomRange [2]float64
 }
+
+// MeasuredDerateRatio is how many times the calibration's store the store
+// of the run that measured LargeStoreFactor held (33.75M keys against
+// 3.75M).
+const MeasuredDerateRatio = 9
 
 // ErrPlan reports an invalid PlanInput.
 var ErrPlan = errors.New("bench: invalid plan input")
@@ -318,6 +330,15 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 	}
 	p.CapacityPerDay = cal.KeysPerSec * p.Derate * 86400
 	p.Headroom = p.CapacityPerDay / in.IDsPerDay
+	lo, hi := cal.spread()
+	lo *= p.Derate
+	if p.Derate != 1 {
+		for x := p.KeysHeld / float64(cal.StoreKeys); x > 10*MeasuredDerateRatio; x /= 10 {
+			lo *= LargeStoreFactor
+		}
+	}
+	p.CapacityRange = [2]float64{lo * 86400, hi * p.Derate * 86400}
+	p.HeadroomRange = [2]float64{p.CapacityRange[0] / in.IDsPerDay, p.CapacityRange[1] / in.IDsPerDay}
 	return p, nil
 }
 
@@ -524,4 +545,14 @@ func CalibrationOf(res *Result) Calibration {
 		}
 	}
 	return cal
+}
+
+// spread is the slowest and the fastest rate of c's segments (its median
+// rate when it has none).
+func (c Calibration) spread() (lo, hi float64) {
+	lo, hi = c.KeysPerSec, c.KeysPerSec
+	for _, r := range c.SegmentRates {
+		lo, hi = min(lo, r), max(hi, r)
+	}
+	return lo, hi
 }

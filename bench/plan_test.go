@@ -79,6 +79,22 @@ func TestPlanDiskAndRedisModel(t *testing.T) {
 	if pl, _ = MakePlan(in, cal); pl.Derate != LargeStoreFactor || pl.CapacityPerDay != 1000*86400*LargeStoreFactor {
 		t.Fatalf("derate %v", pl.Derate)
 	}
+	// The range: the slowest and fastest segments, derated; within the
+	// tenfold of the measured derate's store no further step.
+	cal.SegmentRates = []float64{800, 1000, 1300}
+	pl, _ = MakePlan(in, cal)
+	if lo, hi := pl.CapacityRange[0]/86400, pl.CapacityRange[1]/86400; math.Abs(lo-800*LargeStoreFactor) > 1e-6 || math.Abs(hi-1300*LargeStoreFactor) > 1e-6 ||
+		math.Abs(pl.HeadroomRange[0]-pl.CapacityRange[0]/in.IDsPerDay) > 1e-9 {
+		t.Fatalf("range %v keys/s, headroom %v", pl.CapacityRange, pl.HeadroomRange)
+	}
+	// A store 1000× the calibration's: two more steps at the low end
+	// (1000/90 > 10, 100/90 > 1), none at the high end.
+	in.IDsPerDay = 1e9
+	pl, _ = MakePlan(in, cal)
+	if lo, hi := pl.CapacityRange[0]/86400, pl.CapacityRange[1]/86400; math.Abs(lo-800*math.Pow(LargeStoreFactor, 3)) > 1e-6 || math.Abs(hi-1300*LargeStoreFactor) > 1e-6 {
+		t.Fatalf("range at 1000×: %v keys/s", []float64{lo, hi})
+	}
+	in.IDsPerDay, cal.SegmentRates = 1e7, nil
 	in.Shared, in.Shape = SharedRedis, Snowflake
 	if pl, _ = MakePlan(in, cal); pl.KeyBytes < 18 || pl.KeyBytes > 20 || pl.RedisBytes != pl.KeysHeld*(RedisFixedBytes+pl.KeyBytes) {
 		t.Fatalf("redis: %.1f-byte keys, %.0f bytes", pl.KeyBytes, pl.RedisBytes)

@@ -156,7 +156,15 @@ func PrintPlan(w io.Writer, pl Plan) {
 		p("steady state", "%.0f keys/s on the last day of a full %v window (timed after every live partition was filled%s)",
 			pl.CapacityPerDay/86400, in.Window, derate)
 	}
-	p("headroom", "%.2f×: one process sustains %.3g IDs/day", pl.Headroom, pl.CapacityPerDay)
+	spread := ""
+	if r := pl.HeadroomRange; r[0] > 0 && (r[0] != pl.Headroom || r[1] != pl.Headroom) {
+		spread = fmt.Sprintf(" (range %.2f–%.2f×: the calibration's slowest and fastest segments", r[0], r[1])
+		if lo, _ := c.spread(); pl.Derate != 1 && pl.CapacityRange[0] < lo*pl.Derate*86400*0.999 {
+			spread += fmt.Sprintf(", and at the low end one more × %.2f for each tenfold the store exceeds %d× the calibration's, beyond what the derate was measured at", LargeStoreFactor, MeasuredDerateRatio)
+		}
+		spread += ")"
+	}
+	p("headroom", "%.2f×%s: one process sustains %.3g IDs/day", pl.Headroom, spread, pl.CapacityPerDay)
 	if x := pl.KeysHeld / float64(c.StoreKeys); in.Shared != "" && c.StoreKeys > 0 && x > 1.25 {
 		p("warning", "the planned tier holds %.0f× the calibration's keys: its rate was measured on a smaller one (PostgreSQL slows once its table and index outgrow its memory); raise -calibrate-store, or run the load at scale, before relying on the headroom", x)
 	}
