@@ -325,12 +325,16 @@ func (s *stripe) slotOfLocked(idx uint32) uint32 {
 // releaseToLRULocked turns claim idx into a released entry that remembers
 // its attempts until keepUntil, evicting beyond the limit.
 func (s *stripe) releaseToLRULocked(idx uint32, keepUntil int64) {
+	s.releaseKeepLocked(idx, keepUntil)
+	s.evictLocked()
+}
+
+// releaseKeepLocked is releaseToLRULocked without the eviction (Mark
+// evicts once its stripe's keys are all answered).
+func (s *stripe) releaseKeepLocked(idx uint32, keepUntil int64) {
 	e := &s.entries[idx]
 	s.claims--
 	s.committed++
 	e.state, e.word, e.until = released, [2]uint64{}, keepUntil
 	s.pushFrontLocked(idx)
-	for s.committed > s.limit {
-		s.removeLocked(s.slotOfLocked(s.entries[0].prev))
-	}
 }

@@ -8,13 +8,15 @@ import (
 )
 
 func (s *stripe) acquireLocked(f shard.Fingerprint, token uint64, now, leaseUntil, keepUntil int64) Result {
-	r, _ := s.acquireIdxLocked(f, token, now, leaseUntil, keepUntil)
+	r, _ := s.acquireIdxLocked(f, token, now, leaseUntil, keepUntil, true)
 	return r
 }
 
 // acquireIdxLocked is acquireLocked, also returning the entry index of a
-// claim it installed.
-func (s *stripe) acquireIdxLocked(f shard.Fingerprint, token uint64, now, leaseUntil, keepUntil int64) (Result, uint32) {
+// claim it installed. Without evict, a claim whose expired lease poisons
+// the key keeps its attempt count without evicting anything: the caller
+// evicts (Mark, once its stripe's keys are all answered).
+func (s *stripe) acquireIdxLocked(f shard.Fingerprint, token uint64, now, leaseUntil, keepUntil int64, evict bool) (Result, uint32) {
 	slot, idx := s.findLocked(f)
 	if idx == 0 {
 		idx = s.insertLocked(slot, f)
@@ -36,7 +38,10 @@ func (s *stripe) acquireIdxLocked(f shard.Fingerprint, token uint64, now, leaseU
 			e.attempts++
 			if int(e.attempts) >= s.maxAttempts {
 				a := e.attempts
-				s.releaseToLRULocked(idx, keepUntil)
+				s.releaseKeepLocked(idx, keepUntil)
+				if evict {
+					s.evictLocked()
+				}
 				return Result{Status: tier.Poisoned, Attempts: a, Expired: true}, 0
 			}
 		}

@@ -178,7 +178,7 @@ func (t *Table) Mark(fps []shard.Fingerprint, tokens []uint64, digests []Digest,
 				d = digests[i]
 			}
 			var idx uint32
-			out[i], idx = s.acquireIdxLocked(fps[i], tokens[i], now, leaseUntil, keepUntil)
+			out[i], idx = s.acquireIdxLocked(fps[i], tokens[i], now, leaseUntil, keepUntil, false)
 			if idx != 0 {
 				s.commitKeepLocked(idx, expires, d)
 			}
