@@ -713,9 +713,10 @@ func (a *archiver) readLagging(ctx context.Context, ns string, keys [][]byte, fr
 // that left the window and from the archive, answering in out what it
 // found (the newest); the caller holds a.mu's read lock, so no partition
 // is archived meanwhile and next stays where it is. Behind a shared tier's
-// archive log it only reads the archive: the caller calls it before the
-// shared tier appends the removal, and then waits (waitApplied) until the
-// drain has applied it.
+// archive log it only reads the archive, once the drain has applied what
+// the log held when it was called: the caller calls it before the shared
+// tier appends the removal, and then waits (waitApplied) until the drain
+// has applied that too.
 func (a *archiver) forget(ctx context.Context, ns string, keys [][]byte, now int64, out []tier.Answer) error {
 	cur := a.e.parts.Of(now)
 	oldest, next := a.oldest(cur), a.next.Load()
@@ -724,6 +725,13 @@ func (a *archiver) forget(ctx context.Context, ns string, keys [][]byte, now int
 	}
 	if a.log != nil {
 		next = cur + 1 // every partition the log fills, sealed or not
+		// A commit still only in the log (Redis let the key go, the drain
+		// has not applied it yet) is invisible to the read: wait until the
+		// drain has applied what the log holds now, or fail as a Lookup
+		// does, rather than answer New for a key that holds a commit.
+		if err := a.waitApplied(ctx); err != nil {
+			return err
+		}
 	} else if err := a.readLagging(ctx, ns, keys, max(next, oldest), a.e.parts.Oldest(cur), out, true); err != nil {
 		return err
 	}

@@ -284,11 +284,16 @@ func TestArchiveBehindRedisLags(t *testing.T) {
 		t.Fatalf("Forget while the log holds the key: %v, want ErrUnavailable", err)
 	}
 	close(stop)
-	infos := waitFromArchive(t, e, [][]byte{keys[0], keys[1], keys[3]}, 10*time.Second)
+	infos := waitFromArchive(t, e, [][]byte{keys[0], keys[1], keys[2], keys[3]}, 10*time.Second)
 	if infos[0].CommittedAt > committed.UnixNano() {
 		t.Fatalf("committed at %v, after %v", time.Unix(0, infos[0].CommittedAt), committed)
 	}
-	// The forget, applied after the commit, removed it from the archive.
+	// The failed Forget changed nothing (it failed before Redis appended
+	// its removal): the key is still held, and a Forget now answers that
+	// and removes it from the archive.
+	if info, err := e.Forget(ctx, keys[2]); err != nil || info.Outcome != engine.Duplicate {
+		t.Fatalf("Forget once the log drained: %+v, %v; want what it held, Duplicate", info, err)
+	}
 	if info, err := e.Lookup(ctx, keys[2]); err != nil || info.Outcome != engine.New {
 		t.Fatalf("forgotten key: %+v, %v", info, err)
 	}
