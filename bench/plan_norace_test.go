@@ -33,7 +33,10 @@ import (
 // shared machine swing, so calibration and run alternate three times, and
 // each calibration is compared with the run right after it (the nearest in
 // time, so the nearest in the machine's load): the median of the three
-// ratios must be within 25 % of one. (Comparing the medians of each, one
+// ratios must be within 25 % of one, or, allowing for the spread the
+// calibration measured, most runs within their round's planned range
+// (Plan.CapacityRange) widened by 25 %. Bloom, heap and disk are not
+// load-sensitive and stay within 25 % each. (Comparing the medians of each, one
 // CI run failed with calibrations of 83, 67 and 157 k keys/s beside runs
 // of 93, 152 and 153 k: the machine, not the plan, moved.)
 func TestPlanAgreesWithRun(t *testing.T) {
@@ -54,6 +57,7 @@ func TestPlanAgreesWithRun(t *testing.T) {
 				Tiers: engine.Default, MemoryCapacity: memory,
 			}
 			var calRates, runRates, runDisk, runHeap []float64
+			var calRanges [][2]float64
 			var pl Plan
 			var res *Result
 			for round := range 3 {
@@ -85,6 +89,7 @@ func TestPlanAgreesWithRun(t *testing.T) {
 						pl.Derate, pl.Live, res.Stats.PartitionDropped, len(res.PerDay), res.Stats.StoreHits)
 				}
 				calRates = append(calRates, pl.CapacityPerDay/86400)
+				calRanges = append(calRanges, [2]float64{pl.CapacityRange[0] / 86400, pl.CapacityRange[1] / 86400})
 				runRates = append(runRates, res.PerDay[1].KeysPerSec)
 				// The disk as it stood through the second day: compactions
 				// in flight come and go, so one instant is not the store's
@@ -124,8 +129,21 @@ func TestPlanAgreesWithRun(t *testing.T) {
 			for i := range calRates {
 				ratios[i] = calRates[i] / runRates[i]
 			}
-			t.Logf("keys/s, plan / run of each round: %.2f", ratios)
-			within(t, "keys/s (second day), plan / run of each round, median ×1000", 1000*median(ratios), 1000)
+			t.Logf("keys/s, plan / run of each round: %.2f; the plans' ranges %.0f", ratios, calRanges)
+			// The spread the calibration measured is allowed for: the
+			// median ratio within 25 % of one, or, on a machine whose load
+			// moved within the calibration, most rounds' runs within the
+			// round's planned range (its slowest to fastest segment) widened
+			// by 25 %.
+			inRange := 0
+			for i, r := range calRanges {
+				if runRates[i] >= 0.75*r[0] && runRates[i] <= 1.25*r[1] {
+					inRange++
+				}
+			}
+			if m := median(ratios); math.Abs(m-1) > 0.25 && 2*inRange <= len(calRanges) {
+				t.Errorf("keys/s (second day): median plan / run %.2f, and %d of %d runs within their plan's range widened by 25 %%", m, inRange, len(calRanges))
+			}
 		})
 	}
 }
