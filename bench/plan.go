@@ -332,7 +332,7 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 	p.Headroom = p.CapacityPerDay / in.IDsPerDay
 	lo, hi := cal.spread()
 	lo *= p.Derate
-	if p.Derate != 1 {
+	if p.Derate != 1 && cal.StoreKeys > 0 {
 		for x := p.KeysHeld / float64(cal.StoreKeys); x > 10*MeasuredDerateRatio; x /= 10 {
 			lo *= LargeStoreFactor
 		}
