@@ -53,6 +53,34 @@ func ra2WaitDrained(t *testing.T, e *engine.Engine, within time.Duration) {
 	}
 }
 
+// ra2StallDrain holds prefix's drain lease as a dead drainer would, for a
+// minute, so that no engine drains the archive log until the test deletes
+// the returned key.
+func ra2StallDrain(t *testing.T, c *goredis.Client, prefix string) string {
+	t.Helper()
+	lease := prefix + "\x00\xffdrain"
+	if err := c.Set(context.Background(), lease, "a-dead-drainer", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return lease
+}
+
+// forgetAtGate runs e.Forget(key) in the background (forgetAsync) and
+// waits until it reaches gate (its archive query naming the key waits
+// there); the channel gets the Forget's answer once the gate is released.
+func forgetAtGate(t *testing.T, e *engine.Engine, key []byte, gate *gatedDB) <-chan forgetResult {
+	t.Helper()
+	forgot := forgetAsync(e, key)
+	select {
+	case <-gate.entered:
+	case r := <-forgot:
+		t.Fatalf("Forget returned without reading the archive for the key: %+v, %v", r.info, r.err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Forget never reached the archive")
+	}
+	return forgot
+}
+
 // ra2WaitGone waits until Redis no longer holds key (its TTL passed).
 func ra2WaitGone(t *testing.T, c *goredis.Client, rkey string, within time.Duration) {
 	t.Helper()
@@ -398,10 +426,7 @@ func TestRArchAttackRestartUndrained(t *testing.T) {
 	prefix := fmt.Sprintf("undrained-%d:", time.Now().UnixNano())
 	arch := redisArchive(t)
 	ctx := context.Background()
-	lease := prefix + "\x00\xffdrain"
-	if err := c.Set(ctx, lease, "a-dead-drainer", time.Minute).Err(); err != nil {
-		t.Fatal(err)
-	}
+	lease := ra2StallDrain(t, c, prefix)
 	a := ra2Open(t, redisArchiveOptions(c, prefix, arch))
 	keys := keysOf("undrained", 100)
 	outs := make([]engine.Outcome, len(keys))
@@ -614,22 +639,7 @@ func TestRArchAttackForgetRacesRecommit(t *testing.T) {
 		t.Fatalf("first commit: %v, %v", x, err)
 	}
 	gate.armed.Store(true)
-	type result struct {
-		info engine.KeyInfo
-		err  error
-	}
-	forgot := make(chan result, 1)
-	go func() {
-		info, err := a.Forget(ctx, key)
-		forgot <- result{info, err}
-	}()
-	select {
-	case <-gate.entered: // its read of the archive waits
-	case r := <-forgot:
-		t.Fatalf("Forget returned without reading the archive for the key: %+v, %v", r.info, r.err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("Forget never returned nor reached the archive")
-	}
+	forgot := forgetAtGate(t, a, key, gate) // its read of the archive waits
 	if cl, err := b.Claim(ctx, key); err != nil || cl.Outcome != engine.Duplicate {
 		close(gate.release)
 		t.Fatalf("claim while the Forget reads the archive, before Redis removed the key: %v, %v; want Duplicate", cl.Outcome, err)
@@ -651,7 +661,7 @@ func TestRArchAttackForgetRacesRecommit(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+arch.Table+" WHERE key = $1", key).Scan(&before); err != nil {
 		t.Fatal(err)
 	}
-	var early result
+	var early forgetResult
 	select {
 	case early = <-forgot:
 	case <-time.After(35 * time.Second):
@@ -911,28 +921,13 @@ func TestRArchForgetAnswersWhatItHeld(t *testing.T) {
 	// Absent, and what the key held must come from the archive.
 	ra2WaitGone(t, c, redisKeyOf(prefix, "", key), 10*time.Second)
 	gate.armed.Store(true)
-	type result struct {
-		info engine.KeyInfo
-		err  error
-	}
-	forgot := make(chan result, 1)
-	go func() {
-		info, err := a.Forget(ctx, key)
-		forgot <- result{info, err}
-	}()
-	select {
-	case <-gate.entered:
-	case r := <-forgot:
-		t.Fatalf("Forget returned without reading the archive for the key: %+v, %v", r.info, r.err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("Forget never reached the archive")
-	}
+	forgot := forgetAtGate(t, a, key, gate)
 	waited := time.Now()
 	for deadline := time.Now().Add(2 * time.Second); rows() > 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 	}
 	t.Logf("the archive held %d rows of the key after %v, when its read went on", rows(), time.Since(waited).Round(time.Millisecond))
 	close(gate.release)
-	var r result
+	var r forgetResult
 	select {
 	case r = <-forgot:
 	case <-time.After(35 * time.Second):

@@ -244,10 +244,7 @@ func TestForgetLogLaggingDrain(t *testing.T) {
 	prefix := fmt.Sprintf("rvlag-%d:", time.Now().UnixNano())
 	arch := redisArchive(t)
 	ctx := context.Background()
-	lease := prefix + "\x00\xffdrain"
-	if err := c.Set(ctx, lease, "a-dead-drainer", time.Minute).Err(); err != nil {
-		t.Fatal(err)
-	}
+	lease := ra2StallDrain(t, c, prefix)
 	a := ra2Open(t, redisArchiveOptions(c, prefix, arch))
 	keys := [][]byte{[]byte("lagged-1"), []byte("lagged-2")}
 	for i, k := range keys {
