@@ -901,6 +901,14 @@ func rvStripedRun(t *testing.T, seed uint64, stripes, capacity, nkeys, steps int
 	for i := range keys {
 		keys[i] = fmt.Sprintf("s%05d", i)
 	}
+	// pick draws n keys (with repeats) from keys.
+	pick := func(n int) []string {
+		ks := make([]string, n)
+		for i := range ks {
+			ks[i] = keys[r.IntN(len(keys))]
+		}
+		return ks
+	}
 	digestOf := func(k string, v int) engine.Digest { // a few digests a key
 		d := engine.DigestOf([]byte(k))
 		d[15] = byte(v)
@@ -971,10 +979,7 @@ func rvStripedRun(t *testing.T, seed uint64, stripes, capacity, nkeys, steps int
 			}
 		case op < 80: // LookupBatch
 			n := 1 + r.IntN(64)
-			ks := make([]string, n)
-			for i := range ks {
-				ks[i] = keys[r.IntN(len(keys))]
-			}
+			ks := pick(n)
 			log = append(log, fmt.Sprintf("LookupBatch %v", ks))
 			out := make([]engine.KeyInfo, n)
 			if err := e.LookupBatch(ctx, rvBytes(ks), out); err != nil {
@@ -991,10 +996,7 @@ func rvStripedRun(t *testing.T, seed uint64, stripes, capacity, nkeys, steps int
 			}
 		case op < 90: // ForgetBatch
 			n := 1 + r.IntN(8)
-			ks := make([]string, n)
-			for i := range ks {
-				ks[i] = keys[r.IntN(len(keys))]
-			}
+			ks := pick(n)
 			log = append(log, fmt.Sprintf("ForgetBatch %v", ks))
 			out := make([]engine.KeyInfo, n)
 			if err := e.ForgetBatch(ctx, rvBytes(ks), out); err != nil {
