@@ -15,12 +15,12 @@ import (
 	"github.com/tierdedup/tierdedup/engine"
 )
 
-// TestReview28ImportIsDurable: an engine with sealed partitions (moved
+// TestMovesImportIsDurable: an engine with sealed partitions (moved
 // into the cold database) is exported and imported into another
 // directory; Import returns nil, then the machine crashes (a crashable
 // file system keeps only what was synced). The imported directory must
 // open with every key a Duplicate: Import said it replaced the directory.
-func TestReview28ImportIsDurable(t *testing.T) {
+func TestMovesImportIsDurable(t *testing.T) {
 	ctx := context.Background()
 	fs := newCrashFS()
 	clock := newClock()
@@ -48,8 +48,8 @@ func TestReview28ImportIsDurable(t *testing.T) {
 	allDuplicates(t, e2, keys)
 }
 
-// r28Key is one key of the review model: what the engine acknowledged.
-type r28Key struct {
+// moveKey is one key of the model: what the engine acknowledged.
+type moveKey struct {
 	ns, key   string
 	committed bool   // acknowledged commit (not forgotten since)
 	at        int64  // engine time of the commit, or of the last release
@@ -57,16 +57,16 @@ type r28Key struct {
 	attempts  uint16 // failed claims counted (not committed keys)
 }
 
-// r28World drives an engine over hour partitions (4-hour window, five
+// moveWorld drives an engine over hour partitions (4-hour window, five
 // live), a namespace "short" with a 90-minute window, MaxAttempts 3 and a
 // checkpoint every 40 keys, and keeps what was acknowledged.
-type r28World struct {
+type moveWorld struct {
 	t     *testing.T
 	fs    crashFS
 	clock *fakeClock
 	o     engine.Options
 	e     *engine.Engine
-	keys  map[string]*r28Key
+	keys  map[string]*moveKey
 	order []string
 	n     int
 	// live is the number of live partitions; keptFrom the oldest partition
@@ -75,19 +75,19 @@ type r28World struct {
 	keptFrom int64
 }
 
-const r28Short = 90 * time.Minute
+const moveShort = 90 * time.Minute
 
-func newR28World(t *testing.T) *r28World {
+func newMoveWorld(t *testing.T) *moveWorld {
 	engine.SetCheckpointKeys(40)
 	t.Cleanup(func() { engine.SetCheckpointKeys(0) })
-	w := &r28World{t: t, fs: newCrashFS(), clock: newClock(), keys: map[string]*r28Key{}, live: 5}
+	w := &moveWorld{t: t, fs: newCrashFS(), clock: newClock(), keys: map[string]*moveKey{}, live: 5}
 	w.o = engine.Options{Dir: "db", FS: w.fs, Clock: w.clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 2000,
-		MaxAttempts: 3, NamespaceWindows: map[string]time.Duration{"short": r28Short}}
+		MaxAttempts: 3, NamespaceWindows: map[string]time.Duration{"short": moveShort}}
 	w.e = open(t, w.o)
 	return w
 }
 
-func (w *r28World) ns(name string) *engine.Namespace {
+func (w *moveWorld) ns(name string) *engine.Namespace {
 	n, err := w.e.Namespace(name)
 	if err != nil {
 		w.t.Fatal(err)
@@ -95,22 +95,22 @@ func (w *r28World) ns(name string) *engine.Namespace {
 	return n
 }
 
-func (w *r28World) key(ns, k string) *r28Key {
+func (w *moveWorld) key(ns, k string) *moveKey {
 	id := ns + "/" + k
 	if m, ok := w.keys[id]; ok {
 		return m
 	}
-	m := &r28Key{ns: ns, key: k}
+	m := &moveKey{ns: ns, key: k}
 	w.keys[id] = m
 	w.order = append(w.order, id)
 	return m
 }
 
-func (w *r28World) now() int64 { return w.clock.Now().UnixNano() }
+func (w *moveWorld) now() int64 { return w.clock.Now().UnixNano() }
 
 // hour runs one hour of work: marks in both namespaces, stored results,
 // failed claims (attempt counts), and a Forget of an older and a fresh key.
-func (w *r28World) hour() {
+func (w *moveWorld) hour() {
 	t, ctx := w.t, context.Background()
 	w.n++
 	h := w.n
@@ -171,14 +171,14 @@ func (w *r28World) hour() {
 }
 
 // want is what a Lookup of m must answer at engine time now.
-func (w *r28World) want(m *r28Key, now int64) (engine.Outcome, uint16) {
+func (w *moveWorld) want(m *moveKey, now int64) (engine.Outcome, uint16) {
 	length := int64(time.Hour)
 	p := m.at / length
 	live := now < (p+w.live)*length && p >= w.keptFrom
 	switch {
 	case !live:
 		return engine.New, 0
-	case m.committed && m.ns == "short" && now-m.at >= int64(r28Short):
+	case m.committed && m.ns == "short" && now-m.at >= int64(moveShort):
 		return engine.New, 0
 	case m.committed:
 		return engine.Duplicate, 0
@@ -189,7 +189,7 @@ func (w *r28World) want(m *r28Key, now int64) (engine.Outcome, uint16) {
 }
 
 // check looks every key up and compares it with the model.
-func (w *r28World) check(what string) {
+func (w *moveWorld) check(what string) {
 	t, ctx := w.t, context.Background()
 	waitWarm(t, w.e)
 	now := w.now()
@@ -229,7 +229,7 @@ func (w *r28World) check(what string) {
 
 // reopen crashes (CrashClone of the synced state) or closes the engine and
 // opens it again with o changed by change (nil: as it was).
-func (w *r28World) reopen(crash bool, change func(*engine.Options)) {
+func (w *moveWorld) reopen(crash bool, change func(*engine.Options)) {
 	if crash {
 		w.fs = w.fs.CrashClone(vfs.CrashCloneCfg{})
 		_ = w.e.Close()
@@ -243,7 +243,7 @@ func (w *r28World) reopen(crash bool, change func(*engine.Options)) {
 	w.e = open(w.t, w.o)
 }
 
-// TestReview28ModelAcrossMovesCrashesAndImport runs hours of marks,
+// TestMovesModelAcrossMovesCrashesAndImport runs hours of marks,
 // stored results, attempt counts and Forgets in two namespaces (one with a
 // 90-minute window) while sealed partitions move to the cold database and
 // the open one is checkpointed; crashes at several points, a clean
@@ -252,8 +252,8 @@ func (w *r28World) reopen(crash bool, change func(*engine.Options)) {
 // (Duplicate with its result inside its window, New after it or after
 // Forget, its attempt count), and after each crash the filters must be
 // warm at Open from the checkpoints.
-func TestReview28ModelAcrossMovesCrashesAndImport(t *testing.T) {
-	w := newR28World(t)
+func TestMovesModelAcrossMovesCrashesAndImport(t *testing.T) {
+	w := newMoveWorld(t)
 	defer func() { _ = w.e.Close() }()
 	step := func(crash bool) {
 		w.clock.Add(time.Hour)
@@ -306,14 +306,14 @@ func TestReview28ModelAcrossMovesCrashesAndImport(t *testing.T) {
 	w.check("crash, then a 6-hour window")
 }
 
-// TestReview28ConcurrentCrashRestore: four writers mark fresh keys while
+// TestMovesConcurrentCrashRestore: four writers mark fresh keys while
 // the clock crosses partitions, partitions seal and move and the open
 // partitions are checkpointed every 64 keys; the file system is cloned as
 // a machine crash would leave it at a random moment. The clone must open
 // warm from the checkpoints, and every key acknowledged before the crash
 // (all inside the window) must be a Duplicate at once: a key the
 // restored filters missed would be New.
-func TestReview28ConcurrentCrashRestore(t *testing.T) {
+func TestMovesConcurrentCrashRestore(t *testing.T) {
 	engine.SetCheckpointKeys(64)
 	defer engine.SetCheckpointKeys(0)
 	for round := range 6 {
@@ -403,9 +403,9 @@ func TestReview28ConcurrentCrashRestore(t *testing.T) {
 	}
 }
 
-// r28MovedEngine is sealedEngine's store with at least one partition
+// movedEngine is sealedEngine's store with at least one partition
 // moved into the cold database, closed cleanly.
-func r28MovedEngine(t *testing.T, fs vfs.FS) (engine.Options, [][]byte) {
+func movedEngine(t *testing.T, fs vfs.FS) (engine.Options, [][]byte) {
 	t.Helper()
 	e, o, keys := sealedEngine(t, fs, newClock(), 4, 50)
 	waitFor(t, "a partition moved", func() bool { return e.Stats().ColdPartitions > 0 })
@@ -415,12 +415,12 @@ func r28MovedEngine(t *testing.T, fs vfs.FS) (engine.Options, [][]byte) {
 	return o, keys
 }
 
-// TestReview28ColdStoreRefusals: through engine.Open, a cold directory of
+// TestMovesColdStoreRefusals: through engine.Open, a cold directory of
 // another store and a missing one after a move are refused with ErrLayout
 // (errors.Is), no panic; a cold path that is a file is a typed error too.
-func TestReview28ColdStoreRefusals(t *testing.T) {
+func TestMovesColdStoreRefusals(t *testing.T) {
 	fs := vfs.NewMem()
-	o, _ := r28MovedEngine(t, fs)
+	o, _ := movedEngine(t, fs)
 	other := o
 	other.Dir = "theirs"
 	_ = open(t, other).Close()
@@ -460,14 +460,14 @@ func TestReview28ColdStoreRefusals(t *testing.T) {
 	_ = open(t, o).Close()
 }
 
-// TestReview28RefusedOpenChangesNothing: an Open refused because the
+// TestMovesRefusedOpenChangesNothing: an Open refused because the
 // cold database is missing must leave the store as it was. Asked with a
 // longer window, it records that window before it looks at the cold
 // database, so once the cold database is back an Open with the store's
 // own window is refused (ErrLayout: the window "shrinks").
-func TestReview28RefusedOpenChangesNothing(t *testing.T) {
+func TestMovesRefusedOpenChangesNothing(t *testing.T) {
 	fs := vfs.NewMem()
-	o, keys := r28MovedEngine(t, fs)
+	o, keys := movedEngine(t, fs)
 	if err := fs.Rename("db/cold", "aside"); err != nil {
 		t.Fatal(err)
 	}
@@ -487,11 +487,11 @@ func TestReview28RefusedOpenChangesNothing(t *testing.T) {
 	allDuplicates(t, e, keys)
 }
 
-// r28ToVersion2 rewrites the closed store in db as the previous layout
+// moveToVersion2 rewrites the closed store in db as the previous layout
 // (format version 2) left it: every record in the hot database, no cold
 // database, no journal, checkpoint record or checkpoint files, no record
 // of a move.
-func r28ToVersion2(t *testing.T, fs vfs.FS) {
+func moveToVersion2(t *testing.T, fs vfs.FS) {
 	t.Helper()
 	hot, err := pebble.Open("db", &pebble.Options{FS: fs, Logger: quietPebble{}})
 	if err != nil {
@@ -550,20 +550,20 @@ func (quietPebble) Fatalf(format string, args ...any) {
 	panic(fmt.Sprintf(format, args...))
 }
 
-// TestReview28Version2StoreOpens: a store of the previous layout (no cold
+// TestMovesVersion2StoreOpens: a store of the previous layout (no cold
 // database) opens, cleanly closed (warm from its snapshot) and as after a
 // crash (no snapshot: scanned), with every key a Duplicate; its sealed
 // partitions then move, a Forget reaches them, and a crash after its
 // first checkpoint is warm at Open.
-func TestReview28Version2StoreOpens(t *testing.T) {
+func TestMovesVersion2StoreOpens(t *testing.T) {
 	engine.SetCheckpointKeys(40)
 	defer engine.SetCheckpointKeys(0)
 	for _, clean := range []bool{true, false} {
 		t.Run(fmt.Sprintf("clean=%v", clean), func(t *testing.T) {
 			ctx := context.Background()
 			fs := newCrashFS()
-			o, keys := r28MovedEngine(t, fs)
-			r28ToVersion2(t, fs)
+			o, keys := movedEngine(t, fs)
+			moveToVersion2(t, fs)
 			if !clean {
 				if err := fs.Remove("db/tierdedup-bloom.snapshot"); err != nil {
 					t.Fatal(err)
@@ -603,10 +603,10 @@ func TestReview28Version2StoreOpens(t *testing.T) {
 	}
 }
 
-// TestReview28ExportIsDurable: Export returns, the machine crashes; the
+// TestMovesExportIsDurable: Export returns, the machine crashes; the
 // export (hot and cold databases, sealed filters, manifest) must be whole:
 // an Import of it opens with every key a Duplicate.
-func TestReview28ExportIsDurable(t *testing.T) {
+func TestMovesExportIsDurable(t *testing.T) {
 	ctx := context.Background()
 	fs := newCrashFS()
 	e, o, keys := sealedEngine(t, fs, newClock(), 4, 50)
@@ -625,11 +625,11 @@ func TestReview28ExportIsDurable(t *testing.T) {
 	allDuplicates(t, e, keys)
 }
 
-// TestReview28AdvanceAndTokensAcrossMovesAndCrash: entity versions
+// TestMovesAdvanceAndTokensAcrossMovesAndCrash: entity versions
 // committed in partitions that then move into the cold database, and
 // tokens issued and used there, keep their answers across a crash
 // (restored from the checkpoint) and an export imported elsewhere.
-func TestReview28AdvanceAndTokensAcrossMovesAndCrash(t *testing.T) {
+func TestMovesAdvanceAndTokensAcrossMovesAndCrash(t *testing.T) {
 	engine.SetCheckpointKeys(20)
 	defer engine.SetCheckpointKeys(0)
 	ctx := context.Background()
@@ -715,12 +715,12 @@ func TestReview28AdvanceAndTokensAcrossMovesAndCrash(t *testing.T) {
 	adv(e, "order-1", 3, engine.New)
 }
 
-// TestReview28ExpiryAtTheWindowsEnd: keys committed at the start and the
+// TestMovesExpiryAtTheWindowsEnd: keys committed at the start and the
 // end of a partition, in the default namespace and in one with a
 // 90-minute window, read from the cold database after a crash, are
 // Duplicates until the last nanosecond the docs allow and New from then
 // on, across a crash at the boundary.
-func TestReview28ExpiryAtTheWindowsEnd(t *testing.T) {
+func TestMovesExpiryAtTheWindowsEnd(t *testing.T) {
 	engine.SetCheckpointKeys(10)
 	defer engine.SetCheckpointKeys(0)
 	ctx := context.Background()
@@ -803,7 +803,7 @@ func TestReview28ExpiryAtTheWindowsEnd(t *testing.T) {
 	lookup(e, "", "late", engine.New)
 }
 
-// TestReview28ForgetRightAfterCrashInMove: a crash while a sealed
+// TestMovesForgetRightAfterCrashInMove: a crash while a sealed
 // partition's move has ingested it into the cold database but not yet
 // recorded it (the machine crash is a CrashClone taken at that point);
 // the next process forgets a key of that partition right after Open,
@@ -814,7 +814,7 @@ func TestReview28ExpiryAtTheWindowsEnd(t *testing.T) {
 // to the cold copy ingested before. Open often returns before the mover
 // has completed the move (about half the rounds here), so a few rounds
 // find it.
-func TestReview28ForgetRightAfterCrashInMove(t *testing.T) {
+func TestMovesForgetRightAfterCrashInMove(t *testing.T) {
 	ctx := context.Background()
 	defer engine.SetInMove(nil)
 	for round := range 20 {
@@ -868,12 +868,12 @@ func TestReview28ForgetRightAfterCrashInMove(t *testing.T) {
 	}
 }
 
-// TestReview28ColdDirectoryIsNotAStore: a store's cold database opened as
+// TestMovesColdDirectoryIsNotAStore: a store's cold database opened as
 // a store's Dir (a wrong path) must be refused with a typed error, not
 // made into a store of its own inside the other store's cold database.
-func TestReview28ColdDirectoryIsNotAStore(t *testing.T) {
+func TestMovesColdDirectoryIsNotAStore(t *testing.T) {
 	fs := vfs.NewMem()
-	o, keys := r28MovedEngine(t, fs)
+	o, keys := movedEngine(t, fs)
 	wrong := o
 	wrong.Dir = "db/cold"
 	wrong.Logger = quiet

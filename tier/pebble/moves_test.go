@@ -12,11 +12,11 @@ import (
 	"github.com/tierdedup/tierdedup/tier"
 )
 
-// review28Ingested leaves partition 10 of a coldFixture store as a crash
+// moveIngested leaves partition 10 of a coldFixture store as a crash
 // between a move's steps 2 and 3 leaves it: sealed, its records and marker
 // ingested into the cold database, keyMoved not recorded, every record
 // still in the hot database (where reads find it).
-func review28Ingested(t *testing.T, s *Store) {
+func moveIngested(t *testing.T, s *Store) {
 	t.Helper()
 	if err := s.set(sealKey(10), make([]byte, sealLen)); err != nil {
 		t.Fatal(err)
@@ -39,7 +39,7 @@ func review28Ingested(t *testing.T, s *Store) {
 	}
 }
 
-// TestReview28ForgetBeforeInterruptedMoveCompletes: a move ingested
+// TestMovesForgetBeforeInterruptedMoveCompletes: a move ingested
 // partition 10 into the cold database and the process crashed before it
 // recorded keyMoved (the state TestInterruptedMoveCompletes builds). The
 // next process forgets a key of partition 10 before its mover completes
@@ -54,13 +54,13 @@ func review28Ingested(t *testing.T, s *Store) {
 // completes that move by itself (no hot record left to find), but the
 // move of partition 11 makes coldUpTo 11, and partition 10's stale cold
 // copy answers for every forgotten key.
-func TestReview28ForgetBeforeInterruptedMoveCompletes(t *testing.T) {
+func TestMovesForgetBeforeInterruptedMoveCompletes(t *testing.T) {
 	const n = 50
 	for _, all := range []bool{false, true} {
 		t.Run(fmt.Sprintf("all=%v", all), func(t *testing.T) {
 			dir := t.TempDir()
 			s := coldFixture(t, dir, n)
-			review28Ingested(t, s)
+			moveIngested(t, s)
 			forget := []tier.Request{{NS: "ns", Key: []byte("p10-k7"), Oldest: 9, Mask: 0b1110}}
 			if all {
 				forget = forget[:0]
@@ -117,11 +117,11 @@ func TestReview28ForgetBeforeInterruptedMoveCompletes(t *testing.T) {
 	}
 }
 
-// TestReview28MoveOfManyTables: a partition larger than moveTableSize is
+// TestMovesMoveOfManyTables: a partition larger than moveTableSize is
 // moved as several tables in one ingest; every key still answers
 // Committed from the cold database, a Forget there holds across a reopen,
 // and Scan sees each record once.
-func TestReview28MoveOfManyTables(t *testing.T) {
+func TestMovesMoveOfManyTables(t *testing.T) {
 	const n = 150_000
 	dir := t.TempDir()
 	s := open(t, Options{Dir: dir})
