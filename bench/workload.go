@@ -97,6 +97,26 @@ type WorkloadConfig struct {
 	Span time.Duration
 	// Seed makes the stream reproducible.
 	Seed uint64
+	// Sample, if set, replaces Shape and KeySize: fresh keys are
+	// synthesised from the sample's model of the user's keys (see
+	// Sample), the stream walking the sample in its order.
+	Sample *Sample
+	// Source, if set, replaces Shape, KeySize and Sample: the key of
+	// fresh index i is Source.AppendKey(dst, i) (a generator of the
+	// user's own).
+	Source KeySource `json:"-"`
+}
+
+// KeysName names the keys of c for reports: the shape, the sample or
+// "custom".
+func (c WorkloadConfig) KeysName() string {
+	switch {
+	case c.Source != nil:
+		return "custom"
+	case c.Sample != nil:
+		return c.Sample.String()
+	}
+	return c.Shape.String()
 }
 
 // Validate reports every invalid field at once.
@@ -116,6 +136,12 @@ func (c *WorkloadConfig) Validate() error {
 	}
 	if c.DupReach < 0 || c.Span < 0 {
 		errs = append(errs, fmt.Errorf("%w: DupReach %v and Span %v must not be negative", ErrConfig, c.DupReach, c.Span))
+	}
+	if (c.Sample != nil || c.Source != nil) && c.KeySize != 0 {
+		errs = append(errs, fmt.Errorf("%w: KeySize %d with a Sample or Source, whose keys have their own lengths", ErrConfig, c.KeySize))
+	}
+	if c.Sample != nil && c.Source != nil {
+		errs = append(errs, fmt.Errorf("%w: both a Sample and a Source", ErrConfig))
 	}
 	if c.KeySize < 0 || c.KeySize > MaxKeySize || c.KeySize > 0 && c.KeySize < c.Shape.minSize() {
 		errs = append(errs, fmt.Errorf("%w: KeySize %d outside [%d, %d] for %s keys", ErrConfig, c.KeySize, c.Shape.minSize(), MaxKeySize, c.Shape))
@@ -139,6 +165,7 @@ type Stream struct {
 	step    time.Duration
 	perStep float64 // fresh keys per nanosecond of simulated time
 	start   time.Time
+	src     KeySource // Source, or the Sample's; nil: Shape and KeySize
 }
 
 // Start is the simulated time of the first message.
@@ -162,6 +189,15 @@ func NewStream(c WorkloadConfig) (*Stream, error) {
 	}
 	if c.Zipf > 1 {
 		s.zipf = rand.NewZipf(s.rng, c.Zipf, 1, 1<<40)
+	}
+	s.src = c.Source
+	if c.Sample != nil && c.Source == nil {
+		fresh := float64(c.Keys) * (1 - c.DupRatio - c.InBatchRepeat)
+		src, err := c.Sample.source(int64(fresh), c.Keys, c.Seed)
+		if err != nil {
+			return nil, err
+		}
+		s.src = src
 	}
 	return s, nil
 }
@@ -254,6 +290,9 @@ const padAlphabet = "abcdefghijklmnopqrstuvwxyz234567"
 // keys after their number ("order:123/k3v…"), other shapes before their
 // own form. The padding is a function of i, so a duplicate repeats it.
 func (s *Stream) appendKey(dst []byte, i int64) []byte {
+	if s.src != nil {
+		return s.src.AppendKey(dst, i)
+	}
 	if s.c.KeySize == 0 {
 		return s.appendShaped(dst, i)
 	}
