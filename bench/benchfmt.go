@@ -18,7 +18,7 @@ func PrintBenchHeader(w io.Writer, rc RunConfig) {
 		fmt.Fprintf(w, "cpu: %s\n", cpu)
 	}
 	fmt.Fprintf(w, "tiers: %s\nkeys: %d\nshape: %s\ndup: %g\nreach: %v\nspan: %v\ninbatch: %g\nzipf: %g\nseed: %d\n",
-		rc.TiersName(), c.Keys, c.Shape, c.DupRatio, c.DupReach, c.Span, c.InBatchRepeat, c.Zipf, c.Seed)
+		rc.TiersName(), c.Keys, c.KeysName(), c.DupRatio, c.DupReach, c.Span, c.InBatchRepeat, c.Zipf, c.Seed)
 	fmt.Fprintf(w, "window: %v\npartition: %v\nfp: %g\nmemory: %d\nnosync: %t\n", o.Window, o.Partition, o.FalsePositive, o.MemoryCapacity, o.NoSync)
 	batch, workers := rc.Batch, rc.Workers
 	if batch <= 0 {

@@ -81,8 +81,12 @@ type PlanInput struct {
 	// store keeps the keys themselves, so both set the disk per key, the
 	// Redis memory per key and the throughput. KeySize zero is the shape's
 	// natural length.
-	Shape         KeyShape
-	KeySize       int
+	Shape   KeyShape
+	KeySize int
+	// Sample, if set, replaces Shape and KeySize: the calibration draws
+	// its keys from a sample of the user's own (see Sample), and the plan
+	// assumes the sample's mean key length.
+	Sample        *Sample
 	FalsePositive float64
 	Tiers         engine.Tiers
 	// Shared names a shared tier the plan is for (SharedRedis or
@@ -110,12 +114,15 @@ func (in PlanInput) workload(n int64, span time.Duration) WorkloadConfig {
 	// calibration's (faster) simulated time.
 	keysBack := in.IDsPerDay * float64(reach) / float64(24*time.Hour)
 	simReach := time.Duration(keysBack / max(float64(n), 1) * float64(span))
-	return WorkloadConfig{Keys: n, Shape: in.Shape, KeySize: in.KeySize, DupRatio: in.DupRatio,
+	return WorkloadConfig{Keys: n, Shape: in.Shape, KeySize: in.KeySize, Sample: in.Sample, DupRatio: in.DupRatio,
 		DupReach: min(max(simReach, time.Millisecond), span), Span: span, Seed: 7}
 }
 
 // meanKeySize is the mean key length of in's shape and size.
 func (in PlanInput) meanKeySize() float64 {
+	if in.Sample != nil {
+		return in.Sample.MeanKeySize()
+	}
 	if in.KeySize > 0 {
 		return float64(in.KeySize)
 	}
@@ -262,7 +269,7 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 	if err := eo.Validate(); err != nil {
 		return Plan{}, fmt.Errorf("%w: %w", ErrPlan, err)
 	}
-	if err := (&WorkloadConfig{Shape: in.Shape, KeySize: in.KeySize}).Validate(); err != nil {
+	if err := (&WorkloadConfig{Shape: in.Shape, KeySize: in.KeySize, Sample: in.Sample}).Validate(); err != nil {
 		return Plan{}, fmt.Errorf("%w: %w", ErrPlan, err)
 	}
 	p := Plan{Input: in, Live: parts.Live, Calibration: cal, KeyBytes: in.meanKeySize()}

@@ -41,12 +41,15 @@ import (
 // of 93, 152 and 153 k: the machine, not the plan, moved.)
 func TestPlanAgreesWithRun(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		shape KeyShape
-		size  int
+		name   string
+		shape  KeyShape
+		size   int
+		recipe KeySource // the user's keys: a sample of them plans, the run uses others
 	}{
-		{"snowflake", Snowflake, 0},
-		{"business-64", Business, 64},
+		{"snowflake", Snowflake, 0, nil},
+		{"business-64", Business, 64, nil},
+		{"sample-of-ledger-64", 0, 0, ledgerKeys{perDay: 1_000_000}},
+		{"sample-of-snowflakes", 0, 0, snowflakeKeys{perMs: 2}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const keys, memory = 2_000_000, 300_000
@@ -55,6 +58,15 @@ func TestPlanAgreesWithRun(t *testing.T) {
 				IDsPerDay: keys * float64(24*time.Hour) / float64(span), Window: 24 * time.Hour, Partition: 6 * time.Hour,
 				DupRatio: 0.1, DupReach: 18 * time.Hour, Shape: tc.shape, KeySize: tc.size, FalsePositive: 0.01,
 				Tiers: engine.Default, MemoryCapacity: memory,
+			}
+			var runKeys KeySource
+			if tc.recipe != nil {
+				s, err := LoadSample(writeSample(t, tc.recipe, 200_000))
+				if err != nil {
+					t.Fatal(err)
+				}
+				// The run's keys are the recipe's beyond the sample.
+				in.Sample, runKeys = s, offsetKeys{tc.recipe, 1 << 32}
 			}
 			var calRates, runRates, runDisk, runHeap []float64
 			var calRanges [][2]float64
@@ -74,7 +86,7 @@ func TestPlanAgreesWithRun(t *testing.T) {
 				res, err = Run(context.Background(), RunConfig{
 					Compact:  true,
 					Sample:   100 * time.Millisecond,
-					Workload: WorkloadConfig{Keys: keys, Shape: tc.shape, KeySize: tc.size, DupRatio: 0.1, DupReach: 18 * time.Hour, Span: span, Seed: 11 + uint64(round)},
+					Workload: WorkloadConfig{Keys: keys, Shape: tc.shape, KeySize: tc.size, Source: runKeys, DupRatio: 0.1, DupReach: 18 * time.Hour, Span: span, Seed: 11 + uint64(round)},
 					Engine: engine.Options{Window: in.Window, Partition: in.Partition, FalsePositive: 0.01, MemoryCapacity: memory,
 						ExpectedKeys: int(pl.KeysPerPartition)},
 				})

@@ -16,7 +16,7 @@ func PrintResult(w io.Writer, r *Result) {
 	}
 	c := r.Workload
 	p("configuration", "%s, batch %d, %d workers", r.Tiers, r.Batch, r.Workers)
-	p("workload", "%d %s keys over %v simulated, %.0f%% duplicates reaching %v, %.1f%% in-batch repeats", r.Keys, c.Shape, c.Span, 100*c.DupRatio, c.DupReach, 100*c.InBatchRepeat)
+	p("workload", "%d %s keys over %v simulated, %.0f%% duplicates reaching %v, %.1f%% in-batch repeats", r.Keys, c.KeysName(), c.Span, 100*c.DupRatio, c.DupReach, 100*c.InBatchRepeat)
 	if r.Rate > 0 {
 		p("offered", "%.0f keys/s, open loop: latencies from each batch's due time", r.Rate)
 	}
@@ -103,7 +103,7 @@ func PrintPlan(w io.Writer, pl Plan) {
 	}
 	in := pl.Input
 	gib := func(b float64) string { return fmt.Sprintf("%.2f GiB", b/(1<<30)) }
-	p("load", "%.0f IDs/day, %.0f%% duplicates, %s keys of %.0f bytes, window %v in %d partitions of %v", in.IDsPerDay, 100*in.DupRatio, in.Shape, pl.KeyBytes, in.Window, pl.Live, in.Partition)
+	p("load", "%.0f IDs/day, %.0f%% duplicates, %s keys of %.0f bytes, window %v in %d partitions of %v", in.IDsPerDay, 100*in.DupRatio, WorkloadConfig{Shape: in.Shape, Sample: in.Sample}.KeysName(), pl.KeyBytes, in.Window, pl.Live, in.Partition)
 	p("keys held", "%.3g per partition, %.3g at most in the durable tier", pl.KeysPerPartition, pl.KeysHeld)
 	if pl.BloomBytes > 0 {
 		p("bloom", "%.1f bits/key, k=%d, %.4f%% per partition, %.4f%% over the window: %s for %d filters",

@@ -161,7 +161,7 @@ func (s *Sample) Patterns() int { return len(s.groups) }
 
 // String describes the sample for reports.
 func (s *Sample) String() string {
-	return fmt.Sprintf("sample %s (%d keys of %.1f B, %d patterns)", s.Name, s.Keys(), s.meanLen, len(s.groups))
+	return fmt.Sprintf("sample %s (%d keys, %d patterns)", s.Name, s.Keys(), len(s.groups))
 }
 
 // MarshalJSON describes the sample, not its keys.

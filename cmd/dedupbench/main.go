@@ -122,6 +122,7 @@ type workloadFlags struct {
 	fp                     float64
 	memCap, batch, workers int
 	keySize                int
+	sample                 string
 	cache                  int
 	noSync                 bool
 	seed                   uint64
@@ -137,6 +138,7 @@ func (w *workloadFlags) bind(fs *flag.FlagSet, keys int64, postgres string, base
 	fs.Int64Var(&w.keys, "keys", keys, "messages to process")
 	fs.StringVar(&w.shape, "shape", "uuid4", "key shape: uuid4, uuid7, snowflake or business")
 	fs.IntVar(&w.keySize, "key-size", 0, "key size in bytes, padding the shape (0: the shape's own)")
+	fs.StringVar(&w.sample, "sample", "", sampleHelp)
 	fs.Float64Var(&w.dup, "dup", 0.1, "share of messages that repeat an earlier key")
 	fs.DurationVar(&w.reach, "reach", 6*time.Hour, "how far back in simulated time duplicates reach (6h: past the memory tier, so the store answers them)")
 	fs.Float64Var(&w.zipf, "zipf", 0, "Zipf exponent (> 1) skewing duplicates to recent keys; 0 is uniform")
@@ -155,6 +157,20 @@ func (w *workloadFlags) bind(fs *flag.FlagSet, keys int64, postgres string, base
 	fs.StringVar(&w.archive, "archive", "", "archive (default configuration): a directory, or a PostgreSQL URL (postgres://…, table dedupbench_archive, dropped first); keys stay known for -archive-window after they leave the window")
 	fs.DurationVar(&w.archiveWindow, "archive-window", 0, "archive window with -archive (0: engine.DefaultArchiveWindow)")
 	w.shared.bind(fs, postgres, baselines)
+}
+
+// sampleHelp is the -sample flag's help.
+const sampleHelp = "a file of your own keys, one a line in arrival order (- for standard input): keys are synthesised to look like them, replacing -shape and -key-size (a few hundred thousand lines are enough)"
+
+// loadSample reads -sample, refusing it beside -shape or -key-size.
+func loadSample(path, shape string, keySize int) (*bench.Sample, error) {
+	if path == "" {
+		return nil, nil
+	}
+	if shape != "uuid4" || keySize != 0 {
+		return nil, fmt.Errorf("%w: -sample replaces -shape and -key-size: give one or the other", bench.ErrConfig)
+	}
+	return bench.LoadSample(path)
 }
 
 // parseTiers reads -tiers: an engine configuration, or a shared tier
@@ -187,7 +203,11 @@ func (w *workloadFlags) config(ctx context.Context) (bench.RunConfig, func(), er
 	if err != nil {
 		return bench.RunConfig{}, none, err
 	}
-	wc := bench.WorkloadConfig{Keys: w.keys, Shape: shape, KeySize: w.keySize, DupRatio: w.dup, DupReach: w.reach, Zipf: w.zipf,
+	sample, err := loadSample(w.sample, w.shape, w.keySize)
+	if err != nil {
+		return bench.RunConfig{}, none, err
+	}
+	wc := bench.WorkloadConfig{Keys: w.keys, Shape: shape, KeySize: w.keySize, Sample: sample, DupRatio: w.dup, DupReach: w.reach, Zipf: w.zipf,
 		InBatchRepeat: w.inBatch, Span: w.span, Seed: w.seed}
 	perPartition := float64(w.keys) * (1 - w.dup - w.inBatch) * float64(w.partition) / float64(max(w.span, w.partition))
 	rc := bench.RunConfig{

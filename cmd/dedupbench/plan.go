@@ -19,6 +19,7 @@ func planCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	dup := fs.Float64("dup", 0.1, "share of duplicates")
 	shapeFlag := fs.String("shape", "uuid4", "key shape: uuid4, uuid7, snowflake or business")
 	keySize := fs.Int("key-size", 0, "key size in bytes, padding the shape (0: the shape's own, 36 for UUIDs)")
+	samplePath := fs.String("sample", "", sampleHelp)
 	reach := fs.Duration("reach", time.Hour, "how far back duplicates reach")
 	fp := fs.Float64("fp", 0.01, "Bloom false-positive target over the whole window")
 	tiersFlag := fs.String("tiers", "default", "configuration: default, memory, bloom, redis or postgres"+sharedPlanHelp)
@@ -42,8 +43,12 @@ func planCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
+	sample, err := loadSample(*samplePath, *shapeFlag, *keySize)
+	if err != nil {
+		return err
+	}
 	in := bench.PlanInput{IDsPerDay: *ids, Window: *window, Partition: *partition, DupRatio: *dup, DupReach: *reach,
-		Shape: shape, KeySize: *keySize, FalsePositive: *fp, Tiers: tiers, MemoryCapacity: *memCap, ArchiveWindow: *archiveWindow, Shared: shared}
+		Shape: shape, KeySize: *keySize, Sample: sample, FalsePositive: *fp, Tiers: tiers, MemoryCapacity: *memCap, ArchiveWindow: *archiveWindow, Shared: shared}
 	if _, err := bench.MakePlan(in, bench.Calibration{}); err != nil {
 		return err // before the calibration's minutes
 	}
@@ -64,7 +69,8 @@ func planCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 				store = 1_000_000
 			}
 		}
-		fmt.Fprintf(stderr, "calibrating: a store of up to %d %s keys through %s, then %d keys timed, on this machine...\n", store, shape, through, *calKeys)
+		fmt.Fprintf(stderr, "calibrating: a store of up to %d %s keys through %s, then %d keys timed, on this machine...\n",
+			store, bench.WorkloadConfig{Shape: shape, Sample: sample}.KeysName(), through, *calKeys)
 	}
 	cal, cres, err := bench.Calibrate(ctx, in, cc)
 	if err != nil {
