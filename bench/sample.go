@@ -482,6 +482,10 @@ func (gs *groupSource) permute(x uint64) uint64 {
 		x ^= x >> sh
 		x = (x * 0xbf58476d1ce4e5b9) & mask
 		x ^= x >> sh
+		x = (x * 0x94d049bb133111eb) & mask
+		x ^= x >> sh
+		x = (x * 0xd6e8feb86659fd93) & mask
+		x ^= x >> sh
 		if x < gs.capacity {
 			return x
 		}
