@@ -729,3 +729,66 @@ func TestPlanSaysWhenItDoesNotFit(t *testing.T) {
 		t.Fatalf("JSON fit %+v, heap %.0f", got.Fit.Machine, got.HeapBytes)
 	}
 }
+
+// TestSampleFlag: run and plan take -sample (a file, or - for standard
+// input) in place of -shape and -key-size, and refuse it beside them, and
+// a file that is missing or too short.
+func TestSampleFlag(t *testing.T) {
+	dir := t.TempDir()
+	var b strings.Builder
+	for i := range 5000 {
+		fmt.Fprintf(&b, "inv-%08d-%06x\n", 4_000_000+i, rand.Uint32()>>8)
+	}
+	path := filepath.Join(dir, "ids.txt")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"run", "-sample", path, "-keys", "50000", "-tiers", "memory", "-json"}, &out, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	var res bench.Result
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatal(err, out.String())
+	}
+	if res.Keys != 50000 || res.Workload.Sample == nil || res.Workload.Sample.Name != path || res.Exactness() != nil {
+		t.Fatalf("result %+v", res)
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"plan", "-sample", path, "-ids-per-day", "1e7", "-calibrate", "50000", "-calibrate-store", "100000", "-json"}, &out, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	var pl struct{ Plan bench.Plan }
+	if err := json.Unmarshal(out.Bytes(), &pl); err != nil {
+		t.Fatal(err, out.String())
+	}
+	if pl.Plan.KeyBytes != 19 || pl.Plan.Input.Sample == nil || pl.Plan.DiskBytes <= 0 {
+		t.Fatalf("plan %+v", pl.Plan)
+	}
+	// Standard input.
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { w.WriteString(b.String()); w.Close() }()
+	stdin := os.Stdin
+	os.Stdin = r
+	err = run(context.Background(), []string{"run", "-sample", "-", "-keys", "20000", "-tiers", "memory"}, &out, &bytes.Buffer{})
+	os.Stdin = stdin
+	if err != nil {
+		t.Fatal(err)
+	}
+	short := filepath.Join(dir, "short.txt")
+	os.WriteFile(short, []byte("a\nb\n"), 0o644)
+	for _, args := range [][]string{
+		{"run", "-keys", "1000", "-sample", path, "-shape", "snowflake"},
+		{"run", "-keys", "1000", "-sample", path, "-key-size", "40"},
+		{"plan", "-sample", path, "-key-size", "40"},
+		{"run", "-keys", "1000", "-sample", filepath.Join(dir, "missing.txt")},
+		{"plan", "-sample", short},
+	} {
+		if err := run(context.Background(), args, &bytes.Buffer{}, &bytes.Buffer{}); !errors.Is(err, bench.ErrSample) && !errors.Is(err, bench.ErrConfig) {
+			t.Errorf("%v: %v", args, err)
+		}
+	}
+}
