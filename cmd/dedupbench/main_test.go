@@ -758,12 +758,12 @@ func TestSampleFlag(t *testing.T) {
 	if err := run(context.Background(), []string{"plan", "-sample", path, "-ids-per-day", "1e7", "-calibrate", "50000", "-calibrate-store", "100000", "-json"}, &out, &bytes.Buffer{}); err != nil {
 		t.Fatal(err)
 	}
-	var pl struct{ Plan bench.Plan }
+	var pl bench.Plan
 	if err := json.Unmarshal(out.Bytes(), &pl); err != nil {
 		t.Fatal(err, out.String())
 	}
-	if pl.Plan.KeyBytes != 19 || pl.Plan.Input.Sample == nil || pl.Plan.DiskBytes <= 0 {
-		t.Fatalf("plan %+v", pl.Plan)
+	if pl.KeyBytes != 19 || pl.Input.Sample == nil || pl.Input.Sample.Name != path || pl.DiskBytes <= 0 {
+		t.Fatalf("plan %+v", pl)
 	}
 	// Standard input.
 	r, w, err := os.Pipe()
