@@ -161,7 +161,11 @@ func (s *Sample) Patterns() int { return len(s.groups) }
 
 // String describes the sample for reports.
 func (s *Sample) String() string {
-	return fmt.Sprintf("sample %s (%d keys, %d patterns)", s.Name, s.Keys(), len(s.groups))
+	plural := "s"
+	if len(s.groups) == 1 {
+		plural = ""
+	}
+	return fmt.Sprintf("%s-like (%d sampled, %d pattern%s)", s.Name, s.Keys(), len(s.groups), plural)
 }
 
 // MarshalJSON describes the sample, not its keys.
