@@ -165,7 +165,11 @@ func (s *Sample) String() string {
 	if len(s.groups) == 1 {
 		plural = ""
 	}
-	return fmt.Sprintf("%s-like (%d sampled, %d pattern%s)", s.Name, s.Keys(), len(s.groups), plural)
+	first := ""
+	if s.Truncated {
+		first = "the first "
+	}
+	return fmt.Sprintf("%s-like (%s%d sampled, %d pattern%s)", s.Name, first, s.Keys(), len(s.groups), plural)
 }
 
 // MarshalJSON describes the sample, not its keys.
@@ -322,11 +326,12 @@ type sampleSource struct {
 
 // groupSource is a pattern's synthesis for one stream.
 type groupSource struct {
-	alphabet [][]byte // per position: the sample's, or all ten digits (demote)
-	carriers []int    // positions encoding the counter, least significant first
-	others   []int    // synthesised positions drawn from their frequencies
-	capacity uint64   // product of the carriers' alphabet sizes
-	ordered  bool     // spread the counter in order (stride) instead of permuting it
+	alphabet [][]byte    // per position: the sample's, or all ten digits (demote)
+	carriers []int       // positions encoding the counter, least significant first
+	others   []int       // synthesised positions drawn from their frequencies
+	draws    [][256]byte // per other position: a byte of randomness to its character
+	capacity uint64      // product of the carriers' alphabet sizes
+	ordered  bool        // spread the counter in order (stride) instead of permuting it
 	stride   uint64
 	bits     uint // of the permutation's domain, a power of two ≥ capacity
 	mul, add uint64
@@ -459,6 +464,15 @@ func (gs *groupSource) choose(g *sampleGroup, kept []bool, need uint64, seed uin
 		return false
 	}
 	slices.Sort(gs.others)
+	gs.draws = make([][256]byte, len(gs.others))
+	for d, i := range gs.others {
+		pm := &g.pos[i]
+		total := uint64(pm.cum[len(pm.cum)-1])
+		for b := range 256 {
+			v := uint32(uint64(2*b+1) * total / 512) // the middle of the byte's share
+			gs.draws[d][b] = pm.alphabet[sort.Search(len(pm.cum), func(j int) bool { return pm.cum[j] > v })]
+		}
+	}
 	gs.ordered, gs.stride = g.ordered, max(1, gs.capacity/max(need, 1))
 	gs.bits = uint(bits.Len64(gs.capacity - 1))
 	gs.mul = shard.Mix(seed^0x6d756c)*2 + 1
@@ -502,7 +516,6 @@ func (src *sampleSource) AppendKey(dst []byte, i int64) []byte {
 	t := uint64(i) / src.m
 	r := uint64(i) % src.m
 	cycle, p := t/n, t%n
-	g := src.s.groups[src.s.group[p]]
 	gs := &src.groups[src.s.group[p]]
 	start := len(dst)
 	dst = append(dst, src.s.key(int(p))...)
@@ -519,11 +532,11 @@ func (src *sampleSource) AppendKey(dst []byte, i int64) []byte {
 		out[pos] = a[x%uint64(len(a))]
 		x /= uint64(len(a))
 	}
-	for _, pos := range gs.others {
-		h = shard.Mix(h + uint64(pos))
-		pm := &g.pos[pos]
-		v := uint32(h % uint64(pm.cum[len(pm.cum)-1]))
-		out[pos] = pm.alphabet[sort.Search(len(pm.cum), func(j int) bool { return pm.cum[j] > v })]
+	for d, pos := range gs.others {
+		if d%8 == 0 {
+			h = shard.Mix(h + uint64(d))
+		}
+		out[pos] = gs.draws[d][byte(h>>(8*(d%8)))]
 	}
 	return dst
 }
