@@ -54,12 +54,17 @@ const (
 // in its order, each sample key giving the next few keys) and draws its
 // synthesised positions anew: enough of them to keep keys distinct encode
 // a permutation of a counter over the characters each position was seen
-// to hold; the rest are drawn from their position's frequencies. Keys are
-// never the sample's own, and distinct fresh indices give distinct keys
-// (the counter is unique among the keys sharing the kept positions). When
-// a pattern's synthesised positions cannot hold the keys a stream needs,
-// kept positions are synthesised too, the least significant first; a
-// stream needing more keys than a pattern's positions hold fails with
+// to hold; the rest are drawn from their position's frequencies. Distinct
+// fresh indices give distinct keys (the counter is unique among the keys
+// sharing the kept positions). Keys are not the sample's own, except where
+// the sample is as dense as the stream (a counter exported whole, walked
+// at one key a sample key: its values are the only ones in order). When a
+// pattern's synthesised positions cannot hold the keys a stream needs,
+// kept positions are synthesised too, the least significant first, and
+// positions of digits widened to all ten. A pattern that still cannot
+// (the short IDs at the start of a young table, a header line, a NULL
+// exported as \N) lends its sample keys to the nearest later pattern that
+// can. A stream needing more keys than every pattern can give fails with
 // ErrSample.
 type Sample struct {
 	// Name is where the sample came from (a file name, or "-").
@@ -319,8 +324,9 @@ type sampleSource struct {
 	s      *Sample
 	m      uint64
 	groups []groupSource
-	rank   []uint32 // key p's rank among its pattern's keys of the same kept positions
-	count  []uint32 // how many keys of its pattern share key p's kept positions
+	host   []uint32 // the sample key whose form key p's keys take: p, or one of a pattern that can give them
+	rank   []uint32 // key p's rank among the visits of its host's pattern with the same kept positions
+	count  []uint32 // how many visits of its host's pattern share them
 	salt   uint64
 }
 
@@ -332,69 +338,128 @@ type groupSource struct {
 	draws    [][256]byte // per other position: a byte of randomness to its character
 	capacity uint64      // product of the carriers' alphabet sizes
 	ordered  bool        // spread the counter in order (stride) instead of permuting it
+	offset   uint64      // where the ordered counter starts: the seed\'s, within the slack
 	stride   uint64
 	bits     uint // of the permutation's domain, a power of two ≥ capacity
 	mul, add uint64
 }
 
 // source returns the KeySource of a stream expected to take fresh fresh
-// keys and at most limit.
+// keys and at most limit. A pattern too small for the keys its sample
+// keys must give (the single-digit IDs at the start of a young table, a
+// header line, a NULL written as \N) gives none: its sample keys take the
+// form of the nearest later sample key of a pattern that can, as they
+// would in a table that grew to the stream's size.
 func (s *Sample) source(fresh, limit int64, seed uint64) (*sampleSource, error) {
 	n := uint64(s.Keys())
 	fresh, limit = max(fresh, 1), max(limit, fresh, 1)
 	src := &sampleSource{s: s, m: (uint64(fresh) + n - 1) / n, rank: make([]uint32, n), count: make([]uint32, n),
-		salt: shard.Mix(seed ^ 0x73616d706c65)}
+		host: make([]uint32, n), salt: shard.Mix(seed ^ 0x73616d706c65)}
 	cycles := (uint64(limit) + n*src.m - 1) / (n * src.m)
+	walked := n // the sample keys the stream reaches
+	if cycles == 1 {
+		walked = min(n, (uint64(limit)+src.m-1)/src.m)
+	}
+	for p := range src.host {
+		src.host[p] = uint32(p)
+	}
 	src.groups = make([]groupSource, len(s.groups))
-	for gi, g := range s.groups {
-		gs := &src.groups[gi]
-		gs.alphabet = make([][]byte, g.length)
-		kept := make([]bool, g.length)
-		for i := range g.pos {
-			kept[i], gs.alphabet[i] = g.pos[i].kept, g.pos[i].alphabet
+	failed, dirty := make([]bool, len(s.groups)), make([]bool, len(s.groups))
+	for g := range dirty {
+		dirty[g] = true
+	}
+	for {
+		visits := make([][]uint32, len(s.groups))
+		for p := range src.host {
+			g := s.group[src.host[p]]
+			visits[g] = append(visits[g], uint32(p))
 		}
-		for {
-			most := src.rankKept(g, kept)
-			need := min(satMul(satMul(uint64(most), src.m), cycles), uint64(limit))
-			if gs.choose(g, kept, need, seed^uint64(gi)) {
-				break
+		more := false
+		for g := range s.groups {
+			if dirty[g] && !failed[g] && !src.fit(g, visits[g], walked, cycles, uint64(limit), seed) {
+				failed[g], more = true, true
 			}
-			if !gs.demote(g, kept) {
-				return nil, fmt.Errorf("%w: the sample's %d keys of %d bytes like %q cannot give the %d distinct keys a stream of %d fresh keys needs of them",
-					ErrSample, len(g.members), g.length, s.key(int(g.members[0])), need, limit)
+			dirty[g] = false
+		}
+		if !more {
+			return src, nil
+		}
+		// The failed patterns' sample keys to the nearest later key of a
+		// pattern that has not failed, wrapping round.
+		next := -1
+		for q := 2*int(n) - 1; q >= 0; q-- {
+			p := q % int(n)
+			if !failed[s.group[p]] {
+				next = p
+			}
+			if q < int(n) && failed[s.group[src.host[p]]] {
+				if next < 0 {
+					big := s.groups[0]
+					for _, g := range s.groups {
+						if len(g.members) > len(big.members) {
+							big = g
+						}
+					}
+					return nil, fmt.Errorf("%w: no pattern of the sample can give the keys a stream of %d fresh keys needs (the largest: %d keys of %d bytes like %q)",
+						ErrSample, limit, len(big.members), big.length, s.key(int(big.members[0])))
+				}
+				src.host[p] = uint32(next)
+				dirty[s.group[next]] = true
 			}
 		}
 	}
-	return src, nil
 }
 
-// rankKept sets, for each key of g, its rank and count among g's keys
-// with the same kept positions, and returns the largest count.
-func (src *sampleSource) rankKept(g *sampleGroup, kept []bool) uint32 {
+// fit sets up pattern g for the sample keys whose keys it gives (visits,
+// in order), synthesising or widening kept positions until they can give
+// distinct keys. It reports false if they cannot.
+func (src *sampleSource) fit(g int, visits []uint32, walked, cycles, limit, seed uint64) bool {
+	pat, gs := src.s.groups[g], &src.groups[g]
+	gs.alphabet = make([][]byte, pat.length)
+	kept := make([]bool, pat.length)
+	for i := range pat.pos {
+		kept[i], gs.alphabet[i] = pat.pos[i].kept, pat.pos[i].alphabet
+	}
+	for {
+		need := src.rankKept(pat, visits, kept, walked, cycles)
+		if gs.choose(pat, kept, min(need, limit), seed^uint64(g)) {
+			return true
+		}
+		if !gs.demote(pat, kept) {
+			return false
+		}
+	}
+}
+
+// rankKept sets, for each visit of pat, its rank and count among the
+// visits whose keys share the kept positions, and returns the values the
+// synthesised positions must hold: the most visits of one kept value the
+// stream reaches, times the keys each gives.
+func (src *sampleSource) rankKept(pat *sampleGroup, visits []uint32, kept []bool, walked, cycles uint64) uint64 {
 	seen := map[string]uint32{}
-	buf := make([]byte, 0, g.length)
-	for _, m := range g.members {
+	buf := make([]byte, 0, pat.length)
+	keptOf := func(v uint32) []byte {
 		buf = buf[:0]
-		for i, c := range src.s.key(int(m)) {
+		for i, c := range src.s.key(int(src.host[v])) {
 			if kept[i] {
 				buf = append(buf, c)
 			}
 		}
-		src.rank[m] = seen[string(buf)]
-		seen[string(buf)]++
+		return buf
 	}
 	var most uint32
-	for _, m := range g.members {
-		buf = buf[:0]
-		for i, c := range src.s.key(int(m)) {
-			if kept[i] {
-				buf = append(buf, c)
-			}
+	for _, v := range visits {
+		k := keptOf(v)
+		src.rank[v] = seen[string(k)]
+		seen[string(k)]++
+		if uint64(v) < walked {
+			most = max(most, seen[string(k)]) // visits are in order: those reached come first
 		}
-		src.count[m] = seen[string(buf)]
-		most = max(most, src.count[m])
 	}
-	return most
+	for _, v := range visits {
+		src.count[v] = seen[string(keptOf(v))]
+	}
+	return satMul(satMul(uint64(most), src.m), cycles)
 }
 
 // demote synthesises one more kept position of g, or widens one: the
@@ -473,7 +538,11 @@ func (gs *groupSource) choose(g *sampleGroup, kept []bool, need uint64, seed uin
 			gs.draws[d][b] = pm.alphabet[sort.Search(len(pm.cum), func(j int) bool { return pm.cum[j] > v })]
 		}
 	}
-	gs.ordered, gs.stride = g.ordered, max(1, gs.capacity/max(need, 1))
+	need = max(need, 1)
+	gs.ordered, gs.stride = g.ordered, max(1, gs.capacity/need)
+	if slack := gs.capacity - need*gs.stride; slack > 0 {
+		gs.offset = shard.Mix(seed^0x6f6666) % slack
+	}
 	gs.bits = uint(bits.Len64(gs.capacity - 1))
 	gs.mul = shard.Mix(seed^0x6d756c)*2 + 1
 	gs.add = shard.Mix(seed ^ 0x616464)
@@ -516,14 +585,15 @@ func (src *sampleSource) AppendKey(dst []byte, i int64) []byte {
 	t := uint64(i) / src.m
 	r := uint64(i) % src.m
 	cycle, p := t/n, t%n
-	gs := &src.groups[src.s.group[p]]
+	host := int(src.host[p])
+	gs := &src.groups[src.s.group[host]]
 	start := len(dst)
-	dst = append(dst, src.s.key(int(p))...)
+	dst = append(dst, src.s.key(host)...)
 	out := dst[start:]
 	h := shard.Mix(uint64(i) ^ src.salt)
 	x := (cycle*uint64(src.count[p])+uint64(src.rank[p]))*src.m + r
 	if gs.ordered {
-		x = x*gs.stride + h%gs.stride
+		x = x*gs.stride + h%gs.stride + gs.offset
 	} else {
 		x = gs.permute(x)
 	}

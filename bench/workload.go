@@ -128,10 +128,10 @@ func (c *WorkloadConfig) Validate() error {
 	if c.Shape > Business {
 		errs = append(errs, fmt.Errorf("%w: Shape %d", ErrConfig, c.Shape))
 	}
-	if c.DupRatio < 0 || c.DupRatio >= 1 {
+	if !(c.DupRatio >= 0 && c.DupRatio < 1) {
 		errs = append(errs, fmt.Errorf("%w: DupRatio %v outside [0, 1)", ErrConfig, c.DupRatio))
 	}
-	if c.InBatchRepeat < 0 || c.InBatchRepeat >= 1 {
+	if !(c.InBatchRepeat >= 0 && c.InBatchRepeat < 1) {
 		errs = append(errs, fmt.Errorf("%w: InBatchRepeat %v outside [0, 1)", ErrConfig, c.InBatchRepeat))
 	}
 	if c.DupReach < 0 || c.Span < 0 {
@@ -146,7 +146,7 @@ func (c *WorkloadConfig) Validate() error {
 	if c.KeySize < 0 || c.KeySize > MaxKeySize || c.KeySize > 0 && c.KeySize < c.Shape.minSize() {
 		errs = append(errs, fmt.Errorf("%w: KeySize %d outside [%d, %d] for %s keys", ErrConfig, c.KeySize, c.Shape.minSize(), MaxKeySize, c.Shape))
 	}
-	if c.Zipf != 0 && c.Zipf <= 1 {
+	if c.Zipf != 0 && !(c.Zipf > 1) {
 		errs = append(errs, fmt.Errorf("%w: Zipf %v must be 0 or above 1", ErrConfig, c.Zipf))
 	}
 	return errors.Join(errs...)
