@@ -1,3 +1,9 @@
+//go:build !race
+
+// The sample model is computed by one goroutine per stream: the race
+// detector has nothing to find here and makes these tests minutes long.
+// CI runs them in its pass without -race (go test -run '…|^TestSample' ./...).
+
 package bench
 
 import (
