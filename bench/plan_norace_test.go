@@ -68,7 +68,7 @@ func TestPlanAgreesWithRun(t *testing.T) {
 				// The run's keys are the recipe's beyond the sample.
 				in.Sample, runKeys = s, offsetKeys{tc.recipe, 1 << 32}
 			}
-			var calRates, runRates, runDisk, runHeap []float64
+			var calRates, runRates, runDisk, runHeap, planTables, runTables []float64
 			var calRanges [][2]float64
 			var pl Plan
 			var res *Result
@@ -117,6 +117,7 @@ func TestPlanAgreesWithRun(t *testing.T) {
 				}
 				runDisk = append(runDisk, median(disk))
 				runHeap = append(runHeap, float64(res.HeapBytes))
+				planTables, runTables = append(planTables, pl.TableBytes), append(runTables, float64(res.CompactedTableBytes))
 			}
 			cal, st := pl.Calibration, res.Stats
 			t.Logf("keys of %.1f B; heap: plan %.1f MiB (bloom %.1f), run %.1f MiB (bloom %.1f)",
@@ -128,7 +129,17 @@ func TestPlanAgreesWithRun(t *testing.T) {
 				median(calRates), calRates, runRates, st.StoreHits, st.StoreReads)
 			within(t, "bloom bytes", pl.BloomBytes, float64(st.BloomBytes))
 			within(t, "heap (model vs Go heap, median)", pl.HeapBytes, median(runHeap))
-			within(t, "compacted SSTs", pl.TableBytes, float64(res.CompactedTableBytes))
+			// A run's compacted SSTs move by up to a fifth from one run of
+			// the same keys to the next (sealed partitions moving to the
+			// cold database as the run ends): the medians are compared.
+			t.Logf("compacted SSTs, plan and run of each round (MiB): %.1f", func() [][2]float64 {
+				var r [][2]float64
+				for i := range planTables {
+					r = append(r, [2]float64{planTables[i] / (1 << 20), runTables[i] / (1 << 20)})
+				}
+				return r
+			}())
+			within(t, "compacted SSTs (medians)", median(planTables), median(runTables))
 			t.Logf("disk through the second day (medians of each run): %.1f MiB", func() []float64 {
 				m := slices.Clone(runDisk)
 				for i := range m {
