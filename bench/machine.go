@@ -200,9 +200,19 @@ func CheckFit(pl Plan, m Machine) Fit {
 				}
 			}
 		}
+		// Each process keeps its fixed share (the memory tier, the WAL,
+		// Pebble's memtables) whatever its load: the fewest processes that
+		// fit, from the bytes' ratio up.
 		n := int(math.Ceil(need))
 		c := in
-		c.IDsPerDay = in.IDsPerDay / float64(n)
+		for last := 2*n + 16; ; n++ {
+			c.IDsPerDay = in.IDsPerDay / float64(n)
+			if p, err := MakePlan(c, pl.Calibration); err != nil || n == last {
+				break
+			} else if mf, df := fits(p, m); mf && df {
+				break
+			}
+		}
 		try(fmt.Sprintf("%d processes on %d machines like this one, each -ids-per-day %.3g", n, n, c.IDsPerDay),
 			fmt.Sprintf("%d× the machines; the keys split by a stable hash (a Kafka partition, a key-routed queue), so each process sees every copy of its keys", n), c)
 	}

@@ -127,3 +127,39 @@ func TestDetectMachine(t *testing.T) {
 		t.Fatalf("MemTotal: %v, %v", got, err)
 	}
 }
+
+// TestCheckFitProcessesFit: the load split over processes is offered with
+// the fewest processes that fit, each keeping its fixed share (memory
+// tier, WAL, memtables) whatever its load: on machines of many sizes
+// where the plan does not fit, that change fits.
+func TestCheckFitProcessesFit(t *testing.T) {
+	in := twoBillion(t).Input
+	in.IDsPerDay = 2e10
+	// A store with a fixed gibibyte of disk beside its tables and WAL.
+	pl, err := MakePlan(in, Calibration{KeysPerSec: 300_000, StoreKeys: 4_000_000, TableBytesPerKey: 40, WALBytesPerKey: 60, WALFileKeys: 1e6, FixedDiskBytes: gib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mem := range []float64{4, 8, 16, 24} {
+		for disk := 20.0; disk <= 400; disk *= 1.37 {
+			m := Machine{MemoryBytes: mem * gib, MemorySource: "test", DiskBytes: disk * gib, DiskPath: "/test"}
+			f := CheckFit(pl, m)
+			if f.Fits() {
+				continue
+			}
+			found := false
+			for _, c := range f.Changes {
+				if strings.Contains(c.What, "processes on") {
+					found = true
+					if !c.Fits() {
+						mb, db := needs(c.Plan)
+						t.Errorf("%.0f GiB of memory, %.0f GiB of disk: %s needs %.2f GiB and %.1f GiB: does not fit", mem, disk, c.What, mb/gib, db/gib)
+					}
+				}
+			}
+			if !found {
+				t.Errorf("%.0f GiB of memory, %.0f GiB of disk: no split over processes offered", mem, disk)
+			}
+		}
+	}
+}
