@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tierdedup/tierdedup/internal/hooks"
 	"os"
 	"path/filepath"
 	"testing"
@@ -329,5 +330,35 @@ func TestKeepExpiredMovesEveryPartition(t *testing.T) {
 		if err := s.Claim(ctx, req, 0, out); err != nil || out[0].Status != tier.Committed {
 			t.Errorf("a key of partition %d: %v, %v", p, out[0].Status, err)
 		}
+	}
+}
+
+// TestCompactMovesSealedPartitionsFirst: Compact moves every sealed
+// partition before it compacts, so that no partition is measured midway
+// between the two databases: when it returns, a partition sealed just
+// before is in the cold database only, even when the mover was in the
+// middle of moving it (held between its ingest and its excise here).
+func TestCompactMovesSealedPartitionsFirst(t *testing.T) {
+	entered := make(chan struct{}, 1)
+	slow := func() {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	hooks.InMove.Store(&slow)
+	defer hooks.InMove.Store(nil)
+	s := coldFixture(t, t.TempDir(), 20_000)
+	defer s.Close()
+	if err := s.SealPartition(10, Seal{ID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	<-entered // the mover has ingested partition 10, not yet excised it
+	if err := s.Compact(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got, n := s.coldUpTo.Load(), hotRecords(t, s, 10); got < 10 || n != 0 {
+		t.Fatalf("after Compact: moved up to %d, %d records of partition 10 in the hot database", got, n)
 	}
 }
