@@ -72,17 +72,15 @@ type Sample struct {
 	// Truncated says the input held more than MaxSampleKeys lines.
 	Truncated bool
 
-	arena   []byte
-	offs    []uint32 // key p is arena[offs[p]:offs[p+1]]
-	group   []uint32 // pattern of key p
-	groups  []*sampleGroup
-	meanLen float64
+	arena  []byte
+	offs   []uint32 // key p is arena[offs[p]:offs[p+1]]
+	group  []uint32 // pattern of key p
+	groups []*sampleGroup
 }
 
 // sampleGroup is one pattern of a sample: keys of one length and one
 // punctuation.
 type sampleGroup struct {
-	sig     string
 	length  int
 	members []uint32 // sample keys of the pattern, in order
 	pos     []posModel
@@ -94,8 +92,6 @@ type sampleGroup struct {
 type posModel struct {
 	alphabet []byte   // characters seen, ascending
 	cum      []uint32 // cumulative counts, parallel to alphabet
-	change   float64  // share of consecutive keys that differ here
-	indep    float64  // the share random characters of these frequencies would
 	entropy  float64  // bits
 	token    int      // alphanumeric run; -1 for punctuation
 	enum     bool     // in a run of few values
@@ -150,7 +146,6 @@ func ReadSample(r io.Reader, name string) (*Sample, error) {
 	if n < MinSampleKeys {
 		return nil, fmt.Errorf("%w: %s holds %d keys (at least %d)", ErrSample, name, n, MinSampleKeys)
 	}
-	s.meanLen = float64(len(s.arena)) / float64(n)
 	s.learn()
 	return s, nil
 }
@@ -159,7 +154,7 @@ func ReadSample(r io.Reader, name string) (*Sample, error) {
 func (s *Sample) Keys() int { return len(s.offs) - 1 }
 
 // MeanKeySize returns the sample's mean key length.
-func (s *Sample) MeanKeySize() float64 { return s.meanLen }
+func (s *Sample) MeanKeySize() float64 { return float64(len(s.arena)) / float64(s.Keys()) }
 
 // Patterns returns the number of patterns the model found.
 func (s *Sample) Patterns() int { return len(s.groups) }
@@ -185,7 +180,7 @@ func (s *Sample) MarshalJSON() ([]byte, error) {
 		MeanBytes float64
 		Patterns  int
 		Truncated bool
-	}{s.Name, s.Keys(), s.meanLen, len(s.groups), s.Truncated})
+	}{s.Name, s.Keys(), s.MeanKeySize(), len(s.groups), s.Truncated})
 }
 
 func (s *Sample) key(p int) []byte { return s.arena[s.offs[p]:s.offs[p+1]] }
@@ -214,7 +209,7 @@ func (s *Sample) learn() {
 			if !ok {
 				g = len(s.groups)
 				idx[k] = g
-				s.groups = append(s.groups, &sampleGroup{sig: k, length: len(s.key(p))})
+				s.groups = append(s.groups, &sampleGroup{length: len(s.key(p))})
 			}
 			s.group[p] = uint32(g)
 			s.groups[g].members = append(s.groups[g].members, uint32(p))
@@ -272,6 +267,9 @@ func (s *Sample) model(g *sampleGroup, punct bool) {
 	}
 	g.ordered = len(g.members) > 1 && float64(ascending) >= 0.9*float64(len(g.members)-1)
 	nm := float64(len(g.members))
+	// slow: the position changes from key to key less than half as often
+	// as random characters of its frequencies would (1 - Σ q²).
+	slow := make([]bool, L)
 	for i := range g.pos {
 		pm := &g.pos[i]
 		var sum uint32
@@ -286,10 +284,7 @@ func (s *Sample) model(g *sampleGroup, punct bool) {
 				pm.entropy -= q * math.Log2(q)
 			}
 		}
-		pm.indep = 1 - sq
-		if len(g.members) > 1 {
-			pm.change = float64(changes[i]) / (nm - 1)
-		}
+		slow[i] = len(g.members) > 1 && float64(changes[i])/(nm-1) < 0.5*(1-sq)
 	}
 	for _, tok := range g.tokens {
 		distinct := map[string]struct{}{}
@@ -306,7 +301,7 @@ func (s *Sample) model(g *sampleGroup, punct bool) {
 	}
 	for i := range g.pos {
 		pm := &g.pos[i]
-		pm.kept = pm.token < 0 || len(pm.alphabet) == 1 || pm.enum || len(g.members) > 1 && pm.change < 0.5*pm.indep
+		pm.kept = pm.token < 0 || len(pm.alphabet) == 1 || pm.enum || slow[i]
 	}
 }
 

@@ -1,8 +1,6 @@
 //go:build !race
 
-// The sample model is computed by one goroutine per stream: the race
-// detector has nothing to find here and makes these tests minutes long.
-// CI runs them in its pass without -race (go test -run '…|^TestSample' ./...).
+// Without -race, as sample_test.go says why.
 
 package bench
 
