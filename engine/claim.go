@@ -95,6 +95,13 @@ func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digest
 		if len(cand) < n {
 			repeatsFollow(b.res, out)
 		}
+		if p == forClaim && e.durableClaims && !ownNamespace(ns.name) {
+			if err := e.persistClaims(ctx, b, ns, out, now); err != nil {
+				c.errors++
+				e.stats.add(&c)
+				return err
+			}
+		}
 	}
 	for i := range out {
 		c.count(out[i].Outcome)
@@ -155,6 +162,45 @@ func (e *Engine) persistExpiries(ctx context.Context, b *batch, ns *Namespace, k
 	}
 	err := e.writeAttempts(ctx, b.cfps[:len(reqs)], e.parts.Of(now), reqs, b.st[:len(reqs)])
 	clear(reqs)
+	return err
+}
+
+// persistClaims makes each New claim of this call durable as an attempt
+// (Options.DurableClaims): the key's count, one more than memory settled
+// it with, is written before the claim is answered, so a crash that
+// abandons the claim leaves it counted. If the write fails, the call's New
+// claims are given back and it answers the error.
+func (e *Engine) persistClaims(ctx context.Context, b *batch, ns *Namespace, out []Claim, now int64) error {
+	reqs := b.reqs[:0]
+	fps := b.cfps[:0]
+	for _, i := range b.cand {
+		if out[i].Outcome != New {
+			continue
+		}
+		a := e.mem.Attempts(out[i].fp, out[i].token)
+		out[i].durable, out[i].attempts = true, a
+		reqs = append(reqs, tier.Request{NS: ns.name, Key: out[i].Key, Attempts: a + 1})
+		fps = append(fps, out[i].fp)
+	}
+	b.reqs = reqs
+	if len(reqs) == 0 {
+		return nil
+	}
+	e.counts.RLock() // the claim holds its key: ordered against Forgets only
+	err := e.writeAttempts(ctx, fps, e.parts.Of(now), reqs, b.st[:len(reqs)])
+	e.counts.RUnlock()
+	clear(reqs)
+	if err == nil {
+		return nil
+	}
+	m := 0
+	for _, i := range b.cand {
+		if out[i].Outcome == New {
+			b.cfps[m], b.ctokens[m], b.actions[m] = out[i].fp, out[i].token, memory.Drop
+			m++
+		}
+	}
+	e.mem.Settle(b.cfps[:m], b.ctokens[:m], b.actions[:m], b.expires[:m], b.digests[:m], nil)
 	return err
 }
 
@@ -231,8 +277,12 @@ type Claim struct {
 	token  uint64 // the memory tier's claim
 	rtoken uint64 // the counter of the owner token in a shared tier
 	// attempts is the count a shared tier's claim carried when acquired:
-	// a give-back that undoes the claim's commit restores it.
+	// a give-back that undoes the claim's commit restores it; with
+	// durable, the count before this claim's attempt was written.
 	attempts uint16
+	// durable: the claim's attempt was written when it was answered
+	// (Options.DurableClaims): an uncounted give-back writes attempts back.
+	durable bool
 	// digest is the caller's payload digest, or, once a slower tier answered
 	// Duplicate or Conflict (the claim is not owned and commits nothing),
 	// the digest it found committed: a repeat of the key in the batch

@@ -30,12 +30,15 @@ type Engine struct {
 	// tier that keeps them); a commit with one is refused otherwise.
 	results     bool
 	maxAttempts int
-	parts       tier.Partitions
-	clock       Clock
-	logger      *log.Logger
-	secret      shard.Secret // keys the fingerprints; persisted by Default and BloomOnly
-	hasher      shard.Hasher // of secret
-	mem         *memory.Table
+	// durableClaims: every New claim's attempt is written before it is
+	// answered (Options.DurableClaims, with claims in the engine).
+	durableClaims bool
+	parts         tier.Partitions
+	clock         Clock
+	logger        *log.Logger
+	secret        shard.Secret // keys the fingerprints; persisted by Default and BloomOnly
+	hasher        shard.Hasher // of secret
+	mem           *memory.Table
 	// local is the store in a directory: the embedded default (Pebble
 	// behind the Bloom filters) or bloom-only's filters; nil otherwise.
 	// It owns the filters' lifecycle (warm, rebuilding, sealed).

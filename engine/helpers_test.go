@@ -54,6 +54,7 @@ func TestMain(m *testing.M) {
 		"stall":         stallChild,        // TestKillDuringCheckpointAndMove
 		"archive":       archiveChild,      // TestKillWhileArchiving
 		"redis-archive": redisArchiveChild, // TestKillWhileArchivingRedis
+		"durable":       durableChild,      // TestDurableClaimsSurviveSIGKILL
 	})
 }
 

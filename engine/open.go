@@ -92,10 +92,12 @@ func newEngine(o Options) (*Engine, error) {
 		maxResult:   o.MaxResultSize,
 		results:     o.Tiers == MemoryOnly && o.Backend == nil,
 		maxAttempts: o.MaxAttempts,
-		parts:       parts,
-		clock:       o.Clock,
-		logger:      o.Logger,
-		secret:      shard.NewSecret(), // kept only by this process unless a tier persists one
+		// Kept only where claims live in the engine (capabilities).
+		durableClaims: o.DurableClaims,
+		parts:         parts,
+		clock:         o.Clock,
+		logger:        o.Logger,
+		secret:        shard.NewSecret(), // kept only by this process unless a tier persists one
 	}
 	e.def = Namespace{e: e}
 	e.tokens.Store(uint64(time.Now().UnixNano()))
@@ -246,6 +248,7 @@ func (e *Engine) capabilities() {
 		base = f.Exact
 	}
 	e.where = base.Claims()
+	e.durableClaims = e.durableClaims && e.where == tier.ClaimsInEngine
 	if e.where == tier.ClaimsInStore {
 		e.cacheFor = e.window / 2
 	}

@@ -100,8 +100,12 @@ const (
 	// DefaultMaxResultSize is the default Options.MaxResultSize: room for a
 	// typical API response or a reference to a larger one.
 	DefaultMaxResultSize = 4 << 10
-	// MaxResultSize is the largest MaxResultSize accepted.
-	MaxResultSize = 64 << 10
+	// MaxResultSize is the largest MaxResultSize accepted: room for a
+	// stored HTTP response with its body. Only memory-only keeps results
+	// in memory; with an exact tier, a key committed with a result is not
+	// cached in memory and each of its duplicates reads the result from
+	// that tier.
+	MaxResultSize = 4 << 20
 )
 
 // Options configure an Engine. The zero value of every field is a
@@ -164,9 +168,23 @@ type Options struct {
 	// evictions forget nothing; it lives as a commit does, for the window
 	// after the last attempt, and a commit clears it. In the embedded
 	// configuration a claim abandoned by a crash is void at the next Open
-	// and not counted (claims are not written to disk); memory-only keeps
-	// counts in memory, and bloom-only keeps none. At most 65535.
+	// and not counted (claims are not written to disk) unless DurableClaims
+	// says otherwise; memory-only keeps counts in memory, and bloom-only
+	// keeps none. At most 65535.
 	MaxAttempts int
+	// DurableClaims, in the embedded store, makes every New answer of
+	// Claim, ClaimBatch, Do and DoResult durable as an attempt before it is
+	// given: the key's attempt count, one more than before, is written
+	// (one synced write per call that claims New keys) and stays unless
+	// the claim commits or is given back uncounted (UnclaimBatch). A claim
+	// a crash (or a Close) abandoned is then counted at the next Open, as a
+	// shared tier counts a lease that ended, so with MaxAttempts 1 a key
+	// whose handler may have run is Poison, never New again: for effects
+	// that must not run twice even when their outcome is unknown (an HTTP
+	// request's, under an Idempotency-Key). It needs MaxAttempts. A shared
+	// tier (Redis, PostgreSQL) holds claims in its store already: there it
+	// changes nothing. Not memory-only nor bloom-only (ErrOptions).
+	DurableClaims bool
 	// MaxKeySize is the longest key accepted, in bytes, at most MaxKeySize.
 	// Zero means DefaultMaxKeySize.
 	MaxKeySize int
@@ -330,6 +348,9 @@ func (o *Options) Validate() error {
 	if err := tier.CheckAttempts(o.MaxAttempts); err != nil {
 		bad("%v", err)
 	}
+	if o.DurableClaims && o.MaxAttempts == 0 {
+		bad("DurableClaims needs MaxAttempts: a claim a crash abandoned is counted as an attempt")
+	}
 	if o.CommitQueue < 0 || o.CommitQueue > MaxCommitQueue {
 		bad("CommitQueue %d is outside [0, %d]", o.CommitQueue, MaxCommitQueue)
 	}
@@ -375,6 +396,9 @@ func (o *Options) validateTiers(bad func(format string, args ...any)) {
 	}
 	if o.FailOpen && !shared {
 		bad("FailOpen applies only to a shared tier (a Backend such as Redis or PostgreSQL)")
+	}
+	if o.DurableClaims && o.Tiers != Default {
+		bad("DurableClaims needs a durable tier (the embedded store or a shared one), not %v", o.Tiers)
 	}
 }
 

@@ -56,8 +56,11 @@ func (e *Engine) releaseAs(ctx context.Context, claims []Claim, errs []error, gi
 	// itself.
 	shared := e.where == tier.ClaimsInStore
 	counted := e.where == tier.ClaimsInEngine && e.maxAttempts > 0 && !giveBack
+	// A durable claim's attempt is on disk already: given back uncounted,
+	// the count it had before is written back.
+	restores := giveBack && e.durableClaims && anyDurable(claims)
 	now, _ := e.nowNoRotate()
-	if counted {
+	if counted || restores {
 		// Attempt counts are written in the current partition: rotate to
 		// it first. A failed store cannot; releasing memory claims needs
 		// none, and the count's write will fail.
@@ -65,7 +68,7 @@ func (e *Engine) releaseAs(ctx context.Context, claims []Claim, errs []error, gi
 			now = t
 		}
 	}
-	if counted {
+	if counted || restores {
 		e.counts.Lock() // until the counts are durable: see Engine.counts
 		defer e.counts.Unlock()
 	}
@@ -101,6 +104,8 @@ func (e *Engine) releaseAs(ctx context.Context, claims []Claim, errs []error, gi
 			continue // the store still holds the version the claim would have replaced
 		case counted:
 			reqs = append(reqs, tier.Request{NS: c.ns.name, Key: c.Key, Attempts: s.Attempts})
+		case restores && c.durable:
+			reqs = append(reqs, tier.Request{NS: c.ns.name, Key: c.Key, Attempts: c.attempts})
 		default:
 			continue
 		}
@@ -184,6 +189,17 @@ func (e *Engine) undoCommits(ctx context.Context, claims []Claim, errs []error, 
 		}
 	}
 	return lost, nil
+}
+
+// anyDurable reports whether a New claim among claims wrote its attempt
+// when it was answered (Options.DurableClaims).
+func anyDurable(claims []Claim) bool {
+	for i := range claims {
+		if claims[i].durable && claims[i].Outcome == New {
+			return true
+		}
+	}
+	return false
 }
 
 // nowNoRotate is now without rotation, for calls that write nothing.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,8 +18,9 @@ import (
 
 // resultConfigs are the configurations that store results, each with a
 // way to open a second engine over the same state: a restart (Default), a
-// second process (Redis, PostgreSQL), or none (memory-only).
-func resultConfigs(t *testing.T) []struct {
+// second process (Redis, PostgreSQL), or none (memory-only); maxResult is
+// their Options.MaxResultSize.
+func resultConfigs(t *testing.T, maxResult int) []struct {
 	name string
 	// open returns an engine; again, when not nil, closes it and returns
 	// another over the same state.
@@ -30,11 +32,11 @@ func resultConfigs(t *testing.T) []struct {
 	}
 	return []cfg{
 		{"memory", func(t *testing.T, clock engine.Clock) (*engine.Engine, func(*engine.Engine) *engine.Engine) {
-			return open(t, engine.Options{Tiers: engine.MemoryOnly, Clock: clock}), nil
+			return open(t, engine.Options{Tiers: engine.MemoryOnly, Clock: clock, MaxResultSize: maxResult}), nil
 		}},
 		{"default", func(t *testing.T, clock engine.Clock) (*engine.Engine, func(*engine.Engine) *engine.Engine) {
 			// A memory tier of 16 keys: most answers come from the store.
-			o := engine.Options{Dir: t.TempDir(), Clock: clock, MemoryCapacity: 16, ExpectedKeys: 1000}
+			o := engine.Options{Dir: t.TempDir(), Clock: clock, MemoryCapacity: 16, ExpectedKeys: 1000, MaxResultSize: maxResult}
 			return open(t, o), func(e *engine.Engine) *engine.Engine {
 				if err := e.Close(); err != nil {
 					t.Fatal(err)
@@ -45,7 +47,7 @@ func resultConfigs(t *testing.T) []struct {
 		{"redis", func(t *testing.T, clock engine.Clock) (*engine.Engine, func(*engine.Engine) *engine.Engine) {
 			c := redistest.Start(t).Client(t)
 			prefix := fmt.Sprintf("results-%d:", time.Now().UnixNano())
-			o := engine.Options{Clock: clock}
+			o := engine.Options{Clock: clock, MaxResultSize: maxResult}
 			return openRedis(t, c, prefix, o), func(e *engine.Engine) *engine.Engine {
 				e.Close()
 				return openRedis(t, c, prefix, o)
@@ -55,7 +57,7 @@ func resultConfigs(t *testing.T) []struct {
 			pool := postgresPool(t)
 			table := "results_" + time.Now().Format("150405000000")
 			t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
-			o := engine.Options{Backend: pgBackend(pool, table), Clock: clock}
+			o := engine.Options{Backend: pgBackend(pool, table), Clock: clock, MaxResultSize: maxResult}
 			return open(t, o), func(e *engine.Engine) *engine.Engine {
 				e.Close()
 				return open(t, o)
@@ -73,7 +75,7 @@ func resultConfigs(t *testing.T) []struct {
 // is its own.
 func TestStoredResult(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range resultConfigs(t) {
+	for _, cfg := range resultConfigs(t, 0) {
 		t.Run(cfg.name, func(t *testing.T) {
 			clock := newClock()
 			e, again := cfg.open(t, clock)
@@ -168,12 +170,74 @@ func TestStoredResult(t *testing.T) {
 	}
 }
 
+// TestLargeResults: a result of 1 MiB (an HTTP response with its body) is
+// stored and answered whole by every tier that keeps results, after a
+// restart or from another process; one byte over MaxResultSize is
+// refused.
+func TestLargeResults(t *testing.T) {
+	ctx := context.Background()
+	const size = 1 << 20
+	for _, cfg := range resultConfigs(t, size) {
+		t.Run(cfg.name, func(t *testing.T) {
+			e, again := cfg.open(t, newClock())
+			defer func() { e.Close() }()
+			results := map[string][]byte{}
+			for i := range 4 {
+				key := fmt.Sprintf("large-%d", i)
+				c, err := e.Claim(ctx, []byte(key))
+				if err != nil || c.Outcome != engine.New {
+					t.Fatal(c.Outcome, err)
+				}
+				c.Result = bytes.Repeat([]byte{byte('a' + i)}, size-i)
+				c.Result[0] = byte(i)
+				results[key] = c.Result
+				done := make(chan error, 1)
+				e.CommitAsync(ctx, c, func(err error) { done <- err }) // queued together
+				defer func() {
+					if err := <-done; err != nil {
+						t.Error(err)
+					}
+				}()
+			}
+			if err := e.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+			over, _ := e.Claim(ctx, []byte("over"))
+			over.Result = make([]byte, size+1)
+			if err := e.Commit(ctx, over); !errors.Is(err, engine.ErrResultTooLarge) {
+				t.Fatalf("%d bytes with MaxResultSize %d: %v, want ErrResultTooLarge", len(over.Result), size, err)
+			}
+			_ = e.Release(ctx, over)
+			if again != nil {
+				e = again(e)
+			}
+			// The keys concurrently, each key's claims in turn (a claim
+			// that meets another claim of its key reading the tier answers
+			// InFlight).
+			var wg sync.WaitGroup
+			for key, want := range results {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range 4 {
+						c, err := e.Claim(ctx, []byte(key))
+						if err != nil || c.Outcome != engine.Duplicate || !bytes.Equal(c.Result, want) {
+							t.Errorf("%s: %v, %d bytes, %v; want duplicate with its %d bytes", key, c.Outcome, len(c.Result), err, len(want))
+						}
+					}
+				}()
+			}
+			wg.Wait()
+		})
+	}
+}
+
 // TestDoResult: fn runs once; every later call returns its stored result
 // without running it; a failing fn or a result over the limit leaves the
 // key New for the redelivery.
 func TestDoResult(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range resultConfigs(t)[:2] {
+	for _, cfg := range resultConfigs(t, 0)[:2] {
 		t.Run(cfg.name, func(t *testing.T) {
 			e, _ := cfg.open(t, newClock())
 			defer e.Close()

@@ -54,8 +54,9 @@ type Exact interface {
 	// later claims, durably as configured.
 	Commit(ctx context.Context, partition int64, reqs []Request, out []Status) error
 	// Release ends claims that did not commit. ClaimsInEngine: writes, in
-	// partition, the attempt count reqs[i].Attempts of each key that has one
-	// (none with giveBack). ClaimsInStore: frees each key its token holds
+	// partition, the attempt count reqs[i].Attempts of each key, zero
+	// included (a durable claim given back restores the count it raised);
+	// nothing with giveBack. ClaimsInStore: frees each key its token holds
 	// (out[i] Lost otherwise), counting an attempt, or with giveBack counting
 	// none and undoing a commit the same token made.
 	Release(ctx context.Context, partition int64, reqs []Request, giveBack bool, out []Status) error

@@ -155,6 +155,9 @@ type consumer struct {
 	// fetched gets a value when the consumer starts processing a poll,
 	// committing when it handled a partition's last record.
 	fetched, committing chan struct{}
+	// tail is the consumer's last lines (guarded by run.mu), printed when
+	// a run does not catch up.
+	tail []string
 }
 
 // run is an end-to-end run: a cluster, a topic, its produced records, and
@@ -176,6 +179,8 @@ type run struct {
 	imports     int
 	exportsMade int
 	lost        int // partitions a member lost (dropped from the group) rather than gave up
+	consumers   []*consumer
+	last        map[string]time.Time // when a line of each kind last arrived
 }
 
 func newRun(t *testing.T, parts int32) *run {
@@ -186,7 +191,7 @@ func newRun(t *testing.T, parts int32) *run {
 	}
 	t.Cleanup(c.Close)
 	return &run{t: t, cluster: c, topic: "orders", parts: parts, produced: map[int32]int64{},
-		next: map[int32]int64{}, seen: map[int32]map[int64]int{}}
+		next: map[int32]int64{}, seen: map[int32]map[int64]int{}, last: map[string]time.Time{}}
 }
 
 // produce writes n records, resend of them (a tenth in the run)
@@ -233,6 +238,9 @@ func (r *run) start(spec childSpec) *consumer {
 	spec.Brokers, spec.Topic, spec.Group = r.cluster.ListenAddrs(), r.topic, "orders-consumers"
 	b, _ := json.Marshal(spec)
 	c := &consumer{spec: string(b), fetched: make(chan struct{}, 1), committing: make(chan struct{}, 1)}
+	r.mu.Lock()
+	r.consumers = append(r.consumers, c)
+	r.mu.Unlock()
 	r.restart(c)
 	return c
 }
@@ -247,6 +255,11 @@ func (r *run) restart(c *consumer) {
 			default:
 			}
 		}
+		r.mu.Lock()
+		if c.tail = append(c.tail, line); len(c.tail) > 40 {
+			c.tail = c.tail[len(c.tail)-40:]
+		}
+		r.mu.Unlock()
 		r.line(line)
 	}})
 }
@@ -258,6 +271,7 @@ func (r *run) line(s string) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.last[f[0]] = time.Now()
 	switch f[0] {
 	case "B":
 		var part int32
@@ -329,6 +343,14 @@ func (r *run) waitCaughtUp(d time.Duration) {
 		if time.Now().After(deadline) {
 			r.mu.Lock()
 			defer r.mu.Unlock()
+			// What each consumer said last, and when each kind of line
+			// last came, tell a stalled group from a slow one.
+			for i, c := range r.consumers {
+				r.t.Logf("consumer %d's last lines:\n\t%s", i, strings.Join(c.tail, "\n\t"))
+			}
+			for kind, at := range r.last {
+				r.t.Logf("last %q line %v ago", kind, time.Since(at).Round(time.Millisecond))
+			}
 			r.t.Fatalf("consumers did not catch up in %v: stored %v, produced %v", d, r.next, r.produced)
 		}
 		time.Sleep(50 * time.Millisecond)

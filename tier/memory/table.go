@@ -218,6 +218,19 @@ func (t *Table) Extend(fps []shard.Fingerprint, tokens []uint64, now, leaseUntil
 	})
 }
 
+// Attempts returns the attempt count of the claim token holds on f, as
+// acquired and settled (releases and lease expiries of earlier claims);
+// 0 when token does not hold f.
+func (t *Table) Attempts(f shard.Fingerprint, token uint64) uint16 {
+	s := &t.stripes[t.router.Stripe(f)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, idx, ok := s.ownLocked(f, token, claimed); ok {
+		return s.entries[idx].attempts
+	}
+	return 0
+}
+
 // Begin starts committing each claim: where tokens[i] holds the key with an
 // unexpired lease the claim is pinned (it can no longer expire or be
 // released) and out[i] is OK; otherwise out[i] is Lost and nothing changes.

@@ -41,10 +41,10 @@ func (s *Store) CommitWith(_ context.Context, partition int64, reqs []tier.Reque
 	})
 }
 
-// Release writes, in partition, a released record of each key with an
-// attempt count (reqs[i].Attempts > 0), so that every restart sees the
-// count; with giveBack, or with no count, there is nothing to write. out
-// (if not nil) is OK for every key.
+// Release writes, in partition, a released record of each key with its
+// attempt count reqs[i].Attempts (zero too: it shadows a count an older
+// record holds), so that every restart sees the count; with giveBack there
+// is nothing to write. out (if not nil) is OK for every key.
 func (s *Store) Release(_ context.Context, partition int64, reqs []tier.Request, giveBack bool, out []tier.Status) error {
 	if giveBack {
 		for i := range out {
@@ -53,7 +53,9 @@ func (s *Store) Release(_ context.Context, partition int64, reqs []tier.Request,
 		return nil
 	}
 	return s.writeRequests(partition, reqs, nil, out, func(r *tier.Request) (Value, bool) {
-		return Value{State: StateReleased, Attempts: r.Attempts}, r.Attempts > 0
+		// Every count the engine sends, zero too: a claim given back
+		// uncounted restores the count its durable claim raised.
+		return Value{State: StateReleased, Attempts: r.Attempts}, true
 	})
 }
 

@@ -1,0 +1,207 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/crashtest"
+)
+
+// durableOpts is an embedded store in dir whose New claims are durable
+// attempts, MaxAttempts as given.
+func durableOpts(dir string, attempts int, clock engine.Clock) engine.Options {
+	return engine.Options{Dir: dir, ExpectedKeys: 10_000, MaxAttempts: attempts, DurableClaims: true, Clock: clock,
+		Window: 4 * time.Hour, Partition: time.Hour, Lease: time.Minute}
+}
+
+// claimOutcome claims key once and returns the outcome, releasing nothing.
+func claimOutcome(t *testing.T, e *engine.Engine, key string) (engine.Claim, engine.Outcome) {
+	t.Helper()
+	c, err := e.Claim(context.Background(), []byte(key))
+	if err != nil {
+		t.Fatalf("claim %s: %v", key, err)
+	}
+	return c, c.Outcome
+}
+
+// TestDurableClaimsCountAbandonedClaims: a claim left without commit or
+// release (Close here, a crash in TestDurableClaimsSurviveSIGKILL) is an
+// attempt at the next Open; one given back uncounted, committed, or released
+// counts as each of those says, across reopens.
+func TestDurableClaimsCountAbandonedClaims(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	clock := newClock()
+	o := durableOpts(dir, 1, clock)
+	o.Lease = 3 * time.Hour // alive across the rotation below
+	e := open(t, o)
+	abandoned, _ := claimOutcome(t, e, "abandoned")
+	unclaimed, _ := claimOutcome(t, e, "unclaimed")
+	released, _ := claimOutcome(t, e, "released")
+	committed, _ := claimOutcome(t, e, "committed")
+	// A key repeated in a batch is New once: that one claim is the attempt.
+	batch := make([]engine.Claim, 2)
+	if err := e.ClaimBatch(ctx, [][]byte{[]byte("repeated"), []byte("repeated")}, nil, batch); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []engine.Claim{abandoned, unclaimed, released, committed, batch[0]} {
+		if c.Outcome != engine.New {
+			t.Fatalf("%s: %v, want New", c.Key, c.Outcome)
+		}
+	}
+	// The claim given back uncounted is given back after a rotation: the
+	// count it restores must shadow the one its claim wrote in an older
+	// partition.
+	clock.Add(90 * time.Minute)
+	if err := e.UnclaimBatch(ctx, []engine.Claim{unclaimed}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Release(ctx, released); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Commit(ctx, committed); err != nil {
+		t.Fatal(err)
+	}
+	_ = abandoned // neither committed nor released: Close abandons it
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	e = open(t, durableOpts(dir, 1, clock))
+	defer e.Close()
+	want := map[string]engine.Outcome{
+		"abandoned": engine.Poison, // its handler may have run: never New again
+		"repeated":  engine.Poison,
+		"released":  engine.Poison, // a counted failure, MaxAttempts 1
+		"unclaimed": engine.New,    // never handed to a handler
+		"committed": engine.Duplicate,
+	}
+	for key, w := range want {
+		c, got := claimOutcome(t, e, key)
+		if got != w {
+			t.Errorf("%s after reopen: %v, want %v", key, got, w)
+		}
+		if got == engine.New {
+			if err := e.UnclaimBatch(ctx, []engine.Claim{c}, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// TestDurableClaimsAttemptsAddUp: with MaxAttempts 3, each abandoned claim
+// is one attempt: New after one and two crashes, Poison after the third;
+// a lease that ended in the running process counts once, not twice.
+func TestDurableClaimsAttemptsAddUp(t *testing.T) {
+	dir := t.TempDir()
+	clock := newClock()
+	for round, want := range []engine.Outcome{engine.New, engine.New, engine.New, engine.Poison} {
+		e := open(t, durableOpts(dir, 3, clock))
+		if _, got := claimOutcome(t, e, "k"); got != want {
+			t.Fatalf("round %d: %v, want %v", round, got, want)
+		}
+		if err := e.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A lease ending while the process runs is the same attempt its claim
+	// already wrote.
+	dir = t.TempDir()
+	e := open(t, durableOpts(dir, 3, clock))
+	claimOutcome(t, e, "k")                                   // attempt 1, written
+	clock.Add(2 * time.Minute)                                // its lease ends
+	if _, got := claimOutcome(t, e, "k"); got != engine.New { // attempt 2
+		t.Fatalf("after a lease ended: %v, want New", got)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e = open(t, durableOpts(dir, 3, clock))
+	defer e.Close()
+	if _, got := claimOutcome(t, e, "k"); got != engine.New { // attempt 3
+		t.Fatalf("third claim: %v, want New (two attempts so far)", got)
+	}
+}
+
+// TestDurableClaimsOptions: DurableClaims needs MaxAttempts and a durable
+// tier.
+func TestDurableClaimsOptions(t *testing.T) {
+	for _, o := range []engine.Options{
+		{Dir: t.TempDir(), DurableClaims: true},
+		{Tiers: engine.MemoryOnly, DurableClaims: true, MaxAttempts: 1},
+		{Tiers: engine.BloomOnly, DurableClaims: true, MaxAttempts: 1},
+	} {
+		if _, err := engine.Open(&o); !errors.Is(err, engine.ErrOptions) {
+			t.Errorf("%s with DurableClaims, MaxAttempts %d: %v, want ErrOptions", o.Name(), o.MaxAttempts, err)
+		}
+	}
+}
+
+// durableChild claims the keys of its spec (dir|key,key,...) in an engine
+// with DurableClaims and MaxAttempts 1, prints "N key" for each New, then
+// waits to be killed.
+func durableChild(spec string) int {
+	dir, keys, _ := strings.Cut(spec, "|")
+	o := durableOpts(dir, 1, nil)
+	o.DurableClaims = os.Getenv("DURABLE_OFF") == ""
+	e, err := engine.Open(&o)
+	if err != nil {
+		fmt.Println("ERR", err)
+		return 1
+	}
+	for _, k := range strings.Split(keys, ",") {
+		c, err := e.Claim(context.Background(), []byte(k))
+		if err != nil {
+			fmt.Println("ERR", err)
+			return 1
+		}
+		if c.Outcome == engine.New {
+			fmt.Println("N", k)
+		}
+	}
+	fmt.Println("READY")
+	select {}
+}
+
+// TestDurableClaimsSurviveSIGKILL: a process SIGKILLed while it holds New
+// claims (a handler running) leaves each of them counted: the next process
+// answers Poison, never New, so the handler does not run a second time.
+func TestDurableClaimsSurviveSIGKILL(t *testing.T) {
+	dir := t.TempDir()
+	keys := []string{"order-1", "order-2", "order-3"}
+	child := crashtest.Start(t, "durable", dir+"|"+strings.Join(keys, ","), &crashtest.Options{Timeout: time.Minute})
+	news := 0
+	for {
+		line, ok := child.Next()
+		if !ok {
+			t.Fatalf("child ended before READY\n%s", child.Describe())
+		}
+		if line == "READY" {
+			break
+		}
+		if strings.HasPrefix(line, "ERR") {
+			t.Fatalf("child: %s", line)
+		}
+		if strings.HasPrefix(line, "N ") {
+			news++
+		}
+	}
+	if news != len(keys) {
+		t.Fatalf("child answered %d New of %d fresh keys\n%s", news, len(keys), child.Describe())
+	}
+	_ = child.Kill()
+	_ = child.Wait()
+	e := open(t, durableOpts(dir, 1, nil))
+	defer e.Close()
+	for _, k := range keys {
+		if _, got := claimOutcome(t, e, k); got != engine.Poison {
+			t.Errorf("%s after SIGKILL: %v, want Poison (its handler may have run)", k, got)
+		}
+	}
+}
