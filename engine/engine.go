@@ -30,6 +30,8 @@ type Engine struct {
 	// tier that keeps them); a commit with one is refused otherwise.
 	results     bool
 	maxAttempts int
+	// opts are the options Open was given, defaults filled in (Options).
+	opts Options
 	// durableClaims: every New claim's attempt is written before it is
 	// answered (Options.DurableClaims, with claims in the engine).
 	durableClaims bool

@@ -35,6 +35,7 @@ func Open(opts *Options) (_ *Engine, err error) {
 	if err != nil {
 		return nil, err
 	}
+	e.opts = o
 	var opened closers
 	defer func() {
 		if err != nil {

@@ -536,3 +536,15 @@ func (o *Options) Name() string {
 	}
 	return o.Tiers.String()
 }
+
+// Options returns the options the engine was opened with, every default
+// filled in (WithDefaults), for integrations that must check what they
+// rely on: an HTTP middleware refuses FailOpen, which would run a request
+// twice. The maps are copies; Backend, Archive, FS, Clock and Logger are
+// the engine's own.
+func (e *Engine) Options() Options {
+	o := e.opts
+	o.NamespaceWindows = maps.Clone(o.NamespaceWindows)
+	o.NamespaceArchiveWindows = maps.Clone(o.NamespaceArchiveWindows)
+	return o
+}

@@ -1,0 +1,415 @@
+package httpdedup
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/sfv"
+)
+
+// Middleware runs each keyed request's handler once per client and key
+// inside its engine's window. It is safe for concurrent use.
+type Middleware struct {
+	o     Options
+	e     *engine.Engine
+	ns    *engine.Namespace
+	lease time.Duration
+	keep  int // the longest stored response: the engine's MaxResultSize
+	stats struct {
+		requests, passed, executed, replayed, stored, notStored, bodiesNotKept, released,
+		conflicts, inFlight, waited, unknown, badRequests, unavailable, panics atomic.Uint64
+	}
+}
+
+// Stats are a Middleware's counters since New.
+type Stats struct {
+	// Requests is every request the middleware saw; Passed those it let
+	// through unhandled (a method it does not handle, or no key where
+	// none is required).
+	Requests, Passed uint64
+	// Executed counts handler runs; Stored the responses committed with
+	// their key (BodiesNotKept of them without the body, too long for
+	// the engine's MaxResultSize); NotStored those the engine could not
+	// store (their keys answer 500 once their lease ends); Released the
+	// runs whose claim was given back (Options.Store said no, or a panic).
+	Executed, Stored, BodiesNotKept, NotStored, Released uint64
+	// Replayed counts stored responses sent again; Waited the requests
+	// that waited for a key in flight (Options.Wait).
+	Replayed, Waited uint64
+	// Conflicts (422), InFlight (409), Unknown (500, a claim that ended
+	// without a commit), BadRequests (400, 403, 413), Unavailable (503)
+	// and Panics count the other answers.
+	Conflicts, InFlight, Unknown, BadRequests, Unavailable, Panics uint64
+}
+
+// New checks opts and its engine and returns a Middleware.
+func New(opts *Options) (*Middleware, error) {
+	if opts == nil {
+		opts = &Options{}
+	}
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	ns, err := o.Engine.Namespace(o.Namespace)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrOptions, err)
+	}
+	eo := o.Engine.Options()
+	return &Middleware{o: o, e: o.Engine, ns: ns, lease: eo.Lease, keep: eo.MaxResultSize}, nil
+}
+
+// Stats returns the Middleware's counters.
+func (m *Middleware) Stats() Stats {
+	s := &m.stats
+	return Stats{
+		Requests: s.requests.Load(), Passed: s.passed.Load(), Executed: s.executed.Load(), Stored: s.stored.Load(),
+		BodiesNotKept: s.bodiesNotKept.Load(), NotStored: s.notStored.Load(), Released: s.released.Load(),
+		Replayed: s.replayed.Load(), Waited: s.waited.Load(), Conflicts: s.conflicts.Load(), InFlight: s.inFlight.Load(),
+		Unknown: s.unknown.Load(), BadRequests: s.badRequests.Load(), Unavailable: s.unavailable.Load(), Panics: s.panics.Load(),
+	}
+}
+
+// Handler returns next behind the middleware.
+func (m *Middleware) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		m.stats.requests.Add(1)
+		if !slices.Contains(m.o.Methods, r.Method) {
+			m.stats.passed.Add(1)
+			next.ServeHTTP(w, r)
+			return
+		}
+		key, ok := m.key(w, r)
+		if !ok {
+			return
+		}
+		if key == nil {
+			m.stats.passed.Add(1)
+			next.ServeHTTP(w, r)
+			return
+		}
+		digest, ok := m.fingerprint(w, r)
+		if !ok {
+			return
+		}
+		m.serve(w, r, next, key, digest)
+	})
+}
+
+// key returns the request's scoped key: nil when it carries none and the
+// method does not require one; ok false when it was answered (400, 403).
+func (m *Middleware) key(w http.ResponseWriter, r *http.Request) (key []byte, ok bool) {
+	lines := r.Header.Values(HeaderKey)
+	switch {
+	case len(lines) == 0 && slices.Contains(m.o.Require, r.Method):
+		m.refuse(w, http.StatusBadRequest, titleMissing, fmt.Sprintf("%s requests need an %s header", r.Method, HeaderKey))
+		return nil, false
+	case len(lines) == 0:
+		return nil, true
+	case len(lines) > 1:
+		m.refuse(w, http.StatusBadRequest, titleMalformed, fmt.Sprintf("%d %s header lines, want one", len(lines), HeaderKey))
+		return nil, false
+	}
+	item, err := sfv.ParseItem(lines[0])
+	switch {
+	case err != nil:
+		m.refuse(w, http.StatusBadRequest, titleMalformed, "the key must be a quoted string (RFC 8941), such as \"8e03978e-40d5-43e8-bc93-6894a57f9324\"")
+		return nil, false
+	case item.Kind != sfv.String:
+		m.refuse(w, http.StatusBadRequest, titleMalformed, "the key must be a quoted string (RFC 8941), not a token or number")
+		return nil, false
+	case item.Str == "" || len(item.Str) > m.o.MaxKeyLength:
+		m.refuse(w, http.StatusBadRequest, titleMalformed, fmt.Sprintf("the key has %d bytes, want 1 to %d", len(item.Str), m.o.MaxKeyLength))
+		return nil, false
+	}
+	scope := ""
+	if m.o.Scope != nil {
+		if scope, err = m.o.Scope(r); err != nil {
+			m.refuse(w, http.StatusForbidden, titleScope, err.Error())
+			return nil, false
+		}
+	}
+	// The scope's length first, so no scope and key meet another's.
+	key = strconv.AppendInt(nil, int64(len(scope)), 10)
+	key = append(append(append(key, ':'), scope...), item.Str...)
+	return key, true
+}
+
+// fingerprint reads the body (giving the handler a copy) and returns the
+// request's digest; ok false when it was answered (400, 413).
+func (m *Middleware) fingerprint(w http.ResponseWriter, r *http.Request) (engine.Digest, bool) {
+	var body []byte
+	if r.Body != nil && r.Body != http.NoBody {
+		b, err := io.ReadAll(io.LimitReader(r.Body, m.o.MaxBody+1))
+		_ = r.Body.Close()
+		switch {
+		case err != nil:
+			m.refuse(w, http.StatusBadRequest, titleFingerprint, "the request body could not be read")
+			return engine.Digest{}, false
+		case int64(len(b)) > m.o.MaxBody:
+			m.refuse(w, http.StatusRequestEntityTooLarge, titleTooLarge, fmt.Sprintf("a keyed request's body is at most %d bytes", m.o.MaxBody))
+			return engine.Digest{}, false
+		}
+		body = b
+	}
+	r.Body = io.NopCloser(bytesReader(body))
+	r.ContentLength = int64(len(body))
+	var sum [sha256.Size]byte
+	if m.o.Fingerprint != nil {
+		fp, err := m.o.Fingerprint(r, body)
+		if err != nil {
+			m.refuse(w, http.StatusBadRequest, titleFingerprint, err.Error())
+			return engine.Digest{}, false
+		}
+		sum = sha256.Sum256(fp)
+	} else {
+		h := sha256.New()
+		for _, part := range []string{r.Method, r.URL.EscapedPath(), r.URL.RawQuery} {
+			_, _ = io.WriteString(h, strconv.Itoa(len(part))+":"+part)
+		}
+		h.Write(body)
+		h.Sum(sum[:0])
+	}
+	return engine.Digest(sum[:16]), true
+}
+
+// refuse answers a request the middleware will not run (400, 403, 413).
+func (m *Middleware) refuse(w http.ResponseWriter, status int, title, detail string) {
+	m.stats.badRequests.Add(1)
+	m.problem(w, status, title, detail, 0)
+}
+
+// settle is how long a request that meets its key in flight retries its
+// claim before answering 409: another request's claim may only be reading
+// the key's stored response.
+var settle = []time.Duration{time.Millisecond, 2 * time.Millisecond, 4 * time.Millisecond, 8 * time.Millisecond}
+
+// serve claims key and answers as its outcome says.
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, key []byte, digest engine.Digest) {
+	ctx := r.Context()
+	var waitUntil time.Time
+	for try := 0; ; try++ {
+		c, err := m.ns.ClaimDigest(ctx, key, digest)
+		if err != nil {
+			m.failed(w, r, err)
+			return
+		}
+		switch c.Outcome {
+		case engine.New:
+			m.execute(w, r, next, c)
+		case engine.Duplicate:
+			m.replay(w, c.Result)
+		case engine.Conflict:
+			m.stats.conflicts.Add(1)
+			m.problem(w, m.o.ConflictStatus, titleConflict, "this key was used with another request (method, path, query or body)", 0)
+		case engine.Poison:
+			m.stats.unknown.Add(1)
+			m.problem(w, http.StatusInternalServerError, titleUnknown,
+				"the first request with this key did not complete (its server stopped, or lost its claim): whether it took effect is unknown, and it will not run again", 0)
+		case engine.InFlight:
+			if try < len(settle) {
+				if !sleep(ctx, settle[try]) {
+					return
+				}
+				continue
+			}
+			if m.o.Wait > 0 {
+				if waitUntil.IsZero() {
+					waitUntil = time.Now().Add(m.o.Wait)
+					m.stats.waited.Add(1)
+				}
+				if time.Now().Before(waitUntil) {
+					if !sleep(ctx, min(50*time.Millisecond, time.Until(waitUntil))) {
+						return
+					}
+					continue
+				}
+			}
+			m.stats.inFlight.Add(1)
+			m.problem(w, http.StatusConflict, titleInFlight, "a request with this key is being processed; retry after it completes", time.Second)
+		default:
+			m.failed(w, r, fmt.Errorf("httpdedup: outcome %v", c.Outcome))
+		}
+		return
+	}
+}
+
+// failed answers a claim the engine could not make: nothing ran.
+func (m *Middleware) failed(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() != nil {
+		return // the client left: nobody to answer
+	}
+	m.stats.unavailable.Add(1)
+	m.o.Logger.Printf("httpdedup: %s %s: %v", r.Method, r.URL.Path, err)
+	m.problem(w, http.StatusServiceUnavailable, titleUnavailable, "the request was not run: the idempotency store cannot answer now", time.Second)
+}
+
+// replay sends a stored response.
+func (m *Middleware) replay(w http.ResponseWriter, result []byte) {
+	s, err := decodeStored(result)
+	if err != nil {
+		m.o.Logger.Printf("%v", err)
+		m.stats.unknown.Add(1)
+		m.problem(w, http.StatusInternalServerError, titleDamaged, "the stored response of this key cannot be read; the request will not run again", 0)
+		return
+	}
+	m.stats.replayed.Add(1)
+	h := w.Header()
+	for name, vs := range s.header {
+		h[name] = vs
+	}
+	h.Set(HeaderReplayed, "true")
+	if !s.bodyKept {
+		h.Set(HeaderStored, "headers")
+	}
+	if bodyAllowed(s.status) {
+		h.Set("Content-Length", strconv.Itoa(len(s.body)))
+	}
+	w.WriteHeader(s.status)
+	_, _ = w.Write(s.body)
+}
+
+// execute runs the handler for a New claim, keeps its lease, then stores
+// its response (or gives the claim back) and sends it.
+func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, c engine.Claim) {
+	m.stats.executed.Add(1)
+	rec := newRecorder(w, m.keep)
+	stop := m.heartbeat(r.Context(), &c)
+	panicked := m.run(next, rec, r)
+	lost := stop()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.o.CommitTimeout)
+	defer cancel()
+	if panicked != nil || !m.o.Store(rec.finalStatus()) {
+		// Nothing to replay: the retry runs again. The give-back counts no
+		// attempt; one that fails leaves the claim to end with its lease,
+		// and the key then answers 500 (outcome unknown), never a second run.
+		m.stats.released.Add(1)
+		if err := m.e.UnclaimBatch(ctx, []engine.Claim{c}, nil); err != nil {
+			m.o.Logger.Printf("httpdedup: give back %s %s: %v", r.Method, r.URL.Path, err)
+		}
+		if panicked != nil {
+			m.panicked(rec, r, panicked)
+			return
+		}
+		rec.send(nil)
+		return
+	}
+	s := rec.stored(m.o.StoredHeaders)
+	extra := http.Header{}
+	err := lost
+	if err == nil {
+		err = m.commit(ctx, &c, &s)
+	}
+	switch {
+	case err != nil:
+		// The handler ran; its response is sent, and the claim is left to
+		// end: a retry is answered 500 (outcome unknown), never run again.
+		m.stats.notStored.Add(1)
+		m.o.Logger.Printf("httpdedup: store %s %s: %v", r.Method, r.URL.Path, err)
+		extra.Set(HeaderStored, "false")
+	case !s.bodyKept:
+		m.stats.stored.Add(1)
+		m.stats.bodiesNotKept.Add(1)
+		extra.Set(HeaderStored, "headers")
+	default:
+		m.stats.stored.Add(1)
+	}
+	rec.send(extra)
+}
+
+// commit commits c with s as its result, without the body if the whole
+// does not fit the engine's MaxResultSize.
+func (m *Middleware) commit(ctx context.Context, c *engine.Claim, s *stored) error {
+	c.Result = s.encode(nil)
+	if len(c.Result) > m.keep && s.bodyKept {
+		s.bodyKept = false
+		c.Result = s.encode(c.Result[:0])
+	}
+	return m.e.Commit(ctx, *c)
+}
+
+// run calls the handler and returns what it panicked with, if anything.
+func (m *Middleware) run(next http.Handler, w http.ResponseWriter, r *http.Request) (panicked any) {
+	defer func() {
+		if p := recover(); p != nil {
+			panicked = p
+			if p != http.ErrAbortHandler {
+				m.o.Logger.Printf("httpdedup: handler panic on %s %s: %v\n%s", r.Method, r.URL.Path, p, debug.Stack())
+			}
+		}
+	}()
+	next.ServeHTTP(w, r)
+	return nil
+}
+
+// panicked answers a handler that panicked, its claim given back: 500 if
+// nothing was sent yet; http.ErrAbortHandler is re-raised, as net/http
+// expects.
+func (m *Middleware) panicked(rec *recorder, r *http.Request, p any) {
+	m.stats.panics.Add(1)
+	if p == http.ErrAbortHandler {
+		panic(p)
+	}
+	if !rec.streaming {
+		m.problem(rec.w, http.StatusInternalServerError, titlePanic, "the handler failed; the request may be retried with the same key", 0)
+	}
+}
+
+// heartbeat extends c's lease every third of it while the handler runs.
+// The returned stop ends it and returns ErrLeaseLost if the lease was lost
+// meanwhile (the response must then not be stored over another's).
+func (m *Middleware) heartbeat(ctx context.Context, c *engine.Claim) (stop func() error) {
+	done := make(chan struct{})
+	var lost error
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(m.lease / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.lease/3)
+			err := m.e.Extend(ectx, c, m.lease)
+			cancel()
+			if errors.Is(err, engine.ErrLeaseLost) {
+				lost = err
+				return
+			}
+			// Another failure (a store briefly down) keeps the earlier
+			// lease: the next beat tries again.
+		}
+	}()
+	return func() error {
+		close(done)
+		wg.Wait()
+		return lost
+	}
+}
+
+// sleep waits d, or until ctx ends (false).
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
