@@ -190,6 +190,9 @@ func (m *Middleware) refuse(w http.ResponseWriter, status int, title, detail str
 	m.problem(w, status, title, detail, 0)
 }
 
+// detailUnknown explains a 500 for a request whose outcome is unknown.
+const detailUnknown = "the first request with this key did not complete (its server stopped, lost its claim or its upstream): whether it took effect is unknown, and it will not run again"
+
 // settle is how long a request that meets its key in flight retries its
 // claim before answering 409: another request's claim may only be reading
 // the key's stored response.
@@ -215,8 +218,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			m.problem(w, m.o.ConflictStatus, titleConflict, "this key was used with another request (method, path, query or body)", 0)
 		case engine.Poison:
 			m.stats.unknown.Add(1)
-			m.problem(w, http.StatusInternalServerError, titleUnknown,
-				"the first request with this key did not complete (its server stopped, or lost its claim): whether it took effect is unknown, and it will not run again", 0)
+			m.problem(w, http.StatusInternalServerError, titleUnknown, detailUnknown, 0)
 		case engine.InFlight:
 			if try < len(settle) {
 				if !sleep(ctx, settle[try]) {
@@ -280,17 +282,36 @@ func (m *Middleware) replay(w http.ResponseWriter, result []byte) {
 	_, _ = w.Write(s.body)
 }
 
+// runState is what a handler tells the middleware about its request
+// (Unknown), found in the request's context.
+type runState struct{ unknown atomic.Bool }
+
+type runStateKey struct{}
+
+// Unknown tells the middleware, from a handler, that whether r took effect
+// cannot be known (a proxy whose upstream connection broke after the
+// request went out): the handler's own response is sent, and every retry
+// of the key is answered 500 (outcome unknown) instead of running again.
+// It does nothing to a request the middleware is not running.
+func Unknown(r *http.Request) {
+	if s, ok := r.Context().Value(runStateKey{}).(*runState); ok {
+		s.unknown.Store(true)
+	}
+}
+
 // execute runs the handler for a New claim, keeps its lease, then stores
 // its response (or gives the claim back) and sends it.
 func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, c engine.Claim) {
 	m.stats.executed.Add(1)
 	rec := newRecorder(w, m.keep)
 	stop := m.heartbeat(r.Context(), &c)
-	panicked := m.run(next, rec, r)
+	state := &runState{}
+	panicked := m.run(next, rec, r.WithContext(context.WithValue(r.Context(), runStateKey{}, state)))
 	lost := stop()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.o.CommitTimeout)
 	defer cancel()
-	if panicked != nil || !m.o.Store(rec.finalStatus()) {
+	unknown := state.unknown.Load() && panicked == nil
+	if !unknown && (panicked != nil || !m.o.Store(rec.finalStatus())) {
 		// Nothing to replay: the retry runs again. The give-back counts no
 		// attempt; one that fails leaves the claim to end with its lease,
 		// and the key then answers 500 (outcome unknown), never a second run.
@@ -306,6 +327,14 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		return
 	}
 	s := rec.stored(m.o.StoredHeaders)
+	if unknown {
+		// Retries get this, not the handler's response, which says nothing
+		// of the request's effect.
+		m.stats.unknown.Add(1)
+		s = stored{status: http.StatusInternalServerError, bodyKept: true,
+			header: http.Header{"Content-Type": {"application/problem+json"}, "Cache-Control": {"no-store"}},
+			body:   m.problemBody(http.StatusInternalServerError, titleUnknown, detailUnknown)}
+	}
 	extra := http.Header{}
 	err := lost
 	if err == nil {

@@ -75,6 +75,11 @@ func orders(l *ledger) http.Handler {
 		if q.Get("panic") != "" {
 			panic("handler bug")
 		}
+		if q.Get("unknown") != "" {
+			httpdedup.Unknown(r) // as a proxy whose upstream connection broke
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Location", "/orders/"+strconv.Itoa(n))
 		w.Header().Set("X-Not-Stored", "1")
@@ -354,6 +359,19 @@ func TestDraftConformance(t *testing.T) {
 		}
 		if r := post(`"panic-1"`, "{}"); r.status != 201 || runs(`"panic-1"`) != 2 {
 			t.Fatalf("retry: %d, %d runs", r.status, runs(`"panic-1"`))
+		}
+	})
+	t.Run("outcome unknown (Unknown): retries answered 500, never run", func(t *testing.T) {
+		if r := post(`"unknown-1"`, "{}", "?unknown=1"); r.status != 502 {
+			t.Fatalf("first: %d %s", r.status, r.body)
+		}
+		for range 2 {
+			if r := post(`"unknown-1"`, "{}", "?unknown=1"); r.status != 500 || problemType(r) != "outcome-unknown" || r.header.Get(httpdedup.HeaderReplayed) != "true" {
+				t.Fatalf("retry: %d %v %s", r.status, r.header, r.body)
+			}
+		}
+		if runs(`"unknown-1"`) != 1 {
+			t.Fatalf("%d runs", runs(`"unknown-1"`))
 		}
 	})
 	t.Run("response over MaxResultSize: served whole, replayed without body", func(t *testing.T) {

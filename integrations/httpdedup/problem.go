@@ -43,12 +43,18 @@ func (m *Middleware) problem(w http.ResponseWriter, status int, title, detail st
 	if retryAfter > 0 {
 		h.Set("Retry-After", strconv.Itoa(int(max(1, (retryAfter+time.Second-1)/time.Second))))
 	}
+	b := m.problemBody(status, title, detail)
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// problemBody is the problem+json body of a problem response.
+func (m *Middleware) problemBody(status int, title, detail string) []byte {
 	p := problem{Type: m.o.ProblemBase + slug(title), Title: title, Status: status, Detail: detail}
 	if status == http.StatusBadRequest || status == m.o.ConflictStatus {
 		p.Window = m.ns.Window().String()
 	}
 	b, _ := json.Marshal(p)
-	h.Set("Content-Length", strconv.Itoa(len(b)))
-	w.WriteHeader(status)
-	_, _ = w.Write(b)
+	return b
 }
