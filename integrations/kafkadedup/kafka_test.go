@@ -475,7 +475,7 @@ func TestKafkaKills(t *testing.T) {
 	dir := t.TempDir()
 	cs := []*consumer{}
 	for range 3 {
-		cs = append(cs, r.start(childSpec{Dir: dir, Delay: 20 * time.Microsecond, Session: time.Second}))
+		cs = append(cs, r.start(childSpec{Dir: dir, Delay: 20 * time.Microsecond, Session: 3 * time.Second}))
 	}
 	produced := make(chan struct{})
 	seed := rng.Uint64()
