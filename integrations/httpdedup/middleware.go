@@ -193,10 +193,13 @@ func (m *Middleware) refuse(w http.ResponseWriter, status int, title, detail str
 // detailUnknown explains a 500 for a request whose outcome is unknown.
 const detailUnknown = "the first request with this key did not complete (its server stopped, lost its claim or its upstream): whether it took effect is unknown, and it will not run again"
 
-// settle is how long a request that meets its key in flight retries its
-// claim before answering 409: another request's claim may only be reading
-// the key's stored response.
-var settle = []time.Duration{time.Millisecond, 2 * time.Millisecond, 4 * time.Millisecond, 8 * time.Millisecond}
+// settle is how a request that meets its key in flight retries its claim
+// before answering 409 (about 100 ms in all): the other request may only
+// be reading the key's stored response (a claim that is not New holds the
+// key while the engine reads it), which takes a store read, or a little
+// longer on a loaded machine.
+var settle = []time.Duration{time.Millisecond, 2 * time.Millisecond, 4 * time.Millisecond, 8 * time.Millisecond,
+	16 * time.Millisecond, 32 * time.Millisecond, 37 * time.Millisecond}
 
 // serve claims key and answers as its outcome says.
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, key []byte, digest engine.Digest) {
