@@ -227,7 +227,10 @@ func reverseProxy(up *url.URL, timeout time.Duration, logger *log.Logger) http.H
 			pr.SetURL(up)
 			pr.SetXForwarded()
 		},
-		ErrorLog: logger,
+		// Connections to the one upstream are kept for reuse: the
+		// default keeps two, and every request past them opens one.
+		Transport: upstreamTransport(),
+		ErrorLog:  logger,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if r.Context().Value(sentKey{}).(*atomic.Bool).Load() {
 				httpdedup.Unknown(r)
@@ -245,6 +248,14 @@ func reverseProxy(up *url.URL, timeout time.Duration, logger *log.Logger) http.H
 		})
 		rp.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+// upstreamTransport is http.DefaultTransport's settings with up to 512
+// idle connections to the upstream.
+func upstreamTransport() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns, t.MaxIdleConnsPerHost = 512, 512
+	return t
 }
 
 // adminMux serves /metrics (the engine's and the proxy's counters),

@@ -10,8 +10,10 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -353,5 +355,81 @@ func TestFlags(t *testing.T) {
 		if err := run(context.Background(), args, io.Discard, nil); err == nil {
 			t.Errorf("%q: accepted", args)
 		}
+	}
+}
+
+// BenchmarkProxy sends POSTs over loopback, 16 at a time, straight to an
+// upstream and through the proxy (embedded store), with a new key per
+// request and with replays of 1,000 stored keys; it reports requests/s
+// and the microseconds a request costs over the direct call (same run).
+//
+//	go test -run '^$' -bench BenchmarkProxy -benchtime 3s ./cmd/idemproxy/
+func BenchmarkProxy(b *testing.B) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"order":1,"status":"created"}`))
+	}))
+	defer up.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-listen", "127.0.0.1:0", "-admin", "", "-upstream", up.URL, "-dir", b.TempDir()}, io.Discard,
+			func(proxy, _ string) { ready <- "http://" + proxy })
+	}()
+	url := <-ready
+	defer func() { cancel(); <-done }()
+	transport := &http.Transport{MaxIdleConnsPerHost: 64}
+	client := &http.Client{Transport: transport}
+	var direct int64
+	for _, c := range []struct{ name, url, mode string }{
+		{"direct", up.URL, "new"}, {"proxy/new", url, "new"}, {"proxy/replay", url, "replay"},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			prefix := fmt.Sprintf("%s-%d-", c.name, time.Now().UnixNano())
+			key := func(i int64) string {
+				if c.mode == "replay" {
+					i %= 1000
+				}
+				return `"` + prefix + strconv.FormatInt(i, 10) + `"`
+			}
+			send := func(i int64, setup bool) {
+				req, _ := http.NewRequest("POST", c.url+"/orders", strings.NewReader(`{"sku":"a","qty":1}`))
+				req.Header.Set(httpdedup.HeaderKey, key(i))
+				resp, err := client.Do(req)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusCreated || (c.mode == "replay" && !setup && resp.Header.Get(httpdedup.HeaderReplayed) != "true") {
+					b.Errorf("%d %v", resp.StatusCode, resp.Header)
+				}
+			}
+			if c.mode == "replay" {
+				for i := range int64(1000) {
+					send(i, true)
+				}
+			}
+			var next atomic.Int64
+			b.SetParallelism(8)
+			b.ResetTimer()
+			start := time.Now()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					send(next.Add(1), false)
+				}
+			})
+			per := time.Since(start).Nanoseconds() / int64(b.N)
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "req/s")
+			if c.name == "direct" {
+				direct = per
+			} else if direct > 0 {
+				b.ReportMetric(float64(per-direct)/1e3, "µs-over-direct")
+			}
+		})
 	}
 }
