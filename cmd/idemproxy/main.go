@@ -246,9 +246,30 @@ func reverseProxy(up *url.URL, timeout time.Duration, logger *log.Logger) http.H
 		ctx = httptrace.WithClientTrace(context.WithValue(ctx, sentKey{}, sent), &httptrace.ClientTrace{
 			WroteHeaders: func() { sent.Store(true) },
 		})
-		rp.ServeHTTP(w, r.WithContext(ctx))
+		r = r.WithContext(ctx)
+		defer func() {
+			if p := recover(); p != nil {
+				// The upstream's body broke off (ReverseProxy aborts): it
+				// answered, so the request took effect, or may have.
+				if sent.Load() {
+					httpdedup.Unknown(r)
+				}
+				panic(p)
+			}
+		}()
+		rp.ServeHTTP(heldBack{w}, r)
 	})
 }
+
+// heldBack hides the middleware's Flush from ReverseProxy, which flushes a
+// response of unknown length at every write: the response is then held
+// back until it is stored, as any other (up to -max-stored, streamed
+// beyond).
+type heldBack struct{ w http.ResponseWriter }
+
+func (h heldBack) Header() http.Header         { return h.w.Header() }
+func (h heldBack) Write(p []byte) (int, error) { return h.w.Write(p) }
+func (h heldBack) WriteHeader(code int)        { h.w.WriteHeader(code) }
 
 // upstreamTransport is http.DefaultTransport's settings with up to 512
 // idle connections to the upstream.

@@ -81,6 +81,14 @@ func startUpstream(t *testing.T) *upstream {
 		if r.URL.Query().Get("block") != "" {
 			<-u.release
 		}
+		if r.URL.Query().Get("break") != "" {
+			// It ran, and its response breaks off after ten bytes.
+			w.Header().Set("Content-Length", "100")
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write([]byte("0123456789"))
+			http.NewResponseController(w).Flush()
+			panic(http.ErrAbortHandler)
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"order":%d,"body":%q}`, n, body)
@@ -320,6 +328,25 @@ func TestProxyKilledMidRequest(t *testing.T) {
 			}
 			t.Logf("%s: 500 outcome unknown %v after the restart, 1 upstream run", store, time.Since(start).Round(time.Millisecond))
 		})
+	}
+}
+
+// TestProxyUpstreamBreaksOff: an upstream that ran the request and broke
+// its response off: the client's connection is aborted, and every retry
+// gets 500 (outcome unknown), never a second run.
+func TestProxyUpstreamBreaksOff(t *testing.T) {
+	u := startUpstream(t)
+	p := startProxy(t, "-upstream", u.URL, "-dir", t.TempDir())
+	if r := post(p.url+"/orders?break=1", `"order-3"`, `{}`); r.err == nil && r.status == 201 && len(r.body) == 100 {
+		t.Fatalf("a broken response came through whole: %d %q", r.status, r.body)
+	}
+	for range 2 {
+		if r := post(p.url+"/orders?break=1", `"order-3"`, `{}`); r.status != 500 || !strings.Contains(r.body, "outcome-unknown") {
+			t.Fatalf("retry: %d %v %s", r.status, r.err, r.body)
+		}
+	}
+	if u.runs(`"order-3"`) != 1 {
+		t.Fatalf("the upstream ran %d times", u.runs(`"order-3"`))
 	}
 }
 

@@ -313,7 +313,9 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	lost := stop()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.o.CommitTimeout)
 	defer cancel()
-	unknown := state.unknown.Load() && panicked == nil
+	// Unknown outranks a panic: a proxy whose upstream broke mid-response
+	// aborts the handler after the request took effect.
+	unknown := state.unknown.Load()
 	if !unknown && (panicked != nil || !m.o.Store(rec.finalStatus())) {
 		// Nothing to replay: the retry runs again. The give-back counts no
 		// attempt; one that fails leaves the claim to end with its lease,
@@ -356,6 +358,10 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		extra.Set(HeaderStored, "headers")
 	default:
 		m.stats.stored.Add(1)
+	}
+	if panicked != nil {
+		m.panicked(rec, r, panicked)
+		return
 	}
 	rec.send(extra)
 }
