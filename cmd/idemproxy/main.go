@@ -49,7 +49,7 @@ type config struct {
 	require, methods, scopeHeader            string
 	window, lease, wait, upstreamTimeout     time.Duration
 	shutdownTimeout                          time.Duration
-	maxStored, maxKey                        int
+	maxStored, maxKey, maxHeader             int
 	maxBody                                  int64
 }
 
@@ -82,6 +82,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.IntVar(&c.maxStored, "max-stored", 1<<20, "largest stored response in bytes (status, headers, body); a longer body is served, not replayed")
 	fs.IntVar(&c.maxKey, "max-key", 255, "longest Idempotency-Key in bytes")
 	fs.Int64Var(&c.maxBody, "max-body", 1<<20, "largest keyed request body in bytes (413 beyond)")
+	fs.IntVar(&c.maxHeader, "max-header-bytes", 64<<10, "largest request header block in bytes (431 beyond)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -121,7 +122,7 @@ func run(ctx context.Context, args []string, out io.Writer, ready func(proxy, ad
 		return err
 	}
 	up, _ := url.Parse(c.upstream)
-	proxy := &http.Server{Handler: m.Handler(reverseProxy(up, c.upstreamTimeout, logger)), ReadHeaderTimeout: 10 * time.Second, ErrorLog: logger}
+	proxy := &http.Server{Handler: m.Handler(reverseProxy(up, c.upstreamTimeout, logger)), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: c.maxHeader, ErrorLog: logger}
 	ln, err := net.Listen("tcp", c.listen)
 	if err != nil {
 		return err

@@ -20,6 +20,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/integrations/httpdedup"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
+	"github.com/tierdedup/tierdedup/tier/postgres/pgtest"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -280,6 +281,19 @@ func TestProxiesShareRedis(t *testing.T) {
 	}
 }
 
+// TestProxiesSharePostgres: two proxies on one PostgreSQL table; 64
+// concurrent retries spread over both run the upstream once.
+func TestProxiesSharePostgres(t *testing.T) {
+	u := startUpstream(t)
+	pool := pgtest.Pool(t) // fails in CI if the server is missing
+	table := fmt.Sprintf("idemproxy_%d", time.Now().UnixNano())
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
+	args := []string{"-upstream", u.URL, "-postgres", pgtest.DSN, "-postgres-table", table, "-wait", "10s"}
+	a := startProxy(t, args...)
+	b := startProxy(t, args...)
+	concurrentRetries(t, u, []string{a.url, b.url}, `"order-1"`, 64)
+}
+
 // TestProxyKilledMidRequest: a proxy SIGKILLed while the upstream runs a
 // request; after a restart the retry does not run it again and does not
 // hang: 500 (outcome unknown) at once in the embedded store; in Redis 409
@@ -368,6 +382,24 @@ func TestProxyGracefulShutdown(t *testing.T) {
 	p = startProxy(t, "-upstream", u.URL, "-dir", dir)
 	if r := post(p.url+"/orders?sleep=1s", `"order-5"`, `{}`); r.status != 201 || r.header.Get(httpdedup.HeaderReplayed) != "true" || u.runs(`"order-5"`) != 1 {
 		t.Fatalf("after restart: %d %v, %d runs", r.status, r.header, u.runs(`"order-5"`))
+	}
+}
+
+// TestProxyRefusesOversizedHeaders: request headers over -max-header-bytes
+// are refused (431) before the middleware or the upstream sees them.
+func TestProxyRefusesOversizedHeaders(t *testing.T) {
+	u := startUpstream(t)
+	p := startProxy(t, "-upstream", u.URL, "-dir", t.TempDir(), "-max-header-bytes", "4096")
+	req, _ := http.NewRequest("POST", p.url+"/orders", strings.NewReader("{}"))
+	req.Header.Set(httpdedup.HeaderKey, `"big-1"`)
+	req.Header.Set("X-Padding", strings.Repeat("p", 16<<10))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge || u.runs(`"big-1"`) != 0 {
+		t.Fatalf("%d, %d upstream runs", resp.StatusCode, u.runs(`"big-1"`))
 	}
 }
 
