@@ -89,6 +89,7 @@ func TestAdvProxyUpstreamBreaksMidBody(t *testing.T) {
 			t.Logf("first: status %d, err %v", first.status, first.err)
 			for range 2 {
 				r := post(p+"/orders", `"mid-1"`, `{}`)
+				t.Logf("retry: %d %v %q", r.status, r.err, r.body)
 				if runs.Load() != 1 {
 					t.Fatalf("a retry of a request the upstream ran (and answered 201) ran it again: %d upstream runs; retry got %d %v %q",
 						runs.Load(), r.status, r.err, r.body)
