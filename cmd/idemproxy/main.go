@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -230,8 +231,9 @@ func reverseProxy(up *url.URL, timeout time.Duration, logger *log.Logger) http.H
 		},
 		// Connections to the one upstream are kept for reuse: the
 		// default keeps two, and every request past them opens one.
-		Transport: upstreamTransport(),
-		ErrorLog:  logger,
+		Transport:  upstreamTransport(),
+		BufferPool: bufferPool{},
+		ErrorLog:   logger,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if r.Context().Value(sentKey{}).(*atomic.Bool).Load() {
 				httpdedup.Unknown(r)
@@ -271,6 +273,15 @@ type heldBack struct{ w http.ResponseWriter }
 func (h heldBack) Header() http.Header         { return h.w.Header() }
 func (h heldBack) Write(p []byte) (int, error) { return h.w.Write(p) }
 func (h heldBack) WriteHeader(code int)        { h.w.WriteHeader(code) }
+
+// bufferPool lends ReverseProxy its 32 KiB copy buffers (without one it
+// allocates one a response).
+type bufferPool struct{}
+
+var buffers = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+
+func (bufferPool) Get() []byte  { return buffers.Get().(*[32 << 10]byte)[:] }
+func (bufferPool) Put(b []byte) { buffers.Put((*[32 << 10]byte)(b)) }
 
 // upstreamTransport is http.DefaultTransport's settings with up to 512
 // idle connections to the upstream.

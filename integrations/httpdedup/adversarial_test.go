@@ -1043,3 +1043,68 @@ func TestAdvClientDisconnectsMidBody(t *testing.T) {
 		t.Fatalf("the whole request: %d replayed=%v, %d runs", r.status, replayed(r), n.Load())
 	}
 }
+
+// TestAdvHijackIsNotReplayedAsSomethingElse: a handler that takes the
+// connection over (http.ResponseController.Hijack reaches the client's
+// writer through the recorder's Unwrap) answers on it itself: the
+// middleware never saw that response, so it must not store and replay a
+// response the client never got (an empty 200). Either Hijack is refused
+// for a keyed request, or the replay is what the client saw.
+func TestAdvHijackIsNotReplayedAsSomethingElse(t *testing.T) {
+	var n atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			w.WriteHeader(http.StatusAccepted)
+			_, _ = io.WriteString(w, "hijacked")
+			return
+		}
+		_, _ = buf.WriteString("HTTP/1.1 202 Accepted\r\nContent-Length: 8\r\nConnection: close\r\n\r\nhijacked")
+		_ = buf.Flush()
+		_ = conn.Close()
+	})
+	e := openEngine(t, engineOptions(t.TempDir()))
+	s, _ := advServer(t, httpdedup.Options{Engine: e}, h)
+	s.Config.ErrorLog = quiet
+	first := do(t, "POST", s.URL+"/x", `"hijack-1"`, "")
+	again := do(t, "POST", s.URL+"/x", `"hijack-1"`, "")
+	if first.status != 202 || first.body != "hijacked" {
+		t.Fatalf("first: %d %q", first.status, first.body)
+	}
+	if n.Load() != 1 || again.status != first.status || again.body != first.body {
+		t.Fatalf("the client saw %d %q; its retry got %d %q (replayed=%v), %d runs", first.status, first.body, again.status, again.body, replayed(again), n.Load())
+	}
+}
+
+// TestAdvReopenAfterCloseMidHandler: the engine closes while a handler
+// runs (its response cannot be stored), and the process starts again on
+// the same directory: the abandoned claim is counted (DurableClaims), so
+// the retry is 500 outcome unknown, never a second run.
+func TestAdvReopenAfterCloseMidHandler(t *testing.T) {
+	var n atomic.Int64
+	dir := t.TempDir()
+	var e *engine.Engine
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		_ = e.Close()
+		w.WriteHeader(http.StatusCreated)
+	})
+	o := engineOptions(dir)
+	var err error
+	if e, err = engine.Open(&o); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := advServer(t, httpdedup.Options{Engine: e, CommitTimeout: 2 * time.Second}, h)
+	if r := do(t, "POST", s.URL+"/x", `"reopen-1"`, ""); r.status != 201 || r.header.Get(httpdedup.HeaderStored) != "false" {
+		t.Fatalf("the run: %d %v", r.status, r.header)
+	}
+	s.Close()
+	e2 := openEngine(t, engineOptions(dir))
+	s2, _ := advServer(t, httpdedup.Options{Engine: e2}, h)
+	for range 2 {
+		if r := do(t, "POST", s2.URL+"/x", `"reopen-1"`, ""); r.status != 500 || problemType(r) != "outcome-unknown" || n.Load() != 1 {
+			t.Fatalf("retry after the restart: %d %s, %d runs", r.status, r.body, n.Load())
+		}
+	}
+}
