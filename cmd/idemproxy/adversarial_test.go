@@ -192,3 +192,43 @@ func TestAdvProxyLongScopeHeader(t *testing.T) {
 		}
 	}
 }
+
+// TestAdvProxyClientLeavesLargeResponse: the upstream ran the request and
+// answered 201 with a body longer than -max-stored, which the proxy
+// streams; the client reads the status and leaves mid-body. The outcome
+// is known (201): the retry must not run the upstream again, and should be
+// the replay of that 201 without its body (Idempotency-Stored: headers),
+// not 500 "outcome unknown".
+func TestAdvProxyClientLeavesLargeResponse(t *testing.T) {
+	up, runs := rawUpstream(t, func(w http.ResponseWriter, r *http.Request, _ func(string)) {
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.WriteHeader(http.StatusCreated)
+		chunk := strings.Repeat("x", 256<<10)
+		for range 16 { // 4 MiB, in 20 ms steps
+			if _, err := io.WriteString(w, chunk); err != nil {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	p := inProc(t, "-upstream", up.URL, "-max-stored", "4096")
+	req, _ := http.NewRequest("POST", p+"/orders", strings.NewReader("{}"))
+	req.Header.Set(httpdedup.HeaderKey, `"big-1"`)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 201 {
+		t.Fatalf("first: %d", resp.StatusCode)
+	}
+	_, _ = io.ReadFull(resp.Body, make([]byte, 1024))
+	resp.Body.Close() // leaves mid-body
+	time.Sleep(800 * time.Millisecond)
+	r := post(p+"/orders", `"big-1"`, `{}`)
+	if runs.Load() != 1 {
+		t.Fatalf("the retry ran the upstream again: %d runs", runs.Load())
+	}
+	if r.status != 201 || r.header.Get(httpdedup.HeaderReplayed) != "true" || r.header.Get(httpdedup.HeaderStored) != "headers" {
+		t.Fatalf("the retry of a request the upstream answered 201: %d %v %q", r.status, r.header, r.body)
+	}
+}
