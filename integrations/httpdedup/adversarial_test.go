@@ -1108,3 +1108,64 @@ func TestAdvReopenAfterCloseMidHandler(t *testing.T) {
 		}
 	}
 }
+
+// TestAdvManyStoredHeaderValues: a response with more than 65535 values of
+// stored headers (each small, the whole under MaxResultSize) is replayed
+// as it was sent, or not kept (Idempotency-Stored), never replayed with
+// other headers or a body made of header bytes.
+func TestAdvManyStoredHeaderValues(t *testing.T) {
+	var n atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		vs := make([]string, 70000)
+		for i := range vs {
+			vs[i] = "a"
+		}
+		w.Header()["Link"] = vs
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "body")
+	})
+	eo := engineOptions(t.TempDir())
+	eo.MaxResultSize = 2 << 20
+	e := openEngine(t, eo)
+	s, _ := advServer(t, httpdedup.Options{Engine: e}, h)
+	first := do(t, "POST", s.URL+"/x", `"links-1"`, "")
+	again := do(t, "POST", s.URL+"/x", `"links-1"`, "")
+	if first.status != 201 || first.body != "body" || len(first.header.Values("Link")) != 70000 {
+		t.Fatalf("first: %d %q, %d Link values", first.status, first.body, len(first.header.Values("Link")))
+	}
+	if n.Load() != 1 || again.status != 201 || !replayed(again) {
+		t.Fatalf("retry: %d replayed=%v, %d runs", again.status, replayed(again), n.Load())
+	}
+	if again.header.Get(httpdedup.HeaderStored) == "" && (again.body != "body" || len(again.header.Values("Link")) != 70000) {
+		t.Fatalf("the replay differs from the response: %d bytes of body (want %q), %d Link values (want 70000)", len(again.body), "body", len(again.header.Values("Link")))
+	}
+}
+
+// TestAdvTransportFollowsRedirect: a keyed POST answered 308 (the resource
+// moved) is followed by http.Client with the same method and body: the
+// caller must get the new resource's answer, once, not 422 because the
+// client sent the first request's key to another path.
+func TestAdvTransportFollowsRedirect(t *testing.T) {
+	var n atomic.Int64
+	mux := http.NewServeMux()
+	mux.HandleFunc("/orders", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/v2/orders", http.StatusPermanentRedirect)
+	})
+	mux.HandleFunc("/v2/orders", func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	})
+	e := openEngine(t, engineOptions(t.TempDir()))
+	s, _ := advServer(t, httpdedup.Options{Engine: e}, mux)
+	client := &http.Client{Transport: &httpdedup.Transport{MinBackoff: time.Millisecond}}
+	resp, err := client.Post(s.URL+"/orders", "application/json", strings.NewReader(`{"sku":"a"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 201 || n.Load() != 1 {
+		t.Fatalf("%d %s, %d runs of the moved resource", resp.StatusCode, b, n.Load())
+	}
+}
