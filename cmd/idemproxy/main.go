@@ -170,7 +170,9 @@ func run(ctx context.Context, args []string, out io.Writer, ready func(proxy, ad
 func openEngine(c config, logger *log.Logger) (*engine.Engine, func(), error) {
 	o := engine.Options{
 		Window: c.window, Lease: c.lease, MaxAttempts: 1, MaxResultSize: c.maxStored,
-		Logger: logger,
+		// A key is the scope's 32-byte digest and the client's key.
+		MaxKeySize: 32 + c.maxKey,
+		Logger:     logger,
 	}
 	closeClient := func() {}
 	switch {
@@ -250,8 +252,17 @@ func reverseProxy(up *url.URL, timeout time.Duration, logger *log.Logger) http.H
 			WroteHeaders: func() { sent.Store(true) },
 		})
 		r = r.WithContext(ctx)
+		hb := &heldBack{w: w}
 		defer func() {
-			if p := recover(); p != nil {
+			p := recover()
+			switch {
+			case p == nil:
+			case hb.clientErr != nil:
+				// The client left while a streamed response went to it:
+				// the upstream answered whole, and the middleware stores
+				// what it kept (the status and headers).
+				logger.Printf("client left %s %s: %v", r.Method, r.URL.Path, hb.clientErr)
+			default:
 				// The upstream's body broke off (ReverseProxy aborts): it
 				// answered, so the request took effect, or may have.
 				if sent.Load() {
@@ -260,19 +271,29 @@ func reverseProxy(up *url.URL, timeout time.Duration, logger *log.Logger) http.H
 				panic(p)
 			}
 		}()
-		rp.ServeHTTP(heldBack{w}, r)
+		rp.ServeHTTP(hb, r)
 	})
 }
 
 // heldBack hides the middleware's Flush from ReverseProxy, which flushes a
 // response of unknown length at every write: the response is then held
 // back until it is stored, as any other (up to -max-stored, streamed
-// beyond).
-type heldBack struct{ w http.ResponseWriter }
+// beyond). It remembers the client's write error, which tells a client
+// that left from an upstream that broke off.
+type heldBack struct {
+	w         http.ResponseWriter
+	clientErr error
+}
 
-func (h heldBack) Header() http.Header         { return h.w.Header() }
-func (h heldBack) Write(p []byte) (int, error) { return h.w.Write(p) }
-func (h heldBack) WriteHeader(code int)        { h.w.WriteHeader(code) }
+func (h *heldBack) Header() http.Header  { return h.w.Header() }
+func (h *heldBack) WriteHeader(code int) { h.w.WriteHeader(code) }
+func (h *heldBack) Write(p []byte) (int, error) {
+	n, err := h.w.Write(p)
+	if err != nil && h.clientErr == nil {
+		h.clientErr = err
+	}
+	return n, err
+}
 
 // bufferPool lends ReverseProxy its 32 KiB copy buffers (without one it
 // allocates one a response).

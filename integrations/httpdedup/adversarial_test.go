@@ -7,6 +7,7 @@ package httpdedup_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -179,10 +180,17 @@ func TestAdvLongScopeOrKeyIsNotAStoreOutage(t *testing.T) {
 		c.add(r.Header.Get(httpdedup.HeaderKey))
 		w.WriteHeader(http.StatusCreated)
 	})
-	e := openEngine(t, engineOptions(t.TempDir()))
-	s, m := advServer(t, httpdedup.Options{Engine: e, MaxKeyLength: 4096, Scope: func(r *http.Request) (string, error) {
-		return r.Header.Get("Authorization"), nil
-	}}, h)
+	scope := func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil }
+	// A MaxKeyLength the engine's MaxKeySize cannot hold is refused at New,
+	// not answered 503 request after request.
+	small := openEngine(t, engineOptions(t.TempDir()))
+	if _, err := httpdedup.New(&httpdedup.Options{Engine: small, MaxKeyLength: 4096, Scope: scope}); !errors.Is(err, httpdedup.ErrOptions) {
+		t.Fatalf("MaxKeyLength 4096 over an engine of MaxKeySize 1024: %v, want ErrOptions", err)
+	}
+	eo := engineOptions(t.TempDir())
+	eo.MaxKeySize = 32 + 4096
+	e := openEngine(t, eo)
+	s, m := advServer(t, httpdedup.Options{Engine: e, MaxKeyLength: 4096, Scope: scope}, h)
 	token := "Bearer " + strings.Repeat("J", 1100) // a JWT is often this long
 	cases := []struct {
 		name, key string

@@ -6,6 +6,7 @@ import (
 	crand "crypto/rand"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -25,7 +26,9 @@ import (
 //
 //	client := &http.Client{Transport: &httpdedup.Transport{}}
 //
-// A 500 is not retried: behind the middleware it is a handler's failure
+// A replayed response (Idempotent-Replayed: true) is the request's stored
+// answer, whatever its status, and is returned at once. A 500 is not
+// retried: behind the middleware it is a handler's failure
 // (retry it as a new request, under a new key, if that is what you mean)
 // or an outcome the server cannot know. A request body is kept in memory
 // for the retries unless the request has GetBody (http.NewRequest sets it
@@ -110,7 +113,11 @@ func (t *Transport) keyed(req *http.Request) (*http.Request, error) {
 			_, _ = crand.Read(b[:])
 			key = base64.RawURLEncoding.EncodeToString(b[:])
 		}
-		out.Header.Set(HeaderKey, strconv.Quote(key))
+		sf, err := sfString(key)
+		if err != nil {
+			return nil, err
+		}
+		out.Header.Set(HeaderKey, sf)
 	}
 	if out.Body != nil && out.Body != http.NoBody && out.GetBody == nil {
 		b, err := io.ReadAll(out.Body)
@@ -127,6 +134,24 @@ func (t *Transport) keyed(req *http.Request) (*http.Request, error) {
 	return out, nil
 }
 
+// sfString serializes key as an RFC 8941 String: printable ASCII, with
+// '"' and '\\' escaped; anything else cannot be one.
+func sfString(key string) (string, error) {
+	b := make([]byte, 0, len(key)+2)
+	b = append(b, '"')
+	for i := 0; i < len(key); i++ {
+		switch c := key[i]; {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20 || c > 0x7e:
+			return "", fmt.Errorf("httpdedup: key %q: an Idempotency-Key is printable ASCII", key)
+		default:
+			b = append(b, c)
+		}
+	}
+	return string(append(b, '"')), nil
+}
+
 // retryable says whether an attempt's result is worth another attempt
 // with the same key, and after how long.
 func (t *Transport) retryable(ctx context.Context, resp *http.Response, err error, backoff time.Duration) (time.Duration, bool) {
@@ -135,6 +160,9 @@ func (t *Transport) retryable(ctx context.Context, resp *http.Response, err erro
 		// The request's own end is final; any other failure may have lost
 		// the response of a request that ran: the retry gets it.
 		return jitter, ctx.Err() == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+	}
+	if resp.Header.Get(HeaderReplayed) == "true" {
+		return 0, false // the request's stored answer: it will not change
 	}
 	switch resp.StatusCode {
 	case http.StatusConflict, http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:

@@ -39,8 +39,8 @@ type Stats struct {
 	// none is required).
 	Requests, Passed uint64
 	// Executed counts handler runs; Stored the responses committed with
-	// their key (BodiesNotKept of them without the body, too long for
-	// the engine's MaxResultSize); NotStored those the engine could not
+	// their key (BodiesNotKept of them without the body, or without body
+	// and headers, too long for the engine's MaxResultSize); NotStored those the engine could not
 	// store (their keys answer 500 once their lease ends); Released the
 	// runs whose claim was given back (Options.Store said no, or a panic).
 	Executed, Stored, BodiesNotKept, NotStored, Released uint64
@@ -140,10 +140,10 @@ func (m *Middleware) key(w http.ResponseWriter, r *http.Request) (key []byte, ok
 			return nil, false
 		}
 	}
-	// The scope's length first, so no scope and key meet another's.
-	key = strconv.AppendInt(nil, int64(len(scope)), 10)
-	key = append(append(append(key, ':'), scope...), item.Str...)
-	return key, true
+	// The scope's SHA-256, a fixed length, first: no scope and key meet
+	// another's, and a long scope (a bearer token) costs 32 bytes.
+	sum := sha256.Sum256([]byte(scope))
+	return append(sum[:], item.Str...), true
 }
 
 // fingerprint reads the body (giving the handler a copy) and returns the
@@ -255,6 +255,12 @@ func (m *Middleware) failed(w http.ResponseWriter, r *http.Request, err error) {
 	if r.Context().Err() != nil {
 		return // the client left: nobody to answer
 	}
+	if errors.Is(err, engine.ErrKeyTooLong) || errors.Is(err, engine.ErrEmptyKey) {
+		// New keeps MaxKeyLength within the engine's limit; this is the
+		// request's fault if it happens, never the store's.
+		m.refuse(w, http.StatusBadRequest, titleMalformed, "the key is longer than the store accepts")
+		return
+	}
 	m.stats.unavailable.Add(1)
 	m.o.Logger.Printf("httpdedup: %s %s: %v", r.Method, r.URL.Path, err)
 	m.problem(w, http.StatusServiceUnavailable, titleUnavailable, "the request was not run: the idempotency store cannot answer now", time.Second)
@@ -275,8 +281,8 @@ func (m *Middleware) replay(w http.ResponseWriter, result []byte) {
 		h[name] = vs
 	}
 	h.Set(HeaderReplayed, "true")
-	if !s.bodyKept {
-		h.Set(HeaderStored, "headers")
+	if mark := storedMark(&s); mark != "" {
+		h.Set(HeaderStored, mark)
 	}
 	if bodyAllowed(s.status) {
 		h.Set("Content-Length", strconv.Itoa(len(s.body)))
@@ -325,7 +331,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 			m.o.Logger.Printf("httpdedup: give back %s %s: %v", r.Method, r.URL.Path, err)
 		}
 		if panicked != nil {
-			m.panicked(rec, r, panicked)
+			m.panicked(rec, r, panicked, false)
 			return
 		}
 		rec.send(nil)
@@ -352,29 +358,46 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		m.stats.notStored.Add(1)
 		m.o.Logger.Printf("httpdedup: store %s %s: %v", r.Method, r.URL.Path, err)
 		extra.Set(HeaderStored, "false")
-	case !s.bodyKept:
+	case storedMark(&s) != "":
 		m.stats.stored.Add(1)
 		m.stats.bodiesNotKept.Add(1)
-		extra.Set(HeaderStored, "headers")
+		extra.Set(HeaderStored, storedMark(&s))
 	default:
 		m.stats.stored.Add(1)
 	}
 	if panicked != nil {
-		m.panicked(rec, r, panicked)
+		m.panicked(rec, r, panicked, unknown)
 		return
 	}
 	rec.send(extra)
 }
 
-// commit commits c with s as its result, without the body if the whole
-// does not fit the engine's MaxResultSize.
+// commit commits c with s as its result: without the body if the whole
+// does not fit the engine's MaxResultSize, and without the headers if
+// they alone do not (the status always does).
 func (m *Middleware) commit(ctx context.Context, c *engine.Claim, s *stored) error {
 	c.Result = s.encode(nil)
 	if len(c.Result) > m.keep && s.bodyKept {
 		s.bodyKept = false
 		c.Result = s.encode(c.Result[:0])
 	}
+	if len(c.Result) > m.keep {
+		s.header, s.headersDropped = nil, true
+		c.Result = s.encode(c.Result[:0])
+	}
 	return m.e.Commit(ctx, *c)
+}
+
+// storedMark is the HeaderStored value of a response stored as s, "" when
+// a replay has it whole.
+func storedMark(s *stored) string {
+	switch {
+	case s.headersDropped:
+		return "status"
+	case !s.bodyKept:
+		return "headers"
+	}
+	return ""
 }
 
 // run calls the handler and returns what it panicked with, if anything.
@@ -391,15 +414,19 @@ func (m *Middleware) run(next http.Handler, w http.ResponseWriter, r *http.Reque
 	return nil
 }
 
-// panicked answers a handler that panicked, its claim given back: 500 if
-// nothing was sent yet; http.ErrAbortHandler is re-raised, as net/http
-// expects.
-func (m *Middleware) panicked(rec *recorder, r *http.Request, p any) {
+// panicked answers a handler that panicked: 500 if nothing was sent yet
+// (outcome unknown if it said so, otherwise its claim was given back);
+// a response already streaming is aborted, as net/http aborts it, so the
+// client never takes a cut body for a whole one. http.ErrAbortHandler is
+// re-raised, as net/http expects.
+func (m *Middleware) panicked(rec *recorder, r *http.Request, p any, unknown bool) {
 	m.stats.panics.Add(1)
-	if p == http.ErrAbortHandler {
-		panic(p)
-	}
-	if !rec.streaming {
+	switch {
+	case p == http.ErrAbortHandler, rec.streaming:
+		panic(http.ErrAbortHandler)
+	case unknown:
+		m.problem(rec.w, http.StatusInternalServerError, titleUnknown, detailUnknown, 0)
+	default:
 		m.problem(rec.w, http.StatusInternalServerError, titlePanic, "the handler failed; the request may be retried with the same key", 0)
 	}
 }

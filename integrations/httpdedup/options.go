@@ -24,9 +24,10 @@ const (
 	HeaderReplayed = "Idempotent-Replayed"
 	// HeaderStored is set on a response that retries will not get whole:
 	// "headers" when its body did not fit the engine's MaxResultSize (a
-	// replay has the status and stored headers, no body), "false" when the
-	// engine could not store it (a retry is answered 500, outcome
-	// unknown).
+	// replay has the status and stored headers, no body), "status" when
+	// its stored headers did not fit either (a replay has the status
+	// alone), "false" when the engine could not store it (a retry is
+	// answered 500, outcome unknown).
 	HeaderStored = "Idempotency-Stored"
 )
 
@@ -51,7 +52,9 @@ type Options struct {
 	// Require are the methods whose requests must carry a key (400
 	// otherwise); default POST and PATCH. Each must be in Methods.
 	Require []string
-	// MaxKeyLength bounds the key, in bytes; default 255.
+	// MaxKeyLength bounds the key, in bytes; default 255. The engine key
+	// is the scope's 32-byte SHA-256 and the key, so 32 + MaxKeyLength
+	// must not exceed the engine's MaxKeySize (ErrOptions).
 	MaxKeyLength int
 	// MaxBody bounds the request body read for the fingerprint, in bytes;
 	// default 1 MiB. A longer body is answered 413, the handler not run.
@@ -96,6 +99,9 @@ type Options struct {
 	Logger *log.Logger
 }
 
+// scopeBytes is the length of a scope's digest, which starts every key.
+const scopeBytes = 32
+
 // defaultStoredHeaders are the headers a replay repeats by default.
 var defaultStoredHeaders = []string{"Content-Type", "Content-Encoding", "Content-Language", "Content-Location",
 	"Location", "ETag", "Last-Modified", "Cache-Control", "Expires", "Link", "Vary"}
@@ -116,7 +122,8 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Engine == nil {
 		return o, fmt.Errorf("%w: Engine is nil", ErrOptions)
 	}
-	checkEngine(o.Engine.Options(), bad)
+	eo := o.Engine.Options()
+	checkEngine(eo, bad)
 	if o.Namespace == "" {
 		o.Namespace = "http"
 	}
@@ -134,8 +141,11 @@ func (o Options) withDefaults() (Options, error) {
 	switch {
 	case o.MaxKeyLength == 0:
 		o.MaxKeyLength = 255
-	case o.MaxKeyLength < 0 || o.MaxKeyLength > 4096:
-		bad("MaxKeyLength %d is outside [1, 4096]", o.MaxKeyLength)
+	case o.MaxKeyLength < 0:
+		bad("MaxKeyLength %d is negative", o.MaxKeyLength)
+	}
+	if scoped := scopeBytes + o.MaxKeyLength; scoped > eo.MaxKeySize {
+		bad("MaxKeyLength %d: a key and its scope's %d-byte digest make %d bytes, over the engine's MaxKeySize %d", o.MaxKeyLength, scopeBytes, scoped, eo.MaxKeySize)
 	}
 	switch {
 	case o.MaxBody == 0:
@@ -149,6 +159,7 @@ func (o Options) withDefaults() (Options, error) {
 	if o.StoredHeaders == nil {
 		o.StoredHeaders = defaultStoredHeaders
 	}
+	o.StoredHeaders = slices.Clone(o.StoredHeaders) // the caller's stays theirs
 	for i, h := range o.StoredHeaders {
 		o.StoredHeaders[i] = http.CanonicalHeaderKey(h)
 	}

@@ -1,8 +1,11 @@
 package httpdedup
 
 import (
+	"bufio"
 	"bytes"
+	"fmt"
 	"maps"
+	"net"
 	"net/http"
 	"strconv"
 )
@@ -83,6 +86,13 @@ func (r *recorder) Flush() {
 	}
 }
 
+// Hijack refuses: a hijacked connection's exchange cannot be stored and
+// replayed (without this, http.ResponseController would unwrap to the
+// client's connection and the middleware would store an empty 200).
+func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return nil, nil, fmt.Errorf("httpdedup: a keyed request's connection cannot be hijacked: %w", http.ErrNotSupported)
+}
+
 // Unwrap gives http.ResponseController the client's writer.
 func (r *recorder) Unwrap() http.ResponseWriter { return r.w }
 
@@ -135,7 +145,8 @@ func (r *recorder) finalStatus() int {
 // stored returns the response to store: status, the headers named, and
 // the body unless it outgrew keep.
 func (r *recorder) stored(names []string) stored {
-	return stored{status: r.finalStatus(), header: storedHeader(r.header, names), bodyKept: !r.overflow, body: r.body.Bytes()}
+	h, ok := storedHeader(r.header, names)
+	return stored{status: r.finalStatus(), header: h, headersDropped: !ok, bodyKept: !r.overflow, body: r.body.Bytes()}
 }
 
 // bodyAllowed reports whether a response of status may have a body.

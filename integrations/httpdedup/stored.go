@@ -17,19 +17,26 @@ var errStored = errors.New("httpdedup: stored response is damaged")
 // stored is a response as the engine keeps it with its key: the
 // claim's Result.
 //
-//	version (1) | flags (1: bit 0 body kept) | status (2)
+//	version (1) | flags (1: bit 0 body kept, bit 1 headers dropped) | status (2)
 //	header count (2) | per header: name length (2) name, value length (2) value
 //	body (the rest, when kept)
 //
 // Invalid: another version, unknown flags, a status outside 100-999, a
 // header or body past the end, bytes after the headers without the body
-// flag. decodeStored checks, on every replay.
+// flag, headers with the dropped flag. decodeStored checks, on every
+// replay.
 type stored struct {
 	status   int
 	header   http.Header
 	bodyKept bool
-	body     []byte
+	// headersDropped: the stored headers did not fit (MaxResultSize, or
+	// more than 65535 values): a replay has the status alone.
+	headersDropped bool
+	body           []byte
 }
+
+// maxStoredValues is the most header values the encoding counts.
+const maxStoredValues = 1<<16 - 1
 
 const storedVersion = 1
 
@@ -38,6 +45,9 @@ func (s *stored) encode(dst []byte) []byte {
 	flags := byte(0)
 	if s.bodyKept {
 		flags |= 1
+	}
+	if s.headersDropped {
+		flags |= 2
 	}
 	dst = append(dst, storedVersion, flags)
 	dst = binary.BigEndian.AppendUint16(dst, uint16(s.status))
@@ -61,31 +71,40 @@ func (s *stored) encode(dst []byte) []byte {
 }
 
 // storedHeader returns the headers of h that names lists, each value
-// within the encoding's 64 KiB (a longer one is not kept).
-func storedHeader(h http.Header, names []string) http.Header {
-	out := http.Header{}
+// within the encoding's 64 KiB (a longer one is not kept); ok is false
+// when they are more values than the encoding counts (none is kept).
+func storedHeader(h http.Header, names []string) (out http.Header, ok bool) {
+	out = http.Header{}
+	n := 0
 	for _, name := range names {
 		for _, v := range h.Values(name) {
 			if len(v) < 1<<16 {
 				out[name] = append(out[name], v)
+				n++
 			}
 		}
 	}
-	return out
+	if n > maxStoredValues {
+		return nil, false
+	}
+	return out, true
 }
 
 // decodeStored reads a stored response; the body aliases b.
 func decodeStored(b []byte) (stored, error) {
 	var s stored
-	if len(b) < 6 || b[0] != storedVersion || b[1]&^1 != 0 {
+	if len(b) < 6 || b[0] != storedVersion || b[1]&^3 != 0 {
 		return s, fmt.Errorf("%w: %d bytes", errStored, len(b))
 	}
-	s.bodyKept = b[1]&1 != 0
+	s.bodyKept, s.headersDropped = b[1]&1 != 0, b[1]&2 != 0
 	s.status = int(binary.BigEndian.Uint16(b[2:]))
 	if s.status < 100 || s.status > 999 {
 		return s, fmt.Errorf("%w: status %d", errStored, s.status)
 	}
 	n := int(binary.BigEndian.Uint16(b[4:]))
+	if s.headersDropped && n > 0 {
+		return s, fmt.Errorf("%w: %d headers flagged dropped", errStored, n)
+	}
 	rest := b[6:]
 	s.header = make(http.Header, n)
 	field := func() (string, bool) {
