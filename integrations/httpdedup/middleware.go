@@ -26,7 +26,10 @@ type Middleware struct {
 	ns    *engine.Namespace
 	lease time.Duration
 	keep  int // the longest stored response: the engine's MaxResultSize
-	stats struct {
+	// archive is how long the engine's archive keeps the namespace's keys
+	// (0 without one, or for a namespace with a shorter window of its own).
+	archive time.Duration
+	stats   struct {
 		requests, passed, executed, replayed, stored, notStored, bodiesNotKept, released,
 		conflicts, inFlight, waited, unknown, badRequests, unavailable, panics atomic.Uint64
 	}
@@ -67,7 +70,14 @@ func New(opts *Options) (*Middleware, error) {
 		return nil, fmt.Errorf("%w: %w", ErrOptions, err)
 	}
 	eo := o.Engine.Options()
-	return &Middleware{o: o, e: o.Engine, ns: ns, lease: eo.Lease, keep: eo.MaxResultSize}, nil
+	m := &Middleware{o: o, e: o.Engine, ns: ns, lease: eo.Lease, keep: eo.MaxResultSize}
+	if _, short := eo.NamespaceWindows[o.Namespace]; eo.Archive != nil && !short {
+		m.archive = eo.ArchiveWindow
+		if w, ok := eo.NamespaceArchiveWindows[o.Namespace]; ok {
+			m.archive = w
+		}
+	}
+	return m, nil
 }
 
 // Stats returns the Middleware's counters.
@@ -206,7 +216,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	ctx := r.Context()
 	var waitUntil time.Time
 	for try := 0; ; try++ {
-		c, err := m.ns.ClaimDigest(ctx, key, digest)
+		cctx, cancel := context.WithTimeout(ctx, m.o.CommitTimeout)
+		c, err := m.ns.ClaimDigest(cctx, key, digest)
+		cancel()
 		if err != nil {
 			m.failed(w, r, err)
 			return

@@ -18,6 +18,9 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/integrations/httpdedup"
+	"github.com/tierdedup/tierdedup/tier/pebble"
+	"github.com/tierdedup/tierdedup/tier/redis"
+	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
 var quiet = log.New(io.Discard, "", 0)
@@ -463,5 +466,71 @@ func TestClientLeavesMidRequest(t *testing.T) {
 	r := do(t, "POST", s.URL+"/orders?sleep=500ms", `"gone-1"`, "{}")
 	if r.status != 201 || r.header.Get(httpdedup.HeaderReplayed) != "true" || l.count(`"gone-1"`) != 1 {
 		t.Fatalf("retry: %d %v, %d runs; stats %+v", r.status, r.header, l.count(`"gone-1"`), m.Stats())
+	}
+}
+
+// TestRedisDownIs503: behind Redis, a request whose key cannot be claimed
+// because Redis is down or paused is answered 503 (problem+json, with
+// Retry-After) within CommitTimeout, and its handler does not run; once
+// Redis is back, the retry runs it once.
+func TestRedisDownIs503(t *testing.T) {
+	l := &ledger{}
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	e := openEngine(t, engine.Options{MaxAttempts: 1, Logger: quiet,
+		Backend: redis.NewBackend(c, redis.Config{Prefix: fmt.Sprintf("down-%d:", time.Now().UnixNano())})})
+	s, _ := server(t, httpdedup.Options{Engine: e, CommitTimeout: time.Second}, l)
+	if r := do(t, "POST", s.URL+"/orders", `"up-1"`, "{}"); r.status != 201 {
+		t.Fatalf("Redis up: %d %s", r.status, r.body)
+	}
+	for name, down := range map[string]func(){"paused": srv.Pause, "killed": srv.Kill} {
+		down()
+		start := time.Now()
+		r := do(t, "POST", s.URL+"/orders", `"down-1"`, "{}")
+		if r.status != 503 || problemType(r) != "idempotency-store-unavailable" || r.header.Get("Retry-After") == "" || l.count(`"down-1"`) != 0 {
+			t.Fatalf("Redis %s: %d %v %s, %d runs", name, r.status, r.header, r.body, l.count(`"down-1"`))
+		}
+		if took := time.Since(start); took > 2500*time.Millisecond {
+			t.Fatalf("Redis %s: answered after %v, want within CommitTimeout", name, took)
+		}
+		if name == "paused" {
+			srv.Resume()
+		} else {
+			srv.Restart()
+		}
+	}
+	var r response
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if r = do(t, "POST", s.URL+"/orders", `"down-1"`, "{}"); r.status != 503 {
+			break
+		}
+	}
+	if r.status != 201 || l.count(`"down-1"`) != 1 {
+		t.Fatalf("Redis back: %d %s, %d runs", r.status, r.body, l.count(`"down-1"`))
+	}
+}
+
+// TestWindowsAdvertised: the 400 and 422 bodies publish the namespace's
+// window and, with an archive, how long the archive keeps keys beyond it.
+func TestWindowsAdvertised(t *testing.T) {
+	o := engineOptions(t.TempDir())
+	o.Window, o.Partition = 48*time.Hour, 24*time.Hour
+	o.NamespaceWindows = map[string]time.Duration{"short": time.Hour}
+	o.Archive, o.ArchiveWindow = pebble.ArchiveDir{Dir: t.TempDir()}, 30*24*time.Hour
+	e := openEngine(t, o)
+	for ns, want := range map[string][]string{
+		"http":  {`"idempotency_window":"48h0m0s"`, `"idempotency_archive_window":"720h0m0s"`},
+		"short": {`"idempotency_window":"1h0m0s"`},
+	} {
+		s, _ := server(t, httpdedup.Options{Engine: e, Namespace: ns}, &ledger{})
+		r := do(t, "POST", s.URL+"/orders", "", "{}")
+		for _, w := range want {
+			if !strings.Contains(r.body, w) {
+				t.Errorf("namespace %s: %s lacks %s", ns, r.body, w)
+			}
+		}
+		if ns == "short" && strings.Contains(r.body, "archive") {
+			t.Errorf("namespace %s (a window of its own, never archived): %s", ns, r.body)
+		}
 	}
 }

@@ -88,8 +88,10 @@ type Options struct {
 	// ConflictStatus answers a key reused with another request; default
 	// 422 (the draft's).
 	ConflictStatus int
-	// CommitTimeout bounds the commit or give-back after the handler, run
-	// whether or not the client is still there; default 10 s.
+	// CommitTimeout bounds each call to the engine: a claim (a store that
+	// does not answer in time is a 503), and the commit or give-back after
+	// the handler, made whether or not the client is still there; default
+	// 10 s.
 	CommitTimeout time.Duration
 	// ProblemBase prefixes the type of every problem+json body; default
 	// this package's documentation.

@@ -14,8 +14,10 @@ type problem struct {
 	Status int    `json:"status"`
 	Detail string `json:"detail,omitempty"`
 	// Window is how long a key is kept after its request completed, for
-	// a client choosing when it may reuse one.
-	Window string `json:"idempotency_window,omitempty"`
+	// a client choosing when it may reuse one; ArchiveWindow how long its
+	// engine's archive keeps it beyond (a key is a duplicate that long).
+	Window        string `json:"idempotency_window,omitempty"`
+	ArchiveWindow string `json:"idempotency_archive_window,omitempty"`
 }
 
 // Problem titles, each a case a client can act on; the type's URI ends
@@ -54,6 +56,9 @@ func (m *Middleware) problemBody(status int, title, detail string) []byte {
 	p := problem{Type: m.o.ProblemBase + slug(title), Title: title, Status: status, Detail: detail}
 	if status == http.StatusBadRequest || status == m.o.ConflictStatus {
 		p.Window = m.ns.Window().String()
+		if m.archive > 0 {
+			p.ArchiveWindow = m.archive.String()
+		}
 	}
 	b, _ := json.Marshal(p)
 	return b
