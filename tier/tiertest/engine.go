@@ -38,10 +38,11 @@ func checkClaimIsRead(h *harness) {
 }
 
 // checkEngineRelease: "Release … writes, in partition, the attempt count
-// reqs[i].Attempts of each key that has one (none with giveBack)": a count
-// answers Released with its Attempts and Partition; a request without a
-// count, or given back, writes nothing (Absent); a later count replaces
-// the earlier one.
+// reqs[i].Attempts of each key, zero included; nothing with giveBack": a
+// count answers Released with its Attempts and Partition, a zero one too
+// (and it shadows an older partition's count: an engine restoring what a
+// durable claim raised); a request given back writes nothing (Absent); a
+// later count replaces the earlier one.
 func checkEngineRelease(h *harness) {
 	counted, none, given := h.req("", "counted"), h.req("", "no-count"), h.req("", "given-back")
 	counted.Attempts, given.Attempts = 2, 5
@@ -51,12 +52,19 @@ func checkEngineRelease(h *harness) {
 	if h.wantStatus("Claim of a key released with a count", a[0], tier.Released, "Release writes the attempt count") && (a[0].Attempts != 2 || a[0].Partition != base+1) {
 		h.errorf("released: %d attempts in partition %d, want 2 in %d", a[0].Attempts, a[0].Partition, base+1)
 	}
-	h.wantStatus("Claim of a key released without a count", a[1], tier.Absent, "\"the attempt count … of each key that has one\"")
+	if h.wantStatus("Claim of a key released with a zero count", a[1], tier.Released, "\"the attempt count … of each key, zero included\"") && (a[1].Attempts != 0 || a[1].Partition != base+1) {
+		h.errorf("released with zero: %d attempts in partition %d, want 0 in %d", a[1].Attempts, a[1].Partition, base+1)
+	}
 	h.wantStatus("Claim of a key given back with a count", a[2], tier.Absent, "\"(none with giveBack)\"")
 	counted.Attempts = 3
 	h.release(base+1, false, counted)
 	if a := h.claim1(counted, long); h.wantStatus("Claim after a second count", a, tier.Released, "Release writes the attempt count") && a.Attempts != 3 {
 		h.errorf("after a second count of 3: %d attempts", a.Attempts)
+	}
+	counted.Attempts = 0
+	h.release(base+2, false, counted)
+	if a := h.claim1(counted, long); h.wantStatus("Claim after a zero count in a later partition", a, tier.Released, "a newer partition's count shadows an older one") && (a.Attempts != 0 || a.Partition != base+2) {
+		h.errorf("after a zero count in partition %d: %d attempts in partition %d", base+2, a.Attempts, a.Partition)
 	}
 }
 

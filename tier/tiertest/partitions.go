@@ -120,6 +120,7 @@ func checkScanRange(h *harness) {
 	want := map[string]int{
 		record(base+1, "", []byte("scan-1")): 1, record(base+1, "b", []byte("scan-1")): 1,
 		record(base+2, "", []byte("scan-2")): 1, record(base+2, "c", []byte("scan-count")): 1,
+		record(base+2, "", []byte("scan-no-count")): 1, // a zero count is a record too
 	}
 	if !sameRecords(got, want) {
 		h.errorf("Scan [%d, %d) = %v, want %v (every committed or released record, no other)", base+1, base+3, got, want)
