@@ -362,7 +362,7 @@ func (c statsCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // scope returns the middleware's Scope for -scope-header: the header's
-// value (hashed by nothing: it only separates keys), required when set.
+// value (the middleware keys by its SHA-256), required when set.
 func scope(header string) func(*http.Request) (string, error) {
 	if header == "" {
 		return nil

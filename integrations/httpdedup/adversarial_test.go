@@ -26,45 +26,6 @@ import (
 	"github.com/tierdedup/tierdedup/integrations/httpdedup"
 )
 
-// advServer serves h behind a middleware with options o.
-func advServer(t *testing.T, o httpdedup.Options, h http.Handler) (*httptest.Server, *httpdedup.Middleware) {
-	t.Helper()
-	if o.Logger == nil {
-		o.Logger = quiet
-	}
-	m, err := httpdedup.New(&o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := httptest.NewServer(m.Handler(h))
-	t.Cleanup(s.Close)
-	return s, m
-}
-
-// counter counts handler runs per raw key header and client.
-type counter struct {
-	mu   sync.Mutex
-	runs map[string]int
-	all  atomic.Int64
-}
-
-func (c *counter) add(k string) int {
-	c.all.Add(1)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.runs == nil {
-		c.runs = map[string]int{}
-	}
-	c.runs[k]++
-	return c.runs[k]
-}
-
-func (c *counter) get(k string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.runs[k]
-}
-
 // replayed reports whether r is a replay.
 func replayed(r response) bool { return r.header.Get(httpdedup.HeaderReplayed) == "true" }
 
@@ -80,7 +41,7 @@ func TestAdvKeySpellings(t *testing.T) {
 		fmt.Fprintf(w, "run %d", n.Add(1))
 	})
 	e := openEngine(t, engineOptions(t.TempDir()))
-	s, _ := advServer(t, httpdedup.Options{Engine: e}, h)
+	s, _ := serveWith(t, httpdedup.Options{Engine: e}, h)
 
 	first := do(t, "POST", s.URL+"/x", `"k-1"`, "{}")
 	if first.status != 201 || replayed(first) {
@@ -132,13 +93,13 @@ func TestAdvKeySpellings(t *testing.T) {
 // TestAdvScopeKeyCollisions: (scope, key) pairs whose naive
 // concatenations meet are still distinct keys: each pair runs once.
 func TestAdvScopeKeyCollisions(t *testing.T) {
-	c := &counter{}
+	c := &ledger{}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		k := r.Header.Get("X-Client") + "|" + r.Header.Get(httpdedup.HeaderKey)
 		fmt.Fprintf(w, "%s %d", k, c.add(k))
 	})
 	e := openEngine(t, engineOptions(t.TempDir()))
-	s, _ := advServer(t, httpdedup.Options{Engine: e, Scope: func(r *http.Request) (string, error) {
+	s, _ := serveWith(t, httpdedup.Options{Engine: e, Scope: func(r *http.Request) (string, error) {
 		return r.Header.Get("X-Client"), nil // "" allowed: the unscoped client
 	}}, h)
 	pairs := [][2]string{
@@ -163,8 +124,8 @@ func TestAdvScopeKeyCollisions(t *testing.T) {
 		}
 	}
 	for _, p := range pairs {
-		if k := p[0] + "|" + strconv.Quote(p[1]); p[1] != "" && c.get(k) != 1 {
-			t.Errorf("scope %q key %q ran %d times", p[0], p[1], c.get(k))
+		if k := p[0] + "|" + strconv.Quote(p[1]); p[1] != "" && c.count(k) != 1 {
+			t.Errorf("scope %q key %q ran %d times", p[0], p[1], c.count(k))
 		}
 	}
 }
@@ -175,7 +136,7 @@ func TestAdvScopeKeyCollisions(t *testing.T) {
 // or the request is refused as the client's fault (4xx), never "retry
 // later" for a request that can never succeed.
 func TestAdvLongScopeOrKeyIsNotAStoreOutage(t *testing.T) {
-	c := &counter{}
+	c := &ledger{}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c.add(r.Header.Get(httpdedup.HeaderKey))
 		w.WriteHeader(http.StatusCreated)
@@ -190,7 +151,7 @@ func TestAdvLongScopeOrKeyIsNotAStoreOutage(t *testing.T) {
 	eo := engineOptions(t.TempDir())
 	eo.MaxKeySize = 32 + 4096
 	e := openEngine(t, eo)
-	s, m := advServer(t, httpdedup.Options{Engine: e, MaxKeyLength: 4096, Scope: scope}, h)
+	s, m := serveWith(t, httpdedup.Options{Engine: e, MaxKeyLength: 4096, Scope: scope}, h)
 	token := "Bearer " + strings.Repeat("J", 1100) // a JWT is often this long
 	cases := []struct {
 		name, key string
@@ -206,8 +167,8 @@ func TestAdvLongScopeOrKeyIsNotAStoreOutage(t *testing.T) {
 				t.Fatalf("%d %s: the store is up; the request can never succeed and a client retries a 503 (stats %+v)", r.status, r.body, m.Stats())
 			}
 			if r.status == 201 {
-				if again := do(t, "POST", s.URL+"/x", tc.key, "{}", tc.hdr...); !replayed(again) || c.get(tc.key) != 1 {
-					t.Fatalf("retry: %d replayed=%v, %d runs", again.status, replayed(again), c.get(tc.key))
+				if again := do(t, "POST", s.URL+"/x", tc.key, "{}", tc.hdr...); !replayed(again) || c.count(tc.key) != 1 {
+					t.Fatalf("retry: %d replayed=%v, %d runs", again.status, replayed(again), c.count(tc.key))
 				}
 			}
 		})
@@ -217,21 +178,21 @@ func TestAdvLongScopeOrKeyIsNotAStoreOutage(t *testing.T) {
 // TestAdvUnhandledMethodsPassThrough: GET, HEAD and OPTIONS with a key are
 // not deduplicated (each runs), nor refused.
 func TestAdvUnhandledMethodsPassThrough(t *testing.T) {
-	c := &counter{}
+	c := &ledger{}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c.add(r.Method)
 		w.WriteHeader(http.StatusOK)
 	})
 	e := openEngine(t, engineOptions(t.TempDir()))
-	s, _ := advServer(t, httpdedup.Options{Engine: e}, h)
+	s, _ := serveWith(t, httpdedup.Options{Engine: e}, h)
 	for _, method := range []string{"GET", "HEAD", "OPTIONS"} {
 		for range 2 {
 			if r := do(t, method, s.URL+"/x", `"same"`, ""); r.status != 200 || replayed(r) {
 				t.Errorf("%s: %d replayed=%v", method, r.status, replayed(r))
 			}
 		}
-		if c.get(method) != 2 {
-			t.Errorf("%s with a key ran %d times of 2", method, c.get(method))
+		if c.count(method) != 2 {
+			t.Errorf("%s with a key ran %d times of 2", method, c.count(method))
 		}
 	}
 }
@@ -245,7 +206,7 @@ func (c chunked) Read(p []byte) (int, error) { return c.r.Read(p) }
 // 413 and never runs; both with Content-Length and chunked, and the two
 // framings of one body are the same request.
 func TestAdvBodyAtMaxBody(t *testing.T) {
-	c := &counter{}
+	c := &ledger{}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		c.add(r.Header.Get(httpdedup.HeaderKey))
@@ -254,7 +215,7 @@ func TestAdvBodyAtMaxBody(t *testing.T) {
 	})
 	e := openEngine(t, engineOptions(t.TempDir()))
 	const max = 100
-	s, _ := advServer(t, httpdedup.Options{Engine: e, MaxBody: max}, h)
+	s, _ := serveWith(t, httpdedup.Options{Engine: e, MaxBody: max}, h)
 	send := func(key string, n int, framing string) response {
 		t.Helper()
 		var body io.Reader = strings.NewReader(strings.Repeat("b", n))
@@ -280,7 +241,7 @@ func TestAdvBodyAtMaxBody(t *testing.T) {
 		if r := send(over, max+1, framing); r.status != 413 || problemType(r) != "request-body-too-large" {
 			t.Errorf("%s, %d bytes: %d %s, want 413", framing, max+1, r.status, r.body)
 		}
-		if c.get(over) != 0 {
+		if c.count(over) != 0 {
 			t.Errorf("%s: an oversized body ran the handler", framing)
 		}
 	}
@@ -288,8 +249,8 @@ func TestAdvBodyAtMaxBody(t *testing.T) {
 	if r := send(`"at-max-length"`, max, "chunked"); r.status != 201 || !replayed(r) {
 		t.Errorf("the chunked retry of a Content-Length request: %d replayed=%v", r.status, replayed(r))
 	}
-	if c.get(`"at-max-length"`) != 1 {
-		t.Errorf("%d runs", c.get(`"at-max-length"`))
+	if c.count(`"at-max-length"`) != 1 {
+		t.Errorf("%d runs", c.count(`"at-max-length"`))
 	}
 }
 
@@ -299,7 +260,7 @@ func TestAdvBodyAtMaxBody(t *testing.T) {
 // whole, marked Idempotency-Stored: headers, replayed without the body and
 // counted in BodiesNotKept.
 func TestAdvStoredSizeBoundary(t *testing.T) {
-	c := &counter{}
+	c := &ledger{}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c.add(r.Header.Get(httpdedup.HeaderKey))
 		n, _ := strconv.Atoi(r.URL.Query().Get("size"))
@@ -309,7 +270,7 @@ func TestAdvStoredSizeBoundary(t *testing.T) {
 	eo := engineOptions(t.TempDir())
 	eo.MaxResultSize = 1024
 	e := openEngine(t, eo)
-	s, m := advServer(t, httpdedup.Options{Engine: e, StoredHeaders: []string{}}, h)
+	s, m := serveWith(t, httpdedup.Options{Engine: e, StoredHeaders: []string{}}, h)
 	notKept := 0
 	for _, size := range []int{0, 1, 1017, 1018, 1019, 1023, 1024, 1025, 5000} {
 		key := fmt.Sprintf(`"size-%d"`, size)
@@ -335,8 +296,8 @@ func TestAdvStoredSizeBoundary(t *testing.T) {
 		if again.status != 201 || !replayed(again) || len(again.body) != wantLen || again.header.Get(httpdedup.HeaderStored) != wantStored {
 			t.Errorf("%d: replay %d replayed=%v %d bytes stored=%q; want %d bytes, stored=%q", size, again.status, replayed(again), len(again.body), again.header.Get(httpdedup.HeaderStored), wantLen, wantStored)
 		}
-		if c.get(key) != 1 {
-			t.Errorf("%d: %d runs", size, c.get(key))
+		if c.count(key) != 1 {
+			t.Errorf("%d: %d runs", size, c.count(key))
 		}
 	}
 	if st := m.Stats(); st.BodiesNotKept != uint64(notKept) || st.NotStored != 0 {
@@ -350,7 +311,7 @@ func TestAdvStoredSizeBoundary(t *testing.T) {
 // lease and then 500 "outcome unknown" for the whole window, as if the
 // request had crashed.
 func TestAdvStoredHeadersOverMaxResultSize(t *testing.T) {
-	c := &counter{}
+	c := &ledger{}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c.add(r.Header.Get(httpdedup.HeaderKey))
 		w.Header().Set("Link", "<https://example.com/"+strings.Repeat("l", 3000)+">; rel=next")
@@ -361,15 +322,15 @@ func TestAdvStoredHeadersOverMaxResultSize(t *testing.T) {
 	eo.MaxResultSize = 1024
 	eo.Lease = 300 * time.Millisecond
 	e := openEngine(t, eo)
-	s, m := advServer(t, httpdedup.Options{Engine: e}, h)
+	s, m := serveWith(t, httpdedup.Options{Engine: e}, h)
 	first := do(t, "POST", s.URL+"/x", `"link-1"`, "")
 	if first.status != 201 || first.body != "ok" {
 		t.Fatalf("first: %d %q", first.status, first.body)
 	}
 	time.Sleep(500 * time.Millisecond) // past the lease
 	again := do(t, "POST", s.URL+"/x", `"link-1"`, "")
-	if c.get(`"link-1"`) != 1 {
-		t.Fatalf("the handler ran %d times", c.get(`"link-1"`))
+	if c.count(`"link-1"`) != 1 {
+		t.Fatalf("the handler ran %d times", c.count(`"link-1"`))
 	}
 	if again.status != 201 || !replayed(again) {
 		t.Fatalf("first Idempotency-Stored %q; the retry of a request that completed 201: %d %s (stats %+v)",
@@ -383,7 +344,7 @@ func TestAdvStoredHeadersOverMaxResultSize(t *testing.T) {
 // middleware the client must see the same, not a clean 200 with a
 // truncated body that it will never retry.
 func TestAdvPanicAfterFlush(t *testing.T) {
-	c := &counter{}
+	c := &ledger{}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c.add(r.Header.Get(httpdedup.HeaderKey))
 		w.Header().Set("Content-Type", "text/plain")
@@ -417,7 +378,7 @@ func TestAdvPanicAfterFlush(t *testing.T) {
 	eo := engineOptions(t.TempDir())
 	eo.MaxResultSize = 1024
 	e := openEngine(t, eo)
-	s, _ := advServer(t, httpdedup.Options{Engine: e}, h)
+	s, _ := serveWith(t, httpdedup.Options{Engine: e}, h)
 	s.Config.ErrorLog = quiet
 	for _, q := range []string{"", "?big=1"} {
 		status, body, err := get(s.URL+"/x"+q, `"flush-panic`+q+`"`)
@@ -444,7 +405,7 @@ func TestAdvHeadersThenPanic(t *testing.T) {
 		}
 	})
 	e := openEngine(t, engineOptions(t.TempDir()))
-	s, m := advServer(t, httpdedup.Options{Engine: e}, h)
+	s, m := serveWith(t, httpdedup.Options{Engine: e}, h)
 	r := do(t, "POST", s.URL+"/x", `"hp-1"`, "")
 	if r.status != 500 || problemType(r) != "handler-failed" || r.header.Get("X-Leak") != "" || r.header.Get("Location") != "" || strings.Contains(r.body, "half") {
 		t.Fatalf("panic: %d %v %q", r.status, r.header, r.body)
@@ -473,7 +434,7 @@ func TestAdvAbortHandler(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	})
 	e := openEngine(t, engineOptions(t.TempDir()))
-	s, _ := advServer(t, httpdedup.Options{Engine: e}, h)
+	s, _ := serveWith(t, httpdedup.Options{Engine: e}, h)
 	s.Config.ErrorLog = quiet
 	req, _ := http.NewRequest("POST", s.URL+"/x", strings.NewReader("{}"))
 	req.Header.Set(httpdedup.HeaderKey, `"abort-1"`)
@@ -502,7 +463,7 @@ func TestAdvWriteHeaderTwice(t *testing.T) {
 		_, _ = io.WriteString(w, "body")
 	})
 	e := openEngine(t, engineOptions(t.TempDir()))
-	s, _ := advServer(t, httpdedup.Options{Engine: e}, h)
+	s, _ := serveWith(t, httpdedup.Options{Engine: e}, h)
 	s.Config.ErrorLog = quiet
 	for i := range 2 {
 		if r := do(t, "POST", s.URL+"/x", `"twice"`, ""); r.status != 201 || r.body != "body" || replayed(r) != (i == 1) {
@@ -527,7 +488,7 @@ func TestAdvInformational(t *testing.T) {
 		_, _ = io.WriteString(w, "done")
 	})
 	e := openEngine(t, engineOptions(t.TempDir()))
-	s, _ := advServer(t, httpdedup.Options{Engine: e}, h)
+	s, _ := serveWith(t, httpdedup.Options{Engine: e}, h)
 	var hints atomic.Int64
 	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
 		Got1xxResponse: func(code int, h textproto.MIMEHeader) error {
@@ -566,7 +527,7 @@ func TestAdvNoContentAndNotModified(t *testing.T) {
 		w.WriteHeader(s)
 	})
 	e := openEngine(t, engineOptions(t.TempDir()))
-	s, _ := advServer(t, httpdedup.Options{Engine: e}, h)
+	s, _ := serveWith(t, httpdedup.Options{Engine: e}, h)
 	for _, status := range []int{204, 304} {
 		key := fmt.Sprintf(`"nc-%d"`, status)
 		for i := range 3 {
@@ -597,7 +558,7 @@ func TestAdvConcurrentDifferentBodies(t *testing.T) {
 				_, _ = w.Write(b)
 			})
 			e := openEngine(t, engineOptions(t.TempDir()))
-			s, _ := advServer(t, httpdedup.Options{Engine: e, Wait: wait}, h)
+			s, _ := serveWith(t, httpdedup.Options{Engine: e, Wait: wait}, h)
 			const k = 16
 			got := make([]response, k)
 			var wg sync.WaitGroup
@@ -646,7 +607,7 @@ func TestAdvWaitFirstFails(t *testing.T) {
 		fmt.Fprintf(w, "run %d", run)
 	})
 	e := openEngine(t, engineOptions(t.TempDir()))
-	s, m := advServer(t, httpdedup.Options{Engine: e, Wait: 5 * time.Second}, h)
+	s, m := serveWith(t, httpdedup.Options{Engine: e, Wait: 5 * time.Second}, h)
 	first := make(chan response, 1)
 	go func() { first <- do(t, "POST", s.URL+"/x", `"wf-1"`, "{}") }()
 	time.Sleep(50 * time.Millisecond)
@@ -693,7 +654,7 @@ func TestAdvShortLeaseKept(t *testing.T) {
 	eo := engineOptions(t.TempDir())
 	eo.Lease = 90 * time.Millisecond
 	e := openEngine(t, eo)
-	s, _ := advServer(t, httpdedup.Options{Engine: e}, h)
+	s, _ := serveWith(t, httpdedup.Options{Engine: e}, h)
 	done := make(chan response, 1)
 	go func() { done <- do(t, "POST", s.URL+"/x", `"lease-1"`, "") }()
 	start := time.Now()
@@ -738,7 +699,7 @@ func TestAdvLeaseLostCannotStore(t *testing.T) {
 	eo.Lease = 300 * time.Millisecond
 	eo.Clock = clock
 	e := openEngine(t, eo)
-	s, m := advServer(t, httpdedup.Options{Engine: e}, h)
+	s, m := serveWith(t, httpdedup.Options{Engine: e}, h)
 	first := make(chan response, 1)
 	go func() { first <- do(t, "POST", s.URL+"/x", `"lost-1"`, "") }()
 	<-started
@@ -783,7 +744,7 @@ func TestAdvEngineClosedMidHandler(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	})
 	e = openEngine(t, engineOptions(t.TempDir()))
-	s, _ := advServer(t, httpdedup.Options{Engine: e, CommitTimeout: 2 * time.Second}, h)
+	s, _ := serveWith(t, httpdedup.Options{Engine: e, CommitTimeout: 2 * time.Second}, h)
 	r := do(t, "POST", s.URL+"/x", `"closed-1"`, "")
 	if r.status != 201 || r.header.Get(httpdedup.HeaderStored) != "false" {
 		t.Fatalf("the run: %d %v", r.status, r.header)
@@ -799,7 +760,7 @@ func TestAdvEngineClosedMidHandler(t *testing.T) {
 // to one success at most once, and every 201 a client sees for a key is
 // the same response.
 func TestAdvManyRacingKeys(t *testing.T) {
-	c := &counter{}
+	c := &ledger{}
 	var successes sync.Map
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key := r.Header.Get(httpdedup.HeaderKey)
@@ -819,7 +780,7 @@ func TestAdvManyRacingKeys(t *testing.T) {
 		fmt.Fprintf(w, "%s run %d", key, run)
 	})
 	e := openEngine(t, engineOptions(t.TempDir()))
-	s, _ := advServer(t, httpdedup.Options{Engine: e, Wait: 3 * time.Second}, h)
+	s, _ := serveWith(t, httpdedup.Options{Engine: e, Wait: 3 * time.Second}, h)
 	s.Config.ErrorLog = quiet
 	keys := []string{`"ok-1"`, `"ok-2"`, `"fail-1"`, `"fail-2"`, `"panic-1"`, `"panic-2"`, `"ok-3"`, `"fail-3"`}
 	var mu sync.Mutex
@@ -851,8 +812,8 @@ func TestAdvManyRacingKeys(t *testing.T) {
 		if !strings.HasPrefix(key, `"ok`) {
 			max = 2
 		}
-		if c.get(key) > max {
-			t.Errorf("%s ran %d times, at most %d", key, c.get(key), max)
+		if c.count(key) > max {
+			t.Errorf("%s ran %d times, at most %d", key, c.count(key), max)
 		}
 	}
 }
@@ -1034,7 +995,7 @@ func TestAdvClientDisconnectsMidBody(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	})
 	e := openEngine(t, engineOptions(t.TempDir()))
-	s, _ := advServer(t, httpdedup.Options{Engine: e}, h)
+	s, _ := serveWith(t, httpdedup.Options{Engine: e}, h)
 	// A raw connection: headers announce 1000 bytes, 10 are sent.
 	conn, err := (&net.Dialer{}).Dial("tcp", s.Listener.Addr().String())
 	if err != nil {
@@ -1073,7 +1034,7 @@ func TestAdvHijackIsNotReplayedAsSomethingElse(t *testing.T) {
 		_ = conn.Close()
 	})
 	e := openEngine(t, engineOptions(t.TempDir()))
-	s, _ := advServer(t, httpdedup.Options{Engine: e}, h)
+	s, _ := serveWith(t, httpdedup.Options{Engine: e}, h)
 	s.Config.ErrorLog = quiet
 	first := do(t, "POST", s.URL+"/x", `"hijack-1"`, "")
 	again := do(t, "POST", s.URL+"/x", `"hijack-1"`, "")
@@ -1103,13 +1064,13 @@ func TestAdvReopenAfterCloseMidHandler(t *testing.T) {
 	if e, err = engine.Open(&o); err != nil {
 		t.Fatal(err)
 	}
-	s, _ := advServer(t, httpdedup.Options{Engine: e, CommitTimeout: 2 * time.Second}, h)
+	s, _ := serveWith(t, httpdedup.Options{Engine: e, CommitTimeout: 2 * time.Second}, h)
 	if r := do(t, "POST", s.URL+"/x", `"reopen-1"`, ""); r.status != 201 || r.header.Get(httpdedup.HeaderStored) != "false" {
 		t.Fatalf("the run: %d %v", r.status, r.header)
 	}
 	s.Close()
 	e2 := openEngine(t, engineOptions(dir))
-	s2, _ := advServer(t, httpdedup.Options{Engine: e2}, h)
+	s2, _ := serveWith(t, httpdedup.Options{Engine: e2}, h)
 	for range 2 {
 		if r := do(t, "POST", s2.URL+"/x", `"reopen-1"`, ""); r.status != 500 || problemType(r) != "outcome-unknown" || n.Load() != 1 {
 			t.Fatalf("retry after the restart: %d %s, %d runs", r.status, r.body, n.Load())
@@ -1136,7 +1097,7 @@ func TestAdvManyStoredHeaderValues(t *testing.T) {
 	eo := engineOptions(t.TempDir())
 	eo.MaxResultSize = 2 << 20
 	e := openEngine(t, eo)
-	s, _ := advServer(t, httpdedup.Options{Engine: e}, h)
+	s, _ := serveWith(t, httpdedup.Options{Engine: e}, h)
 	first := do(t, "POST", s.URL+"/x", `"links-1"`, "")
 	again := do(t, "POST", s.URL+"/x", `"links-1"`, "")
 	if first.status != 201 || first.body != "body" || len(first.header.Values("Link")) != 70000 {
@@ -1165,7 +1126,7 @@ func TestAdvTransportFollowsRedirect(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	})
 	e := openEngine(t, engineOptions(t.TempDir()))
-	s, _ := advServer(t, httpdedup.Options{Engine: e}, mux)
+	s, _ := serveWith(t, httpdedup.Options{Engine: e}, mux)
 	client := &http.Client{Transport: &httpdedup.Transport{MinBackoff: time.Millisecond}}
 	resp, err := client.Post(s.URL+"/orders", "application/json", strings.NewReader(`{"sku":"a"}`))
 	if err != nil {

@@ -184,7 +184,9 @@ func retryAfter(v string) (time.Duration, bool) {
 		return 0, false
 	}
 	if s, err := strconv.Atoi(v); err == nil && s >= 0 {
-		return time.Duration(s) * time.Second, true
+		// Capped at a year, so a huge value cannot overflow into a short
+		// (negative) wait.
+		return time.Duration(min(s, 365*24*3600)) * time.Second, true
 	}
 	if at, err := http.ParseTime(v); err == nil {
 		return max(0, time.Until(at)), true

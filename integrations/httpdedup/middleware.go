@@ -453,7 +453,7 @@ func (m *Middleware) heartbeat(ctx context.Context, c *engine.Claim) (stop func(
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		t := time.NewTicker(m.lease / 3)
+		t := time.NewTicker(max(m.lease/3, time.Millisecond))
 		defer t.Stop()
 		for {
 			select {

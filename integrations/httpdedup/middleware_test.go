@@ -102,6 +102,12 @@ func orders(l *ledger) http.Handler {
 // server serves orders behind a middleware over e.
 func server(t *testing.T, o httpdedup.Options, l *ledger) (*httptest.Server, *httpdedup.Middleware) {
 	t.Helper()
+	return serveWith(t, o, orders(l))
+}
+
+// serveWith serves h behind a middleware with options o.
+func serveWith(t *testing.T, o httpdedup.Options, h http.Handler) (*httptest.Server, *httpdedup.Middleware) {
+	t.Helper()
 	if o.Logger == nil {
 		o.Logger = quiet
 	}
@@ -109,7 +115,7 @@ func server(t *testing.T, o httpdedup.Options, l *ledger) (*httptest.Server, *ht
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := httptest.NewServer(m.Handler(orders(l)))
+	s := httptest.NewServer(m.Handler(h))
 	t.Cleanup(s.Close)
 	return s, m
 }

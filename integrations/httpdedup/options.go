@@ -207,7 +207,8 @@ func checkEngine(eo engine.Options, bad func(format string, args ...any)) {
 	}
 }
 
-// problemSlug is the last part of a problem type's URI.
+// slug is the last part of a problem type's URI: the title, lower case,
+// spaces as dashes.
 func slug(title string) string {
 	return strings.ReplaceAll(strings.ToLower(title), " ", "-")
 }
