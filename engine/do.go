@@ -59,8 +59,39 @@ func (n *Namespace) DoResult(ctx context.Context, key []byte, fn func(context.Co
 	return n.do(ctx, key, nil, fn)
 }
 
+// Tracer is told of each Do and DoResult: a span per call, for a tracing
+// system. The engine imports none; integrations/oteldedup adapts an
+// OpenTelemetry TracerProvider.
+type Tracer interface {
+	// Start is called as Do or DoResult (op) begins in the namespace
+	// called namespace ("" is the default one); the key is not given, since
+	// it may be personal data. The context it returns is the one the
+	// handler runs in, so the handler's own spans nest under the call's.
+	// end is called exactly once, as the call returns, with its outcome
+	// (zero when the call failed before a claim answered), whether the
+	// handler ran, and the error the call returns.
+	Start(ctx context.Context, op, namespace string) (_ context.Context, end func(o Outcome, ran bool, err error))
+}
+
 // do is Do (fn) or DoResult (rfn).
 func (n *Namespace) do(ctx context.Context, key []byte, fn func(context.Context) error, rfn func(context.Context) ([]byte, error)) (o Outcome, result []byte, err error) {
+	if t := n.e.opts.Tracer; t != nil {
+		op := "Do"
+		if rfn != nil {
+			op = "DoResult"
+		}
+		var end func(Outcome, bool, error)
+		ran := false
+		ctx, end = t.Start(ctx, op, n.name)
+		defer func() { end(o, ran, err) }()
+		if fn != nil {
+			inner := fn
+			fn = func(ctx context.Context) error { ran = true; return inner(ctx) }
+		} else {
+			inner := rfn
+			rfn = func(ctx context.Context) ([]byte, error) { ran = true; return inner(ctx) }
+		}
+	}
 	if rfn != nil {
 		if err := n.e.needResults("DoResult"); err != nil {
 			return 0, nil, err // before claiming: fn must not run for a result nothing can keep

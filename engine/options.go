@@ -201,6 +201,10 @@ type Options struct {
 	Clock Clock
 	// Logger receives storage error logs; nil means the standard logger.
 	Logger *log.Logger
+	// Tracer, when set, is told when each Do and DoResult starts and ends
+	// (integrations/oteldedup makes one from an OpenTelemetry
+	// TracerProvider). Nil costs one pointer comparison a call.
+	Tracer Tracer
 
 	// Backend is the exact tier behind memory when it is not the embedded
 	// store: a shared tier built in its own package, such as
