@@ -292,6 +292,13 @@ func (e *Engine) durable(ctx context.Context, call commitCall, b *batch, k int, 
 		// Before the durable write: the filters must have seen every key
 		// the store holds.
 		e.local.Add(cfps, part)
+		if e.exact == nil {
+			// Bloom-only: nothing measures its false positives; the
+			// formula, from the filter's keys, warns of an overfull one.
+			if p, over := e.local.Overfilled(part); over {
+				e.warnFilter(p, now)
+			}
+		}
 	}
 	if e.exact != nil {
 		if fenced, err = e.writeCommits(ctx, call, b, k, now, part); err != nil {

@@ -51,6 +51,9 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 	}
 	reqs := e.exactRequests(b, ns, out, c, now, oldest, proves)
 	if len(reqs) == 0 {
+		if proves {
+			e.observeFilters(b, oldest, now)
+		}
 		if e.arch == nil {
 			return nil
 		}
@@ -76,6 +79,9 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 	}
 	if err == nil {
 		err = e.decideAll(d, b, ns, out, c, now, p, proves)
+		if err == nil && proves {
+			e.observeFilters(b, oldest, now)
+		}
 		if err == nil && e.arch != nil {
 			err = e.resolveArchive(ctx, b, ns, out, d, c, now)
 		}

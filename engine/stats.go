@@ -68,6 +68,15 @@ type Stats struct {
 	BloomBytes                         int64
 	BloomTargetFP, BloomEstimatedFP    float64
 	BloomRebuiltKeys, PartitionDropped uint64
+	// BloomPartitions is each live partition's filter, oldest first: its
+	// measured false-positive rate beside its target.
+	// BloomRecommendedExpectedKeys is the largest ExpectedKeys a filter
+	// over twice its target recommends (zero when none is), and
+	// BloomOverTarget counts the filters found so since Open (each logged
+	// once, with the ExpectedKeys that would restore it).
+	BloomPartitions              []BloomPartition
+	BloomRecommendedExpectedKeys int
+	BloomOverTarget              uint64
 	// BloomSealed is the live closed partitions whose filter is saved with
 	// a seal the store holds; BloomSealedLoaded, those whose saved filter
 	// this Open loaded after an unclean shutdown instead of rebuilding
@@ -114,6 +123,7 @@ type counters struct {
 	partitionsDropped, failOpen                        atomic.Uint64
 	commitGroups, donePanics                           atomic.Uint64
 	lookups, forgets                                   atomic.Uint64
+	bloomOverTarget                                    atomic.Uint64
 	commitLatency                                      latency
 }
 
@@ -190,6 +200,13 @@ func (e *Engine) Stats() Stats {
 		l := e.local.Stats()
 		s.BloomMode, s.BloomBytes, s.BloomTargetFP, s.BloomEstimatedFP = l.Mode, l.Bytes, l.TargetFP, l.EstimatedFP
 		s.BloomRebuiltKeys, s.BloomSealed, s.BloomSealedLoaded, s.BloomSealFailures = l.RebuiltKeys, l.Sealed, l.SealedLoaded, l.SealFailures
+		now := e.reading()
+		for _, p := range e.local.Partitions() {
+			bp := e.bloomPartition(p, now)
+			s.BloomPartitions = append(s.BloomPartitions, bp)
+			s.BloomRecommendedExpectedKeys = max(s.BloomRecommendedExpectedKeys, bp.RecommendedExpectedKeys)
+		}
+		s.BloomOverTarget = c.bloomOverTarget.Load()
 		s.BloomCheckpoints, s.BloomCheckpointFailures = l.Checkpoints, l.CheckpointFailures
 		s.BloomRestored, s.BloomJournalKeys = l.RestoredPartitions, l.JournalKeys
 		s.ColdPartitions = l.Disk.ColdPartitions

@@ -80,6 +80,7 @@ type Filters struct {
 	parts tier.Partitions
 	lay   layout
 	perFP float64 // per-filter false-positive target
+	over  int64   // keys at which the formula's rate passes 2 × perFP
 
 	mu   sync.Mutex           // serialises writers of cur
 	cur  atomic.Pointer[ring] // read without mu; replaced, never modified, under mu
@@ -134,6 +135,12 @@ func (f *Filters) publish(next *ring) {
 type filter struct {
 	part int64
 	adds atomic.Int64
+	// checked and fps are Observe's counts of the current measuring
+	// generation, prevChecked and prevFPs the last full one's (see
+	// MeasureGeneration); warned is set once the filter was reported over
+	// its target (Observe, Overfilled).
+	checked, fps, prevChecked, prevFPs atomic.Uint64
+	turning, warned                    atomic.Bool
 }
 
 // New returns empty Filters whose newest partition is newest.
@@ -153,6 +160,7 @@ func New(opts *Options, newest int64) (*Filters, error) {
 	}
 	sz := Sizing(o.ExpectedKeys, o.FalsePositive, o.Partitions.Live)
 	f := &Filters{parts: o.Partitions, lay: newLayout(o.Partitions.Live, sz.M, sz.K), perFP: sz.PerFilter}
+	f.over = f.lay.overfullKeys(f.perFP)
 	f.cur.Store(&ring{newest: newest, slots: make([]*filter, o.Partitions.Live)})
 	return f, nil
 }

@@ -88,3 +88,20 @@ func (s *Store) Sealed(p int64) bool {
 	}
 	return sealed
 }
+
+// Observe counts the probes of keys the store found absent, while the
+// filters are warm (their masks are their own answers then); see
+// bloom.Filters.Observe.
+func (s *Store) Observe(oldest int64, absent int, maybes []uint64) []bloom.PartitionStats {
+	if !s.warm.Load() {
+		return nil
+	}
+	return s.bloom.Observe(oldest, absent, maybes)
+}
+
+// Overfilled reports partition p's filter once its keys put the formula's
+// rate over twice its target; see bloom.Filters.Overfilled.
+func (s *Store) Overfilled(p int64) (bloom.PartitionStats, bool) { return s.bloom.Overfilled(p) }
+
+// Partitions returns the live filters' figures, oldest first.
+func (s *Store) Partitions() []bloom.PartitionStats { return s.bloom.Partitions() }
