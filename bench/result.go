@@ -134,6 +134,17 @@ func (r *Result) Warnings() []string {
 	if r.Tiers == engine.BloomOnly.String() && r.bloomOverfilled() {
 		w = append(w, fmt.Sprintf("the filters hold more keys than ExpectedKeys (estimated false-positive rate %.4f%%, configured %.4f%%): the rate is not promised past it", 100*r.Stats.BloomEstimatedFP, 100*r.BloomFPConfigured))
 	}
+	for _, p := range r.Stats.BloomPartitions {
+		if !p.OverTarget {
+			continue
+		}
+		rate, how := p.MeasuredFP, fmt.Sprintf("measured over %d new keys", p.Checked)
+		if p.Checked == 0 {
+			rate, how = p.EstimatedFP, "estimated from its keys"
+		}
+		w = append(w, fmt.Sprintf("the Bloom filter of the partition starting %s lets %.4f%% of new keys through to the store (%s), over twice its target %.4f%%: it holds %d keys; ExpectedKeys %d would restore the target",
+			p.Start.UTC().Format(time.RFC3339), 100*rate, how, 100*p.TargetFP, p.Keys, p.RecommendedExpectedKeys))
+	}
 	if durable && r.DupsChecked && r.Fresh < r.Keys && r.Stats.StoreHits == 0 {
 		w = append(w, "no duplicate reached past the memory tier: the durable tier's duplicate check was not exercised (raise -reach or lower -memory)")
 	}

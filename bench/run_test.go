@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime/pprof"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -127,5 +128,35 @@ func TestDayProfiles(t *testing.T) {
 	defer pprof.StopCPUProfile()
 	if _, err := Run(context.Background(), rc); !errors.Is(err, ErrConfig) {
 		t.Fatalf("a run while another CPU profile runs: %v, want ErrConfig", err)
+	}
+}
+
+// TestRunWarnsOfOverfullFilters: a run whose filters hold ten times the
+// keys they were sized for says so among its warnings, with the measured
+// rate and the ExpectedKeys that would restore the target; one sized right
+// does not.
+func TestRunWarnsOfOverfullFilters(t *testing.T) {
+	w := WorkloadConfig{Keys: 60_000, DupRatio: 0.1, DupReach: time.Hour, Span: 12 * time.Hour, Seed: 5}
+	for _, tt := range []struct {
+		expected int
+		warn     bool
+	}{{6_000, true}, {60_000, false}} {
+		res, err := Run(context.Background(), RunConfig{Workload: w, Engine: engine.Options{FS: vfs.NewMem(), Dir: "db", ExpectedKeys: tt.expected}, Workers: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var found []string
+		for _, s := range res.Warnings() {
+			if strings.Contains(s, "Bloom filter of the partition") {
+				found = append(found, s)
+			}
+		}
+		t.Logf("ExpectedKeys %d: recommended %d; %q", tt.expected, res.Stats.BloomRecommendedExpectedKeys, found)
+		if (len(found) > 0) != tt.warn || (res.Stats.BloomRecommendedExpectedKeys > 0) != tt.warn {
+			t.Errorf("ExpectedKeys %d: %d filter warnings, recommended %d; want some: %v", tt.expected, len(found), res.Stats.BloomRecommendedExpectedKeys, tt.warn)
+		}
+		if tt.warn && !strings.Contains(found[0], "measured over") {
+			t.Errorf("warning %q does not say the rate was measured", found[0])
+		}
 	}
 }
