@@ -99,6 +99,26 @@ type PlanInput struct {
 	// is its filter's target (zero: 0.01).
 	ArchiveWindow        time.Duration
 	ArchiveFalsePositive float64
+	// Sliding plans a sliding window (engine.Options.SlidingWindows on
+	// the default namespace): a duplicate that arrives in a later
+	// partition than its key's last commit re-commits it, one more write
+	// and one more record in the store and the current filter. The
+	// embedded store, memory or bloom-only; not a shared tier.
+	Sliding bool
+}
+
+// refreshShare is the share of duplicates that refresh their key in a
+// sliding window: a duplicate reaching d back (uniform up to reach, as
+// the workload draws them) from a key committed at a uniform moment of
+// its partition lands in a later partition with probability
+// min(1, d/partition). Each duplicate is taken against its key's first
+// commit, so a key refreshed before counts again: it errs high.
+func refreshShare(reach, partition time.Duration) float64 {
+	r, p := float64(reach), float64(partition)
+	if r <= p {
+		return r / (2 * p)
+	}
+	return 1 - p/(2*r)
 }
 
 // SharedRedis is PlanInput.Shared for the Redis tier.
@@ -186,6 +206,11 @@ type Plan struct {
 	// for PostgreSQL (a row that expired is swept at the next partition
 	// rotation), the window's keys for Redis (each expires by its TTL).
 	KeysPerPartition, KeysHeld float64
+	// RefreshesPerDay are the refreshing duplicates of a sliding window
+	// (PlanInput.Sliding), each a write: counted in KeysPerPartition and
+	// so in the filters and the disk; its cost in keys/s is the
+	// calibration's, which runs with the window sliding.
+	RefreshesPerDay float64
 	// Bloom sizing: bits per key, hashes, each filter's and the window's
 	// false-positive rate, and the memory of the Live filters.
 	BloomBitsPerKey                 float64
@@ -272,8 +297,21 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 	if err := (&WorkloadConfig{Shape: in.Shape, KeySize: in.KeySize, Sample: in.Sample}).Validate(); err != nil {
 		return Plan{}, fmt.Errorf("%w: %w", ErrPlan, err)
 	}
+	if in.Sliding && in.Shared != "" {
+		return Plan{}, fmt.Errorf("%w: Sliding with the %s tier: only the embedded store, memory and bloom-only refresh keys", ErrPlan, in.Shared)
+	}
 	p := Plan{Input: in, Live: parts.Live, Calibration: cal, KeyBytes: in.meanKeySize()}
 	p.KeysPerPartition = in.IDsPerDay * (1 - in.DupRatio) * float64(in.Partition) / float64(24*time.Hour)
+	if in.Sliding {
+		reach := in.DupReach
+		if reach == 0 {
+			reach = time.Hour
+		}
+		p.RefreshesPerDay = in.IDsPerDay * in.DupRatio * refreshShare(reach, in.Partition)
+		// Each refresh is a record in the current partition and a key in
+		// its filter.
+		p.KeysPerPartition += p.RefreshesPerDay * float64(in.Partition) / float64(24*time.Hour)
+	}
 	p.KeysHeld = p.KeysPerPartition * float64(parts.Live)
 	if in.Shared == SharedRedis {
 		p.KeysHeld = in.IDsPerDay * (1 - in.DupRatio) * float64(in.Window) / float64(24*time.Hour)
@@ -459,7 +497,7 @@ func Calibrate(ctx context.Context, in PlanInput, cc CalibrateConfig) (Calibrati
 		Warmup:   warm,
 		Segments: cc.Segments,
 		Engine: engine.Options{Tiers: in.Tiers, Dir: cc.Dir, Window: in.Window, Partition: in.Partition, FalsePositive: in.FalsePositive,
-			MemoryCapacity: in.MemoryCapacity, ExpectedKeys: max(1000, int(expected))},
+			MemoryCapacity: in.MemoryCapacity, ExpectedKeys: max(1000, int(expected)), SlidingWindows: map[string]bool{"": in.Sliding}},
 	}
 	res, err := Run(ctx, rc)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math"
 	"os"
 	"runtime/pprof"
 	"strconv"
@@ -158,5 +159,44 @@ func TestRunWarnsOfOverfullFilters(t *testing.T) {
 		if tt.warn && !strings.Contains(found[0], "measured over") {
 			t.Errorf("warning %q does not say the rate was measured", found[0])
 		}
+	}
+}
+
+// TestPlanCountsSlidingRefreshes: a sliding window's refreshes, planned
+// from the duplicate share, reach and partition, agree within 25 % with
+// those a run of the same workload counts; the plan adds them to the keys
+// of a partition (filters and disk), and refuses a shared tier.
+func TestPlanCountsSlidingRefreshes(t *testing.T) {
+	const keys, dup = 200_000, 0.2
+	for _, reach := range []time.Duration{20 * time.Minute, 3 * time.Hour} {
+		w := WorkloadConfig{Keys: keys, DupRatio: dup, DupReach: reach, Span: 24 * time.Hour, Seed: 9}
+		o := engine.Options{FS: vfs.NewMem(), Dir: "db", Window: 24 * time.Hour, Partition: time.Hour, ExpectedKeys: 20_000, NoSync: true,
+			SlidingWindows: map[string]bool{"": true}}
+		res, err := Run(context.Background(), RunConfig{Workload: w, Engine: o, Workers: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := PlanInput{IDsPerDay: keys, Window: 24 * time.Hour, Partition: time.Hour, DupRatio: dup, DupReach: reach, FalsePositive: 0.01, Tiers: engine.Default}
+		flat, err := MakePlan(in, Calibration{KeysPerSec: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		in.Sliding = true
+		pl, err := MakePlan(in, Calibration{KeysPerSec: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := float64(res.Stats.Refreshes)
+		t.Logf("reach %v: %0.f refreshes counted, %.0f planned (%.3g of duplicates); keys a partition %.0f → %.0f",
+			reach, got, pl.RefreshesPerDay, pl.RefreshesPerDay/(keys*dup), flat.KeysPerPartition, pl.KeysPerPartition)
+		if r := got / pl.RefreshesPerDay; r < 0.75 || r > 1.25 {
+			t.Errorf("reach %v: run counted %.0f refreshes, the plan %.0f (%.2f×)", reach, got, pl.RefreshesPerDay, r)
+		}
+		if want := flat.KeysPerPartition + pl.RefreshesPerDay/24; math.Abs(pl.KeysPerPartition-want) > 1 {
+			t.Errorf("keys a partition %.0f, want %.0f with the refreshes", pl.KeysPerPartition, want)
+		}
+	}
+	if _, err := MakePlan(PlanInput{IDsPerDay: 1e6, Window: 24 * time.Hour, Partition: time.Hour, FalsePositive: 0.01, Shared: SharedRedis, Sliding: true}, Calibration{}); !errors.Is(err, ErrPlan) {
+		t.Errorf("a sliding plan on Redis: %v, want ErrPlan", err)
 	}
 }

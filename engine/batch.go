@@ -26,6 +26,7 @@ type batch struct {
 	digests  []tier.Digest
 	attempts []uint16
 	marks    []bool
+	slide    []bool
 	st       []tier.Status
 	results  [][]byte
 	// Per key sent to the exact tier: qidx[q] is its index in cand (or, in
@@ -94,7 +95,7 @@ func (e *Engine) getBatch(n int) *batch {
 			cand: make([]int, 0, c), cfps: make([]shard.Fingerprint, c), ctokens: make([]uint64, c),
 			probes: make([]bloom.Probe, c), actions: make([]memory.Action, c), ok: make([]bool, c),
 			expires: make([]int64, c), digests: make([]tier.Digest, c), attempts: make([]uint16, c),
-			marks: make([]bool, c), st: make([]tier.Status, c), results: make([][]byte, c),
+			marks: make([]bool, c), slide: make([]bool, c), st: make([]tier.Status, c), results: make([][]byte, c),
 			reqs: make([]tier.Request, 0, c), ans: make([]tier.Answer, c), qidx: make([]int, 0, c),
 			claims: make([]Claim, c), errs: make([]error, c),
 		}

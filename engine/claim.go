@@ -40,6 +40,9 @@ func (e *Engine) claim(ctx context.Context, ns *Namespace, keys [][]byte, digest
 	e.fingerprints(b, ns.name, keys, true)
 	leaseUntil := now + e.lease
 	e.mem.Acquire(b.fps, b.tokens, now, leaseUntil, e.parts.Expiry(e.parts.Of(now)), b.res)
+	if ns.sliding && e.memoryOnly() {
+		e.touch(b, ns, n, now)
+	}
 
 	cand := b.cand[:0]
 	var c tally

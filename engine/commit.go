@@ -265,7 +265,7 @@ func (e *Engine) durable(ctx context.Context, call commitCall, b *batch, k int, 
 	expires := b.expires[:k]
 	for j := range k {
 		c := &claims[b.cand[j]]
-		expires[j] = now + c.ns.cacheFor
+		expires[j] = c.ns.cacheUntil(now)
 		if r := c.Result; len(r) > 0 {
 			if results == nil {
 				results = b.results[:k]

@@ -135,6 +135,9 @@ func (n *Namespace) markInMemory(ctx context.Context, keys [][]byte, digests []D
 	e.fingerprints(b, n.name, keys, true)
 	res := b.res[:k]
 	e.mem.Mark(b.fps[:k], b.tokens[:k], digests, now, now+e.lease, e.parts.Expiry(e.parts.Of(now)), now+n.cacheFor, res)
+	if n.sliding {
+		e.touch(b, n, k, now)
+	}
 	var c tally
 	for i := range res {
 		switch r := &res[i]; r.Status {

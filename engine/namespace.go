@@ -17,6 +17,8 @@ type Namespace struct {
 	// window is the namespace's own window (Options.NamespaceWindows),
 	// zero for the engine's; cacheFor is how long memory keeps its commits.
 	window, cacheFor int64
+	// sliding: a duplicate refreshes its key's life (Options.SlidingWindows).
+	sliding bool
 	// archiveWindow is how long the archive answers for its keys: its own
 	// (Options.NamespaceArchiveWindows), the engine's ArchiveWindow, or
 	// zero (not archived: no archive, a window of its own, or the
@@ -54,7 +56,7 @@ func ownNamespace(name string) bool { return len(name) > 0 && name[0] == 0 }
 
 // newNamespace is the namespace called name with its window.
 func (e *Engine) newNamespace(name string) *Namespace {
-	n := &Namespace{e: e, name: name, cacheFor: e.cacheFor}
+	n := &Namespace{e: e, name: name, cacheFor: e.cacheFor, sliding: e.opts.SlidingWindows[name] && !ownNamespace(name)}
 	if e.arch != nil && !ownNamespace(name) {
 		n.archiveWindow = int64(e.archiveWindow)
 		if w, ok := e.nsArchiveWindows[name]; ok {
@@ -72,6 +74,35 @@ func (e *Engine) newNamespace(name string) *Namespace {
 	}
 	return n
 }
+
+// cacheUntil is when memory stops answering, by itself, for a commit the
+// namespace made or found current at now. In a sliding namespace with a
+// slower tier behind memory, a duplicate that must refresh its key has to
+// reach that tier: memory answers only until the current partition ends
+// (the refresh's granularity), or not at all with a namespace window
+// (every duplicate refreshes). Memory-only refreshes its own entries.
+func (n *Namespace) cacheUntil(now int64) int64 {
+	until := now + n.cacheFor
+	if n.sliding && !n.e.memoryOnly() {
+		if n.window > 0 {
+			return now
+		}
+		until = min(until, (n.e.parts.Of(now)+1)*n.e.parts.Length)
+	}
+	return until
+}
+
+// refreshes reports whether a duplicate at now of a key committed in
+// partition refreshes it: in a sliding namespace, when the record is not
+// in the current partition, or always with a namespace window (the record's
+// time is the window's start).
+func (n *Namespace) refreshes(partition, now int64) bool {
+	return n.sliding && (n.window > 0 || partition < n.e.parts.Of(now))
+}
+
+// Sliding reports whether a duplicate refreshes its key's life in the
+// namespace (Options.SlidingWindows).
+func (n *Namespace) Sliding() bool { return n.sliding }
 
 // Window returns how long a commit in the namespace stays a Duplicate: its
 // own window (Options.NamespaceWindows), or the engine's.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"time"
 
 	"github.com/tierdedup/tierdedup/shard"
@@ -35,6 +36,7 @@ func Open(opts *Options) (_ *Engine, err error) {
 	if err != nil {
 		return nil, err
 	}
+	o.SlidingWindows = maps.Clone(o.SlidingWindows) // the caller's map may change after Open
 	e.opts = o
 	var opened closers
 	defer func() {

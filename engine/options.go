@@ -244,6 +244,19 @@ type Options struct {
 	// commit's TTL from its namespace's window, so the prefix records them
 	// and refuses a process with others (ErrLayout), as it does the Window.
 	NamespaceWindows map[string]time.Duration
+	// SlidingWindows makes the window of each namespace it names (by name;
+	// "" is the default one) slide: a Duplicate or Conflict refreshes its
+	// key's life, re-committing it where the window counts from now (the
+	// current partition; with a NamespaceWindows entry, dated now), so a key
+	// that keeps arriving stays a Duplicate for as long as it keeps
+	// arriving and becomes New a window after its last arrival. The
+	// refresh is durable before the duplicate is answered. It costs one
+	// write per refreshing duplicate: with the engine's window, a key's
+	// first duplicate in each partition (later ones find it current); with
+	// a namespace window, every duplicate. Memory, Default and BloomOnly
+	// (the key is added to the current partition's filter); not with a
+	// Backend. Duplicates answered from the archive do not refresh.
+	SlidingWindows map[string]bool
 	// NoSharedCache keeps no committed keys of the shared tier in memory
 	// (a Backend whose claims live in it): every claim of a key not in flight in
 	// this process asks the shared tier. Forget needs it: otherwise the
@@ -306,6 +319,15 @@ func (o *Options) Validate() error {
 		bad("Lease %v is negative", o.Lease)
 	}
 	d := o.WithDefaults()
+	for name, on := range o.SlidingWindows {
+		switch {
+		case !on:
+		case checkNamespace(name) != nil:
+			bad("SlidingWindows: %v", checkNamespace(name))
+		case o.Backend != nil:
+			bad("SlidingWindows are not supported with a Backend (%s): only the embedded store, memory and bloom-only refresh a key", o.Backend.Name())
+		}
+	}
 	for name, w := range o.NamespaceWindows {
 		switch {
 		case o.Tiers == BloomOnly:
@@ -550,5 +572,6 @@ func (e *Engine) Options() Options {
 	o := e.opts
 	o.NamespaceWindows = maps.Clone(o.NamespaceWindows)
 	o.NamespaceArchiveWindows = maps.Clone(o.NamespaceArchiveWindows)
+	o.SlidingWindows = maps.Clone(o.SlidingWindows)
 	return o
 }

@@ -46,7 +46,7 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 	d := e.decision(b)
 	oldest, proves := e.filterMasks(d.fps, b.probes)
 	if e.exact == nil {
-		e.answerFromFilter(b, out, d)
+		e.answerFromFilter(b, ns, out, d, oldest, now)
 		return nil
 	}
 	reqs := e.exactRequests(b, ns, out, c, now, oldest, proves)
@@ -82,6 +82,9 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 		if err == nil && proves {
 			e.observeFilters(b, oldest, now)
 		}
+		if err == nil && ns.sliding {
+			err = e.refresh(ctx, b, ns, out, d, now)
+		}
 		if err == nil && e.arch != nil {
 			err = e.resolveArchive(ctx, b, ns, out, d, c, now)
 		}
@@ -112,18 +115,22 @@ type decision struct {
 	expires  []int64
 	digests  []tier.Digest
 	attempts []uint16
+	// slide marks the candidates a sliding namespace re-commits now
+	// (refresh).
+	slide []bool
 }
 
 // decision returns the candidates' decision, every action Keep.
 func (e *Engine) decision(b *batch) decision {
 	m := len(b.cand)
-	d := decision{fps: b.candidates(), tokens: b.ctokens[:m], actions: b.actions[:m], expires: b.expires[:m], digests: b.digests[:m], attempts: b.attempts[:m]}
+	d := decision{fps: b.candidates(), tokens: b.ctokens[:m], actions: b.actions[:m], expires: b.expires[:m], digests: b.digests[:m], attempts: b.attempts[:m], slide: b.slide[:m]}
 	for j, i := range b.cand {
 		d.tokens[j] = b.tokens[i]
 	}
 	clear(d.actions) // Keep
 	clear(d.digests)
 	clear(d.attempts)
+	clear(d.slide)
 	return d
 }
 
@@ -145,15 +152,26 @@ func (d decision) commit(j int, expires int64, digest tier.Digest) {
 
 // answerFromFilter answers the candidates of bloom-only, whose filter is
 // the only source: a maybe is Duplicate, at the configured false-positive
-// rate, and its claim is given back.
-func (e *Engine) answerFromFilter(b *batch, out []Claim, d decision) {
+// rate, and its claim is given back. In a sliding namespace a Duplicate
+// the current partition's filter does not hold yet is added to it, its
+// refresh (the probes count from oldest).
+func (e *Engine) answerFromFilter(b *batch, ns *Namespace, out []Claim, d decision, oldest, now int64) {
+	var slide []shard.Fingerprint
+	cur := e.parts.Of(now)
 	for j, i := range b.cand {
 		out[i].Outcome = New
-		if b.probes[j].Maybe != 0 {
+		if m := b.probes[j].Maybe; m != 0 {
 			out[i].Outcome = Duplicate
 			out[i].digest = Digest{} // no digest is known: none conflicts
 			d.actions[j] = memory.Drop
+			if ns.sliding && (cur-oldest >= 64 || m&(1<<(cur-oldest)) == 0) {
+				slide = append(slide, d.fps[j])
+			}
 		}
+	}
+	if len(slide) > 0 {
+		e.local.Add(slide, cur)
+		e.stats.refreshes.Add(uint64(len(slide)))
 	}
 	d.settle(e)
 }
@@ -349,6 +367,15 @@ func (e *Engine) decideCommitted(d decision, j int, cl *Claim, a *tier.Answer, t
 		cl.Result, cl.CommittedAt = a.Result, a.At
 	}
 	d.actions[j] = memory.Drop
+	if a.Partition >= 0 && ns.refreshes(a.Partition, now) {
+		// Re-committed in the current partition before the call answers
+		// (refresh), and cached as a commit made now.
+		d.slide[j] = true
+		if a.Result == nil {
+			d.actions[j], d.expires[j] = memory.Commit, ns.cacheUntil(now)
+		}
+		return
+	}
 	if a.Partition >= 0 && a.Result == nil {
 		// Cached until its partition expires, or the namespace's window
 		// ends. A tier that cannot date the commit (another process's, in a
@@ -361,6 +388,9 @@ func (e *Engine) decideCommitted(d decision, j int, cl *Claim, a *tier.Answer, t
 				at = (a.Partition + 1) * e.parts.Length
 			}
 			d.expires[j] = min(d.expires[j], at+ns.window)
+		}
+		if ns.sliding {
+			d.expires[j] = min(d.expires[j], ns.cacheUntil(now))
 		}
 	}
 }

@@ -51,6 +51,9 @@ type Stats struct {
 	// Lookups counts the keys looked up; Forgets, the keys whose commit
 	// or attempt count Forget removed.
 	Lookups, Forgets uint64
+	// Refreshes counts the duplicates of sliding namespaces that
+	// re-committed their key (Options.SlidingWindows): each one write.
+	Refreshes uint64
 
 	// MemoryHits counts keys answered from memory as committed;
 	// MemoryMisses, keys that memory did not know.
@@ -123,7 +126,7 @@ type counters struct {
 	partitionsDropped, failOpen                        atomic.Uint64
 	commitGroups, donePanics                           atomic.Uint64
 	lookups, forgets                                   atomic.Uint64
-	bloomOverTarget                                    atomic.Uint64
+	bloomOverTarget, refreshes                         atomic.Uint64
 	commitLatency                                      latency
 }
 
@@ -181,7 +184,7 @@ func (e *Engine) Stats() Stats {
 		Commits: c.commits.Load(), Releases: c.releases.Load(),
 		LeaseExpiries: c.leaseExpiries.Load(), LeaseLost: c.leaseLost.Load(), Errors: c.errors.Load(),
 		FailOpen: c.failOpen.Load(), DonePanics: c.donePanics.Load(), CommitGroups: c.commitGroups.Load(),
-		Lookups: c.lookups.Load(), Forgets: c.forgets.Load(),
+		Lookups: c.lookups.Load(), Forgets: c.forgets.Load(), Refreshes: c.refreshes.Load(),
 		MemoryHits: c.memHits.Load(), MemoryMisses: c.memMisses.Load(),
 		BloomNegatives: c.bloomNegatives.Load(), BloomFalsePositives: c.bloomFalsePositives.Load(),
 		PartitionDropped: c.partitionsDropped.Load(),

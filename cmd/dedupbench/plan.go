@@ -29,6 +29,7 @@ func planCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	segments := fs.Int("segments", 3, "timed parts of the calibration; their median rate is kept")
 	asJSON := fs.Bool("json", false, "print the plan as JSON")
 	archiveWindow := fs.Duration("archive-window", 0, "plan an archive keeping keys this long (0: none)")
+	sliding := fs.Bool("sliding", false, "plan a sliding window: a duplicate in a later partition than its key's commit re-commits it (engine.Options.SlidingWindows)")
 	dir := fs.String("dir", ".", "where the store will live: the plan is checked against the free disk there and this machine's memory (or its cgroup's limit)")
 	var sf sharedFlags
 	sf.bind(fs, "", false)
@@ -48,7 +49,7 @@ func planCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	in := bench.PlanInput{IDsPerDay: *ids, Window: *window, Partition: *partition, DupRatio: *dup, DupReach: *reach,
-		Shape: shape, KeySize: *keySize, Sample: sample, FalsePositive: *fp, Tiers: tiers, MemoryCapacity: *memCap, ArchiveWindow: *archiveWindow, Shared: shared}
+		Shape: shape, KeySize: *keySize, Sample: sample, FalsePositive: *fp, Tiers: tiers, MemoryCapacity: *memCap, ArchiveWindow: *archiveWindow, Shared: shared, Sliding: *sliding}
 	if _, err := bench.MakePlan(in, bench.Calibration{}); err != nil {
 		return err // before the calibration's minutes
 	}

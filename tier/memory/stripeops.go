@@ -239,3 +239,15 @@ func (s *stripe) seizeLocked(f shard.Fingerprint, token uint64, now, leaseUntil 
 	s.entries[idx].attempts = 0
 	return r
 }
+
+// touchLocked moves the expiry of f's unexpired committed entry to expires
+// if that is later.
+func (s *stripe) touchLocked(f shard.Fingerprint, now, expires int64) {
+	_, idx := s.findLocked(f)
+	if idx == 0 {
+		return
+	}
+	if e := &s.entries[idx]; e.state == committed && e.until > now && e.until < expires {
+		e.until = expires
+	}
+}

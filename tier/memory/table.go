@@ -231,6 +231,16 @@ func (t *Table) Attempts(f shard.Fingerprint, token uint64) uint16 {
 	return 0
 }
 
+// Touch moves the expiry of each key's unexpired committed entry to
+// expires, if that is later: a sliding window's duplicate, in a table that
+// is the only exact tier. Claims, attempt counts and expired entries are
+// left alone.
+func (t *Table) Touch(fps []shard.Fingerprint, now, expires int64) {
+	t.each(fps, func(s *stripe, i int) {
+		s.touchLocked(fps[i], now, expires)
+	})
+}
+
 // Begin starts committing each claim: where tokens[i] holds the key with an
 // unexpired lease the claim is pinned (it can no longer expire or be
 // released) and out[i] is OK; otherwise out[i] is Lost and nothing changes.
