@@ -5,7 +5,9 @@
 //   - kafkadedup: a Kafka consumer-group member (franz-go) that acts once
 //     per record, storing its offsets with its marks;
 //   - natsdedup: NATS JetStream messages handled once, acked once durable;
-//   - promdedup: the engine's Stats as Prometheus metrics.
+//   - promdedup: the engine's Stats as Prometheus metrics;
+//   - oteldedup: the same metrics as OpenTelemetry instruments, and spans
+//     of Do and DoResult.
 //
 // An integration must never be imported by the engine, a tier or shard:
 // arrows point from here down, so a broker's or an exporter's client

@@ -29,7 +29,8 @@
 //     the handler not run.
 //
 // Every refusal has an application/problem+json body (RFC 9457) whose type
-// names the case.
+// names the case. With Options.TracerProvider, each request it handles is
+// an OpenTelemetry span saying which of these answers it got.
 //
 // It must never run a handler twice for one scoped key inside the window:
 // so it refuses an engine that would (FailOpen, memory-only or bloom-only,

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/sfv"
 )
@@ -29,6 +31,7 @@ type Middleware struct {
 	// archive is how long the engine's archive keeps the namespace's keys
 	// (0 without one, or for a namespace with a shorter window of its own).
 	archive time.Duration
+	tracer  trace.Tracer // nil without Options.TracerProvider
 	stats   struct {
 		requests, passed, executed, replayed, stored, notStored, bodiesNotKept, released,
 		conflicts, inFlight, waited, unknown, badRequests, unavailable, panics atomic.Uint64
@@ -71,6 +74,9 @@ func New(opts *Options) (*Middleware, error) {
 	}
 	eo := o.Engine.Options()
 	m := &Middleware{o: o, e: o.Engine, ns: ns, lease: eo.Lease, keep: eo.MaxResultSize}
+	if o.TracerProvider != nil {
+		m.tracer = o.TracerProvider.Tracer(scopeName)
+	}
 	if _, short := eo.NamespaceWindows[o.Namespace]; eo.Archive != nil && !short {
 		m.archive = eo.ArchiveWindow
 		if w, ok := eo.NamespaceArchiveWindows[o.Namespace]; ok {
@@ -95,18 +101,18 @@ func (m *Middleware) Stats() Stats {
 func (m *Middleware) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		m.stats.requests.Add(1)
-		if !slices.Contains(m.o.Methods, r.Method) {
+		if !m.handles(r) {
 			m.stats.passed.Add(1)
 			next.ServeHTTP(w, r)
 			return
+		}
+		if m.tracer != nil {
+			var sp *requestSpan
+			r, sp = m.startSpan(r)
+			defer sp.end()
 		}
 		key, ok := m.key(w, r)
 		if !ok {
-			return
-		}
-		if key == nil {
-			m.stats.passed.Add(1)
-			next.ServeHTTP(w, r)
 			return
 		}
 		digest, ok := m.fingerprint(w, r)
@@ -117,36 +123,42 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 	})
 }
 
-// key returns the request's scoped key: nil when it carries none and the
-// method does not require one; ok false when it was answered (400, 403).
+// handles reports whether the middleware handles r, rather than passing it
+// through: its method is one of Methods, and it carries a key or its
+// method requires one.
+func (m *Middleware) handles(r *http.Request) bool {
+	return slices.Contains(m.o.Methods, r.Method) &&
+		(len(r.Header.Values(HeaderKey)) > 0 || slices.Contains(m.o.Require, r.Method))
+}
+
+// key returns the scoped key of a request the middleware handles; ok false
+// when it was answered (400, 403).
 func (m *Middleware) key(w http.ResponseWriter, r *http.Request) (key []byte, ok bool) {
 	lines := r.Header.Values(HeaderKey)
 	switch {
-	case len(lines) == 0 && slices.Contains(m.o.Require, r.Method):
-		m.refuse(w, http.StatusBadRequest, titleMissing, fmt.Sprintf("%s requests need an %s header", r.Method, HeaderKey))
+	case len(lines) == 0: // its method requires one (handles)
+		m.refuse(w, r, http.StatusBadRequest, titleMissing, fmt.Sprintf("%s requests need an %s header", r.Method, HeaderKey))
 		return nil, false
-	case len(lines) == 0:
-		return nil, true
 	case len(lines) > 1:
-		m.refuse(w, http.StatusBadRequest, titleMalformed, fmt.Sprintf("%d %s header lines, want one", len(lines), HeaderKey))
+		m.refuse(w, r, http.StatusBadRequest, titleMalformed, fmt.Sprintf("%d %s header lines, want one", len(lines), HeaderKey))
 		return nil, false
 	}
 	item, err := sfv.ParseItem(lines[0])
 	switch {
 	case err != nil:
-		m.refuse(w, http.StatusBadRequest, titleMalformed, "the key must be a quoted string (RFC 8941), such as \"8e03978e-40d5-43e8-bc93-6894a57f9324\"")
+		m.refuse(w, r, http.StatusBadRequest, titleMalformed, "the key must be a quoted string (RFC 8941), such as \"8e03978e-40d5-43e8-bc93-6894a57f9324\"")
 		return nil, false
 	case item.Kind != sfv.String:
-		m.refuse(w, http.StatusBadRequest, titleMalformed, "the key must be a quoted string (RFC 8941), not a token or number")
+		m.refuse(w, r, http.StatusBadRequest, titleMalformed, "the key must be a quoted string (RFC 8941), not a token or number")
 		return nil, false
 	case item.Str == "" || len(item.Str) > m.o.MaxKeyLength:
-		m.refuse(w, http.StatusBadRequest, titleMalformed, fmt.Sprintf("the key has %d bytes, want 1 to %d", len(item.Str), m.o.MaxKeyLength))
+		m.refuse(w, r, http.StatusBadRequest, titleMalformed, fmt.Sprintf("the key has %d bytes, want 1 to %d", len(item.Str), m.o.MaxKeyLength))
 		return nil, false
 	}
 	scope := ""
 	if m.o.Scope != nil {
 		if scope, err = m.o.Scope(r); err != nil {
-			m.refuse(w, http.StatusForbidden, titleScope, err.Error())
+			m.refuse(w, r, http.StatusForbidden, titleScope, err.Error())
 			return nil, false
 		}
 	}
@@ -165,10 +177,10 @@ func (m *Middleware) fingerprint(w http.ResponseWriter, r *http.Request) (engine
 		_ = r.Body.Close()
 		switch {
 		case err != nil:
-			m.refuse(w, http.StatusBadRequest, titleFingerprint, "the request body could not be read")
+			m.refuse(w, r, http.StatusBadRequest, titleFingerprint, "the request body could not be read")
 			return engine.Digest{}, false
 		case int64(len(b)) > m.o.MaxBody:
-			m.refuse(w, http.StatusRequestEntityTooLarge, titleTooLarge, fmt.Sprintf("a keyed request's body is at most %d bytes", m.o.MaxBody))
+			m.refuse(w, r, http.StatusRequestEntityTooLarge, titleTooLarge, fmt.Sprintf("a keyed request's body is at most %d bytes", m.o.MaxBody))
 			return engine.Digest{}, false
 		}
 		body = b
@@ -179,7 +191,7 @@ func (m *Middleware) fingerprint(w http.ResponseWriter, r *http.Request) (engine
 	if m.o.Fingerprint != nil {
 		fp, err := m.o.Fingerprint(r, body)
 		if err != nil {
-			m.refuse(w, http.StatusBadRequest, titleFingerprint, err.Error())
+			m.refuse(w, r, http.StatusBadRequest, titleFingerprint, err.Error())
 			return engine.Digest{}, false
 		}
 		sum = sha256.Sum256(fp)
@@ -195,8 +207,9 @@ func (m *Middleware) fingerprint(w http.ResponseWriter, r *http.Request) (engine
 }
 
 // refuse answers a request the middleware will not run (400, 403, 413).
-func (m *Middleware) refuse(w http.ResponseWriter, status int, title, detail string) {
+func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, status int, title, detail string) {
 	m.stats.badRequests.Add(1)
+	m.span(r).answered(answerRejected, status)
 	m.problem(w, status, title, detail, 0)
 }
 
@@ -227,16 +240,19 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		case engine.New:
 			m.execute(w, r, next, c)
 		case engine.Duplicate:
-			m.replay(w, c.Result)
+			m.replay(w, r, c.Result)
 		case engine.Conflict:
 			m.stats.conflicts.Add(1)
+			m.span(r).answered(answerConflict, m.o.ConflictStatus)
 			m.problem(w, m.o.ConflictStatus, titleConflict, "this key was used with another request (method, path, query or body)", 0)
 		case engine.Poison:
 			m.stats.unknown.Add(1)
+			m.span(r).answered(answerUnknown, http.StatusInternalServerError)
 			m.problem(w, http.StatusInternalServerError, titleUnknown, detailUnknown, 0)
 		case engine.InFlight:
 			if try < len(settle) {
 				if !sleep(ctx, settle[try]) {
+					m.span(r).answered(answerAbandoned, 0)
 					return
 				}
 				continue
@@ -245,15 +261,18 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 				if waitUntil.IsZero() {
 					waitUntil = time.Now().Add(m.o.Wait)
 					m.stats.waited.Add(1)
+					m.span(r).setWaited()
 				}
 				if time.Now().Before(waitUntil) {
 					if !sleep(ctx, min(50*time.Millisecond, time.Until(waitUntil))) {
+						m.span(r).answered(answerAbandoned, 0)
 						return
 					}
 					continue
 				}
 			}
 			m.stats.inFlight.Add(1)
+			m.span(r).answered(answerInFlight, http.StatusConflict)
 			m.problem(w, http.StatusConflict, titleInFlight, "a request with this key is being processed; retry after it completes", time.Second)
 		default:
 			m.failed(w, r, fmt.Errorf("httpdedup: outcome %v", c.Outcome))
@@ -265,29 +284,35 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // failed answers a claim the engine could not make: nothing ran.
 func (m *Middleware) failed(w http.ResponseWriter, r *http.Request, err error) {
 	if r.Context().Err() != nil {
+		m.span(r).answered(answerAbandoned, 0)
 		return // the client left: nobody to answer
 	}
 	if errors.Is(err, engine.ErrKeyTooLong) || errors.Is(err, engine.ErrEmptyKey) {
 		// New keeps MaxKeyLength within the engine's limit; this is the
 		// request's fault if it happens, never the store's.
-		m.refuse(w, http.StatusBadRequest, titleMalformed, "the key is longer than the store accepts")
+		m.refuse(w, r, http.StatusBadRequest, titleMalformed, "the key is longer than the store accepts")
 		return
 	}
 	m.stats.unavailable.Add(1)
+	m.span(r).answered(answerUnavailable, http.StatusServiceUnavailable)
+	m.span(r).failed(err)
 	m.o.Logger.Printf("httpdedup: %s %s: %v", r.Method, r.URL.Path, err)
 	m.problem(w, http.StatusServiceUnavailable, titleUnavailable, "the request was not run: the idempotency store cannot answer now", time.Second)
 }
 
 // replay sends a stored response.
-func (m *Middleware) replay(w http.ResponseWriter, result []byte) {
+func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, result []byte) {
 	s, err := decodeStored(result)
 	if err != nil {
 		m.o.Logger.Printf("%v", err)
 		m.stats.unknown.Add(1)
+		m.span(r).answered(answerUnknown, http.StatusInternalServerError)
+		m.span(r).failed(err)
 		m.problem(w, http.StatusInternalServerError, titleDamaged, "the stored response of this key cannot be read; the request will not run again", 0)
 		return
 	}
 	m.stats.replayed.Add(1)
+	m.span(r).answered(answerReplayed, s.status)
 	h := w.Header()
 	for name, vs := range s.header {
 		h[name] = vs
@@ -339,6 +364,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		// attempt; one that fails leaves the claim to end with its lease,
 		// and the key then answers 500 (outcome unknown), never a second run.
 		m.stats.released.Add(1)
+		m.span(r).executed(rec.finalStatus(), false, true)
 		if err := m.e.UnclaimBatch(ctx, []engine.Claim{c}, nil); err != nil {
 			m.o.Logger.Printf("httpdedup: give back %s %s: %v", r.Method, r.URL.Path, err)
 		}
@@ -368,6 +394,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		// The handler ran; its response is sent, and the claim is left to
 		// end: a retry is answered 500 (outcome unknown), never run again.
 		m.stats.notStored.Add(1)
+		m.span(r).failed(err)
 		m.o.Logger.Printf("httpdedup: store %s %s: %v", r.Method, r.URL.Path, err)
 		extra.Set(HeaderStored, "false")
 	case storedMark(&s) != "":
@@ -377,6 +404,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	default:
 		m.stats.stored.Add(1)
 	}
+	m.span(r).executed(rec.finalStatus(), err == nil, false)
 	if panicked != nil {
 		m.panicked(rec, r, panicked, unknown)
 		return
@@ -435,10 +463,13 @@ func (m *Middleware) panicked(rec *recorder, r *http.Request, p any, unknown boo
 	m.stats.panics.Add(1)
 	switch {
 	case p == http.ErrAbortHandler, rec.streaming:
+		m.span(r).panicked(0)
 		panic(http.ErrAbortHandler)
 	case unknown:
+		m.span(r).panicked(http.StatusInternalServerError)
 		m.problem(rec.w, http.StatusInternalServerError, titleUnknown, detailUnknown, 0)
 	default:
+		m.span(r).panicked(http.StatusInternalServerError)
 		m.problem(rec.w, http.StatusInternalServerError, titlePanic, "the handler failed; the request may be retried with the same key", 0)
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/tierdedup/tierdedup/engine"
 )
 
@@ -99,6 +101,25 @@ type Options struct {
 	// Logger receives handler panics and store failures; nil means
 	// log.Default.
 	Logger *log.Logger
+	// TracerProvider, when set, wraps each request the middleware handles
+	// (its method is one of Methods, and it carries a key or its method
+	// requires one) in a span "tierdedup.http" of its tracer named for
+	// this package, the handler's spans its children. The span has the
+	// attributes http.request.method, tierdedup.namespace, the answer
+	// tierdedup.http.answer (executed, replayed, conflict, in-flight,
+	// rejected: 400, 403 or 413; unknown: 500, outcome unknown or a stored
+	// response unreadable; unavailable: 503; abandoned: the client left
+	// first) with http.response.status_code (the status sent; none when
+	// abandoned or a panic aborted the response), and for executed
+	// tierdedup.http.stored (the response was committed with the key) and
+	// tierdedup.http.released (the claim was given back, so a retry runs
+	// again); tierdedup.http.waited when it waited for its key in flight
+	// (Wait), tierdedup.http.panicked when the handler panicked. A 5xx, a
+	// panic, or an error of the engine (a claim it could not make, a
+	// response it could not store: the error is recorded) sets status
+	// Error. The key is never recorded. Nil means no spans, and costs
+	// nothing.
+	TracerProvider trace.TracerProvider
 }
 
 // scopeBytes is the length of a scope's digest, which starts every key.
