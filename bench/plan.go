@@ -107,13 +107,13 @@ type PlanInput struct {
 	Sliding bool
 }
 
-// refreshShare is the share of duplicates that refresh their key in a
+// RefreshShare is the share of duplicates that refresh their key in a
 // sliding window: a duplicate reaching d back (uniform up to reach, as
 // the workload draws them) from a key committed at a uniform moment of
 // its partition lands in a later partition with probability
 // min(1, d/partition). Each duplicate is taken against its key's first
 // commit, so a key refreshed before counts again: it errs high.
-func refreshShare(reach, partition time.Duration) float64 {
+func RefreshShare(reach, partition time.Duration) float64 {
 	r, p := float64(reach), float64(partition)
 	if r <= p {
 		return r / (2 * p)
@@ -307,7 +307,7 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 		if reach == 0 {
 			reach = time.Hour
 		}
-		p.RefreshesPerDay = in.IDsPerDay * in.DupRatio * refreshShare(reach, in.Partition)
+		p.RefreshesPerDay = in.IDsPerDay * in.DupRatio * RefreshShare(reach, in.Partition)
 		// Each refresh is a record in the current partition and a key in
 		// its filter.
 		p.KeysPerPartition += p.RefreshesPerDay * float64(in.Partition) / float64(24*time.Hour)

@@ -212,6 +212,11 @@ func (w *workloadFlags) config(ctx context.Context) (bench.RunConfig, func(), er
 	wc := bench.WorkloadConfig{Keys: w.keys, Shape: shape, KeySize: w.keySize, Sample: sample, DupRatio: w.dup, DupReach: w.reach, Zipf: w.zipf,
 		InBatchRepeat: w.inBatch, Span: w.span, Seed: w.seed}
 	perPartition := float64(w.keys) * (1 - w.dup - w.inBatch) * float64(w.partition) / float64(max(w.span, w.partition))
+	if w.sliding {
+		// Each refreshing duplicate is one more key of its partition's
+		// filter.
+		perPartition += float64(w.keys) * w.dup * bench.RefreshShare(w.reach, w.partition) * float64(w.partition) / float64(max(w.span, w.partition))
+	}
 	rc := bench.RunConfig{
 		Workload: wc,
 		Engine: engine.Options{Tiers: tiers, Window: w.window, Partition: w.partition, FalsePositive: w.fp,
