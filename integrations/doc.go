@@ -5,6 +5,9 @@
 //   - kafkadedup: a Kafka consumer-group member (franz-go) that acts once
 //     per record, storing its offsets with its marks;
 //   - natsdedup: NATS JetStream messages handled once, acked once durable;
+//   - watermilldedup: a Watermill handler middleware, for any broker
+//     Watermill speaks: handled once, acked once durable;
+//   - httpdedup: the Idempotency-Key middleware and client Transport;
 //   - promdedup: the engine's Stats as Prometheus metrics;
 //   - oteldedup: the same metrics as OpenTelemetry instruments, and spans
 //     of Do and DoResult.
