@@ -121,6 +121,12 @@ func RefreshShare(reach, partition time.Duration) float64 {
 	return 1 - p/(2*r)
 }
 
+// freshPerPartition is the distinct keys a partition gets, refreshes left
+// out.
+func (p Plan) freshPerPartition() float64 {
+	return max(p.KeysPerPartition-p.RefreshesPerDay*float64(p.Input.Partition)/float64(24*time.Hour), 1)
+}
+
 // SharedRedis is PlanInput.Shared for the Redis tier.
 const SharedRedis = "redis"
 
@@ -355,7 +361,10 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 		}
 	case in.Tiers == engine.Default:
 		p.OffHeapBytes = PebbleOffHeapBytes
-		p.TableBytes = p.KeysHeld * cal.TableBytesPerKey
+		// The calibration's bytes are per distinct key committed; with a
+		// sliding window they include the refreshes' records (it runs
+		// sliding too), which KeysHeld counts as keys.
+		p.TableBytes = p.KeysHeld * p.freshPerPartition() / p.KeysPerPartition * cal.TableBytesPerKey
 		// A memtable is flushed when full, or when a drop's range deletion
 		// is compacted: every partition at least. A calibration that
 		// flushed nothing bounds the memtable's keys by its size.
@@ -482,7 +491,9 @@ func Calibrate(ctx context.Context, in PlanInput, cc CalibrateConfig) (Calibrati
 	if compressed {
 		span = time.Duration(float64(pl.Live)*float64(in.Partition)*float64(total)/float64(max(warm, 1))) - in.Partition/64
 		if in.Tiers != engine.BloomOnly {
-			expected = float64(warm) * (1 - in.DupRatio) / float64(pl.Live)
+			// Each partition's keys: the new ones, and a sliding window's
+			// refreshes, as the plan counts them.
+			expected = float64(warm) * (1 - in.DupRatio) / float64(pl.Live) * pl.KeysPerPartition / pl.freshPerPartition()
 		}
 		// Bloom-only keeps the planned filters (pl.BloomBytes of memory):
 		// it is all there is, and filters larger than the CPU's caches
