@@ -69,29 +69,56 @@ type Tracer interface {
 	// handler runs in, so the handler's own spans nest under the call's.
 	// end is called exactly once, as the call returns, with its outcome
 	// (zero when the call failed before a claim answered), whether the
-	// handler ran, and the error the call returns.
+	// handler ran, and the error the call returns; when the handler
+	// panicked, with New and an error saying so, before the panic goes on
+	// to the caller.
 	Start(ctx context.Context, op, namespace string) (_ context.Context, end func(o Outcome, ran bool, err error))
 }
 
-// do is Do (fn) or DoResult (rfn).
+// errHandlerPanicked is what a Tracer's end is told when the handler
+// panicked: the panic itself goes on to the caller.
+var errHandlerPanicked = errors.New("tierdedup: the handler panicked")
+
+// do is Do (fn) or DoResult (rfn), told to the Tracer if there is one.
 func (n *Namespace) do(ctx context.Context, key []byte, fn func(context.Context) error, rfn func(context.Context) ([]byte, error)) (o Outcome, result []byte, err error) {
-	if t := n.e.opts.Tracer; t != nil {
-		op := "Do"
-		if rfn != nil {
-			op = "DoResult"
-		}
-		var end func(Outcome, bool, error)
-		ran := false
-		ctx, end = t.Start(ctx, op, n.name)
-		defer func() { end(o, ran, err) }()
-		if fn != nil {
-			inner := fn
-			fn = func(ctx context.Context) error { ran = true; return inner(ctx) }
-		} else {
-			inner := rfn
-			rfn = func(ctx context.Context) ([]byte, error) { ran = true; return inner(ctx) }
-		}
+	t := n.e.opts.Tracer
+	if t == nil {
+		return n.run(ctx, key, fn, rfn)
 	}
+	op := "Do"
+	if rfn != nil {
+		op = "DoResult"
+	}
+	var end func(Outcome, bool, error)
+	ran, panicked := false, true
+	ctx, end = t.Start(ctx, op, n.name)
+	defer func() {
+		if panicked {
+			// The handler ran, its claim New, and panicked (the claim was
+			// given back on the way out); or the engine did, before.
+			var po Outcome
+			if ran {
+				po = New
+			}
+			end(po, ran, errHandlerPanicked)
+			return
+		}
+		end(o, ran, err)
+	}()
+	if fn != nil {
+		inner := fn
+		fn = func(ctx context.Context) error { ran = true; return inner(ctx) }
+	} else {
+		inner := rfn
+		rfn = func(ctx context.Context) ([]byte, error) { ran = true; return inner(ctx) }
+	}
+	o, result, err = n.run(ctx, key, fn, rfn)
+	panicked = false
+	return o, result, err
+}
+
+// run claims key, runs fn or rfn if New, and commits or releases.
+func (n *Namespace) run(ctx context.Context, key []byte, fn func(context.Context) error, rfn func(context.Context) ([]byte, error)) (o Outcome, result []byte, err error) {
 	if rfn != nil {
 		if err := n.e.needResults("DoResult"); err != nil {
 			return 0, nil, err // before claiming: fn must not run for a result nothing can keep

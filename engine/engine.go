@@ -97,5 +97,8 @@ type Engine struct {
 	}
 	scratch sync.Pool // *batch
 	stats   counters
-	def     Namespace
+	// forgotten are the keys Forget removed lately, which the filters
+	// still hold: not false positives when read again.
+	forgotten forgottenKeys
+	def       Namespace
 }

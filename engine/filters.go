@@ -3,8 +3,11 @@ package engine
 import (
 	"math"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/bloom"
 )
@@ -48,11 +51,16 @@ func (e *Engine) observeFilters(b *batch, oldest, now int64) {
 	maybes := buf[:0]
 	absent := len(b.cand) - len(b.qidx) // the filters proved them new
 	for q, j := range b.qidx {
-		if b.ans[q].Status == tier.Absent {
-			absent++
-			if m := b.probes[j].Maybe; m != 0 {
-				maybes = append(maybes, m)
-			}
+		if b.ans[q].Status != tier.Absent {
+			continue
+		}
+		m := b.probes[j].Maybe
+		if m != 0 && e.forgotten.has(b.fps[b.cand[j]]) {
+			continue // forgotten: the filter rightly holds it
+		}
+		absent++
+		if m != 0 {
+			maybes = append(maybes, m)
 		}
 	}
 	for _, p := range e.local.Observe(oldest, absent, maybes) {
@@ -81,7 +89,12 @@ func (e *Engine) bloomPartition(p bloom.PartitionStats, now int64) BloomPartitio
 		Start: time.Unix(0, start), Keys: p.Keys, Checked: p.Checked, FalsePositives: p.FalsePositives,
 		MeasuredFP: p.MeasuredFP(), TargetFP: p.TargetFP, EstimatedFP: p.EstimatedFP, OverTarget: p.OverTarget,
 	}
-	if p.OverTarget {
+	if e.exact != nil {
+		// Judged by measure alone where a store can tell a false
+		// positive: a filter's keys count refreshes and re-adds too.
+		bp.OverTarget = bloom.MeasuredOverTarget(p.FalsePositives, p.Checked, p.TargetFP)
+	}
+	if bp.OverTarget {
 		bp.RecommendedExpectedKeys = recommendKeys(p.Keys, now-start, e.parts.Length)
 	}
 	return bp
@@ -102,4 +115,54 @@ func recommendKeys(keys, elapsed, length int64) int {
 	unit := math.Pow(10, math.Floor(math.Log10(n))-1)
 	// Up, but not for a float's error on a round figure.
 	return int(min(math.Ceil(n/unit-1e-9)*unit, MaxExpectedKeys))
+}
+
+// forgottenKeys is the set of the keys Forget removed most recently (up to
+// forgottenCap), which the filters still hold: a "maybe" for one that the
+// store finds absent is the filter right, not a false positive. Older
+// forgets fall out first; one read again after that counts as a false
+// positive, so a workload that forgets and re-sends more keys than the
+// cap overstates the rate by those.
+type forgottenKeys struct {
+	n    atomic.Int64 // entries held, read without mu
+	mu   sync.Mutex
+	set  map[shard.Fingerprint]struct{}
+	ring []shard.Fingerprint
+	next int
+}
+
+const forgottenCap = 1 << 16
+
+func (f *forgottenKeys) add(fps []shard.Fingerprint) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.set == nil {
+		f.set = make(map[shard.Fingerprint]struct{})
+	}
+	for _, fp := range fps {
+		if _, ok := f.set[fp]; ok {
+			continue
+		}
+		if len(f.ring) < forgottenCap {
+			f.ring = append(f.ring, fp)
+		} else {
+			delete(f.set, f.ring[f.next])
+			f.ring[f.next] = fp
+			f.next = (f.next + 1) % forgottenCap
+		}
+		f.set[fp] = struct{}{}
+	}
+	f.n.Store(int64(len(f.set)))
+}
+
+// has reports whether fp was forgotten recently; one atomic load when
+// nothing was.
+func (f *forgottenKeys) has(fp shard.Fingerprint) bool {
+	if f.n.Load() == 0 {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, ok := f.set[fp]
+	return ok
 }

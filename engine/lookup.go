@@ -210,6 +210,9 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 	held, forgot := e.settleLookups(out, repeats)
 	if forget {
 		e.stats.forgets.Add(uint64(forgot))
+		if e.local != nil && forgot > 0 {
+			e.forgotten.add(b.fps[:n]) // the filters still hold them
+		}
 	} else {
 		e.stats.lookups.Add(uint64(n))
 	}

@@ -14,35 +14,41 @@ import (
 // candidates' claims, so no other call of this process decides them
 // meanwhile, and it is durable (the filter first, as for every write)
 // before the call answers: a refresh lost in a crash could let a key that
-// kept arriving expire under its last duplicate. With a namespace window
-// the record is dated now (the window counts from its time); otherwise it
-// keeps its commit's time. A failure fails the call, as a claim's read
+// kept arriving expire under its last duplicate. The record is dated now, so
+// whatever judges its age (a namespace window, one added later, the
+// archive) counts from the last arrival; CommittedAt then tells the last
+// refresh. A failure fails the call, as a claim's read
 // failure does: every candidate is given back.
 func (e *Engine) refresh(ctx context.Context, b *batch, ns *Namespace, out []Claim, d decision, now int64) error {
 	var reqs []tier.Request
 	var fps []shard.Fingerprint
+	part := e.parts.Of(now)
 	for q, j := range b.qidx {
 		if !d.slide[j] {
 			continue
 		}
 		i := b.cand[j]
-		at := b.ans[q].At
-		if ns.window > 0 || at == 0 {
-			at = now
+		// Dated now: every judge of a commit's age (a namespace window,
+		// one added later, the archive) counts from its last arrival.
+		reqs = append(reqs, tier.Request{NS: ns.name, Key: out[i].Key, Digest: d.digests[j], Result: out[i].Result, At: now})
+		if out[i].CommittedAt != 0 {
+			out[i].CommittedAt = now // the record it answers from, once this returns
 		}
-		reqs = append(reqs, tier.Request{NS: ns.name, Key: out[i].Key, Digest: d.digests[j], Result: out[i].Result, At: at})
-		fps = append(fps, d.fps[j])
+		if b.ans[q].Partition < part {
+			// The current partition's filter already holds a key whose
+			// record is in it.
+			fps = append(fps, d.fps[j])
+		}
 	}
 	if len(reqs) == 0 {
 		return nil
 	}
-	part := e.parts.Of(now)
 	e.counts.RLock() // ordered against Forgets, as commits are
 	defer e.counts.RUnlock()
 	if h := beforeDurable.Load(); h != nil {
 		(*h)()
 	}
-	if e.local != nil {
+	if e.local != nil && len(fps) > 0 {
 		e.local.Add(fps, part)
 	}
 	if err := e.exact.Commit(ctx, part, reqs, make([]tier.Status, len(reqs))); err != nil {
@@ -64,7 +70,8 @@ func (e *Engine) touch(b *batch, ns *Namespace, n int, now int64) {
 		}
 	}
 	if len(fps) > 0 {
-		e.mem.Touch(fps, now, now+ns.cacheFor)
-		e.stats.refreshes.Add(uint64(len(fps)))
+		// Entries committed by this same call are current already: not
+		// refreshes.
+		e.stats.refreshes.Add(uint64(e.mem.Touch(fps, now, now+ns.cacheFor)))
 	}
 }

@@ -241,13 +241,15 @@ func (s *stripe) seizeLocked(f shard.Fingerprint, token uint64, now, leaseUntil 
 }
 
 // touchLocked moves the expiry of f's unexpired committed entry to expires
-// if that is later.
-func (s *stripe) touchLocked(f shard.Fingerprint, now, expires int64) {
+// if that is later, and reports whether it did.
+func (s *stripe) touchLocked(f shard.Fingerprint, now, expires int64) bool {
 	_, idx := s.findLocked(f)
 	if idx == 0 {
-		return
+		return false
 	}
 	if e := &s.entries[idx]; e.state == committed && e.until > now && e.until < expires {
 		e.until = expires
+		return true
 	}
+	return false
 }

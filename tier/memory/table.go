@@ -234,11 +234,14 @@ func (t *Table) Attempts(f shard.Fingerprint, token uint64) uint16 {
 // Touch moves the expiry of each key's unexpired committed entry to
 // expires, if that is later: a sliding window's duplicate, in a table that
 // is the only exact tier. Claims, attempt counts and expired entries are
-// left alone.
-func (t *Table) Touch(fps []shard.Fingerprint, now, expires int64) {
+// left alone. It returns how many entries it moved.
+func (t *Table) Touch(fps []shard.Fingerprint, now, expires int64) (moved int) {
 	t.each(fps, func(s *stripe, i int) {
-		s.touchLocked(fps[i], now, expires)
+		if s.touchLocked(fps[i], now, expires) {
+			moved++
+		}
 	})
+	return moved
 }
 
 // Begin starts committing each claim: where tokens[i] holds the key with an
