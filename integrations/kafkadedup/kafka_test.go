@@ -1,7 +1,6 @@
 package kafkadedup_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -65,14 +64,7 @@ func child(specJSON string) int {
 		fmt.Println("ERR", err)
 		return 1
 	}
-	out := bufio.NewWriter(os.Stdout)
-	var mu sync.Mutex
-	say := func(format string, args ...any) {
-		mu.Lock()
-		fmt.Fprintf(out, format+"\n", args...)
-		out.Flush()
-		mu.Unlock()
-	}
+	say := crashtest.Say()
 	m, err := kafkadedup.New(&kafkadedup.Options{
 		Group: spec.Group,
 		Dir:   spec.Dir, Exports: spec.Exports,

@@ -1,7 +1,6 @@
 package natsdedup_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -48,14 +47,7 @@ func child(specJSON string) int {
 		fmt.Println("ERR", err)
 		return 1
 	}
-	out := bufio.NewWriter(os.Stdout)
-	var mu sync.Mutex
-	say := func(format string, args ...any) {
-		mu.Lock()
-		fmt.Fprintf(out, format+"\n", args...)
-		out.Flush()
-		mu.Unlock()
-	}
+	say := crashtest.Say()
 	e, err := engine.Open(&engine.Options{Dir: spec.Dir, ExpectedKeys: 100_000, Lease: spec.AckWait, Logger: quiet})
 	if err != nil {
 		say("ERR %v", err)

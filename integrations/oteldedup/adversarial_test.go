@@ -179,15 +179,7 @@ func lastSpan(t *testing.T, sr *tracetest.SpanRecorder, n int) sdktrace.ReadOnly
 // has no outcome, ran false and status Error.
 func TestAdvSpanEachOutcome(t *testing.T) {
 	ctx := context.Background()
-	sr := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
-	defer tp.Shutdown(ctx)
-	e, err := engine.Open(&engine.Options{Dir: t.TempDir(), ExpectedKeys: 1000, Logger: quiet, MaxAttempts: 1,
-		Tracer: oteldedup.Tracer(tp)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e, sr := tracedEngine(t, 1)
 	ns, _ := e.Namespace("orders")
 	ok := func(context.Context) error { return nil }
 	n := 0
@@ -242,14 +234,7 @@ func TestAdvSpanEachOutcome(t *testing.T) {
 // answered new and the handler ran, and that the call did not succeed.
 func TestAdvSpanPanickingHandler(t *testing.T) {
 	ctx := context.Background()
-	sr := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
-	defer tp.Shutdown(ctx)
-	e, err := engine.Open(&engine.Options{Dir: t.TempDir(), ExpectedKeys: 1000, Logger: quiet, Tracer: oteldedup.Tracer(tp)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e, sr := tracedEngine(t, 0)
 	var rec any
 	func() {
 		defer func() { rec = recover() }()
@@ -283,14 +268,7 @@ func TestAdvSpanPanickingHandler(t *testing.T) {
 // true per key.
 func TestAdvSpanConcurrentDo(t *testing.T) {
 	ctx := context.Background()
-	sr := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
-	defer tp.Shutdown(ctx)
-	e, err := engine.Open(&engine.Options{Dir: t.TempDir(), ExpectedKeys: 1000, Logger: quiet, Tracer: oteldedup.Tracer(tp)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e, sr := tracedEngine(t, 0)
 	const goroutines, per = 8, 200
 	var wg sync.WaitGroup
 	var runs atomic.Int64

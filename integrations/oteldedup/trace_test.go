@@ -32,18 +32,11 @@ func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
 // Error and the error recorded.
 func TestSpans(t *testing.T) {
 	ctx := context.Background()
-	sr := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
-	defer tp.Shutdown(ctx)
-	e, err := engine.Open(&engine.Options{Dir: t.TempDir(), ExpectedKeys: 1000, Logger: quiet, Tracer: oteldedup.Tracer(tp)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e, sr := tracedEngine(t, 0)
 
 	var inner trace.SpanContext
 	if _, err := e.Do(ctx, []byte("a"), func(ctx context.Context) error {
-		_, s := tp.Tracer("handler").Start(ctx, "charge")
+		_, s := trace.SpanFromContext(ctx).TracerProvider().Tracer("handler").Start(ctx, "charge")
 		inner = s.SpanContext()
 		s.End()
 		return nil
@@ -173,4 +166,20 @@ func BenchmarkDo(b *testing.B) {
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "calls/s")
 		})
 	}
+}
+
+// tracedEngine opens an embedded engine whose Do and DoResult spans go to
+// the recorder it returns; maxAttempts is Options.MaxAttempts. Both are
+// closed when the test ends.
+func tracedEngine(t *testing.T, maxAttempts int) (*engine.Engine, *tracetest.SpanRecorder) {
+	t.Helper()
+	sr := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	e, err := engine.Open(&engine.Options{Dir: t.TempDir(), ExpectedKeys: 1000, Logger: quiet, MaxAttempts: maxAttempts, Tracer: oteldedup.Tracer(tp)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e, sr
 }

@@ -1,7 +1,6 @@
 package watermilldedup_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -133,14 +132,7 @@ func child(specJSON string) int {
 		fmt.Println("ERR", err)
 		return 1
 	}
-	out := bufio.NewWriter(os.Stdout)
-	var mu sync.Mutex
-	say := func(format string, args ...any) {
-		mu.Lock()
-		fmt.Fprintf(out, format+"\n", args...)
-		out.Flush()
-		mu.Unlock()
-	}
+	say := crashtest.Say()
 	fail := func(err error) int { say("ERR %v", err); return 1 }
 	logger := watermill.NopLogger{}
 

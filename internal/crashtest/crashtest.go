@@ -476,3 +476,18 @@ func (c *Child) Describe() string {
 	}
 	return b.String()
 }
+
+// Say returns what a child reports its progress with: each call prints one
+// line (format and args, as fmt.Printf) on stdout, flushed at once, whole
+// even from concurrent goroutines, so the parent's OnLine sees every line
+// the child printed before it was killed.
+func Say() func(format string, args ...any) {
+	out := bufio.NewWriter(os.Stdout)
+	var mu sync.Mutex
+	return func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintf(out, format+"\n", args...)
+		out.Flush()
+	}
+}
