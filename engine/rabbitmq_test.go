@@ -20,6 +20,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
+	"github.com/tierdedup/tierdedup/internal/rabbittest"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -28,24 +29,10 @@ import (
 // SIGKILL at random moments and restarts them, and checks every effect.
 
 const (
-	rabbitURL = "amqp://guest:guest@127.0.0.1:5672/"
 	// splitLedgerEnv makes the atomic consumer write its effect apart from
 	// its commit: the check that the test can see a repeated effect.
-	splitLedgerEnv   = "TIERDEDUP_SPLIT_LEDGER"
-	requireRabbitEnv = "TIERDEDUP_REQUIRE_RABBITMQ"
+	splitLedgerEnv = "TIERDEDUP_SPLIT_LEDGER"
 )
-
-func dialRabbit(t *testing.T) *amqp.Connection {
-	t.Helper()
-	conn, err := amqp.Dial(rabbitURL)
-	if err != nil {
-		if os.Getenv(requireRabbitEnv) != "" {
-			t.Fatalf("RabbitMQ at %s is required (%s is set): %v", rabbitURL, requireRabbitEnv, err)
-		}
-		t.Skipf("no RabbitMQ at %s (set %s to make this a failure): %v", rabbitURL, requireRabbitEnv, err)
-	}
-	return conn
-}
 
 // rabbitChild consumes queue until killed. Mode "redis": Do with a file
 // ledger written by the handler (the effect), dedup shared in Redis. Mode
@@ -79,7 +66,7 @@ func rabbitChild(spec string) int {
 	if err != nil {
 		return fail(err)
 	}
-	conn, err := amqp.Dial(rabbitURL)
+	conn, err := amqp.Dial(rabbittest.URL)
 	if err != nil {
 		return fail(err)
 	}
@@ -223,7 +210,7 @@ func TestRabbitMQRedelivery(t *testing.T) {
 }
 
 func runRabbit(t *testing.T, mode string) {
-	conn := dialRabbit(t)
+	conn := rabbittest.Dial(t)
 	defer conn.Close()
 	ch, err := conn.Channel()
 	if err != nil {

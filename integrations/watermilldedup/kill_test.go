@@ -30,6 +30,7 @@ import (
 	"github.com/tierdedup/tierdedup/integrations/watermilldedup"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
 	"github.com/tierdedup/tierdedup/internal/faultfs"
+	"github.com/tierdedup/tierdedup/internal/rabbittest"
 )
 
 // The kill tests run a Watermill router in child processes (this test
@@ -38,26 +39,11 @@ import (
 // restart them, and count every message's effects in a ledger that can see
 // a repeat: one record per application of the handler.
 
-const (
-	rabbitURL        = "amqp://guest:guest@127.0.0.1:5672/"
-	requireRabbitEnv = "TIERDEDUP_REQUIRE_RABBITMQ"
-)
+const ()
 
 // TestMain sends a consumer process to its code.
 func TestMain(m *testing.M) {
 	crashtest.Main(m, map[string]func(spec string) int{"consumer": child})
-}
-
-func dialRabbit(t *testing.T) *amqp091.Connection {
-	t.Helper()
-	conn, err := amqp091.Dial(rabbitURL)
-	if err != nil {
-		if os.Getenv(requireRabbitEnv) != "" {
-			t.Fatalf("RabbitMQ at %s is required (%s is set): %v", rabbitURL, requireRabbitEnv, err)
-		}
-		t.Skipf("no RabbitMQ at %s (set %s to make this a failure): %v", rabbitURL, requireRabbitEnv, err)
-	}
-	return conn
 }
 
 // raceEnabled reports whether the test binary was built with -race.
@@ -186,7 +172,7 @@ func child(specJSON string) int {
 		return fail(fmt.Errorf("mode %q", spec.Mode))
 	}
 
-	cfg := amqp.NewDurableQueueConfig(rabbitURL)
+	cfg := amqp.NewDurableQueueConfig(rabbittest.URL)
 	cfg.Consume.Qos.PrefetchCount = 8
 	cfg.Publish.ConfirmDelivery = true
 	cfg.Publish.ChannelPoolSize = spec.Handlers
@@ -286,7 +272,7 @@ type killResult struct {
 // least ten times and restarted. Once every message is acked it counts the
 // effects in the ledger and the produced messages per input.
 func runKills(t *testing.T, mode string) killResult {
-	conn := dialRabbit(t)
+	conn := rabbittest.Dial(t)
 	defer conn.Close()
 	ch, err := conn.Channel()
 	if err != nil {
@@ -301,7 +287,7 @@ func runKills(t *testing.T, mode string) killResult {
 		}
 	}
 	t.Cleanup(func() {
-		c, err := amqp091.Dial(rabbitURL)
+		c, err := amqp091.Dial(rabbittest.URL)
 		if err != nil {
 			t.Error(err)
 			return
@@ -380,7 +366,7 @@ func runKills(t *testing.T, mode string) killResult {
 		n = 5_000
 	}
 	res.n = n
-	pub, err := amqp.NewPublisher(amqp.NewDurableQueueConfig(rabbitURL), watermill.NopLogger{})
+	pub, err := amqp.NewPublisher(amqp.NewDurableQueueConfig(rabbittest.URL), watermill.NopLogger{})
 	if err != nil {
 		t.Fatal(err)
 	}
