@@ -281,7 +281,10 @@ func TestRecover(t *testing.T) {
 	}
 	ckpt, scan, all := rs[0], rs[1], rs[2]
 	t.Logf("%+v\n%+v\n%+v", ckpt, scan, all)
-	if ckpt.Mode != bench.RecoverCheckpoint || ckpt.SealedLoaded != 7 || ckpt.Restored != 1 || ckpt.RebuiltKeys != 0 || ckpt.Warm != ckpt.Open && ckpt.Warm > ckpt.Open+50*time.Millisecond {
+	// Warm at Open: nothing to scan (RebuiltKeys 0; a rebuild of this
+	// store takes over 20 s), within scheduling noise (79 ms once, under
+	// -race beside the engine's tests on 2 cores).
+	if ckpt.Mode != bench.RecoverCheckpoint || ckpt.SealedLoaded != 7 || ckpt.Restored != 1 || ckpt.RebuiltKeys != 0 || ckpt.Warm != ckpt.Open && ckpt.Warm > ckpt.Open+250*time.Millisecond {
 		t.Fatalf("as killed: %+v; want 7 sealed, the open day restored, nothing scanned, warm at Open", ckpt)
 	}
 	if scan.Mode != bench.RecoverNoCheckpoint || scan.SealedLoaded != 7 || scan.Restored != 0 || scan.RebuiltKeys == 0 {
