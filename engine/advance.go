@@ -272,7 +272,7 @@ func (e *Engine) advanceShared(ctx context.Context, b *batch, out []Claim, versi
 		for j, i := range b.cand {
 			fps[j], tokens[j], leases[j] = out[i].fp, out[i].rtoken, out[i].LeaseUntil
 		}
-		e.retries.remember(fps, tokens, leases, nil, now, false)
+		e.retries.remember(fps, tokens, leases, nil, nil, now)
 		return err
 	}
 	for q, i := range b.cand {

@@ -281,6 +281,9 @@ type Claim struct {
 	fp     shard.Fingerprint
 	token  uint64 // the memory tier's claim
 	rtoken uint64 // the counter of the owner token in a shared tier
+	// earlier is the counter of the oldest token of this key's earlier
+	// calls whose replies were lost (tier.Request.Earlier), 0 for none.
+	earlier uint64
 	// attempts is the count a shared tier's claim carried when acquired:
 	// a give-back that undoes the claim's commit restores it; with
 	// durable, the count before this claim's attempt was written.
@@ -293,6 +296,16 @@ type Claim struct {
 	// the digest it found committed: a repeat of the key in the batch
 	// compares its own with it.
 	digest Digest
+}
+
+// firstToken is the counter of the oldest token the key's calls sent
+// since its last answer: this call's, or an earlier one whose reply was
+// lost (what a retry must adopt).
+func (c *Claim) firstToken() uint64 {
+	if c.earlier != 0 {
+		return c.earlier
+	}
+	return c.rtoken
 }
 
 // Owned reports whether the caller holds the key and must Commit or Release.

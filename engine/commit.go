@@ -353,12 +353,12 @@ func (e *Engine) writeCommits(ctx context.Context, call commitCall, b *batch, k 
 		// lease. A mark's caller has not processed its message: remember
 		// its token, so that a retried mark that finds this commit is New.
 		if call.p.marks() && shared {
-			tokens, keep, attempts := make([]uint64, k), make([]int64, k), make([]uint16, k)
+			tokens, keep, attempts, marks := make([]uint64, k), make([]int64, k), make([]uint16, k), make([]bool, k)
 			for j := range k {
 				c := &claims[b.cand[j]]
-				tokens[j], keep[j], attempts[j] = c.rtoken, now+e.window, c.attempts
+				tokens[j], keep[j], attempts[j], marks[j] = c.firstToken(), now+e.window, c.attempts, true
 			}
-			e.retries.remember(b.cfps[:k], tokens, keep, attempts, now, true)
+			e.retries.remember(b.cfps[:k], tokens, keep, attempts, marks, now)
 		}
 		return 0, e.tierError(err)
 	}

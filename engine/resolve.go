@@ -193,16 +193,20 @@ func (e *Engine) exactRequests(b *batch, ns *Namespace, out []Claim, c *tally, n
 		}
 		r := tier.Request{NS: ns.name, Key: out[i].Key, Digest: out[i].digest, Oldest: oldest, Mask: b.probes[j].Maybe}
 		if shared {
-			out[i].rtoken = out[i].token
+			// Every call sends tokens of its own, never an earlier call's:
+			// a give-back names its call, and a late copy of it cannot
+			// touch this call's claims or commits.
+			out[i].rtoken, out[i].earlier = out[i].token, 0
 			if rt, ok := e.retries.take(out[i].fp, now); ok {
-				// A retry of a claim whose reply was lost: the same token,
-				// and no more lease than that claim has in the tier.
-				out[i].rtoken, out[i].attempts = rt.token, rt.attempts
-				if rt.mark {
-					retried[j] = true
-				} else {
+				// A retry of a call whose reply was lost: the tier adopts
+				// what the earlier calls' tokens hold (Request.Earlier).
+				out[i].earlier, out[i].attempts = rt.token, rt.attempts
+				retried[j] = true
+				if !rt.mark {
+					// No more lease than that claim has in the tier.
 					out[i].LeaseUntil = min(out[i].LeaseUntil, rt.leaseUntil)
 				}
+				r.Earlier = e.ownerToken(rt.token)
 			}
 			r.Token = e.ownerToken(out[i].rtoken)
 		}
@@ -222,15 +226,17 @@ func (e *Engine) claimFailed(b *batch, out []Claim, now int64, p purpose) {
 	}
 	n := len(b.reqs)
 	fps := make([]shard.Fingerprint, n)
-	tokens, leases := make([]uint64, n), make([]int64, n)
+	tokens, leases, marks := make([]uint64, n), make([]int64, n), make([]bool, n)
 	for q, j := range b.qidx {
 		i := b.cand[j]
-		fps[q], tokens[q], leases[q] = out[i].fp, out[i].rtoken, out[i].LeaseUntil
-		if p == forMarkInTier {
-			leases[q] = now + e.window // a mark may have committed: its retry must find it its own
+		fps[q], tokens[q], leases[q] = out[i].fp, out[i].firstToken(), out[i].LeaseUntil
+		if p == forMarkInTier || b.marks[j] {
+			// A mark may have committed, or this retry may have adopted
+			// an earlier call's commit: its retry must find it its own.
+			leases[q], marks[q] = now+e.window, true
 		}
 	}
-	e.retries.remember(fps, tokens, leases, nil, now, p == forMarkInTier)
+	e.retries.remember(fps, tokens, leases, nil, marks, now)
 }
 
 // giveBackMarks gives back, in a shared tier, the marks of a failed Mark

@@ -13,14 +13,17 @@ import (
 // an engine without this memory), never as New twice.
 const maxRetries = 1 << 16
 
-// retries remembers, for each key whose claim in a shared tier (Redis,
-// PostgreSQL) failed as unavailable, the owner token that claim sent and
-// when its lease ends; and for each key whose MarkBatch commit failed so,
-// its token for the window. The server may
-// have applied the claim although the reply was lost; a retry of the key
-// sends the same token, so the tier recognises the caller's own claim
-// (the package's invariant 8) instead of answering it InFlight for a
-// whole lease. Safe for concurrent use.
+// retries remembers, for each key whose call to a shared tier (Redis,
+// PostgreSQL) failed as unavailable, the oldest owner token of the calls
+// whose replies were lost since the key's last answer, and until when: a
+// claim's lease end, or for a mark (whose commit the tier may hold) the
+// window. The server may have applied those calls although their replies
+// were lost; the key's next call sends a token of its own with this one
+// as Request.Earlier, so the tier adopts what the lost calls hold (the
+// caller's own claim, or a commit nobody was told of) instead of
+// answering InFlight for a lease or Duplicate for good. A token is never
+// sent again: a late give-back of a failed call names that call's token
+// only. Safe for concurrent use.
 type retries struct {
 	n  atomic.Int32 // len(mu.m), read without the lock on the hot path
 	mu struct {
@@ -30,17 +33,18 @@ type retries struct {
 }
 
 type retry struct {
-	token      uint64 // the owner token's counter in the shared tier
+	token      uint64 // the oldest lost call's owner token counter in the shared tier
 	leaseUntil int64  // until when to remember it, engine time: the failed claim's lease end, or a mark's window
-	mark       bool   // a MarkBatch commit whose reply was lost
+	mark       bool   // a lost call may have committed the key (a mark, or a retry that adopted one)
 	// attempts is the count the lost mark's claim carried (its commit
 	// replaced it in the tier): a give-back of the retry restores it.
 	attempts uint16
 }
 
-// remember records the tokens of claims whose outcome is unknown, and
-// (attempts, nil for none) the counts they carried.
-func (r *retries) remember(fps []shard.Fingerprint, tokens []uint64, leases []int64, attempts []uint16, now int64, mark bool) {
+// remember records the tokens of calls whose outcome is unknown, and
+// (attempts, marks: nil for none) the counts they carried and which may
+// have committed.
+func (r *retries) remember(fps []shard.Fingerprint, tokens []uint64, leases []int64, attempts []uint16, marks []bool, now int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.mu.m == nil {
@@ -53,9 +57,12 @@ func (r *retries) remember(fps []shard.Fingerprint, tokens []uint64, leases []in
 				break
 			}
 		}
-		rt := retry{token: tokens[i], leaseUntil: leases[i], mark: mark}
+		rt := retry{token: tokens[i], leaseUntil: leases[i]}
 		if attempts != nil {
 			rt.attempts = attempts[i]
+		}
+		if marks != nil {
+			rt.mark = marks[i]
 		}
 		r.mu.m[fp] = rt
 	}

@@ -81,8 +81,22 @@ const (
 type Request struct {
 	NS  string
 	Key []byte
-	// Token is the claim's owner token (ClaimsInStore).
+	// Token is the claim's owner token (ClaimsInStore). The engine never
+	// sends one token in two calls: a give-back names its call exactly,
+	// and a late copy of it cannot touch a later call's state.
 	Token Token
+	// Earlier, when not zero, makes a Claim or Mark a retry
+	// (ClaimsInStore): the caller's earlier calls of this key, whose
+	// replies were lost, sent the tokens of Token's process (its first 8
+	// bytes) from Earlier up to, not including, Token. A claim or commit
+	// that the tier holds for such a token is the caller's own, never
+	// acknowledged: Claim and Mark first move it to Token (adopt it), in
+	// the same atomic step, and then answer as if Token had made it (a
+	// claim renewed and Acquired; a commit Committed with Token, or
+	// replaced by Mark's commit and Acquired). So a late give-back of an
+	// earlier call, which names that call's token, finds nothing of its
+	// own once a retry has answered.
+	Earlier Token
 	// Digest is the payload digest Commit stores; zero for none.
 	Digest Digest
 	// Oldest and Mask are a filter's hint to Claim (partitioned tiers):

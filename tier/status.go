@@ -1,6 +1,7 @@
 package tier
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 )
@@ -12,6 +13,14 @@ type Digest [16]byte
 // Token is a claim's owner token: unique across processes (the engine makes
 // it from a random process ID and a per-claim counter).
 type Token [16]byte
+
+// EarlierOf reports whether held is one of the tokens a retry adopts
+// (Request.Earlier): earlier is set, held has token's process (its first 8
+// bytes), and earlier <= held < token, as bytes (the counter is big-endian).
+func EarlierOf(earlier, token, held Token) bool {
+	return earlier != (Token{}) && [8]byte(held[:8]) == [8]byte(token[:8]) &&
+		bytes.Compare(held[:], earlier[:]) >= 0 && bytes.Compare(held[:], token[:]) < 0
+}
 
 // Status is what a tier knows of one key after a call: the vocabulary every
 // tier answers in.

@@ -21,6 +21,9 @@ func (s *Store) Claim(ctx context.Context, reqs []tier.Request, lease time.Durat
 	if len(reqs) == 0 {
 		return nil
 	}
+	if err := s.adopt(ctx, reqs, false); err != nil {
+		return err
+	}
 	return s.take(ctx, reqs, out, func(reqs []tier.Request) (string, []any) {
 		ns, keys, tokens := columns(reqs)
 		return s.claimQ, []any{ns, keys, tokens, max(lease.Milliseconds(), 1), s.window.Milliseconds(), s.max}
@@ -33,10 +36,42 @@ func (s *Store) Mark(ctx context.Context, reqs []tier.Request, out []tier.Answer
 	if len(reqs) == 0 {
 		return nil
 	}
-	return s.take(ctx, reqs, out, func(reqs []tier.Request) (string, []any) {
+	if err := s.adopt(ctx, reqs, true); err != nil {
+		return err
+	}
+	err := s.take(ctx, reqs, out, func(reqs []tier.Request) (string, []any) {
 		ns, keys, tokens := columns(reqs)
 		return s.markQ, []any{ns, keys, tokens, digestColumn(reqs), s.window.Milliseconds(), s.max}
 	})
+	for i := range reqs {
+		if err == nil && reqs[i].Earlier != (tier.Token{}) && out[i].Status == tier.Committed && out[i].Token == reqs[i].Token {
+			// An earlier call's commit, adopted and made this mark's.
+			out[i] = tier.Answer{Status: tier.Acquired, Partition: -1}
+		}
+	}
+	return err
+}
+
+// adopt moves to each retry's token (reqs[i].Earlier set) the claim or
+// commit its earlier calls' tokens hold, in one statement, before the
+// claim or mark statement runs: only retries after lost replies pay it.
+// A late copy of it moves only rows of calls that were never answered.
+func (s *Store) adopt(ctx context.Context, reqs []tier.Request, mark bool) error {
+	var retried []tier.Request
+	for i := range reqs {
+		if reqs[i].Earlier != (tier.Token{}) {
+			retried = append(retried, reqs[i])
+		}
+	}
+	if len(retried) == 0 {
+		return nil
+	}
+	ns, keys, tokens := columns(retried)
+	earlier := make([][]byte, len(retried))
+	for i := range retried {
+		earlier[i] = retried[i].Earlier[:]
+	}
+	return s.run(ctx, func(pgx.Rows) error { return nil }, s.adoptQ, ns, keys, tokens, earlier, mark, digestColumn(retried), s.window.Milliseconds())
 }
 
 // takeRounds bounds how often take runs its statement again for keys whose

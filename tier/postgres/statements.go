@@ -51,6 +51,24 @@ ON CONFLICT (ns, key) DO UPDATE SET
 	state = 'D', token = EXCLUDED.token, lease_until = 0, digest = EXCLUDED.digest,
 	expires = EXCLUDED.expires,
 %[3]s`, s.table, now, taking("EXCLUDED.expires - $5"))
+	// Adopt: a retry's keys (tier.Request.Earlier) that a claim or commit
+	// of the caller's earlier calls holds (a token of the caller's
+	// process, from the earliest lost call's up to the caller's) move to
+	// the caller's token, rows locked in key order; the claim or mark
+	// statement then finds them its own. For a mark ($5), an adopted
+	// commit becomes the mark's: its digest ($6), for the window ($7).
+	s.adoptQ = fmt.Sprintf(`
+WITH c AS (SELECT %[2]s AS ms),
+r AS (SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bytea[], $6::bytea[]) AS r(ns, key, token, earlier, digest)),
+l AS (SELECT t.ns, t.key FROM %[1]s t JOIN r ON t.ns = r.ns AND t.key = r.key ORDER BY t.ns, t.key FOR UPDATE OF t)
+UPDATE %[1]s AS t SET token = r.token,
+	digest = CASE WHEN $5 AND t.state = 'D' THEN NULLIF(r.digest, '\x'::bytea) ELSE t.digest END,
+	expires = CASE WHEN $5 AND t.state = 'D' THEN c.ms + $7 ELSE t.expires END
+FROM r, l, c
+WHERE t.ns = l.ns AND t.key = l.key AND t.ns = r.ns AND t.key = r.key
+  AND t.state IN ('C', 'D') AND t.expires > c.ms
+  AND substring(t.token FROM 1 FOR 8) = substring(r.token FROM 1 FOR 8)
+  AND t.token >= r.earlier AND t.token < r.token`, s.table, now)
 	s.stateQ = fmt.Sprintf(`
 SELECT t.ns, t.key, t.state::text, t.token, t.lease_until, t.attempts, t.digest, t.expires, %[2]s
 FROM %[1]s t JOIN unnest($1::bytea[], $2::bytea[]) AS r(ns, key) ON t.ns = r.ns AND t.key = r.key`, s.table, now)

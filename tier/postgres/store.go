@@ -87,7 +87,7 @@ type Store struct {
 	table                                                            string
 	window                                                           time.Duration
 	max                                                              int
-	claimQ, markQ, stateQ, commitQ, releaseQ, extendQ, sizeQ, sweepQ string
+	claimQ, markQ, adoptQ, stateQ, commitQ, releaseQ, extendQ, sizeQ, sweepQ string
 	forgetQ                                                          string
 	sweeps                                                           sweeper
 	uncached                                                         bool // Options.Uncached, recorded in the layout

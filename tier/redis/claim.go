@@ -34,10 +34,14 @@ func (s *Store) Claim(ctx context.Context, reqs []Request, lease time.Duration, 
 func (s *Store) claimScripted(ctx context.Context, reqs []Request, lease time.Duration, mark bool, out []Result) error {
 	leaseMS, windowMS := max(lease.Milliseconds(), 1), s.window.Milliseconds()
 	return s.evalText(ctx, claimScript, reqs, func(r *Request) []any {
-		if mark {
-			return []any{claimPrefix(r.Token), leaseMS, windowMS, s.max, commitValue(r), s.commitTTL(r).Milliseconds()}
+		var earlier string
+		if r.Earlier != (Token{}) {
+			earlier = string(r.Earlier[:])
 		}
-		return []any{claimPrefix(r.Token), leaseMS, windowMS, s.max}
+		if mark {
+			return []any{claimPrefix(r.Token), leaseMS, windowMS, s.max, earlier, commitValue(r), s.commitTTL(r).Milliseconds()}
+		}
+		return []any{claimPrefix(r.Token), leaseMS, windowMS, s.max, earlier}
 	}, func(i int, v string) (err error) {
 		out[i], err = decodeClaim(v)
 		return err
@@ -119,6 +123,10 @@ func (s *Store) claimNX(ctx context.Context, reqs []Request, lease time.Duration
 		case len(old) > 0 && (old[0] == 'R' || old[0] == fenceTag || old[0] == claimTag && len(old) > 17):
 			// An attempt count, or a claim with its lease in the value,
 			// left while the prefix had MaxAttempts: the script knows them.
+			later = append(later, i)
+		case len(old) >= 17 && (old[0] == claimTag || old[0] == commitTag) && tier.EarlierOf(reqs[i].Earlier, reqs[i].Token, Token([]byte(old[1:17]))):
+			// A claim or commit of the caller's earlier call, whose reply
+			// was lost: the script adopts it (Request.Earlier).
 			later = append(later, i)
 		default:
 			var err error

@@ -15,22 +15,42 @@ import (
 // ARGV[4] (0: none). It returns 'A'|'T'|'O' ‖ attempts (acquired: free,
 // taken over from an ended lease, or the caller's own claim: a retry),
 // 'P'|'Q' ‖ attempts (poisoned: already, or by this expiry), or the value
-// of a live claim ('C'…) or a commit ('D'…). With ARGV[5] (a mark) a key
-// it acquires is committed instead, to the value ARGV[5] with TTL ARGV[6]
-// ms.
-var claimScript = newKeyScript(`
+// of a live claim ('C'…) or a commit ('D'…). ARGV[5], when not empty, is
+// the earliest token of the caller's earlier calls of the key whose
+// replies were lost (tier.Request.Earlier): a claim or commit of a token
+// from it up to the caller's is adopted (moved to the caller's token) in
+// this step, a claim as the caller's own, a commit answered with the
+// caller's token. With ARGV[6] (a mark) a key it acquires is committed
+// instead, to the value ARGV[6] with TTL ARGV[7] ms, and an earlier
+// call's commit is replaced by it.
+var claimScript = newKeyScript(versionLE + `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local max = tonumber(ARGV[4])
+local own = string.sub(ARGV[1], 2, 17)
+local function earlier(tok)
+  local e = ARGV[5]
+  if e == '' or tok == own or string.sub(tok, 1, 8) ~= string.sub(own, 1, 8) then return false end
+  return le(e, tok) and le(tok, own)
+end
 local v = redis.call('GET', KEYS[1])
 local n, tag = 0, 'A'
 if v and string.sub(v, 1, 1) == 'X' then v = nil end -- a fence: free
 if v then
   local kind = string.sub(v, 1, 1)
-  if kind == 'D' then return v end
-  if kind == 'C' then
+  if kind == 'D' then
+    if not earlier(string.sub(v, 2, 17)) then return v end
+    -- An earlier call's commit, never acknowledged: adopted.
+    if not ARGV[6] then
+      local a = 'D' .. own .. string.sub(v, 18)
+      redis.call('SET', KEYS[1], a, 'KEEPTTL')
+      return a
+    end
+    tag = 'O' -- a mark: replaced by this mark's commit below
+  elseif kind == 'C' then
     local lease, cnt = string.match(string.sub(v, 18), '^(%d+):(%d+)$')
-    if string.sub(v, 1, 17) == ARGV[1] then
+    local tok = string.sub(v, 2, 17)
+    if tok == own or earlier(tok) then
       n, tag = tonumber(cnt) or 0, 'O' -- the caller's own claim: renewed below
     elseif not lease or tonumber(lease) > now then
       return v
@@ -49,9 +69,9 @@ if v then
     if max > 0 and n >= max then return 'P' .. n end
   end
 end
-if ARGV[5] then
+if ARGV[6] then
   -- a mark: committed at once, with the commit's value and TTL
-  redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[6])
+  redis.call('SET', KEYS[1], ARGV[6], 'PX', ARGV[7])
   return tag .. n
 end
 local ttl = ARGV[2]

@@ -277,6 +277,7 @@ func markerChecks() []check {
 	return []check{
 		{"mark-commits", m, checkMarkCommits},
 		{"mark-poisoned", both(m, both(inStore, counting)), checkMarkPoisoned},
+		{"mark-adopts", both(m, inStore), checkMarkAdopts},
 	}
 }
 
@@ -299,6 +300,26 @@ func checkMarkCommits(h *harness) {
 	}
 	h.wantCommitted("Mark of a committed key", out[2], committed, base)
 	h.wantCommitted("Claim after a Mark of a committed key", h.claim1(h.as(committed), long), committed, base)
+}
+
+// checkMarkAdopts: a Mark retried over the caller's earlier call's claim
+// or commit (Request.Earlier) adopts it, "replaced by Mark's commit and
+// Acquired"; a late give-back of the earlier call then finds nothing.
+func checkMarkAdopts(h *harness) {
+	p := byte(h.tokens)
+	h.tokens++
+	held, done := h.req("", "mark-adopt-claim"), h.req("", "mark-adopt-commit")
+	held.Token, done.Token, done.Digest = procToken(p, 10), procToken(p, 11), tier.Digest{0x11}
+	h.hold(long, held)
+	h.put(base, done)
+	r1, r2 := retry(held, procToken(p, 14), procToken(p, 10)), retry(done, procToken(p, 15), procToken(p, 10))
+	r1.Digest, r2.Digest = tier.Digest{0x14}, tier.Digest{0x15}
+	out := h.mark(r1, r2)
+	h.wantStatus("Mark retried over the caller's earlier claim", out[0], tier.Acquired, "adopted, committed by the Mark")
+	h.wantStatus("Mark retried over the caller's earlier commit", out[1], tier.Acquired, "adopted, replaced by the Mark's commit")
+	h.wantAll("A late give-back of the earlier calls", []tier.Request{held, done}, h.release(base, true, held, done), tier.Lost)
+	h.wantCommitted("Claim after the retried Mark of a claimed key", h.claim1(h.as(held), long), r1, base)
+	h.wantCommitted("Claim after the retried Mark of a committed key", h.claim1(h.as(done), long), r2, base)
 }
 
 func checkMarkPoisoned(h *harness) {

@@ -1,6 +1,7 @@
 package tiertest
 
 import (
+	"encoding/binary"
 	"fmt"
 	"time"
 
@@ -20,6 +21,7 @@ func storeChecks() []check {
 		{"fenced-release", inStore, checkFencedRelease},
 		{"retried-commit", inStore, checkRetriedCommit},
 		{"give-back", inStore, checkGiveBack},
+		{"retry-adopts", inStore, checkRetryAdopts},
 		{"lease-ends", inStore, checkLeaseEnds},
 		{"attempts", both(inStore, counting), checkAttempts},
 	}
@@ -143,6 +145,65 @@ func checkGiveBack(h *harness) {
 		if h.wantStatus("Claim after a "+what, a, tier.Acquired, "the key is free again") && a.Attempts != 1 {
 			h.errorf("Claim after one counted release and a %s carries %d attempts, want 1 (\"with giveBack counting none\")", what, a.Attempts)
 		}
+	}
+}
+
+// procToken is a token of process proc (its first 8 bytes) with counter
+// n, as the engine makes them.
+func procToken(proc byte, n uint64) tier.Token {
+	var t tier.Token
+	t[0], t[7] = 0x5e, proc
+	binary.BigEndian.PutUint64(t[8:], n)
+	return t
+}
+
+// retry is r asked again by token with Earlier earlier.
+func retry(r tier.Request, token, earlier tier.Token) tier.Request {
+	r.Token, r.Earlier = token, earlier
+	return r
+}
+
+// checkRetryAdopts: "a claim or commit that the tier holds for such a
+// token is the caller's own, never acknowledged: Claim and Mark first move
+// it to Token (adopt it) … and then answer as if Token had made it", so
+// "a late give-back of an earlier call … finds nothing of its own once a
+// retry has answered"; a token outside [Earlier, Token) of Token's
+// process is not adopted.
+func checkRetryAdopts(h *harness) {
+	p := byte(h.tokens) // a process of this check's own
+	h.tokens++
+	held := h.req("", "adopt-claim")
+	held.Token = procToken(p, 10)
+	h.hold(long, held)
+	r := retry(held, procToken(p, 12), procToken(p, 10))
+	h.wantStatus("Claim retried over the caller's earlier claim", h.claim1(r, long), tier.Acquired, "\"the caller's own\": adopted")
+	h.wantAll("Commit by the earlier call's token after the retry adopted its claim", []tier.Request{held}, h.commit(base, held), tier.Lost)
+	h.wantAll("Commit by the retry", []tier.Request{r}, h.commit(base, r), tier.OK)
+	h.wantAll("A late give-back of the earlier call", []tier.Request{held}, h.release(base, true, held), tier.Lost)
+	h.wantCommitted("Claim after the retry's commit and a late give-back", h.claim1(h.as(held), long), r, base)
+
+	done := h.req("", "adopt-commit")
+	done.Token, done.Digest = procToken(p, 20), tier.Digest{0x20}
+	h.put(base, done)
+	r = retry(done, procToken(p, 23), procToken(p, 19))
+	h.wantCommitted("Claim retried over the caller's earlier commit", h.claim1(r, long), r, base)
+	h.wantAll("A late give-back of the earlier call", []tier.Request{done}, h.release(base, true, done), tier.Lost)
+	h.wantCommitted("Claim after a late give-back of the adopted commit", h.claim1(h.as(done), long), r, base)
+	h.wantAll("Give-back by the retry", []tier.Request{r}, h.release(base, true, r), tier.OK)
+	h.wantNew("Claim after the retry gave the adopted commit back", h.as(done), "\"undoing a commit the same token made\"")
+
+	for _, c := range []struct {
+		what           string
+		by, to, earlir tier.Token
+	}{
+		{"before Earlier", procToken(p, 30), procToken(p, 33), procToken(p, 31)},
+		{"of another process", procToken(p+1, 30), procToken(p, 33), procToken(p, 1)},
+		{"after the caller's token", procToken(p, 40), procToken(p, 33), procToken(p, 1)},
+	} {
+		k := h.req("", "adopt-not-"+c.what)
+		k.Token, k.Digest = c.by, tier.Digest{0x30}
+		h.put(base, k)
+		h.wantCommitted("Claim retried over a commit "+c.what, h.claim1(retry(k, c.to, c.earlir), long), k, base)
 	}
 }
 

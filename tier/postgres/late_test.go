@@ -1,0 +1,147 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/postgres"
+)
+
+// lateDB is a postgres.DB that, armed, lets skip statements pass, then
+// runs the next one and loses its answer (a reply lost on the way back),
+// then holds the one after it (the give-back of the failed call), failing
+// it at once as a timeout would, until deliver runs it: a copy that
+// reaches the server late.
+type lateDB struct {
+	postgres.DB
+	mu      sync.Mutex
+	armed   bool
+	skip    int
+	stage   int
+	held    string
+	args    []any
+	applied bool
+}
+
+var errLost = errors.New("i/o timeout (reply lost)")
+
+func (d *lateDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	d.mu.Lock()
+	if !d.armed || d.stage == 2 {
+		d.mu.Unlock()
+		return d.DB.Query(ctx, sql, args...)
+	}
+	if d.skip > 0 {
+		d.skip--
+		d.mu.Unlock()
+		return d.DB.Query(ctx, sql, args...)
+	}
+	stage := d.stage
+	d.stage++
+	if stage == 1 {
+		d.held, d.args = sql, args
+	}
+	d.mu.Unlock()
+	if stage == 0 {
+		_, err := d.DB.Exec(ctx, sql, args...)
+		d.applied = err == nil
+	}
+	return nil, errLost
+}
+
+func (d *lateDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return d.DB.Exec(ctx, sql, args...)
+}
+
+// deliver runs the held give-back now, and returns whether there was one.
+func (d *lateDB) deliver(t *testing.T) bool {
+	d.mu.Lock()
+	sql, args := d.held, d.args
+	d.held = ""
+	d.mu.Unlock()
+	if sql == "" {
+		return false
+	}
+	if _, err := d.DB.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("the late give-back: %v", err)
+	}
+	return true
+}
+
+// TestLateGiveBackAfterRetry: a MarkBatch's statement is applied but its
+// answer lost; the give-back the engine then sends arrives late; the
+// consumer's retry of the batch is New (its own lost mark) and
+// acknowledged; then the give-back runs. Every key the retry acknowledged
+// must stay marked: a give-back names its own call's token, which no later
+// call sends. With MaxAttempts too (the statements are the same).
+func TestLateGiveBackAfterRetry(t *testing.T) {
+	p := pool(t)
+	for _, max := range []int{0, 3} {
+		t.Run(fmt.Sprint("max=", max), func(t *testing.T) {
+			table := fmt.Sprintf("late_%d", time.Now().UnixNano())
+			t.Cleanup(func() { _, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
+			d := &lateDB{DB: p}
+			o := engine.Options{Window: time.Hour, Partition: 10 * time.Minute, Lease: time.Minute, MaxAttempts: max, Logger: log.New(io.Discard, "", 0)}
+			o.Backend = postgres.NewBackend(d, postgres.Config{Table: table})
+			a, err := engine.Open(&o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			keys := make([][]byte, 300)
+			for i := range keys {
+				keys[i] = fmt.Appendf(nil, "order-%d", i)
+			}
+			out := make([]engine.Outcome, len(keys))
+			ctx := context.Background()
+			d.mu.Lock()
+			d.armed = true
+			d.mu.Unlock()
+			if err := a.MarkBatch(ctx, keys, nil, out); !errors.Is(err, engine.ErrUnavailable) {
+				t.Fatalf("MarkBatch whose answer was lost: %v, want ErrUnavailable", err)
+			}
+			if !d.applied {
+				t.Fatal("the mark was not applied")
+			}
+			if err := a.MarkBatch(ctx, keys, nil, out); err != nil {
+				t.Fatalf("the retried MarkBatch: %v", err)
+			}
+			for i, o := range out {
+				if o != engine.New {
+					t.Fatalf("retried mark of %s = %v, want New (its own lost mark)", keys[i], o)
+				}
+			}
+			if !d.deliver(t) {
+				t.Fatal("no give-back was held")
+			}
+			o.Backend = postgres.NewBackend(p, postgres.Config{Table: table})
+			b, err := engine.Open(&o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			if err := b.MarkBatch(ctx, keys, nil, out); err != nil {
+				t.Fatal(err)
+			}
+			lost := 0
+			for _, o := range out {
+				if o != engine.Duplicate {
+					lost++
+				}
+			}
+			if lost > 0 {
+				t.Fatalf("%d of %d keys acknowledged New by the retry are New again after the first call's late give-back", lost, len(keys))
+			}
+		})
+	}
+}
