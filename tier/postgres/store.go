@@ -83,14 +83,14 @@ func (o *Options) Validate() error {
 // server's clock, so processes whose clocks differ agree on leases. A
 // Store is safe for concurrent use if its DB is.
 type Store struct {
-	db                                                               DB
-	table                                                            string
-	window                                                           time.Duration
-	max                                                              int
+	db                                                                       DB
+	table                                                                    string
+	window                                                                   time.Duration
+	max                                                                      int
 	claimQ, markQ, adoptQ, stateQ, commitQ, releaseQ, extendQ, sizeQ, sweepQ string
-	forgetQ                                                          string
-	sweeps                                                           sweeper
-	uncached                                                         bool // Options.Uncached, recorded in the layout
+	forgetQ                                                                  string
+	sweeps                                                                   sweeper
+	uncached                                                                 bool // Options.Uncached, recorded in the layout
 }
 
 // New returns a Store over db, creating its table if needed.
