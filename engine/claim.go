@@ -181,7 +181,7 @@ func (e *Engine) persistClaims(ctx context.Context, b *batch, ns *Namespace, out
 			continue
 		}
 		a := e.mem.Attempts(out[i].fp, out[i].token)
-		out[i].durable, out[i].attempts = true, a
+		out[i].durable, out[i].attempts, out[i].durablePart = true, a, e.parts.Of(now)
 		reqs = append(reqs, tier.Request{NS: ns.name, Key: out[i].Key, Attempts: a + 1})
 		fps = append(fps, out[i].fp)
 	}
@@ -291,6 +291,10 @@ type Claim struct {
 	// durable: the claim's attempt was written when it was answered
 	// (Options.DurableClaims): an uncounted give-back writes attempts back.
 	durable bool
+	// durablePart is the partition that holds the durable claim's attempt:
+	// an Extend into a later partition writes it there again, so it lives
+	// as long as the claim may (see Engine.Extend).
+	durablePart int64
 	// digest is the caller's payload digest, or, once a slower tier answered
 	// Duplicate or Conflict (the claim is not owned and commits nothing),
 	// the digest it found committed: a repeat of the key in the batch

@@ -148,6 +148,9 @@ func TestDurableClaimsOptions(t *testing.T) {
 // waits to be killed.
 func durableChild(spec string) int {
 	dir, keys, _ := strings.Cut(spec, "|")
+	if dir == "long" {
+		return durableLongChild(keys)
+	}
 	o := durableOpts(dir, 1, nil)
 	o.DurableClaims = os.Getenv("DURABLE_OFF") == ""
 	e, err := engine.Open(&o)
@@ -203,5 +206,109 @@ func TestDurableClaimsSurviveSIGKILL(t *testing.T) {
 		if _, got := claimOutcome(t, e, k); got != engine.Poison {
 			t.Errorf("%s after SIGKILL: %v, want Poison (its handler may have run)", k, got)
 		}
+	}
+}
+
+// heartbeatPast holds claim c of e for five hours on clock, the engine's
+// (Window 2 h, Partition 1 h): a heartbeat of 30 minutes every 20,
+// while other keys rotate and drop the partitions behind.
+func heartbeatPast(e *engine.Engine, clock *fakeClock, c *engine.Claim) error {
+	ctx := context.Background()
+	other := [][]byte{nil}
+	marks := make([]engine.Outcome, 1)
+	for step := range 15 {
+		if err := e.Extend(ctx, c, 30*time.Minute); err != nil {
+			return fmt.Errorf("heartbeat %d: %w", step, err)
+		}
+		clock.Add(20 * time.Minute)
+		other[0] = fmt.Appendf(other[0][:0], "other-%d", step)
+		if err := e.MarkBatch(ctx, other, nil, marks); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// longDurableOpts are the options of TestDurableClaimsOutliveTheirPartition.
+func longDurableOpts(dir string, clock engine.Clock) engine.Options {
+	o := durableOpts(dir, 1, clock)
+	o.Window, o.Partition, o.Lease = 2*time.Hour, time.Hour, 10*time.Minute
+	return o
+}
+
+// durableLongChild claims a key and heartbeats it past its partition
+// (heartbeatPast), then prints "READY <clock>" and waits to be killed.
+func durableLongChild(dir string) int {
+	clock := newClock()
+	e, err := engine.Open(ptr(longDurableOpts(dir, clock)))
+	if err != nil {
+		fmt.Println("ERR", err)
+		return 1
+	}
+	c, err := e.Claim(context.Background(), []byte("long-handler"))
+	if err != nil || c.Outcome != engine.New {
+		fmt.Println("ERR claim", c.Outcome, err)
+		return 1
+	}
+	if err := heartbeatPast(e, clock, &c); err != nil {
+		fmt.Println("ERR", err)
+		return 1
+	}
+	fmt.Println("READY", clock.Now().UnixNano())
+	select {}
+}
+
+// TestDurableClaimsOutliveTheirPartition: a durable claim whose handler
+// heartbeats (Extend) past Window + Partition, longer than the partition
+// its attempt was first written in lives, then is abandoned (Close, or a
+// SIGKILL), is an attempt at the next Open: with MaxAttempts 1 its key is
+// Poison, never New, so its handler, which may have run, never runs
+// again. A claim given back after the drop has its earlier count
+// restored: New again.
+func TestDurableClaimsOutliveTheirPartition(t *testing.T) {
+	for _, end := range []string{"close", "sigkill", "give-back"} {
+		t.Run(end, func(t *testing.T) {
+			ctx := context.Background()
+			dir := t.TempDir()
+			clock := newClock()
+			if end == "sigkill" {
+				child := crashtest.Start(t, "durable", "long|"+dir, &crashtest.Options{Timeout: time.Minute})
+				line, ok := child.WaitLine(time.Minute, func(l string) bool { return strings.HasPrefix(l, "READY") || strings.HasPrefix(l, "ERR") })
+				if !ok || !strings.HasPrefix(line, "READY") {
+					t.Fatalf("child: %q\n%s", line, child.Describe())
+				}
+				_ = child.Kill()
+				_ = child.Wait()
+				var ns int64
+				fmt.Sscanf(line, "READY %d", &ns)
+				clock.Add(time.Unix(0, ns).Sub(clock.Now()))
+			} else {
+				e := open(t, longDurableOpts(dir, clock))
+				c, out := claimOutcome(t, e, "long-handler")
+				if out != engine.New {
+					t.Fatalf("first claim: %v", out)
+				}
+				if err := heartbeatPast(e, clock, &c); err != nil {
+					t.Fatal(err)
+				}
+				if end == "give-back" {
+					if err := e.UnclaimBatch(ctx, []engine.Claim{c}, nil); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := e.Close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			e := open(t, longDurableOpts(dir, clock))
+			defer e.Close()
+			want := engine.Poison
+			if end == "give-back" {
+				want = engine.New // given back uncounted: the count before it, none
+			}
+			if _, got := claimOutcome(t, e, "long-handler"); got != want {
+				t.Fatalf("after five hours of heartbeats and a reopen: %v, want %v", got, want)
+			}
+		})
 	}
 }

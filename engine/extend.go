@@ -24,7 +24,12 @@ import (
 // InFlight for this process until that extended lease ends, and the
 // claim's Commit fails there, fenced.
 // A lease is not durable: claims do not survive a restart of an embedded
-// store, whatever their lease.
+// store, whatever their lease. A durable claim's attempt
+// (Options.DurableClaims) is: an Extend in a later partition than the one
+// holding it writes it again, durably, in the current partition before it
+// returns, so the attempt outlives every lease the claim can reach (an
+// extension is shorter than the window) and a claim abandoned after
+// heartbeats past Window + Partition still counts at the next Open.
 func (e *Engine) Extend(ctx context.Context, c *Claim, d time.Duration) error {
 	if c == nil || c.Outcome != New {
 		return fmt.Errorf("%w: Extend of a claim that is not New", ErrNotClaimed)
@@ -64,6 +69,45 @@ func (e *Engine) Extend(ctx context.Context, c *Claim, d time.Duration) error {
 			return ErrLeaseLost
 		}
 	}
+	if c.durable && !shared {
+		if err := e.renewDurable(ctx, c, until); err != nil {
+			return err
+		}
+	}
 	c.LeaseUntil = max(c.LeaseUntil, until)
+	return nil
+}
+
+// renewDurable writes durable claim c's attempt again in the current
+// partition when an older one holds it: the older partition is dropped a
+// window after it ends, which a claim kept alive by heartbeats outlives.
+// It holds counts for writing, so no commit of the key is in its durable
+// write meanwhile (a commit's record in the same partition must land
+// after the attempt, not be erased by it), and writes only while memory
+// still holds the claim: one committed or released meanwhile gets
+// ErrLeaseLost and nothing is written.
+func (e *Engine) renewDurable(ctx context.Context, c *Claim, until int64) error {
+	now, err := e.now() // rotated: the attempt goes in the current partition
+	if err != nil {
+		return err
+	}
+	part := e.parts.Of(now)
+	if part <= c.durablePart {
+		return nil
+	}
+	e.counts.Lock()
+	defer e.counts.Unlock()
+	fps, tokens := [1]shard.Fingerprint{c.fp}, [1]uint64{c.token}
+	var st [1]tier.Status
+	e.mem.Extend(fps[:], tokens[:], now, until, st[:])
+	if st[0] != tier.OK {
+		e.stats.leaseLost.Add(1)
+		return ErrLeaseLost
+	}
+	reqs := [1]tier.Request{{NS: c.ns.name, Key: c.Key, Attempts: c.attempts + 1}}
+	if err := e.writeAttempts(ctx, fps[:], part, reqs[:], st[:]); err != nil {
+		return err
+	}
+	c.durablePart = part
 	return nil
 }
