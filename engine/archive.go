@@ -618,7 +618,12 @@ func (a *archiver) find(ctx context.Context, ns *Namespace, keys [][]byte, fps [
 	for q := range out {
 		out[q] = tier.Answer{Status: tier.Absent, Partition: -1}
 	}
-	upTo := min(a.next.Load(), hotOldest)
+	// Every archived partition, not only those past the hot window: the
+	// exact tier drops a partition once it is archived, and a window
+	// lengthened since (on reopen) does not bring back what it dropped.
+	// Partitions the exact tier still holds are answered there first, so
+	// this reads the archive only for keys the exact tier left New.
+	upTo := a.next.Load()
 	if a.log == nil {
 		if err := a.readLagging(ctx, ns.name, keys, max(a.next.Load(), oldest), hotOldest, out, false); err != nil {
 			return nil, err

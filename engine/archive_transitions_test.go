@@ -1,0 +1,72 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier"
+	"github.com/tierdedup/tierdedup/tier/postgres"
+)
+
+// eachArchive runs f with the files archive and the PostgreSQL archive.
+func eachArchive(t *testing.T, f func(t *testing.T, archive func(vfs.FS) tier.ArchiveBackend)) {
+	t.Run("files", func(t *testing.T) { f(t, filesArchive) })
+	t.Run("postgres", func(t *testing.T) {
+		p := postgresPool(t)
+		table := fmt.Sprintf("engine_archt_%d", time.Now().UnixNano()%1e9)
+		t.Cleanup(func() {
+			for _, s := range []string{"", "_layout", "_parts", "_blobs", "_log", "_open"} {
+				_, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table+s+" CASCADE")
+			}
+		})
+		f(t, func(vfs.FS) tier.ArchiveBackend { return postgres.Archive{DB: p, Table: table} })
+	})
+}
+
+// TestArchiveWindowChanges: the hot Window lengthened on reopen (7 days,
+// then 10, 13, 16; it may never shrink) keeps every key inside the 21-day archive
+// window a Duplicate: the keys committed between the old and the new
+// window, dropped from the hot store, are read from the archive. Lookup,
+// Claim and MarkBatch agree, and MarkBatch marks none of them again.
+func TestArchiveWindowChanges(t *testing.T) {
+	eachArchive(t, func(t *testing.T, archive func(vfs.FS) tier.ArchiveBackend) {
+		r := newArchiveRun(t, archive)
+		for _, w := range []int{10, 13, 16} {
+			for range 9 {
+				r.commitDay()
+			}
+			waitArchived(t, r.e)
+			if err := r.e.Close(); err != nil {
+				t.Fatal(err)
+			}
+			r.window = time.Duration(w) * day
+			r.open()
+			if bad := r.check(); len(bad) > 0 {
+				t.Fatalf("after day %d, reopened with a %d-day window: %d wrong answers, first: %s", r.days, w, len(bad), bad[0])
+			}
+			// Every key of the last 20 days: Duplicate to Claim and
+			// MarkBatch too, nothing marked again.
+			ctx := context.Background()
+			for d := max(0, r.days-20); d < r.days; d++ {
+				keys := [][]byte{archiveKey(d, 1), archiveKey(d, 2)}
+				out := make([]engine.Outcome, 2)
+				if err := r.e.MarkBatch(ctx, keys, nil, out); err != nil {
+					t.Fatal(err)
+				}
+				c, err := r.e.Claim(ctx, archiveKey(d, 3))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if out[0] != engine.Duplicate || out[1] != engine.Duplicate || c.Outcome != engine.Duplicate {
+					t.Fatalf("window %d days, day %d (age %d): MarkBatch %v, Claim %v; want Duplicate", w, d, r.days-d, out, c.Outcome)
+				}
+			}
+		}
+		_ = r.e.Close()
+	})
+}
