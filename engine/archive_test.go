@@ -31,7 +31,7 @@ type archiveRun struct {
 	e       *engine.Engine
 	days    int // days committed
 	perDay  int
-	start   int64 // partition of day 0
+	start   int64         // partition of day 0
 	window  time.Duration // the hot window, 7 days unless a test changes it on reopen
 }
 
