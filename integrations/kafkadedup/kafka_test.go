@@ -339,7 +339,13 @@ func (r *run) waitCaughtUp(d time.Duration) {
 			// last came, tell a stalled group from a slow one.
 			for i, c := range r.consumers {
 				r.t.Logf("consumer %d's last lines:\n\t%s", i, strings.Join(c.tail, "\n\t"))
+				// Every goroutine's stack, on the child's stderr (the
+				// test's output): where a stalled member waits.
+				c.child.Signal(syscall.SIGQUIT)
 			}
+			r.mu.Unlock()
+			time.Sleep(2 * time.Second)
+			r.mu.Lock()
 			for kind, at := range r.last {
 				r.t.Logf("last %q line %v ago", kind, time.Since(at).Round(time.Millisecond))
 			}

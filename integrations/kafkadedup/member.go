@@ -95,6 +95,10 @@ type Stats struct {
 	// Assigned and Revoked count partitions; Imports and Exports the
 	// handoffs made.
 	Assigned, Revoked, Imports, Exports uint64
+	// Rewinds counts fetches from beyond the offset a partition stopped
+	// at (a handler error, a key in flight, a failed commit) whose records
+	// were ignored and the client set back to the stop again.
+	Rewinds uint64
 }
 
 // Member is one consumer-group member's dedup state: an engine per
@@ -105,7 +109,7 @@ type Member struct {
 	log   *log.Logger
 	mu    sync.Mutex // protects parts; Process reads it without the lock only between the client's rebalances
 	parts map[tp]*partition
-	stats struct{ records, news, dups, rejected, failed, assigned, revoked, imports, exports atomic.Uint64 }
+	stats struct{ records, news, dups, rejected, failed, assigned, revoked, imports, exports, rewinds atomic.Uint64 }
 }
 
 // maxOpenWait bounds Options.OpenWait.
@@ -198,7 +202,7 @@ func (m *Member) Stats() Stats {
 	s := &m.stats
 	return Stats{
 		Records: s.records.Load(), New: s.news.Load(), Duplicates: s.dups.Load(), Rejected: s.rejected.Load(), Failed: s.failed.Load(),
-		Assigned: s.assigned.Load(), Revoked: s.revoked.Load(), Imports: s.imports.Load(), Exports: s.exports.Load(),
+		Assigned: s.assigned.Load(), Revoked: s.revoked.Load(), Imports: s.imports.Load(), Exports: s.exports.Load(), Rewinds: s.rewinds.Load(),
 	}
 }
 

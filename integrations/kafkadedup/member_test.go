@@ -314,3 +314,50 @@ func TestGroupsKeepTheirOwnState(t *testing.T) {
 		}
 	}
 }
+
+// TestRewindIsSetAgain: a partition stopped at a failed record whose
+// rewind did not take (kgo skips SetOffsets for a partition it is not
+// consuming at that instant, as during an assignment; here the client is
+// set past the stop behind the Member's back) must not ignore every later
+// record and stall at the partition's end: a fetch from beyond the stop
+// sets the client back to it, and every record is handled.
+func TestRewindIsSetAgain(t *testing.T) {
+	cluster, err := kfake.NewCluster(kfake.SeedTopics(1, "orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Close()
+	brokers := cluster.ListenAddrs()
+	produce(brokers, "a", "b", "c", "d", "e", "f")
+	m, cl := member(t, kafkadedup.Options{Group: "g", Dir: t.TempDir(), Engine: engine.Options{MaxAttempts: 5}}, brokers)
+	defer m.Close()
+	defer cl.Close()
+	l := newOffsetLedger()
+	l.failing[1] = 1
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for {
+		f := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatal("records not fetched")
+		}
+		_ = m.Process(ctx, cl, f, l.handle)
+		if next, ok := m.Offset("orders", 0); ok && next == 1 {
+			// The stop's rewind is lost: the client goes on from the end.
+			cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{"orders": {0: {Epoch: -1, Offset: 6}}})
+			cl.AllowRebalance()
+			break
+		}
+		cl.AllowRebalance()
+	}
+	produce(brokers, "g", "h")
+	consumeUntil(t, m, cl, 8, l.handle)
+	for off := range int64(8) {
+		if l.calls[off] == 0 {
+			t.Errorf("offset %d never handled (calls %v)", off, l.calls)
+		}
+	}
+	if m.Stats().Rewinds == 0 {
+		t.Error("no rewind counted")
+	}
+}

@@ -73,7 +73,20 @@ func (m *Member) Run(ctx context.Context, cl *kgo.Client, h Handler) error {
 
 // batch handles one partition's records.
 func (m *Member) batch(ctx context.Context, cl *kgo.Client, t tp, p *partition, recs []*kgo.Record, h Handler) error {
-	recs, resume := p.unhandled(recs)
+	recs, resume, beyond := p.unhandled(recs)
+	if beyond {
+		// Fetched from past the offset the partition stopped at: the
+		// rewind (SetOffsets) did not take (kgo skips a partition it is
+		// not consuming at that moment, as during an assignment). Set it
+		// again, from the polling goroutine, or the partition would
+		// ignore every record to its end and stall there.
+		at := p.stopped.Load()
+		p.stopAt(cl, t, at)
+		if m.stats.rewinds.Add(1)%100 == 1 {
+			m.log.Printf("kafkadedup: %s/%d: fetched from offset %d, past the stop at %d: fetching from the stop again", t.topic, t.part, recs[0].Offset, at)
+		}
+		return nil
+	}
 	if len(recs) == 0 {
 		return nil
 	}
@@ -88,7 +101,10 @@ func (m *Member) batch(ctx context.Context, cl *kgo.Client, t tp, p *partition, 
 	if stop < len(recs) {
 		next = recs[stop].Offset
 		if err := m.giveBack(ctx, p, claims[stop:]); err != nil {
-			return errors.Join(herr, err)
+			// The records before the stop were handled: they commit (or
+			// the commit's failure stops the partition) whatever became of
+			// the give-back, and the partition resumes at the stop.
+			herr = errors.Join(herr, err)
 		}
 	}
 	if err := m.commit(ctx, p, claims[:stop], writes, next); err != nil {
@@ -111,9 +127,9 @@ func (m *Member) batch(ctx context.Context, cl *kgo.Client, t tp, p *partition, 
 // unhandled returns the records of recs that the partition has yet to
 // handle, from its stored offset on, and the offset it resumes at if they
 // do not commit. It returns none when every record precedes the stored
-// offset, or when they start beyond the offset the partition stopped at;
-// a batch that starts at that offset clears the stop.
-func (p *partition) unhandled(recs []*kgo.Record) (_ []*kgo.Record, resume int64) {
+// offset, or when they start beyond the offset the partition stopped at
+// (beyond); a batch that starts at that offset clears the stop.
+func (p *partition) unhandled(recs []*kgo.Record) (_ []*kgo.Record, resume int64, beyond bool) {
 	// Records before the stored offset were handled and committed already.
 	stored := p.next.Load()
 	first := 0
@@ -122,11 +138,11 @@ func (p *partition) unhandled(recs []*kgo.Record) (_ []*kgo.Record, resume int64
 	}
 	recs = recs[first:]
 	if len(recs) == 0 {
-		return nil, 0
+		return nil, 0, false
 	}
 	if at := p.stopped.Load(); at >= 0 {
 		if recs[0].Offset > at {
-			return nil, 0 // from beyond the stop: the client fetches again from it
+			return nil, 0, true // from beyond the stop: the client must fetch again from it
 		}
 		p.stopped.Store(-1)
 	}
@@ -135,7 +151,7 @@ func (p *partition) unhandled(recs []*kgo.Record) (_ []*kgo.Record, resume int64
 	if resume < 0 {
 		resume = recs[0].Offset
 	}
-	return recs, resume
+	return recs, resume, false
 }
 
 // claim claims the keys of recs in the partition's engine with one
