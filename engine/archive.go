@@ -105,6 +105,9 @@ type archiver struct {
 	owner  string
 	logLag atomic.Int64
 	holder atomic.Bool
+	// entryBytes is the size of the log's entries as the drain read them
+	// (readCount); only the drain's goroutine uses it.
+	entryBytes int64
 }
 
 // ArchiveLayout is how the archive's filter covers an archive window

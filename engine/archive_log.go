@@ -52,8 +52,13 @@ const (
 	// replaced that long after its last renewal (a quarter of the window
 	// if shorter, at least a second).
 	maxDrainLease = 10 * time.Second
-	// drainBatch is the number of log entries one Apply takes.
+	// drainBatch is the most log entries one Apply takes; drainBytes
+	// bounds what one read of the log brings (entries times their size
+	// as read so far), and drainFirst is the first read's count, before
+	// any size is known: 16 entries of the largest result are 64 MiB.
 	drainBatch = 4096
+	drainBytes = 16 << 20
+	drainFirst = 16
 	// logSkew bounds the difference between this engine's clock and the
 	// shared tier's, which dates the log and expires the keys.
 	logSkew = 2 * time.Second
@@ -221,10 +226,12 @@ func (a *archiver) drain(ctx context.Context, cur int64) error {
 		return err
 	}
 	for ctx.Err() == nil {
-		entries, now, err := a.log.ReadLog(ctx, pos, drainBatch)
+		n := a.readCount()
+		entries, now, err := a.log.ReadLog(ctx, pos, n)
 		if err != nil {
 			return err
 		}
+		a.sizeReads(entries)
 		if len(entries) > 0 {
 			var commits uint64
 			for i := range entries {
@@ -249,7 +256,7 @@ func (a *archiver) drain(ctx context.Context, cur int64) error {
 		}
 		// Every entry before complete is applied, and none can come.
 		complete := now
-		if len(entries) == drainBatch {
+		if len(entries) == n {
 			complete = int64(pos.MS) * int64(time.Millisecond)
 		}
 		for next < cur && (next+1)*e.parts.Length <= complete {
@@ -258,11 +265,38 @@ func (a *archiver) drain(ctx context.Context, cur int64) error {
 			}
 			next++
 		}
-		if len(entries) < drainBatch {
+		if len(entries) < n {
 			return nil
 		}
 	}
 	return ctx.Err()
+}
+
+// readCount is how many log entries the next read of the drain asks for:
+// as many as fit drainBytes at the entry size the reads so far found (a
+// few to start with: entries may carry results of up to MaxResultSize),
+// at most drainBatch. Only the drain's goroutine uses it.
+func (a *archiver) readCount() int {
+	if a.entryBytes == 0 {
+		return drainFirst
+	}
+	return int(min(max(drainBytes/a.entryBytes, 1), drainBatch))
+}
+
+// sizeReads takes the size of the entries just read into the estimate
+// readCount uses: the larger of their mean and half the earlier estimate,
+// so a run of large results shrinks the reads at once and small ones
+// grow them back, doubling a read.
+func (a *archiver) sizeReads(entries []tier.LogEntry) {
+	if len(entries) == 0 {
+		return
+	}
+	var n int64
+	for i := range entries {
+		r := &entries[i].Record
+		n += int64(len(r.NS)+len(r.Key)+len(r.Result)) + 64
+	}
+	a.entryBytes = max(n/int64(len(entries)), a.entryBytes/2, 1)
 }
 
 // seal adds partition p's keys to the filter, saves its group's blob,

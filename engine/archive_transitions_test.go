@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -68,5 +69,50 @@ func TestArchiveWindowChanges(t *testing.T) {
 			}
 		}
 		_ = r.e.Close()
+	})
+}
+
+// TestArchiveLongKeys: keys up to MaxKeySize (4 KiB here; a PostgreSQL
+// index entry holds about 2.7 kB) are archived with their partition,
+// which the exact tier then drops, and answered Duplicate from the
+// archive; a long key never stops the archiving of the partitions after
+// its own.
+func TestArchiveLongKeys(t *testing.T) {
+	eachArchive(t, func(t *testing.T, archive func(vfs.FS) tier.ArchiveBackend) {
+		r := newArchiveRun(t, archive)
+		_ = r.e.Close()
+		o := archiveOptions(r.clock, r.fs, r.archive)
+		o.MaxKeySize = 4096
+		r.e = open(t, o)
+		defer func() { _ = r.e.Close() }()
+		ctx := context.Background()
+		long := make([][]byte, 3)
+		rng := rand.New(rand.NewPCG(7, 11))
+		for i := range long {
+			long[i] = make([]byte, 2800+600*i)
+			for j := range long[i] {
+				long[i][j] = byte(rng.Uint32()) // nothing to compress into an index entry
+			}
+		}
+		out := make([]engine.Outcome, len(long))
+		if err := r.e.MarkBatch(ctx, long, nil, out); err != nil {
+			t.Fatal(err)
+		}
+		for range 10 {
+			r.commitDay()
+		}
+		waitArchived(t, r.e)
+		info := make([]engine.KeyInfo, len(long))
+		if err := r.e.LookupBatch(ctx, long, info); err != nil {
+			t.Fatal(err)
+		}
+		for i := range long {
+			if info[i].Outcome != engine.Duplicate || info[i].Source != engine.SourceArchive {
+				t.Fatalf("key of %d bytes, 10 days on: %v from %v, want Duplicate from the archive", len(long[i]), info[i].Outcome, info[i].Source)
+			}
+		}
+		if st := r.e.Stats(); st.Archive.Failures > 0 {
+			t.Fatalf("%d archiving passes failed", st.Archive.Failures)
+		}
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -97,7 +98,11 @@ func (a Archive) Open(ctx context.Context, env tier.ArchiveEnv) (tier.Archive, e
 	ar := &pgArchive{db: a.DB, t: t}
 	for _, stmt := range []string{
 		`CREATE TABLE IF NOT EXISTS ` + t + `_layout (id int PRIMARY KEY, format int NOT NULL, partition_ns bigint NOT NULL, window_ns bigint NOT NULL, "check" bytea NOT NULL, owner text NOT NULL)`,
-		`CREATE TABLE IF NOT EXISTS ` + t + ` (part bigint NOT NULL, ns bytea NOT NULL, key bytea NOT NULL, digest bytea, at bigint, result bytea, PRIMARY KEY (ns, key, part)) PARTITION BY LIST (part)`,
+		`CREATE TABLE IF NOT EXISTS ` + t + ` (part bigint NOT NULL, ns bytea NOT NULL, key bytea NOT NULL, digest bytea, at bigint, result bytea, full_key bytea, PRIMARY KEY (ns, key, part)) PARTITION BY LIST (part)`,
+		// An archive created before long keys were stored hashed: the
+		// column is added (a catalog change; every table partition gets
+		// it, NULL).
+		`ALTER TABLE ` + t + ` ADD COLUMN IF NOT EXISTS full_key bytea`,
 		`CREATE TABLE IF NOT EXISTS ` + t + `_parts (part bigint PRIMARY KEY, keys bigint NOT NULL)`,
 		`CREATE TABLE IF NOT EXISTS ` + t + `_blobs (name text NOT NULL, chunk int NOT NULL, data bytea NOT NULL, PRIMARY KEY (name, chunk))`,
 		`CREATE TABLE IF NOT EXISTS ` + t + `_log (id int PRIMARY KEY, ms bigint NOT NULL, seq bigint NOT NULL, sealed_next bigint NOT NULL, secret bytea NOT NULL)`,
@@ -261,7 +266,8 @@ func (ar *pgArchive) Put(ctx context.Context, p int64, scan func(func(*tier.Reco
 	go func() {
 		defer close(src.rows)
 		src.err <- scan(func(r *tier.Record) error {
-			row := []any{p, bytes.Clone(r.NS), bytes.Clone(r.Key), nil, nil, nil}
+			key, full := archivedKey(r.Key)
+			row := []any{p, bytes.Clone(r.NS), bytes.Clone(key), nil, nil, nil, bytes.Clone(full)}
 			if r.Digest != (tier.Digest{}) {
 				row[3] = bytes.Clone(r.Digest[:])
 			}
@@ -279,7 +285,7 @@ func (ar *pgArchive) Put(ctx context.Context, p int64, scan func(func(*tier.Reco
 			}
 		})
 	}()
-	n, err := tx.CopyFrom(ctx, pgx.Identifier{name}, []string{"part", "ns", "key", "digest", "at", "result"}, src)
+	n, err := tx.CopyFrom(ctx, pgx.Identifier{name}, []string{"part", "ns", "key", "digest", "at", "result", "full_key"}, src)
 	cancel()
 	for range src.rows { // let the scan end
 	}
@@ -306,16 +312,45 @@ func (ar *pgArchive) Put(ctx context.Context, p int64, scan func(func(*tier.Reco
 	return nil
 }
 
-// queries returns the statement's arrays for qs.
+// queryArrays returns the statement's arrays for qs: each query's key in
+// its archived form, and a long key also as it is (a row an archive of an
+// earlier version stored whole), both answering query i.
 func queryArrays(qs []tier.ArchiveQuery) (idx []int32, ns, keys [][]byte, lo, hi []int64) {
 	for i, q := range qs {
-		idx = append(idx, int32(i))
-		ns = append(ns, []byte(q.NS))
-		keys = append(keys, q.Key)
-		lo = append(lo, q.From)
-		hi = append(hi, q.To)
+		stored, full := archivedKey(q.Key)
+		forms := [][]byte{stored}
+		if full != nil {
+			forms = append(forms, full)
+		}
+		for _, k := range forms {
+			idx = append(idx, int32(i))
+			ns = append(ns, []byte(q.NS))
+			keys = append(keys, k)
+			lo = append(lo, q.From)
+			hi = append(hi, q.To)
+		}
 	}
 	return
+}
+
+// MaxArchivedKey is the longest key the archive stores as it is. A longer
+// one is stored in the key column as its first 993 bytes and its SHA-256
+// (1,025 bytes: longer than any key stored as it is, so the two forms
+// never meet; a B-tree index entry holds at most about 2.7 kB, and the
+// engine accepts keys of up to 64 KiB), and whole in full_key, which no
+// index holds and Scan returns.
+const MaxArchivedKey = 1024
+
+// archivedKey returns key's form in the key column, and key itself as
+// full when that form is not the key (nil otherwise).
+func archivedKey(key []byte) (stored, full []byte) {
+	if len(key) <= MaxArchivedKey {
+		return key, nil
+	}
+	sum := sha256.Sum256(key)
+	stored = make([]byte, 0, MaxArchivedKey+1)
+	stored = append(append(stored, key[:MaxArchivedKey+1-len(sum)]...), sum[:]...)
+	return stored, key
 }
 
 // found reads rows (i, part, digest, at, result) into out, the newest
@@ -402,7 +437,7 @@ RETURNING q.i, a.part, a.digest, a.at, a.result`, idx, ns, keys, lo, hi)
 
 // Scan reads partition p's keys.
 func (ar *pgArchive) Scan(ctx context.Context, p int64, fn func(ns, key []byte) error) error {
-	rows, err := ar.db.Query(ctx, `SELECT ns, key FROM `+ar.t+` WHERE part = $1`, p)
+	rows, err := ar.db.Query(ctx, `SELECT ns, COALESCE(full_key, key) FROM `+ar.t+` WHERE part = $1`, p)
 	if err != nil {
 		return unavailable("archive scan", err)
 	}

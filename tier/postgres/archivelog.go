@@ -83,10 +83,14 @@ func (ar *pgArchive) Apply(ctx context.Context, entries []tier.LogEntry) error {
 	}
 	var fns, fkeys [][]byte
 	for _, i := range lastForget {
-		fns, fkeys = append(fns, entries[i].Record.NS), append(fkeys, entries[i].Record.Key)
+		stored, full := archivedKey(entries[i].Record.Key)
+		fns, fkeys = append(fns, entries[i].Record.NS), append(fkeys, stored)
+		if full != nil {
+			fns, fkeys = append(fns, entries[i].Record.NS), append(fkeys, full) // a row of an earlier version
+		}
 	}
 	var parts []int64
-	var ns, keys, digests, results [][]byte
+	var ns, keys, digests, results, fulls [][]byte
 	var ats []*int64
 	made := map[int64]bool{}
 	for i := range entries {
@@ -104,7 +108,8 @@ func (ar *pgArchive) Apply(ctx context.Context, entries []tier.LogEntry) error {
 			}
 			made[p] = true
 		}
-		parts, ns, keys = append(parts, p), append(ns, e.Record.NS), append(keys, e.Record.Key)
+		stored, full := archivedKey(e.Record.Key)
+		parts, ns, keys, fulls = append(parts, p), append(ns, e.Record.NS), append(keys, stored), append(fulls, full)
 		var d []byte
 		if e.Record.Digest != (tier.Digest{}) {
 			d = e.Record.Digest[:]
@@ -118,12 +123,21 @@ func (ar *pgArchive) Apply(ctx context.Context, entries []tier.LogEntry) error {
 			return unavailable("archive apply", err)
 		}
 	}
-	if len(parts) > 0 {
-		if _, err := tx.Exec(ctx, `INSERT INTO `+ar.t+` (part, ns, key, digest, at, result)
-SELECT * FROM unnest($1::bigint[], $2::bytea[], $3::bytea[], $4::bytea[], $5::bigint[], $6::bytea[]) ON CONFLICT DO NOTHING`,
-			parts, ns, keys, digests, ats, results); err != nil {
+	// One statement per at most statementBytes of rows: PostgreSQL
+	// refuses a message over 1 GiB, and a backlog of large results would
+	// otherwise fail every drain.
+	for lo := 0; lo < len(parts); {
+		hi, size := lo, 0
+		for hi < len(parts) && (hi == lo || size+rowBytes(ns[hi], keys[hi], results[hi], fulls[hi]) <= statementBytes) {
+			size += rowBytes(ns[hi], keys[hi], results[hi], fulls[hi])
+			hi++
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO `+ar.t+` (part, ns, key, digest, at, result, full_key)
+SELECT * FROM unnest($1::bigint[], $2::bytea[], $3::bytea[], $4::bytea[], $5::bigint[], $6::bytea[], $7::bytea[]) ON CONFLICT DO NOTHING`,
+			parts[lo:hi], ns[lo:hi], keys[lo:hi], digests[lo:hi], ats[lo:hi], results[lo:hi], fulls[lo:hi]); err != nil {
 			return unavailable("archive apply", err)
 		}
+		lo = hi
 	}
 	last := entries[len(entries)-1].Pos
 	if _, err := tx.Exec(ctx, `UPDATE `+ar.t+`_log SET ms = $1, seq = $2 WHERE id = 1`, int64(last.MS), int64(last.Seq)); err != nil {
@@ -181,3 +195,18 @@ func (ar *pgArchive) openParts(ctx context.Context) ([]int64, error) {
 }
 
 var _ tier.ArchiveAppender = (*pgArchive)(nil)
+
+// statementBytes bounds the rows one statement carries (a statement holds
+// at least one row, which MaxResultSize and the key limit keep to a few
+// MiB): far below PostgreSQL's 1 GiB limit on a message, and large enough
+// that a batch of small rows is one statement.
+const statementBytes = 16 << 20
+
+// rowBytes is about what a row's byte columns weigh in a statement.
+func rowBytes(cols ...[]byte) int {
+	n := 64 // the fixed columns and the arrays' framing
+	for _, c := range cols {
+		n += len(c) + 4
+	}
+	return n
+}

@@ -15,11 +15,24 @@ import (
 // error the outcome of each commit is unknown (a retry is safe: a commit
 // that finds its own token's commit succeeds).
 func (s *Store) Commit(ctx context.Context, _ int64, reqs []tier.Request, out []tier.Status) error {
-	if len(reqs) == 0 {
-		return nil
+	// One statement per at most statementBytes of results: a commit
+	// group of large results (the commit queue groups several callers')
+	// would otherwise exceed PostgreSQL's 1 GiB message, on every retry.
+	// Statements apart are no weaker a promise: on error the outcome of
+	// each key is unknown either way.
+	for lo := 0; lo < len(reqs); {
+		hi, size := lo, 0
+		for hi < len(reqs) && (hi == lo || size+rowBytes(reqs[hi].Key, reqs[hi].Result) <= statementBytes) {
+			size += rowBytes(reqs[hi].Key, reqs[hi].Result)
+			hi++
+		}
+		ns, keys, tokens := columns(reqs[lo:hi])
+		if err := s.statuses(ctx, out[lo:hi], s.commitQ, ns, keys, tokens, committedColumn(reqs[lo:hi]), s.window.Milliseconds()); err != nil {
+			return err
+		}
+		lo = hi
 	}
-	ns, keys, tokens := columns(reqs)
-	return s.statuses(ctx, out, s.commitQ, ns, keys, tokens, committedColumn(reqs), s.window.Milliseconds())
+	return nil
 }
 
 // Release frees each key its token still holds, in one statement; out[i]

@@ -1,6 +1,7 @@
 package postgres_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -143,5 +144,84 @@ func TestLateGiveBackAfterRetry(t *testing.T) {
 				t.Fatalf("%d of %d keys acknowledged New by the retry are New again after the first call's late give-back", lost, len(keys))
 			}
 		})
+	}
+}
+
+// sizeDB is a postgres.DB that records the largest statement it ran, as
+// the bytes of its byte-array arguments.
+type sizeDB struct {
+	postgres.DB
+	mu      sync.Mutex
+	largest int
+}
+
+func (d *sizeDB) note(args []any) {
+	n := 0
+	for _, a := range args {
+		if col, ok := a.([][]byte); ok {
+			for _, b := range col {
+				n += len(b)
+			}
+		}
+	}
+	d.mu.Lock()
+	d.largest = max(d.largest, n)
+	d.mu.Unlock()
+}
+
+func (d *sizeDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	d.note(args)
+	return d.DB.Query(ctx, sql, args...)
+}
+
+func (d *sizeDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	d.note(args)
+	return d.DB.Exec(ctx, sql, args...)
+}
+
+// TestLargeResultsCommit: a commit group of large results (40 of 4 MiB,
+// MaxResultSize's largest: the commit queue groups several callers'
+// commits) goes to PostgreSQL in statements of at most 16 MiB and one
+// row: a group of 256 such results made one statement over PostgreSQL's
+// 1 GiB message limit, failing every retry. Every result is answered
+// whole.
+func TestLargeResultsCommit(t *testing.T) {
+	p := pool(t)
+	table := fmt.Sprintf("large_%d", time.Now().UnixNano())
+	t.Cleanup(func() { _, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
+	d := &sizeDB{DB: p}
+	o := engine.Options{Window: time.Hour, Partition: 10 * time.Minute, MaxResultSize: engine.MaxResultSize, Logger: log.New(io.Discard, "", 0)}
+	o.Backend = postgres.NewBackend(d, postgres.Config{Table: table})
+	e, err := engine.Open(&o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ctx := context.Background()
+	keys := make([][]byte, 40)
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "order-%d", i)
+	}
+	claims := make([]engine.Claim, len(keys))
+	if err := e.ClaimBatch(ctx, keys, nil, claims); err != nil {
+		t.Fatal(err)
+	}
+	for i := range claims {
+		claims[i].Result = bytes.Repeat([]byte{byte(i)}, engine.MaxResultSize)
+	}
+	if err := e.CommitBatch(ctx, claims, nil); err != nil {
+		t.Fatalf("commit of 40 results of 4 MiB: %v", err)
+	}
+	if limit := 16<<20 + engine.MaxResultSize + 1024; d.largest > limit {
+		t.Errorf("a statement carried %d MiB, want at most %d", d.largest>>20, limit>>20)
+	}
+	again := make([]engine.Claim, len(keys))
+	if err := e.ClaimBatch(ctx, keys, nil, again); err != nil {
+		t.Fatal(err)
+	}
+	for i := range again {
+		if again[i].Outcome != engine.Duplicate || !bytes.Equal(again[i].Result, claims[i].Result) {
+			t.Fatalf("key %d after the commit: %v with %d bytes of result", i, again[i].Outcome, len(again[i].Result))
+		}
 	}
 }

@@ -320,6 +320,29 @@ var keyScripts []*keyScript
 // claims) and a large batch is a pipeline of such calls.
 const chunkKeys = 256
 
+// chunkBytes bounds the arguments of one call of a keyScript's many form
+// (a call holds at least one key, which MaxResultSize and the key limit
+// keep to a few MiB): far below the server's query buffer limit (1 GiB by
+// default) and its largest argument (512 MiB).
+const chunkBytes = 16 << 20
+
+// argBytes is about what a key and its script arguments weigh in a
+// command.
+func argBytes(key []byte, args []any) int {
+	n := len(key) + 64
+	for _, a := range args {
+		switch v := a.(type) {
+		case string:
+			n += len(v) + 8
+		case []byte:
+			n += len(v) + 8
+		default:
+			n += 24
+		}
+	}
+	return n
+}
+
 // newKeyScript makes the keyScript of body, a script about KEYS[1] (and
 // KEYS[2]) with its own ARGV. many takes KEYS as each key's nk keys in
 // turn and ARGV as nk, na and then each key's na arguments in turn, and
@@ -401,17 +424,26 @@ func (s *Store) evalBatch(ctx context.Context, sc *keyScript, reqs []Request, ar
 				cmds[i] = sc.one.EvalSha(ctx, pipe, []string{s.Key(r.NS, r.Key)}, args(r)...)
 			}
 		} else {
-			keys := make([]string, 0, min(len(reqs), chunkKeys)*nk)
-			var argv []any
-			for lo := 0; lo < len(reqs); lo += chunkKeys {
-				keys, argv = keys[:0], append(argv[:0], nk, 0)
-				for i := lo; i < min(lo+chunkKeys, len(reqs)); i++ {
+			for lo := 0; lo < len(reqs); {
+				// A call takes at most chunkKeys keys and, past its first
+				// key, chunkBytes of arguments: a batch of large results
+				// would otherwise make one command of up to a GiB, over
+				// the server's query buffer limit, on every retry.
+				keys := make([]string, 0, min(len(reqs)-lo, chunkKeys)*nk)
+				argv := []any{nk, 0}
+				size, i := 0, lo
+				for ; i < min(lo+chunkKeys, len(reqs)); i++ {
 					r := &reqs[i]
+					a := args(r)
+					n := argBytes(r.Key, a)
+					if i > lo && size+n > chunkBytes {
+						break
+					}
+					size += n
 					keys = append(keys, s.Key(r.NS, r.Key))
 					if nk == 2 {
 						keys = append(keys, s.logKey)
 					}
-					a := args(r)
 					if i == lo {
 						argv[1] = len(a)
 					} else if argv[1] != len(a) {
@@ -420,6 +452,7 @@ func (s *Store) evalBatch(ctx context.Context, sc *keyScript, reqs []Request, ar
 					argv = append(argv, a...)
 				}
 				cmds = append(cmds, sc.many.EvalSha(ctx, pipe, keys, argv...))
+				lo = i
 			}
 		}
 		err := s.exec(ctx, pipe)

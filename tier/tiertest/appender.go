@@ -1,6 +1,7 @@
 package tiertest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"testing"
@@ -19,6 +20,42 @@ import (
 func RunAppender(t *testing.T, open OpenArchive) {
 	t.Run("apply", func(t *testing.T) { checkApply(t, open) })
 	t.Run("seal", func(t *testing.T) { checkSeal(t, open) })
+	t.Run("apply-large", func(t *testing.T) { checkApplyLarge(t, open) })
+}
+
+// checkApplyLarge: "no single entry can stop a drain": one Apply of 300
+// entries of 4 MiB results (1.2 GiB, over PostgreSQL's limit on one
+// message) and keys up to 64 KiB is applied, and each is found whole.
+func checkApplyLarge(t *testing.T, open OpenArchive) {
+	ctx := context.Background()
+	a, app := openAppender(t, open(t))
+	defer a.Close()
+	if _, err := app.Start(ctx, 10); err != nil {
+		t.Fatal(err)
+	}
+	result := string(bytes.Repeat([]byte("x"), 4<<20))
+	var batch []tier.LogEntry
+	for i := range 300 {
+		key := fmt.Sprintf("large-%d", i)
+		if i%100 == 7 {
+			// 64 KiB that PostgreSQL cannot compress into an index entry.
+			b := []byte(key)
+			for x := uint64(i); len(b) < 64<<10; x = x*6364136223846793005 + 1442695040888963407 {
+				b = append(b, byte(x>>56))
+			}
+			key = string(b)
+		}
+		batch = append(batch, entry(uint64(1000+i), false, 10, key, result))
+	}
+	if err := app.Apply(ctx, batch); err != nil {
+		t.Fatalf("Apply of 300 results of 4 MiB: %v", err)
+	}
+	for _, i := range []int{0, 7, 150, 299} {
+		key := string(batch[i].Record.Key)
+		if got := lookup(t, a, key); got.Status != tier.Committed || len(got.Result) != len(result) {
+			t.Fatalf("entry %d (key of %d bytes) after the Apply: %v, %d bytes of result", i, len(key), got.Status, len(got.Result))
+		}
+	}
 }
 
 func openAppender(t *testing.T, b tier.ArchiveBackend) (tier.Archive, tier.ArchiveAppender) {

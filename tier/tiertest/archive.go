@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -270,6 +272,66 @@ func RunArchive(t *testing.T, open OpenArchive) {
 				_ = a.Close()
 			}
 			t.Errorf("back to the shorter window after a longer one: %v, want ErrLayout", err)
+		}
+	})
+	t.Run("long-keys", func(t *testing.T) {
+		// "No single entry can stop an archiver": keys up to the engine's
+		// largest (64 KiB; a PostgreSQL index entry holds about 2.7 kB)
+		// and results up to MaxResultSize are stored, found, scanned
+		// whole and forgotten, beside short keys of the same partition.
+		a := openArchive(t, open(t), archiveEnv())
+		recs := records(4, "short")
+		rng := rand.New(rand.NewPCG(uint64(len(recs)), 12))
+		for _, n := range []int{1024, 1025, 3000, 64 << 10} {
+			key := make([]byte, n) // random: PostgreSQL compresses nothing of it
+			for i := range key {
+				key[i] = byte(rng.Uint32())
+			}
+			recs = append(recs, tier.Record{NS: []byte("ns"), Key: key, Digest: tier.Digest{byte(n)}, At: int64(n), Result: bytes.Repeat([]byte("r"), 4<<20)})
+		}
+		sorted := slices.Clone(recs) // Put takes a partition's records in key order
+		slices.SortFunc(sorted, func(x, y tier.Record) int { return bytes.Compare(x.Key, y.Key) })
+		if err := a.Put(ctx, 12, scanOf(sorted)); err != nil {
+			t.Fatalf("Put of long keys: %v", err)
+		}
+		qs := make([]tier.ArchiveQuery, len(recs))
+		for i := range recs {
+			qs[i] = tier.ArchiveQuery{NS: "ns", Key: recs[i].Key, From: 0, To: 100}
+		}
+		out := make([]tier.Answer, len(qs))
+		if err := a.Lookup(ctx, qs, out); err != nil {
+			t.Fatal(err)
+		}
+		for i := range recs {
+			if out[i].Status != tier.Committed || out[i].Digest != recs[i].Digest || !bytes.Equal(out[i].Result, recs[i].Result) {
+				t.Errorf("key of %d bytes: %v, digest %x", len(recs[i].Key), out[i].Status, out[i].Digest)
+			}
+		}
+		// A key that shares a long key's first bytes is another key.
+		other := bytes.Clone(recs[len(recs)-2].Key)
+		other[len(other)-1] ^= 1
+		if err := a.Lookup(ctx, []tier.ArchiveQuery{{NS: "ns", Key: other, From: 0, To: 100}}, out[:1]); err != nil || out[0].Status != tier.Absent {
+			t.Errorf("a long key differing in its last byte: %v, %v; want absent", out[0].Status, err)
+		}
+		seen := map[string]bool{}
+		if err := a.Scan(ctx, 12, func(ns, key []byte) error { seen[string(key)] = true; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		for i := range recs {
+			if !seen[string(recs[i].Key)] {
+				t.Errorf("Scan did not return the key of %d bytes whole", len(recs[i].Key))
+			}
+		}
+		if err := a.Forget(ctx, qs[4:], out[4:]); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Lookup(ctx, qs, out); err != nil {
+			t.Fatal(err)
+		}
+		for i := range recs {
+			if want := map[bool]tier.Status{true: tier.Absent, false: tier.Committed}[i >= 4]; out[i].Status != want {
+				t.Errorf("after Forget of the long keys, key of %d bytes: %v, want %v", len(recs[i].Key), out[i].Status, want)
+			}
 		}
 	})
 }
