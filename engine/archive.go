@@ -136,9 +136,12 @@ func (e *Engine) openArchive(o Options, opened *closers) error {
 		if !ok {
 			return fmt.Errorf("%w: Archive needs the embedded store (Tiers Default with Dir)", ErrOptions)
 		}
-		id := e.local.ID()
+		gen, err := e.local.ArchiveGeneration()
+		if err != nil {
+			return err
+		}
 		a.scanner, a.check = scanner, hashCheck(e.hasher)
-		env.Owner, env.Check = "embedded:"+hex.EncodeToString(id[:]), a.check
+		env.Owner, env.Check = archiveOwner(e.local.ID(), gen), a.check
 	} else {
 		lg, ok := e.exact.(tier.ArchiveLog)
 		if !ok {
@@ -192,6 +195,43 @@ func (e *Engine) openArchive(o Options, opened *closers) error {
 	}
 	e.arch = a
 	return nil
+}
+
+// withoutArchive opens the embedded store without an archive. A store
+// that archived partitions (and dropped them from itself) is refused
+// unless detach: opened without its archive it would answer New for that
+// history, and its Forgets would miss it, so that an archive attached
+// again later would bring forgotten keys back. With detach the history
+// is let go, durably, and the store's detached archives are counted: an
+// archive records the count it was attached at (in its owner), so the
+// detached one is refused from then on (ErrLayout); a new archive starts
+// empty.
+func (e *Engine) withoutArchive(detach bool) error {
+	next, ok, err := e.local.Archived()
+	switch {
+	case err != nil:
+		return err
+	case !ok:
+		return nil
+	case !detach:
+		return fmt.Errorf("%w: the store moved its partitions before %d to an archive (and may have dropped them): open it with its Options.Archive, or set Options.DetachArchive to let that history go (the archive cannot be attached again)", ErrLayout, next)
+	}
+	if _, err := e.local.DetachArchive(); err != nil {
+		return err
+	}
+	e.logger.Printf("tierdedup: the archive is detached: keys of partitions before %d that left the window are New from now on", next)
+	return nil
+}
+
+// archiveOwner is the owner an archive of the embedded store records: the
+// store's ID, and the count of archives detached from it before (none:
+// the ID alone, as archives made before detaching was counted record).
+func archiveOwner(id [16]byte, gen int64) string {
+	owner := "embedded:" + hex.EncodeToString(id[:])
+	if gen > 0 {
+		owner += "/" + strconv.FormatInt(gen, 10)
+	}
+	return owner
 }
 
 // hashCheck is the digest of a hasher's secret a filter blob records.

@@ -2,8 +2,10 @@ package engine_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier"
+	"github.com/tierdedup/tierdedup/tier/pebble"
 	"github.com/tierdedup/tierdedup/tier/postgres"
 )
 
@@ -115,4 +118,79 @@ func TestArchiveLongKeys(t *testing.T) {
 			t.Fatalf("%d archiving passes failed", st.Archive.Failures)
 		}
 	})
+}
+
+// TestArchiveDetach: a store whose partitions went to an archive is
+// refused without it (ErrLayout), as the Redis tier refuses a process
+// without its log; DetachArchive lets the history go. A key forgotten
+// while detached is not brought back: the detached archive is refused
+// from then on (ErrLayout), and a new, empty archive is taken.
+func TestArchiveDetach(t *testing.T) {
+	eachArchive(t, func(t *testing.T, archive func(vfs.FS) tier.ArchiveBackend) {
+		r := newArchiveRun(t, archive)
+		for range 10 {
+			r.commitDay()
+		}
+		waitArchived(t, r.e)
+		if err := r.e.Close(); err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		o := archiveOptions(r.clock, r.fs, r.archive)
+		o.Archive, o.ArchiveWindow = nil, 0
+		if e, err := engine.Open(&o); !errors.Is(err, engine.ErrLayout) {
+			if err == nil {
+				_ = e.Close()
+			}
+			t.Fatalf("a store that archived, opened without its archive: %v, want ErrLayout", err)
+		}
+		bad := o
+		bad.DetachArchive, bad.Archive = true, r.archive
+		if _, err := engine.Open(&bad); !errors.Is(err, engine.ErrOptions) {
+			t.Fatalf("DetachArchive with an Archive: %v, want ErrOptions", err)
+		}
+		o.DetachArchive = true
+		e := open(t, o)
+		// Forgotten while detached: the compensated effect of a key the
+		// store still holds (day 6: inside the window).
+		if _, err := e.Forget(ctx, archiveKey(6, 1)); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if e, err := engine.Open(ptr(archiveOptions(r.clock, r.fs, r.archive))); !errors.Is(err, engine.ErrLayout) {
+			if err == nil {
+				in, _ := e.Lookup(ctx, archiveKey(6, 1))
+				_ = e.Close()
+				t.Fatalf("the detached archive attached again (the key forgotten meanwhile: %v), want ErrLayout", in.Outcome)
+			}
+			t.Fatalf("the detached archive attached again: %v, want ErrLayout", err)
+		}
+		o = archiveOptions(r.clock, r.fs, archive2(t, r.fs))
+		e = open(t, o)
+		defer e.Close()
+		if in, err := e.Lookup(ctx, archiveKey(6, 1)); err != nil || in.Outcome != engine.New {
+			t.Fatalf("the key forgotten while detached, with a new archive: %+v, %v; want New", in, err)
+		}
+		if in, err := e.Lookup(ctx, archiveKey(6, 2)); err != nil || in.Outcome != engine.Duplicate {
+			t.Fatalf("a key of the store's window, with a new archive: %+v, %v; want Duplicate", in, err)
+		}
+	})
+}
+
+// archive2 is another, empty archive of the kind the test runs: a second
+// directory, or a second table.
+func archive2(t *testing.T, fs vfs.FS) tier.ArchiveBackend {
+	if strings.HasSuffix(t.Name(), "files") {
+		return pebble.ArchiveDir{Dir: "archive2", FS: fs}
+	}
+	p := postgresPool(t)
+	table := fmt.Sprintf("engine_archt2_%d", time.Now().UnixNano()%1e9)
+	t.Cleanup(func() {
+		for _, s := range []string{"", "_layout", "_parts", "_blobs", "_log", "_open"} {
+			_, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table+s+" CASCADE")
+		}
+	})
+	return postgres.Archive{DB: p, Table: table}
 }

@@ -200,15 +200,8 @@ func (e *Engine) assemble(o Options, now int64, opened *closers) error {
 	}
 	e.current.Store(e.parts.Of(now))
 	if o.Archive == nil && e.local != nil {
-		// Without an archive the store drops what leaves the window: an
-		// archive given later promises nothing before it.
-		if _, ok, err := e.local.Archived(); err != nil || ok {
-			if err == nil {
-				err = e.local.SetArchived(-1)
-			}
-			if err != nil {
-				return err
-			}
+		if err := e.withoutArchive(o.DetachArchive); err != nil {
+			return err
 		}
 	}
 	if o.Archive != nil {

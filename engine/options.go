@@ -295,6 +295,14 @@ type Options struct {
 	// both a NamespaceWindows entry (shorter than Window, never archived)
 	// and one here. Storage is ArchiveWindow's for every namespace.
 	NamespaceArchiveWindows map[string]time.Duration
+	// DetachArchive lets an embedded store that moved partitions to an
+	// archive open without it (Archive nil): keys of those partitions
+	// that left the Window are New from then on, and that archive can
+	// never be attached again (ErrLayout: it would bring back keys
+	// forgotten meanwhile); a new, empty archive can. Without it such a
+	// store is refused without its archive (ErrLayout). Refused with an
+	// Archive (ErrOptions).
+	DetachArchive bool
 }
 
 // DefaultArchiveWindow is the archive window when Options.Archive is set
@@ -436,6 +444,9 @@ func (o *Options) validateArchive(d Options, bad func(format string, args ...any
 			bad("ArchiveWindow, ArchiveFalsePositive and NamespaceArchiveWindows need an Archive")
 		}
 		return
+	}
+	if o.DetachArchive {
+		bad("DetachArchive opens a store without its archive: Archive must be nil")
 	}
 	for name, w := range o.NamespaceArchiveWindows {
 		_, short := o.NamespaceWindows[name]

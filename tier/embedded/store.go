@@ -298,6 +298,33 @@ func (s *Store) SetArchived(next int64) error {
 	return nil
 }
 
+// DetachArchive lets the store's archive go: the SetArchived record is
+// removed and the detached archives counted, durably; it returns the new
+// count (ArchiveGeneration).
+func (s *Store) DetachArchive() (int64, error) {
+	if s.store == nil {
+		return 0, nil
+	}
+	gen, err := s.store.DetachArchive()
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", tier.ErrStorage, err)
+	}
+	return gen, nil
+}
+
+// ArchiveGeneration returns how many archives were detached from the
+// store: an archive attached now is bound to this generation.
+func (s *Store) ArchiveGeneration() (int64, error) {
+	if s.store == nil {
+		return 0, nil
+	}
+	gen, err := s.store.ArchiveGeneration()
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", tier.ErrStorage, err)
+	}
+	return gen, nil
+}
+
 // Archived returns the record SetArchived made (ok false: none).
 func (s *Store) Archived() (next int64, ok bool, err error) {
 	if s.store == nil {

@@ -242,6 +242,39 @@ func (s *Store) SetArchived(next int64) (err error) {
 	return s.set(keyArchived, binary.LittleEndian.AppendUint64(nil, uint64(next)))
 }
 
+// keyArchiveGen counts the archives detached from the store
+// (DetachArchive): an archive records the generation it was attached at,
+// so one detached is never taken back.
+var keyArchiveGen = []byte{spaceMeta, 'a', 'g'}
+
+// DetachArchive removes the SetArchived record and counts one more
+// detached archive, in one synced batch, and returns the new count.
+func (s *Store) DetachArchive() (gen int64, err error) {
+	if err := s.usable(); err != nil {
+		return 0, err
+	}
+	defer s.guard(&err)
+	if gen, err = s.ArchiveGeneration(); err != nil {
+		return 0, err
+	}
+	gen++
+	b := s.db.NewBatch()
+	defer b.Close()
+	_ = b.Delete(keyArchived, nil)
+	_ = b.Set(keyArchiveGen, binary.LittleEndian.AppendUint64(nil, uint64(gen)), nil)
+	return gen, s.apply(b, pebble.Sync)
+}
+
+// ArchiveGeneration returns how many archives were detached from the
+// store (DetachArchive).
+func (s *Store) ArchiveGeneration() (int64, error) {
+	gen, err := s.meta(keyArchiveGen)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, nil
+	}
+	return gen, err
+}
+
 // Archived returns the record SetArchived made; ok is false when there is
 // none.
 func (s *Store) Archived() (next int64, ok bool, err error) {
