@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -193,4 +194,71 @@ func archive2(t *testing.T, fs vfs.FS) tier.ArchiveBackend {
 		}
 	})
 	return postgres.Archive{DB: p, Table: table}
+}
+
+// forgetGate wraps an archive backend: Forget fails while down is set.
+type forgetGate struct {
+	tier.ArchiveBackend
+	down *atomic.Bool
+}
+
+func (g forgetGate) Open(ctx context.Context, env tier.ArchiveEnv) (tier.Archive, error) {
+	a, err := g.ArchiveBackend.Open(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	return forgetGateStore{a, g.down}, nil
+}
+
+type forgetGateStore struct {
+	tier.Archive
+	down *atomic.Bool
+}
+
+func (g forgetGateStore) Forget(ctx context.Context, qs []tier.ArchiveQuery, out []tier.Answer) error {
+	if g.down.Load() {
+		return errors.New("archive down")
+	}
+	return g.Archive.Forget(ctx, qs, out)
+}
+
+// TestArchiveForgetUnavailable: what docs/archive.md says of a Forget
+// the archive cannot take: ErrUnavailable after the hot store's delete,
+// the key then Duplicate from the archive if its partition was archived
+// and New if not; the Forget repeated removes it everywhere.
+func TestArchiveForgetUnavailable(t *testing.T) {
+	eachArchive(t, func(t *testing.T, archive func(vfs.FS) tier.ArchiveBackend) {
+		down := new(atomic.Bool)
+		r := newArchiveRun(t, func(fs vfs.FS) tier.ArchiveBackend { return forgetGate{archive(fs), down} })
+		defer func() { _ = r.e.Close() }()
+		for range 4 {
+			r.commitDay()
+		}
+		waitArchived(t, r.e)
+		ctx := context.Background()
+		archived, fresh := archiveKey(1, 5), []byte("today") // today's partition is not archived
+		if o, err := r.e.MarkIfAbsent(ctx, fresh); err != nil || o != engine.New {
+			t.Fatalf("mark of today's key: %v, %v", o, err)
+		}
+		down.Store(true)
+		for _, k := range [][]byte{archived, fresh} {
+			if _, err := r.e.Forget(ctx, k); !errors.Is(err, engine.ErrUnavailable) {
+				t.Fatalf("Forget of %s with the archive down: %v, want ErrUnavailable", k, err)
+			}
+		}
+		down.Store(false)
+		for k, want := range map[string]engine.Outcome{string(archived): engine.Duplicate, string(fresh): engine.New} {
+			if in, err := r.e.Lookup(ctx, []byte(k)); err != nil || in.Outcome != want {
+				t.Fatalf("%s after a Forget the archive refused: %+v, %v; want %v", k, in, err, want)
+			}
+		}
+		for _, k := range [][]byte{archived, fresh} {
+			if _, err := r.e.Forget(ctx, k); err != nil {
+				t.Fatal(err)
+			}
+			if in, err := r.e.Lookup(ctx, k); err != nil || in.Outcome != engine.New {
+				t.Fatalf("%s after the Forget repeated: %+v, %v; want New", k, in, err)
+			}
+		}
+	})
 }
