@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strings"
 	"testing"
 	"time"
 
@@ -28,7 +27,7 @@ func TestRedisSentinelFailover(t *testing.T) {
 	master := redistest.Start(t)
 	replica := redistest.StartReplica(t, master)
 	sentinel := redistest.StartSentinel(t, "dedup", master, 500*time.Millisecond)
-	waitReplicaSynced(t, replica)
+	replica.WaitSynced(t)
 	c := goredis.NewFailoverClient(&goredis.FailoverOptions{
 		MasterName: "dedup", SentinelAddrs: []string{sentinel.Addr},
 		MaxRetries: 1, DialTimeout: 200 * time.Millisecond, ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond,
@@ -151,21 +150,5 @@ func TestRedisSentinelFailover(t *testing.T) {
 		victim, failedOver.Sub(start), recovered.Sub(failedOver), unavailable, slowest, len(before), lostBefore, len(after), lostAfter)
 	if lostAfter != 0 {
 		t.Fatalf("%d keys acknowledged after the failover are not duplicates", lostAfter)
-	}
-}
-
-func waitReplicaSynced(t *testing.T, replica *redistest.Server) {
-	t.Helper()
-	c := replica.Client(t)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		info, _ := c.Info(context.Background(), "replication").Result()
-		if strings.Contains(info, "master_link_status:up") {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the replica did not sync:\n%s", info)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -13,7 +13,7 @@ import (
 // key.
 func (s *Store) Advance(ctx context.Context, reqs []Request, lease time.Duration, out []Result) error {
 	leaseMS, windowMS := max(lease.Milliseconds(), 1), s.window.Milliseconds()
-	return s.evalText(ctx, advanceScript, reqs, func(r *Request) []any {
+	return s.evalText(ctx, advanceScript, reqs, true, func(r *Request) []any {
 		return []any{claimPrefix(r.Token), string(r.Digest[:]), leaseMS, windowMS}
 	}, func(i int, v string) error {
 		out[i] = Result{Partition: -1}

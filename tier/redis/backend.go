@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -24,6 +25,14 @@ type Config struct {
 	// could evict dedup keys (ErrEvictionPolicy, an ErrOptions);
 	// otherwise Open logs a warning.
 	RequireNoEviction bool
+	// WaitReplicas, when positive, acknowledges every claim, mark, commit
+	// and forget only once that many replicas hold it (WAIT, bounded by
+	// WaitTimeout, DefaultWaitTimeout when zero): a failover then loses
+	// no acknowledged write; fewer replicas in time is ErrUnavailable. A
+	// single Redis or Sentinel deployment only. See Options.WaitReplicas
+	// and docs/shared-tiers.md for its cost.
+	WaitReplicas int
+	WaitTimeout  time.Duration
 }
 
 // Backend is the Redis tier as an engine's backend (engine.Options.Backend).
@@ -63,6 +72,9 @@ func (b *Backend) Validate(env tier.Env) error {
 	if strings.ContainsRune(b.config.Prefix, 0) {
 		errs = append(errs, fmt.Errorf("%w: %w: Prefix %q contains a NUL byte, which ends a prefix in the key layout", tier.ErrOptions, ErrOptions, b.config.Prefix))
 	}
+	if _, single := b.client.(*goredis.Client); !single && b.config.WaitReplicas > 0 {
+		errs = append(errs, fmt.Errorf("%w: %w: WaitReplicas needs a single Redis (or Sentinel) deployment: WAIT acknowledges one connection's writes on one server", tier.ErrOptions, ErrOptions))
+	}
 	if _, cluster := b.client.(*goredis.ClusterClient); cluster && env.ArchiveLog {
 		errs = append(errs, fmt.Errorf("%w: %w: an archive behind Redis needs a single Redis (or Sentinel) deployment, not a Cluster: the log is appended in the commit's own script, which touches one slot only", tier.ErrOptions, ErrOptions))
 	}
@@ -81,6 +93,7 @@ func (b *Backend) Open(ctx context.Context, env tier.Env) (tier.Exact, error) {
 	s, err := New(ctx, b.client, &Options{
 		Prefix: b.config.Prefix, Window: env.Window, RequireNoEviction: b.config.RequireNoEviction, Logger: env.Logger,
 		MaxAttempts: env.MaxAttempts, NamespaceWindows: env.NamespaceWindows, Uncached: env.NoSharedCache, ArchiveLog: env.ArchiveLog,
+		WaitReplicas: b.config.WaitReplicas, WaitTimeout: b.config.WaitTimeout,
 	})
 	if err != nil {
 		return nil, tier.Classify(err, ErrLayout, ErrOptions, ErrEvictionPolicy)

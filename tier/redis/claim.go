@@ -33,7 +33,7 @@ func (s *Store) Claim(ctx context.Context, reqs []Request, lease time.Duration, 
 // claimScripted is Claim through claimScript (mark: Mark's).
 func (s *Store) claimScripted(ctx context.Context, reqs []Request, lease time.Duration, mark bool, out []Result) error {
 	leaseMS, windowMS := max(lease.Milliseconds(), 1), s.window.Milliseconds()
-	return s.evalText(ctx, claimScript, reqs, func(r *Request) []any {
+	return s.evalText(ctx, claimScript, reqs, true, func(r *Request) []any {
 		var earlier string
 		if r.Earlier != (Token{}) {
 			earlier = string(r.Earlier[:])
@@ -167,7 +167,7 @@ func (s *Store) setNX(ctx context.Context, reqs []Request, lease time.Duration, 
 		v, ttl := value(&reqs[i])
 		cmds[i] = pipe.SetArgs(ctx, s.Key(reqs[i].NS, reqs[i].Key), v, goredis.SetArgs{Mode: "NX", Get: true, TTL: ttl})
 	}
-	if err := s.exec(ctx, pipe); err != nil && !errors.Is(err, goredis.Nil) {
+	if err := s.execWrites(ctx, pipe); err != nil && !errors.Is(err, goredis.Nil) {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	olds := make([]any, len(reqs))

@@ -29,7 +29,7 @@ func (s *Store) look(ctx context.Context, reqs []Request, out []Result, forget b
 	if forget {
 		flag = 1
 	}
-	return s.evalText(ctx, lookScript, reqs, func(r *Request) []any { return []any{flag, s.logsRemovals()} }, func(i int, v string) (err error) {
+	return s.evalText(ctx, lookScript, reqs, forget, func(r *Request) []any { return []any{flag, s.logsRemovals()} }, func(i int, v string) (err error) {
 		out[i], err = s.decodeLook(v)
 		out[i].Partition = -1
 		return err

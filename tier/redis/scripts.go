@@ -370,8 +370,8 @@ return out`),
 
 // evalText runs sc for each request and hands each answer's text to
 // decode; a decode error names the key.
-func (s *Store) evalText(ctx context.Context, sc *keyScript, reqs []Request, args func(*Request) []any, decode func(i int, v string) error) error {
-	answers, err := s.evalBatch(ctx, sc, reqs, args)
+func (s *Store) evalText(ctx context.Context, sc *keyScript, reqs []Request, writes bool, args func(*Request) []any, decode func(i int, v string) error) error {
+	answers, err := s.evalBatch(ctx, sc, reqs, writes, args)
 	if err != nil {
 		return err
 	}
@@ -388,7 +388,7 @@ func (s *Store) evalText(ctx context.Context, sc *keyScript, reqs []Request, arg
 }
 
 func (s *Store) runScript(ctx context.Context, sc *keyScript, reqs []Request, out []Status, args func(*Request) []any) error {
-	answers, err := s.evalBatch(ctx, sc, reqs, args)
+	answers, err := s.evalBatch(ctx, sc, reqs, true, args)
 	if err != nil {
 		return err
 	}
@@ -409,7 +409,7 @@ func (s *Store) runScript(ctx context.Context, sc *keyScript, reqs []Request, ou
 // request's answer: a string, an int64, or nil (Lua false). A single
 // server runs sc's many form once per chunk of chunkKeys requests; a
 // sharded client (Cluster, Ring) runs its one form once per request.
-func (s *Store) evalBatch(ctx context.Context, sc *keyScript, reqs []Request, args func(*Request) []any) ([]any, error) {
+func (s *Store) evalBatch(ctx context.Context, sc *keyScript, reqs []Request, writes bool, args func(*Request) []any) ([]any, error) {
 	nk := 1
 	if s.logKey != "" {
 		nk = 2 // a Cluster keeps no log: one server holds both
@@ -455,7 +455,7 @@ func (s *Store) evalBatch(ctx context.Context, sc *keyScript, reqs []Request, ar
 				lo = i
 			}
 		}
-		err := s.exec(ctx, pipe)
+		err := s.execWait(ctx, pipe, writes)
 		if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") && attempt == 0 {
 			// The server restarted or failed over and lost its scripts;
 			// the scripts are idempotent for the caller's token, so the

@@ -70,9 +70,31 @@ type Options struct {
 	// appending. A Cluster keeps no log (ErrOptions): a script may touch
 	// one slot only.
 	ArchiveLog bool
+	// WaitReplicas, when positive, acknowledges a write (a claim, mark,
+	// commit, extension, forget or advance) only once that many replicas
+	// have it: each write's pipeline ends with WAIT WaitReplicas
+	// WaitTimeout, and fewer replicas answering in time fail the call
+	// with ErrUnavailable (its outcome unknown, as with a lost reply). So
+	// a replica promoted after the master dies holds every acknowledged
+	// write. Zero waits for none: replication is asynchronous, and a
+	// failover may lose the last writes. A single server or Sentinel
+	// only (ErrOptions with a Cluster or Ring); at most maxWaitReplicas.
+	WaitReplicas int
+	// WaitTimeout bounds each WAIT; zero means DefaultWaitTimeout, at
+	// most a minute. The caller's context deadline bounds it too.
+	WaitTimeout time.Duration
 	// Logger receives warnings; nil means the standard logger.
 	Logger *log.Logger
 }
+
+// DefaultWaitTimeout is Options.WaitTimeout's default: a replica on the
+// same network acknowledges in well under a millisecond; one that lags
+// by a second is one a failover would lose writes to.
+const DefaultWaitTimeout = time.Second
+
+// maxWaitReplicas bounds Options.WaitReplicas: more replicas than any
+// deployment runs is a mistake, not a policy.
+const maxWaitReplicas = 64
 
 // Validate reports every invalid field at once.
 func (o *Options) Validate() error {
@@ -85,6 +107,12 @@ func (o *Options) Validate() error {
 	}
 	if err := tier.CheckAttempts(o.MaxAttempts); err != nil {
 		errs = append(errs, fmt.Errorf("%w: %w", ErrOptions, err))
+	}
+	if o.WaitReplicas < 0 || o.WaitReplicas > maxWaitReplicas {
+		errs = append(errs, fmt.Errorf("%w: WaitReplicas %d outside [0, %d]", ErrOptions, o.WaitReplicas, maxWaitReplicas))
+	}
+	if o.WaitTimeout < 0 || o.WaitTimeout > time.Minute {
+		errs = append(errs, fmt.Errorf("%w: WaitTimeout %v outside [0, 1m]", ErrOptions, o.WaitTimeout))
 	}
 	return errors.Join(errs...)
 }
@@ -120,6 +148,8 @@ type Store struct {
 	// (Cluster, Ring): scripts run once per key, not once per batch.
 	sharded bool
 	late    sync.WaitGroup // pipelines still running after their caller's deadline
+	// replicas and waitMS are Options.WaitReplicas and WaitTimeout (ms).
+	replicas, waitMS int64
 }
 
 // exec runs pipe and returns by ctx's deadline, whatever the client's own
@@ -131,6 +161,41 @@ type Store struct {
 // Close waits for it. Commands are built before exec, so nothing of the
 // caller's is read after exec returns.
 func (s *Store) exec(ctx context.Context, pipe goredis.Pipeliner) error {
+	return s.execWait(ctx, pipe, false)
+}
+
+// execWrites is exec for a pipeline of writes the caller is answered on:
+// with Options.WaitReplicas the pipeline ends with a WAIT on the same
+// connection, and fewer replicas than asked, in time, is ErrUnavailable.
+func (s *Store) execWrites(ctx context.Context, pipe goredis.Pipeliner) error {
+	return s.execWait(ctx, pipe, true)
+}
+
+func (s *Store) execWait(ctx context.Context, pipe goredis.Pipeliner, writes bool) error {
+	var wait *goredis.Cmd
+	if writes && s.replicas > 0 {
+		ms := s.waitMS
+		if d, ok := ctx.Deadline(); ok {
+			ms = max(min(ms, time.Until(d).Milliseconds()), 1)
+		}
+		wait = pipe.Do(ctx, "WAIT", s.replicas, ms)
+	}
+	err := s.run(ctx, pipe)
+	if wait == nil || err != nil && !errors.Is(err, goredis.Nil) {
+		return err
+	}
+	// goredis.Nil is a command's empty answer (SET … GET of an absent
+	// key), not a failure: the WAIT decides.
+	if n, werr := wait.Int64(); werr != nil {
+		return fmt.Errorf("%w: WAIT: %w", ErrUnavailable, werr)
+	} else if n < s.replicas {
+		return fmt.Errorf("%w: %d of %d replicas acknowledged the write within %d ms", ErrUnavailable, n, s.replicas, s.waitMS)
+	}
+	return err
+}
+
+// run runs pipe and returns by ctx's deadline (see exec).
+func (s *Store) run(ctx context.Context, pipe goredis.Pipeliner) error {
 	if ctx.Done() == nil {
 		_, err := pipe.Exec(ctx)
 		return err
@@ -176,6 +241,15 @@ func New(ctx context.Context, client goredis.UniversalClient, opts *Options) (*S
 	s := &Store{c: client, prefix: o.Prefix, window: o.Window, max: o.MaxAttempts, logger: o.Logger, nsWindows: o.NamespaceWindows, uncached: o.Uncached}
 	_, single := client.(*goredis.Client) // one server, or Sentinel's failover client
 	s.sharded = !single
+	if o.WaitReplicas > 0 {
+		if s.sharded {
+			return nil, fmt.Errorf("%w: WaitReplicas needs a single Redis (or Sentinel) deployment: WAIT acknowledges one connection's writes on one server", ErrOptions)
+		}
+		if o.WaitTimeout == 0 {
+			o.WaitTimeout = DefaultWaitTimeout
+		}
+		s.replicas, s.waitMS = int64(o.WaitReplicas), max(o.WaitTimeout.Milliseconds(), 1)
+	}
 	if o.ArchiveLog {
 		if _, cluster := client.(*goredis.ClusterClient); cluster {
 			return nil, fmt.Errorf("%w: an archive log needs a single Redis (or Sentinel) deployment: a Cluster script touches one slot only", ErrOptions)

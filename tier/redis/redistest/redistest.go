@@ -1,6 +1,7 @@
 package redistest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -238,6 +239,24 @@ func waitGone(pid int) {
 func StartReplica(t testing.TB, master *Server, extra ...string) *Server {
 	t.Helper()
 	return Start(t, append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(master.Port)}, extra...)...)
+}
+
+// WaitSynced waits until s, a replica, has its link to its master up
+// (10 s at most, then the test fails).
+func (s *Server) WaitSynced(t testing.TB) {
+	t.Helper()
+	c := s.Client(t)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, _ := c.Info(context.Background(), "replication").Result()
+		if strings.Contains(info, "master_link_status:up") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replica did not sync:\n%s", info)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // StartSentinel runs a Redis Sentinel that monitors master under name,
