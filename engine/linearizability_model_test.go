@@ -237,6 +237,15 @@ type linModel struct {
 	// voidOnRestart: claims live in the engine (memory-only, the embedded
 	// tier) and die with it.
 	voidOnRestart bool
+	// countOnRestart: a claim voided so is an attempt (DurableClaims:
+	// its handler may have run).
+	countOnRestart bool
+	// retriedCopies: the client retries commands whose replies time out
+	// (go-redis's retries, a paused server): a Commit or Release that
+	// answers ErrLeaseLost may follow a copy of itself that applied, and a
+	// Forget's answer may be read after its first copy removed the key
+	// (docs/reliability.md), so each may have taken effect.
+	retriedCopies bool
 	broken        linBreak
 }
 
@@ -353,9 +362,12 @@ func (m linModel) step(s linState, in linInput, out linOutput) []linState {
 			if in.class == linEntity {
 				return one(free(s))
 			}
-			// Void, and not counted.
+			// Void, and not counted (DurableClaims: counted).
 			n := s.calls()
 			n.attempts = s.attempts
+			if m.countOnRestart && in.class == linKey {
+				n.attempts++
+			}
 			return one(n)
 		}
 		return one(s)
@@ -500,6 +512,9 @@ func (m linModel) commit(s linState, in linInput, out linOutput) []linState {
 		if !owns(s, in) || mayEnd(s, in) {
 			return one(s)
 		}
+		if m.retriedCopies && in.class != linEntity {
+			return []linState{s, committed(s, s.cdigest, in.result)}
+		}
 	}
 	return nil
 }
@@ -522,6 +537,11 @@ func (m linModel) release(s linState, in linInput, out linOutput) []linState {
 	case linLeaseLost:
 		if !owns(s, in) || mayEnd(s, in) {
 			return one(s)
+		}
+		if m.retriedCopies && in.class != linEntity {
+			n := s.calls()
+			n.attempts = m.count(s.attempts)
+			return []linState{s, n}
 		}
 	}
 	return nil
@@ -561,6 +581,15 @@ func (m linModel) lookup(s linState, in linInput, out linOutput) []linState {
 }
 
 func (m linModel) forget(s linState, in linInput, out linOutput) []linState {
+	if m.retriedCopies && (out.err == linOK || out.err == linInFlightErr) {
+		// A copy that applied may have removed the key before the copy
+		// whose answer came back read it (then held, or changed by
+		// others): the answer says nothing of what was removed.
+		if _, ok := m.acquirable(s, in); ok {
+			return []linState{s, s.calls()}
+		}
+		return one(s)
+	}
 	switch out.err {
 	case linInFlightErr:
 		if out.outcome == engine.InFlight && (othersPending(s, in) || heldByClaim(s, in)) {

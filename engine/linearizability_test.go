@@ -16,8 +16,10 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/pebble"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -71,6 +73,19 @@ type linConfig struct {
 	leaseJumps bool
 	advance    bool // Advance serves this configuration
 	tokens     bool // so do tokens
+	// durable: Options.DurableClaims (with MaxAttempts): a claim a
+	// restart abandons counts as an attempt.
+	durable bool
+	// archive: the embedded store with a files archive; between rounds
+	// the clock moves past the hot window and the engine reopens with a
+	// window an hour longer, so the keys committed before answer from the
+	// archive (or the store) as long as the archive window holds them.
+	archive bool
+	// stalls pauses the Redis server for 50–150 ms now and then while the
+	// clients run; the clients' go-redis reads time out after 30 ms and
+	// retry (late and repeated copies of every command), and the engine's
+	// calls outlast the pauses.
+	stalls bool
 }
 
 // linBackend names a configuration's shared tier.
@@ -113,6 +128,9 @@ var linConfigs = []linConfig{
 	{name: "redis", backend: linRedis, maxAttempts: 3, advance: true, tokens: true},
 	{name: "redis-restarts", backend: linRedis, restarts: linMidRound, advance: true, tokens: true},
 	{name: "postgres", backend: linPostgres, maxAttempts: 3, tokens: true},
+	{name: "default-durable", tiers: engine.Default, maxAttempts: 3, durable: true, restarts: linMidRound},
+	{name: "default-archive", tiers: engine.Default, restarts: linBetweenRounds, archive: true},
+	{name: "redis-stalls", backend: linRedis, stalls: true},
 }
 
 func TestLinearizability(t *testing.T) {
@@ -154,7 +172,13 @@ func runLinearizability(t *testing.T, cfg linConfig, calls int) {
 	}
 	o := engine.Options{
 		Tiers: cfg.tiers, Clock: clock, Lease: lease, MaxAttempts: cfg.maxAttempts,
-		MemoryCapacity: 4096, ExpectedKeys: 1000,
+		MemoryCapacity: 4096, ExpectedKeys: 1000, DurableClaims: cfg.durable,
+	}
+	if cfg.archive {
+		// Hour partitions, a two-hour window that grows an hour a round,
+		// and an archive far longer than the run: no key expires.
+		o.Lease, o.Window, o.Partition = 30*time.Minute, 2*time.Hour, time.Hour
+		o.Archive, o.ArchiveWindow = pebble.ArchiveDir{Dir: t.TempDir()}, 10*day
 	}
 	if cfg.async {
 		o.CommitQueue = 8 // small: CommitAsync waits for room now and then
@@ -177,6 +201,9 @@ func runLinearizability(t *testing.T, cfg linConfig, calls int) {
 		opts[i] = o
 		if redisSrv != nil {
 			c := redisSrv.Client(t) // a client per process
+			if cfg.stalls {
+				c = redisSrv.ClientWith(t, &goredis.Options{ReadTimeout: 30 * time.Millisecond, MaxRetries: 50, MaxRetryBackoff: 20 * time.Millisecond})
+			}
 			opts[i].Backend = redisBackend(c, redisPrefix)
 		}
 	}
@@ -184,7 +211,7 @@ func runLinearizability(t *testing.T, cfg linConfig, calls int) {
 	defer h.closeAll(t)
 
 	rec := &linRecorder{clock: clock, hold: linHolds(cfg)}
-	model := linModel{lease: int64(lease), maxAttempts: cfg.maxAttempts, voidOnRestart: !cfg.shared()}
+	model := linModel{lease: int64(o.Lease), maxAttempts: cfg.maxAttempts, voidOnRestart: !cfg.shared(), countOnRestart: cfg.durable, retriedCopies: cfg.stalls}
 	var ids, steps atomic.Int64
 	tokens := &linTokens{}
 	clients := make([]*linClient, linClients)
@@ -197,8 +224,45 @@ func runLinearizability(t *testing.T, cfg linConfig, calls int) {
 	}
 	perClient := max(1, calls/(linClients*cfg.rounds()))
 	start := time.Now()
+	var pauses atomic.Int64
+	if cfg.stalls {
+		stop := make(chan struct{})
+		stopped := make(chan struct{})
+		defer func() { close(stop); <-stopped }()
+		go func() {
+			defer close(stopped)
+			rng := rand.New(rand.NewPCG(7, uint64(time.Now().UnixNano())))
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(time.Duration(20+rng.IntN(100)) * time.Millisecond):
+				}
+				redisSrv.Pause()
+				time.Sleep(time.Duration(50+rng.IntN(100)) * time.Millisecond)
+				redisSrv.Resume()
+				pauses.Add(1)
+			}
+		}()
+	}
 	for round := range cfg.rounds() {
 		if round > 0 && cfg.restarts == linBetweenRounds {
+			if cfg.archive {
+				// Every key committed (or held) at the round's end, so the
+				// next round has committed keys to find in the archive.
+				clients[0].markKeys(ctx, linKeys, false)
+				// The keys' partitions leave the window, are archived and
+				// dropped from the store; the engine comes back with a
+				// window an hour longer, which holds them again: the store
+				// no longer does, and the archive must answer.
+				clock.Add(3 * time.Hour)
+				for i := range opts {
+					e, _, _ := h.get(i)
+					_, _ = e.Lookup(ctx, []byte("tick")) // rotates
+					waitArchived(t, e)
+					h.opts[i].Window += time.Hour
+				}
+			}
 			for i := range opts {
 				rec.restart(i, func() error { return h.restart(i) })
 			}
@@ -237,6 +301,9 @@ func runLinearizability(t *testing.T, cfg linConfig, calls int) {
 						return
 					}
 					c.step(ctx)
+					if cfg.stalls {
+						time.Sleep(time.Millisecond) // the run outlasts several pauses
+					}
 					if n := done.Add(1); cfg.restarts == linMidRound && n%linRestartEvery == 0 {
 						select {
 						case trigger <- struct{}{}:
@@ -262,6 +329,9 @@ func runLinearizability(t *testing.T, cfg linConfig, calls int) {
 	ran := time.Since(start)
 	if t.Failed() {
 		t.FailNow()
+	}
+	if cfg.stalls && pauses.Load() < 3 {
+		t.Fatalf("the server was paused %d times while the clients ran, want at least 3", pauses.Load())
 	}
 
 	history := rec.history()
@@ -761,9 +831,14 @@ func (c *linClient) claimKeys(ctx context.Context, keys []string) {
 // mark marks one key (MarkIfAbsent) or up to three (MarkBatch with
 // digests, repeats allowed).
 func (c *linClient) mark(ctx context.Context) {
-	_, ns, inst := c.h.get(c.eng)
 	n := 1 + c.rng.IntN(3)
-	keys := c.keys(n, true)
+	c.markKeys(ctx, c.keys(n, true), n == 1 && c.rng.IntN(2) == 0)
+}
+
+// markKeys marks keys, with MarkIfAbsent when single, else MarkBatch.
+func (c *linClient) markKeys(ctx context.Context, keys []string, single bool) {
+	_, ns, inst := c.h.get(c.eng)
+	n := len(keys)
 	ins := make([]linInput, n)
 	bkeys := make([][]byte, n)
 	ds := make([]engine.Digest, n)
@@ -771,7 +846,6 @@ func (c *linClient) mark(ctx context.Context) {
 		bkeys[i], ds[i] = []byte(k), linDigests[c.rng.IntN(len(linDigests))]
 		ins[i] = linInput{op: linMark, class: linKey, part: "k:" + k, eng: c.eng, inst: inst, digest: ds[i]}
 	}
-	single := n == 1 && c.rng.IntN(2) == 0
 	if single {
 		ins[0].digest = engine.Digest{} // MarkIfAbsent carries no digest
 	}

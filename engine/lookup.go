@@ -313,7 +313,13 @@ func (e *Engine) lookupExact(ctx context.Context, b *batch, ns *Namespace, keys 
 		if out[i].Outcome == New {
 			out[i].Source = SourceStore
 		}
-		reqs = append(reqs, tier.Request{NS: ns.name, Key: keys[i], Oldest: oldest, Mask: mask})
+		r := tier.Request{NS: ns.name, Key: keys[i], Oldest: oldest, Mask: mask}
+		if forget && e.where == tier.ClaimsInStore {
+			// The call's own token: a copy of the delete that the client
+			// retried after a lost reply answers what the first removed.
+			r.Token = e.ownerToken(b.tokens[i])
+		}
+		reqs = append(reqs, r)
 		qidx = append(qidx, i)
 	}
 	b.reqs, b.qidx = reqs, qidx

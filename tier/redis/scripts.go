@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/tierdedup/tierdedup/tier"
 
@@ -133,6 +134,14 @@ else
 end
 return 1`)
 
+// forgetFenceMS is how long a Forget leaves its fence ('X' ‖ token ‖
+// answer) on the key it removed: longer than a client's retries of the
+// call (go-redis by default: 3 retries of up to 3 s reads), so a retried
+// copy answers what the first copy removed. A claim of the key meanwhile
+// goes through the claim script (a SET NX cannot pass a fence), which
+// takes the key as free.
+const forgetFenceMS = "30000"
+
 // extendScript makes the lease of the caller's unexpired claim (token
 // prefix ARGV[1]) end ARGV[2] ms from now unless it ends later, keeping an
 // attempt-counted claim (MaxAttempts) for ARGV[3] ms; a claim without a
@@ -162,27 +171,47 @@ return 1`)
 
 // lookScript reads KEYS[1] without claiming it: ” (absent), 'H' (a live
 // claim), 'E' ‖ attempts (a claim whose lease ended) or the value of a
-// commit ('D'…) or an attempt count ('R'…). With ARGV[1] = 1 it also
-// deletes the key unless a live claim holds it (Forget), and with ARGV[2]
-// = 1 appends the removal to the archive log KEYS[2], found or not (the
-// log may still hold an earlier commit of the key).
-var lookScript = newKeyScript(`
+// commit ('D'…) or an attempt count ('R'…).
+var lookScript = newKeyScript(strings.ReplaceAll(lookBody, "HELD", "'H'") + `
+if not v then return '' end
+return out`)
+
+// lookBody reads KEYS[1] into v (nil when absent or fenced), the fence
+// into fenced, and its answer into out, as lookScript answers; for a live
+// claim it returns HELD itself (the script's form of 'H').
+const lookBody = `
 local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, 1) == 'X' then v = nil end -- a fence: free
+local fenced = v and string.sub(v, 1, 1) == 'X' and v
+if fenced then v = nil end -- a fence: free
 local out = v
 if v and string.sub(v, 1, 1) == 'C' then
   local lease, cnt = string.match(string.sub(v, 18), '^(%d+):(%d+)$')
-  if not lease then return 'H' end
+  if not lease then return HELD end
   local t = redis.call('TIME')
-  if tonumber(lease) > tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then return 'H' end
+  if tonumber(lease) > tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then return HELD end
   out = 'E' .. cnt
+end`
+
+// forgetScript deletes KEYS[1] if it still holds exactly ARGV[1] (its raw
+// value as the caller read it, ” for absent or fenced) and no live claim,
+// leaving the fence of the call's token ARGV[2] with the answer for
+// forgetFenceMS ('X' ‖ token ‖ answer: free to every script), and with
+// ARGV[3] = 1 appends the removal to the archive log KEYS[2] (found or
+// not: the log may still hold an earlier commit). It answers '1' ‖ what
+// lookScript answers, or '0' when the value changed since the read (the
+// caller reads again). A copy of the call retried after a lost reply finds
+// its fence and answers what the first removed; a copy later still finds
+// another value (a commit made since carries another token) and changes
+// nothing: a Forget removes only what it read.
+var forgetScript = newKeyScript(strings.ReplaceAll(lookBody, "HELD", "'1H'") + `
+if fenced and #fenced > 17 and string.sub(fenced, 2, 17) == ARGV[2] then
+  return '1' .. string.sub(fenced, 18) -- a copy of this forget that applied
 end
-if ARGV[1] == '1' then
-  if v then redis.call('DEL', KEYS[1]) end
-  if ARGV[2] == '1' then redis.call('XADD', KEYS[2], '*', 'k', KEYS[1], 'f', '1') end
-end
-if not v then return '' end
-return out`)
+if (v or '') ~= ARGV[1] then return '0' end
+if not v then out = '' end
+if v then redis.call('SET', KEYS[1], 'X' .. ARGV[2] .. out, 'PX', ` + forgetFenceMS + `) end
+if ARGV[3] == '1' then redis.call('XADD', KEYS[2], '*', 'k', KEYS[1], 'f', '1') end
+return '1' .. out`)
 
 // trimScript trims the archive log KEYS[1] below the ID ARGV[1] and
 // records in KEYS[2] the newest position trimmed, ARGV[2] ‖ '-' ‖ ARGV[3]
