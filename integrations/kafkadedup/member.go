@@ -81,6 +81,13 @@ type Options struct {
 	// OpenWait bounds how long assignment waits for a partition directory
 	// that a previous owner still holds; default 30s, at most 10 minutes.
 	OpenWait time.Duration
+	// StallReport bounds how long a partition the Member holds may receive
+	// records without committing any before it says why: it is logged, with
+	// the offset the partition is stopped at and the stop's cause (a
+	// handler error, a key in flight elsewhere, a failed claim or commit),
+	// and counted (Stats.Stalls); again each StallReport while it lasts.
+	// Default 1 minute, at most an hour.
+	StallReport time.Duration
 	// Logger receives assignment and handoff events; nil means log.Default.
 	Logger *log.Logger
 }
@@ -99,6 +106,9 @@ type Stats struct {
 	// at (a handler error, a key in flight, a failed commit) whose records
 	// were ignored and the client set back to the stop again.
 	Rewinds uint64
+	// Stalls counts the reports of partitions that received records but
+	// committed none for Options.StallReport.
+	Stalls uint64
 }
 
 // Member is one consumer-group member's dedup state: an engine per
@@ -109,7 +119,7 @@ type Member struct {
 	log   *log.Logger
 	mu    sync.Mutex // protects parts; Process reads it without the lock only between the client's rebalances
 	parts map[tp]*partition
-	stats struct{ records, news, dups, rejected, failed, assigned, revoked, imports, exports, rewinds atomic.Uint64 }
+	stats struct{ records, news, dups, rejected, failed, assigned, revoked, imports, exports, rewinds, stalls atomic.Uint64 }
 }
 
 // maxOpenWait bounds Options.OpenWait.
@@ -131,6 +141,9 @@ func New(opts *Options) (*Member, error) {
 	if o.OpenWait < 0 || o.OpenWait > maxOpenWait {
 		errs = append(errs, fmt.Errorf("%w: OpenWait %v outside [0, %v]", ErrOptions, o.OpenWait, maxOpenWait))
 	}
+	if o.StallReport < 0 || o.StallReport > time.Hour {
+		errs = append(errs, fmt.Errorf("%w: StallReport %v outside [0, 1h]", ErrOptions, o.StallReport))
+	}
 	tmpl := o.Engine
 	tmpl.Dir = filepath.Join(o.Dir, "template")
 	if err := tmpl.Validate(); err != nil {
@@ -141,6 +154,9 @@ func New(opts *Options) (*Member, error) {
 	}
 	if o.OpenWait == 0 {
 		o.OpenWait = 30 * time.Second
+	}
+	if o.StallReport == 0 {
+		o.StallReport = time.Minute
 	}
 	if o.Key == nil {
 		o.Key = func(r *kgo.Record) []byte { return r.Key }
@@ -202,7 +218,7 @@ func (m *Member) Stats() Stats {
 	s := &m.stats
 	return Stats{
 		Records: s.records.Load(), New: s.news.Load(), Duplicates: s.dups.Load(), Rejected: s.rejected.Load(), Failed: s.failed.Load(),
-		Assigned: s.assigned.Load(), Revoked: s.revoked.Load(), Imports: s.imports.Load(), Exports: s.exports.Load(), Rewinds: s.rewinds.Load(),
+		Assigned: s.assigned.Load(), Revoked: s.revoked.Load(), Imports: s.imports.Load(), Exports: s.exports.Load(), Rewinds: s.rewinds.Load(), Stalls: s.stalls.Load(),
 	}
 }
 

@@ -361,3 +361,45 @@ func TestRewindIsSetAgain(t *testing.T) {
 		t.Error("no rewind counted")
 	}
 }
+
+// TestStallReported: a partition whose handler keeps failing at one record
+// (MaxAttempts 0: never Poison) receives records but commits nothing: the
+// Member says so within StallReport, naming the offset it is stopped at
+// and why, and counts it.
+func TestStallReported(t *testing.T) {
+	cluster, err := kfake.NewCluster(kfake.SeedTopics(1, "orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Close()
+	brokers := cluster.ListenAddrs()
+	produce(brokers, "a", "b", "c")
+	var logs syncBuffer
+	m, err := kafkadedup.New(&kafkadedup.Options{Group: "g", Dir: t.TempDir(), StallReport: 300 * time.Millisecond, Logger: log.New(&logs, "", 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	cl, err := kgo.NewClient(append(m.Opts(), kgo.SeedBrokers(brokers...),
+		kgo.ConsumeTopics("orders"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50*time.Millisecond))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	l := newOffsetLedger()
+	l.failing[1] = 1 << 30
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for m.Stats().Stalls == 0 {
+		f := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			cl.AllowRebalance()
+			t.Fatalf("no stall reported; log:\n%s", logs.String())
+		}
+		_ = m.Process(ctx, cl, f, l.handle)
+		cl.AllowRebalance()
+	}
+	if !strings.Contains(logs.String(), "stopped at offset 1: offset 1 fails") {
+		t.Fatalf("the report does not name the stop and its cause; log:\n%s", logs.String())
+	}
+}

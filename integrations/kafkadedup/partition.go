@@ -35,6 +35,11 @@ type partition struct {
 	// already holds from beyond the stop are never committed past it.
 	stopped atomic.Int64
 	key     []byte
+	// progress is when the partition last committed (or was opened), why
+	// the cause of its stop, and reported when its stall was last logged:
+	// used by Process's goroutine only.
+	progress, reported time.Time
+	why                string
 }
 
 // offsetKey is the record that holds a partition's next offset for group.
@@ -156,7 +161,7 @@ func (m *Member) openDir(ctx context.Context, t tp) (*partition, error) {
 	for {
 		e, err := engine.Open(&o)
 		if err == nil {
-			p := &partition{e: e, key: offsetKey(m.o.Group, t.topic, t.part)}
+			p := &partition{e: e, key: offsetKey(m.o.Group, t.topic, t.part), progress: time.Now()}
 			p.stopped.Store(-1)
 			next, err := readOffset(e, p.key)
 			if err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -73,6 +74,8 @@ func (m *Member) Run(ctx context.Context, cl *kgo.Client, h Handler) error {
 
 // batch handles one partition's records.
 func (m *Member) batch(ctx context.Context, cl *kgo.Client, t tp, p *partition, recs []*kgo.Record, h Handler) error {
+	m.reportStall(t, p)
+	first := recs[0].Offset
 	recs, resume, beyond := p.unhandled(recs)
 	if beyond {
 		// Fetched from past the offset the partition stopped at: the
@@ -81,9 +84,9 @@ func (m *Member) batch(ctx context.Context, cl *kgo.Client, t tp, p *partition, 
 		// again, from the polling goroutine, or the partition would
 		// ignore every record to its end and stall there.
 		at := p.stopped.Load()
-		p.stopAt(cl, t, at)
+		p.stopAt(cl, t, at, p.why)
 		if m.stats.rewinds.Add(1)%100 == 1 {
-			m.log.Printf("kafkadedup: %s/%d: fetched from offset %d, past the stop at %d: fetching from the stop again", t.topic, t.part, recs[0].Offset, at)
+			m.log.Printf("kafkadedup: %s/%d: fetched from offset %d, past the stop at %d: fetching from the stop again", t.topic, t.part, first, at)
 		}
 		return nil
 	}
@@ -93,7 +96,7 @@ func (m *Member) batch(ctx context.Context, cl *kgo.Client, t tp, p *partition, 
 	m.stats.records.Add(uint64(len(recs)))
 	claims, bad, err := m.claim(ctx, p, recs)
 	if err != nil {
-		p.stopAt(cl, t, resume)
+		p.stopAt(cl, t, resume, "claiming: "+err.Error())
 		return err
 	}
 	writes, stop, herr := m.handle(ctx, recs, claims, bad, h)
@@ -111,12 +114,15 @@ func (m *Member) batch(ctx context.Context, cl *kgo.Client, t tp, p *partition, 
 		// Nothing of the batch is durable: handle it again from the
 		// stored offset.
 		_ = p.e.UnclaimBatch(ctx, claims[:stop], nil)
-		p.stopAt(cl, t, resume)
+		p.stopAt(cl, t, resume, "committing: "+err.Error())
 		return errors.Join(herr, err)
+	}
+	if next > p.next.Load() {
+		p.progress = time.Now() // the stored offset moved on
 	}
 	p.next.Store(next)
 	if stop < len(recs) {
-		p.stopAt(cl, t, next)
+		p.stopAt(cl, t, next, fmt.Sprint(herr))
 	}
 	if m.o.CommitToGroup {
 		cl.MarkCommitOffsets(map[string]map[int32]kgo.EpochOffset{t.topic: {t.part: {Epoch: -1, Offset: next}}})
@@ -265,10 +271,28 @@ func (m *Member) commit(ctx context.Context, p *partition, claims []engine.Claim
 	return nil
 }
 
-// stopAt stops partition t at offset at: its records are ignored until a
-// batch starts there again, and the client is set to fetch from it.
-func (p *partition) stopAt(cl *kgo.Client, t tp, at int64) {
+// reportStall logs and counts partition t when it has received records
+// but committed none for Options.StallReport, once each StallReport.
+func (m *Member) reportStall(t tp, p *partition) {
+	now := time.Now()
+	if now.Sub(p.progress) < m.o.StallReport || now.Sub(p.reported) < m.o.StallReport {
+		return
+	}
+	p.reported = now
+	m.stats.stalls.Add(1)
+	why := "no stop: its records are handled, and their commits do not land"
+	if at := p.stopped.Load(); at >= 0 {
+		why = fmt.Sprintf("stopped at offset %d: %s", at, p.why)
+	}
+	m.log.Printf("kafkadedup: %s/%d: no commit for %v while records arrive (stored offset %d); %s", t.topic, t.part, now.Sub(p.progress).Round(time.Second), p.next.Load(), why)
+}
+
+// stopAt stops partition t at offset at, for why: its records are ignored
+// until a batch starts there again, and the client is set to fetch from
+// it.
+func (p *partition) stopAt(cl *kgo.Client, t tp, at int64, why string) {
 	p.stopped.Store(at)
+	p.why = why
 	cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{t.topic: {t.part: {Epoch: -1, Offset: at}}})
 }
 
