@@ -1,7 +1,6 @@
 package postgres_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/backendtest"
 	"github.com/tierdedup/tierdedup/tier/postgres"
 )
 
@@ -99,53 +99,30 @@ func TestLateGiveBackAfterRetry(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer a.Close()
-			keys := make([][]byte, 300)
-			for i := range keys {
-				keys[i] = fmt.Appendf(nil, "order-%d", i)
-			}
-			out := make([]engine.Outcome, len(keys))
-			ctx := context.Background()
-			d.mu.Lock()
-			d.armed = true
-			d.mu.Unlock()
-			if err := a.MarkBatch(ctx, keys, nil, out); !errors.Is(err, engine.ErrUnavailable) {
-				t.Fatalf("MarkBatch whose answer was lost: %v, want ErrUnavailable", err)
-			}
-			if !d.applied {
-				t.Fatal("the mark was not applied")
-			}
-			if err := a.MarkBatch(ctx, keys, nil, out); err != nil {
-				t.Fatalf("the retried MarkBatch: %v", err)
-			}
-			for i, o := range out {
-				if o != engine.New {
-					t.Fatalf("retried mark of %s = %v, want New (its own lost mark)", keys[i], o)
-				}
-			}
-			if !d.deliver(t) {
-				t.Fatal("no give-back was held")
-			}
 			o.Backend = postgres.NewBackend(p, postgres.Config{Table: table})
 			b, err := engine.Open(&o)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer b.Close()
-			if err := b.MarkBatch(ctx, keys, nil, out); err != nil {
-				t.Fatal(err)
-			}
-			lost := 0
-			for _, o := range out {
-				if o != engine.Duplicate {
-					lost++
-				}
-			}
-			if lost > 0 {
-				t.Fatalf("%d of %d keys acknowledged New by the retry are New again after the first call's late give-back", lost, len(keys))
-			}
+			backendtest.LateGiveBack(t, a, b, pgLate{d, t})
 		})
 	}
 }
+
+// pgLate is lateDB as backendtest.Late.
+type pgLate struct {
+	d *lateDB
+	t *testing.T
+}
+
+func (l pgLate) Arm() {
+	l.d.mu.Lock()
+	l.d.armed = true
+	l.d.mu.Unlock()
+}
+func (l pgLate) Applied() bool { return l.d.applied }
+func (l pgLate) Deliver() bool { return l.d.deliver(l.t) }
 
 // sizeDB is a postgres.DB that records the largest statement it ran, as
 // the bytes of its byte-array arguments.
@@ -197,31 +174,8 @@ func TestLargeResultsCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	ctx := context.Background()
-	keys := make([][]byte, 40)
-	for i := range keys {
-		keys[i] = fmt.Appendf(nil, "order-%d", i)
-	}
-	claims := make([]engine.Claim, len(keys))
-	if err := e.ClaimBatch(ctx, keys, nil, claims); err != nil {
-		t.Fatal(err)
-	}
-	for i := range claims {
-		claims[i].Result = bytes.Repeat([]byte{byte(i)}, engine.MaxResultSize)
-	}
-	if err := e.CommitBatch(ctx, claims, nil); err != nil {
-		t.Fatalf("commit of 40 results of 4 MiB: %v", err)
-	}
+	backendtest.LargeResults(t, e)
 	if limit := 16<<20 + engine.MaxResultSize + 1024; d.largest > limit {
 		t.Errorf("a statement carried %d MiB, want at most %d", d.largest>>20, limit>>20)
-	}
-	again := make([]engine.Claim, len(keys))
-	if err := e.ClaimBatch(ctx, keys, nil, again); err != nil {
-		t.Fatal(err)
-	}
-	for i := range again {
-		if again[i].Outcome != engine.Duplicate || !bytes.Equal(again[i].Result, claims[i].Result) {
-			t.Fatalf("key %d after the commit: %v with %d bytes of result", i, again[i].Outcome, len(again[i].Result))
-		}
 	}
 }

@@ -1,13 +1,12 @@
 package redis_test
 
 import (
-	"bytes"
-	"context"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/backendtest"
 	"github.com/tierdedup/tierdedup/tier/redis"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
@@ -29,28 +28,5 @@ func TestLargeResultsCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	ctx := context.Background()
-	keys := make([][]byte, 40)
-	for i := range keys {
-		keys[i] = fmt.Appendf(nil, "order-%d", i)
-	}
-	claims := make([]engine.Claim, len(keys))
-	if err := e.ClaimBatch(ctx, keys, nil, claims); err != nil {
-		t.Fatal(err)
-	}
-	for i := range claims {
-		claims[i].Result = bytes.Repeat([]byte{byte(i)}, engine.MaxResultSize)
-	}
-	if err := e.CommitBatch(ctx, claims, nil); err != nil {
-		t.Fatalf("commit of 40 results of 4 MiB: %v", err)
-	}
-	again := make([]engine.Claim, len(keys))
-	if err := e.ClaimBatch(ctx, keys, nil, again); err != nil {
-		t.Fatal(err)
-	}
-	for i := range again {
-		if again[i].Outcome != engine.Duplicate || !bytes.Equal(again[i].Result, claims[i].Result) {
-			t.Fatalf("key %d after the commit: %v with %d bytes of result", i, again[i].Outcome, len(again[i].Result))
-		}
-	}
+	backendtest.LargeResults(t, e)
 }
