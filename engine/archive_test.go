@@ -268,6 +268,8 @@ func TestArchiveOptions(t *testing.T) {
 		"window alone":      {Dir: "s", FS: fs, ArchiveWindow: 30 * day},
 		"bad fp":            {Dir: "s", FS: fs, Archive: a, ArchiveFalsePositive: 1.5},
 		"no archive dir":    {Dir: "s", FS: fs, Archive: pebble.ArchiveDir{FS: fs}},
+		"detach, memory":    {Tiers: engine.MemoryOnly, DetachArchive: true},
+		"detach, archive":   {Dir: "s", FS: fs, Archive: a, DetachArchive: true},
 	} {
 		_, err := engine.Open(&o)
 		if !errors.Is(err, engine.ErrOptions) {

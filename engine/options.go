@@ -443,6 +443,9 @@ func (o *Options) validateArchive(d Options, bad func(format string, args ...any
 		if o.ArchiveWindow != 0 || o.ArchiveFalsePositive != 0 || len(o.NamespaceArchiveWindows) > 0 {
 			bad("ArchiveWindow, ArchiveFalsePositive and NamespaceArchiveWindows need an Archive")
 		}
+		if o.DetachArchive && (o.Backend != nil || o.Tiers != Default || o.Dir == "") {
+			bad("DetachArchive lets an embedded store (Tiers Default with Dir) go of its archive; a shared tier's archive log is the prefix's (see docs/archive.md)")
+		}
 		return
 	}
 	if o.DetachArchive {
