@@ -111,7 +111,7 @@ func TestArchiveBehindRedis(t *testing.T) {
 			t.Fatalf("key %d committed at %v, answered %v", i, time.Unix(0, committed), time.Unix(0, in.CommittedAt))
 		}
 	}
-	if n, err := c.Exists(ctx, redisKeyOf(prefix, "", keys[0])).Result(); err != nil || n != 0 {
+	if n, err := redisHeld(ctx, c, redisKeyOf(prefix, "", keys[0])); err != nil || n != 0 {
 		t.Fatalf("Redis still holds the key (%d, %v): the test did not reach past the window", n, err)
 	}
 	out := make([]engine.Claim, len(keys))
@@ -128,7 +128,7 @@ func TestArchiveBehindRedis(t *testing.T) {
 		}
 	}
 	// The claims the archive answered were given back: Redis holds none.
-	if n, err := c.Exists(ctx, redisKeyOf(prefix, "", keys[1])).Result(); err != nil || n != 0 {
+	if n, err := redisHeld(ctx, c, redisKeyOf(prefix, "", keys[1])); err != nil || n != 0 {
 		t.Fatalf("a claim the archive answered is still in Redis (%d, %v)", n, err)
 	}
 	marks := make([]engine.Outcome, len(keys))
@@ -262,13 +262,13 @@ func TestArchiveBehindRedisLags(t *testing.T) {
 	<-stopped // the drain holds the commits in the log
 	committed := time.Now()
 	time.Sleep(o.Window + time.Second)
-	if n, err := c.Exists(ctx, redisKeyOf(prefix, "", keys[0])).Result(); err != nil || n != 0 {
+	if n, err := redisHeld(ctx, c, redisKeyOf(prefix, "", keys[0])); err != nil || n != 0 {
 		t.Fatalf("Redis still holds the key (%d, %v)", n, err)
 	}
 	if _, err := e.Claim(ctx, keys[0]); !errors.Is(err, engine.ErrUnavailable) {
 		t.Fatalf("claim of a key only in the log: %v, want ErrUnavailable", err)
 	}
-	if n, err := c.Exists(ctx, redisKeyOf(prefix, "", keys[0])).Result(); err != nil || n != 0 {
+	if n, err := redisHeld(ctx, c, redisKeyOf(prefix, "", keys[0])); err != nil || n != 0 {
 		t.Fatalf("the failed claim is still in Redis (%d, %v)", n, err)
 	}
 	if _, err := e.MarkIfAbsent(ctx, keys[1]); !errors.Is(err, engine.ErrUnavailable) {

@@ -105,7 +105,7 @@ func TestForgetLogArchiveLog(t *testing.T) {
 			t.Fatalf("old key %d from the archive: result %q", i, in.Result)
 		}
 	}
-	if n, err := c.Exists(ctx, redisKeyOf(prefix, "", old[0])).Result(); err != nil || n != 0 {
+	if n, err := redisHeld(ctx, c, redisKeyOf(prefix, "", old[0])); err != nil || n != 0 {
 		t.Fatalf("Redis still holds %s (%d, %v)", old[0], n, err)
 	}
 	fresh := []byte("fresh")
