@@ -140,8 +140,12 @@ func (e *Engine) openArchive(o Options, opened *closers) error {
 		if err != nil {
 			return err
 		}
+		_, archived, err := e.local.Archived()
+		if err != nil {
+			return err
+		}
 		a.scanner, a.check = scanner, hashCheck(e.hasher)
-		env.Owner, env.Check = archiveOwner(e.local.ID(), gen), a.check
+		env.Owner, env.Check, env.Existing = archiveOwner(e.local.ID(), gen), a.check, archived
 	} else {
 		lg, ok := e.exact.(tier.ArchiveLog)
 		if !ok {
@@ -193,6 +197,13 @@ func (e *Engine) openArchive(o Options, opened *closers) error {
 		}
 		return fmt.Errorf("%w: archive: %w", ErrUnavailable, err)
 	}
+	if e.local != nil {
+		// Before any partition goes to it: from now on the store opens
+		// only with this archive, or detaches it.
+		if err := e.local.SetArchiveAttached(); err != nil {
+			return err
+		}
+	}
 	e.arch = a
 	return nil
 }
@@ -208,18 +219,30 @@ func (e *Engine) openArchive(o Options, opened *closers) error {
 // empty.
 func (e *Engine) withoutArchive(detach bool) error {
 	next, ok, err := e.local.Archived()
+	if err != nil {
+		return err
+	}
+	attached, err := e.local.ArchiveAttached()
 	switch {
 	case err != nil:
 		return err
-	case !ok:
+	case !ok && !attached:
 		return nil
+	case !detach && !ok:
+		// Attached, nothing recorded archived yet: a Put whose reply was
+		// lost may have stored a partition all the same.
+		return fmt.Errorf("%w: the store has an archive attached: open it with its Options.Archive, or set Options.DetachArchive to let it go (it cannot be attached again)", ErrLayout)
 	case !detach:
 		return fmt.Errorf("%w: the store moved its partitions before %d to an archive (and may have dropped them): open it with its Options.Archive, or set Options.DetachArchive to let that history go (the archive cannot be attached again)", ErrLayout, next)
 	}
 	if _, err := e.local.DetachArchive(); err != nil {
 		return err
 	}
-	e.logger.Printf("tierdedup: the archive is detached: keys of partitions before %d that left the window are New from now on", next)
+	if ok {
+		e.logger.Printf("tierdedup: the archive is detached: keys of partitions before %d that left the window are New from now on", next)
+	} else {
+		e.logger.Printf("tierdedup: the archive is detached")
+	}
 	return nil
 }
 

@@ -49,6 +49,11 @@ type ArchiveEnv struct {
 	// match, or its history is another store's.
 	Owner string
 	Check [16]byte
+	// Existing says the exact tier moved partitions to an archive before:
+	// an archive that records no layout yet (a new, empty one) is refused
+	// (ErrLayout), and records none, rather than take the owner: it is not
+	// the archive that holds them.
+	Existing bool
 	// Dir is the exact tier's directory, empty when it has none: an
 	// archive of files refuses one that overlaps it (ErrOptions).
 	Dir string

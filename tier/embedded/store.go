@@ -312,6 +312,30 @@ func (s *Store) DetachArchive() (int64, error) {
 	return gen, nil
 }
 
+// SetArchiveAttached records, durably, that an archive is attached.
+func (s *Store) SetArchiveAttached() error {
+	if s.store == nil {
+		return nil
+	}
+	if err := s.store.SetArchiveAttached(); err != nil {
+		return fmt.Errorf("%w: %w", tier.ErrStorage, err)
+	}
+	return nil
+}
+
+// ArchiveAttached reports whether an archive is attached (recorded by
+// SetArchiveAttached since the last DetachArchive).
+func (s *Store) ArchiveAttached() (bool, error) {
+	if s.store == nil {
+		return false, nil
+	}
+	ok, err := s.store.ArchiveAttached()
+	if err != nil {
+		return false, fmt.Errorf("%w: %w", tier.ErrStorage, err)
+	}
+	return ok, nil
+}
+
 // ArchiveGeneration returns how many archives were detached from the
 // store: an archive attached now is bound to this generation.
 func (s *Store) ArchiveGeneration() (int64, error) {

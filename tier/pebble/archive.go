@@ -193,6 +193,8 @@ func (ar *archive) init(env tier.ArchiveEnv) error {
 	want = append(want, env.Owner...)
 	raw, closer, err := ar.db.Get(keyArchiveLayout)
 	switch {
+	case errors.Is(err, pebble.ErrNotFound) && env.Existing:
+		return fmt.Errorf("%w: archive %s is new, and %s moved partitions to another archive before", tier.ErrLayout, ar.dir, env.Owner)
 	case errors.Is(err, pebble.ErrNotFound):
 		if err := ar.db.Set(keyArchiveLayout, want, pebble.Sync); err != nil {
 			return fmt.Errorf("%w: %w", tier.ErrStorage, err)

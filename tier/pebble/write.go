@@ -247,8 +247,41 @@ func (s *Store) SetArchived(next int64) (err error) {
 // so one detached is never taken back.
 var keyArchiveGen = []byte{spaceMeta, 'a', 'g'}
 
-// DetachArchive removes the SetArchived record and counts one more
-// detached archive, in one synced batch, and returns the new count.
+// keyArchiveAttached records that an archive was attached to the store
+// (SetArchiveAttached), before it took any partition.
+var keyArchiveAttached = []byte{spaceMeta, 'a', 't'}
+
+// SetArchiveAttached records, synced, that an archive is attached: from
+// then on the engine refuses to open the store without it, even before
+// it recorded a partition archived (a Put whose reply was lost may have
+// stored one).
+func (s *Store) SetArchiveAttached() (err error) {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	defer s.guard(&err)
+	if _, err := s.meta(keyArchiveAttached); err == nil {
+		return nil
+	}
+	return s.set(keyArchiveAttached, binary.LittleEndian.AppendUint64(nil, 1))
+}
+
+// ArchiveAttached reports whether SetArchiveAttached was recorded since
+// the last DetachArchive.
+func (s *Store) ArchiveAttached() (bool, error) {
+	if err := s.usable(); err != nil {
+		return false, err
+	}
+	_, err := s.meta(keyArchiveAttached)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// DetachArchive removes the SetArchived and SetArchiveAttached records and
+// counts one more detached archive, in one synced batch, and returns the
+// new count.
 func (s *Store) DetachArchive() (gen int64, err error) {
 	if err := s.usable(); err != nil {
 		return 0, err
@@ -261,6 +294,7 @@ func (s *Store) DetachArchive() (gen int64, err error) {
 	b := s.db.NewBatch()
 	defer b.Close()
 	_ = b.Delete(keyArchived, nil)
+	_ = b.Delete(keyArchiveAttached, nil)
 	_ = b.Set(keyArchiveGen, binary.LittleEndian.AppendUint64(nil, uint64(gen)), nil)
 	return gen, s.apply(b, pebble.Sync)
 }

@@ -96,6 +96,20 @@ func (a Archive) Open(ctx context.Context, env tier.ArchiveEnv) (tier.Archive, e
 	}
 	t := a.table()
 	ar := &pgArchive{db: a.DB, t: t}
+	if env.Existing {
+		var held bool
+		if err := queryRow(ctx, a.DB, `SELECT to_regclass($1) IS NOT NULL`, []any{&held}, t+"_layout"); err != nil {
+			return nil, fmt.Errorf("%w: %s_layout: %w", ErrUnavailable, t, err)
+		}
+		if held {
+			if err := queryRow(ctx, a.DB, `SELECT EXISTS (SELECT 1 FROM `+t+`_layout WHERE id = 1)`, []any{&held}); err != nil {
+				return nil, fmt.Errorf("%w: %s_layout: %w", ErrUnavailable, t, err)
+			}
+		}
+		if !held {
+			return nil, fmt.Errorf("%w: archive %s is new, and %s moved partitions to another archive before", tier.ErrLayout, t, env.Owner)
+		}
+	}
 	for _, stmt := range []string{
 		`CREATE TABLE IF NOT EXISTS ` + t + `_layout (id int PRIMARY KEY, format int NOT NULL, partition_ns bigint NOT NULL, window_ns bigint NOT NULL, "check" bytea NOT NULL, owner text NOT NULL)`,
 		`CREATE TABLE IF NOT EXISTS ` + t + ` (part bigint NOT NULL, ns bytea NOT NULL, key bytea NOT NULL, digest bytea, at bigint, result bytea, full_key bytea, PRIMARY KEY (ns, key, part)) PARTITION BY LIST (part)`,

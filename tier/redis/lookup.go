@@ -22,60 +22,41 @@ func (s *Store) Lookup(ctx context.Context, reqs []Request, out []Result) error 
 
 // Forget deletes each key unless a live claim holds it, and answers what
 // it found, as Lookup does: it reads each key's value, then deletes it only
-// if it still holds that value (one script call per key, atomic per key),
-// reading again where it changed, up to forgetRounds times. So no copy of
-// the delete, late or retried, can remove a value written after the read
-// (a commit made since carries another token). Another process's cached
-// answer is not reached: see the engine's Forget. reqs[i].Token names the
-// call (a copy retried after a lost reply answers what the first removed).
+// if it still holds that value (one script call per key, atomic per key).
+// A key whose value changed between the read and the delete (another
+// call wrote it) is answered Held, and nothing of it is removed: the
+// caller forgets it again once that call is done. So no copy of the
+// delete, late or retried by the client, can remove a value written after
+// the read (a commit made since carries another token), and a Forget never
+// removes two values. Another process's cached answer is not reached: see
+// the engine's Forget. reqs[i].Token names the call (a copy retried after
+// a lost reply answers what the first removed).
 func (s *Store) Forget(ctx context.Context, reqs []Request, out []Result) error {
-	todo := make([]int, len(reqs))
-	for i := range todo {
-		todo[i] = i
+	raw, err := s.raw(ctx, reqs)
+	if err != nil {
+		return err
 	}
-	for round := 0; len(todo) > 0; round++ {
-		if round == forgetRounds {
-			return fmt.Errorf("%w: %d keys changed under %d forgets in a row", ErrUnavailable, len(todo), forgetRounds)
+	var own Token
+	_, _ = rand.Read(own[:]) // for requests that name no call of theirs
+	return s.evalText(ctx, forgetScript, reqs, true, func(r *Request) []any {
+		token := r.Token
+		if token == (Token{}) {
+			token = own
 		}
-		sub := make([]Request, len(todo))
-		for j, i := range todo {
-			sub[j] = reqs[i]
-			if sub[j].Token == (Token{}) {
-				_, _ = rand.Read(sub[j].Token[:]) // a call of its own
-				reqs[i].Token = sub[j].Token
-			}
-		}
-		raw, err := s.raw(ctx, sub)
-		if err != nil {
-			return err
-		}
-		var again []int
-		err = s.evalText(ctx, forgetScript, sub, true, func(r *Request) []any {
-			return []any{raw[r], string(r.Token[:]), s.logsRemovals()}
-		}, func(j int, v string) (err error) {
-			i := todo[j]
-			if v == "0" {
-				again = append(again, i)
-				return nil
-			}
-			if v == "" || v[0] != '1' {
-				return fmt.Errorf("unexpected forget answer of %d bytes", len(v))
-			}
+		return []any{raw[r], string(token[:]), s.logsRemovals()}
+	}, func(i int, v string) (err error) {
+		switch {
+		case v == "0":
+			out[i] = Result{Status: tier.Held}
+		case v == "" || v[0] != '1':
+			return fmt.Errorf("unexpected forget answer of %d bytes", len(v))
+		default:
 			out[i], err = s.decodeLook(v[1:])
-			out[i].Partition = -1
-			return err
-		})
-		if err != nil {
-			return err
 		}
-		todo = again
-	}
-	return nil
+		out[i].Partition = -1
+		return err
+	})
 }
-
-// forgetRounds bounds how often Forget reads a key again that changed
-// between its read and its delete (a claim or commit of it meanwhile).
-const forgetRounds = 8
 
 // raw reads the value of each of reqs, as the forget script compares
 // them: ” for an absent or fenced key.

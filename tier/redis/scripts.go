@@ -198,8 +198,9 @@ end`
 // forgetFenceMS ('X' ‖ token ‖ answer: free to every script), and with
 // ARGV[3] = 1 appends the removal to the archive log KEYS[2] (found or
 // not: the log may still hold an earlier commit). It answers '1' ‖ what
-// lookScript answers, or '0' when the value changed since the read (the
-// caller reads again). A copy of the call retried after a lost reply finds
+// lookScript answers (” when another call removed the key since the
+// read: there is nothing left to remove), or '0' when another value was
+// written since the read (it is kept, and the caller answers Held). A copy of the call retried after a lost reply finds
 // its fence and answers what the first removed; a copy later still finds
 // another value (a commit made since carries another token) and changes
 // nothing: a Forget removes only what it read.
@@ -207,7 +208,7 @@ var forgetScript = newKeyScript(strings.ReplaceAll(lookBody, "HELD", "'1H'") + `
 if fenced and #fenced > 17 and string.sub(fenced, 2, 17) == ARGV[2] then
   return '1' .. string.sub(fenced, 18) -- a copy of this forget that applied
 end
-if (v or '') ~= ARGV[1] then return '0' end
+if v and v ~= ARGV[1] then return '0' end -- written since the read: kept
 if not v then out = '' end
 if v then redis.call('SET', KEYS[1], 'X' .. ARGV[2] .. out, 'PX', ` + forgetFenceMS + `) end
 if ARGV[3] == '1' then redis.call('XADD', KEYS[2], '*', 'k', KEYS[1], 'f', '1') end
