@@ -244,7 +244,13 @@ func runMarkNemesis(t *testing.T, maxAttempts int) {
 				_ = children[id].Kill()
 				start(id)
 			}
-			time.Sleep(time.Duration(300+rng.IntN(1700)) * time.Millisecond)
+			pause := time.Duration(300+rng.IntN(1700)) * time.Millisecond
+			if r == 0 {
+				// Longer than a call's deadline: every run has failed
+				// calls, their give-backs and retries.
+				pause = 1500 * time.Millisecond
+			}
+			time.Sleep(pause)
 			srv.Resume()
 		}
 		if action == 1 {
