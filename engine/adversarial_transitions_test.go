@@ -316,17 +316,8 @@ func TestAdversarialArchiveLongKeyForms(t *testing.T) {
 // putLostGate wraps an archive backend: while lost is set, Put stores
 // the partition and then fails, as a PostgreSQL COPY whose commit
 // reached the server but whose reply was lost.
-type putLostGate struct {
-	tier.ArchiveBackend
-	lost *atomic.Bool
-}
-
-func (g putLostGate) Open(ctx context.Context, env tier.ArchiveEnv) (tier.Archive, error) {
-	a, err := g.ArchiveBackend.Open(ctx, env)
-	if err != nil {
-		return nil, err
-	}
-	return putLostStore{a, g.lost}, nil
+func putLostGate(b tier.ArchiveBackend, lost *atomic.Bool) tier.ArchiveBackend {
+	return wrappedArchive{b, func(a tier.Archive) tier.Archive { return putLostStore{a, lost} }}
 }
 
 type putLostStore struct {
@@ -355,7 +346,7 @@ func TestAdversarialArchivePutReplyLost(t *testing.T) {
 	eachArchive(t, func(t *testing.T, archive func(vfs.FS) tier.ArchiveBackend) {
 		lost := new(atomic.Bool)
 		lost.Store(true)
-		r := newArchiveRun(t, func(fs vfs.FS) tier.ArchiveBackend { return putLostGate{archive(fs), lost} })
+		r := newArchiveRun(t, func(fs vfs.FS) tier.ArchiveBackend { return putLostGate(archive(fs), lost) })
 		for range 3 {
 			r.commitDay()
 		}

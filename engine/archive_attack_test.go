@@ -57,18 +57,8 @@ func tick(t *testing.T, e *engine.Engine, c *fakeClock, d time.Duration) {
 
 // gateArchive wraps an archive backend: Put fails while down is set;
 // Lookup waits on hold (when set) before answering.
-type gateArchive struct {
-	tier.ArchiveBackend
-	down *atomic.Bool
-	hold *atomic.Pointer[chan struct{}]
-}
-
-func (g gateArchive) Open(ctx context.Context, env tier.ArchiveEnv) (tier.Archive, error) {
-	a, err := g.ArchiveBackend.Open(ctx, env)
-	if err != nil {
-		return nil, err
-	}
-	return gateStore{a, g.down, g.hold}, nil
+func gateArchive(b tier.ArchiveBackend, down *atomic.Bool, hold *atomic.Pointer[chan struct{}]) tier.ArchiveBackend {
+	return wrappedArchive{b, func(a tier.Archive) tier.Archive { return gateStore{a, down, hold} }}
 }
 
 type gateStore struct {
@@ -214,7 +204,7 @@ func TestArchiveAttackForgetLongLag(t *testing.T) {
 	fs := vfs.NewMem()
 	var down atomic.Bool
 	down.Store(true)
-	a := gateArchive{ArchiveBackend: pebble.ArchiveDir{Dir: "archive", FS: fs}, down: &down}
+	a := gateArchive(pebble.ArchiveDir{Dir: "archive", FS: fs}, &down, nil)
 	o := engine.Options{Dir: "store", FS: fs, Clock: clock, Window: 24 * time.Hour, Partition: time.Hour,
 		ExpectedKeys: 1000, Archive: a, ArchiveWindow: 30 * day}
 	e := open(t, o)
@@ -263,7 +253,7 @@ func TestArchiveAttackLagReadRace(t *testing.T) {
 			fs := vfs.NewMem()
 			var down atomic.Bool
 			var hold atomic.Pointer[chan struct{}]
-			a := gateArchive{ArchiveBackend: pebble.ArchiveDir{Dir: "archive", FS: fs}, down: &down, hold: &hold}
+			a := gateArchive(pebble.ArchiveDir{Dir: "archive", FS: fs}, &down, &hold)
 			e := open(t, atkOpts(clock, fs, a))
 			defer func() { e.Close() }()
 			archived, lagging := []byte("archived-key"), []byte("lagging-key")
@@ -608,7 +598,7 @@ func TestArchiveAttackCloseWhileArchiving(t *testing.T) {
 		fs := vfs.NewMem()
 		var down atomic.Bool
 		down.Store(true)
-		a := gateArchive{ArchiveBackend: pebble.ArchiveDir{Dir: "archive", FS: fs}, down: &down}
+		a := gateArchive(pebble.ArchiveDir{Dir: "archive", FS: fs}, &down, nil)
 		o := atkOpts(clock, fs, a)
 		e := open(t, o)
 		for d := 0; d < 18; d++ {

@@ -295,18 +295,24 @@ func TestArchiveOptions(t *testing.T) {
 	}
 }
 
-// failingArchive refuses every Put while down is set.
-type failingArchive struct {
+// wrappedArchive is an archive backend whose opened archives wrap wraps:
+// the tests' faults.
+type wrappedArchive struct {
 	tier.ArchiveBackend
-	down *atomic.Bool
+	wrap func(tier.Archive) tier.Archive
 }
 
-func (f failingArchive) Open(ctx context.Context, env tier.ArchiveEnv) (tier.Archive, error) {
-	a, err := f.ArchiveBackend.Open(ctx, env)
+func (w wrappedArchive) Open(ctx context.Context, env tier.ArchiveEnv) (tier.Archive, error) {
+	a, err := w.ArchiveBackend.Open(ctx, env)
 	if err != nil {
 		return nil, err
 	}
-	return failingStore{a, f.down}, nil
+	return w.wrap(a), nil
+}
+
+// failingArchive is b refusing every Put while down is set.
+func failingArchive(b tier.ArchiveBackend, down *atomic.Bool) tier.ArchiveBackend {
+	return wrappedArchive{b, func(a tier.Archive) tier.Archive { return failingStore{a, down} }}
 }
 
 type failingStore struct {
@@ -327,7 +333,7 @@ func (f failingStore) Put(ctx context.Context, p int64, scan func(func(*tier.Rec
 func TestArchiveLagsBehindWindow(t *testing.T) {
 	var down atomic.Bool
 	down.Store(true)
-	r := newArchiveRun(t, func(fs vfs.FS) tier.ArchiveBackend { return failingArchive{filesArchive(fs), &down} })
+	r := newArchiveRun(t, func(fs vfs.FS) tier.ArchiveBackend { return failingArchive(filesArchive(fs), &down) })
 	defer func() { r.e.Close() }()
 	for r.days < 12 {
 		r.commitDay()

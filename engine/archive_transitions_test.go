@@ -196,18 +196,9 @@ func archive2(t *testing.T, fs vfs.FS) tier.ArchiveBackend {
 	return postgres.Archive{DB: p, Table: table}
 }
 
-// forgetGate wraps an archive backend: Forget fails while down is set.
-type forgetGate struct {
-	tier.ArchiveBackend
-	down *atomic.Bool
-}
-
-func (g forgetGate) Open(ctx context.Context, env tier.ArchiveEnv) (tier.Archive, error) {
-	a, err := g.ArchiveBackend.Open(ctx, env)
-	if err != nil {
-		return nil, err
-	}
-	return forgetGateStore{a, g.down}, nil
+// forgetGate is b with Forget failing while down is set.
+func forgetGate(b tier.ArchiveBackend, down *atomic.Bool) tier.ArchiveBackend {
+	return wrappedArchive{b, func(a tier.Archive) tier.Archive { return forgetGateStore{a, down} }}
 }
 
 type forgetGateStore struct {
@@ -229,7 +220,7 @@ func (g forgetGateStore) Forget(ctx context.Context, qs []tier.ArchiveQuery, out
 func TestArchiveForgetUnavailable(t *testing.T) {
 	eachArchive(t, func(t *testing.T, archive func(vfs.FS) tier.ArchiveBackend) {
 		down := new(atomic.Bool)
-		r := newArchiveRun(t, func(fs vfs.FS) tier.ArchiveBackend { return forgetGate{archive(fs), down} })
+		r := newArchiveRun(t, func(fs vfs.FS) tier.ArchiveBackend { return forgetGate(archive(fs), down) })
 		defer func() { _ = r.e.Close() }()
 		for range 4 {
 			r.commitDay()
