@@ -14,6 +14,7 @@ import (
 	"github.com/tierdedup/tierdedup/bench"
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/shard"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/pebble"
 	"github.com/tierdedup/tierdedup/tier/postgres"
 	"github.com/tierdedup/tierdedup/tier/postgres/pgtest"
@@ -80,7 +81,7 @@ func newArchivedEngine(b *testing.B, kind string) *archivedEngine {
 	}
 	dir := b.TempDir()
 	clock := &benchClock{t: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)}
-	o := engine.Options{Dir: filepath.Join(dir, "store"), Clock: clock, Window: 24 * time.Hour, Partition: 6 * time.Hour,
+	o := engine.Options{Backend: embedded.Dir(filepath.Join(dir, "store")), Clock: clock, Window: 24 * time.Hour, Partition: 6 * time.Hour,
 		ExpectedKeys: perDay / 4, MemoryCapacity: 1 << 16, Logger: quiet}
 	archive := kind != archiveNone
 	switch kind {
@@ -258,7 +259,7 @@ func TestPlanArchiveFilterIsTheEngines(t *testing.T) {
 	}
 	dir := t.TempDir()
 	clock := &benchClock{t: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)}
-	e, err := engine.Open(&engine.Options{Dir: filepath.Join(dir, "s"), Clock: clock, Window: in.Window, Partition: in.Partition,
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(filepath.Join(dir, "s")), Clock: clock, Window: in.Window, Partition: in.Partition,
 		ExpectedKeys: int(pl.KeysPerPartition), Archive: pebble.ArchiveDir{Dir: filepath.Join(dir, "a")}, ArchiveWindow: in.ArchiveWindow, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)

@@ -19,7 +19,11 @@ func PrintBenchHeader(w io.Writer, rc RunConfig) {
 	}
 	fmt.Fprintf(w, "tiers: %s\nkeys: %d\nshape: %s\ndup: %g\nreach: %v\nspan: %v\ninbatch: %g\nzipf: %g\nseed: %d\n",
 		rc.TiersName(), c.Keys, c.KeysName(), c.DupRatio, c.DupReach, c.Span, c.InBatchRepeat, c.Zipf, c.Seed)
-	fmt.Fprintf(w, "window: %v\npartition: %v\nfp: %g\nmemory: %d\nnosync: %t\n", o.Window, o.Partition, o.FalsePositive, o.MemoryCapacity, o.NoSync)
+	nosync := false
+	if b := embeddedIn(&o); b != nil {
+		nosync = b.NoSync
+	}
+	fmt.Fprintf(w, "window: %v\npartition: %v\nfp: %g\nmemory: %d\nnosync: %t\n", o.Window, o.Partition, o.FalsePositive, o.MemoryCapacity, nosync)
 	batch, workers := rc.Batch, rc.Workers
 	if batch <= 0 {
 		batch = 256

@@ -13,6 +13,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // CrashChild is the consumer of the crash experiment: it reads its offset,
@@ -33,7 +34,7 @@ func CrashChild(ctx context.Context, strategy Strategy, dir string, messages, ev
 	// their first sync once armed, say so, and wait for the SIGKILL.
 	hook := &syncHook{FS: vfs.Default}
 	if strategy == WithEngine || strategy == WithLedger {
-		if c.e, err = engine.Open(&engine.Options{Dir: filepath.Join(dir, "dedup"), FS: hook, ExpectedKeys: 10_000}); err != nil {
+		if c.e, err = engine.Open(&engine.Options{Backend: &embedded.Backend{Dir: filepath.Join(dir, "dedup"), FS: hook}, ExpectedKeys: 10_000}); err != nil {
 			return err
 		}
 		defer c.e.Close()

@@ -20,6 +20,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/integrations/kafkadedup"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // KafkaCrash is where the Kafka form of the crash experiment runs: a
@@ -105,7 +106,7 @@ func CrashChildKafka(ctx context.Context, strategy Strategy, dir string, k Kafka
 	}
 	c := &crashConsumer{strategy: strategy, effects: effects, killAt: killAt, afterEffect: afterEffect}
 	if strategy == WithEngine {
-		if c.e, err = engine.Open(&engine.Options{Dir: filepath.Join(dir, "dedup"), ExpectedKeys: 10_000, Logger: crashQuiet}); err != nil {
+		if c.e, err = engine.Open(&engine.Options{Backend: embedded.Dir(filepath.Join(dir, "dedup")), ExpectedKeys: 10_000, Logger: crashQuiet}); err != nil {
 			return err
 		}
 		defer c.e.Close()
@@ -212,7 +213,7 @@ func crashLedgerKafka(ctx context.Context, dir string, k KafkaCrash, group strin
 	member, err := kafkadedup.New(&kafkadedup.Options{
 		Group:  group,
 		Dir:    filepath.Join(dir, "dedup"),
-		Engine: engine.Options{FS: hook, ExpectedKeys: 10_000, Logger: crashQuiet},
+		Engine: engine.Options{Backend: &embedded.Backend{FS: hook}, ExpectedKeys: 10_000, Logger: crashQuiet},
 		Logger: crashQuiet,
 	})
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/bench"
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // The benchmarks push one key stream (36-byte UUIDv4 strings, 90 % new, 10 %
@@ -75,7 +76,7 @@ func engineTarget(name string, o engine.Options) target {
 		o := o
 		o.Logger = quiet
 		if o.Tiers == engine.Default {
-			o.Dir = b.TempDir()
+			o.Backend = embedded.Dir(b.TempDir())
 		}
 		e, err := engine.Open(&o)
 		if err != nil {
@@ -170,7 +171,7 @@ var targets = []target{
 		}
 		return lruSet{c}
 	}},
-	engineTarget("bloom", engine.Options{Tiers: engine.BloomOnly}),
+	engineTarget("bloom", engine.Options{Backend: &embedded.Backend{}, Tiers: engine.BloomOnly}),
 	engineTarget("default", engine.Options{}),
 	{"baseline-pebble-get-set", func(b *testing.B) deduper {
 		db, err := pebble.Open(b.TempDir(), &pebble.Options{Logger: quietPebble{}})

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // BenchmarkHandoff measures what moving a partition's dedup state costs:
@@ -21,7 +22,7 @@ func BenchmarkHandoff(b *testing.B) {
 	ctx := context.Background()
 	root := b.TempDir()
 	src := filepath.Join(root, "src")
-	e, err := engine.Open(&engine.Options{Dir: src, ExpectedKeys: max(b.N, 1000), Logger: quiet})
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(src), ExpectedKeys: max(b.N, 1000), Logger: quiet})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -43,8 +44,8 @@ func BenchmarkHandoff(b *testing.B) {
 		b.Fatal(err)
 	}
 	t1 := time.Now()
-	dstOpts := engine.Options{Dir: filepath.Join(root, "dst"), ExpectedKeys: max(b.N, 1000), Logger: quiet}
-	if _, err := engine.Import(ctx, filepath.Join(root, "export"), &dstOpts, 0); err != nil {
+	dstOpts := engine.Options{Backend: embedded.Dir(filepath.Join(root, "dst")), ExpectedKeys: max(b.N, 1000), Logger: quiet}
+	if _, err := embedded.Dir(filepath.Join(root, "dst")).Import(ctx, filepath.Join(root, "export"), engine.DefaultWindow, engine.DefaultPartition, 0); err != nil {
 		b.Fatal(err)
 	}
 	t2 := time.Now()

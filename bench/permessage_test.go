@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // BenchmarkPerMessage measures consumers that handle one message at a
@@ -134,7 +135,7 @@ func BenchmarkPerMessage(b *testing.B) {
 
 // openDefault opens the default configuration in a temporary directory.
 func openDefault(b *testing.B) *engine.Engine {
-	e, err := engine.Open(&engine.Options{Dir: b.TempDir(), Logger: quiet})
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(b.TempDir()), Logger: quiet})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/bloom"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/memory"
 	"github.com/tierdedup/tierdedup/tier/pebble"
 )
@@ -284,15 +285,17 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 			ErrPlan, in.IDsPerDay, in.DupRatio, in.DupReach, in.Window)
 	}
 	// The engine's own rules for what the plan configures.
-	eo := engine.Options{Tiers: in.Tiers, Dir: "plan", Window: in.Window, Partition: in.Partition, FalsePositive: in.FalsePositive,
+	eo := engine.Options{Tiers: in.Tiers, Window: in.Window, Partition: in.Partition, FalsePositive: in.FalsePositive,
 		MemoryCapacity: in.MemoryCapacity, ExpectedKeys: int(min(in.IDsPerDay, engine.MaxExpectedKeys))}
 	switch {
 	case in.Shared != "" && (in.Shared != SharedRedis && in.Shared != SharedPostgres || in.Tiers != engine.Default):
 		return Plan{}, fmt.Errorf("%w: Shared %q with Tiers %v: plans know the Redis and PostgreSQL tiers behind memory (Tiers Default)", ErrPlan, in.Shared, in.Tiers)
 	case in.Shared != "":
-		eo.Tiers, eo.Dir = engine.MemoryOnly, "" // the server is not the plan's business
-	case in.Tiers == engine.MemoryOnly, in.Tiers == engine.BloomOnly:
-		eo.Dir = ""
+		eo.Tiers = engine.MemoryOnly // the server is not the plan's business
+	case in.Tiers == engine.Default:
+		eo.Backend = embedded.Dir("plan")
+	case in.Tiers == engine.BloomOnly:
+		eo.Backend = &embedded.Backend{}
 	}
 	if in.FalsePositive == 0 {
 		return Plan{}, fmt.Errorf("%w: FalsePositive is required", ErrPlan)
@@ -507,7 +510,7 @@ func Calibrate(ctx context.Context, in PlanInput, cc CalibrateConfig) (Calibrati
 		Workload: in.workload(total, span),
 		Warmup:   warm,
 		Segments: cc.Segments,
-		Engine: engine.Options{Tiers: in.Tiers, Dir: cc.Dir, Window: in.Window, Partition: in.Partition, FalsePositive: in.FalsePositive,
+		Engine: engine.Options{Tiers: in.Tiers, Backend: backendFor(in.Tiers, cc.Dir), Window: in.Window, Partition: in.Partition, FalsePositive: in.FalsePositive,
 			MemoryCapacity: in.MemoryCapacity, ExpectedKeys: max(1000, int(expected)), SlidingWindows: map[string]bool{"": in.Sliding}},
 	}
 	res, err := Run(ctx, rc)

@@ -35,7 +35,8 @@ type RecoverConfig struct {
 	// Days is the simulated days they span; zero means the window's
 	// partitions plus one, so the window is full and has rotated.
 	Days int
-	// Engine configures the engine (Default); Dir is required.
+	// Engine configures the engine (Default), its Backend the embedded
+	// store with a Dir.
 	Engine engine.Options
 	// Batch is keys per MarkBatch (zero: 256), Workers the goroutines
 	// (zero: 8).
@@ -190,7 +191,7 @@ var RecoverModes = []string{RecoverCheckpoint, RecoverNoCheckpoint, RecoverRebui
 func RecoverMeasure(ctx context.Context, c RecoverConfig, at int64, mode string, out io.Writer) error {
 	c.defaults()
 	res := RecoverResult{Mode: mode, StoreKeys: c.Keys}
-	sealed := filepath.Join(c.Engine.Dir, "tierdedup-sealed")
+	sealed := filepath.Join(c.dir(), "tierdedup-sealed")
 	seed := uint64(2)
 	switch mode {
 	case RecoverCheckpoint:
@@ -296,7 +297,7 @@ func RecoverMeasure(ctx context.Context, c RecoverConfig, at int64, mode string,
 // with "-phase measure").
 func Recover(ctx context.Context, c RecoverConfig, child func(dir string, args ...string) *exec.Cmd) ([]RecoverResult, error) {
 	c.defaults()
-	cmd := child(c.Engine.Dir, "-phase", "fill")
+	cmd := child(c.dir(), "-phase", "fill")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -324,8 +325,8 @@ func Recover(ctx context.Context, c RecoverConfig, child func(dir string, args .
 	}
 	var results []RecoverResult
 	for _, mode := range RecoverModes {
-		dir := c.Engine.Dir + ".reopen"
-		if err := copyDir(c.Engine.Dir, dir); err != nil {
+		dir := c.dir() + ".reopen"
+		if err := copyDir(c.dir(), dir); err != nil {
 			return nil, err
 		}
 		out, err := child(dir, "-phase", "measure", "-at", strconv.FormatInt(at, 10), "-mode", mode).Output()
@@ -392,4 +393,12 @@ func copyDir(src, dst string) error {
 		}
 		return out.Close()
 	})
+}
+
+// dir is the embedded store's directory the engine is configured with.
+func (c *RecoverConfig) dir() string {
+	if b := embeddedIn(&c.Engine); b != nil {
+		return b.Dir
+	}
+	return ""
 }

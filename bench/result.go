@@ -236,7 +236,7 @@ func (r *run) checkAnswers() {
 func (r *run) engineStats(ctx context.Context) (engine.Stats, error) {
 	st := r.e.Stats()
 	r.res.Stats = st
-	if r.rc.Compact && r.o.Tiers == engine.Default && r.o.Backend == nil {
+	if r.rc.Compact && r.o.Tiers == engine.Default && embeddedIn(&r.o) != nil {
 		if err := r.e.Compact(context.WithoutCancel(ctx)); err != nil {
 			return st, err
 		}

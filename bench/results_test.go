@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // BenchmarkStoredResult measures what a stored result costs in the default
@@ -40,7 +41,7 @@ func BenchmarkStoredResult(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			ctx := context.Background()
-			o.Dir, o.ExpectedKeys = b.TempDir(), max(b.N, 1000)
+			o.Backend, o.ExpectedKeys = embedded.Dir(b.TempDir()), max(b.N, 1000)
 			e, err := engine.Open(&o)
 			if err != nil {
 				b.Fatal(err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/memory"
 )
 
@@ -264,11 +265,19 @@ func (r *run) engineOptions() (tmp string, err error) {
 	if r.shared != nil {
 		o.Backend = r.shared.Backend()
 	}
-	if o.Tiers == engine.Default && o.Backend == nil && o.Dir == "" && o.FS == nil {
+	if eb := embeddedIn(o); o.Tiers == engine.Default && (o.Backend == nil || eb != nil && eb.Dir == "" && eb.FS == nil) {
 		if tmp, err = os.MkdirTemp("", "dedupbench-"); err != nil {
 			return "", err
 		}
-		o.Dir = tmp
+		b := embedded.Backend{}
+		if eb != nil {
+			b = *eb
+		}
+		b.Dir = tmp
+		o.Backend = &b
+	}
+	if o.Tiers == engine.BloomOnly && o.Backend == nil {
+		o.Backend = &embedded.Backend{}
 	}
 	o.Clock = simClock{start: r.stream.Now(), step: r.stream.step, processed: &r.processed}
 	if o.Lease == 0 {

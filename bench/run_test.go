@@ -15,6 +15,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // TestRunChecksEveryKey runs one workload (10 % duplicates reaching an
@@ -31,9 +32,9 @@ func TestRunChecksEveryKey(t *testing.T) {
 		o                   engine.Options
 		dropped, letThrough bool
 	}{
-		{"default", engine.Options{FS: vfs.NewMem(), Dir: "db", ExpectedKeys: 100_000}, false, false},
+		{"default", engine.Options{Backend: &embedded.Backend{FS: vfs.NewMem(), Dir: "db"}, ExpectedKeys: 100_000}, false, false},
 		{"memory-evicting", engine.Options{Tiers: engine.MemoryOnly, MemoryCapacity: 256}, false, true},
-		{"bloom-overfilled", engine.Options{Tiers: engine.BloomOnly, ExpectedKeys: 2_000, FalsePositive: 0.2}, true, false},
+		{"bloom-overfilled", engine.Options{Backend: &embedded.Backend{}, Tiers: engine.BloomOnly, ExpectedKeys: 2_000, FalsePositive: 0.2}, true, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			res, err := Run(context.Background(), RunConfig{Workload: w, Engine: tt.o, Workers: 4})
@@ -99,7 +100,7 @@ func TestExactnessAllowsWhatTheConfigurationSays(t *testing.T) {
 func TestDayProfiles(t *testing.T) {
 	prefix := t.TempDir() + "/"
 	w := WorkloadConfig{Keys: 30_000, DupRatio: 0.1, DupReach: time.Hour, Span: 72 * time.Hour, Seed: 5}
-	rc := RunConfig{Workload: w, Engine: engine.Options{Tiers: engine.BloomOnly, ExpectedKeys: 100_000}, Workers: 2, DayProfiles: prefix}
+	rc := RunConfig{Workload: w, Engine: engine.Options{Backend: &embedded.Backend{}, Tiers: engine.BloomOnly, ExpectedKeys: 100_000}, Workers: 2, DayProfiles: prefix}
 	res, err := Run(context.Background(), rc)
 	if err != nil {
 		t.Fatal(err)
@@ -142,7 +143,7 @@ func TestRunWarnsOfOverfullFilters(t *testing.T) {
 		expected int
 		warn     bool
 	}{{6_000, true}, {60_000, false}} {
-		res, err := Run(context.Background(), RunConfig{Workload: w, Engine: engine.Options{FS: vfs.NewMem(), Dir: "db", ExpectedKeys: tt.expected}, Workers: 2})
+		res, err := Run(context.Background(), RunConfig{Workload: w, Engine: engine.Options{Backend: &embedded.Backend{FS: vfs.NewMem(), Dir: "db"}, ExpectedKeys: tt.expected}, Workers: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -170,7 +171,7 @@ func TestPlanCountsSlidingRefreshes(t *testing.T) {
 	const keys, dup = 200_000, 0.2
 	for _, reach := range []time.Duration{20 * time.Minute, 3 * time.Hour} {
 		w := WorkloadConfig{Keys: keys, DupRatio: dup, DupReach: reach, Span: 24 * time.Hour, Seed: 9}
-		o := engine.Options{FS: vfs.NewMem(), Dir: "db", Window: 24 * time.Hour, Partition: time.Hour, ExpectedKeys: 20_000, NoSync: true,
+		o := engine.Options{Backend: &embedded.Backend{FS: vfs.NewMem(), Dir: "db", NoSync: true}, Window: 24 * time.Hour, Partition: time.Hour, ExpectedKeys: 20_000,
 			SlidingWindows: map[string]bool{"": true}}
 		res, err := Run(context.Background(), RunConfig{Workload: w, Engine: o, Workers: 2})
 		if err != nil {

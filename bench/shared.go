@@ -68,8 +68,6 @@ func CheckShared(name string, rc RunConfig) error {
 		return fmt.Errorf("%w: the %s tier stands behind memory: Tiers %v is not a shared configuration", ErrConfig, name, o.Tiers)
 	case o.Backend != nil:
 		return fmt.Errorf("%w: Engine.Backend %s beside the %s tier: set one", ErrConfig, o.Backend.Name(), name)
-	case o.Dir != "" || o.FS != nil:
-		return fmt.Errorf("%w: Engine.Dir is not used by the %s tier", ErrConfig, name)
 	case o.Archive != nil:
 		return fmt.Errorf("%w: an archive is measured with the embedded store: a run's simulated time seals no partition of the %s tier, which expires keys by the server's clock", ErrConfig, name)
 	}

@@ -10,6 +10,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/pebble"
 	"github.com/tierdedup/tierdedup/tier/redis"
 )
@@ -31,7 +32,7 @@ func TestCheckSharedRefuses(t *testing.T) {
 		"archive": {Workload: WorkloadConfig{Keys: 1000, Span: time.Hour},
 			Engine: engine.Options{Window: time.Hour, Archive: pebble.ArchiveDir{Dir: t.TempDir()}}},
 		"memory only": {Workload: WorkloadConfig{Keys: 1000, Span: time.Hour}, Engine: engine.Options{Window: time.Hour, Tiers: engine.MemoryOnly}},
-		"dir":         {Workload: WorkloadConfig{Keys: 1000, Span: time.Hour}, Engine: engine.Options{Window: time.Hour, Dir: t.TempDir()}},
+		"dir":         {Workload: WorkloadConfig{Keys: 1000, Span: time.Hour}, Engine: engine.Options{Window: time.Hour, Backend: embedded.Dir(t.TempDir())}},
 		"backend": {Workload: WorkloadConfig{Keys: 1000, Span: time.Hour},
 			Engine: engine.Options{Window: time.Hour, Backend: redis.NewBackend(goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1"}), redis.Config{})}},
 	} {

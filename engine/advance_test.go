@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -108,7 +109,11 @@ func TestAdvance(t *testing.T) {
 		})
 	}
 	for _, tiers := range []engine.Tiers{engine.MemoryOnly, engine.BloomOnly} {
-		e := open(t, engine.Options{Tiers: tiers, ExpectedKeys: 1000})
+		o := engine.Options{Tiers: tiers, ExpectedKeys: 1000}
+		if tiers == engine.BloomOnly {
+			o.Backend = &embedded.Backend{}
+		}
+		e := open(t, o)
 		if _, err := e.Advance(ctx, []byte("x"), 1); !errors.Is(err, engine.ErrOptions) {
 			t.Errorf("%v: %v, want ErrOptions", tiers, err)
 		}

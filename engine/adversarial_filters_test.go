@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // syncBuf is a log sink safe for the engine's goroutines.
@@ -63,7 +64,7 @@ func TestAdvFilterForgottenKeysAreNotFalsePositives(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock()
 	logs := &syncBuf{}
-	e := open(t, engine.Options{Dir: t.TempDir(), Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 10000, Clock: clock,
+	e := open(t, engine.Options{Backend: embedded.Dir(t.TempDir()), Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 10000, Clock: clock,
 		Logger: log.New(logs, "", 0)})
 	defer e.Close()
 	const n = 1000 // a tenth of ExpectedKeys
@@ -112,7 +113,7 @@ func TestAdvFilterSlidingNamespaceWindowKeys(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock()
 	logs := &syncBuf{}
-	e := open(t, engine.Options{Dir: t.TempDir(), Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000, Clock: clock,
+	e := open(t, engine.Options{Backend: embedded.Dir(t.TempDir()), Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000, Clock: clock,
 		Logger:         log.New(logs, "", 0),
 		SlidingWindows: map[string]bool{"sensors": true}, NamespaceWindows: map[string]time.Duration{"sensors": 10 * time.Minute}})
 	defer e.Close()
@@ -147,7 +148,7 @@ func TestAdvFilterRightSizedRepeatedWorkload(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock()
 	logs := &syncBuf{}
-	o := engine.Options{Dir: t.TempDir(), Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 20000, Clock: clock,
+	o := engine.Options{Backend: embedded.Dir(t.TempDir()), Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 20000, Clock: clock,
 		Logger: log.New(logs, "", 0)}
 	e := open(t, o)
 	defer func() { e.Close() }()
@@ -205,7 +206,7 @@ func TestAdvFilterRecommendationEarly(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock()
 	logs := &syncBuf{}
-	e := open(t, engine.Options{Dir: t.TempDir(), Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000, Clock: clock,
+	e := open(t, engine.Options{Backend: embedded.Dir(t.TempDir()), Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000, Clock: clock,
 		Logger: log.New(logs, "", 0)})
 	defer e.Close()
 	n := 0

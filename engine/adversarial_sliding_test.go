@@ -17,6 +17,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // slideMark marks key in namespace ns of e and fails the test on error.
@@ -102,7 +103,7 @@ func TestAdvSlidingArchiveCountsFromLastArrival(t *testing.T) {
 func TestAdvSlidingNamespaceWindowAddedLater(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock()
-	o := engine.Options{Dir: t.TempDir(), Window: 4 * time.Hour, Partition: time.Hour, Clock: clock, Logger: quiet,
+	o := engine.Options{Backend: embedded.Dir(t.TempDir()), Window: 4 * time.Hour, Partition: time.Hour, Clock: clock, Logger: quiet,
 		ExpectedKeys: 1000, SlidingWindows: map[string]bool{"s": true}}
 	e := open(t, o)
 	ns, _ := e.Namespace("s")
@@ -181,7 +182,7 @@ func (c slideConfig) options(t *testing.T, clock engine.Clock) engine.Options {
 	o := engine.Options{Tiers: c.tiers, Window: slideWindow, Partition: slidePart, ExpectedKeys: 10000, Clock: clock, Logger: quiet,
 		SlidingWindows: map[string]bool{"slide": true}}
 	if c.dir {
-		o.Dir = t.TempDir()
+		setDir(&o, t.TempDir())
 	}
 	if c.window > 0 {
 		o.NamespaceWindows = map[string]time.Duration{"slide": c.window, "fixed": c.window}
@@ -498,7 +499,7 @@ func TestAdvSlidingRepeatInMarkBatch(t *testing.T) {
 func TestAdvSlidingRepeatInMarkBatchNotSliding(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock()
-	o := engine.Options{Dir: t.TempDir(), Window: slideWindow, Partition: slidePart, ExpectedKeys: 1000, Clock: clock, Logger: quiet}
+	o := engine.Options{Backend: embedded.Dir(t.TempDir()), Window: slideWindow, Partition: slidePart, ExpectedKeys: 1000, Clock: clock, Logger: quiet}
 	e := open(t, o)
 	if got, _ := e.MarkIfAbsent(ctx, []byte("k")); got != engine.New {
 		t.Fatal(got)
@@ -695,7 +696,7 @@ func TestAdvSlidingBloomReopenWithoutArrival(t *testing.T) {
 	// key is still a Duplicate, at the refresh's it is New.
 	ctx := context.Background()
 	clock := newClock()
-	o := engine.Options{Tiers: engine.BloomOnly, Dir: t.TempDir(), Window: slideWindow, Partition: slidePart, ExpectedKeys: 1000, Clock: clock,
+	o := engine.Options{Tiers: engine.BloomOnly, Backend: embedded.Dir(t.TempDir()), Window: slideWindow, Partition: slidePart, ExpectedKeys: 1000, Clock: clock,
 		Logger: quiet, SlidingWindows: map[string]bool{"": true}}
 	e := open(t, o)
 	if g, _ := e.MarkIfAbsent(ctx, []byte("k")); g != engine.New {
@@ -734,7 +735,7 @@ func TestAdvSlidingRefreshSurvivesMachineCrash(t *testing.T) {
 			ctx := context.Background()
 			clock := newClock()
 			fs := vfs.NewCrashableMem()
-			o := engine.Options{Dir: "s", FS: fs, Window: slideWindow, Partition: slidePart, ExpectedKeys: 1000, Clock: clock,
+			o := engine.Options{Backend: &embedded.Backend{Dir: "s", FS: fs}, Window: slideWindow, Partition: slidePart, ExpectedKeys: 1000, Clock: clock,
 				SlidingWindows: map[string]bool{"": true}}
 			w := slideWindow
 			if nsw > 0 {
@@ -759,7 +760,7 @@ func TestAdvSlidingRefreshSurvivesMachineCrash(t *testing.T) {
 			// Past the first commit's expiry (rounded to its partition's
 			// end with the engine's window), inside the refresh's.
 			clock.Add(slideConfig{window: nsw}.expiryAfter(first).Add(time.Minute).Sub(clock.Now()))
-			o.FS = crashed
+			setFS(&o, crashed)
 			e = open(t, o)
 			defer e.Close()
 			if g, _ := e.MarkIfAbsent(ctx, []byte("other")); g != engine.New {

@@ -133,19 +133,19 @@ func (e *Engine) openArchive(o Options, opened *closers) error {
 	a := &archiver{e: e, name: o.Archive.Name(), hasher: e.hasher, wake: make(chan struct{}, 1)}
 	if e.local != nil {
 		scanner, ok := e.exact.(tier.RecordScanner)
-		if !ok {
-			return fmt.Errorf("%w: Archive needs the embedded store (Tiers Default with Dir)", ErrOptions)
+		if !ok || e.archSrc == nil {
+			return fmt.Errorf("%w: Archive needs the embedded store (Tiers Default, embedded.Dir)", ErrOptions)
 		}
-		gen, err := e.local.ArchiveGeneration()
+		gen, err := e.archSrc.ArchiveGeneration()
 		if err != nil {
 			return err
 		}
-		_, archived, err := e.local.Archived()
+		_, archived, err := e.archSrc.Archived()
 		if err != nil {
 			return err
 		}
 		a.scanner, a.check = scanner, hashCheck(e.hasher)
-		env.Owner, env.Check, env.Existing = archiveOwner(e.local.ID(), gen), a.check, archived
+		env.Owner, env.Check, env.Existing = archiveOwner(e.archSrc.ID(), gen), a.check, archived
 	} else {
 		lg, ok := e.exact.(tier.ArchiveLog)
 		if !ok {
@@ -197,10 +197,10 @@ func (e *Engine) openArchive(o Options, opened *closers) error {
 		}
 		return fmt.Errorf("%w: archive: %w", ErrUnavailable, err)
 	}
-	if e.local != nil {
+	if e.archSrc != nil {
 		// Before any partition goes to it: from now on the store opens
 		// only with this archive, or detaches it.
-		if err := e.local.SetArchiveAttached(); err != nil {
+		if err := e.archSrc.SetArchiveAttached(); err != nil {
 			return err
 		}
 	}
@@ -218,11 +218,11 @@ func (e *Engine) openArchive(o Options, opened *closers) error {
 // detached one is refused from then on (ErrLayout); a new archive starts
 // empty.
 func (e *Engine) withoutArchive(detach bool) error {
-	next, ok, err := e.local.Archived()
+	next, ok, err := e.archSrc.Archived()
 	if err != nil {
 		return err
 	}
-	attached, err := e.local.ArchiveAttached()
+	attached, err := e.archSrc.ArchiveAttached()
 	switch {
 	case err != nil:
 		return err
@@ -235,7 +235,7 @@ func (e *Engine) withoutArchive(detach bool) error {
 	case !detach:
 		return fmt.Errorf("%w: the store moved its partitions before %d to an archive (and may have dropped them): open it with its Options.Archive, or set Options.DetachArchive to let that history go (the archive cannot be attached again)", ErrLayout, next)
 	}
-	if _, err := e.local.DetachArchive(); err != nil {
+	if _, err := e.archSrc.DetachArchive(); err != nil {
 		return err
 	}
 	if ok {
@@ -323,7 +323,7 @@ func (a *archiver) load(ctx context.Context, cur int64) error {
 	// An archive that lost what the store dropped (deleted, replaced by an
 	// empty one, restored from an older copy) would answer New for keys
 	// committed inside its window: refused.
-	if rec, ok, err := a.e.local.Archived(); err != nil {
+	if rec, ok, err := a.e.archSrc.Archived(); err != nil {
 		return err
 	} else if ok && rec-1 >= oldest && !slices.Contains(held, rec-1) {
 		return fmt.Errorf("%w: the archive does not hold partition %d, which the store recorded as archived (and may have dropped): a lost, replaced or older archive", ErrLayout, rec-1)
@@ -520,7 +520,7 @@ func (a *archiver) archive(ctx context.Context, p int64) error {
 		return err
 	}
 	archiveHook("held")
-	if err := a.e.local.SetArchived(p + 1); err != nil {
+	if err := a.e.archSrc.SetArchived(p + 1); err != nil {
 		return err // before next moves: the exact tier keeps p
 	}
 	a.next.Store(p + 1)

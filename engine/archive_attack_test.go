@@ -14,6 +14,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/pebble"
 )
 
@@ -24,7 +25,7 @@ import (
 // 21-day archive.
 func atkOpts(clock *fakeClock, fs vfs.FS, a tier.ArchiveBackend) engine.Options {
 	return engine.Options{
-		Dir: "store", FS: fs, Clock: clock, Window: 7 * day, Partition: day,
+		Backend: &embedded.Backend{Dir: "store", FS: fs}, Clock: clock, Window: 7 * day, Partition: day,
 		ExpectedKeys: 2000, Archive: a, ArchiveWindow: 21 * day,
 	}
 }
@@ -205,7 +206,7 @@ func TestArchiveAttackForgetLongLag(t *testing.T) {
 	var down atomic.Bool
 	down.Store(true)
 	a := gateArchive(pebble.ArchiveDir{Dir: "archive", FS: fs}, &down, nil)
-	o := engine.Options{Dir: "store", FS: fs, Clock: clock, Window: 24 * time.Hour, Partition: time.Hour,
+	o := engine.Options{Backend: &embedded.Backend{Dir: "store", FS: fs}, Clock: clock, Window: 24 * time.Hour, Partition: time.Hour,
 		ExpectedKeys: 1000, Archive: a, ArchiveWindow: 30 * day}
 	e := open(t, o)
 	defer func() { e.Close() }()

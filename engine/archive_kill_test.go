@@ -13,13 +13,14 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/pebble"
 )
 
 // killArchiveOptions: hour partitions, a 4-hour window and a 12-hour
 // archive behind it.
 func killArchiveOptions(dir string, clock engine.Clock) engine.Options {
-	return engine.Options{Dir: filepath.Join(dir, "store"), Clock: clock, Window: 4 * time.Hour, Partition: time.Hour,
+	return engine.Options{Backend: embedded.Dir(filepath.Join(dir, "store")), Clock: clock, Window: 4 * time.Hour, Partition: time.Hour,
 		ExpectedKeys: 5_000, Archive: pebble.ArchiveDir{Dir: filepath.Join(dir, "archive")}, ArchiveWindow: 12 * time.Hour, Logger: quiet}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/pebble"
 	"github.com/tierdedup/tierdedup/tier/postgres"
 )
@@ -37,7 +38,7 @@ type archiveRun struct {
 
 func archiveOptions(clock *fakeClock, fs vfs.FS, archive tier.ArchiveBackend) engine.Options {
 	return engine.Options{
-		Dir: "store", FS: fs, Clock: clock, Window: 7 * day, Partition: day,
+		Backend: &embedded.Backend{Dir: "store", FS: fs}, Clock: clock, Window: 7 * day, Partition: day,
 		ExpectedKeys: 2000, Archive: archive, ArchiveWindow: 21 * day,
 	}
 }
@@ -264,12 +265,12 @@ func TestArchiveOptions(t *testing.T) {
 	for name, o := range map[string]engine.Options{
 		"memory-only":       {Tiers: engine.MemoryOnly, Archive: a},
 		"bloom-only":        {Tiers: engine.BloomOnly, Archive: a},
-		"window not longer": {Dir: "s", FS: fs, Window: 7 * day, Archive: a, ArchiveWindow: 7 * day},
-		"window alone":      {Dir: "s", FS: fs, ArchiveWindow: 30 * day},
-		"bad fp":            {Dir: "s", FS: fs, Archive: a, ArchiveFalsePositive: 1.5},
-		"no archive dir":    {Dir: "s", FS: fs, Archive: pebble.ArchiveDir{FS: fs}},
+		"window not longer": {Backend: &embedded.Backend{Dir: "s", FS: fs}, Window: 7 * day, Archive: a, ArchiveWindow: 7 * day},
+		"window alone":      {Backend: &embedded.Backend{Dir: "s", FS: fs}, ArchiveWindow: 30 * day},
+		"bad fp":            {Backend: &embedded.Backend{Dir: "s", FS: fs}, Archive: a, ArchiveFalsePositive: 1.5},
+		"no archive dir":    {Backend: &embedded.Backend{Dir: "s", FS: fs}, Archive: pebble.ArchiveDir{FS: fs}},
 		"detach, memory":    {Tiers: engine.MemoryOnly, DetachArchive: true},
-		"detach, archive":   {Dir: "s", FS: fs, Archive: a, DetachArchive: true},
+		"detach, archive":   {Backend: &embedded.Backend{Dir: "s", FS: fs}, Archive: a, DetachArchive: true},
 	} {
 		_, err := engine.Open(&o)
 		if !errors.Is(err, engine.ErrOptions) {
@@ -283,7 +284,7 @@ func TestArchiveOptions(t *testing.T) {
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
-	o.Dir = "other"
+	setDir(&o, "other")
 	if _, err := engine.Open(&o); !errors.Is(err, engine.ErrLayout) {
 		t.Fatalf("an archive of another store: %v, want ErrLayout", err)
 	}
@@ -450,7 +451,7 @@ func TestArchiveNamespaceWindows(t *testing.T) {
 			t.Errorf("%s: %v, want ErrOptions", name, err)
 		}
 	}
-	if err := (&engine.Options{Dir: "x", NamespaceArchiveWindows: map[string]time.Duration{"x": 10 * day}}).Validate(); !errors.Is(err, engine.ErrOptions) {
+	if err := (&engine.Options{Backend: embedded.Dir("x"), NamespaceArchiveWindows: map[string]time.Duration{"x": 10 * day}}).Validate(); !errors.Is(err, engine.ErrOptions) {
 		t.Errorf("NamespaceArchiveWindows without an archive: %v", err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // expectErr fails unless err matches want.
@@ -73,7 +74,7 @@ func TestResultsBadInput(t *testing.T) {
 		o := engine.Options{Tiers: engine.MemoryOnly, MaxResultSize: m}
 		expectErr(t, fmt.Sprintf("MaxResultSize %d", m), o.Validate(), engine.ErrOptions)
 	}
-	bl := open(t, engine.Options{Tiers: engine.BloomOnly, ExpectedKeys: 1000})
+	bl := open(t, engine.Options{Backend: &embedded.Backend{}, Tiers: engine.BloomOnly, ExpectedKeys: 1000})
 	defer bl.Close()
 	ran := false
 	_, _, err := bl.DoResult(ctx, []byte("k"), func(context.Context) ([]byte, error) { ran = true; return nil, nil })
@@ -153,7 +154,7 @@ func TestNamespaceBadInput(t *testing.T) {
 	}
 	lease, window := time.Minute, time.Hour
 	// The configurations: o's Tiers and Backend.
-	memory, bloom := engine.Options{Tiers: engine.MemoryOnly}, engine.Options{Tiers: engine.BloomOnly}
+	memory, bloom := engine.Options{Tiers: engine.MemoryOnly}, engine.Options{Backend: &embedded.Backend{}, Tiers: engine.BloomOnly}
 	pg := engine.Options{Backend: pgBackend(faultDB{}, "")}
 	for _, tc := range []struct {
 		config engine.Options
@@ -322,7 +323,7 @@ func TestExportDirs(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
 	dir := filepath.Join(root, "engine")
-	o := engine.Options{Dir: dir, ExpectedKeys: 1000}
+	o := engine.Options{Backend: embedded.Dir(dir), ExpectedKeys: 1000}
 	e := open(t, o)
 	defer func() { e.Close() }()
 	if _, err := e.MarkIfAbsent(ctx, []byte("kept")); err != nil {
@@ -357,24 +358,24 @@ func TestExportDirs(t *testing.T) {
 		o    *engine.Options
 		want error
 	}{
-		{filepath.Join(root, "missing"), &engine.Options{Dir: imp}, engine.ErrNoExport},
+		{filepath.Join(root, "missing"), &engine.Options{Backend: embedded.Dir(imp)}, engine.ErrNoExport},
 		{exp, nil, engine.ErrOptions},
-		{exp, &engine.Options{Dir: file}, engine.ErrOptions},
-		{exp, &engine.Options{Dir: exp}, engine.ErrOptions},
-		{exp, &engine.Options{Dir: filepath.Join(exp, "in")}, engine.ErrOptions},
-		{"", &engine.Options{Dir: imp}, engine.ErrOptions},
-		{exp, &engine.Options{Dir: dir}, engine.ErrLocked},
-		{exp, &engine.Options{Dir: link}, engine.ErrLocked},
-		{exp, &engine.Options{Dir: rel}, engine.ErrLocked},
-		{exp, &engine.Options{Dir: imp, Window: 2 * engine.DefaultWindow}, engine.ErrLayout},
-		{exp, &engine.Options{Dir: imp}, engine.ErrStaleExport}, // newerThan 5 below
+		{exp, &engine.Options{Backend: embedded.Dir(file)}, engine.ErrOptions},
+		{exp, &engine.Options{Backend: embedded.Dir(exp)}, engine.ErrOptions},
+		{exp, &engine.Options{Backend: embedded.Dir(filepath.Join(exp, "in"))}, engine.ErrOptions},
+		{"", &engine.Options{Backend: embedded.Dir(imp)}, engine.ErrOptions},
+		{exp, &engine.Options{Backend: embedded.Dir(dir)}, engine.ErrLocked},
+		{exp, &engine.Options{Backend: embedded.Dir(link)}, engine.ErrLocked},
+		{exp, &engine.Options{Backend: embedded.Dir(rel)}, engine.ErrLocked},
+		{exp, &engine.Options{Backend: embedded.Dir(imp), Window: 2 * engine.DefaultWindow}, engine.ErrLayout},
+		{exp, &engine.Options{Backend: embedded.Dir(imp)}, engine.ErrStaleExport}, // newerThan 5 below
 		{exp, &engine.Options{Tiers: engine.MemoryOnly}, engine.ErrOptions},
 	} {
 		newer := uint64(0)
 		if tc.want == engine.ErrStaleExport {
 			newer = 5
 		}
-		_, err := engine.Import(ctx, tc.src, tc.o, newer)
+		_, err := importExport(ctx, tc.src, tc.o, newer)
 		if !errors.Is(err, tc.want) {
 			t.Errorf("Import(%q, %+v): %v, want %v", tc.src, tc.o, err, tc.want)
 		}
@@ -402,7 +403,7 @@ func TestExportDirs(t *testing.T) {
 func TestExportRefusesCallersFiles(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
-	e := open(t, engine.Options{Dir: filepath.Join(root, "engine"), ExpectedKeys: 1000})
+	e := open(t, engine.Options{Backend: embedded.Dir(filepath.Join(root, "engine")), ExpectedKeys: 1000})
 	defer e.Close()
 	file := filepath.Join(root, "notes.txt")
 	if err := os.WriteFile(file, []byte("precious"), 0o644); err != nil {
@@ -437,8 +438,8 @@ func TestImportFromRegularFile(t *testing.T) {
 	if err := os.WriteFile(file, []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, err := engine.Import(context.Background(), file, &engine.Options{Dir: filepath.Join(root, "imp")}, 0)
+	_, err := importExport(context.Background(), file, &engine.Options{Backend: embedded.Dir(filepath.Join(root, "imp"))}, 0)
 	expectErr(t, "Import from a regular file", err, engine.ErrNoExport)
-	_, err = engine.ReadExport(nil, file)
+	_, err = embedded.ReadExport(nil, file)
 	expectErr(t, "ReadExport of a regular file", err, engine.ErrNoExport)
 }

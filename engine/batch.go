@@ -4,7 +4,6 @@ import (
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/bloom"
-	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/memory"
 )
 
@@ -133,7 +132,7 @@ func (b *batch) candidates() []shard.Fingerprint {
 // filterMasks sets probes[j].Maybe to the live partitions the exact tier
 // may hold the key of cfps[j] in, and returns the partition the masks
 // count from and whether a zero mask proves the key absent: the local
-// store's filters when there are some (see embedded.Store.Masks, which
+// store's filters when there are some (see tier.Filters.Masks, which
 // answers "no" only while they are warm), every live partition otherwise.
 func (e *Engine) filterMasks(cfps []shard.Fingerprint, probes []bloom.Probe) (oldest int64, proves bool) {
 	if e.local == nil {
@@ -145,7 +144,7 @@ func (e *Engine) filterMasks(cfps []shard.Fingerprint, probes []bloom.Probe) (ol
 // allLive sets every probe to name every live partition, and returns the
 // oldest.
 func (e *Engine) allLive(probes []bloom.Probe) (oldest int64) {
-	return embedded.AllLive(e.parts, e.current.Load(), probes)
+	return tier.AllLive(e.parts, e.current.Load(), probes)
 }
 
 func (e *Engine) putBatch(b *batch) {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // checkpointFiles lists the checkpoint files in the sealed directory.
@@ -30,7 +31,7 @@ func checkpointFiles(t *testing.T, fs vfs.FS) []string {
 func checkpointedEngine(t *testing.T, mem vfs.FS) (*engine.Engine, engine.Options, [][]byte, []byte) {
 	t.Helper()
 	clock := newClock()
-	o := engine.Options{Dir: "db", FS: mem, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
+	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: mem}, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
 	e := open(t, o)
 	var keys [][]byte
 	mark := func(n int) {
@@ -132,7 +133,7 @@ func TestCheckpointRestore(t *testing.T) {
 			if tc.tamper != nil {
 				tc.tamper(t, crashed, otherCrashed, first)
 			}
-			o.FS = crashed
+			setFS(&o, crashed)
 			e = open(t, o)
 			defer e.Close()
 			s := e.Stats()
@@ -188,7 +189,7 @@ func stallChild(spec string) int {
 		engine.SetInMove(stall)
 	}
 	clock := &stepClock{base: time.Unix(0, start)}
-	e, err := engine.Open(&engine.Options{Dir: dir, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 20_000, Logger: quiet})
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(dir), Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 20_000, Logger: quiet})
 	if err != nil {
 		fmt.Println("ERR", err)
 		return 1
@@ -259,7 +260,7 @@ func TestKillDuringCheckpointAndMove(t *testing.T) {
 		}
 		_ = child.Kill() // "signal: killed"
 		now += int64(time.Minute)
-		e := open(t, engine.Options{Dir: dir, Clock: fixedClock(now), Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 20_000})
+		e := open(t, engine.Options{Backend: embedded.Dir(dir), Clock: fixedClock(now), Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 20_000})
 		s := e.Stats()
 		if hook == "ckpt" && (s.BloomRestored == 0 || s.BloomMode != "warm" || s.BloomRebuiltKeys != 0) {
 			t.Fatalf("round %d: after a kill inside a checkpoint: %d restored, mode %s, %d rebuilt; want the one before it restored, warm",
@@ -305,8 +306,8 @@ func TestImportRestoresFromCheckpoint(t *testing.T) {
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
-	o.Dir = "other"
-	if _, err := engine.Import(ctx, "exp", &o, 0); err != nil {
+	setDir(&o, "other")
+	if _, err := importExport(ctx, "exp", &o, 0); err != nil {
 		t.Fatal(err)
 	}
 	e2 := open(t, o)

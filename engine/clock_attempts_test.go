@@ -11,6 +11,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // TestEmbeddedAttemptCounts: attempt counts survive partition rotation,
@@ -20,7 +21,7 @@ func TestEmbeddedAttemptCounts(t *testing.T) {
 	ctx := context.Background()
 	mem := vfs.NewMem()
 	clock := newClock()
-	o := engine.Options{Dir: "db", FS: mem, Clock: clock, MaxAttempts: 3, MemoryCapacity: 16, Stripes: 1,
+	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: mem}, Clock: clock, MaxAttempts: 3, MemoryCapacity: 16, Stripes: 1,
 		Window: 4 * time.Hour, Partition: time.Hour, Lease: time.Minute}
 	e := open(t, o)
 	boom := errors.New("boom")
@@ -62,7 +63,7 @@ func TestBogusClockAtFirstOpen(t *testing.T) {
 	clock.t = time.Date(1969, 12, 31, 23, 0, 0, 0, time.UTC) // an RTC that lost its battery, say
 	fs := vfs.NewMem()
 	for _, o := range []engine.Options{
-		{Dir: "db", FS: fs, Clock: clock, Logger: quiet},
+		{Backend: &embedded.Backend{Dir: "db", FS: fs}, Clock: clock, Logger: quiet},
 		{Tiers: engine.MemoryOnly, Clock: clock, Logger: quiet},
 	} {
 		if _, err := engine.Open(&o); !errors.Is(err, engine.ErrOptions) || !strings.Contains(err.Error(), "Clock") {
@@ -72,7 +73,7 @@ func TestBogusClockAtFirstOpen(t *testing.T) {
 	clock.mu.Lock()
 	clock.t = good // NTP fixes the clock
 	clock.mu.Unlock()
-	e := open(t, engine.Options{Dir: "db", FS: fs, Clock: clock})
+	e := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}, Clock: clock})
 	if o, err := e.MarkIfAbsent(ctx, []byte("paid-order")); err != nil || o != engine.New {
 		t.Fatal(o, err)
 	}
@@ -80,7 +81,7 @@ func TestBogusClockAtFirstOpen(t *testing.T) {
 	clock.mu.Lock()
 	clock.t = time.Date(1969, 12, 31, 23, 0, 0, 0, time.UTC) // the battery fails again
 	clock.mu.Unlock()
-	e = open(t, engine.Options{Dir: "db", FS: fs, Clock: clock}) // the store's reading stands in
+	e = open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}, Clock: clock}) // the store's reading stands in
 	defer e.Close()
 	if o, err := e.MarkIfAbsent(ctx, []byte("paid-order")); err != nil || o != engine.Duplicate {
 		t.Fatalf("with the clock at 1969 after a sane reading: %v, %v; want Duplicate", o, err)

@@ -18,6 +18,7 @@ import (
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/faultfs"
 	"github.com/tierdedup/tierdedup/tier"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // The conformance suite drives every configuration with the same random
@@ -220,15 +221,15 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 	opts := engine.Options{
 		Tiers: cfg.tiers, Window: cWindow, Partition: cPartition, Lease: cLease,
 		MemoryCapacity: cfg.capacity, Stripes: 4, ExpectedKeys: 1000, FalsePositive: 0.01,
-		Clock: clock, FS: wrap(mem),
+		Clock: clock, Backend: &embedded.Backend{FS: wrap(mem)},
 	}
 	var oldSnapshot []byte // a snapshot of an earlier clean close, to put back later
 	faults := 0            // injected faults that failed a call
 	if cfg.embedded() || cfg.snapshots {
-		opts.Dir = "db"
+		setDir(&opts, "db")
 	}
 	if cfg.tiers == engine.MemoryOnly || cfg.shared() {
-		opts.FS = nil
+		opts.Backend = nil // memory-only has none; a shared tier's is set below
 	}
 	var pool *pgxpool.Pool
 	var table string                   // the PostgreSQL backend's table
@@ -476,11 +477,11 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 			crashed := mem.CrashClone(vfs.CrashCloneCfg{})
 			old := e
 			o := opts
-			o.FS = wrap(crashed)
+			setFS(&o, wrap(crashed))
 			e = open(t, o)
 			old.Close() // writes only to the abandoned filesystem
 			mem = crashed
-			opts.FS = o.FS
+			setFS(&opts, fsOf(o))
 			m.restart(clock.Now().UnixNano(), true)
 			outstanding = reclaimNamespaces(t, e, namespaces, outstanding)
 			if st := e.Stats(); st.BloomMode == "" {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // The crash test runs the engine in a child process (this test binary,
@@ -37,7 +38,7 @@ func crashChild(spec string) int {
 	parts := strings.Split(spec, "|")
 	dir, mode := parts[0], parts[2]
 	r, _ := strconv.Atoi(parts[1])
-	e, err := engine.Open(&engine.Options{Dir: dir, ExpectedKeys: 100_000})
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(dir), ExpectedKeys: 100_000})
 	if err != nil {
 		fmt.Println("ERR", err)
 		return 1
@@ -197,7 +198,7 @@ func crashRounds(t *testing.T, mode string) {
 			t.Fatalf("round %d acknowledged nothing before the kill\n%s", r, child.Describe())
 		}
 	}
-	e := open(t, engine.Options{Dir: dir, ExpectedKeys: 100_000})
+	e := open(t, engine.Options{Backend: embedded.Dir(dir), ExpectedKeys: 100_000})
 	defer e.Close()
 	keys := make([][]byte, 0, len(acked))
 	for k := range acked {

@@ -10,6 +10,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // dmShort is the window of the namespace "short" in dmBuild.
@@ -42,7 +43,7 @@ func dmBuild(t *testing.T) *dmHist {
 	ctx := context.Background()
 	fs := newCrashFS()
 	clock := newClock()
-	o := engine.Options{Dir: "db", FS: fs, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000,
+	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000,
 		NamespaceWindows: map[string]time.Duration{"short": dmShort}}
 	e := open(t, o)
 	defer func() { _ = e.Close() }()
@@ -285,7 +286,7 @@ func TestMixedDamageAfterMoves(t *testing.T) {
 				tc.tamper(t, h)
 			}
 			o := h.o
-			o.FS = h.crash
+			setFS(&o, h.crash)
 			o.Clock = fixedClock(dmStart().Add(4*time.Hour + 10*time.Minute).UnixNano())
 			e := open(t, o)
 			defer func() { _ = e.Close() }()
@@ -312,7 +313,7 @@ func TestMixedDamageAfterMoves(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 			again := h.crash.CrashClone(vfs.CrashCloneCfg{})
 			_ = e.Close()
-			o.FS = again
+			setFS(&o, again)
 			e = open(t, o)
 			if s := e.Stats(); s.BloomSealedLoaded != 4 || s.BloomMode != "warm" {
 				t.Errorf("second crash: %d sealed loaded, mode %s, %d restored; want 4, warm", s.BloomSealedLoaded, s.BloomMode, s.BloomRestored)
@@ -334,7 +335,7 @@ func TestForgetMovedThenRecommit(t *testing.T) {
 			ctx := context.Background()
 			h := dmBuild(t)
 			o := h.o
-			o.FS = h.crash
+			setFS(&o, h.crash)
 			clock := newClock()
 			clock.Add(4*time.Hour + 20*time.Minute)
 			o.Clock = clock
@@ -349,7 +350,7 @@ func TestForgetMovedThenRecommit(t *testing.T) {
 			}
 			crashed := h.crash.CrashClone(vfs.CrashCloneCfg{})
 			_ = e.Close()
-			o.FS = crashed
+			setFS(&o, crashed)
 			if damage && readFile(t, crashed, dmSealed(1)) != nil { // resealed before the crash
 				rewrite(t, crashed, dmSealed(1), func(b []byte) { b[len(b)/3] ^= 4 })
 			}
@@ -363,7 +364,7 @@ func TestForgetMovedThenRecommit(t *testing.T) {
 			}
 			crashed = crashed.CrashClone(vfs.CrashCloneCfg{})
 			_ = e.Close()
-			o.FS = crashed
+			setFS(&o, crashed)
 			e = open(t, o)
 			defer func() { _ = e.Close() }()
 			waitWarm(t, e)
@@ -395,7 +396,7 @@ func TestCrashWhileRebuilding(t *testing.T) {
 	engine.SetRebuildGate(gate)
 	defer engine.SetRebuildGate(nil)
 	o := h.o
-	o.FS = h.crash
+	setFS(&o, h.crash)
 	o.Clock = fixedClock(dmStart().Add(4*time.Hour + 10*time.Minute).UnixNano())
 	e := open(t, o)
 	if m := e.Stats().BloomMode; m == "warm" {
@@ -430,7 +431,7 @@ func TestCrashWhileRebuilding(t *testing.T) {
 	crashed := h.crash.CrashClone(vfs.CrashCloneCfg{})
 	_ = e.Close()
 	engine.SetRebuildGate(nil)
-	o.FS = crashed
+	setFS(&o, crashed)
 	e = open(t, o)
 	defer func() { _ = e.Close() }()
 	s := e.Stats()

@@ -10,11 +10,15 @@
 // entities (Advance: New only for a higher version, Stale for an older
 // one), one-time tokens (IssueToken, ConsumeToken), and Stats.
 //
-// It holds the memory table and at most one exact tier (tier.Exact): the
-// embedded default in Options.Dir (package tier/embedded: Pebble behind
-// Bloom filters, where claims live in the engine), or a shared Backend
-// (tier/redis, tier/postgres: many processes, claims live in the store);
-// bloom-only holds the filters alone. The configuration matters only in
+// It holds the memory table and at most one exact tier (tier.Exact), which
+// a tier.Backend in Options.Backend opens: the embedded default
+// (embedded.Dir(dir), package tier/embedded: Pebble behind Bloom filters,
+// where claims live in the engine; a tier.LocalBackend, driven through the
+// tier.Local, tier.Filters, tier.ArchiveSource and tier.Handoff
+// interfaces), or a shared tier (tier/redis, tier/postgres: many
+// processes, claims live in the store); bloom-only holds the embedded
+// store's filters alone. It imports no store, so a memory-only program
+// links no storage engine. The configuration matters only in
 // Open and Options.Validate. It owns claims, leases and owner tokens, the
 // clock, partition rotation, the group commit, the fail-open layer of a
 // shared tier, and Stats; the filters' lifecycle is the embedded store's.

@@ -11,12 +11,13 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // durableOpts is an embedded store in dir whose New claims are durable
 // attempts, MaxAttempts as given.
 func durableOpts(dir string, attempts int, clock engine.Clock) engine.Options {
-	return engine.Options{Dir: dir, ExpectedKeys: 10_000, MaxAttempts: attempts, DurableClaims: true, Clock: clock,
+	return engine.Options{Backend: embedded.Dir(dir), ExpectedKeys: 10_000, MaxAttempts: attempts, DurableClaims: true, Clock: clock,
 		Window: 4 * time.Hour, Partition: time.Hour, Lease: time.Minute}
 }
 
@@ -133,7 +134,7 @@ func TestDurableClaimsAttemptsAddUp(t *testing.T) {
 // tier.
 func TestDurableClaimsOptions(t *testing.T) {
 	for _, o := range []engine.Options{
-		{Dir: t.TempDir(), DurableClaims: true},
+		{Backend: embedded.Dir(t.TempDir()), DurableClaims: true},
 		{Tiers: engine.MemoryOnly, DurableClaims: true, MaxAttempts: 1},
 		{Tiers: engine.BloomOnly, DurableClaims: true, MaxAttempts: 1},
 	} {

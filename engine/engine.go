@@ -8,7 +8,6 @@ import (
 
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
-	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/memory"
 )
 
@@ -41,10 +40,14 @@ type Engine struct {
 	secret        shard.Secret // keys the fingerprints; persisted by Default and BloomOnly
 	hasher        shard.Hasher // of secret
 	mem           *memory.Table
-	// local is the store in a directory: the embedded default (Pebble
-	// behind the Bloom filters) or bloom-only's filters; nil otherwise.
-	// It owns the filters' lifecycle (warm, rebuilding, sealed).
-	local *embedded.Store
+	// local is the store the engine opened in its process (a
+	// tier.LocalBackend: the embedded default, Pebble behind the Bloom
+	// filters, or bloom-only's filters); nil otherwise. It owns the
+	// filters' lifecycle (warm, rebuilding, sealed). archSrc and handoff
+	// are its optional interfaces (nil when it has none).
+	local   tier.Local
+	archSrc tier.ArchiveSource
+	handoff tier.Handoff
 	// exact is the exact tier, nil when there is none (MemoryOnly,
 	// BloomOnly); where says where its claims live, and the optional
 	// interfaces it implements are kept beside it (nil when it does not).

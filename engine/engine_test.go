@@ -16,6 +16,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/faultfs"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -34,8 +35,8 @@ func TestOptionsValidateReportsEveryField(t *testing.T) {
 		}
 	}
 	bad := []engine.Options{
-		{},                                   // Default needs Dir
-		{Tiers: engine.MemoryOnly, Dir: "x"}, // memory-only has no Dir
+		{}, // Default needs Dir
+		{Tiers: engine.MemoryOnly, Backend: embedded.Dir("x")},                    // memory-only has no Backend
 		{Tiers: engine.MemoryOnly, Window: time.Hour, Lease: time.Hour},           // lease ≥ window
 		{Tiers: engine.MemoryOnly, Window: 100 * time.Hour, Partition: time.Hour}, // too many partitions
 		{Tiers: engine.BloomOnly, FalsePositive: 1e-12},                           // too many hashes
@@ -54,7 +55,7 @@ func TestOptionsValidateReportsEveryField(t *testing.T) {
 }
 
 func TestBadInputIsTypedAndWritesNothing(t *testing.T) {
-	e := open(t, engine.Options{Dir: t.TempDir(), ExpectedKeys: 1000})
+	e := open(t, engine.Options{Backend: embedded.Dir(t.TempDir()), ExpectedKeys: 1000})
 	defer e.Close()
 	ctx := context.Background()
 	if _, err := e.Claim(ctx, nil); !errors.Is(err, engine.ErrEmptyKey) {
@@ -101,7 +102,7 @@ func TestFencing(t *testing.T) {
 			clock := newClock()
 			o := engine.Options{Tiers: tiers, Clock: clock, Lease: time.Second, ExpectedKeys: 1000}
 			if tiers == engine.Default {
-				o.Dir = t.TempDir()
+				setDir(&o, t.TempDir())
 			}
 			e := open(t, o)
 			defer e.Close()
@@ -146,13 +147,13 @@ func TestConcurrentClaimsOneNewPerKey(t *testing.T) {
 		open func(t *testing.T) *engine.Engine
 	}{
 		{"default", func(t *testing.T) *engine.Engine {
-			return open(t, engine.Options{Dir: t.TempDir(), ExpectedKeys: 10_000, MemoryCapacity: 4096})
+			return open(t, engine.Options{Backend: embedded.Dir(t.TempDir()), ExpectedKeys: 10_000, MemoryCapacity: 4096})
 		}},
 		{"memory", func(t *testing.T) *engine.Engine {
 			return open(t, engine.Options{Tiers: engine.MemoryOnly, MemoryCapacity: 4096})
 		}},
 		{"bloom", func(t *testing.T) *engine.Engine {
-			return open(t, engine.Options{Tiers: engine.BloomOnly, ExpectedKeys: 10_000})
+			return open(t, engine.Options{Backend: &embedded.Backend{}, Tiers: engine.BloomOnly, ExpectedKeys: 10_000})
 		}},
 		{"redis", func(t *testing.T) *engine.Engine {
 			c := redistest.Start(t).ClientWith(t, &goredis.Options{PoolSize: 64})
@@ -231,7 +232,7 @@ func TestStorageFaults(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			mem := newCrashFS()
 			var fault faultfs.Fault
-			e := open(t, engine.Options{Dir: "db", FS: faultfs.Wrap(mem, &fault), ExpectedKeys: 1000})
+			e := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: faultfs.Wrap(mem, &fault)}, ExpectedKeys: 1000})
 			ctx := context.Background()
 			var acked [][]byte
 			for i := range 50 {
@@ -261,7 +262,7 @@ func TestStorageFaults(t *testing.T) {
 			}
 			_ = e.Close()
 
-			e2 := open(t, engine.Options{Dir: "db", FS: mem.CrashClone(vfs.CrashCloneCfg{}), ExpectedKeys: 1000})
+			e2 := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: mem.CrashClone(vfs.CrashCloneCfg{})}, ExpectedKeys: 1000})
 			defer e2.Close()
 			out := make([]engine.Claim, len(acked))
 			if err := e2.ClaimBatch(ctx, acked, nil, out); err != nil {
@@ -284,7 +285,7 @@ func TestRetention(t *testing.T) {
 			clock := newClock()
 			o := engine.Options{Tiers: tiers, Clock: clock, Window: 48 * time.Hour, Partition: 24 * time.Hour, ExpectedKeys: 1000}
 			if tiers == engine.Default {
-				o.Dir = t.TempDir()
+				setDir(&o, t.TempDir())
 			}
 			e := open(t, o)
 			defer e.Close()
@@ -320,7 +321,7 @@ func TestRetention(t *testing.T) {
 func TestColdStart(t *testing.T) {
 	ctx := context.Background()
 	mem := newCrashFS()
-	o := engine.Options{Dir: "db", FS: mem, ExpectedKeys: 10_000}
+	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: mem}, ExpectedKeys: 10_000}
 	e := open(t, o)
 	keys := make([][]byte, 2000)
 	for i := range keys {
@@ -354,7 +355,7 @@ func TestColdStart(t *testing.T) {
 	engine.SetRebuildGate(gate)
 	defer engine.SetRebuildGate(nil)
 	crashed := mem.CrashClone(vfs.CrashCloneCfg{})
-	o.FS = crashed
+	setFS(&o, crashed)
 	e2 := open(t, o)
 	defer e2.Close()
 	if st := e2.Stats(); st.BloomMode != "rebuilding" {
@@ -429,9 +430,9 @@ func TestDoReleasesOnErrorAndPanic(t *testing.T) {
 
 func TestSecondOpenIsLocked(t *testing.T) {
 	dir := t.TempDir()
-	e := open(t, engine.Options{Dir: dir, ExpectedKeys: 1000})
+	e := open(t, engine.Options{Backend: embedded.Dir(dir), ExpectedKeys: 1000})
 	defer e.Close()
-	if _, err := engine.Open(&engine.Options{Dir: dir, Logger: quiet}); !errors.Is(err, engine.ErrLocked) {
+	if _, err := engine.Open(&engine.Options{Backend: embedded.Dir(dir), Logger: quiet}); !errors.Is(err, engine.ErrLocked) {
 		t.Fatalf("second Open: %v", err)
 	}
 	if err := e.Close(); err != nil {
@@ -453,7 +454,7 @@ func TestPoisonAfterMaxAttempts(t *testing.T) {
 		t.Run(tiers.String(), func(t *testing.T) {
 			o := engine.Options{Tiers: tiers, MaxAttempts: 3, ExpectedKeys: 1000}
 			if tiers == engine.Default {
-				o.Dir = t.TempDir()
+				setDir(&o, t.TempDir())
 			}
 			e := open(t, o)
 			defer e.Close()
@@ -485,7 +486,7 @@ func TestPoisonAfterMaxAttempts(t *testing.T) {
 // are refused outside the embedded store.
 func TestCommitBatchWithWritesAtomically(t *testing.T) {
 	mem := newCrashFS()
-	e := open(t, engine.Options{Dir: "db", FS: mem, ExpectedKeys: 1000})
+	e := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: mem}, ExpectedKeys: 1000})
 	ctx := context.Background()
 	keys := [][]byte{[]byte("m1"), []byte("m2"), []byte("m1")}
 	claims := make([]engine.Claim, len(keys))
@@ -501,7 +502,7 @@ func TestCommitBatchWithWritesAtomically(t *testing.T) {
 	if err := e.CommitBatchWith(ctx, claims, nil, writes); err != nil {
 		t.Fatal(err)
 	}
-	e2 := open(t, engine.Options{Dir: "db", FS: mem.CrashClone(vfs.CrashCloneCfg{}), ExpectedKeys: 1000})
+	e2 := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: mem.CrashClone(vfs.CrashCloneCfg{})}, ExpectedKeys: 1000})
 	defer e2.Close()
 	var got []string
 	if err := e2.ScanWrites([]byte("ledger/"), func(k, v []byte) error {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/tierdedup/tierdedup/tier"
-	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // Errors returned by the engine; match them with errors.Is. ErrOptions,
@@ -71,14 +70,14 @@ var (
 	// ErrBatch reports batch arguments of mismatched lengths.
 	ErrBatch = errors.New("tierdedup: mismatched batch arguments")
 	// ErrNoExport reports a directory that holds no export.
-	ErrNoExport = embedded.ErrNoExport
+	ErrNoExport = tier.ErrNoExport
 	// ErrExport reports an export that must not be imported: a damaged
 	// manifest, or a file missing or differing from it. Nothing was
 	// imported.
-	ErrExport = embedded.ErrExport
+	ErrExport = tier.ErrExport
 	// ErrStaleExport reports an export not newer than the state it would
 	// replace. Nothing was imported.
-	ErrStaleExport = embedded.ErrStaleExport
+	ErrStaleExport = tier.ErrStaleExport
 )
 
 // KeyError names the key of a batch that was rejected; it wraps ErrEmptyKey

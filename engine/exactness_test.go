@@ -14,6 +14,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/faultfs"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // TestReadErrorNeverNew commits a key in the newest partition (so a cold
@@ -25,7 +26,7 @@ func TestReadErrorNeverNew(t *testing.T) {
 	ctx := context.Background()
 	mem := newCrashFS()
 	clock := newClock()
-	o := engine.Options{Dir: "db", FS: mem, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
+	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: mem}, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
 	e := open(t, o)
 	for h := range 4 {
 		for i := range 20 {
@@ -55,7 +56,7 @@ func TestReadErrorNeverNew(t *testing.T) {
 	for n := int64(1); n <= most+2; n++ {
 		for range 3 {
 			var fault faultfs.Fault
-			o.FS = faultfs.Wrap(base.CrashClone(vfs.CrashCloneCfg{}), &fault)
+			setFS(&o, faultfs.Wrap(base.CrashClone(vfs.CrashCloneCfg{}), &fault))
 			e := open(t, o)
 			fault.ArmNth(faultfs.SSTReads, n)
 			c, err := e.Claim(ctx, victim)
@@ -91,7 +92,7 @@ func TestReadErrorNeverNew(t *testing.T) {
 func TestRejectedSnapshotIsNeverReused(t *testing.T) {
 	ctx := context.Background()
 	mem := newCrashFS()
-	o1 := engine.Options{Dir: "db", FS: mem, ExpectedKeys: 1000}
+	o1 := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: mem}, ExpectedKeys: 1000}
 	e := open(t, o1)
 	if _, err := e.MarkIfAbsent(ctx, []byte("run-1")); err != nil {
 		t.Fatal(err)
@@ -113,7 +114,7 @@ func TestRejectedSnapshotIsNeverReused(t *testing.T) {
 	crashed := mem.CrashClone(vfs.CrashCloneCfg{})
 	_ = e.Close()
 
-	o1.FS = crashed
+	setFS(&o1, crashed)
 	e = open(t, o1)
 	defer e.Close()
 	waitWarm(t, e)
@@ -143,7 +144,7 @@ func waitWarm(t *testing.T, e *engine.Engine) {
 // goroutine may survive a failed Open.
 func TestFailedOpenLeaksNoGoroutine(t *testing.T) {
 	dir := t.TempDir()
-	e := open(t, engine.Options{Dir: dir, ExpectedKeys: 1000})
+	e := open(t, engine.Options{Backend: embedded.Dir(dir), ExpectedKeys: 1000})
 	defer e.Close()
 	settle := func() int {
 		var n int
@@ -156,7 +157,7 @@ func TestFailedOpenLeaksNoGoroutine(t *testing.T) {
 	}
 	before := settle()
 	for range 20 {
-		if _, err := engine.Open(&engine.Options{Dir: dir, ExpectedKeys: 1000, Logger: quiet}); !errors.Is(err, engine.ErrLocked) {
+		if _, err := engine.Open(&engine.Options{Backend: embedded.Dir(dir), ExpectedKeys: 1000, Logger: quiet}); !errors.Is(err, engine.ErrLocked) {
 			t.Fatalf("second Open: %v, want ErrLocked", err)
 		}
 	}
@@ -172,7 +173,7 @@ func TestFailedOpenLeaksNoGoroutine(t *testing.T) {
 func TestCommitBatchWithNoNewClaimWrites(t *testing.T) {
 	ctx := context.Background()
 	mem := newCrashFS()
-	e := open(t, engine.Options{Dir: "db", FS: mem, ExpectedKeys: 1000})
+	e := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: mem}, ExpectedKeys: 1000})
 	if _, err := e.MarkIfAbsent(ctx, []byte("k")); err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +184,7 @@ func TestCommitBatchWithNoNewClaimWrites(t *testing.T) {
 	if err := e.CommitBatchWith(ctx, []engine.Claim{c}, nil, []engine.Write{{Key: []byte("offset"), Value: []byte("42")}}); err != nil {
 		t.Fatal(err)
 	}
-	e2 := open(t, engine.Options{Dir: "db", FS: mem.CrashClone(vfs.CrashCloneCfg{}), ExpectedKeys: 1000})
+	e2 := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: mem.CrashClone(vfs.CrashCloneCfg{})}, ExpectedKeys: 1000})
 	defer e2.Close()
 	_ = e.Close()
 	var got string
@@ -203,7 +204,7 @@ func TestCommitBatchWithNoNewClaimWrites(t *testing.T) {
 func TestLayoutChangesAreRefused(t *testing.T) {
 	ctx := context.Background()
 	mem := newCrashFS()
-	base := engine.Options{Dir: "db", FS: mem, Window: 48 * time.Hour, Partition: 24 * time.Hour, ExpectedKeys: 1000}
+	base := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: mem}, Window: 48 * time.Hour, Partition: 24 * time.Hour, ExpectedKeys: 1000}
 	e := open(t, base)
 	if o, err := e.MarkIfAbsent(ctx, []byte("acked")); err != nil || o != engine.New {
 		t.Fatal(o, err)
@@ -259,7 +260,7 @@ func expectRefused(t *testing.T, base engine.Options, changes []layoutChange) {
 func TestBloomOnlyStateIsItsOwnLayout(t *testing.T) {
 	ctx := context.Background()
 	mem := newCrashFS()
-	o := engine.Options{Tiers: engine.BloomOnly, Dir: "state", FS: mem, ExpectedKeys: 1000}
+	o := engine.Options{Tiers: engine.BloomOnly, Backend: &embedded.Backend{Dir: "state", FS: mem}, ExpectedKeys: 1000}
 	e := open(t, o)
 	if _, err := e.MarkIfAbsent(ctx, []byte("acked")); err != nil {
 		t.Fatal(err)
@@ -297,7 +298,7 @@ func TestBloomOnlyStateIsItsOwnLayout(t *testing.T) {
 func TestBloomOnlyKeepsItsClock(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock()
-	o := engine.Options{Tiers: engine.BloomOnly, Dir: "state", FS: vfs.NewMem(), Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
+	o := engine.Options{Tiers: engine.BloomOnly, Backend: &embedded.Backend{Dir: "state", FS: vfs.NewMem()}, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
 	e := open(t, o)
 	if _, err := e.MarkIfAbsent(ctx, []byte("before")); err != nil {
 		t.Fatal(err)
@@ -327,7 +328,7 @@ func TestConstructedFingerprintCollision(t *testing.T) {
 	ctx := context.Background()
 	for _, o := range []engine.Options{
 		{Tiers: engine.MemoryOnly},
-		{Dir: "db", FS: vfs.NewMem(), ExpectedKeys: 1000},
+		{Backend: &embedded.Backend{Dir: "db", FS: vfs.NewMem()}, ExpectedKeys: 1000},
 	} {
 		e := open(t, o)
 		if out, err := e.MarkIfAbsent(ctx, a); err != nil || out != engine.New {
@@ -345,7 +346,7 @@ func TestConstructedFingerprintCollision(t *testing.T) {
 func TestDigestsComparedAtFullWidth(t *testing.T) {
 	ctx := context.Background()
 	mem := newCrashFS()
-	o := engine.Options{Dir: "db", FS: mem, ExpectedKeys: 1000}
+	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: mem}, ExpectedKeys: 1000}
 	e := open(t, o)
 	var d1, d2 engine.Digest
 	d1[0], d2[0] = 1, 1
@@ -371,7 +372,7 @@ func TestDigestsComparedAtFullWidth(t *testing.T) {
 	}
 	check("from memory")
 	_ = e.Close()
-	e = open(t, engine.Options{Dir: "db", FS: mem, ExpectedKeys: 1000})
+	e = open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: mem}, ExpectedKeys: 1000})
 	defer e.Close()
 	ns, _ = e.Namespace("")
 	check("from disk")
@@ -390,7 +391,7 @@ func TestAttemptsAreDurable(t *testing.T) {
 		t.Run(restart, func(t *testing.T) {
 			mem := newCrashFS()
 			clock := newClock()
-			o := engine.Options{Dir: "db", FS: mem, Clock: clock, MaxAttempts: 3, ExpectedKeys: 1000, Lease: time.Minute, MemoryCapacity: 16, Stripes: 1}
+			o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: mem}, Clock: clock, MaxAttempts: 3, ExpectedKeys: 1000, Lease: time.Minute, MemoryCapacity: 16, Stripes: 1}
 			e := open(t, o)
 			reopen := func() {
 				switch restart {
@@ -398,7 +399,7 @@ func TestAttemptsAreDurable(t *testing.T) {
 					crashed := mem.CrashClone(vfs.CrashCloneCfg{})
 					_ = e.Close()
 					mem = crashed
-					o.FS = crashed
+					setFS(&o, crashed)
 				case "clean":
 					_ = e.Close()
 				case "eviction": // fill the memory tier past its capacity

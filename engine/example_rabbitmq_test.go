@@ -8,6 +8,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // A RabbitMQ consumer that acts once per message: manual acks, a prefetch
@@ -16,7 +17,7 @@ import (
 // and the message requeued, so the redelivery runs it again; a key another
 // worker holds right now is requeued too; a poison message is dead-lettered.
 func Example_rabbitMQ() {
-	dedup, err := engine.Open(&engine.Options{Dir: "/var/lib/orders-consumer/dedup", MaxAttempts: 5})
+	dedup, err := engine.Open(&engine.Options{Backend: embedded.Dir("/var/lib/orders-consumer/dedup"), MaxAttempts: 5})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -66,7 +67,7 @@ func handleOrder(context.Context, []byte) error { return nil }
 // requeues the message; a failed commit requeues it too (its redelivery
 // finds the commit, if it landed, as a Duplicate).
 func Example_rabbitMQAsync() {
-	dedup, err := engine.Open(&engine.Options{Dir: "/var/lib/orders-consumer/dedup"})
+	dedup, err := engine.Open(&engine.Options{Backend: embedded.Dir("/var/lib/orders-consumer/dedup")})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // The default configuration: exact and durable in one directory.
@@ -14,7 +15,7 @@ func Example() {
 	dir, _ := os.MkdirTemp("", "tierdedup")
 	defer os.RemoveAll(dir)
 
-	e, err := engine.Open(&engine.Options{Dir: dir})
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(dir)})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -101,7 +102,7 @@ func ExampleNamespace_MarkIfAbsent() {
 func ExampleEngine_Advance() {
 	dir, _ := os.MkdirTemp("", "tierdedup")
 	defer os.RemoveAll(dir)
-	e, err := engine.Open(&engine.Options{Dir: dir, ExpectedKeys: 1000})
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(dir), ExpectedKeys: 1000})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -20,7 +20,7 @@ func TestExtend(t *testing.T) {
 			clock := newClock()
 			o := engine.Options{Tiers: tiers, Clock: clock, Lease: 10 * time.Second}
 			if tiers == engine.Default {
-				o.Dir = t.TempDir()
+				setDir(&o, t.TempDir())
 			}
 			e := open(t, o)
 			defer e.Close()

@@ -16,6 +16,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -226,7 +227,7 @@ func faultConfigs(names ...string) []faultCfg {
 			return e, func() *engine.Engine { return e }, &faultInjector{}
 		}},
 		{"default", false, func(t *testing.T, o engine.Options) (*engine.Engine, func() *engine.Engine, *faultInjector) {
-			o.Dir, o.ExpectedKeys = t.TempDir(), 1000
+			o.Backend, o.ExpectedKeys = embedded.Dir(t.TempDir()), 1000
 			o.FailOpen, o.NoSharedCache = false, false
 			var e *engine.Engine
 			e = open(t, o)

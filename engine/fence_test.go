@@ -12,6 +12,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/faultfs"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -42,7 +43,7 @@ func TestForgetFenceOutlivesLease(t *testing.T) {
 	gate := faultfs.NewGate(faultfs.WALSyncs)
 	fs := faultfs.Wrap(vfs.NewMem(), gate)
 	clock := newClock()
-	o := engine.Options{Dir: "db", FS: fs, Clock: clock, ExpectedKeys: 1000,
+	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}, Clock: clock, ExpectedKeys: 1000,
 		Window: 24 * time.Hour, Partition: time.Hour, Lease: time.Minute}
 	e := open(t, o)
 	key := []byte("order-7")
@@ -163,7 +164,7 @@ func TestCloseStrandsNoMark(t *testing.T) {
 // that write, removes the count, and the key has no attempts afterwards.
 func TestForgetWaitsForReleaseCount(t *testing.T) {
 	ctx := context.Background()
-	e := open(t, engine.Options{Dir: t.TempDir(), ExpectedKeys: 1000, MaxAttempts: 3, Lease: time.Minute})
+	e := open(t, engine.Options{Backend: embedded.Dir(t.TempDir()), ExpectedKeys: 1000, MaxAttempts: 3, Lease: time.Minute})
 	defer e.Close()
 	key := []byte("job-9")
 	c := claimNew(t, e, string(key))
@@ -196,7 +197,7 @@ func TestForgetWaitsForReleaseCount(t *testing.T) {
 // reopen (the store alone answering) the key is a Duplicate.
 func TestReleaseCountNeverErasesCommit(t *testing.T) {
 	ctx := context.Background()
-	o := engine.Options{Dir: t.TempDir(), ExpectedKeys: 1000, MaxAttempts: 3, Lease: time.Minute}
+	o := engine.Options{Backend: embedded.Dir(t.TempDir()), ExpectedKeys: 1000, MaxAttempts: 3, Lease: time.Minute}
 	e := open(t, o)
 	key := []byte("job-10")
 	first := claimNew(t, e, string(key))

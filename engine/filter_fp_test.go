@@ -13,6 +13,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier/bloom"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // lockedBuffer is a log destination the engine may write from any
@@ -84,8 +85,8 @@ func TestFilterFalsePositivesMeasured(t *testing.T) {
 			clock := newClock()
 			var logs lockedBuffer
 			e, err := engine.Open(&engine.Options{
-				Dir: t.TempDir(), Window: 2 * time.Hour, Partition: time.Hour, ExpectedKeys: tc.expected,
-				Clock: clock, Logger: log.New(&logs, "", 0), NoSync: true,
+				Backend: &embedded.Backend{Dir: t.TempDir(), NoSync: true}, Window: 2 * time.Hour, Partition: time.Hour, ExpectedKeys: tc.expected,
+				Clock: clock, Logger: log.New(&logs, "", 0),
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -153,7 +154,7 @@ func TestFilterOverfullBloomOnly(t *testing.T) {
 	const full = 100_000
 	clock := newClock()
 	var logs lockedBuffer
-	e, err := engine.Open(&engine.Options{
+	e, err := engine.Open(&engine.Options{Backend: &embedded.Backend{},
 		Tiers: engine.BloomOnly, Window: 2 * time.Hour, Partition: time.Hour, ExpectedKeys: full / 10,
 		Clock: clock, Logger: log.New(&logs, "", 0),
 	})

@@ -15,6 +15,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // FuzzClaim feeds hostile keys and namespaces to the public API of the
@@ -31,7 +32,7 @@ func FuzzClaim(f *testing.F) {
 	f.Add("ns", []byte(strings.Repeat("x", engine.DefaultMaxKeySize)), []byte("p"))
 	f.Add("ns", []byte(strings.Repeat("x", engine.DefaultMaxKeySize+1)), []byte("p"))
 
-	e, err := engine.Open(&engine.Options{Dir: "db", FS: vfs.NewMem(), NoSync: true, ExpectedKeys: 10_000, Logger: quiet})
+	e, err := engine.Open(&engine.Options{Backend: &embedded.Backend{Dir: "db", FS: vfs.NewMem(), NoSync: true}, ExpectedKeys: 10_000, Logger: quiet})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -116,7 +117,7 @@ func FuzzOptions(f *testing.F) {
 		}
 		fs := vfs.NewMem()
 		if o.Tiers == engine.Default || o.Tiers == engine.BloomOnly {
-			o.Dir, o.FS, o.NoSync = "db", fs, true
+			o.Backend = &embedded.Backend{Dir: "db", FS: fs, NoSync: true}
 		}
 		verr := o.Validate()
 		e, err := engine.Open(&o)
@@ -215,7 +216,7 @@ func FuzzConsumeToken(f *testing.F) {
 		"AAAAAAAAAAAAAAAAAAAAAA==", "AAAAAAAAAAA\nAAAAAAAAAAA", "+/+/+/+/+/+/+/+/+/+/+/", "________________________", "\x00\xff"} {
 		f.Add(s)
 	}
-	e, err := engine.Open(&engine.Options{Dir: "db", FS: vfs.NewMem(), NoSync: true, ExpectedKeys: 10_000, Logger: quiet})
+	e, err := engine.Open(&engine.Options{Backend: &embedded.Backend{Dir: "db", FS: vfs.NewMem(), NoSync: true}, ExpectedKeys: 10_000, Logger: quiet})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -285,7 +286,7 @@ func FuzzReadExport(f *testing.F) {
 				t.Fatal(err)
 			}
 			w.Close()
-			info, err := engine.ReadExport(fs, "x")
+			info, err := embedded.ReadExport(fs, "x")
 			if err != nil && !errors.Is(err, engine.ErrExport) {
 				t.Fatalf("ReadExport of %q (wrapped %v): %v, want nil or ErrExport", manifest, wrapped, err)
 			}

@@ -14,6 +14,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // exported is a sealed engine's state exported to "exp" with version 7,
@@ -60,11 +61,11 @@ func record(t *testing.T, e *engine.Engine, key string) string {
 func TestImportCarriesState(t *testing.T) {
 	fs, _, o, keys := exported(t)
 	ctx := context.Background()
-	if info, err := engine.ReadExport(fs, "exp"); err != nil || info.Version != 7 {
+	if info, err := embedded.ReadExport(fs, "exp"); err != nil || info.Version != 7 {
 		t.Fatalf("ReadExport: %+v %v", info, err)
 	}
-	o.Dir = "other"
-	info, err := engine.Import(ctx, "exp", &o, 0)
+	setDir(&o, "other")
+	info, err := importExport(ctx, "exp", &o, 0)
 	if err != nil || info.Version != 7 {
 		t.Fatalf("Import: %+v %v", info, err)
 	}
@@ -90,7 +91,7 @@ func TestImportRefusals(t *testing.T) {
 	fs, _, o, keys := exported(t)
 
 	// The destination holds state of its own: one committed key and a record.
-	o.Dir = "dst"
+	setDir(&o, "dst")
 	e := open(t, o)
 	c, err := e.Claim(ctx, []byte("mine"))
 	if err != nil || c.Outcome != engine.New {
@@ -99,7 +100,7 @@ func TestImportRefusals(t *testing.T) {
 	if err := e.CommitBatchWith(ctx, []engine.Claim{c}, nil, []engine.Write{{Key: []byte("offset"), Value: []byte("mine")}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := engine.Import(ctx, "exp", &o, 0); !errors.Is(err, engine.ErrLocked) {
+	if _, err := importExport(ctx, "exp", &o, 0); !errors.Is(err, engine.ErrLocked) {
 		t.Fatalf("import into an open directory: %v, want ErrLocked", err)
 	}
 	if err := e.Close(); err != nil {
@@ -145,7 +146,7 @@ func TestImportRefusals(t *testing.T) {
 			}
 			copyDir(t, fs, "pristine", "exp")
 			tc.damage()
-			_, err := engine.Import(ctx, "exp", &o, tc.newer)
+			_, err := importExport(ctx, "exp", &o, tc.newer)
 			if !errors.Is(err, tc.want) || !strings.Contains(fmt.Sprint(err), tc.wantText) {
 				t.Fatalf("Import: %v, want %v naming %q", err, tc.want, tc.wantText)
 			}
@@ -171,8 +172,8 @@ func TestImportRefusals(t *testing.T) {
 func TestInterruptedImportIsFinished(t *testing.T) {
 	ctx := context.Background()
 	fs, _, o, keys := exported(t)
-	o.Dir = "dst"
-	if _, err := engine.Import(ctx, "exp", &o, 0); err != nil {
+	setDir(&o, "dst")
+	if _, err := importExport(ctx, "exp", &o, 0); err != nil {
 		t.Fatal(err)
 	}
 	// Between the renames: dst moved aside, the new copy not yet in place.
@@ -206,18 +207,18 @@ func TestExportReplacesExport(t *testing.T) {
 	if _, err := e.Export(ctx, "exp", 8); err != nil {
 		t.Fatal(err)
 	}
-	if info, err := engine.ReadExport(fs, "exp"); err != nil || info.Version != 8 {
+	if info, err := embedded.ReadExport(fs, "exp"); err != nil || info.Version != 8 {
 		t.Fatalf("ReadExport: %+v %v", info, err)
 	}
 	if err := fs.Rename("exp", "exp.export-old"); err != nil {
 		t.Fatal(err)
 	}
-	if info, err := engine.ReadExport(fs, "exp"); err != nil || info.Version != 8 {
+	if info, err := embedded.ReadExport(fs, "exp"); err != nil || info.Version != 8 {
 		t.Fatalf("ReadExport of an interrupted export: %+v %v", info, err)
 	}
 	dst := o
-	dst.Dir = "dst"
-	if _, err := engine.Import(ctx, "exp", &dst, 0); err != nil {
+	setDir(&dst, "dst")
+	if _, err := importExport(ctx, "exp", &dst, 0); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.Export(ctx, "", 1); !errors.Is(err, engine.ErrOptions) {
@@ -278,7 +279,7 @@ func commitKeys(t *testing.T, e *engine.Engine, keys ...string) {
 // base/exp on the operating system's file system, with options o.
 func osExport(t *testing.T, base string, o engine.Options) string {
 	t.Helper()
-	o.Dir = filepath.Join(base, "exporter")
+	setDir(&o, filepath.Join(base, "exporter"))
 	e := open(t, o)
 	commitKeys(t, e, "theirs")
 	exp := filepath.Join(base, "exp")
@@ -308,13 +309,13 @@ func TestImportRefusesOpenDirectoryAnySpelling(t *testing.T) {
 	if err := os.Symlink(db, filepath.Join(base, "link")); err != nil {
 		t.Fatal(err)
 	}
-	e := open(t, engine.Options{Dir: filepath.Join(base, "link")})
+	e := open(t, engine.Options{Backend: embedded.Dir(filepath.Join(base, "link"))})
 	defer e.Close()
 	commitKeys(t, e, "mine")
 	t.Chdir(base)
 	for _, dst := range []string{db, "db", "./x/../db", "link", filepath.Join(base, "link")} {
-		o := engine.Options{Dir: dst}
-		if _, err := engine.Import(ctx, exp, &o, 0); !errors.Is(err, engine.ErrLocked) {
+		o := engine.Options{Backend: embedded.Dir(dst)}
+		if _, err := importExport(ctx, exp, &o, 0); !errors.Is(err, engine.ErrLocked) {
 			t.Errorf("Import into the open directory as %q: %v, want ErrLocked", dst, err)
 		}
 	}
@@ -330,7 +331,7 @@ func TestExportRefusesItsOwnDirectory(t *testing.T) {
 	ctx := context.Background()
 	base := t.TempDir()
 	db := filepath.Join(base, "p", "db")
-	e := open(t, engine.Options{Dir: db})
+	e := open(t, engine.Options{Backend: embedded.Dir(db)})
 	defer e.Close()
 	commitKeys(t, e, "mine")
 	for _, dir := range []string{db, filepath.Dir(db), base, filepath.Join(db, "sub"), db + "/../db"} {
@@ -353,17 +354,17 @@ func TestImportRefusesAnotherLayout(t *testing.T) {
 	ctx := context.Background()
 	base := t.TempDir()
 	exp := osExport(t, base, engine.Options{Window: 4 * time.Hour, Partition: time.Hour})
-	o := engine.Options{Dir: filepath.Join(base, "dst")}
+	o := engine.Options{Backend: embedded.Dir(filepath.Join(base, "dst"))}
 	e := open(t, o)
 	commitKeys(t, e, "mine")
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := engine.Import(ctx, exp, &o, 0); !errors.Is(err, engine.ErrLayout) || !strings.Contains(err.Error(), "Window") {
+	if _, err := importExport(ctx, exp, &o, 0); !errors.Is(err, engine.ErrLayout) || !strings.Contains(err.Error(), "Window") {
 		t.Fatalf("Import of another layout: %v, want ErrLayout naming Window", err)
 	}
 	o.Window = 4 * time.Hour
-	if _, err := engine.Import(ctx, exp, &o, 0); !errors.Is(err, engine.ErrLayout) || !strings.Contains(err.Error(), "Partition") {
+	if _, err := importExport(ctx, exp, &o, 0); !errors.Is(err, engine.ErrLayout) || !strings.Contains(err.Error(), "Partition") {
 		t.Fatalf("Import of another partition length: %v, want ErrLayout naming Partition", err)
 	}
 	o.Window = 0
@@ -376,8 +377,8 @@ func TestImportRefusesAnotherLayout(t *testing.T) {
 	if err := os.WriteFile(file, []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	fo := engine.Options{Dir: file}
-	if _, err := engine.Import(ctx, exp, &fo, 0); !errors.Is(err, engine.ErrOptions) {
+	fo := engine.Options{Backend: embedded.Dir(file)}
+	if _, err := importExport(ctx, exp, &fo, 0); !errors.Is(err, engine.ErrOptions) {
 		t.Fatalf("Import over a file: %v, want ErrOptions", err)
 	}
 }

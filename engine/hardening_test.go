@@ -10,6 +10,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/faultfs"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // TestClockBefore1970IsNoProgress: the clock steps back to 1600, a date
@@ -19,7 +20,7 @@ import (
 func TestClockBefore1970IsNoProgress(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock()
-	e := open(t, engine.Options{Dir: "db", FS: vfs.NewMem(), Clock: clock})
+	e := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: vfs.NewMem()}, Clock: clock})
 	defer e.Close()
 	if o, err := e.MarkIfAbsent(ctx, []byte("paid-order")); err != nil || o != engine.New {
 		t.Fatal(o, err)
@@ -63,7 +64,7 @@ func TestClockNear2262IsNoProgress(t *testing.T) {
 func TestClaimKeyMutatedBeforeCommit(t *testing.T) {
 	ctx := context.Background()
 	mem := vfs.NewMem()
-	o := engine.Options{Dir: "db", FS: mem}
+	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: mem}}
 	e := open(t, o)
 	buf := []byte("msg-A")
 	c, err := e.Claim(ctx, buf)
@@ -97,9 +98,9 @@ func TestClaimKeyMutatedBeforeCommit(t *testing.T) {
 func TestBloomOnlyDirIsExclusive(t *testing.T) {
 	ctx := context.Background()
 	mem := vfs.NewMem()
-	o := engine.Options{Tiers: engine.BloomOnly, Dir: "bloom", FS: mem, ExpectedKeys: 1000}
+	o := engine.Options{Tiers: engine.BloomOnly, Backend: &embedded.Backend{Dir: "bloom", FS: mem}, ExpectedKeys: 1000}
 	old := open(t, o)
-	neu, err := engine.Open(&engine.Options{Tiers: engine.BloomOnly, Dir: "bloom", FS: mem, ExpectedKeys: 1000, Logger: quiet})
+	neu, err := engine.Open(&engine.Options{Tiers: engine.BloomOnly, Backend: &embedded.Backend{Dir: "bloom", FS: mem}, ExpectedKeys: 1000, Logger: quiet})
 	if err != nil {
 		old.Close()
 		t.Logf("second Open refused: %v", err) // what a fix may do
@@ -130,7 +131,7 @@ func TestScanWritesReadErrorIsTyped(t *testing.T) {
 	// A block cache of one byte: Open's own reads (the journal's end, the
 	// layout checks) would otherwise leave the one small table's blocks
 	// cached, and ScanWrites would never read the filesystem.
-	o := engine.Options{Dir: "db", FS: mem, ExpectedKeys: 1000, CacheSize: 1}
+	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: mem, CacheSize: 1}, ExpectedKeys: 1000}
 	e := open(t, o)
 	c, err := e.Claim(ctx, []byte("k"))
 	if err != nil {
@@ -150,7 +151,7 @@ func TestScanWritesReadErrorIsTyped(t *testing.T) {
 	// blocks cached): compact first, and try a number of opens.
 	for try := 0; try < 60; try++ {
 		var fault faultfs.Fault
-		o.FS = faultfs.Wrap(mem.CrashClone(vfs.CrashCloneCfg{}), &fault)
+		setFS(&o, faultfs.Wrap(mem.CrashClone(vfs.CrashCloneCfg{}), &fault))
 		e = open(t, o)
 		if err := e.Compact(ctx); err != nil {
 			t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // fakeClock is an injected clock that tests move by hand.
@@ -58,8 +59,14 @@ func TestMain(m *testing.M) {
 	})
 }
 
+// open opens an engine of o, failing t if it cannot: quiet unless
+// ENGINE_LOG is set, and bloom-only with its filters in memory when o
+// gives it no Backend.
 func open(t testing.TB, o engine.Options) *engine.Engine {
 	t.Helper()
+	if o.Tiers == engine.BloomOnly && o.Backend == nil {
+		o.Backend = &embedded.Backend{}
+	}
 	if o.Logger == nil {
 		o.Logger = quiet
 		if os.Getenv("ENGINE_LOG") != "" {

@@ -194,7 +194,7 @@ func runLinearizability(t *testing.T, cfg linConfig, calls int) {
 		pool := postgresPool(t)
 		o.Backend, o.NoSharedCache = pgBackend(pool, pgTable(t, pool, "lin_"+strings.ReplaceAll(cfg.name, "-", "_"))), true
 	case cfg.tiers == engine.Default:
-		o.Dir = t.TempDir()
+		setDir(&o, t.TempDir())
 	}
 	opts := make([]engine.Options, cfg.engines())
 	for i := range opts {

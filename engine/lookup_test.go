@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -32,7 +33,7 @@ func adminConfigs() []struct {
 			return e, func() *engine.Engine { return e }
 		}},
 		{"default", func(t *testing.T, o engine.Options) (*engine.Engine, func() *engine.Engine) {
-			o.Dir, o.ExpectedKeys = t.TempDir(), 1000
+			o.Backend, o.ExpectedKeys = embedded.Dir(t.TempDir()), 1000
 			var e *engine.Engine
 			e = open(t, o)
 			return e, func() *engine.Engine {
@@ -231,7 +232,7 @@ func TestForgetRace(t *testing.T) {
 // tier that caches commits cannot forget; batches must match.
 func TestLookupForgetRefusals(t *testing.T) {
 	ctx := context.Background()
-	bl := open(t, engine.Options{Tiers: engine.BloomOnly, ExpectedKeys: 1000})
+	bl := open(t, engine.Options{Backend: &embedded.Backend{}, Tiers: engine.BloomOnly, ExpectedKeys: 1000})
 	defer bl.Close()
 	if _, err := bl.Lookup(ctx, []byte("k")); !errors.Is(err, engine.ErrOptions) {
 		t.Fatalf("bloom-only Lookup: %v", err)

@@ -166,11 +166,8 @@ func TestMatrixBadOptionsAreTypedAndWriteNothing(t *testing.T) {
 		{"postgres: table with a quote", engine.Options{Backend: pb(table + `"; DROP TABLE x; --`)}, postgres.ErrOptions},
 		{"postgres: SweepBlocks negative", engine.Options{Backend: postgres.NewBackend(pool, postgres.Config{Table: table, SweepBlocks: -1})}, postgres.ErrOptions},
 		{"postgres: NamespaceWindows", engine.Options{Backend: pb(table), NamespaceWindows: map[string]time.Duration{"a": time.Hour}}, postgres.ErrOptions},
-		{"redis: Dir beside the Backend", engine.Options{Backend: rb(prefix), Dir: dir}, nil},
-		{"postgres: Dir beside the Backend", engine.Options{Backend: pb(table), Dir: dir}, nil},
 		{"redis: Tiers MemoryOnly", engine.Options{Backend: rb(prefix), Tiers: engine.MemoryOnly}, nil},
 		{"redis: Tiers BloomOnly", engine.Options{Backend: rb(prefix), Tiers: engine.BloomOnly}, nil},
-		{"postgres: Tiers BloomOnly with Dir", engine.Options{Backend: pb(table), Tiers: engine.BloomOnly, Dir: dir}, nil},
 		{"redis: Tiers 9", engine.Options{Backend: rb(prefix), Tiers: 9}, nil},
 		{"redis: NamespaceWindows not above Lease", engine.Options{Backend: rb(prefix), Lease: time.Minute, NamespaceWindows: map[string]time.Duration{"a": time.Minute}}, nil},
 		{"redis: NamespaceWindows above Window", engine.Options{Backend: rb(prefix), Window: time.Hour, Partition: time.Hour, NamespaceWindows: map[string]time.Duration{"a": 2 * time.Hour}}, nil},
@@ -181,16 +178,16 @@ func TestMatrixBadOptionsAreTypedAndWriteNothing(t *testing.T) {
 		{"redis: Lease not below Window", engine.Options{Backend: rb(prefix), Window: time.Hour, Partition: time.Hour, Lease: time.Hour}, nil},
 		{"memory: FailOpen", engine.Options{Tiers: engine.MemoryOnly, FailOpen: true}, nil},
 		{"memory: NoSharedCache", engine.Options{Tiers: engine.MemoryOnly, NoSharedCache: true}, nil},
-		{"memory: Dir", engine.Options{Tiers: engine.MemoryOnly, Dir: dir}, nil},
-		{"bloom: FailOpen", engine.Options{Tiers: engine.BloomOnly, Dir: dir, FailOpen: true}, nil},
-		{"bloom: NoSharedCache", engine.Options{Tiers: engine.BloomOnly, Dir: dir, NoSharedCache: true}, nil},
-		{"bloom: NamespaceWindows", engine.Options{Tiers: engine.BloomOnly, Dir: dir, NamespaceWindows: map[string]time.Duration{"a": time.Hour}}, nil},
-		{"bloom: NamespaceWindows without Dir", engine.Options{Tiers: engine.BloomOnly, NamespaceWindows: map[string]time.Duration{"a": time.Hour}}, nil},
-		{"default: FailOpen", engine.Options{Dir: dir, FailOpen: true}, nil},
-		{"default: NoSharedCache", engine.Options{Dir: dir, NoSharedCache: true}, nil},
+		{"memory: Dir", engine.Options{Tiers: engine.MemoryOnly, Backend: embedded.Dir(dir)}, nil},
+		{"bloom: FailOpen", engine.Options{Tiers: engine.BloomOnly, Backend: embedded.Dir(dir), FailOpen: true}, nil},
+		{"bloom: NoSharedCache", engine.Options{Tiers: engine.BloomOnly, Backend: embedded.Dir(dir), NoSharedCache: true}, nil},
+		{"bloom: NamespaceWindows", engine.Options{Tiers: engine.BloomOnly, Backend: embedded.Dir(dir), NamespaceWindows: map[string]time.Duration{"a": time.Hour}}, nil},
+		{"bloom: NamespaceWindows without Dir", engine.Options{Backend: &embedded.Backend{}, Tiers: engine.BloomOnly, NamespaceWindows: map[string]time.Duration{"a": time.Hour}}, nil},
+		{"default: FailOpen", engine.Options{Backend: embedded.Dir(dir), FailOpen: true}, nil},
+		{"default: NoSharedCache", engine.Options{Backend: embedded.Dir(dir), NoSharedCache: true}, nil},
 		{"default: no Dir", engine.Options{}, nil},
-		{"default: Partition over Window/63", engine.Options{Dir: dir, Partition: time.Hour}, nil},
-		{"default: FalsePositive 1", engine.Options{Dir: dir, FalsePositive: 1}, nil},
+		{"default: Partition over Window/63", engine.Options{Backend: embedded.Dir(dir), Partition: time.Hour}, nil},
+		{"default: FalsePositive 1", engine.Options{Backend: embedded.Dir(dir), FalsePositive: 1}, nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -273,13 +270,13 @@ func TestRefusedClockWritesNothing(t *testing.T) {
 		}
 	})
 	t.Run("bloom", func(t *testing.T) {
-		if _, err := mxOpen(engine.Options{Tiers: engine.BloomOnly, Clock: mxBadClock}); !errors.Is(err, engine.ErrOptions) {
+		if _, err := mxOpen(engine.Options{Backend: &embedded.Backend{}, Tiers: engine.BloomOnly, Clock: mxBadClock}); !errors.Is(err, engine.ErrOptions) {
 			t.Fatalf("Open = %v, want ErrOptions", err)
 		}
 	})
 	t.Run("bloom-dir", func(t *testing.T) {
 		dir := filepath.Join(t.TempDir(), "bloom")
-		if _, err := mxOpen(engine.Options{Tiers: engine.BloomOnly, Dir: dir, Clock: mxBadClock}); !errors.Is(err, engine.ErrOptions) {
+		if _, err := mxOpen(engine.Options{Tiers: engine.BloomOnly, Backend: embedded.Dir(dir), Clock: mxBadClock}); !errors.Is(err, engine.ErrOptions) {
 			t.Fatalf("Open = %v, want ErrOptions", err)
 		}
 		if _, err := os.Stat(dir); !os.IsNotExist(err) {
@@ -289,7 +286,7 @@ func TestRefusedClockWritesNothing(t *testing.T) {
 	})
 	t.Run("default", func(t *testing.T) {
 		dir := filepath.Join(t.TempDir(), "db")
-		if _, err := mxOpen(engine.Options{Dir: dir, Clock: mxBadClock}); !errors.Is(err, engine.ErrOptions) {
+		if _, err := mxOpen(engine.Options{Backend: embedded.Dir(dir), Clock: mxBadClock}); !errors.Is(err, engine.ErrOptions) {
 			t.Fatalf("Open = %v, want ErrOptions", err)
 		}
 		if _, err := os.Stat(dir); !os.IsNotExist(err) {
@@ -300,7 +297,7 @@ func TestRefusedClockWritesNothing(t *testing.T) {
 			}
 			t.Errorf("the refused Open created a store in %s: %v", dir, names)
 		}
-		e, err := mxOpen(engine.Options{Dir: dir, Window: 2 * time.Hour, Partition: time.Hour})
+		e, err := mxOpen(engine.Options{Backend: embedded.Dir(dir), Window: 2 * time.Hour, Partition: time.Hour})
 		if err != nil {
 			t.Errorf("a valid Open of the directory afterwards, with its own layout = %v", err)
 		} else {
@@ -348,7 +345,7 @@ func TestMatrixClockOutOfRangeWithStoredReading(t *testing.T) {
 	for _, tiers := range []engine.Tiers{engine.Default, engine.BloomOnly} {
 		t.Run(tiers.String(), func(t *testing.T) {
 			mem := vfs.NewMem()
-			o := engine.Options{Tiers: tiers, Dir: "d", FS: mem, ExpectedKeys: 1000, Clock: newClock()}
+			o := engine.Options{Tiers: tiers, Backend: &embedded.Backend{Dir: "d", FS: mem}, ExpectedKeys: 1000, Clock: newClock()}
 			e := open(t, o)
 			if out, err := e.MarkIfAbsent(ctx, []byte("k")); err != nil || out != engine.New {
 				t.Fatal(out, err)
@@ -472,7 +469,7 @@ func TestMatrixLayoutErrorsMatchSentinels(t *testing.T) {
 	})
 	t.Run("default", func(t *testing.T) {
 		mem := vfs.NewMem()
-		base := engine.Options{Dir: "db", FS: mem, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
+		base := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: mem}, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
 		e := open(t, base)
 		keys := mxKeys("layout", 20)
 		mxMarkAll(t, e, keys, engine.New, "first open")
@@ -508,7 +505,7 @@ func TestMatrixLayoutErrorsMatchSentinels(t *testing.T) {
 	})
 	t.Run("bloom-dir", func(t *testing.T) {
 		mem := vfs.NewMem()
-		base := engine.Options{Tiers: engine.BloomOnly, Dir: "b", FS: mem, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
+		base := engine.Options{Tiers: engine.BloomOnly, Backend: &embedded.Backend{Dir: "b", FS: mem}, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
 		e := open(t, base)
 		keys := mxKeys("bl", 20)
 		mxMarkAll(t, e, keys, engine.New, "first open")
@@ -545,12 +542,12 @@ func TestMatrixLockedMatchesSentinel(t *testing.T) {
 	for _, tiers := range []engine.Tiers{engine.Default, engine.BloomOnly} {
 		t.Run(tiers.String(), func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "held")
-			o := engine.Options{Tiers: tiers, Dir: dir, ExpectedKeys: 1000}
+			o := engine.Options{Tiers: tiers, Backend: embedded.Dir(dir), ExpectedKeys: 1000}
 			e := open(t, o)
 			defer e.Close()
 			for _, spelling := range []string{dir, dir + "/", filepath.Join(dir, "..", "held")} {
 				p := o
-				p.Dir = spelling
+				setDir(&p, spelling)
 				other, err := mxOpen(p)
 				if other != nil {
 					other.Close()
@@ -566,7 +563,7 @@ func TestMatrixLockedMatchesSentinel(t *testing.T) {
 		})
 	}
 	t.Run("import", func(t *testing.T) {
-		src := open(t, engine.Options{Dir: filepath.Join(t.TempDir(), "src"), ExpectedKeys: 1000})
+		src := open(t, engine.Options{Backend: embedded.Dir(filepath.Join(t.TempDir(), "src")), ExpectedKeys: 1000})
 		mxMarkAll(t, src, mxKeys("imp", 5), engine.New, "source")
 		exp := filepath.Join(t.TempDir(), "exp")
 		if _, err := src.Export(ctx, exp, 1); err != nil {
@@ -574,9 +571,9 @@ func TestMatrixLockedMatchesSentinel(t *testing.T) {
 		}
 		src.Close()
 		dst := filepath.Join(t.TempDir(), "dst")
-		held := open(t, engine.Options{Dir: dst, ExpectedKeys: 1000})
+		held := open(t, engine.Options{Backend: embedded.Dir(dst), ExpectedKeys: 1000})
 		defer held.Close()
-		if _, err := engine.Import(ctx, exp, &engine.Options{Dir: dst, ExpectedKeys: 1000}, 0); !errors.Is(err, engine.ErrLocked) {
+		if _, err := importExport(ctx, exp, &engine.Options{Backend: embedded.Dir(dst), ExpectedKeys: 1000}, 0); !errors.Is(err, engine.ErrLocked) {
 			t.Errorf("Import into a held directory = %v, want ErrLocked", err)
 		}
 		mxLookupAll(t, held, mxKeys("imp", 5), engine.New, "the holder after the refused Import")
@@ -599,9 +596,9 @@ func TestMatrixStatsNameEachConfiguration(t *testing.T) {
 		bloomMode string
 	}{
 		{"memory", engine.Options{Tiers: engine.MemoryOnly}, engine.MemoryOnly, "memory", ""},
-		{"bloom", engine.Options{Tiers: engine.BloomOnly, ExpectedKeys: 1000}, engine.BloomOnly, "bloom", "warm"},
-		{"bloom-dir", engine.Options{Tiers: engine.BloomOnly, Dir: t.TempDir(), ExpectedKeys: 1000}, engine.BloomOnly, "bloom", "warm"},
-		{"default", engine.Options{Dir: t.TempDir(), ExpectedKeys: 1000}, engine.Default, "memory+bloom+pebble", "warm"},
+		{"bloom", engine.Options{Backend: &embedded.Backend{}, Tiers: engine.BloomOnly, ExpectedKeys: 1000}, engine.BloomOnly, "bloom", "warm"},
+		{"bloom-dir", engine.Options{Tiers: engine.BloomOnly, Backend: embedded.Dir(t.TempDir()), ExpectedKeys: 1000}, engine.BloomOnly, "bloom", "warm"},
+		{"default", engine.Options{Backend: embedded.Dir(t.TempDir()), ExpectedKeys: 1000}, engine.Default, "memory+bloom+pebble", "warm"},
 		{"redis", engine.Options{Backend: redisBackend(c, fmt.Sprintf("st-%d:", time.Now().UnixNano()))}, engine.Default, "memory+redis", ""},
 		{"redis-failopen-uncached", engine.Options{Backend: redisBackend(c, fmt.Sprintf("st2-%d:", time.Now().UnixNano())), FailOpen: true, NoSharedCache: true}, engine.Default, "memory+redis", ""},
 		{"postgres", engine.Options{Backend: pgBackend(pool, pgTable(t, pool, "mx_stats"))}, engine.Default, "memory+postgres", ""},
@@ -665,15 +662,15 @@ func mxConfigs(t *testing.T, c goredis.UniversalClient, pool *pgxpool.Pool) []mx
 			return mxOpen(o)
 		}},
 		{"bloom", false, false, false, func(t *testing.T, o engine.Options) (*engine.Engine, error) {
-			o.Tiers, o.ExpectedKeys = engine.BloomOnly, 10000
+			o.Tiers, o.Backend, o.ExpectedKeys = engine.BloomOnly, &embedded.Backend{}, 10000
 			return mxOpen(o)
 		}},
 		{"bloom-dir", false, true, false, func(t *testing.T, o engine.Options) (*engine.Engine, error) {
-			o.Tiers, o.Dir, o.ExpectedKeys = engine.BloomOnly, filepath.Join(dir, "bloom"), 10000
+			o.Tiers, o.Backend, o.ExpectedKeys = engine.BloomOnly, embedded.Dir(filepath.Join(dir, "bloom")), 10000
 			return mxOpen(o)
 		}},
 		{"default", false, true, true, func(t *testing.T, o engine.Options) (*engine.Engine, error) {
-			o.Dir, o.ExpectedKeys = filepath.Join(dir, "db"), 10000
+			o.Backend, o.ExpectedKeys = embedded.Dir(filepath.Join(dir, "db")), 10000
 			return mxOpen(o)
 		}},
 		{"redis", true, true, true, func(t *testing.T, o engine.Options) (*engine.Engine, error) {
@@ -702,7 +699,7 @@ var mxOptions = []mxOption{
 	{"FailOpen+NoSharedCache", func(o *engine.Options) { o.FailOpen, o.NoSharedCache = true, true }, func(c mxConfig) bool { return c.shared }},
 	{"MaxAttempts", func(o *engine.Options) { o.MaxAttempts = 2 }, func(mxConfig) bool { return true }},
 	{"CommitQueue", func(o *engine.Options) { o.CommitQueue = 1 }, func(mxConfig) bool { return true }},
-	{"NoSync", func(o *engine.Options) { o.NoSync = true }, func(mxConfig) bool { return true }},
+	{"NoSync", func(o *engine.Options) { setNoSync(o, true) }, func(mxConfig) bool { return true }},
 	{"NamespaceWindows", func(o *engine.Options) {
 		o.Lease, o.NamespaceWindows = 200*time.Millisecond, map[string]time.Duration{"short": 1500 * time.Millisecond}
 	}, func(c mxConfig) bool { return c.name != "bloom" && c.name != "bloom-dir" && c.name != "postgres" }},
@@ -1144,7 +1141,7 @@ func TestMatrixCrashRebuildAnswers(t *testing.T) {
 	defer engine.SetNoRestore(false)
 	mem := newCrashFS()
 	clock := newClock()
-	o := engine.Options{Dir: "db", FS: mem, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000, MaxAttempts: 3, Clock: clock}
+	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: mem}, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000, MaxAttempts: 3, Clock: clock}
 	e := open(t, o)
 	defer e.Close()
 	old, recent := mxFillEmbedded(t, e, clock)
@@ -1152,7 +1149,7 @@ func TestMatrixCrashRebuildAnswers(t *testing.T) {
 	gate := make(chan struct{})
 	engine.SetRebuildGate(gate)
 	defer engine.SetRebuildGate(nil)
-	o.FS = mem.CrashClone(vfs.CrashCloneCfg{})
+	setFS(&o, mem.CrashClone(vfs.CrashCloneCfg{}))
 	r := open(t, o)
 	defer r.Close()
 	s := r.Stats()
@@ -1211,7 +1208,7 @@ func TestMatrixKilledChildReopen(t *testing.T) {
 	gate := make(chan struct{})
 	engine.SetRebuildGate(gate)
 	defer engine.SetRebuildGate(nil)
-	o := engine.Options{Dir: dir, ExpectedKeys: 100_000}
+	o := engine.Options{Backend: embedded.Dir(dir), ExpectedKeys: 100_000}
 	e := open(t, o)
 	defer e.Close()
 	if s := e.Stats(); s.BloomMode != "rebuilding" {
@@ -1236,7 +1233,7 @@ func TestMatrixKilledChildReopen(t *testing.T) {
 func TestMatrixBloomOnlyDirCrashFallsBack(t *testing.T) {
 	mem := newCrashFS()
 	mxDurableDir(t, mem, "b") // see TestBloomOnlyNewDirSurvivesPowerLoss
-	o := engine.Options{Tiers: engine.BloomOnly, Dir: "b", FS: mem, ExpectedKeys: 10000}
+	o := engine.Options{Tiers: engine.BloomOnly, Backend: &embedded.Backend{Dir: "b", FS: mem}, ExpectedKeys: 10000}
 	e := open(t, o)
 	before := mxKeys("before", 50)
 	mxMarkAll(t, e, before, engine.New, "before the clean Close")
@@ -1248,7 +1245,7 @@ func TestMatrixBloomOnlyDirCrashFallsBack(t *testing.T) {
 	mxMarkAll(t, e, before, engine.Duplicate, "after the clean Close")
 	after := mxKeys("after", 50)
 	mxMarkAll(t, e, after, engine.New, "after the clean Close")
-	o.FS = mem.CrashClone(vfs.CrashCloneCfg{})
+	setFS(&o, mem.CrashClone(vfs.CrashCloneCfg{}))
 	r := open(t, o)
 	defer r.Close()
 	mxMarkAll(t, r, before, engine.Duplicate, "after a crash")
@@ -1256,7 +1253,7 @@ func TestMatrixBloomOnlyDirCrashFallsBack(t *testing.T) {
 		t.Errorf("after a crash: %q %v", s.BloomMode, s.Tiers)
 	}
 
-	plain := engine.Options{Tiers: engine.BloomOnly, ExpectedKeys: 10000}
+	plain := engine.Options{Backend: &embedded.Backend{}, Tiers: engine.BloomOnly, ExpectedKeys: 10000}
 	p := open(t, plain)
 	mxMarkAll(t, p, before, engine.New, "bloom-only without Dir")
 	p.Close()
@@ -1288,7 +1285,7 @@ func mxDurableDir(t *testing.T, fs vfs.FS, dir string) {
 // marked before the clean Close is still a Duplicate.
 func TestBloomOnlyNewDirSurvivesPowerLoss(t *testing.T) {
 	mem := newCrashFS()
-	o := engine.Options{Tiers: engine.BloomOnly, Dir: "state/bloom", FS: mem, ExpectedKeys: 10000}
+	o := engine.Options{Tiers: engine.BloomOnly, Backend: &embedded.Backend{Dir: "state/bloom", FS: mem}, ExpectedKeys: 10000}
 	mxDurableDir(t, mem, "state") // the parent exists and is durable; Dir does not exist
 	e := open(t, o)
 	keys := mxKeys("acked", 50)
@@ -1296,7 +1293,7 @@ func TestBloomOnlyNewDirSurvivesPowerLoss(t *testing.T) {
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
-	o.FS = mem.CrashClone(vfs.CrashCloneCfg{})
+	setFS(&o, mem.CrashClone(vfs.CrashCloneCfg{}))
 	r := open(t, o)
 	defer r.Close()
 	mxMarkAll(t, r, keys, engine.Duplicate, "after a clean Close and a power loss")
@@ -1315,7 +1312,7 @@ func TestMatrixExportImportRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
 	clock := newClock()
-	o := engine.Options{Dir: filepath.Join(root, "src"), Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000, MaxAttempts: 3, Clock: clock}
+	o := engine.Options{Backend: embedded.Dir(filepath.Join(root, "src")), Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000, MaxAttempts: 3, Clock: clock}
 	src := open(t, o)
 	defer src.Close()
 	old, recent := mxFillEmbedded(t, src, clock)
@@ -1327,18 +1324,18 @@ func TestMatrixExportImportRoundTrip(t *testing.T) {
 	if info.Version != 7 || info.Files == 0 {
 		t.Fatalf("Export info %+v", info)
 	}
-	if got, err := engine.ReadExport(nil, exp); err != nil || got.Version != 7 || got.Files != info.Files {
+	if got, err := embedded.ReadExport(nil, exp); err != nil || got.Version != 7 || got.Files != info.Files {
 		t.Fatalf("ReadExport = %+v, %v", got, err)
 	}
-	for _, bad := range []string{"", o.Dir, filepath.Join(o.Dir, "inside"), root} {
+	for _, bad := range []string{"", dirOf(o), filepath.Join(dirOf(o), "inside"), root} {
 		if _, err := src.Export(ctx, bad, 8); !errors.Is(err, engine.ErrOptions) {
 			t.Errorf("Export to %q = %v, want ErrOptions", bad, err)
 		}
 	}
 
 	dst := o
-	dst.Dir = filepath.Join(root, "dst")
-	if got, err := engine.Import(ctx, exp, &dst, 0); err != nil || got.Version != 7 {
+	setDir(&dst, filepath.Join(root, "dst"))
+	if got, err := importExport(ctx, exp, &dst, 0); err != nil || got.Version != 7 {
 		t.Fatalf("Import = %+v, %v", got, err)
 	}
 	gate := make(chan struct{})
@@ -1357,30 +1354,30 @@ func TestMatrixExportImportRoundTrip(t *testing.T) {
 	}
 
 	// Refusals, each leaving dst as it is.
-	if _, err := engine.Import(ctx, exp, &dst, 7); !errors.Is(err, engine.ErrStaleExport) || !errors.Is(err, embedded.ErrStaleExport) {
+	if _, err := importExport(ctx, exp, &dst, 7); !errors.Is(err, engine.ErrStaleExport) || !errors.Is(err, embedded.ErrStaleExport) {
 		t.Errorf("Import not newer = %v, want ErrStaleExport", err)
 	}
 	other := dst
 	other.Partition = 2 * time.Hour
-	if _, err := engine.Import(ctx, exp, &other, 0); !errors.Is(err, engine.ErrLayout) {
+	if _, err := importExport(ctx, exp, &other, 0); !errors.Is(err, engine.ErrLayout) {
 		t.Errorf("Import with another Partition = %v, want ErrLayout", err)
 	}
 	for name, io := range map[string]*engine.Options{
 		"nil":        nil,
-		"bloom":      {Tiers: engine.BloomOnly, Dir: dst.Dir},
+		"bloom":      {Tiers: engine.BloomOnly, Backend: embedded.Dir(dirOf(dst))},
 		"memory":     {Tiers: engine.MemoryOnly},
 		"backend":    {Backend: redis.NewBackend(nil, redis.Config{})},
 		"no Dir":     {},
-		"bad Window": {Dir: dst.Dir, Window: -1},
+		"bad Window": {Backend: embedded.Dir(dirOf(dst)), Window: -1},
 	} {
-		if _, err := engine.Import(ctx, exp, io, 0); !errors.Is(err, engine.ErrOptions) {
+		if _, err := importExport(ctx, exp, io, 0); !errors.Is(err, engine.ErrOptions) {
 			t.Errorf("Import with %s Options = %v, want ErrOptions", name, err)
 		}
 	}
-	if _, err := engine.ReadExport(nil, t.TempDir()); !errors.Is(err, engine.ErrNoExport) || !errors.Is(err, embedded.ErrNoExport) {
+	if _, err := embedded.ReadExport(nil, t.TempDir()); !errors.Is(err, engine.ErrNoExport) || !errors.Is(err, embedded.ErrNoExport) {
 		t.Errorf("ReadExport of an empty directory = %v, want ErrNoExport", err)
 	}
-	if _, err := engine.Import(ctx, t.TempDir(), &dst, 0); !errors.Is(err, engine.ErrNoExport) {
+	if _, err := importExport(ctx, t.TempDir(), &dst, 0); !errors.Is(err, engine.ErrNoExport) {
 		t.Errorf("Import of an empty directory = %v, want ErrNoExport", err)
 	}
 	// A damaged export: one file's bytes changed.
@@ -1412,7 +1409,7 @@ func TestMatrixExportImportRoundTrip(t *testing.T) {
 	if !damaged {
 		t.Fatal("no file to damage in the export")
 	}
-	if _, err := engine.Import(ctx, exp, &dst, 0); !errors.Is(err, engine.ErrExport) || !errors.Is(err, embedded.ErrExport) {
+	if _, err := importExport(ctx, exp, &dst, 0); !errors.Is(err, engine.ErrExport) || !errors.Is(err, embedded.ErrExport) {
 		t.Errorf("Import of a damaged export = %v, want ErrExport", err)
 	}
 	r = open(t, dst)
@@ -1425,7 +1422,7 @@ func TestMatrixExportImportRoundTrip(t *testing.T) {
 	for name, eo := range map[string]engine.Options{
 		"memory":    {Tiers: engine.MemoryOnly},
 		"bloom":     {Tiers: engine.BloomOnly, ExpectedKeys: 1000},
-		"bloom-dir": {Tiers: engine.BloomOnly, Dir: filepath.Join(root, "bl"), ExpectedKeys: 1000},
+		"bloom-dir": {Tiers: engine.BloomOnly, Backend: embedded.Dir(filepath.Join(root, "bl")), ExpectedKeys: 1000},
 		"redis":     {Backend: redisBackend(srv.Client(t), fmt.Sprintf("exp-%d:", time.Now().UnixNano()))},
 		"postgres":  {Backend: pgBackend(pool, pgTable(t, pool, "mx_exp"))},
 	} {
@@ -1789,14 +1786,14 @@ func TestMatrixRebuildCloseAndForget(t *testing.T) {
 	ctx := context.Background()
 	mem := newCrashFS()
 	clock := newClock()
-	o := engine.Options{Dir: "db", FS: mem, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000, MaxAttempts: 3, Clock: clock}
+	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: mem}, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000, MaxAttempts: 3, Clock: clock}
 	e := open(t, o)
 	defer e.Close()
 	old, recent := mxFillEmbedded(t, e, clock)
 	gate := make(chan struct{})
 	engine.SetRebuildGate(gate)
 	defer engine.SetRebuildGate(nil)
-	o.FS = mem.CrashClone(vfs.CrashCloneCfg{})
+	setFS(&o, mem.CrashClone(vfs.CrashCloneCfg{}))
 	r := open(t, o)
 	during := mxKeys("during", 20)
 	mxMarkAll(t, r, during, engine.New, "marked during the rebuild")
@@ -1839,7 +1836,7 @@ const mxBloomChildEnv = "TIERDEDUP_MATRIX_BLOOM_CHILD"
 func TestMatrixKilledBloomOnlyChild(t *testing.T) {
 	ctx := context.Background()
 	if dir := os.Getenv(mxBloomChildEnv); dir != "" {
-		o := engine.Options{Tiers: engine.BloomOnly, Dir: dir, ExpectedKeys: 10000, Logger: quiet}
+		o := engine.Options{Tiers: engine.BloomOnly, Backend: embedded.Dir(dir), ExpectedKeys: 10000, Logger: quiet}
 		e, err := engine.Open(&o)
 		if err != nil {
 			fmt.Println("ERR", err)
@@ -1893,7 +1890,7 @@ func TestMatrixKilledBloomOnlyChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
-	e, err := mxOpen(engine.Options{Tiers: engine.BloomOnly, Dir: dir, ExpectedKeys: 10000})
+	e, err := mxOpen(engine.Options{Tiers: engine.BloomOnly, Backend: embedded.Dir(dir), ExpectedKeys: 10000})
 	if err != nil {
 		t.Fatalf("Open after the holder was killed = %v", err)
 	}
@@ -1928,8 +1925,8 @@ func TestMatrixFailedOpenReleasesWhatItOpened(t *testing.T) {
 	for _, tiers := range []engine.Tiers{engine.Default, engine.BloomOnly} {
 		t.Run(tiers.String(), func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "d")
-			o := engine.Options{Tiers: tiers, Dir: dir, ExpectedKeys: 1000, Window: 2 * time.Hour, Partition: time.Hour}
-			if _, err := mxOpen(engine.Options{Tiers: tiers, Dir: dir, ExpectedKeys: 1000, Window: 2 * time.Hour, Partition: time.Hour, Clock: mxBadClock}); !errors.Is(err, engine.ErrOptions) {
+			o := engine.Options{Tiers: tiers, Backend: embedded.Dir(dir), ExpectedKeys: 1000, Window: 2 * time.Hour, Partition: time.Hour}
+			if _, err := mxOpen(engine.Options{Tiers: tiers, Backend: embedded.Dir(dir), ExpectedKeys: 1000, Window: 2 * time.Hour, Partition: time.Hour, Clock: mxBadClock}); !errors.Is(err, engine.ErrOptions) {
 				t.Fatalf("Open with a bad clock = %v", err)
 			}
 			e := open(t, o) // not ErrLocked
@@ -2048,7 +2045,7 @@ func TestMatrixHighWaterSurvivesRestart(t *testing.T) {
 		t.Run(tiers.String(), func(t *testing.T) {
 			clock := newClock()
 			start := clock.Now()
-			o := engine.Options{Tiers: tiers, Dir: "d", FS: vfs.NewMem(), Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000, Clock: clock}
+			o := engine.Options{Tiers: tiers, Backend: &embedded.Backend{Dir: "d", FS: vfs.NewMem()}, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000, Clock: clock}
 			e := open(t, o)
 			if out, err := e.MarkIfAbsent(ctx, []byte("k")); err != nil || out != engine.New {
 				t.Fatal(out, err)

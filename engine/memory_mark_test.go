@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 func mmkeys(ss ...string) [][]byte {
@@ -530,7 +531,7 @@ func TestMemoryMarkCloseRace(t *testing.T) {
 // commits) still adds every mark to its filters, with and without a Dir.
 func TestBloomOnlyMarkNotMemoryOnly(t *testing.T) {
 	for _, dir := range []string{"", t.TempDir()} {
-		e := open(t, engine.Options{Tiers: engine.BloomOnly, Dir: dir, ExpectedKeys: 1000, Clock: newClock()})
+		e := open(t, engine.Options{Tiers: engine.BloomOnly, Backend: embedded.Dir(dir), ExpectedKeys: 1000, Clock: newClock()})
 		mmwant(t, "bloom-only "+dir, mmmark(t, e, mmkeys("k", "k", "j"), nil), mmN, mmD, mmN)
 		mmwant(t, "bloom-only again "+dir, mmmark(t, e, mmkeys("k", "j"), nil), mmD, mmD)
 		e.Close()

@@ -13,6 +13,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // TestMovesImportIsDurable: an engine with sealed partitions (moved
@@ -32,14 +33,14 @@ func TestMovesImportIsDurable(t *testing.T) {
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
-	o.Dir = "other"
-	if _, err := engine.Import(ctx, "exp", &o, 0); err != nil {
+	setDir(&o, "other")
+	if _, err := importExport(ctx, "exp", &o, 0); err != nil {
 		t.Fatal(err)
 	}
 	crashed := fs.CrashClone(vfs.CrashCloneCfg{})
 	names, _ := crashed.List("other")
 	t.Logf("after the crash, other/ holds %d entries: %v", len(names), names)
-	o.FS = crashed
+	setFS(&o, crashed)
 	e2, err := engine.Open(&o)
 	if err != nil {
 		t.Fatalf("open of the imported directory after a crash: %v", err)
@@ -81,7 +82,7 @@ func newMoveWorld(t *testing.T) *moveWorld {
 	engine.SetCheckpointKeys(40)
 	t.Cleanup(func() { engine.SetCheckpointKeys(0) })
 	w := &moveWorld{t: t, fs: newCrashFS(), clock: newClock(), keys: map[string]*moveKey{}, live: 5}
-	w.o = engine.Options{Dir: "db", FS: w.fs, Clock: w.clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 2000,
+	w.o = engine.Options{Backend: &embedded.Backend{Dir: "db", FS: w.fs}, Clock: w.clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 2000,
 		MaxAttempts: 3, NamespaceWindows: map[string]time.Duration{"short": moveShort}}
 	w.e = open(t, w.o)
 	return w
@@ -236,7 +237,7 @@ func (w *moveWorld) reopen(crash bool, change func(*engine.Options)) {
 	} else if err := w.e.Close(); err != nil {
 		w.t.Fatal(err)
 	}
-	w.o.FS = w.fs
+	setFS(&w.o, w.fs)
 	if change != nil {
 		change(&w.o)
 	}
@@ -289,8 +290,8 @@ func TestMovesModelAcrossMovesCrashesAndImport(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = w.e.Close()
-	w.o.Dir = "other"
-	if _, err := engine.Import(ctx, "exp", &w.o, 0); err != nil {
+	setDir(&w.o, "other")
+	if _, err := importExport(ctx, "exp", &w.o, 0); err != nil {
 		t.Fatal(err)
 	}
 	w.e = open(t, w.o)
@@ -319,7 +320,7 @@ func TestMovesConcurrentCrashRestore(t *testing.T) {
 	for round := range 6 {
 		fs := newCrashFS()
 		clock := newClock()
-		o := engine.Options{Dir: "db", FS: fs, Clock: clock, Window: 30 * time.Hour, Partition: time.Hour, Lease: time.Hour, ExpectedKeys: 20000, Logger: quiet}
+		o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}, Clock: clock, Window: 30 * time.Hour, Partition: time.Hour, Lease: time.Hour, ExpectedKeys: 20000, Logger: quiet}
 		e := open(t, o)
 		var mu sync.Mutex
 		var acked [][]byte
@@ -375,7 +376,7 @@ func TestMovesConcurrentCrashRestore(t *testing.T) {
 		wg.Wait()
 		_ = e.Close()
 		st := e.Stats()
-		o.FS = crashed
+		setFS(&o, crashed)
 		o.Clock = fixedClock(clock.Now().UnixNano())
 		e = open(t, o)
 		s := e.Stats()
@@ -422,7 +423,7 @@ func TestMovesColdStoreRefusals(t *testing.T) {
 	fs := vfs.NewMem()
 	o, _ := movedEngine(t, fs)
 	other := o
-	other.Dir = "theirs"
+	setDir(&other, "theirs")
 	_ = open(t, other).Close()
 
 	// Swap in the other store's cold database.
@@ -589,7 +590,7 @@ func TestMovesVersion2StoreOpens(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 			crashed := fs.CrashClone(vfs.CrashCloneCfg{})
 			_ = e.Close()
-			o.FS = crashed
+			setFS(&o, crashed)
 			e = open(t, o)
 			defer e.Close()
 			if s := e.Stats(); s.BloomMode != "warm" || s.BloomRestored == 0 {
@@ -616,8 +617,9 @@ func TestMovesExportIsDurable(t *testing.T) {
 	}
 	crashed := fs.CrashClone(vfs.CrashCloneCfg{})
 	_ = e.Close()
-	o.FS, o.Dir = crashed, "other"
-	if _, err := engine.Import(ctx, "exp", &o, 0); err != nil {
+	setFS(&o, crashed)
+	setDir(&o, "other")
+	if _, err := importExport(ctx, "exp", &o, 0); err != nil {
 		t.Fatalf("Import of an export that survived a crash: %v", err)
 	}
 	e = open(t, o)
@@ -635,7 +637,7 @@ func TestMovesAdvanceAndTokensAcrossMovesAndCrash(t *testing.T) {
 	ctx := context.Background()
 	fs := newCrashFS()
 	clock := newClock()
-	o := engine.Options{Dir: "db", FS: fs, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
+	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
 	e := open(t, o)
 	adv := func(e *engine.Engine, entity string, v uint64, want engine.Outcome) {
 		t.Helper()
@@ -694,15 +696,15 @@ func TestMovesAdvanceAndTokensAcrossMovesAndCrash(t *testing.T) {
 	}
 	crashed := fs.CrashClone(vfs.CrashCloneCfg{})
 	_ = e.Close()
-	o.FS = crashed
+	setFS(&o, crashed)
 	e = open(t, o)
 	check(e, "after a crash")
 	if _, err := e.Export(ctx, "exp", 1); err != nil {
 		t.Fatal(err)
 	}
 	_ = e.Close()
-	o.Dir = "other"
-	if _, err := engine.Import(ctx, "exp", &o, 0); err != nil {
+	setDir(&o, "other")
+	if _, err := importExport(ctx, "exp", &o, 0); err != nil {
 		t.Fatal(err)
 	}
 	e = open(t, o)
@@ -726,7 +728,7 @@ func TestMovesExpiryAtTheWindowsEnd(t *testing.T) {
 	ctx := context.Background()
 	fs := newCrashFS()
 	clock := newClock() // 10:00, a partition's start
-	o := engine.Options{Dir: "db", FS: fs, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000,
+	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000,
 		NamespaceWindows: map[string]time.Duration{"short": 90 * time.Minute}}
 	e := open(t, o)
 	short, _ := e.Namespace("short")
@@ -764,7 +766,8 @@ func TestMovesExpiryAtTheWindowsEnd(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 		crashed := fs.CrashClone(vfs.CrashCloneCfg{})
 		_ = e.Close()
-		fs, o.FS = crashed, crashed
+		fs = crashed
+		setFS(&o, crashed)
 		e = open(t, o)
 		def, _ = e.Namespace("")
 		if st := e.Stats(); st.BloomMode != "warm" || st.BloomRestored == 0 {
@@ -820,7 +823,7 @@ func TestMovesForgetRightAfterCrashInMove(t *testing.T) {
 	for round := range 20 {
 		fs := newCrashFS()
 		clock := newClock()
-		o := engine.Options{Dir: "db", FS: fs, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
+		o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
 		e := open(t, o)
 		keys := make([][]byte, 20)
 		for i := range keys {
@@ -842,7 +845,7 @@ func TestMovesForgetRightAfterCrashInMove(t *testing.T) {
 		}
 		<-inMove
 		_ = e.Close()
-		o.FS = crashed
+		setFS(&o, crashed)
 		e = open(t, o)
 		moved := e.Stats().ColdPartitions
 		info, err := e.Forget(ctx, keys[3])
@@ -875,7 +878,7 @@ func TestMovesColdDirectoryIsNotAStore(t *testing.T) {
 	fs := vfs.NewMem()
 	o, keys := movedEngine(t, fs)
 	wrong := o
-	wrong.Dir = "db/cold"
+	setDir(&wrong, "db/cold")
 	wrong.Logger = quiet
 	ctx := context.Background()
 	e, err := engine.Open(&wrong)

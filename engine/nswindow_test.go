@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -26,7 +27,7 @@ func TestNamespaceWindows(t *testing.T) {
 			o := engine.Options{Tiers: tiers, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, Lease: time.Minute,
 				NamespaceWindows: map[string]time.Duration{"telemetry": 10 * time.Minute}}
 			if tiers == engine.Default {
-				o.Dir, o.ExpectedKeys = t.TempDir(), 1000
+				o.Backend, o.ExpectedKeys = embedded.Dir(t.TempDir()), 1000
 			}
 			e := open(t, o)
 			defer func() { e.Close() }()

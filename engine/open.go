@@ -11,7 +11,6 @@ import (
 
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
-	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/memory"
 )
 
@@ -20,10 +19,10 @@ import (
 const openTimeout = 30 * time.Second
 
 // Open returns an Engine configured by opts: it validates them, opens the
-// tiers they name (the embedded store in Dir, the Backend, or the
-// bloom-only snapshot), then assembles the engine around them. In Default
-// it opens (or creates) the Pebble directory exclusively: ErrLocked if
-// another engine has it. Whatever fails, what Open opened is closed.
+// tiers they name (the Backend: the embedded store, or a shared tier), then
+// assembles the engine around them. The embedded store's directory is
+// opened (or created) exclusively: ErrLocked if another engine has it.
+// Whatever fails, what Open opened is closed.
 func Open(opts *Options) (_ *Engine, err error) {
 	if opts == nil {
 		opts = &Options{}
@@ -45,16 +44,16 @@ func Open(opts *Options) (_ *Engine, err error) {
 		}
 	}()
 	now := e.reading()
-	if now == 0 && o.Dir == "" {
+	if now == 0 && !o.local() {
 		// Only a directory may hold a reading to stand on: refused before
 		// any tier is opened (a shared tier would record its layout).
 		return nil, e.clockError()
 	}
-	switch {
+	switch lb, local := o.Backend.(tier.LocalBackend); {
+	case local:
+		now, err = e.openLocal(lb, o, now, &opened)
 	case o.Backend != nil:
 		err = e.openBackend(o, &opened)
-	case o.Tiers == Default, o.Tiers == BloomOnly:
-		now, err = e.openLocal(o, now, &opened)
 	}
 	if err != nil {
 		return nil, err
@@ -150,16 +149,16 @@ func (e *Engine) openBackend(o Options, opened *closers) error {
 	return nil
 }
 
-// openLocal opens the store in o.Dir (the embedded default, or
+// openLocal opens the store of a LocalBackend (the embedded default, or
 // bloom-only's filters and their state), and returns the clock reading to
 // start from.
-func (e *Engine) openLocal(o Options, now int64, opened *closers) (int64, error) {
-	local, err := embedded.Open(&embedded.Options{
-		Dir: o.Dir, FS: o.FS, BloomOnly: o.Tiers == BloomOnly, NoSync: o.NoSync, CacheSize: o.CacheSize,
-		Window: o.Window, Partition: o.Partition, ExpectedKeys: o.ExpectedKeys, FalsePositive: o.FalsePositive,
-		Logger: o.Logger, Now: now, HoldDrops: o.Archive != nil,
-	})
-	if errors.Is(err, embedded.ErrNoClock) {
+func (e *Engine) openLocal(lb tier.LocalBackend, o Options, now int64, opened *closers) (int64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+	defer cancel()
+	env := o.env()
+	env.Now = now
+	local, err := lb.OpenLocal(ctx, env)
+	if errors.Is(err, tier.ErrNoClock) {
 		return 0, e.clockError()
 	}
 	if err != nil {
@@ -167,6 +166,8 @@ func (e *Engine) openLocal(o Options, now int64, opened *closers) (int64, error)
 	}
 	opened.add(closerFunc(func() error { local.Discard(); return nil }))
 	e.local, e.secret, e.openedAt = local, local.Secret(), local.OpenedAt()
+	e.archSrc, _ = local.(tier.ArchiveSource)
+	e.handoff, _ = local.(tier.Handoff)
 	if x := local.Exact(); x != nil {
 		e.exact = x
 	}
@@ -199,7 +200,7 @@ func (e *Engine) assemble(o Options, now int64, opened *closers) error {
 		e.openedAt = now
 	}
 	e.current.Store(e.parts.Of(now))
-	if o.Archive == nil && e.local != nil {
+	if o.Archive == nil && e.archSrc != nil {
 		if err := e.withoutArchive(o.DetachArchive); err != nil {
 			return err
 		}

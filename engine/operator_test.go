@@ -11,6 +11,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -22,7 +23,7 @@ func TestMixedNamespacesAsync(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock()
 	fs := newCrashFS()
-	o := engine.Options{Dir: "db", FS: fs, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, Lease: time.Minute, MemoryCapacity: 16, ExpectedKeys: 1000,
+	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, Lease: time.Minute, MemoryCapacity: 16, ExpectedKeys: 1000,
 		NamespaceWindows: map[string]time.Duration{"short": 10 * time.Minute, "": 20 * time.Minute}}
 	e := open(t, o)
 	short, _ := e.Namespace("short")
@@ -80,7 +81,7 @@ func TestMixedNamespacesAsync(t *testing.T) {
 	check("short ended", e, map[string]engine.Outcome{"short": engine.New, "long": engine.Duplicate, "": engine.Duplicate})
 	clock.Add(10 * time.Minute)
 	// crash: reopen a crash clone without Close
-	e2 := open(t, engine.Options{Dir: "db", FS: fs.CrashClone(vfs.CrashCloneCfg{}), Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, Lease: time.Minute, MemoryCapacity: 16, ExpectedKeys: 1000,
+	e2 := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs.CrashClone(vfs.CrashCloneCfg{})}, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, Lease: time.Minute, MemoryCapacity: 16, ExpectedKeys: 1000,
 		NamespaceWindows: o.NamespaceWindows})
 	check("crashed, default ended", e2, map[string]engine.Outcome{"short": engine.New, "long": engine.Duplicate, "": engine.New})
 	e2.Close()

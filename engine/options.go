@@ -9,8 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
-
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/bloom"
@@ -19,20 +17,23 @@ import (
 // Tiers selects which tiers an Engine stacks.
 type Tiers uint8
 
-// Configurations. Their guarantees are in the README's table. A shared
-// tier (Redis, PostgreSQL) is not a Tiers value: it is a Backend
-// (Options.Backend), built in its own package, behind memory.
+// Configurations. Their guarantees are in the README's table. The exact
+// tier is not a Tiers value: it is a Backend (Options.Backend), built in
+// its own package (the embedded store, Redis, PostgreSQL), behind memory.
 const (
-	// Default is memory + bloom + Pebble: exact, durable, one process per
-	// directory. With Options.Backend set it is memory + that backend's
-	// exact tier instead.
+	// Default is memory + the Backend's exact tier: with the embedded
+	// store (embedded.Dir(dir)), memory + bloom + Pebble, exact, durable,
+	// one process per directory; with a shared tier, memory + that tier.
+	// It needs a Backend.
 	Default Tiers = iota
 	// MemoryOnly keeps claims and recent commits in memory: never drops a
 	// new message, lets duplicates through after eviction or restart.
 	MemoryOnly
 	// BloomOnly answers from Bloom filters: never lets a duplicate through
 	// inside the window, drops new messages at the false-positive rate.
-	// With Dir set, the filters survive a clean restart through a snapshot.
+	// Its Backend is the embedded store's, for its filters alone
+	// (&embedded.Backend{}); with a Dir there, the filters survive a clean
+	// restart through a snapshot.
 	BloomOnly
 )
 
@@ -95,8 +96,6 @@ const (
 	// MaxExpectedKeys bounds ExpectedKeys: 4.3×10⁹ keys a partition, a
 	// filter of ≈ 7.5 GiB at the default false-positive rate.
 	MaxExpectedKeys = 1 << 32
-	// MaxCacheSize bounds CacheSize: 1 TiB.
-	MaxCacheSize = 1 << 40
 	// DefaultMaxResultSize is the default Options.MaxResultSize: room for a
 	// typical API response or a reference to a larger one.
 	DefaultMaxResultSize = 4 << 10
@@ -113,35 +112,20 @@ const (
 type Options struct {
 	// Tiers is the configuration; the zero value is Default.
 	Tiers Tiers
-	// Dir is the Pebble directory (Default, required) or the directory of
-	// the Bloom snapshot (BloomOnly, optional). MemoryOnly rejects it.
-	Dir string
-	// FS is the filesystem under Dir; nil means the operating system's.
-	FS vfs.FS
-	// NoSync makes Commit return once the WAL write reaches the operating
-	// system, without fsync: safe against process crashes, not against
-	// machine crashes. The zero value syncs (group-committed).
-	NoSync bool
 	// Window is how long a committed key stays a duplicate, at least; keys
 	// are kept for up to Window + Partition. Zero means DefaultWindow; at
-	// most MaxWindow. A Dir remembers it: a later Open may lengthen it,
+	// most MaxWindow. A store remembers it: a later Open may lengthen it,
 	// never shorten it (ErrLayout).
 	Window time.Duration
 	// Partition is the retention granule: expiry drops one partition at a
 	// time, and each partition has its own Bloom filter. Zero means
 	// DefaultPartition; in [MinPartition, MaxWindow]; Window/Partition must
-	// not exceed 63. A Dir remembers it: a later Open with another one is
+	// not exceed 63. A store remembers it: a later Open with another one is
 	// refused (ErrLayout).
 	Partition time.Duration
 	// Lease is how long a claim excludes other workers. It must be shorter
 	// than Window. Zero means DefaultLease.
 	Lease time.Duration
-	// CacheSize is Pebble's block cache in bytes (Default), at most
-	// MaxCacheSize. Zero means 64 MiB. Reads of duplicates that memory does
-	// not hold go through it, as do Pebble's own filter and index blocks:
-	// a store much larger than it reads them from the operating system's
-	// page cache, decoding and checksumming each block again.
-	CacheSize int
 	// MemoryCapacity is the number of committed keys cached in memory, at
 	// most MaxMemoryCapacity. Zero means 1<<20 (≈ 66 MiB). Memory grows
 	// with use up to it; claims in flight are not counted.
@@ -206,14 +190,15 @@ type Options struct {
 	// TracerProvider). Nil costs one pointer comparison a call.
 	Tracer Tracer
 
-	// Backend is the exact tier behind memory when it is not the embedded
-	// store: a shared tier built in its own package, such as
-	// redis.NewBackend(client, redis.Config{Prefix: "orders:"}) or
-	// postgres.NewBackend(pool, postgres.Config{}). With it the
-	// configuration is memory + that tier (Tiers must be Default, and Dir
-	// is not used): exact and shared by every process that opens the same
-	// backend settings, durable as its server is. Nil means the tiers
-	// Tiers names.
+	// Backend is the exact tier behind memory, built in its own package:
+	// the embedded store, embedded.Dir("/var/lib/orders-dedup") (Pebble
+	// behind the engine's Bloom filters, in a directory of one process),
+	// or a shared tier, such as redis.NewBackend(client,
+	// redis.Config{Prefix: "orders:"}) or postgres.NewBackend(pool,
+	// postgres.Config{}): exact and shared by every process that opens the
+	// same backend settings, durable as its server is. Default needs one;
+	// BloomOnly takes the embedded store's, for its filters alone;
+	// MemoryOnly none.
 	Backend tier.Backend
 
 	// FailOpen makes claims and marks answer New, and commits succeed
@@ -272,7 +257,7 @@ type Options struct {
 	// Duplicate (with its stored result), read from the archive where the
 	// archive's own filter says the key may be; Forget reaches it too. Nil
 	// means none: a key is New once its partition leaves the Window. The
-	// embedded store only (Tiers Default with Dir), with pebble.ArchiveDir
+	// embedded store only (Tiers Default, embedded.Dir), with pebble.ArchiveDir
 	// (files in a directory) or postgres.Archive (a table partition per
 	// partition); namespaces with their own window and the
 	// engine's tokens are not archived (their window is their promise).
@@ -332,8 +317,8 @@ func (o *Options) Validate() error {
 		case !on:
 		case checkNamespace(name) != nil:
 			bad("SlidingWindows: %v", checkNamespace(name))
-		case o.Backend != nil:
-			bad("SlidingWindows are not supported with a Backend (%s): only the embedded store, memory and bloom-only refresh a key", o.Backend.Name())
+		case o.Backend != nil && !o.local():
+			bad("SlidingWindows are not supported with a shared Backend (%s): only the embedded store, memory and bloom-only refresh a key", o.Backend.Name())
 		}
 	}
 	for name, w := range o.NamespaceWindows {
@@ -355,9 +340,6 @@ func (o *Options) Validate() error {
 	}
 	if d.Lease > 0 && d.Window > 0 && d.Lease >= d.Window {
 		bad("Lease %v must be shorter than Window %v", d.Lease, d.Window)
-	}
-	if o.CacheSize < 0 || o.CacheSize > MaxCacheSize {
-		bad("CacheSize %d is outside [0, %d]", o.CacheSize, MaxCacheSize)
 	}
 	if o.MemoryCapacity < 0 || o.MemoryCapacity > MaxMemoryCapacity {
 		bad("MemoryCapacity %d is outside [0, %d]", o.MemoryCapacity, MaxMemoryCapacity)
@@ -407,22 +389,14 @@ func (o *Options) Validate() error {
 // their fields disagree.
 func (o *Options) validateTiers(bad func(format string, args ...any)) {
 	shared := o.Backend != nil && o.Backend.Claims() == tier.ClaimsInStore
-	switch o.Tiers {
-	case Default:
-		if o.Backend == nil && o.Dir == "" {
-			bad("Dir is required for %v", o.Tiers)
-		}
-		if o.Backend != nil && o.Dir != "" {
-			bad("Dir %q is not used with a Backend (%s)", o.Dir, o.Backend.Name())
-		}
-	case MemoryOnly, BloomOnly:
-		if o.Tiers == MemoryOnly && o.Dir != "" {
-			bad("Dir %q is not used by %v", o.Dir, o.Tiers)
-		}
-		if o.Backend != nil {
-			bad("Backend %s is not used by %v (leave Tiers zero)", o.Backend.Name(), o.Tiers)
-		}
-	default:
+	switch {
+	case o.Tiers == Default && o.Backend == nil:
+		bad("%v needs a Backend: embedded.Dir(dir) for the embedded store, or a shared tier", o.Tiers)
+	case o.Tiers == MemoryOnly && o.Backend != nil:
+		bad("Backend %s is not used by %v (leave Tiers zero)", o.Backend.Name(), o.Tiers)
+	case o.Tiers == BloomOnly && !o.local():
+		bad("%v keeps its filters in the embedded store's Backend (&embedded.Backend{}, with a Dir to keep them across restarts), not %v", o.Tiers, o.Backend)
+	case o.Tiers > BloomOnly:
 		bad("Tiers %d is not a configuration", o.Tiers)
 	}
 	if o.NoSharedCache && !shared {
@@ -443,8 +417,8 @@ func (o *Options) validateArchive(d Options, bad func(format string, args ...any
 		if o.ArchiveWindow != 0 || o.ArchiveFalsePositive != 0 || len(o.NamespaceArchiveWindows) > 0 {
 			bad("ArchiveWindow, ArchiveFalsePositive and NamespaceArchiveWindows need an Archive")
 		}
-		if o.DetachArchive && (o.Backend != nil || o.Tiers != Default || o.Dir == "") {
-			bad("DetachArchive lets an embedded store (Tiers Default with Dir) go of its archive; a shared tier's archive log is the prefix's (see docs/archive.md)")
+		if o.DetachArchive && (!o.local() || o.Tiers != Default) {
+			bad("DetachArchive lets an embedded store (Tiers Default, embedded.Dir) go of its archive; a shared tier's archive log is the prefix's (see docs/archive.md)")
 		}
 		return
 	}
@@ -477,8 +451,8 @@ func (o *Options) validateArchive(d Options, bad func(format string, args ...any
 		if o.FailOpen {
 			bad("Archive with FailOpen: a claim the archive cannot answer would be New")
 		}
-	case o.Tiers != Default || o.Backend != nil || o.Dir == "":
-		bad("Archive %s needs the embedded store (Tiers Default with Dir) or a shared tier (Redis), have %s", o.Archive.Name(), o.Name())
+	case o.Tiers != Default || !o.local():
+		bad("Archive %s needs the embedded store (Tiers Default, embedded.Dir) or a shared tier (Redis), have %s", o.Archive.Name(), o.Name())
 	}
 	if o.ArchiveWindow < 0 || o.ArchiveWindow > MaxWindow {
 		bad("ArchiveWindow %v is outside [0, %v]", o.ArchiveWindow, MaxWindow)
@@ -516,7 +490,11 @@ func (o Options) archiveBinding(check [16]byte) string {
 }
 
 func (o Options) archiveEnv(parts tier.Partitions) tier.ArchiveEnv {
-	return tier.ArchiveEnv{Partitions: parts, Window: o.ArchiveWindow, Dir: o.Dir, Logger: o.Logger, Log: o.Backend != nil}
+	var dir string
+	if lb, ok := o.Backend.(tier.LocalBackend); ok && o.local() {
+		dir = lb.Path()
+	}
+	return tier.ArchiveEnv{Partitions: parts, Window: o.ArchiveWindow, Dir: dir, Logger: o.Logger, Log: o.Backend != nil && !o.local()}
 }
 
 // WithDefaults returns a copy of o with every field left zero that has a
@@ -566,12 +544,21 @@ func (o Options) env() tier.Env {
 	parts, _ := tier.NewPartitions(o.Window, o.Partition)
 	return tier.Env{Window: o.Window, Partitions: parts, MaxAttempts: o.MaxAttempts,
 		NamespaceWindows: o.NamespaceWindows, NoSharedCache: o.NoSharedCache, Logger: o.Logger,
-		ArchiveLog: o.Archive != nil && o.Backend != nil}
+		ArchiveLog:   o.Archive != nil && !o.local(),
+		ExpectedKeys: o.ExpectedKeys, FalsePositive: o.FalsePositive,
+		FiltersOnly: o.Tiers == BloomOnly, Archived: o.Archive != nil}
+}
+
+// local reports whether the Backend is a store in this process
+// (tier.LocalBackend: the embedded one) rather than a shared tier.
+func (o *Options) local() bool {
+	_, ok := o.Backend.(tier.LocalBackend)
+	return ok && !tier.Nil(o.Backend)
 }
 
 // Name is the configuration's name: the Tiers', or memory+ the Backend's.
 func (o *Options) Name() string {
-	if o.Backend != nil {
+	if o.Backend != nil && o.Tiers == Default {
 		return "memory+" + o.Backend.Name()
 	}
 	return o.Tiers.String()
@@ -580,7 +567,7 @@ func (o *Options) Name() string {
 // Options returns the options the engine was opened with, every default
 // filled in (WithDefaults), for integrations that must check what they
 // rely on: an HTTP middleware refuses FailOpen, which would run a request
-// twice. The maps are copies; Backend, Archive, FS, Clock and Logger are
+// twice. The maps are copies; Backend, Archive, Clock and Logger are
 // the engine's own.
 func (e *Engine) Options() Options {
 	o := e.opts

@@ -17,6 +17,7 @@ import (
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
 	"github.com/tierdedup/tierdedup/internal/faultfs"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -24,7 +25,7 @@ import (
 // far behind the writer (70 groups written meanwhile): the writer never
 // waits for the notifier, so the Commit returns.
 func TestCommitFromDone(t *testing.T) {
-	e := open(t, engine.Options{Dir: "db", FS: vfs.NewMem()})
+	e := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: vfs.NewMem()}})
 	ctx := context.Background()
 	a := claimNew(t, e, "a")
 	b := claimNew(t, e, "b")
@@ -78,7 +79,7 @@ func TestCommitFromDone(t *testing.T) {
 func TestCloseKeepsDoneOrder(t *testing.T) {
 	gate := faultfs.NewGate(faultfs.WALSyncs)
 	fs := faultfs.Wrap(vfs.NewMem(), gate)
-	e := open(t, engine.Options{Dir: "db", FS: fs})
+	e := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}})
 	ctx := context.Background()
 	first := claimNew(t, e, "first")
 	var mu sync.Mutex
@@ -178,7 +179,7 @@ func TestSyncCommitKeepsItsDeadline(t *testing.T) {
 // pending together must act as when they are written one after the other.
 func TestSameClaimTwiceInOneGroup(t *testing.T) {
 	run := func(grouped bool) string {
-		e := open(t, engine.Options{Dir: "db", FS: vfs.NewMem()})
+		e := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: vfs.NewMem()}})
 		defer e.Close()
 		ctx := context.Background()
 		c := claimNew(t, e, "k")
@@ -218,9 +219,9 @@ func TestSameClaimTwiceInOneGroup(t *testing.T) {
 // TestCommitAsyncZeroAndForeignClaims: typed errors, no panic.
 func TestCommitAsyncZeroAndForeignClaims(t *testing.T) {
 	ctx := context.Background()
-	e := open(t, engine.Options{Dir: "db", FS: vfs.NewMem()})
+	e := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: vfs.NewMem()}})
 	defer e.Close()
-	other := open(t, engine.Options{Dir: "db2", FS: vfs.NewMem()})
+	other := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db2", FS: vfs.NewMem()}})
 	defer other.Close()
 	foreign := claimNew(t, other, "k")
 	mine := claimNew(t, e, "k")
@@ -251,7 +252,7 @@ func TestCommitAsyncZeroAndForeignClaims(t *testing.T) {
 func TestCloseRacesCommits(t *testing.T) {
 	for round := range 5 {
 		fs := vfs.NewMem()
-		e := open(t, engine.Options{Dir: "db", FS: fs, CommitQueue: 8})
+		e := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}, CommitQueue: 8})
 		ctx := context.Background()
 		var acked sync.Map
 		var runs sync.Map
@@ -298,7 +299,7 @@ func TestCloseRacesCommits(t *testing.T) {
 			}
 			return true
 		})
-		e = open(t, engine.Options{Dir: "db", FS: fs})
+		e = open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}})
 		acked.Range(func(k, _ any) bool {
 			if o, err := e.MarkIfAbsent(ctx, []byte(k.(string))); err != nil || o != engine.Duplicate {
 				t.Errorf("%s acknowledged, after reopening: %v %v", k, o, err)
@@ -374,7 +375,7 @@ func TestCommitNilContext(t *testing.T) {
 // ctx, asynchronously and synchronously, and says "survived" if the
 // process did.
 func nilContextChild(string) int {
-	e, err := engine.Open(&engine.Options{Dir: "db", FS: vfs.NewMem(), Logger: quiet})
+	e, err := engine.Open(&engine.Options{Backend: &embedded.Backend{Dir: "db", FS: vfs.NewMem()}, Logger: quiet})
 	if err != nil {
 		fmt.Println("ERR", err)
 		return 1
@@ -410,7 +411,7 @@ func nilContextChild(string) int {
 // call of the group gets an error (none acknowledged), later calls error.
 func TestSyncFailureFailsWholeGroup(t *testing.T) {
 	var fault faultfs.Fault
-	e := open(t, engine.Options{Dir: "db", FS: faultfs.Wrap(vfs.NewMem(), &fault)})
+	e := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: faultfs.Wrap(vfs.NewMem(), &fault)}})
 	defer e.Close()
 	ctx := context.Background()
 	var claims []engine.Claim
@@ -458,7 +459,7 @@ func TestSyncFailureFailsWholeGroup(t *testing.T) {
 // TestKeyMutatedBeforeTurn: the key bytes of a pending CommitAsync are
 // changed (a reused buffer) before its turn: neither key may be committed.
 func TestKeyMutatedBeforeTurn(t *testing.T) {
-	e := open(t, engine.Options{Dir: "db", FS: vfs.NewMem()})
+	e := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: vfs.NewMem()}})
 	defer e.Close()
 	ctx := context.Background()
 	buf := []byte("aaaa")
@@ -490,7 +491,7 @@ func TestKeyMutatedBeforeTurn(t *testing.T) {
 func TestBoundHoldsRefusedCalls(t *testing.T) {
 	gate := faultfs.NewGate(faultfs.WALSyncs)
 	fs := faultfs.Wrap(vfs.NewMem(), gate)
-	e := open(t, engine.Options{Dir: "db", FS: fs, CommitQueue: 2})
+	e := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}, CommitQueue: 2})
 	defer e.Close()
 	defer gate.Open()
 	ctx := context.Background()
@@ -528,7 +529,7 @@ func TestBoundHoldsRefusedCalls(t *testing.T) {
 func TestPanickingDone(t *testing.T) {
 	var logged strings.Builder
 	var logMu sync.Mutex
-	e := open(t, engine.Options{Dir: t.TempDir(), ExpectedKeys: 1000,
+	e := open(t, engine.Options{Backend: embedded.Dir(t.TempDir()), ExpectedKeys: 1000,
 		Logger: log.New(writerFunc(func(p []byte) (int, error) {
 			logMu.Lock()
 			defer logMu.Unlock()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/faultfs"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -43,7 +44,7 @@ func claimNew(t *testing.T, e *engine.Engine, key string) engine.Claim {
 func TestCommitAsyncOrderAndDurability(t *testing.T) {
 	gate := faultfs.NewGate(faultfs.WALSyncs)
 	fs := faultfs.Wrap(vfs.NewMem(), gate)
-	e := open(t, engine.Options{Dir: "db", FS: fs})
+	e := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}})
 	ctx := context.Background()
 	const workers, each = 4, 500
 	gate.Shut()
@@ -90,7 +91,7 @@ func TestCommitAsyncOrderAndDurability(t *testing.T) {
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
-	e = open(t, engine.Options{Dir: "db", FS: fs})
+	e = open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}})
 	defer e.Close()
 	for w := range workers {
 		for i := range each {
@@ -107,7 +108,7 @@ func TestCommitAsyncOrderAndDurability(t *testing.T) {
 // that is not New gets ErrNotClaimed, in order with the others.
 func TestCommitAsyncFencedAndNotClaimed(t *testing.T) {
 	clock := newClock()
-	e := open(t, engine.Options{Dir: t.TempDir(), Clock: clock, Lease: time.Second})
+	e := open(t, engine.Options{Backend: embedded.Dir(t.TempDir()), Clock: clock, Lease: time.Second})
 	defer e.Close()
 	ctx := context.Background()
 	stale := claimNew(t, e, "k")
@@ -137,7 +138,7 @@ func TestCommitAsyncFencedAndNotClaimed(t *testing.T) {
 func TestCommitQueueBound(t *testing.T) {
 	gate := faultfs.NewGate(faultfs.WALSyncs)
 	fs := faultfs.Wrap(vfs.NewMem(), gate)
-	e := open(t, engine.Options{Dir: "db", FS: fs, CommitQueue: 2})
+	e := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}, CommitQueue: 2})
 	defer e.Close()
 	ctx := context.Background()
 	a, b, c := claimNew(t, e, "a"), claimNew(t, e, "b"), claimNew(t, e, "c")
@@ -180,7 +181,7 @@ func TestCommitQueueBound(t *testing.T) {
 // New claim writes its records.
 func TestCommitGroupKeepsEachCallsRecords(t *testing.T) {
 	clock := newClock()
-	e := open(t, engine.Options{Dir: t.TempDir(), Clock: clock, Lease: time.Second})
+	e := open(t, engine.Options{Backend: embedded.Dir(t.TempDir()), Clock: clock, Lease: time.Second})
 	defer e.Close()
 	ctx := context.Background()
 	stale := claimNew(t, e, "stale")
@@ -223,7 +224,7 @@ func TestCommitGroupKeepsEachCallsRecords(t *testing.T) {
 // and runs its done; a CommitAsync after Close gets ErrClosed.
 func TestCloseFlushesCommitQueue(t *testing.T) {
 	fs := vfs.NewMem() // (it was a gateFS never shut: the same filesystem)
-	e := open(t, engine.Options{Dir: "db", FS: fs})
+	e := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}})
 	ctx := context.Background()
 	var ran atomic.Int64
 	for i := range 100 {
@@ -244,7 +245,7 @@ func TestCloseFlushesCommitQueue(t *testing.T) {
 	if !errors.Is(after, engine.ErrClosed) && !errors.Is(after, engine.ErrLeaseLost) {
 		t.Fatalf("CommitAsync after Close: %v", after)
 	}
-	e = open(t, engine.Options{Dir: "db", FS: fs})
+	e = open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}})
 	defer e.Close()
 	for i := range 100 {
 		if o, err := e.MarkIfAbsent(ctx, fmt.Append(nil, i)); err != nil || o != engine.Duplicate {

@@ -21,6 +21,7 @@ import (
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
 	"github.com/tierdedup/tierdedup/internal/rabbittest"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -56,7 +57,7 @@ func rabbitChild(spec string) int {
 		defer c.Close()
 		e, err = engine.Open(&engine.Options{Backend: redisBackend(c, queue+":"), Lease: 3 * time.Second, Logger: quiet})
 	} else {
-		e, err = engine.Open(&engine.Options{Dir: store, ExpectedKeys: 100_000, Lease: 3 * time.Second, Logger: quiet})
+		e, err = engine.Open(&engine.Options{Backend: embedded.Dir(store), ExpectedKeys: 100_000, Lease: 3 * time.Second, Logger: quiet})
 	}
 	if err != nil {
 		return fail(err)
@@ -320,7 +321,7 @@ func runRabbit(t *testing.T, mode string) {
 			}
 		}
 	} else {
-		e := open(t, engine.Options{Dir: store, FS: vfs.Default, ExpectedKeys: 100_000})
+		e := open(t, engine.Options{Backend: &embedded.Backend{Dir: store, FS: vfs.Default}, ExpectedKeys: 100_000})
 		if err := e.ScanWrites([]byte("ledger/"), func(k, _ []byte) error {
 			id, _, _ := strings.Cut(strings.TrimPrefix(string(k), "ledger/"), "/")
 			effects[id]++

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/faultfs"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -36,7 +37,7 @@ func resultConfigs(t *testing.T, maxResult int) []struct {
 		}},
 		{"default", func(t *testing.T, clock engine.Clock) (*engine.Engine, func(*engine.Engine) *engine.Engine) {
 			// A memory tier of 16 keys: most answers come from the store.
-			o := engine.Options{Dir: t.TempDir(), Clock: clock, MemoryCapacity: 16, ExpectedKeys: 1000, MaxResultSize: maxResult}
+			o := engine.Options{Backend: embedded.Dir(t.TempDir()), Clock: clock, MemoryCapacity: 16, ExpectedKeys: 1000, MaxResultSize: maxResult}
 			return open(t, o), func(e *engine.Engine) *engine.Engine {
 				if err := e.Close(); err != nil {
 					t.Fatal(err)
@@ -280,7 +281,7 @@ func TestDoResult(t *testing.T) {
 // with one is refused, and options bound the size.
 func TestResultRefusedWithoutStore(t *testing.T) {
 	ctx := context.Background()
-	e := open(t, engine.Options{Tiers: engine.BloomOnly, ExpectedKeys: 1000})
+	e := open(t, engine.Options{Backend: &embedded.Backend{}, Tiers: engine.BloomOnly, ExpectedKeys: 1000})
 	defer e.Close()
 	c, _ := e.Claim(ctx, []byte("k"))
 	c.Result = []byte("r")
@@ -305,7 +306,7 @@ func TestCommitAsyncCopiesResult(t *testing.T) {
 	ctx := context.Background()
 	gate := faultfs.NewGate(faultfs.WALSyncs)
 	fs := faultfs.Wrap(vfs.NewMem(), gate)
-	e := open(t, engine.Options{Dir: "db", FS: fs})
+	e := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}})
 	defer e.Close()
 	first := claimNew(t, e, "first")
 	gate.Shut() // the writer waits inside the first group's sync
@@ -329,7 +330,7 @@ func TestCommitAsyncCopiesResult(t *testing.T) {
 // TestDoResultRefusedBeforeClaiming: where no result can be stored,
 // DoResult refuses before the handler runs.
 func TestDoResultRefusedBeforeClaiming(t *testing.T) {
-	e := open(t, engine.Options{Tiers: engine.BloomOnly, ExpectedKeys: 1000})
+	e := open(t, engine.Options{Backend: &embedded.Backend{}, Tiers: engine.BloomOnly, ExpectedKeys: 1000})
 	defer e.Close()
 	runs := 0
 	for range 2 {
@@ -350,7 +351,7 @@ func TestDoResultRefusedBeforeClaiming(t *testing.T) {
 // commits in the store, for itself).
 func TestCommittedAtOnlyWithResult(t *testing.T) {
 	ctx := context.Background()
-	o := engine.Options{Dir: t.TempDir(), ExpectedKeys: 1000, NamespaceWindows: map[string]time.Duration{"s": time.Hour}}
+	o := engine.Options{Backend: embedded.Dir(t.TempDir()), ExpectedKeys: 1000, NamespaceWindows: map[string]time.Duration{"s": time.Hour}}
 	e := open(t, o)
 	s := mustNamespace(t, e, "s")
 	if got, _ := s.MarkIfAbsent(ctx, []byte("k")); got != engine.New {

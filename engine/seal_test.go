@@ -12,6 +12,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // sealedEngine opens an engine with hour partitions over a 4-hour window
@@ -21,7 +22,7 @@ import (
 // nothing and are not sealed).
 func sealedEngine(t *testing.T, fs vfs.FS, clock *fakeClock, hours, perHour int) (*engine.Engine, engine.Options, [][]byte) {
 	t.Helper()
-	o := engine.Options{Dir: "db", FS: fs, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
+	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
 	e := open(t, o)
 	var all [][]byte
 	for h := range hours {
@@ -142,7 +143,7 @@ func TestCrashRebuildsOnlyTheOpenPartition(t *testing.T) {
 	gate := make(chan struct{})
 	engine.SetRebuildGate(gate)
 	defer engine.SetRebuildGate(nil)
-	o.FS = crashed
+	setFS(&o, crashed)
 	e = open(t, o)
 	defer e.Close()
 	if s := e.Stats(); s.BloomSealedLoaded != closed || s.BloomMode != "rebuilding" {
@@ -180,7 +181,7 @@ func TestSealWaitsForWritesInFlight(t *testing.T) {
 	ctx := context.Background()
 	mem := newCrashFS()
 	clock := newClock()
-	o := engine.Options{Dir: "db", FS: mem, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
+	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: mem}, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
 	e := open(t, o)
 	late := []byte("late")
 	c, err := e.Claim(ctx, late)
@@ -209,7 +210,7 @@ func TestSealWaitsForWritesInFlight(t *testing.T) {
 	crashed := mem.CrashClone(vfs.CrashCloneCfg{})
 	_ = e.Close()
 
-	o.FS = crashed
+	setFS(&o, crashed)
 	e = open(t, o)
 	defer e.Close()
 	if n := e.Stats().BloomSealedLoaded; n != 1 {
@@ -274,7 +275,7 @@ func TestSealedFilesThatMustNotBeTrusted(t *testing.T) {
 			if tc.tamper != nil {
 				tc.tamper(t, crashed, otherMem)
 			}
-			o.FS = crashed
+			setFS(&o, crashed)
 			if tc.opts != nil {
 				tc.opts(&o)
 			}
@@ -362,7 +363,7 @@ func TestSealWaitsForReleasesInFlight(t *testing.T) {
 	ctx := context.Background()
 	mem := newCrashFS()
 	clock := newClock()
-	o := engine.Options{Dir: "db", FS: mem, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000, MaxAttempts: 3}
+	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: mem}, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000, MaxAttempts: 3}
 	e := open(t, o)
 	defer e.Close()
 	c, err := e.Claim(ctx, []byte("failing"))
@@ -407,7 +408,7 @@ func TestDamagedSealedFileIsRewritten(t *testing.T) {
 	waitSealed(t, e, clock.Now().Add(-2*time.Hour)) // hour 1 written again
 	crashed := mem.CrashClone(vfs.CrashCloneCfg{})
 	_ = e.Close()
-	o.FS = crashed
+	setFS(&o, crashed)
 	e = open(t, o)
 	defer e.Close()
 	allDuplicates(t, e, keys)

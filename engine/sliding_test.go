@@ -9,6 +9,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/redis"
 )
 
@@ -45,7 +46,7 @@ func TestSlidingWindows(t *testing.T) {
 				SlidingWindows: map[string]bool{"slide": true},
 			}
 			if tc.dir {
-				o.Dir = t.TempDir()
+				setDir(&o, t.TempDir())
 			}
 			w := window
 			if tc.window > 0 {
@@ -177,7 +178,7 @@ func TestSlidingWindowsRefusedWithABackend(t *testing.T) {
 func TestSlidingKeepsResultsAndForgets(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock()
-	o := engine.Options{Dir: t.TempDir(), Window: 4 * time.Hour, Partition: time.Hour, Clock: clock, Logger: quiet,
+	o := engine.Options{Backend: embedded.Dir(t.TempDir()), Window: 4 * time.Hour, Partition: time.Hour, Clock: clock, Logger: quiet,
 		SlidingWindows: map[string]bool{"": true}}
 	e, err := engine.Open(&o)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // TestStatsCountFalsePositives overfills small Bloom filters, then claims
@@ -18,7 +19,7 @@ import (
 // Pebble confirms after memory forgot them.
 func TestStatsCountFalsePositives(t *testing.T) {
 	ctx := context.Background()
-	e := open(t, engine.Options{Dir: "db", FS: vfs.NewMem(), ExpectedKeys: 100, FalsePositive: 0.3, MemoryCapacity: 16, Stripes: 1})
+	e := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: vfs.NewMem()}, ExpectedKeys: 100, FalsePositive: 0.3, MemoryCapacity: 16, Stripes: 1})
 	defer e.Close()
 	const marked, fresh = 300, 2000
 	keys := make([][]byte, marked)
@@ -75,7 +76,7 @@ func TestStatsCoverage(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock()
 	fs := vfs.NewMem()
-	o := engine.Options{Dir: "db", FS: fs, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
+	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
 	e := open(t, o)
 	m := open(t, engine.Options{Tiers: engine.MemoryOnly, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour})
 	defer m.Close()

@@ -15,6 +15,7 @@ import (
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
 	"github.com/tierdedup/tierdedup/internal/faultfs"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // faultBound is how long any call may take once the disk has failed.
@@ -79,7 +80,7 @@ func TestStorageFaultChild(t *testing.T) {
 				if len(acked) == 0 {
 					t.Fatal("the child acknowledged nothing before the fault")
 				}
-				e := open(t, engine.Options{Dir: dir, ExpectedKeys: 100000})
+				e := open(t, engine.Options{Backend: embedded.Dir(dir), ExpectedKeys: 100000})
 				defer e.Close()
 				ctx := context.Background()
 				keys := make([][]byte, len(acked))
@@ -119,7 +120,7 @@ func faultChild(spec string) int {
 		files = "MANIFEST"
 	}
 	var fault faultfs.Fault
-	e, err := engine.Open(&engine.Options{Dir: dir, FS: faultfs.Wrap(vfs.Default, &fault), ExpectedKeys: 100000, MaxAttempts: 5, Lease: time.Minute, Logger: quiet})
+	e, err := engine.Open(&engine.Options{Backend: &embedded.Backend{Dir: dir, FS: faultfs.Wrap(vfs.Default, &fault)}, ExpectedKeys: 100000, MaxAttempts: 5, Lease: time.Minute, Logger: quiet})
 	if err != nil {
 		fmt.Println("ERR", err)
 		return 1

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 const b64url = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
@@ -183,7 +184,7 @@ func TestTokenDeadlines(t *testing.T) {
 func TestTokenTTL(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock()
-	e := open(t, engine.Options{Dir: t.TempDir(), ExpectedKeys: 1000, Clock: clock, Window: time.Hour, Partition: time.Minute, Lease: time.Second})
+	e := open(t, engine.Options{Backend: embedded.Dir(t.TempDir()), ExpectedKeys: 1000, Clock: clock, Window: time.Hour, Partition: time.Minute, Lease: time.Second})
 	defer e.Close()
 	before := e.Stats()
 	for _, ttl := range []time.Duration{0, -1, math.MinInt64, time.Hour + 1, math.MaxInt64} {

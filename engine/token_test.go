@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // TestTokens: a token is consumed exactly once; a second use, an expired
@@ -147,7 +148,7 @@ func TestTokenRefused(t *testing.T) {
 // character's unused bits, line breaks).
 func TestTokenHasOneSpelling(t *testing.T) {
 	ctx := context.Background()
-	e := open(t, engine.Options{Dir: t.TempDir(), ExpectedKeys: 1000})
+	e := open(t, engine.Options{Backend: embedded.Dir(t.TempDir()), ExpectedKeys: 1000})
 	defer e.Close()
 	tok, err := e.IssueToken(ctx, time.Hour)
 	if err != nil {
@@ -196,7 +197,7 @@ func (c *steppingClock) Now() time.Time {
 func TestTokenStallIsNotAUse(t *testing.T) {
 	ctx := context.Background()
 	clock := &steppingClock{fakeClock: *newClock()}
-	e := open(t, engine.Options{Dir: t.TempDir(), ExpectedKeys: 1000, Clock: clock,
+	e := open(t, engine.Options{Backend: embedded.Dir(t.TempDir()), ExpectedKeys: 1000, Clock: clock,
 		Window: 24 * time.Hour, Partition: time.Hour, Lease: time.Minute})
 	defer e.Close()
 	tok, err := e.IssueToken(ctx, 12*time.Hour)

@@ -65,6 +65,22 @@ type Env struct {
 	ArchiveLog bool
 	// Logger receives the tier's warnings; never nil.
 	Logger *log.Logger
+
+	// The rest is for a LocalBackend only; a shared tier ignores it.
+
+	// Now is the engine's clock reading (Unix ns), 0 when its clock reads
+	// outside the range it takes as time: the store then starts from the
+	// reading it recorded, or refuses (ErrNoClock).
+	Now int64
+	// ExpectedKeys and FalsePositive size the Bloom filters: keys a
+	// partition, and the false-positive target over the whole window.
+	ExpectedKeys  int
+	FalsePositive float64
+	// FiltersOnly opens the filters alone, as the only tier (bloom-only).
+	FiltersOnly bool
+	// Archived says the engine moves closed partitions to an archive: the
+	// store drops none that the archive does not hold yet.
+	Archived bool
 }
 
 // Nil reports whether v is nil or an interface value holding a nil

@@ -4,9 +4,11 @@
 // Advancer), the vocabulary every tier answers in (Status, Digest, Token,
 // Request, Answer), the errors the tiers and the engine share (ErrOptions,
 // ErrLayout, ErrStorage, ErrLocked, and Classify for a backend's own), and
-// how time is cut into retention partitions, and the archive contract
+// how time is cut into retention partitions, the archive contract
 // (Archive, ArchiveBackend, RecordScanner) for the history behind the
-// window. It holds
+// window, and what the engine needs of a store it opens in its own process
+// beside its Bloom filters (LocalBackend, Local, Filters, ArchiveSource,
+// Handoff: the embedded store), so the engine imports no store. It holds
 // no state and orders nothing; the engine decides which tier is asked what.
 //
 // A shared tier reaches the engine as a Backend, built by the caller in the

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/bench"
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // baselines runs, beside the engine's MarkBatch row, the engine consumed
@@ -277,12 +278,17 @@ func openEngineBaseline(ctx context.Context, rc bench.RunConfig, async bool) (*e
 			return nil, err
 		}
 		b.shared, o.Backend = st, st.Backend()
-	} else if o.Tiers == engine.Default && o.Backend == nil {
+	} else if eb, ok := o.Backend.(*embedded.Backend); o.Tiers == engine.Default && (o.Backend == nil || ok && eb.Dir == "") {
 		dir, err := os.MkdirTemp("", "dedupbench-")
 		if err != nil {
 			return nil, err
 		}
-		o.Dir, b.dir = dir, dir
+		var be embedded.Backend
+		if ok {
+			be = *eb
+		}
+		be.Dir, b.dir = dir, dir
+		o.Backend = &be
 	}
 	e, err := engine.Open(&o)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/bench"
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/pebble"
 	"github.com/tierdedup/tierdedup/tier/postgres"
 )
@@ -220,7 +221,7 @@ func (w *workloadFlags) config(ctx context.Context) (bench.RunConfig, func(), er
 	rc := bench.RunConfig{
 		Workload: wc,
 		Engine: engine.Options{Tiers: tiers, Window: w.window, Partition: w.partition, FalsePositive: w.fp,
-			MemoryCapacity: w.memCap, ExpectedKeys: max(1000, int(perPartition)), NoSync: w.noSync, CacheSize: w.cache,
+			MemoryCapacity: w.memCap, ExpectedKeys: max(1000, int(perPartition)),
 			SlidingWindows: map[string]bool{"": w.sliding}},
 		Batch: w.batch, Workers: w.workers,
 	}
@@ -240,6 +241,10 @@ func (w *workloadFlags) config(ctx context.Context) (bench.RunConfig, func(), er
 		}
 		rc.Shared = srv
 		return rc, closeFn, nil
+	}
+	if tiers != engine.MemoryOnly {
+		// The embedded store's settings; Run gives it a directory.
+		rc.Engine.Backend = &embedded.Backend{NoSync: w.noSync, CacheSize: w.cache}
 	}
 	if w.archive != "" {
 		rc.Engine.Archive, rc.Engine.ArchiveWindow = pebble.ArchiveDir{Dir: w.archive}, w.archiveWindow

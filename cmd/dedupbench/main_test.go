@@ -23,6 +23,7 @@ import (
 	"github.com/tierdedup/tierdedup/bench"
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/postgres/pgtest"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 	"golang.org/x/perf/benchfmt"
@@ -271,7 +272,7 @@ func TestRecover(t *testing.T) {
 		cmd.Stderr = os.Stderr
 		return cmd
 	}
-	restore := engine.Options{Dir: dir}
+	restore := engine.Options{Backend: embedded.Dir(dir)}
 	rs, err := bench.Recover(context.Background(), bench.RecoverConfig{Keys: 400000, Engine: restore, After: 300 * time.Millisecond}, child)
 	if err != nil {
 		t.Fatal(err)

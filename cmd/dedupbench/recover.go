@@ -12,6 +12,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/bench"
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // recoverFlags binds the flags shared by recover and its child.
@@ -34,7 +35,7 @@ func (r *recoverFlags) bind(fs *flag.FlagSet) {
 
 func (r *recoverFlags) config() bench.RecoverConfig {
 	return bench.RecoverConfig{Keys: r.keys, Days: r.days, After: r.after,
-		Engine: engine.Options{Dir: r.dir, Window: r.window, Partition: r.partition}}
+		Engine: engine.Options{Backend: embedded.Dir(r.dir), Window: r.window, Partition: r.partition}}
 }
 
 // recoverCmd measures the reopen after a kill -9: open time, time to warm

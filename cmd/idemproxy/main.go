@@ -28,6 +28,7 @@ import (
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/integrations/httpdedup"
 	"github.com/tierdedup/tierdedup/integrations/promdedup"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/postgres"
 	"github.com/tierdedup/tierdedup/tier/redis"
 )
@@ -192,7 +193,7 @@ func openEngine(c config, logger *log.Logger) (*engine.Engine, func(), error) {
 		closeClient = pool.Close
 		o.Backend = postgres.NewBackend(pool, postgres.Config{Table: c.pgTable})
 	default:
-		o.Dir, o.DurableClaims = c.dir, true
+		o.Backend, o.DurableClaims = embedded.Dir(c.dir), true
 	}
 	e, err := engine.Open(&o)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/integrations/httpdedup"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // The middleware in front of a handler that creates orders: the second
@@ -20,7 +21,7 @@ func Example() {
 	dir, _ := os.MkdirTemp("", "orders-api")
 	defer os.RemoveAll(dir)
 	e, err := engine.Open(&engine.Options{
-		Dir:              dir,
+		Backend:          embedded.Dir(dir),
 		MaxAttempts:      1,    // a request whose outcome is unknown is never run again
 		DurableClaims:    true, // ... even after a crash
 		MaxResultSize:    1 << 20,

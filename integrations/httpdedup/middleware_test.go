@@ -18,6 +18,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/integrations/httpdedup"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/pebble"
 	"github.com/tierdedup/tierdedup/tier/redis"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
@@ -27,7 +28,7 @@ var quiet = log.New(io.Discard, "", 0)
 
 // engineOptions is an embedded store in dir as the middleware needs it.
 func engineOptions(dir string) engine.Options {
-	return engine.Options{Dir: dir, ExpectedKeys: 10_000, MaxAttempts: 1, DurableClaims: true,
+	return engine.Options{Backend: embedded.Dir(dir), ExpectedKeys: 10_000, MaxAttempts: 1, DurableClaims: true,
 		MaxResultSize: 64 << 10, Logger: quiet}
 }
 
@@ -423,16 +424,18 @@ func TestDraftConformance(t *testing.T) {
 func TestRefusesEnginesThatRunTwice(t *testing.T) {
 	good := engineOptions("")
 	for name, change := range map[string]func(o *engine.Options){
-		"no DurableClaims":  func(o *engine.Options) { o.DurableClaims = false },
-		"MaxAttempts 3":     func(o *engine.Options) { o.MaxAttempts = 3 },
-		"memory-only":       func(o *engine.Options) { o.Tiers, o.Dir, o.DurableClaims = engine.MemoryOnly, "", false },
-		"bloom-only":        func(o *engine.Options) { o.Tiers, o.DurableClaims = engine.BloomOnly, false },
+		"no DurableClaims": func(o *engine.Options) { o.DurableClaims = false },
+		"MaxAttempts 3":    func(o *engine.Options) { o.MaxAttempts = 3 },
+		"memory-only":      func(o *engine.Options) { o.Tiers, o.Backend, o.DurableClaims = engine.MemoryOnly, nil, false },
+		"bloom-only": func(o *engine.Options) {
+			o.Tiers, o.Backend, o.DurableClaims = engine.BloomOnly, &embedded.Backend{}, false
+		},
 		"MaxAttempts 0":     func(o *engine.Options) { o.MaxAttempts, o.DurableClaims = 0, false },
 		"no ConflictStatus": nil,
 	} {
 		t.Run(name, func(t *testing.T) {
 			o := good
-			o.Dir = t.TempDir()
+			o.Backend = embedded.Dir(t.TempDir())
 			var mo httpdedup.Options
 			if change != nil {
 				change(&o)
@@ -440,7 +443,7 @@ func TestRefusesEnginesThatRunTwice(t *testing.T) {
 				mo.ConflictStatus = 200
 			}
 			if o.Tiers == engine.MemoryOnly {
-				o.Dir = ""
+				o.Backend = nil
 			}
 			e := openEngine(t, o)
 			mo.Engine = e

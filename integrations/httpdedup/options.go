@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier"
 )
 
 // ErrOptions reports invalid Options, or an engine the middleware cannot
@@ -217,7 +218,7 @@ func checkEngine(eo engine.Options, bad func(format string, args ...any)) {
 	switch {
 	case eo.Tiers != engine.Default:
 		bad("engine %s: a request's claim and response must be durable (the embedded store, Redis or PostgreSQL)", name)
-	case eo.Backend == nil && !eo.DurableClaims:
+	case eo.Backend != nil && eo.Backend.Claims() == tier.ClaimsInEngine && !eo.DurableClaims:
 		bad("engine %s without DurableClaims: a crash while a handler runs would leave its key New, and the retry would run it again", name)
 	}
 	if eo.FailOpen {

@@ -23,6 +23,7 @@ import (
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/integrations/kafkadedup"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // The end-to-end tests run an in-process Kafka cluster (kfake: the real
@@ -379,7 +380,7 @@ func stop(c *consumer) {
 func (r *run) effects(dirs []string) map[string]int {
 	effects := map[string]int{}
 	for _, d := range dirs {
-		e, err := engine.Open(&engine.Options{Dir: d, ExpectedKeys: 100_000, Logger: quiet})
+		e, err := engine.Open(&engine.Options{Backend: embedded.Dir(d), ExpectedKeys: 100_000, Logger: quiet})
 		if err != nil {
 			r.t.Fatal(err)
 		}

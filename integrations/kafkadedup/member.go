@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // Errors a Member returns or passes to Options.Reject.
@@ -135,7 +136,7 @@ func New(opts *Options) (*Member, error) {
 	if o.Group == "" || o.Group == "." || o.Group == ".." {
 		errs = append(errs, fmt.Errorf("%w: Group %q: want a consumer group's name", ErrOptions, o.Group))
 	}
-	if o.Engine.Tiers != engine.Default || o.Engine.Backend != nil {
+	if _, ok := o.Engine.Backend.(*embedded.Backend); o.Engine.Tiers != engine.Default || (o.Engine.Backend != nil && !ok) {
 		errs = append(errs, fmt.Errorf("%w: Engine is %s, want the embedded default (the offset is written with the marks)", ErrOptions, o.Engine.Name()))
 	}
 	if o.OpenWait < 0 || o.OpenWait > maxOpenWait {
@@ -144,8 +145,7 @@ func New(opts *Options) (*Member, error) {
 	if o.StallReport < 0 || o.StallReport > time.Hour {
 		errs = append(errs, fmt.Errorf("%w: StallReport %v outside [0, 1h]", ErrOptions, o.StallReport))
 	}
-	tmpl := o.Engine
-	tmpl.Dir = filepath.Join(o.Dir, "template")
+	tmpl := inDir(o.Engine, filepath.Join(o.Dir, "template"))
 	if err := tmpl.Validate(); err != nil {
 		errs = append(errs, err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/integrations/kafkadedup"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/redis"
 )
 
@@ -137,7 +138,7 @@ func TestFailingHandler(t *testing.T) {
 // offset is refused at assignment rather than trusted.
 func TestForeignDirectory(t *testing.T) {
 	dir := t.TempDir()
-	e, err := engine.Open(&engine.Options{Dir: filepath.Join(dir, "g", "orders.0"), Logger: quiet})
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(filepath.Join(dir, "g", "orders.0")), Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // tp names a topic-partition.
@@ -117,7 +118,7 @@ func (m *Member) open(ctx context.Context, t tp) (*partition, error) {
 	if err != nil || m.o.Exports == "" {
 		return p, err
 	}
-	info, err := engine.ReadExport(nil, m.exportDir(t))
+	info, err := embedded.ReadExport(nil, m.exportDir(t))
 	switch {
 	case errors.Is(err, engine.ErrNoExport):
 		return p, nil
@@ -131,9 +132,8 @@ func (m *Member) open(ctx context.Context, t tp) (*partition, error) {
 	if err := p.e.Close(); err != nil {
 		return nil, err
 	}
-	o := m.o.Engine
-	o.Dir = m.dir(t)
-	_, err = engine.Import(ctx, m.exportDir(t), &o, uint64(max(p.next.Load(), 0)))
+	o := inDir(m.o.Engine, m.dir(t)).WithDefaults()
+	_, err = o.Backend.(*embedded.Backend).Import(ctx, m.exportDir(t), o.Window, o.Partition, uint64(max(p.next.Load(), 0)))
 	switch {
 	case errors.Is(err, engine.ErrExport), errors.Is(err, engine.ErrStaleExport), errors.Is(err, engine.ErrLayout):
 		// Refused on its merits: the directory's own state stands.
@@ -152,9 +152,8 @@ func (m *Member) open(ctx context.Context, t tp) (*partition, error) {
 // openDir opens partition t's directory, waiting while another engine
 // holds it, and reads its stored offset.
 func (m *Member) openDir(ctx context.Context, t tp) (*partition, error) {
-	o := m.o.Engine
-	o.Dir = m.dir(t)
-	if err := os.MkdirAll(filepath.Dir(o.Dir), 0o755); err != nil {
+	o := inDir(m.o.Engine, m.dir(t))
+	if err := os.MkdirAll(filepath.Dir(m.dir(t)), 0o755); err != nil {
 		return nil, err
 	}
 	deadline := time.Now().Add(m.o.OpenWait)
@@ -254,4 +253,17 @@ func (m *Member) release(ctx context.Context, t tp, p *partition, export bool) {
 	if err := p.e.Close(); err != nil {
 		m.log.Printf("kafkadedup: %s/%d: close: %v", t.topic, t.part, err)
 	}
+}
+
+// inDir returns the engine Options of a partition's directory: the
+// template's, with its embedded store's settings (the defaults when it
+// names none) in dir.
+func inDir(o engine.Options, dir string) engine.Options {
+	var b embedded.Backend
+	if eb, ok := o.Backend.(*embedded.Backend); ok && eb != nil {
+		b = *eb
+	}
+	b.Dir = dir
+	o.Backend = &b
+	return o
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/integrations/natsdedup"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 var quiet = log.New(io.Discard, "", 0)
@@ -84,7 +85,7 @@ func TestOutcomes(t *testing.T) {
 	srv := startNATS(t)
 	const ackWait = 400 * time.Millisecond
 	_, js, cons := stream(t, srv.URL, ackWait)
-	e, err := engine.Open(&engine.Options{Dir: t.TempDir(), Lease: ackWait, MaxAttempts: 2, Logger: quiet})
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(t.TempDir()), Lease: ackWait, MaxAttempts: 2, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +216,7 @@ func TestPanickingHandler(t *testing.T) {
 	srv := startNATS(t)
 	const ackWait = 2 * time.Second
 	_, js, cons := stream(t, srv.URL, ackWait)
-	e, err := engine.Open(&engine.Options{Dir: t.TempDir(), Lease: ackWait, Logger: quiet})
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(t.TempDir()), Lease: ackWait, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/integrations/natsdedup"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // A JetStream consumer that charges each order once: the key is the
@@ -20,7 +21,7 @@ import (
 // conflicting message is terminated after Reject dead-letters it.
 func Example() {
 	const ackWait = 30 * time.Second
-	dedup, err := engine.Open(&engine.Options{Dir: "/var/lib/billing/dedup", Lease: ackWait, MaxAttempts: 5})
+	dedup, err := engine.Open(&engine.Options{Backend: embedded.Dir("/var/lib/billing/dedup"), Lease: ackWait, MaxAttempts: 5})
 	if err != nil {
 		log.Fatal(err)
 	}

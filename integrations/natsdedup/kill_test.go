@@ -22,6 +22,7 @@ import (
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/integrations/natsdedup"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // TestMain sends a consumer process (this test binary, re-executed by
@@ -48,7 +49,7 @@ func child(specJSON string) int {
 		return 1
 	}
 	say := crashtest.Say()
-	e, err := engine.Open(&engine.Options{Dir: spec.Dir, ExpectedKeys: 100_000, Lease: spec.AckWait, Logger: quiet})
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(spec.Dir), ExpectedKeys: 100_000, Lease: spec.AckWait, Logger: quiet})
 	if err != nil {
 		say("ERR %v", err)
 		return 1
@@ -190,7 +191,7 @@ func runKills(t *testing.T) (repeated int) {
 		t.Error(err)
 	}
 
-	e, err := engine.Open(&engine.Options{Dir: filepath.Join(dir, "dedup"), ExpectedKeys: 100_000, Logger: quiet})
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(filepath.Join(dir, "dedup")), ExpectedKeys: 100_000, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/integrations/oteldedup"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // TestDoAllocsWithoutTracer: without a Tracer (Tracer of a nil
@@ -19,7 +20,7 @@ import (
 func TestDoAllocsWithoutTracer(t *testing.T) {
 	ctx := context.Background()
 	allocs := func(tr engine.Tracer) (claim, do float64) {
-		e, err := engine.Open(&engine.Options{Dir: t.TempDir(), ExpectedKeys: 1000, Logger: quiet, Tracer: tr})
+		e, err := engine.Open(&engine.Options{Backend: embedded.Dir(t.TempDir()), ExpectedKeys: 1000, Logger: quiet, Tracer: tr})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/integrations/oteldedup"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // Example registers an engine's metrics with a MeterProvider (here one
@@ -23,7 +24,7 @@ import (
 func Example() {
 	dir, _ := os.MkdirTemp("", "dedup")
 	defer os.RemoveAll(dir)
-	dedup, err := engine.Open(&engine.Options{Dir: dir, ExpectedKeys: 1000})
+	dedup, err := engine.Open(&engine.Options{Backend: embedded.Dir(dir), ExpectedKeys: 1000})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -82,7 +83,7 @@ func ExampleTracer() {
 	spans := tracetest.NewSpanRecorder() // a program gives a batcher and an exporter
 	provider := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	defer provider.Shutdown(context.Background())
-	dedup, err := engine.Open(&engine.Options{Dir: dir, ExpectedKeys: 1000, Tracer: oteldedup.Tracer(provider)})
+	dedup, err := engine.Open(&engine.Options{Backend: embedded.Dir(dir), ExpectedKeys: 1000, Tracer: oteldedup.Tracer(provider)})
 	if err != nil {
 		log.Fatal(err)
 	}

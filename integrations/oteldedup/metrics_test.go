@@ -25,6 +25,7 @@ import (
 	"github.com/tierdedup/tierdedup/integrations/oteldedup"
 	"github.com/tierdedup/tierdedup/integrations/promdedup"
 	"github.com/tierdedup/tierdedup/internal/statsmetrics"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/pebble"
 )
 
@@ -43,7 +44,7 @@ func openEngine(t testing.TB) *engine.Engine {
 	dir := t.TempDir()
 	clock := &fixedClock{}
 	clock.t.Store(time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC).UnixNano())
-	e, err := engine.Open(&engine.Options{Dir: filepath.Join(dir, "s"), ExpectedKeys: 1000, Clock: clock, Logger: quiet,
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(filepath.Join(dir, "s")), ExpectedKeys: 1000, Clock: clock, Logger: quiet,
 		Window: 2 * time.Hour, Partition: time.Hour,
 		Archive: pebble.ArchiveDir{Dir: filepath.Join(dir, "a")}, ArchiveWindow: 10 * time.Hour})
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/integrations/promdedup"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // Example serves an engine's metrics on /metrics, as a consumer process
@@ -22,7 +23,7 @@ import (
 func Example() {
 	dir, _ := os.MkdirTemp("", "dedup")
 	defer os.RemoveAll(dir)
-	dedup, err := engine.Open(&engine.Options{Dir: dir, ExpectedKeys: 1000})
+	dedup, err := engine.Open(&engine.Options{Backend: embedded.Dir(dir), ExpectedKeys: 1000})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/integrations/watermilldedup"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // A Watermill router that charges each order once and publishes one
@@ -28,7 +29,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	dedup, err := engine.Open(&engine.Options{Dir: dir, MaxAttempts: 5})
+	dedup, err := engine.Open(&engine.Options{Backend: embedded.Dir(dir), MaxAttempts: 5})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -104,7 +105,7 @@ func Example() {
 // their own.
 func Example_rabbitMQ() {
 	const lease = 30 * time.Second
-	dedup, err := engine.Open(&engine.Options{Dir: "/var/lib/billing/dedup", Lease: lease, MaxAttempts: 5})
+	dedup, err := engine.Open(&engine.Options{Backend: embedded.Dir("/var/lib/billing/dedup"), Lease: lease, MaxAttempts: 5})
 	if err != nil {
 		log.Fatal(err)
 	}

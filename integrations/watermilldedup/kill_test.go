@@ -31,6 +31,7 @@ import (
 	"github.com/tierdedup/tierdedup/internal/crashtest"
 	"github.com/tierdedup/tierdedup/internal/faultfs"
 	"github.com/tierdedup/tierdedup/internal/rabbittest"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // The kill tests run a Watermill router in child processes (this test
@@ -128,7 +129,7 @@ func child(specJSON string) int {
 	switch spec.Mode {
 	case modeTierdedup:
 		e, err := engine.Open(&engine.Options{
-			Dir: spec.Dir, FS: faultfs.Wrap(vfs.Default, errorfs.InjectorFunc(slowSyncs)),
+			Backend:      &embedded.Backend{Dir: spec.Dir, FS: faultfs.Wrap(vfs.Default, errorfs.InjectorFunc(slowSyncs))},
 			ExpectedKeys: 100_000, Lease: spec.Lease, MaxAttempts: 5, Logger: quiet,
 		})
 		if err != nil {
@@ -456,7 +457,7 @@ func runKills(t *testing.T, mode string) killResult {
 	effects := map[string]int{}
 	switch mode {
 	case modeTierdedup:
-		e, err := engine.Open(&engine.Options{Dir: filepath.Join(dir, "dedup"), ExpectedKeys: 100_000, Logger: quiet})
+		e, err := engine.Open(&engine.Options{Backend: embedded.Dir(filepath.Join(dir, "dedup")), ExpectedKeys: 100_000, Logger: quiet})
 		if err != nil {
 			t.Fatal(err)
 		}

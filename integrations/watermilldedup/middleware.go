@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier"
 )
 
 // Errors the Middleware returns (the router then nacks the message), passes
@@ -213,7 +214,7 @@ func New(e *engine.Engine, opts *Options) (*Middleware, error) {
 	}
 	return &Middleware{
 		e: e, ns: ns, o: o, lease: eo.Lease, maxResult: eo.MaxResultSize,
-		writable: eo.Backend == nil && eo.Tiers == engine.Default,
+		writable: isLocal(eo.Backend) && eo.Tiers == engine.Default,
 	}, nil
 }
 
@@ -456,4 +457,11 @@ func (m *Middleware) Stats() Stats {
 		InFlight: s.inflight.Load(), Rejected: s.rejected.Load(), DeadLettered: s.deadLettered.Load(),
 		Failed: s.failed.Load(), Extends: s.extends.Load(), LeaseLost: s.lost.Load(),
 	}
+}
+
+// isLocal reports whether b is a store in this process (the embedded
+// one), whose commits take the handler's records in the same write.
+func isLocal(b tier.Backend) bool {
+	_, ok := b.(tier.LocalBackend)
+	return ok
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/integrations/watermilldedup"
+	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/redis"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
@@ -30,8 +31,8 @@ var quiet = log.New(io.Discard, "", 0)
 
 func openEngine(t *testing.T, o engine.Options) *engine.Engine {
 	t.Helper()
-	if o.Dir == "" && o.Tiers != engine.MemoryOnly && o.Backend == nil {
-		o.Dir = t.TempDir()
+	if o.Tiers == engine.Default && o.Backend == nil {
+		o.Backend = embedded.Dir(t.TempDir())
 	}
 	if o.ExpectedKeys == 0 {
 		o.ExpectedKeys = 10_000
@@ -132,7 +133,7 @@ func sameMessages(t *testing.T, got, want []*message.Message) {
 // returns the first run's produced messages, UUIDs included.
 func TestNewThenDuplicateReplays(t *testing.T) {
 	dir := t.TempDir()
-	e := openEngine(t, engine.Options{Dir: dir})
+	e := openEngine(t, engine.Options{Backend: embedded.Dir(dir)})
 	m := newMiddleware(t, e, watermilldedup.Options{})
 	var c counter
 	h := m.Middleware(c.handle)
@@ -157,7 +158,7 @@ func TestNewThenDuplicateReplays(t *testing.T) {
 
 	// Durable: a new process (engine) replays the same messages.
 	e.Close()
-	e2 := openEngine(t, engine.Options{Dir: dir})
+	e2 := openEngine(t, engine.Options{Backend: embedded.Dir(dir)})
 	h2 := newMiddleware(t, e2, watermilldedup.Options{}).Middleware(c.handle)
 	again, err = h2(msg("order-1", "books"))
 	if err != nil {
@@ -507,7 +508,7 @@ func TestAddWritesOutsideHandler(t *testing.T) {
 func TestRefusesEngines(t *testing.T) {
 	for name, o := range map[string]engine.Options{
 		"memory-only": {Tiers: engine.MemoryOnly},
-		"bloom-only":  {Tiers: engine.BloomOnly, Dir: ""},
+		"bloom-only":  {Tiers: engine.BloomOnly, Backend: &embedded.Backend{}},
 	} {
 		e := openEngine(t, o)
 		if _, err := watermilldedup.New(e, nil); !errors.Is(err, watermilldedup.ErrEngine) {

@@ -65,11 +65,9 @@ func (o *Options) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Probe is the answer for one key: bit i of Maybe set means partition
-// Oldest+i may hold it. Zero Maybe means no live filter holds it.
-type Probe struct {
-	Maybe uint64
-}
+// Probe is the answer for one key (tier.Probe): bit i of Maybe set means
+// partition Oldest+i may hold it. Zero Maybe means no live filter holds it.
+type Probe = tier.Probe
 
 // Filters is a ring of per-partition Bloom filters stored interleaved (see
 // the package documentation): one probe reads the bits of every live

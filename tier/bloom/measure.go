@@ -3,41 +3,13 @@ package bloom
 import (
 	"math"
 	"math/bits"
+
+	"github.com/tierdedup/tierdedup/tier"
 )
 
-// PartitionStats are one live filter's figures: what it was sized for,
-// what its fill implies, and what it was measured to let through.
-type PartitionStats struct {
-	// Partition is the partition's number (tier.Partitions).
-	Partition int64
-	// Keys counts the keys added to the filter (a key added twice counts
-	// twice; after a restart, those of the snapshot or rebuild).
-	Keys int64
-	// Checked counts keys the exact tier found absent that were probed
-	// against this filter (Observe); FalsePositives, those of them the
-	// filter answered "maybe" for. Both are over the most recent checks
-	// (MeasureGeneration to twice that many), in this process: a filter
-	// fills as its partition goes on, and the rate that matters is the
-	// one at its fill now, not an average over its life.
-	Checked, FalsePositives uint64
-	// TargetFP is the filter's own false-positive target (the whole-window
-	// target spread over the live filters); EstimatedFP is the rate the
-	// layout's formula gives for Keys keys.
-	TargetFP, EstimatedFP float64
-	// OverTarget reports a filter that lets through more than twice its
-	// target: measured, when FalsePositives are enough to say so
-	// (MeasuredOverTarget), else estimated from Keys with no exact tier
-	// to measure against (Observe never called).
-	OverTarget bool
-}
-
-// MeasuredFP is FalsePositives/Checked, or zero before any check.
-func (p PartitionStats) MeasuredFP() float64 {
-	if p.Checked == 0 {
-		return 0
-	}
-	return float64(p.FalsePositives) / float64(p.Checked)
-}
+// PartitionStats are one live filter's figures (tier.FilterStats: the
+// engine reads them through tier.Filters, which names no filter library).
+type PartitionStats = tier.FilterStats
 
 // MeasureGeneration is how many checks a filter's measured rate is
 // counted over before the older half is dropped: the rate reported is over

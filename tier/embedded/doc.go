@@ -12,8 +12,10 @@
 // It owns that lifecycle and the files it writes. It must never decide an
 // outcome (the engine does, from Masks and the exact tier's answers), hold
 // a claim, or answer "absent" from a filter that has not seen every key
-// the store holds. It names no shared tier; the engine opens it only for
-// Options.Dir (or bloom-only).
+// the store holds. It names no shared tier. The engine opens it as a
+// tier.LocalBackend (Backend, embedded.Dir) and drives it through package
+// tier's interfaces (Local, Filters, ArchiveSource, Handoff), never
+// through its types.
 //
 // # Concurrency
 //

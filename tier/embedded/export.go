@@ -61,18 +61,8 @@ const (
 // cold Pebble database.
 var exportSubdirs = []string{"", sealedSubdir, pebble.ColdSubdir}
 
-// ExportInfo describes an export.
-type ExportInfo struct {
-	// Version is the caller's version of the exported state, given to
-	// Export: Import refuses an export not newer than the state it would
-	// replace. A Kafka consumer uses the partition's next offset.
-	Version uint64
-	// Created is when the export was written, by the exporter's wall clock.
-	Created time.Time
-	// Files and Bytes count the files and bytes of the export.
-	Files int
-	Bytes int64
-}
+// ExportInfo describes an export (tier.ExportInfo).
+type ExportInfo = tier.ExportInfo
 
 type exportManifest struct {
 	Format  int    `json:"format"`

@@ -39,13 +39,9 @@ func (s *Store) Masks(fps []shard.Fingerprint, probes []bloom.Probe) (oldest int
 }
 
 // AllLive sets every probe to name every live partition when current is
-// the newest, and returns the oldest.
+// the newest, and returns the oldest (tier.AllLive).
 func AllLive(parts tier.Partitions, current int64, probes []bloom.Probe) (oldest int64) {
-	all := uint64(1)<<parts.Live - 1
-	for j := range probes {
-		probes[j] = bloom.Probe{Maybe: all}
-	}
-	return parts.Oldest(current)
+	return tier.AllLive(parts, current, probes)
 }
 
 // Add records keys about to be written in partition p, before the write:

@@ -13,10 +13,6 @@ import (
 	"github.com/tierdedup/tierdedup/tier/pebble"
 )
 
-// ErrNoClock reports an Options.Now that is not a clock reading with no
-// clock recorded in the directory to stand on; it matches tier.ErrOptions.
-var ErrNoClock = fmt.Errorf("%w: no clock reading, and the directory holds no earlier one", tier.ErrOptions)
-
 // Open opens (or creates) the store in o.Dir exclusively, finishing an
 // Import a crash interrupted first, and loads the filters: warm from the
 // snapshot of the exact state a clean Close left, or the sealed

@@ -224,25 +224,8 @@ func (s *Store) Close(highWater int64) error {
 	return errors.Join(errs...)
 }
 
-// Stats are the store's figures.
-type Stats struct {
-	// Mode is "warm" (a "no" skips the disk), "rebuilding" or "cold".
-	Mode string
-	// Bytes is the filters' memory; TargetFP the configured false-positive
-	// rate over the window; EstimatedFP the rate their fill implies.
-	Bytes                 int64
-	TargetFP, EstimatedFP float64
-	// RebuiltKeys were added to the filters by rebuilds; Sealed partitions
-	// hold a seal now, SealedLoaded were loaded from their file by Open,
-	// and SealFailures sealing passes failed.
-	RebuiltKeys, Sealed, SealedLoaded, SealFailures uint64
-	// Checkpoints of the open partitions' filters were taken since Open,
-	// CheckpointFailures failed; Open restored RestoredPartitions from a
-	// checkpoint, adding JournalKeys from the journal after it.
-	Checkpoints, CheckpointFailures, RestoredPartitions, JournalKeys uint64
-	// Disk is the Pebble store's (zero when BloomOnly).
-	Disk pebble.DiskUsage
-}
+// Stats are the store's figures (tier.LocalStats).
+type Stats = tier.LocalStats
 
 // Stats returns the store's figures.
 func (s *Store) Stats() Stats {

@@ -8,6 +8,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/tierdedup/tierdedup/tier"
 )
 
 func (s *Store) compactLoop(ctx context.Context) {
@@ -81,27 +83,8 @@ func (s *Store) flush() (err error) {
 	return nil
 }
 
-// DiskUsage is what a Store occupies on disk, from Pebble's metrics.
-type DiskUsage struct {
-	// Total is every file: the parts below, the manifest and options
-	// files, and compactions' outputs in progress.
-	Total uint64
-	// Tables are the live SSTs; ObsoleteTables those a compaction replaced
-	// and that are not deleted yet.
-	Tables, ObsoleteTables uint64
-	// WAL is the live WAL files' size; RecycledWAL the files kept for reuse
-	// (RecycledWALFiles of them), each as large as the WAL of one flushed
-	// memtable; WALWritten the bytes written to the WAL since Open.
-	WAL, RecycledWAL, WALWritten uint64
-	RecycledWALFiles             int
-	// TablesWritten is the bytes of SSTs written since Open: flushes,
-	// compactions and ingests. Over WALWritten it is the write
-	// amplification of the LSM.
-	TablesWritten uint64
-	// ColdPartitions counts the sealed partitions moved into the cold
-	// database since Open.
-	ColdPartitions uint64
-}
+// DiskUsage is the store's disk usage (tier.DiskUsage).
+type DiskUsage = tier.DiskUsage
 
 // Disk returns the store's disk usage.
 func (s *Store) Disk() DiskUsage {
