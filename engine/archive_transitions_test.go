@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -249,6 +250,122 @@ func TestArchiveForgetUnavailable(t *testing.T) {
 			}
 			if in, err := r.e.Lookup(ctx, k); err != nil || in.Outcome != engine.New {
 				t.Fatalf("%s after the Forget repeated: %+v, %v; want New", k, in, err)
+			}
+		}
+	})
+}
+
+// TestArchiveLookupRacesTheArchiver: a Lookup (and a claim) of a key in a
+// partition that left the window before the archiver took it, while the
+// archiver moves that partition to the archive and the exact tier drops it
+// between the lookup's two reads, still finds the key. The lookup read the
+// archiver's position once, before reading the exact tier: the partition
+// was then past the archive's range and gone from the exact tier, so the
+// key was New (it showed as an acknowledged key lost after a kill while
+// archiving, under load). Both archives.
+func TestArchiveLookupRacesTheArchiver(t *testing.T) {
+	eachArchive(t, func(t *testing.T, archive func(vfs.FS) tier.ArchiveBackend) {
+		gate := make(chan struct{})
+		inPut := make(chan struct{}, 1)
+		passEnd := make(chan struct{}, 1)
+		var armed, raced atomic.Bool
+		var once sync.Once
+		release := func() { once.Do(func() { close(gate) }) }
+		engine.SetInArchive(func(stage string) {
+			switch stage {
+			case "put":
+				select {
+				case inPut <- struct{}{}:
+				default:
+				}
+				<-gate
+			case "drop":
+				select {
+				case passEnd <- struct{}{}:
+				default:
+				}
+			case "lagging":
+				if armed.CompareAndSwap(true, false) {
+					// The archiver archives the partition and drops it
+					// from the exact tier now, between the two reads.
+					release()
+					select {
+					case <-passEnd:
+						time.Sleep(200 * time.Millisecond) // its drop follows the hook
+						raced.Store(true)
+					case <-time.After(20 * time.Second):
+					}
+				}
+			}
+		})
+		t.Cleanup(func() { engine.SetInArchive(nil); release() })
+
+		fs := vfs.NewMem()
+		clock := newClock()
+		o := archiveOptions(clock, fs, archive(fs))
+		o.Window, o.Partition, o.ArchiveWindow = 4*time.Hour, time.Hour, 12*time.Hour
+		e := open(t, o)
+		defer e.Close()
+		defer release() // before Close, which waits for the archiver
+		ctx := context.Background()
+		keys := make([][]byte, 100)
+		out := make([]engine.Outcome, len(keys))
+		for i := range keys {
+			keys[i] = fmt.Appendf(nil, "raced-%d", i)
+		}
+		if err := e.MarkBatch(ctx, keys, nil, out); err != nil {
+			t.Fatal(err)
+		}
+		// The partition closes; the archiver holds inside its Put.
+		for range 3 {
+			clock.Add(time.Hour)
+			if _, err := e.MarkIfAbsent(ctx, []byte("tick")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		select {
+		case <-inPut:
+		case <-time.After(20 * time.Second):
+			t.Fatal("the archiver did not reach its Put")
+		}
+		// Past the window; the exact tier keeps the partition, unarchived.
+		clock.Add(3 * time.Hour)
+		end := clock.Now()
+		if _, err := e.MarkIfAbsent(ctx, []byte("tock")); err != nil {
+			t.Fatal(err)
+		}
+		// Every closed partition in the window sealed (older ones need no
+		// seal), so that the archiver, let go,
+		// archives them all and ends its pass with the drop.
+		for h := -4; h < 0; h++ { // the closed partitions still in the window
+			for deadline := time.Now().Add(20 * time.Second); !e.Sealed(end.Add(time.Duration(h) * time.Hour)); time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("the partition %d hours back is not sealed", -h)
+				}
+			}
+		}
+		for len(passEnd) > 0 {
+			<-passEnd
+		}
+		armed.Store(true)
+		infos := make([]engine.KeyInfo, len(keys))
+		if err := e.LookupBatch(ctx, keys, infos); err != nil {
+			t.Fatal(err)
+		}
+		if !raced.Load() {
+			t.Fatal("the lookup did not meet the archiver")
+		}
+		for i, in := range infos {
+			if in.Outcome != engine.Duplicate {
+				t.Fatalf("key %s, archived and dropped during its lookup: %v from %v", keys[i], in.Outcome, in.Source)
+			}
+		}
+		if err := e.MarkBatch(ctx, keys, nil, out); err != nil {
+			t.Fatal(err)
+		}
+		for i, o := range out {
+			if o != engine.Duplicate {
+				t.Fatalf("key %s marked again: %v", keys[i], o)
 			}
 		}
 	})
