@@ -138,6 +138,24 @@ func (h *harness) mark(reqs ...tier.Request) []tier.Answer {
 	return out
 }
 
+// unmark calls Unmark (Unmarker) with a fence of a lease.
+func (h *harness) unmark(reqs ...tier.Request) []tier.Status {
+	h.t.Helper()
+	out := make([]tier.Status, len(reqs))
+	for i := range out {
+		out[i] = poisonStatus
+	}
+	if err := h.x.(tier.Unmarker).Unmark(h.ctx, reqs, long, out); err != nil {
+		h.t.Fatalf("Unmark of %d keys: %v", len(reqs), err)
+	}
+	for i, st := range out {
+		if st == poisonStatus {
+			h.errorf("Unmark left out[%d] unset", i)
+		}
+	}
+	return out
+}
+
 // scan calls Scan (Scanner) and returns what it listed, one
 // "partition ns key" string per record.
 func (h *harness) scan(from, to int64) map[string]int {

@@ -278,7 +278,74 @@ func markerChecks() []check {
 		{"mark-commits", m, checkMarkCommits},
 		{"mark-poisoned", both(m, both(inStore, counting)), checkMarkPoisoned},
 		{"mark-adopts", both(m, inStore), checkMarkAdopts},
+		{"mark-stable", implements("PartialMarker", func(in *info) bool { return in.partial }), checkCanMarkStable},
+		{"unmark-undoes", implements("Unmarker", func(in *info) bool { return in.unmarker && in.canMark }), checkUnmarkUndoes},
+		{"unmark-fences", implements("Unmarker", func(in *info) bool { return in.unmarker && in.canMark }), checkUnmarkFences},
+		{"unmark-spares-others", implements("Unmarker", func(in *info) bool { return in.unmarker }), checkUnmarkSparesOthers},
 	}
+}
+
+// checkCanMarkStable: "the engine marks through Mark only while CanMark":
+// the engine reads it once, at Open, so it is a property of the
+// configuration, the same every time it is asked.
+func checkCanMarkStable(h *harness) {
+	pm := h.x.(tier.PartialMarker)
+	first := pm.CanMark()
+	for i := 0; i < 3; i++ {
+		h.mark(h.req("", fmt.Sprintf("can-mark-%d", i)))
+		if pm.CanMark() != first {
+			h.errorf("CanMark changed from %v to %v between calls: the engine reads it once", first, pm.CanMark())
+			return
+		}
+	}
+}
+
+// checkUnmarkUndoes: "Unmark undoes each request's mark if the tier
+// applied it (a commit carrying reqs[i].Token) ... out[i] is OK when a
+// mark was undone": the key is free again, another caller acquires it.
+func checkUnmarkUndoes(h *harness) {
+	r := h.req("", "unmark-applied")
+	r.Digest = tier.Digest{0x5a}
+	if !h.wantStatus("Mark of a fresh key", h.mark(r)[0], tier.Acquired, "Claim's answer") {
+		return
+	}
+	h.wantAll("Unmark of an applied mark", []tier.Request{r}, h.unmark(r), tier.OK)
+	h.wantStatus("Claim after the mark was undone", h.claim1(h.as(r), long), tier.Acquired, "the key is free again")
+}
+
+// checkUnmarkFences: Unmark of a mark the tier has not applied undoes
+// nothing (not OK), and what it leaves to keep that mark out ("keeps that
+// mark from being applied for fence") commits nothing and holds nothing
+// against other callers: another caller's claim acquires the key. (The
+// mark it keeps out is a copy already sent, a paused server's input or a
+// client's retry of the failed call's pipeline, which no call through this
+// API can stand for: every call has a token of its own. The tiers' nemesis
+// runs send such copies.)
+func checkUnmarkFences(h *harness) {
+	r := h.req("", "unmark-late")
+	r.Digest = tier.Digest{0x5b}
+	for _, st := range h.unmark(r) {
+		if st == tier.OK {
+			h.errorf("Unmark of a mark never applied = OK, want not OK (nothing was undone)")
+		}
+	}
+	other := h.req("", "unmark-late")
+	h.wantStatus("Claim by another caller after an Unmark's fence", h.claim1(other, long), tier.Acquired, "the fence holds nothing against other callers")
+}
+
+// checkUnmarkSparesOthers: Unmark matches its own token only: another
+// caller's commit of the key stays, and Unmark is not OK.
+func checkUnmarkSparesOthers(h *harness) {
+	other := h.req("", "unmark-others")
+	other.Digest = tier.Digest{0x5c}
+	h.put(base, other)
+	mine := h.as(other)
+	for _, st := range h.unmark(mine) {
+		if st == tier.OK {
+			h.errorf("Unmark of another token's commit = OK, want not OK")
+		}
+	}
+	h.wantCommitted("Claim after Unmark of another token", h.claim1(h.as(other), long), other, base)
 }
 
 func checkMarkCommits(h *harness) {

@@ -127,6 +127,9 @@ type info struct {
 	commitWriter, extender, resultKeeper, keeps  bool
 	looker, forgetter, advancer, marker, dropper bool
 	scanner, latching                            bool
+	// unmarker: a tier.Unmarker; partial: a tier.PartialMarker, canMark
+	// its CanMark (true for a Marker that is not partial).
+	unmarker, partial, canMark bool
 }
 
 func describe(x tier.Exact, o Options) info {
@@ -140,6 +143,10 @@ func describe(x tier.Exact, o Options) info {
 	_, in.forgetter = x.(tier.Forgetter)
 	_, in.advancer = x.(tier.Advancer)
 	_, in.marker = x.(tier.Marker)
+	_, in.unmarker = x.(tier.Unmarker)
+	var pm tier.PartialMarker
+	pm, in.partial = x.(tier.PartialMarker)
+	in.canMark = in.marker && (!in.partial || pm.CanMark())
 	_, in.dropper = x.(tier.Dropper)
 	_, in.scanner = x.(tier.Scanner)
 	_, in.latching = x.(tier.Latching)
@@ -154,6 +161,7 @@ func (in *info) implements() []string {
 	}{
 		{in.commitWriter, "CommitWriter"}, {in.extender, "Extender"}, {in.resultKeeper, fmt.Sprintf("ResultKeeper (keeps results: %v)", in.keeps)},
 		{in.looker, "Looker"}, {in.forgetter, "Forgetter"}, {in.advancer, "Advancer"}, {in.marker, "Marker"},
+		{in.partial, fmt.Sprintf("PartialMarker (can mark: %v)", in.canMark)}, {in.unmarker, "Unmarker"},
 		{in.dropper, "Dropper"}, {in.scanner, "Scanner"}, {in.latching, "Latching"},
 	} {
 		if n.ok {
