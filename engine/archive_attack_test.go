@@ -13,6 +13,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/enginetest"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/pebble"
@@ -553,7 +554,7 @@ func TestArchiveAttackCrashWhileArchiving(t *testing.T) {
 	step := max(1, len(clones)/25)
 	for n := 0; n < len(clones); n += step {
 		c := clones[n]
-		cl := &fakeClock{t: c.at}
+		cl := enginetest.ClockAt(c.at)
 		o2 := atkOpts(cl, c.fs, pebble.ArchiveDir{Dir: "archive", FS: c.fs})
 		o2.ExpectedKeys = 5000
 		o2.Logger = quiet

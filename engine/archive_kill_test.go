@@ -13,6 +13,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
+	"github.com/tierdedup/tierdedup/internal/enginetest"
 	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/pebble"
 )
@@ -36,7 +37,7 @@ func archiveChild(spec string) int {
 	dir, stage := parts[0], parts[1]
 	start, _ := strconv.ParseInt(parts[2], 10, 64)
 	clock := &stepClock{base: time.Unix(0, start)}
-	engine.SetInArchive(func(s string) {
+	enginetest.SetInArchive(func(s string) {
 		if s == stage {
 			// Held here until the partition being archived has left the
 			// window, so the kill finds the archive behind it.

@@ -14,6 +14,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/enginetest"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/pebble"
 	"github.com/tierdedup/tierdedup/tier/postgres"
@@ -271,7 +272,7 @@ func TestArchiveLookupRacesTheArchiver(t *testing.T) {
 		var armed, raced atomic.Bool
 		var once sync.Once
 		release := func() { once.Do(func() { close(gate) }) }
-		engine.SetInArchive(func(stage string) {
+		enginetest.SetInArchive(func(stage string) {
 			switch stage {
 			case "put":
 				select {
@@ -298,7 +299,7 @@ func TestArchiveLookupRacesTheArchiver(t *testing.T) {
 				}
 			}
 		})
-		t.Cleanup(func() { engine.SetInArchive(nil); release() })
+		t.Cleanup(func() { enginetest.SetInArchive(nil); release() })
 
 		fs := vfs.NewMem()
 		clock := newClock()

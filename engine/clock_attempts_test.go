@@ -60,7 +60,7 @@ func TestBogusClockAtFirstOpen(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock()
 	good := clock.Now()
-	clock.t = time.Date(1969, 12, 31, 23, 0, 0, 0, time.UTC) // an RTC that lost its battery, say
+	clock.Set(time.Date(1969, 12, 31, 23, 0, 0, 0, time.UTC)) // an RTC that lost its battery, say
 	fs := vfs.NewMem()
 	for _, o := range []engine.Options{
 		{Backend: &embedded.Backend{Dir: "db", FS: fs}, Clock: clock, Logger: quiet},
@@ -70,17 +70,13 @@ func TestBogusClockAtFirstOpen(t *testing.T) {
 			t.Fatalf("%v: Open with a clock at 1969 and no earlier reading = %v, want ErrOptions naming Clock", o.Tiers, err)
 		}
 	}
-	clock.mu.Lock()
-	clock.t = good // NTP fixes the clock
-	clock.mu.Unlock()
+	clock.Set(good) // NTP fixes the clock
 	e := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}, Clock: clock})
 	if o, err := e.MarkIfAbsent(ctx, []byte("paid-order")); err != nil || o != engine.New {
 		t.Fatal(o, err)
 	}
 	_ = e.Close()
-	clock.mu.Lock()
-	clock.t = time.Date(1969, 12, 31, 23, 0, 0, 0, time.UTC) // the battery fails again
-	clock.mu.Unlock()
+	clock.Set(time.Date(1969, 12, 31, 23, 0, 0, 0, time.UTC)) // the battery fails again
 	e = open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}, Clock: clock}) // the store's reading stands in
 	defer e.Close()
 	if o, err := e.MarkIfAbsent(ctx, []byte("paid-order")); err != nil || o != engine.Duplicate {

@@ -69,16 +69,6 @@ func setHook(h *atomic.Pointer[func()], f func()) {
 	h.Store(&f)
 }
 
-// SetInArchive sets the function the archiver calls at each stage of
-// archiving a partition (nil: none).
-func SetInArchive(f func(stage string)) {
-	if f == nil {
-		hooks.InArchive.Store(nil)
-		return
-	}
-	hooks.InArchive.Store(&f)
-}
-
 // DrainReads returns the counts the archive log's drain asks for, read
 // after read, when every entry it reads carries a result of the size
 // sizes gives for that read (the reads' byte bound, drainBytes).

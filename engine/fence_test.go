@@ -11,25 +11,18 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/enginetest"
 	"github.com/tierdedup/tierdedup/internal/faultfs"
 	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
-// forgetResult is what a Forget returned.
-type forgetResult struct {
-	info engine.KeyInfo
-	err  error
-}
+// forgetResult is what a Forget returned; forgetAsync runs one on a
+// goroutine of its own.
+type forgetResult = enginetest.ForgetResult
 
-// forgetAsync runs e.Forget(key) on a goroutine of its own.
 func forgetAsync(e *engine.Engine, key []byte) <-chan forgetResult {
-	forgot := make(chan forgetResult, 1)
-	go func() {
-		info, err := e.Forget(context.Background(), key)
-		forgot <- forgetResult{info, err}
-	}()
-	return forgot
+	return enginetest.ForgetAsync(e, key)
 }
 
 // TestForgetFenceOutlivesLease: a Forget whose delete waits on the disk
@@ -62,8 +55,8 @@ func TestForgetFenceOutlivesLease(t *testing.T) {
 	}
 	gate.Open()
 	r := <-forgot
-	if r.err != nil || r.info.Outcome != engine.Duplicate {
-		t.Fatalf("Forget: %v %v, want the commit it removed", r.info.Outcome, r.err)
+	if r.Err != nil || r.Info.Outcome != engine.Duplicate {
+		t.Fatalf("Forget: %v %v, want the commit it removed", r.Info.Outcome, r.Err)
 	}
 	check := func(e *engine.Engine, when string) {
 		t.Helper()
@@ -182,8 +175,8 @@ func TestForgetWaitsForReleaseCount(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := <-forgot
-	if r.err != nil || r.info.Attempts != 1 {
-		t.Fatalf("Forget: %v attempts %d, %v; want the one attempt it removed", r.info.Outcome, r.info.Attempts, r.err)
+	if r.Err != nil || r.Info.Attempts != 1 {
+		t.Fatalf("Forget: %v attempts %d, %v; want the one attempt it removed", r.Info.Outcome, r.Info.Attempts, r.Err)
 	}
 	if info, err := e.Lookup(ctx, key); err != nil || info.Outcome != engine.New || info.Attempts != 0 {
 		t.Fatalf("Lookup after the Forget: %v with %d attempts, %v; want New with none", info.Outcome, info.Attempts, err)

@@ -3,74 +3,19 @@ package engine_test
 import (
 	"context"
 	"errors"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/enginetest"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
-// hookClock is a fake clock that runs fn on the n-th Now() after it is armed.
-type hookClock struct {
-	*fakeClock
-	mu    sync.Mutex
-	n     int
-	fn    func()
-	fired atomic.Bool
-}
+// hookClock is a fake clock that runs fn on the n-th Now() after it is
+// armed; loseMarkReply pauses Redis on a chosen reading of a mark.
+type hookClock = enginetest.HookClock
 
-func (c *hookClock) arm(n int, fn func()) {
-	c.mu.Lock()
-	c.n, c.fn = n, fn
-	c.mu.Unlock()
-}
-
-func (c *hookClock) Now() time.Time {
-	c.mu.Lock()
-	var fn func()
-	if c.n > 0 {
-		c.n--
-		if c.n == 0 {
-			fn, c.fn = c.fn, nil
-		}
-	}
-	c.mu.Unlock()
-	if fn != nil {
-		c.fired.Store(true)
-		fn()
-	}
-	return c.fakeClock.Now()
-}
-
-// loseMarkReply marks key through e while Redis is paused between the
-// mark's claim and its commit (the clock hook fires on the commit's clock
-// reading), so the commit fails by a 150 ms deadline and is applied when
-// Redis resumes after pause. It fails the test unless the mark failed that
-// way, and returns once Redis has resumed and applied it.
-//
-// reading is the clock reading the pause falls on: 1 for a mark in one step
-// (Redis without MaxAttempts: the pause precedes the mark, which waits in
-// Redis's socket and is applied when it resumes), 2 for a claim and its
-// commit (MaxAttempts: the pause falls between them).
-func loseMarkReply(t *testing.T, e *engine.Engine, clock *hookClock, srv *redistest.Server, key []byte, pause time.Duration, reading int) {
-	t.Helper()
-	clock.arm(reading, func() {
-		srv.Pause()
-		time.AfterFunc(pause, srv.Resume)
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
-	o, err := e.MarkIfAbsent(ctx, key)
-	cancel()
-	if !clock.fired.Load() {
-		t.Fatal("hook did not fire")
-	}
-	if err == nil {
-		t.Fatalf("mark against a paused Redis succeeded (%v): the lost reply was not exercised", o)
-	}
-	time.Sleep(pause + 300*time.Millisecond)
-}
+var loseMarkReply = enginetest.LoseMarkReply
 
 // TestRedisWindowIsRecorded: two processes share one Redis and prefix, A
 // with a one-hour window, B (a misconfigured or newly rolled-out
@@ -110,7 +55,7 @@ func TestRedisMarkBatchPartialCommit(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	ctx := context.Background()
-	clock := &hookClock{fakeClock: newClock()}
+	clock := &hookClock{Clock: newClock()}
 	// With MaxAttempts a Redis mark is a claim and a commit (without, one
 	// step, with no gap for the lease to end in).
 	a := openRedis(t, c, "mb:", engine.Options{Clock: clock, MaxAttempts: 3})
@@ -118,7 +63,7 @@ func TestRedisMarkBatchPartialCommit(t *testing.T) {
 	defer a.Close()
 	defer b.Close()
 	k1, k2 := []byte("k1"), []byte("k2")
-	clock.arm(2, func() { // the commit's clock reading, after the claim's
+	clock.Arm(2, func() { // the commit's clock reading, after the claim's
 		if n, _ := c.PExpire(ctx, "mb:\x00\x00k2", time.Millisecond).Result(); !n {
 			t.Error("no Redis key for k2")
 		}
@@ -130,7 +75,7 @@ func TestRedisMarkBatchPartialCommit(t *testing.T) {
 	out := make([]engine.Outcome, 2)
 	mbErr := a.MarkBatch(ctx, [][]byte{k1, k2}, nil, out)
 	err := mbErr
-	if !clock.fired.Load() {
+	if !clock.Fired() {
 		t.Fatal("hook did not fire")
 	}
 	if err == nil {
@@ -189,7 +134,7 @@ func TestRedisGiveBackKeepsDeadline(t *testing.T) {
 func TestRedisMarkLostCommitReply(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
-	clock := &hookClock{fakeClock: newClock()}
+	clock := &hookClock{Clock: newClock()}
 	e := openRedis(t, c, "lostc:", engine.Options{Clock: clock, Lease: time.Hour})
 	defer e.Close()
 	key := []byte("order-1")

@@ -9,6 +9,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/enginetest"
 	"github.com/tierdedup/tierdedup/internal/faultfs"
 	"github.com/tierdedup/tierdedup/tier/embedded"
 )
@@ -25,9 +26,7 @@ func TestClockBefore1970IsNoProgress(t *testing.T) {
 	if o, err := e.MarkIfAbsent(ctx, []byte("paid-order")); err != nil || o != engine.New {
 		t.Fatal(o, err)
 	}
-	clock.mu.Lock()
-	clock.t = time.Date(1600, 1, 1, 0, 0, 0, 0, time.UTC) // a clock stepping back
-	clock.mu.Unlock()
+	clock.Set(time.Date(1600, 1, 1, 0, 0, 0, 0, time.UTC)) // a clock stepping back
 	if o, err := e.MarkIfAbsent(ctx, []byte("paid-order")); err != nil || o != engine.Duplicate {
 		t.Fatalf("after the clock stepped back to 1600: %v, %v; want Duplicate", o, err)
 	}
@@ -40,14 +39,12 @@ func TestClockBefore1970IsNoProgress(t *testing.T) {
 func TestClockNear2262IsNoProgress(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock()
-	if _, err := engine.Open(&engine.Options{Tiers: engine.MemoryOnly, Clock: &fakeClock{t: time.Unix(0, 1<<63-1-int64(10*time.Second))}}); !errors.Is(err, engine.ErrOptions) {
+	if _, err := engine.Open(&engine.Options{Tiers: engine.MemoryOnly, Clock: enginetest.ClockAt(time.Unix(0, 1<<63-1-int64(10*time.Second)))}); !errors.Is(err, engine.ErrOptions) {
 		t.Fatalf("Open with a clock at 2262 and no earlier reading = %v, want ErrOptions", err)
 	}
 	e := open(t, engine.Options{Tiers: engine.MemoryOnly, Clock: clock})
 	defer e.Close()
-	clock.mu.Lock()
-	clock.t = time.Unix(0, 1<<63-1-int64(10*time.Second)) // 2262-04-11
-	clock.mu.Unlock()
+	clock.Set(time.Unix(0, 1<<63-1-int64(10*time.Second))) // 2262-04-11
 	c1, err := e.Claim(ctx, []byte("k"))
 	if err != nil || c1.Outcome != engine.New {
 		t.Fatal(c1.Outcome, err)

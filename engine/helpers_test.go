@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,32 +13,15 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
-	"github.com/tierdedup/tierdedup/tier/embedded"
+	"github.com/tierdedup/tierdedup/internal/enginetest"
 )
 
 // fakeClock is an injected clock that tests move by hand.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+type fakeClock = enginetest.Clock
 
-func newClock() *fakeClock {
-	return &fakeClock{t: time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)}
-}
+func newClock() *fakeClock { return enginetest.NewClock() }
 
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
-var quiet = log.New(io.Discard, "", 0)
+var quiet = enginetest.Quiet
 
 // TestMain sends a child process (this test binary, re-executed by
 // crashtest.Start for a crash or multi-process test) to its code.
@@ -54,30 +34,14 @@ func TestMain(m *testing.M) {
 		"nilctx":        nilContextChild,   // TestCommitNilContext
 		"stall":         stallChild,        // TestKillDuringCheckpointAndMove
 		"archive":       archiveChild,      // TestKillWhileArchiving
-		"redis-archive": redisArchiveChild, // TestKillWhileArchivingRedis
 		"durable":       durableChild,      // TestDurableClaimsSurviveSIGKILL
 	})
 }
 
-// open opens an engine of o, failing t if it cannot: quiet unless
-// ENGINE_LOG is set, and bloom-only with its filters in memory when o
-// gives it no Backend.
+// open opens an engine of o, failing t if it cannot (enginetest.Open).
 func open(t testing.TB, o engine.Options) *engine.Engine {
 	t.Helper()
-	if o.Tiers == engine.BloomOnly && o.Backend == nil {
-		o.Backend = &embedded.Backend{}
-	}
-	if o.Logger == nil {
-		o.Logger = quiet
-		if os.Getenv("ENGINE_LOG") != "" {
-			o.Logger = log.New(os.Stderr, "engine: ", 0)
-		}
-	}
-	e, err := engine.Open(&o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return e
+	return enginetest.Open(t, o)
 }
 
 // outageLoad is four workers claiming and committing fresh keys through e

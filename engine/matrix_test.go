@@ -28,6 +28,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
+	"github.com/tierdedup/tierdedup/internal/enginetest"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/postgres"
@@ -59,7 +60,7 @@ func mxValidate(o engine.Options) (err error) {
 	return o.Validate()
 }
 
-var mxBadClock = &fakeClock{t: time.Date(1960, 1, 1, 0, 0, 0, 0, time.UTC)}
+var mxBadClock = enginetest.ClockAt(time.Date(1960, 1, 1, 0, 0, 0, 0, time.UTC))
 
 // mxPrefixKeys counts the Redis keys under prefix.
 func mxPrefixKeys(t *testing.T, c goredis.UniversalClient, prefix string) int {

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tierdedup/tierdedup/engine"
-	"github.com/tierdedup/tierdedup/tier/postgres"
+	"github.com/tierdedup/tierdedup/internal/enginetest"
 	"github.com/tierdedup/tierdedup/tier/postgres/pgtest"
 )
 
@@ -19,9 +19,7 @@ const postgresDSN = pgtest.DSN
 func postgresPool(t *testing.T) *pgxpool.Pool { return pgtest.Pool(t) }
 
 // pgBackend is the PostgreSQL tier over db, its rows in table.
-func pgBackend(db postgres.DB, table string) *postgres.Backend {
-	return postgres.NewBackend(db, postgres.Config{Table: table})
-}
+var pgBackend = enginetest.PGBackend
 
 // TestConformancePostgres runs the conformance model against the
 // PostgreSQL tier: the same operations, crashes of the consumer, clock

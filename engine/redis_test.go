@@ -18,7 +18,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
-	"github.com/tierdedup/tierdedup/tier/redis"
+	"github.com/tierdedup/tierdedup/internal/enginetest"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -44,20 +44,13 @@ func TestConformanceRedis(t *testing.T) {
 }
 
 // openRedis opens an engine of o on the Redis tier over c, its keys under
-// prefix (a fresh one when prefix is empty).
+// prefix (a fresh one when prefix is empty); redisBackend is that tier.
 func openRedis(t *testing.T, c goredis.UniversalClient, prefix string, o engine.Options) *engine.Engine {
 	t.Helper()
-	if prefix == "" {
-		prefix = fmt.Sprintf("t-%d:", time.Now().UnixNano())
-	}
-	o.Backend = redisBackend(c, prefix)
-	return open(t, o)
+	return enginetest.OpenRedis(t, c, prefix, o)
 }
 
-// redisBackend is the Redis tier over c, its keys under prefix.
-func redisBackend(c goredis.UniversalClient, prefix string) *redis.Backend {
-	return redis.NewBackend(c, redis.Config{Prefix: prefix})
-}
+var redisBackend = enginetest.RedisBackend
 
 // TestRedisFencing: a claim whose lease ended in Redis and was taken over by
 // another process cannot commit or release, and changes nothing.

@@ -114,8 +114,11 @@ func (s *Server) start() error {
 		default:
 		}
 		switch pid := s.answeringPid(); {
-		case pid == s.cmd.Process.Pid:
+		case pid == s.cmd.Process.Pid && s.loaded():
+			// Answering, and done loading its dataset: before that every
+			// command but a few (INFO among them) is refused with LOADING.
 			return nil
+		case pid == s.cmd.Process.Pid:
 		case pid != 0:
 			// Another process's server took the port between FreePort and
 			// this start (tests run in parallel): ours cannot bind it.
@@ -126,6 +129,23 @@ func (s *Server) start() error {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return errors.New("redis-server did not answer within 10s on " + s.Addr)
+}
+
+// loaded reports whether the server answering on s.Addr has its dataset
+// loaded: a PING answered PONG, not LOADING.
+func (s *Server) loaded() bool {
+	c, err := net.DialTimeout("tcp", s.Addr, 100*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return false
+	}
+	buf := make([]byte, 256)
+	n, _ := c.Read(buf)
+	return strings.HasPrefix(string(buf[:n]), "+PONG")
 }
 
 // answeringPid returns the process ID of the server answering on s.Addr

@@ -1,4 +1,4 @@
-package engine_test
+package enginetest_test
 
 // Tests of the Redis tier behind the engine: batch
 // scripts per chunk of 256 keys on one server, per key on a Cluster;

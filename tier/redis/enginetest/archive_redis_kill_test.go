@@ -1,4 +1,4 @@
-package engine_test
+package enginetest_test
 
 import (
 	"bufio"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
+	"github.com/tierdedup/tierdedup/internal/enginetest"
 	"github.com/tierdedup/tierdedup/tier/postgres"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
@@ -42,7 +43,7 @@ func redisArchiveChild(spec string) int {
 	addr, prefix, url, table, stage := parts[0], parts[1], parts[2], parts[3], parts[5]
 	id, _ := strconv.Atoi(parts[4])
 	started := time.Now()
-	engine.SetInArchive(func(s string) {
+	enginetest.SetInArchive(func(s string) {
 		if s == stage && time.Since(started) > time.Second {
 			fmt.Println("STALL")
 			select {}

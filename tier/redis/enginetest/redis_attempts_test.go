@@ -1,4 +1,4 @@
-package engine_test
+package enginetest_test
 
 import (
 	"context"
@@ -66,7 +66,7 @@ func TestRedisCommittedKeyIsNotPoison(t *testing.T) {
 func TestRedisLostMarkRetryIsNew(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
-	clock := &hookClock{fakeClock: newClock()}
+	clock := &hookClock{Clock: newClock()}
 	prefix := fmt.Sprintf("r2b-%d:", time.Now().UnixNano())
 	e := openRedis(t, c, prefix, engine.Options{Clock: clock, Lease: time.Hour, MaxAttempts: 1})
 	defer e.Close()
@@ -111,7 +111,7 @@ func TestRedisPoisonLastsAsLongAsRedisCount(t *testing.T) {
 func TestRedisLostMarkOtherProcess(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
-	clock := &hookClock{fakeClock: newClock()}
+	clock := &hookClock{Clock: newClock()}
 	prefix := fmt.Sprintf("r2d-%d:", time.Now().UnixNano())
 	a := openRedis(t, c, prefix, engine.Options{Clock: clock, Lease: time.Hour})
 	defer a.Close()

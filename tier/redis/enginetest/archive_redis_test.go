@@ -1,4 +1,4 @@
-package engine_test
+package enginetest_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/enginetest"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/pebble"
 	"github.com/tierdedup/tierdedup/tier/postgres"
@@ -246,14 +247,14 @@ func TestArchiveBehindRedisLags(t *testing.T) {
 	stop := make(chan struct{})
 	stopped := make(chan struct{}, 1)
 	var once bool
-	engine.SetInArchive(func(s string) {
+	enginetest.SetInArchive(func(s string) {
 		if s == "put" && !once {
 			once = true
 			stopped <- struct{}{}
 			<-stop
 		}
 	})
-	t.Cleanup(func() { engine.SetInArchive(nil) })
+	t.Cleanup(func() { enginetest.SetInArchive(nil) })
 	keys := keysOf("lag", 50)
 	marks := make([]engine.Outcome, len(keys))
 	if err := e.MarkBatch(ctx, keys, nil, marks); err != nil {

@@ -1,4 +1,4 @@
-package engine_test
+package enginetest_test
 
 import (
 	"context"
@@ -75,7 +75,7 @@ func forgetAtGate(t *testing.T, e *engine.Engine, key []byte, gate *gatedDB) <-c
 	select {
 	case <-gate.entered:
 	case r := <-forgot:
-		t.Fatalf("Forget returned without reading the archive for the key: %+v, %v", r.info, r.err)
+		t.Fatalf("Forget returned without reading the archive for the key: %+v, %v", r.Info, r.Err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("Forget never reached the archive")
 	}
@@ -685,8 +685,8 @@ func TestRArchAttackForgetRacesRecommit(t *testing.T) {
 	case <-time.After(35 * time.Second):
 		t.Fatal("Forget did not return")
 	}
-	if early.err != nil || early.info.Outcome != engine.Duplicate {
-		t.Fatalf("Forget: %+v, %v; want what the key held, Duplicate", early.info, early.err)
+	if early.Err != nil || early.Info.Outcome != engine.Duplicate {
+		t.Fatalf("Forget: %+v, %v; want what the key held, Duplicate", early.Info, early.Err)
 	}
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+arch.Table+" WHERE key = $1", key).Scan(&rows); err != nil {
 		t.Fatal(err)
@@ -951,8 +951,8 @@ func TestRArchForgetAnswersWhatItHeld(t *testing.T) {
 	case <-time.After(35 * time.Second):
 		t.Fatal("Forget did not return")
 	}
-	if r.err != nil || r.info.Outcome != engine.Duplicate {
-		t.Fatalf("Forget of a committed key: %+v, %v; want what it held, Duplicate", r.info, r.err)
+	if r.Err != nil || r.Info.Outcome != engine.Duplicate {
+		t.Fatalf("Forget of a committed key: %+v, %v; want what it held, Duplicate", r.Info, r.Err)
 	}
 	if n := rows(); n != 0 {
 		t.Fatalf("the archive still holds %d rows of the forgotten key", n)

@@ -1,4 +1,4 @@
-package engine_test
+package enginetest_test
 
 // Adversarial tests of Forget behind a shared tier's archive log (Redis
 // with a PostgreSQL archive): engine/lookup.go reads the archive
