@@ -76,7 +76,7 @@ func TestBogusClockAtFirstOpen(t *testing.T) {
 		t.Fatal(o, err)
 	}
 	_ = e.Close()
-	clock.Set(time.Date(1969, 12, 31, 23, 0, 0, 0, time.UTC)) // the battery fails again
+	clock.Set(time.Date(1969, 12, 31, 23, 0, 0, 0, time.UTC))                                // the battery fails again
 	e = open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}, Clock: clock}) // the store's reading stands in
 	defer e.Close()
 	if o, err := e.MarkIfAbsent(ctx, []byte("paid-order")); err != nil || o != engine.Duplicate {

@@ -27,14 +27,14 @@ var quiet = enginetest.Quiet
 // crashtest.Start for a crash or multi-process test) to its code.
 func TestMain(m *testing.M) {
 	crashtest.Main(m, map[string]func(spec string) int{
-		"crash":         crashChild,        // TestCrashRecovery
-		"redis":         redisChild,        // TestRedisProcessesRace, TestPostgresProcessesRace
-		"rabbit":        rabbitChild,       // TestRabbitMQRedelivery
-		"fault":         faultChild,        // TestStorageFaultChild
-		"nilctx":        nilContextChild,   // TestCommitNilContext
-		"stall":         stallChild,        // TestKillDuringCheckpointAndMove
-		"archive":       archiveChild,      // TestKillWhileArchiving
-		"durable":       durableChild,      // TestDurableClaimsSurviveSIGKILL
+		"crash":   crashChild,      // TestCrashRecovery
+		"redis":   redisChild,      // TestRedisProcessesRace, TestPostgresProcessesRace
+		"rabbit":  rabbitChild,     // TestRabbitMQRedelivery
+		"fault":   faultChild,      // TestStorageFaultChild
+		"nilctx":  nilContextChild, // TestCommitNilContext
+		"stall":   stallChild,      // TestKillDuringCheckpointAndMove
+		"archive": archiveChild,    // TestKillWhileArchiving
+		"durable": durableChild,    // TestDurableClaimsSurviveSIGKILL
 	})
 }
 
