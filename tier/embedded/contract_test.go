@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"log"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,10 +18,7 @@ import (
 // store), each in a directory of its own: the embedded store is a backend
 // like the others.
 func TestContract(t *testing.T) {
-	var mu sync.Mutex
-	dirs := map[tier.Exact]string{} // the directory of each store the suite opened
-	open := func(t *testing.T, dir string) tier.Exact {
-		t.Helper()
+	tiertest.RunInDirs(t, tiertest.Options{Partitioned: true}, func(t *testing.T, dir string) tier.Exact {
 		parts, err := tier.NewPartitions(4*time.Hour, time.Hour)
 		if err != nil {
 			t.Fatal(err)
@@ -39,20 +35,8 @@ func TestContract(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = x.Close() }) // idempotent: after the suite's own Close
-		mu.Lock()
-		dirs[x] = dir
-		mu.Unlock()
 		return x
-	}
-	tiertest.Run(t, tiertest.Options{
-		Partitioned: true,
-		Reopen: func(t *testing.T, closed tier.Exact) tier.Exact {
-			mu.Lock()
-			dir := dirs[closed]
-			mu.Unlock()
-			return open(t, dir)
-		},
-	}, func(t *testing.T) tier.Exact { return open(t, t.TempDir()) })
+	})
 }
 
 // TestBackendValidate: the settings the embedded Backend refuses, each

@@ -3,6 +3,7 @@ package tiertest
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -306,3 +307,29 @@ var (
 	fenced      = []tier.Status{tier.OK, tier.Lost}
 	written     = []tier.Status{tier.OK}
 )
+
+// RunInDirs runs the contract (Run) over a tier kept in a directory:
+// open opens (or reopens) the tier in dir, registering on t its cleanup
+// (Close is called again after the suite's own), each check gets a
+// directory of its own, and Options.Reopen opens the directory of the
+// tier it is given again.
+func RunInDirs(t *testing.T, o Options, open func(t *testing.T, dir string) tier.Exact) {
+	t.Helper()
+	var mu sync.Mutex
+	dirs := map[tier.Exact]string{} // the directory of each tier opened
+	opened := func(t *testing.T, dir string) tier.Exact {
+		t.Helper()
+		x := open(t, dir)
+		mu.Lock()
+		dirs[x] = dir
+		mu.Unlock()
+		return x
+	}
+	o.Reopen = func(t *testing.T, closed tier.Exact) tier.Exact {
+		mu.Lock()
+		dir := dirs[closed]
+		mu.Unlock()
+		return opened(t, dir)
+	}
+	Run(t, o, func(t *testing.T) tier.Exact { return opened(t, t.TempDir()) })
+}
