@@ -29,7 +29,6 @@ func TestMain(m *testing.M) {
 	crashtest.Main(m, map[string]func(spec string) int{
 		"crash":   crashChild,      // TestCrashRecovery
 		"redis":   redisChild,      // TestRedisProcessesRace, TestPostgresProcessesRace
-		"rabbit":  rabbitChild,     // TestRabbitMQRedelivery
 		"fault":   faultChild,      // TestStorageFaultChild
 		"nilctx":  nilContextChild, // TestCommitNilContext
 		"stall":   stallChild,      // TestKillDuringCheckpointAndMove

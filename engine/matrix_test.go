@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"syscall"
@@ -1452,20 +1451,9 @@ func TestMatrixExportImportRoundTrip(t *testing.T) {
 	}
 }
 
-// raceEnabled reports whether the test binary was built with -race, whose
-// sync.Pool drops items on purpose (allocation counts mean nothing then).
-func raceEnabled() bool {
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return false
-	}
-	for _, s := range info.Settings {
-		if s.Key == "-race" && s.Value == "true" {
-			return true
-		}
-	}
-	return false
-}
+// raceEnabled reports whether the test binary was built with -race
+// (enginetest.RaceEnabled).
+var raceEnabled = enginetest.RaceEnabled
 
 // TestMatrixAllocMemoryMarkBatch: memory-only (and bloom-only) MarkBatch
 // allocates nothing per key in steady state (docs/performance.md: "Memory

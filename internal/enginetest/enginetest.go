@@ -6,6 +6,7 @@ import (
 	"io"
 	"log"
 	"os"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -193,4 +194,20 @@ func LoseMarkReply(t *testing.T, e *engine.Engine, clock *HookClock, srv *redist
 		t.Fatalf("mark against a paused Redis succeeded (%v): the lost reply was not exercised", o)
 	}
 	time.Sleep(pause + 300*time.Millisecond)
+}
+
+// RaceEnabled reports whether the test binary was built with -race, whose
+// sync.Pool drops items on purpose (allocation counts mean nothing then)
+// and which slows a run several times.
+func RaceEnabled() bool {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return false
+	}
+	for _, s := range info.Settings {
+		if s.Key == "-race" && s.Value == "true" {
+			return true
+		}
+	}
+	return false
 }

@@ -1,4 +1,4 @@
-package engine_test
+package rabbitmqtest_test
 
 import (
 	"bufio"
