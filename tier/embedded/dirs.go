@@ -37,6 +37,32 @@ func (s *Store) holdDir(fs vfs.FS, dir string) {
 	openDirs.m[s] = fi
 }
 
+// reserveDir records s's directory as open unless an engine of this
+// process holds it already (false): checked and recorded in one step, so
+// two Opens under different spellings cannot both pass. A directory that
+// does not exist yet is recorded once Open created it (holdDir).
+func (s *Store) reserveDir(fs vfs.FS, dir string) bool {
+	if fs != vfs.Default {
+		return true
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return true
+	}
+	openDirs.Lock()
+	defer openDirs.Unlock()
+	for _, o := range openDirs.m {
+		if os.SameFile(fi, o) {
+			return false
+		}
+	}
+	if openDirs.m == nil {
+		openDirs.m = map[*Store]os.FileInfo{}
+	}
+	openDirs.m[s] = fi
+	return true
+}
+
 func (s *Store) releaseDir() {
 	openDirs.Lock()
 	defer openDirs.Unlock()

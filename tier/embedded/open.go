@@ -32,10 +32,18 @@ func Open(o *Options) (_ *Store, err error) {
 	if o.Dir != "" {
 		s.snapshots = newSnapshotFile(o.FS, o.Dir)
 		s.sealedDir = newSnapshotFile(o.FS, s.snapshots.fs.PathJoin(o.Dir, sealedSubdir))
+		// Within the process, by file identity: a file lock does not
+		// exclude its own process, and Pebble's check compares the path's
+		// spelling, so a symbolic link or a relative path would open a
+		// directory twice.
+		if !s.reserveDir(s.snapshots.fs, o.Dir) {
+			return nil, fmt.Errorf("%w: %s is held by another engine of this process", tier.ErrLocked, o.Dir)
+		}
 	}
 	defer func() {
 		if err != nil {
 			s.closeOpened()
+			s.releaseDir()
 		}
 	}()
 	if s.now == 0 && !s.recordsClock(o) {
@@ -102,6 +110,14 @@ func (s *Store) openPebble(o *Options) error {
 	if err := finishImport(s.snapshots.fs, canonical(s.snapshots.fs, o.Dir)); err != nil {
 		return err
 	}
+	// Bloom-only's lock too, so that neither configuration opens a
+	// directory the other holds, in another process (Pebble's own lock is
+	// a file bloom-only does not take).
+	lock, err := s.snapshots.lock()
+	if err != nil {
+		return err
+	}
+	s.dirLock = lock
 	if err := s.snapshots.refuseState(); err != nil {
 		return err
 	}
@@ -115,6 +131,10 @@ func (s *Store) openPebble(o *Options) error {
 		return fmt.Errorf("%w: %w", tier.ErrStorage, err)
 	}
 	s.store, s.secret = store, store.Layout().Secret
+	// A store with an archive attached drops nothing by itself, even when
+	// opened without it: the engine refuses that Open, or detaches the
+	// archive and drops by its window from then on.
+	s.holdDrops = s.holdDrops || store.KeepsExpired()
 	hw, err := store.HighWater()
 	if err != nil {
 		return fmt.Errorf("%w: %w", tier.ErrStorage, err)

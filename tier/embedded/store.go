@@ -62,7 +62,8 @@ type Store struct {
 	sealedDir *snapshotFile // the sealed partitions' directory (not BloomOnly)
 	dirLock   io.Closer     // bloom-only's hold on Dir
 
-	holdDrops bool // Options.HoldDrops
+	holdDrops bool        // Options.HoldDrops
+	closing   atomic.Bool // closed: a second Close does nothing
 
 	secret   shard.Secret // keys the fingerprints
 	hasher   shard.Hasher // of secret, for the rebuild
@@ -177,6 +178,9 @@ func (s *Store) Start(current int64, highWater func() int64) {
 // Open is warm), then closes the store. No write may follow or run
 // concurrently. Errors match tier.ErrStorage.
 func (s *Store) Close(highWater int64) error {
+	if s.closing.Load() {
+		return nil // closed already
+	}
 	if s.stop != nil {
 		s.stop()
 	}
@@ -208,9 +212,6 @@ func (s *Store) Close(highWater int64) error {
 			errs = append(errs, fmt.Errorf("tierdedup: saving bloom snapshot: %w", err))
 		}
 	}
-	if s.dirLock != nil {
-		_ = s.dirLock.Close()
-	}
 	closed := true
 	if s.store != nil {
 		if err := s.store.Close(); err != nil {
@@ -218,8 +219,12 @@ func (s *Store) Close(highWater int64) error {
 			closed = false // the store may still hold its directory
 		}
 	}
+	if s.dirLock != nil && closed {
+		_ = s.dirLock.Close()
+	}
 	if closed {
 		s.releaseDir()
+		s.closing.Store(true)
 	}
 	return errors.Join(errs...)
 }

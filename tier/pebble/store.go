@@ -279,6 +279,18 @@ func Open(opts *Options) (*Store, error) {
 		s.hasher = shard.NewHasher(s.layout.Secret)
 		err = s.initJournal()
 	}
+	if err == nil && !s.keepExpired {
+		// A store with an archive attached, or that moved partitions to
+		// one, keeps what expired until its owner drops it, whatever the
+		// caller says: opened without that archive it is refused after
+		// this Open (ErrLayout), and must still hold every partition the
+		// archive does not.
+		var attached, archived bool
+		if attached, err = s.ArchiveAttached(); err == nil {
+			_, archived, err = s.Archived()
+		}
+		s.keepExpired = attached || archived
+	}
 	if err != nil {
 		cancel()
 		if s.cold != nil {
@@ -293,6 +305,11 @@ func Open(opts *Options) (*Store, error) {
 	s.wakeMover()
 	return s, nil
 }
+
+// KeepsExpired reports whether the store keeps partitions past the window
+// until its owner drops them: Options.KeepExpired, or an archive attached
+// (SetArchiveAttached) or holding partitions (SetArchived) when it opened.
+func (s *Store) KeepsExpired() bool { return s.keepExpired }
 
 func openDB(dir string, popts *pebble.Options) (db *pebble.DB, err error) {
 	defer func() {
