@@ -22,11 +22,8 @@ var openDirs struct {
 // holdDir records e's directory as open (the operating system's file
 // system only; an in-memory one locks within the process itself).
 func (s *Store) holdDir(fs vfs.FS, dir string) {
-	if fs != vfs.Default {
-		return
-	}
-	fi, err := os.Stat(dir)
-	if err != nil {
+	fi, ok := dirInfo(fs, dir)
+	if !ok {
 		return
 	}
 	openDirs.Lock()
@@ -42,19 +39,14 @@ func (s *Store) holdDir(fs vfs.FS, dir string) {
 // two Opens under different spellings cannot both pass. A directory that
 // does not exist yet is recorded once Open created it (holdDir).
 func (s *Store) reserveDir(fs vfs.FS, dir string) bool {
-	if fs != vfs.Default {
-		return true
-	}
-	fi, err := os.Stat(dir)
-	if err != nil {
+	fi, ok := dirInfo(fs, dir)
+	if !ok {
 		return true
 	}
 	openDirs.Lock()
 	defer openDirs.Unlock()
-	for _, o := range openDirs.m {
-		if os.SameFile(fi, o) {
-			return false
-		}
+	if heldLocked(fi) {
+		return false
 	}
 	if openDirs.m == nil {
 		openDirs.m = map[*Store]os.FileInfo{}
@@ -71,15 +63,27 @@ func (s *Store) releaseDir() {
 
 // heldOpen reports whether an engine of this process holds dir.
 func heldOpen(fs vfs.FS, dir string) bool {
-	if fs != vfs.Default {
-		return false
-	}
-	fi, err := os.Stat(dir)
-	if err != nil {
+	fi, ok := dirInfo(fs, dir)
+	if !ok {
 		return false
 	}
 	openDirs.Lock()
 	defer openDirs.Unlock()
+	return heldLocked(fi)
+}
+
+// dirInfo returns dir's identity on the operating system's file system
+// (false on another, or where dir does not exist).
+func dirInfo(fs vfs.FS, dir string) (os.FileInfo, bool) {
+	if fs != vfs.Default {
+		return nil, false
+	}
+	fi, err := os.Stat(dir)
+	return fi, err == nil
+}
+
+// heldLocked reports whether an open directory is fi; openDirs is held.
+func heldLocked(fi os.FileInfo) bool {
 	for _, o := range openDirs.m {
 		if os.SameFile(fi, o) {
 			return true
