@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,6 +28,7 @@ import (
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/integrations/watermilldedup"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
+	"github.com/tierdedup/tierdedup/internal/enginetest"
 	"github.com/tierdedup/tierdedup/internal/faultfs"
 	"github.com/tierdedup/tierdedup/internal/rabbittest"
 	"github.com/tierdedup/tierdedup/tier/embedded"
@@ -47,19 +47,9 @@ func TestMain(m *testing.M) {
 	crashtest.Main(m, map[string]func(spec string) int{"consumer": child})
 }
 
-// raceEnabled reports whether the test binary was built with -race.
-func raceEnabled() bool {
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return false
-	}
-	for _, s := range info.Settings {
-		if s.Key == "-race" && s.Value == "true" {
-			return true
-		}
-	}
-	return false
-}
+// raceEnabled reports whether the test binary was built with -race
+// (enginetest.RaceEnabled).
+var raceEnabled = enginetest.RaceEnabled
 
 // The consumer's modes: this package's Middleware with the effect in the
 // commit, or Watermill's Deduplicator with the effect in an fsynced file.
