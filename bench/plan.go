@@ -10,6 +10,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier"
+	"github.com/tierdedup/tierdedup/tier/archive"
 	"github.com/tierdedup/tierdedup/tier/bloom"
 	"github.com/tierdedup/tierdedup/tier/embedded"
 	"github.com/tierdedup/tierdedup/tier/memory"
@@ -244,7 +245,7 @@ type Plan struct {
 	// false-positive rate, and its disk: the archived tables, at the
 	// calibration's bytes a key, and one filter blob a slot.
 	ArchiveKeysHeld                    float64
-	ArchiveLayout                      engine.ArchiveLayout
+	ArchiveLayout                      archive.Layout
 	ArchiveFilterBytes, ArchiveFP      float64
 	ArchiveDiskBytes, ArchiveBlobBytes float64
 	Calibration                        Calibration
@@ -400,7 +401,7 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 }
 
 // planArchive sizes the archive: the filter as the engine lays it out
-// (engine.ArchiveFilterLayout, bloom.Sizing), the tables at the
+// (archive.FilterLayout, bloom.Sizing), the tables at the
 // calibration's bytes a key (the archive writes a partition's keys as the
 // cold database's tables hold them).
 func (p *Plan) planArchive(in PlanInput, cal Calibration) error {
@@ -411,7 +412,7 @@ func (p *Plan) planArchive(in PlanInput, cal Calibration) error {
 	if fp == 0 {
 		fp = bloom.DefaultFalsePositive
 	}
-	lay := engine.ArchiveFilterLayout(in.Partition, in.ArchiveWindow)
+	lay := archive.FilterLayout(in.Partition, in.ArchiveWindow)
 	p.ArchiveLayout = lay
 	p.ArchiveKeysHeld = p.KeysPerPartition * float64(lay.Partitions-p.Live)
 	sz := bloom.Sizing(int(math.Max(1, p.KeysPerPartition*float64(lay.Group))), fp, lay.Slots)

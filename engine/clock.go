@@ -69,7 +69,7 @@ func (e *Engine) rotate(p, t int64) error {
 	}
 	e.current.Store(p)
 	if e.arch != nil {
-		e.arch.poke()
+		e.arch.Poke()
 	}
 	return nil
 }

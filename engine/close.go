@@ -32,7 +32,7 @@ func (e *Engine) Close() error {
 	var archErr error
 	if e.arch != nil {
 		// Before the store it reads: its loop stops between partitions.
-		if err := e.arch.close(); err != nil {
+		if err := e.arch.Close(); err != nil {
 			archErr = fmt.Errorf("%w: archive: %w", ErrStorage, err)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
+	"github.com/tierdedup/tierdedup/tier/archive"
 	"github.com/tierdedup/tierdedup/tier/memory"
 )
 
@@ -67,7 +68,7 @@ type Engine struct {
 	advancer  tier.Advancer // compares versions in the shared tier
 	// arch keeps the history behind the window (Options.Archive); nil
 	// without one.
-	arch             *archiver
+	arch             *archive.Archiver
 	archiveWindow    time.Duration
 	nsArchiveWindows map[string]time.Duration
 	// nsWindows are the namespaces' own windows (Options.NamespaceWindows).

@@ -8,7 +8,7 @@ import (
 )
 
 // Errors returned by the engine; match them with errors.Is. ErrOptions,
-// ErrStorage, ErrLocked and ErrLayout are package tier's, so a tier's
+// ErrStorage, ErrLocked, ErrUnavailable and ErrLayout are package tier's, so a tier's
 // errors match them too.
 var (
 	// ErrOptions reports invalid Options.
@@ -39,7 +39,7 @@ var (
 	// unreachable, or slower than the caller's deadline. It is transient:
 	// do not ack, retry later. With Options.FailOpen the engine answers
 	// instead for the calls FailOpen covers, and counts it.
-	ErrUnavailable = errors.New("tierdedup: shared tier unavailable")
+	ErrUnavailable = tier.ErrUnavailable
 	// ErrLocked reports a Dir that another engine holds.
 	ErrLocked = tier.ErrLocked
 	// ErrClosed reports a call on a closed Engine.

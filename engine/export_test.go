@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/tierdedup/tierdedup/internal/hooks"
-	"github.com/tierdedup/tierdedup/tier"
 )
 
 // SetRebuildGate makes every later Bloom rebuild wait for gate to close
@@ -67,22 +66,4 @@ func setHook(h *atomic.Pointer[func()], f func()) {
 		return
 	}
 	h.Store(&f)
-}
-
-// DrainReads returns the counts the archive log's drain asks for, read
-// after read, when every entry it reads carries a result of the size
-// sizes gives for that read (the reads' byte bound, drainBytes).
-func DrainReads(sizes []int) []int {
-	var a archiver
-	var counts []int
-	for _, size := range sizes {
-		n := a.readCount()
-		counts = append(counts, n)
-		entries := make([]tier.LogEntry, n)
-		for i := range entries {
-			entries[i].Record.Result = make([]byte, size)
-		}
-		a.sizeReads(entries)
-	}
-	return counts
 }

@@ -177,12 +177,11 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 	if forget && archived {
 		// No partition is archived between the two deletions (invariant 3
 		// of the archive).
-		e.arch.mu.RLock()
-		defer e.arch.mu.RUnlock()
+		defer e.arch.Forgetting()()
 	}
 	if e.exact != nil && len(cand) > 0 {
 		var pre []tier.Answer
-		if forget && archived && e.arch.log != nil {
+		if forget && archived && e.arch.Shared() {
 			pre, err = e.readBeforeForget(ctx, b, ns, keys, now)
 		}
 		if err == nil {

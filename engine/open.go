@@ -223,7 +223,7 @@ func (e *Engine) assemble(o Options, now int64, opened *closers) error {
 		e.queue = newCommitQueue(e, o.CommitQueue)
 	}
 	if e.arch != nil {
-		e.arch.start()
+		e.arch.Start()
 	}
 	return nil
 }

@@ -197,7 +197,7 @@ func (e *Engine) Stats() Stats {
 	}
 	s.CommitLatency = c.commitLatency.snapshot()
 	if e.arch != nil {
-		s.Archive = e.arch.stats(e.archiveWindow)
+		s.Archive = e.arch.Stats()
 	}
 	if e.local != nil {
 		l := e.local.Stats()

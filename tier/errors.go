@@ -21,6 +21,9 @@ var (
 	ErrStorage = errors.New("tierdedup: storage failure")
 	// ErrLocked reports a directory that another engine holds.
 	ErrLocked = errors.New("tierdedup: directory in use")
+	// ErrUnavailable reports a shared tier or an archive unreachable, or
+	// slower than the caller's deadline: transient, nothing is known.
+	ErrUnavailable = errors.New("tierdedup: shared tier unavailable")
 )
 
 // Classify wraps a backend's error so the engine can tell a caller's

@@ -1,48 +1,16 @@
-package engine
+package archive
 
 import (
 	"context"
 	"fmt"
-	"io"
 	"time"
 
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
-	"github.com/tierdedup/tierdedup/tier/bloom"
 )
 
-// Behind a shared tier (Redis, which expires keys itself and has no
-// partitions to copy) the archive is fed from the tier's log:
-//
-//	commit script ──► the key (TTL Window) and a log entry, in one step
-//	                  │ drained in order by the engine holding the drain lease
-//	                  ▼
-//	                  archive.Apply (its position recorded in the same
-//	                  transaction), then the log trimmed up to it
-//	                  │ once the log holds none of partition p's entries
-//	                  │ and none can come (the log's clock passed p's end)
-//	                  ▼
-//	                  p's keys into the filter, its group's blob saved,
-//	                  then archive.Seal(p)
-//
-// Every engine loads the blob of each newly sealed partition (refresh).
-// A key the shared tier acquires, because it holds no commit of it, is
-// asked of the archive; the answer counts only if every partition holding
-// keys the tier may have let go (committed a Window or more ago) is sealed
-// in this engine's filter (sealedFor), and otherwise the call fails with
-// ErrUnavailable and gives its claims back: never a New that the archive
-// could contradict.
-//
-// Invariants (besides those of archive.go):
-//
-//  5. A partition is sealed only after its group's blob holds its keys,
-//     and only once no entry of it can be appended: a reader that loaded
-//     the blob of every sealed partition misses no archived key.
-//  6. The log is trimmed only up to a position the archive recorded as
-//     applied; an entry applied twice (a drainer dead before its trim, or
-//     two drainers a lease apart) is skipped by that position.
-//  7. A Forget returns only once the archive applied the log up to the
-//     removal it appended, so no drain brings the key back afterwards.
+// Behind a shared tier: the log's side (see the package documentation,
+// invariants 5 to 7).
 
 const (
 	// logTick is how often each engine renews or seeks the drain lease,
@@ -68,7 +36,7 @@ const (
 )
 
 // sums returns the keys' fingerprints under the archive's own secret.
-func (a *archiver) sums(ns string, keys [][]byte) []shard.Fingerprint {
+func (a *Archiver) sums(ns string, keys [][]byte) []shard.Fingerprint {
 	fps := make([]shard.Fingerprint, len(keys))
 	for i, k := range keys {
 		fps[i] = shard.Sum(a.hasher, ns, k)
@@ -77,13 +45,13 @@ func (a *archiver) sums(ns string, keys [][]byte) []shard.Fingerprint {
 }
 
 // sealedFor returns the first partition not sealed in this engine's
-// filter, or ErrUnavailable when a key committed before it may have left
+// filter, or tier.ErrUnavailable when a key committed before it may have left
 // the shared tier already.
-func (a *archiver) sealedFor(now int64) (int64, error) {
+func (a *Archiver) sealedFor(now int64) (int64, error) {
 	next := a.next.Load()
-	if need := now - a.e.window + int64(logSkew); next*a.e.parts.Length < need {
+	if need := now - int64(a.c.Window) + int64(logSkew); next*a.c.Partitions.Length < need {
 		return 0, fmt.Errorf("%w: archive: partition %d is not sealed yet (%d log entries not drained), and keys committed before %v may have left %s",
-			ErrUnavailable, next, a.logLag.Load(), time.Unix(0, need).UTC().Format(time.RFC3339), a.e.name)
+			tier.ErrUnavailable, next, a.logLag.Load(), time.Unix(0, need).UTC().Format(time.RFC3339), a.c.TierName)
 	}
 	return next, nil
 }
@@ -91,8 +59,8 @@ func (a *archiver) sealedFor(now int64) (int64, error) {
 // openLog sets the first partition to seal of an archive new to the log
 // (the oldest entry's, or the current one), and loads every sealed
 // partition's filter.
-func (a *archiver) openLog(ctx context.Context, cur int64, bind string) error {
-	if err := a.log.Bind(ctx, bind); err != nil {
+func (a *Archiver) openLog(ctx context.Context, cur int64, bind string) error {
+	if err := a.c.Log.Bind(ctx, bind); err != nil {
 		return err
 	}
 	pos, next, err := a.app.Applied(ctx)
@@ -101,19 +69,19 @@ func (a *archiver) openLog(ctx context.Context, cur int64, bind string) error {
 	}
 	// An archive restored from an older copy lacks what the log trimmed
 	// after it applied it.
-	if _, trimmed, _, err := a.log.LogTail(ctx); err != nil {
+	if _, trimmed, _, err := a.c.Log.LogTail(ctx); err != nil {
 		return err
 	} else if pos.Less(trimmed) {
-		return fmt.Errorf("%w: the archive applied the log up to %v, and the log trimmed up to %v: an older or replaced archive lacks what was trimmed", ErrLayout, pos, trimmed)
+		return fmt.Errorf("%w: the archive applied the log up to %v, and the log trimmed up to %v: an older or replaced archive lacks what was trimmed", tier.ErrLayout, pos, trimmed)
 	}
 	if next < 0 {
-		first, now, err := a.log.ReadLog(ctx, tier.LogPos{}, 1)
+		first, now, err := a.c.Log.ReadLog(ctx, tier.LogPos{}, 1)
 		if err != nil {
 			return err
 		}
-		start := a.e.parts.Of(now)
+		start := a.c.Partitions.Of(now)
 		if len(first) > 0 {
-			start = min(start, a.e.parts.Of(first[0].Record.At))
+			start = min(start, a.c.Partitions.Of(first[0].Record.At))
 		}
 		if next, err = a.app.Start(ctx, start); err != nil {
 			return err
@@ -124,7 +92,7 @@ func (a *archiver) openLog(ctx context.Context, cur int64, bind string) error {
 }
 
 // refresh loads the filters of the partitions sealed since the last one.
-func (a *archiver) refresh(ctx context.Context, cur int64) error {
+func (a *Archiver) refresh(ctx context.Context, cur int64) error {
 	_, next, err := a.app.Applied(ctx)
 	if err != nil {
 		return err
@@ -143,7 +111,7 @@ func (a *archiver) refresh(ctx context.Context, cur int64) error {
 // loadSealed merges into the filter the blob of every group holding a
 // sealed partition in [from, to), and scans the partitions no valid blob
 // covers.
-func (a *archiver) loadSealed(ctx context.Context, cur, from, to int64) error {
+func (a *Archiver) loadSealed(ctx context.Context, cur, from, to int64) error {
 	if from >= to {
 		return nil
 	}
@@ -177,20 +145,19 @@ func (a *archiver) loadSealed(ctx context.Context, cur, from, to int64) error {
 
 // logPass renews or seeks the drain lease, drains the log holding it,
 // loads what was sealed, and expires the archive.
-func (a *archiver) logPass(ctx context.Context) {
-	e := a.e
-	now, err := e.now()
+func (a *Archiver) logPass(ctx context.Context) {
+	now, err := a.c.Now()
 	if err != nil {
 		return
 	}
-	cur := e.parts.Of(now)
+	cur := a.c.Partitions.Of(now)
 	fail := func(what string, err error) {
 		if ctx.Err() == nil {
 			a.failures.Add(1)
-			e.logger.Printf("tierdedup: archive: %s: %v", what, err)
+			a.c.Logger.Printf("tierdedup: archive: %s: %v", what, err)
 		}
 	}
-	held, err := a.log.DrainLease(ctx, a.owner, min(maxDrainLease, max(time.Duration(e.window)/4, time.Second)))
+	held, err := a.c.Log.DrainLease(ctx, a.c.Process, min(maxDrainLease, max(a.c.Window/4, time.Second)))
 	if err != nil {
 		fail("the drain lease", err)
 	}
@@ -209,25 +176,24 @@ func (a *archiver) logPass(ctx context.Context) {
 		if held, err := a.store.Archived(ctx); err == nil {
 			a.held.Store(int64(len(held)))
 		}
-		archiveHook("drop")
+		hook("drop")
 	}
 	a.filters.Rotate(cur / a.group)
-	if _, _, n, err := a.log.LogTail(ctx); err == nil {
+	if _, _, n, err := a.c.Log.LogTail(ctx); err == nil {
 		a.logLag.Store(n)
 	}
 }
 
 // drain applies the log to the archive, trims it, and seals each
 // partition the log has no more entries of.
-func (a *archiver) drain(ctx context.Context, cur int64) error {
-	e := a.e
+func (a *Archiver) drain(ctx context.Context, cur int64) error {
 	pos, next, err := a.app.Applied(ctx)
 	if err != nil {
 		return err
 	}
 	for ctx.Err() == nil {
 		n := a.readCount()
-		entries, now, err := a.log.ReadLog(ctx, pos, n)
+		entries, now, err := a.c.Log.ReadLog(ctx, pos, n)
 		if err != nil {
 			return err
 		}
@@ -238,19 +204,19 @@ func (a *archiver) drain(ctx context.Context, cur int64) error {
 				en := &entries[i]
 				// Filed by the log's clock, which decides when a
 				// partition is complete (At may be the engine's).
-				en.Partition = max(e.parts.Of(int64(en.Pos.MS)*int64(time.Millisecond)), next)
+				en.Partition = max(a.c.Partitions.Of(int64(en.Pos.MS)*int64(time.Millisecond)), next)
 				if !en.Forget {
 					commits++
 				}
 			}
-			archiveHook("put")
+			hook("put")
 			if err := a.app.Apply(ctx, entries); err != nil {
 				return err
 			}
-			archiveHook("held")
+			hook("held")
 			pos = entries[len(entries)-1].Pos
 			a.keys.Add(commits)
-			if err := a.log.TrimLog(ctx, pos); err != nil {
+			if err := a.c.Log.TrimLog(ctx, pos); err != nil {
 				return err // trimmed at the next pass: Apply skips what it applied
 			}
 		}
@@ -259,7 +225,7 @@ func (a *archiver) drain(ctx context.Context, cur int64) error {
 		if len(entries) == n {
 			complete = int64(pos.MS) * int64(time.Millisecond)
 		}
-		for next < cur && (next+1)*e.parts.Length <= complete {
+		for next < cur && (next+1)*a.c.Partitions.Length <= complete {
 			if err := a.seal(ctx, cur, next); err != nil {
 				return err
 			}
@@ -276,7 +242,7 @@ func (a *archiver) drain(ctx context.Context, cur int64) error {
 // as many as fit drainBytes at the entry size the reads so far found (a
 // few to start with: entries may carry results of up to MaxResultSize),
 // at most drainBatch. Only the drain's goroutine uses it.
-func (a *archiver) readCount() int {
+func (a *Archiver) readCount() int {
 	if a.entryBytes == 0 {
 		return drainFirst
 	}
@@ -287,7 +253,7 @@ func (a *archiver) readCount() int {
 // readCount uses: the larger of their mean and half the earlier estimate,
 // so a run of large results shrinks the reads at once and small ones
 // grow them back, doubling a read.
-func (a *archiver) sizeReads(entries []tier.LogEntry) {
+func (a *Archiver) sizeReads(entries []tier.LogEntry) {
 	if len(entries) == 0 {
 		return
 	}
@@ -301,7 +267,7 @@ func (a *archiver) sizeReads(entries []tier.LogEntry) {
 
 // seal adds partition p's keys to the filter, saves its group's blob,
 // then records p sealed (invariant 5).
-func (a *archiver) seal(ctx context.Context, cur, p int64) error {
+func (a *Archiver) seal(ctx context.Context, cur, p int64) error {
 	if err := a.refresh(ctx, cur); err != nil {
 		return err // the blob must carry every sealed partition of the group
 	}
@@ -309,15 +275,11 @@ func (a *archiver) seal(ctx context.Context, cur, p int64) error {
 		if err := a.scanBack(ctx, p); err != nil {
 			return err
 		}
-		g := p / a.group
-		if err := a.store.PutBlob(ctx, blobName(g), func(w io.Writer) error {
-			_, err := a.filters.WritePartition(w, g, bloom.SnapshotMeta{Kind: bloom.SnapshotArchive, Secret: a.check, Epoch: uint64(p)})
-			return err
-		}); err != nil {
+		if err := a.putBlob(ctx, p); err != nil {
 			return err
 		}
 	}
-	archiveHook("blob")
+	hook("blob")
 	if err := a.app.Seal(ctx, p); err != nil {
 		return err
 	}
@@ -327,12 +289,12 @@ func (a *archiver) seal(ctx context.Context, cur, p int64) error {
 	return nil
 }
 
-// waitApplied waits until the archive applied the log up to its newest
+// WaitApplied waits until the archive applied the log up to its newest
 // entry as read now (a Forget's removal, appended before).
-func (a *archiver) waitApplied(ctx context.Context) error {
-	tail, _, _, err := a.log.LogTail(ctx)
+func (a *Archiver) WaitApplied(ctx context.Context) error {
+	tail, _, _, err := a.c.Log.LogTail(ctx)
 	if err != nil {
-		return fmt.Errorf("%w: archive: %w", ErrUnavailable, err)
+		return fmt.Errorf("%w: archive: %w", tier.ErrUnavailable, err)
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -345,14 +307,14 @@ func (a *archiver) waitApplied(ctx context.Context) error {
 			return nil
 		}
 		if err == nil {
-			a.poke()
+			a.Poke()
 		}
 		select {
 		case <-ctx.Done():
 			if err == nil {
 				err = ctx.Err()
 			}
-			return fmt.Errorf("%w: archive: the log is not drained up to the forget yet: %w", ErrUnavailable, err)
+			return fmt.Errorf("%w: archive: the log is not drained up to the forget yet: %w", tier.ErrUnavailable, err)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}

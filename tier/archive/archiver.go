@@ -1,0 +1,365 @@
+package archive
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tierdedup/tierdedup/internal/hooks"
+	"github.com/tierdedup/tierdedup/shard"
+	"github.com/tierdedup/tierdedup/tier"
+	"github.com/tierdedup/tierdedup/tier/bloom"
+)
+
+// Slots is the archive filter ring's slot count: 4 cache lines a block, 8
+// a probe.
+const Slots = 32
+
+// maxExpectedKeys bounds one slot's filter sizing (the engine's
+// MaxExpectedKeys).
+const maxExpectedKeys = 1 << 32
+
+// Config is what the Archiver needs of the engine that opens it. Exactly
+// one of Local (with Scanner) and Log is set: the embedded store, whose
+// closed partitions are copied, or a shared tier's archive log, drained.
+type Config struct {
+	// Partitions are the exact tier's; Window its window (a shared tier
+	// lets a key go that long after its commit); ArchiveWindow how long
+	// the archive keeps a partition after it.
+	Partitions    tier.Partitions
+	Window        time.Duration
+	ArchiveWindow time.Duration
+	// ExpectedKeys a partition, and the archive filter's false-positive
+	// target.
+	ExpectedKeys  int
+	FalsePositive float64
+	// Hasher keys the engine's fingerprints (those Find is given).
+	Hasher shard.Hasher
+	// Logger receives warnings; never nil.
+	Logger *log.Logger
+	// Skip reports a namespace whose keys are never archived (the
+	// engine's own).
+	Skip func(ns []byte) bool
+	// Current returns the current partition; Now the engine's clock,
+	// rotating partitions as it reads (the log's passes read it).
+	Current func() int64
+	Now     func() (int64, error)
+	// DropHot lets the exact tier drop what its window and Next let go;
+	// the archiver calls it after each pass.
+	DropHot func() error
+
+	// The embedded store: Local records how far the archive reaches and
+	// that one is attached; Scanner lists a closed partition's records;
+	// Sealed reports a partition whose writes are all in; Hot and
+	// Forgetter read and remove keys in the partitions that left the
+	// window before the archive took them. OpenedAt is the store's first
+	// clock reading.
+	Local     tier.ArchiveSource
+	Scanner   tier.RecordScanner
+	Sealed    func(p int64) bool
+	Hot       tier.Exact
+	Forgetter tier.Forgetter
+	OpenedAt  int64
+
+	// A shared tier: Log is its archive log, TierName its name (in
+	// errors); Process names this engine for the drain lease; Binding
+	// returns what every process feeding the archive must agree on, given
+	// the digest of the archive's own secret.
+	Log      tier.ArchiveLog
+	TierName string
+	Process  string
+	Binding  func(check [16]byte) string
+}
+
+// Archiver drives one archive behind one exact tier (Open). Its methods
+// are safe for concurrent use.
+type Archiver struct {
+	c       Config
+	store   tier.Archive
+	name    string
+	live    int64 // partitions the archive keeps, the current one counted
+	group   int64 // partitions per filter slot
+	filters *bloom.Filters
+	check   [16]byte
+	hasher  shard.Hasher // the filter's: the engine's, or the archive's own behind a log
+
+	// next is the first partition not archived: every partition before
+	// it that the exact tier held is in the archive (invariant 1). Behind
+	// a log, the first partition not sealed in this engine's filter.
+	next atomic.Int64
+	mu   sync.RWMutex // Lock: archiving a partition; RLock: a Forget
+	wake chan struct{}
+	stop context.CancelFunc
+	done chan struct{}
+
+	reads, hits, lagReads, archived, keys, failures atomic.Uint64
+	held                                            atomic.Int64 // partitions the archive holds, as last listed
+
+	// Behind a shared tier (log.go): the archive that takes the log, the
+	// log's entries not drained yet as last read, and whether this engine
+	// held the drain lease at its last pass.
+	app    tier.ArchiveAppender
+	logLag atomic.Int64
+	holder atomic.Bool
+	// entryBytes is the size of the log's entries as the drain read them
+	// (readCount); only the drain's goroutine uses it.
+	entryBytes int64
+}
+
+// Layout is how the archive's filter covers an archive window
+// (FilterLayout): Partitions the archive keeps (the current one counted),
+// grouped Group to a filter slot, in Slots slots. Its memory is Slots
+// filters each sized for Group partitions' keys.
+type Layout struct {
+	Partitions, Group, Slots int
+}
+
+// FilterLayout returns the archive filter's layout for a partition length
+// and an archive window (the capacity planner sizes it with it).
+func FilterLayout(partition, archiveWindow time.Duration) Layout {
+	live := (int64(archiveWindow)+int64(partition)-1)/int64(partition) + 1
+	group := (live + Slots - 2) / (Slots - 1)
+	return Layout{Partitions: int(live), Group: int(group), Slots: min(Slots, int((live+group-1)/group)+1)}
+}
+
+// Open opens backend behind the exact tier c describes, loads its filters
+// and starts nothing yet (Start does). Its errors match tier.ErrOptions
+// (a configuration the archive cannot serve), tier.ErrLayout (an archive
+// of another store, or one that lost what the store recorded archived),
+// tier.ErrLocked, tier.ErrStorage, or tier.ErrUnavailable. On an error
+// the archive is closed.
+func Open(ctx context.Context, backend tier.ArchiveBackend, env tier.ArchiveEnv, c Config) (_ *Archiver, err error) {
+	a := &Archiver{c: c, name: backend.Name(), hasher: c.Hasher, wake: make(chan struct{}, 1)}
+	if c.Local != nil {
+		if c.Scanner == nil || c.Sealed == nil || c.Hot == nil {
+			return nil, fmt.Errorf("%w: an archive behind a local store needs its Scanner, Sealed and Hot", tier.ErrOptions)
+		}
+		gen, err := c.Local.ArchiveGeneration()
+		if err != nil {
+			return nil, err
+		}
+		_, archived, err := c.Local.Archived()
+		if err != nil {
+			return nil, err
+		}
+		a.check = hashCheck(c.Hasher)
+		env.Owner, env.Check, env.Existing = owner(c.Local.ID(), gen), a.check, archived
+	} else {
+		if c.Log == nil {
+			return nil, fmt.Errorf("%w: Archive behind %s, which keeps no archive log", tier.ErrOptions, c.TierName)
+		}
+		// The archive's own secret keys its filters: recorded in it, the
+		// check of the layout is the archive's to keep.
+		env.Owner, env.Log = c.Log.LogOwner(), true
+	}
+	st, err := backend.Open(ctx, env)
+	switch {
+	case errors.Is(err, tier.ErrOptions), errors.Is(err, tier.ErrLayout), errors.Is(err, tier.ErrLocked):
+		return nil, err
+	case err != nil:
+		return nil, fmt.Errorf("%w: archive: %w", tier.ErrUnavailable, err)
+	}
+	a.store = st
+	defer func() {
+		if err != nil {
+			_ = st.Close()
+		}
+	}()
+	if c.Log != nil {
+		app, ok := st.(tier.ArchiveAppender)
+		if !ok {
+			return nil, fmt.Errorf("%w: archive %s cannot take a shared tier's log", tier.ErrOptions, a.name)
+		}
+		a.app, a.hasher = app, shard.NewHasher(app.Secret())
+		a.check = hashCheck(a.hasher)
+	}
+	lay := FilterLayout(time.Duration(c.Partitions.Length), c.ArchiveWindow)
+	a.live, a.group = int64(lay.Partitions), int64(lay.Group)
+	cur := c.Current()
+	a.filters, err = bloom.New(&bloom.Options{
+		Partitions:    tier.Partitions{Length: a.group * c.Partitions.Length, Live: lay.Slots},
+		ExpectedKeys:  int(min(int64(c.ExpectedKeys)*a.group, maxExpectedKeys)),
+		FalsePositive: c.FalsePositive,
+	}, cur/a.group)
+	if err != nil {
+		return nil, fmt.Errorf("%w: archive filters: %w", tier.ErrOptions, err)
+	}
+	load := a.load
+	if c.Log != nil {
+		load = func(ctx context.Context, cur int64) error { return a.openLog(ctx, cur, c.Binding(a.check)) }
+	}
+	if err := load(ctx, cur); err != nil {
+		if errors.Is(err, tier.ErrLayout) || errors.Is(err, tier.ErrStorage) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: archive: %w", tier.ErrUnavailable, err)
+	}
+	if c.Local != nil {
+		// Before any partition goes to it: from now on the store opens
+		// only with this archive, or detaches it.
+		if err := c.Local.SetArchiveAttached(); err != nil {
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+// Detach is what an embedded store opened without an archive must do: a
+// store that archived partitions (and dropped them from itself) is
+// refused (tier.ErrLayout) unless detach: opened without its archive it
+// would answer New for that history, and its Forgets would miss it, so
+// that an archive attached again later would bring forgotten keys back.
+// With detach the history is let go, durably, and the store's detached
+// archives are counted: an archive records the count it was attached at
+// (in its owner), so the detached one is refused from then on; a new
+// archive starts empty.
+func Detach(src tier.ArchiveSource, detach bool, logger *log.Logger) error {
+	next, ok, err := src.Archived()
+	if err != nil {
+		return err
+	}
+	attached, err := src.ArchiveAttached()
+	switch {
+	case err != nil:
+		return err
+	case !ok && !attached:
+		return nil
+	case !detach && !ok:
+		// Attached, nothing recorded archived yet: a Put whose reply was
+		// lost may have stored a partition all the same.
+		return fmt.Errorf("%w: the store has an archive attached: open it with its Options.Archive, or set Options.DetachArchive to let it go (it cannot be attached again)", tier.ErrLayout)
+	case !detach:
+		return fmt.Errorf("%w: the store moved its partitions before %d to an archive (and may have dropped them): open it with its Options.Archive, or set Options.DetachArchive to let that history go (the archive cannot be attached again)", tier.ErrLayout, next)
+	}
+	if _, err := src.DetachArchive(); err != nil {
+		return err
+	}
+	if ok {
+		logger.Printf("tierdedup: the archive is detached: keys of partitions before %d that left the window are New from now on", next)
+	} else {
+		logger.Printf("tierdedup: the archive is detached")
+	}
+	return nil
+}
+
+// owner is the owner an archive of the embedded store records: the
+// store's ID, and the count of archives detached from it before (none:
+// the ID alone, as archives made before detaching was counted record).
+func owner(id [16]byte, gen int64) string {
+	o := "embedded:" + hex.EncodeToString(id[:])
+	if gen > 0 {
+		o += "/" + strconv.FormatInt(gen, 10)
+	}
+	return o
+}
+
+// hashCheck is the digest of a hasher's secret a filter blob records.
+func hashCheck(h shard.Hasher) (check [16]byte) {
+	fp := shard.Sum(h, "\x00archive", nil)
+	copy(check[:8], u64(fp.Hi))
+	copy(check[8:], u64(fp.Lo))
+	return check
+}
+
+func u64(x uint64) []byte {
+	var b [8]byte
+	for i := range b {
+		b[i] = byte(x >> (8 * i))
+	}
+	return b[:]
+}
+
+// Check is the digest of the secret keying the archive's filters (the
+// engine's, or the archive's own behind a shared tier's log).
+func (a *Archiver) Check() [16]byte { return a.check }
+
+// Next is how far the archive reaches: the first partition not archived
+// (behind a log, not sealed in this engine's filter). The exact tier may
+// drop the partitions before it that left its window.
+func (a *Archiver) Next() int64 { return a.next.Load() }
+
+// Shared reports an archive fed from a shared tier's log.
+func (a *Archiver) Shared() bool { return a.c.Log != nil }
+
+// Forgetting holds archiving off while a Forget runs (invariant 3); the
+// caller calls the returned function when its removal is done.
+func (a *Archiver) Forgetting() (done func()) {
+	a.mu.RLock()
+	return a.mu.RUnlock
+}
+
+// oldest is the oldest partition the archive keeps when cur is current.
+func (a *Archiver) oldest(cur int64) int64 { return cur - a.live + 1 }
+
+// blobName names group g's filter blob.
+func blobName(g int64) string { return "filter-" + strconv.FormatInt(g, 10) }
+
+func blobGroup(name string) (int64, bool) {
+	s, ok := strings.CutPrefix(name, "filter-")
+	if !ok {
+		return 0, false
+	}
+	g, err := strconv.ParseInt(s, 10, 64)
+	return g, err == nil && g >= 0
+}
+
+// Start runs the archiving loop.
+func (a *Archiver) Start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	a.stop, a.done = cancel, make(chan struct{})
+	go a.loop(ctx)
+	a.Poke()
+}
+
+// Poke wakes the loop: a partition closed.
+func (a *Archiver) Poke() {
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+// loop archives whenever woken (a rotation), and retries every second
+// while a closed partition waits for its seal or the archive fails.
+func (a *Archiver) loop(ctx context.Context) {
+	defer close(a.done)
+	retry := time.NewTimer(time.Hour)
+	defer retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.wake:
+		case <-retry.C:
+		}
+		if a.c.Log != nil {
+			a.logPass(ctx)
+			retry.Reset(logTick)
+		} else if behind := a.pass(ctx); behind {
+			retry.Reset(time.Second)
+		}
+	}
+}
+
+// hook calls the test hook of a stage of archiving, if set.
+func hook(stage string) {
+	if f := hooks.InArchive.Load(); f != nil {
+		(*f)(stage)
+	}
+}
+
+// Close stops the loop (between partitions) and closes the archive.
+func (a *Archiver) Close() error {
+	if a.stop != nil {
+		a.stop()
+		<-a.done
+	}
+	return a.store.Close()
+}

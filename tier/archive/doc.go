@@ -1,0 +1,100 @@
+// Package archive moves the partitions an exact tier closes into a
+// tier.Archive and answers from it: it owns the archive's side of a
+// partition's life (closed and sealed in the exact tier → archived →
+// dropped from the exact tier → expired from the archive), the archive's
+// filter ring and its blobs, the archiving loop, the drain of a shared
+// tier's archive log, and the reads and removals of archived keys.
+//
+// The engine opens an Archiver (Open) with what it needs of the engine
+// (Config: the clock, the exact tier's partitions, reads and drops) and
+// asks it only two things: what it holds for a key (Find, Forget) and how
+// far it reaches (Next: the first partition not archived, below which the
+// exact tier may drop). Everything between those questions is decided
+// here, by events (a rotation pokes it) rather than by polling the engine.
+//
+// It never answers New: an archive that cannot be read fails the call
+// (tier.ErrUnavailable), and a key it does not hold is left to the exact
+// tier's answer. It never drops a partition from the exact tier itself:
+// it asks (Config.DropHot) once the archive holds the partition durably,
+// and the engine drops below Next.
+//
+//	commit ──► hot partition p (exact tier, the Window)
+//	           │ p closes and is sealed
+//	           ▼
+//	           archive.Put(p) ──► archived (durable) ──► the exact tier may drop p
+//	                                                     once p leaves the Window
+//	                              │ ArchiveWindow after p
+//	                              ▼
+//	                              archive.Drop: the key is New again
+//
+// A closed partition is archived as soon as it is sealed, so the archive
+// normally holds it long before it leaves the window; the exact tier drops
+// a partition only once the archive holds it (Next), and while the archive
+// lags behind the window, the exact tier's partitions that left the window
+// are still read, unfiltered, for every key found nowhere else (lagging
+// reads).
+//
+// A filter ring of its own covers the archive (Slots slots of Group
+// partitions each): a key it rules out never reaches the archive. Each
+// slot's filter is saved in the archive as a blob after each partition it
+// takes in, naming the newest partition it covers; a partition archived
+// after its group's blob (a crash between the two) is scanned back into
+// the filter at Open. What makes a blob invalid, and who checks (Open):
+// another kind, secret check or filter parameters, or a damaged file (the
+// snapshot's checksum), or one whose newest partition is not in the group
+// its name gives: it is not loaded, and its group's partitions are
+// scanned.
+//
+// # Invariants
+//
+//  1. The exact tier drops partition p only after archive.Put(p)
+//     returned (Next > p): no committed key is ever in neither.
+//  2. A key is added to the archive filter before its partition becomes
+//     visible to claims (Next moves past it).
+//  3. A Forget and the archiving of a partition exclude each other
+//     (Forgetting), so an archived copy never brings back a key a Forget
+//     removed.
+//  4. The archive is consulted only for keys the exact tier left New,
+//     and an archive that cannot answer fails the call
+//     (tier.ErrUnavailable): it never makes a key New.
+//
+// Behind a shared tier (Redis, which expires keys itself and has no
+// partitions to copy) the archive is fed from the tier's log:
+//
+//	commit script ──► the key (TTL Window) and a log entry, in one step
+//	                  │ drained in order by the engine holding the drain lease
+//	                  ▼
+//	                  archive.Apply (its position recorded in the same
+//	                  transaction), then the log trimmed up to it
+//	                  │ once the log holds none of partition p's entries
+//	                  │ and none can come (the log's clock passed p's end)
+//	                  ▼
+//	                  p's keys into the filter, its group's blob saved,
+//	                  then archive.Seal(p)
+//
+// Every engine loads the blob of each newly sealed partition (refresh).
+// A key the shared tier acquires, because it holds no commit of it, is
+// asked of the archive; the answer counts only if every partition holding
+// keys the tier may have let go (committed a Window or more ago) is sealed
+// in this engine's filter (sealedFor), and otherwise the call fails with
+// tier.ErrUnavailable: never a New that the archive could contradict.
+//
+//  5. A partition is sealed only after its group's blob holds its keys,
+//     and only once no entry of it can be appended: a reader that loaded
+//     the blob of every sealed partition misses no archived key.
+//  6. The log is trimmed only up to a position the archive recorded as
+//     applied; an entry applied twice (a drainer dead before its trim, or
+//     two drainers a lease apart) is skipped by that position.
+//  7. A Forget returns only once the archive applied the log up to the
+//     removal it appended, so no drain brings the key back afterwards.
+//
+// # What a late, duplicated or reordered step can do
+//
+// A Put retried after a lost reply replaces nothing (Put is all or
+// nothing and idempotent); the store records a partition archived only
+// after Put returned, so a crash between the two re-archives it. A log
+// entry applied twice is skipped by the applied position (6). A seal is
+// recorded only after its blob, so a crash between them re-seals. A blob
+// written late (after a newer one of its group) names an older partition
+// and is scanned past at Open.
+package archive
