@@ -15,6 +15,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
+	"github.com/tierdedup/tierdedup/internal/enginetest"
 	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
@@ -167,12 +168,7 @@ func TestCheckpointRestore(t *testing.T) {
 }
 
 // stepClock is a child's clock: base plus a minute per Step.
-type stepClock struct {
-	base  time.Time
-	steps atomic.Int64
-}
-
-func (c *stepClock) Now() time.Time { return c.base.Add(time.Duration(c.steps.Load()) * time.Minute) }
+type stepClock = enginetest.StepClock
 
 // stallChild (spec "dir|hook|start ns") marks batches of fresh keys, a
 // simulated minute apart, with a checkpoint every 500 keys and hour
@@ -197,7 +193,7 @@ func stallChild(spec string) int {
 	case "move":
 		engine.SetInMove(stall)
 	}
-	clock := &stepClock{base: time.Unix(0, start)}
+	clock := &stepClock{Base: time.Unix(0, start)}
 	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(dir), Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 20_000, Logger: quiet})
 	if err != nil {
 		fmt.Println("ERR", err)
@@ -225,7 +221,7 @@ func stallChild(spec string) int {
 			// Once stalled the clock stays, so no rotation follows: its
 			// drop would wait behind the stalled move, and the writes
 			// that must go on past the stall with it.
-			clock.steps.Add(1)
+			clock.Steps.Add(1)
 		}
 	}
 }
@@ -295,9 +291,7 @@ func TestKillDuringCheckpointAndMove(t *testing.T) {
 }
 
 // fixedClock is a clock that stays at t (Unix ns).
-type fixedClock int64
-
-func (c fixedClock) Now() time.Time { return time.Unix(0, int64(c)) }
+type fixedClock = enginetest.FixedClock
 
 // TestImportRestoresFromCheckpoint: an export taken after a checkpoint
 // carries the checkpoint's files beside the sealed ones, so the imported

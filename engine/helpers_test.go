@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
-
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
 	"github.com/tierdedup/tierdedup/internal/enginetest"
@@ -23,6 +21,8 @@ func newClock() *fakeClock { return enginetest.NewClock() }
 
 var quiet = enginetest.Quiet
 
+const day = 24 * time.Hour
+
 // TestMain sends a child process (this test binary, re-executed by
 // crashtest.Start for a crash or multi-process test) to its code.
 func TestMain(m *testing.M) {
@@ -32,12 +32,16 @@ func TestMain(m *testing.M) {
 		"fault":   faultChild,      // TestStorageFaultChild
 		"nilctx":  nilContextChild, // TestCommitNilContext
 		"stall":   stallChild,      // TestKillDuringCheckpointAndMove
-		"archive": archiveChild,    // TestKillWhileArchiving
 		"durable": durableChild,    // TestDurableClaimsSurviveSIGKILL
 	})
 }
 
 // open opens an engine of o, failing t if it cannot (enginetest.Open).
+// waitArchived waits until no closed partition waits for the archive.
+func waitArchived(t testing.TB, e *engine.Engine) { t.Helper(); enginetest.WaitArchived(t, e) }
+
+func ptr[T any](v T) *T { return enginetest.Ptr(v) }
+
 func open(t testing.TB, o engine.Options) *engine.Engine {
 	t.Helper()
 	return enginetest.Open(t, o)
@@ -151,18 +155,8 @@ func checkDoneOrder(t *testing.T, got [][]int) {
 	}
 }
 
-// crashFS is a crashable in-memory filesystem whose Link fails, so Pebble
-// copies instead (vfs.LinkOrCopy): Pebble's crashable MemFS takes its
-// clone lock twice in Link, and a CrashClone waiting between the two
-// deadlocks both, which an ingest of a moved partition would hit.
-type crashFS struct{ *vfs.MemFS }
+// crashFS is a crashable in-memory filesystem that copies where Pebble
+// would link (enginetest.CrashFS).
+type crashFS = enginetest.CrashFS
 
-func newCrashFS() crashFS { return crashFS{vfs.NewCrashableMem()} }
-
-// Link refuses, so the caller copies.
-func (crashFS) Link(oldname, newname string) error {
-	return errors.New("crashFS: no hard links")
-}
-
-// CrashClone is MemFS.CrashClone, wrapped.
-func (f crashFS) CrashClone(cfg vfs.CrashCloneCfg) crashFS { return crashFS{f.MemFS.CrashClone(cfg)} }
+func newCrashFS() crashFS { return enginetest.NewCrashFS() }

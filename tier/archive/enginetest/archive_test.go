@@ -1,4 +1,4 @@
-package engine_test
+package enginetest_test
 
 import (
 	"context"
@@ -16,8 +16,6 @@ import (
 	"github.com/tierdedup/tierdedup/tier/pebble"
 	"github.com/tierdedup/tierdedup/tier/postgres"
 )
-
-const day = 24 * time.Hour
 
 // archiveRun commits keysPerDay keys a simulated day into an engine with
 // a 7-day window and a 21-day archive, and checks every key committed so
@@ -241,23 +239,6 @@ func TestArchiveCheckerSeesLoss(t *testing.T) {
 	t.Logf("%d wrong answers, first: %s", len(bad), bad[0])
 }
 
-// waitArchived waits until no closed partition waits for the archive.
-func waitArchived(t *testing.T, e *engine.Engine) {
-	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if st := e.Stats(); st.Archive != nil && st.Archive.Lag == 0 {
-			if st.BloomSealFailures > 0 {
-				// The recorded clock moved back (a drop raced a rotation):
-				// a closed partition could not be sealed.
-				t.Fatalf("%d sealing passes failed", st.BloomSealFailures)
-			}
-			return
-		}
-	}
-	st := e.Stats()
-	t.Fatalf("the archive still lags: %+v (filters %s, %d sealed, %d seal failures)", st.Archive, st.BloomMode, st.BloomSealed, st.BloomSealFailures)
-}
-
 // TestArchiveOptions: what cannot work is refused at Open.
 func TestArchiveOptions(t *testing.T) {
 	fs := vfs.NewMem()
@@ -284,7 +265,7 @@ func TestArchiveOptions(t *testing.T) {
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
-	setDir(&o, "other")
+	o.Backend = &embedded.Backend{Dir: "other", FS: fs}
 	if _, err := engine.Open(&o); !errors.Is(err, engine.ErrLayout) {
 		t.Fatalf("an archive of another store: %v, want ErrLayout", err)
 	}

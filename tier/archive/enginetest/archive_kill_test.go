@@ -1,4 +1,4 @@
-package engine_test
+package enginetest_test
 
 import (
 	"bufio"
@@ -36,12 +36,12 @@ func archiveChild(spec string) int {
 	parts := strings.Split(spec, "|")
 	dir, stage := parts[0], parts[1]
 	start, _ := strconv.ParseInt(parts[2], 10, 64)
-	clock := &stepClock{base: time.Unix(0, start)}
+	clock := &stepClock{Base: time.Unix(0, start)}
 	enginetest.SetInArchive(func(s string) {
 		if s == stage {
 			// Held here until the partition being archived has left the
 			// window, so the kill finds the archive behind it.
-			for clock.Now().Sub(clock.base) < 6*time.Hour {
+			for clock.Now().Sub(clock.Base) < 6*time.Hour {
 				time.Sleep(time.Millisecond)
 			}
 			fmt.Println("STALL")
@@ -71,16 +71,14 @@ func archiveChild(spec string) int {
 		}
 		fmt.Fprintf(out, "T %d\n", clock.Now().UnixNano())
 		out.Flush()
-		if clock.Now().Sub(clock.base) < 7*time.Hour {
+		if clock.Now().Sub(clock.Base) < 7*time.Hour {
 			// Then the clock stays, writes go on, and the archiver
 			// catches up to its stage (under the race detector it may
 			// otherwise never end a pass, which the "drop" stage needs).
-			clock.steps.Add(5)
+			clock.Steps.Add(5)
 		}
 	}
 }
-
-func ptr[T any](v T) *T { return &v }
 
 // TestKillWhileArchiving kills a child inside each stage of archiving a
 // partition (inside the archive's Put, after it before the partition is
