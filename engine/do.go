@@ -39,7 +39,10 @@ func giveBackContext(ctx context.Context) (context.Context, context.CancelFunc) 
 
 // Do runs fn for key exactly once inside the window: it claims the key,
 // runs fn if the claim is New, then commits (fn returned nil) or releases
-// (fn failed or panicked, so a redelivery can run it). It returns the claim's
+// (fn failed or panicked, so a redelivery can run it). While fn runs, its
+// claim's lease is kept (Keep), however long fn takes; a claim lost anyway
+// (the tier let it go, another worker took the key) cancels fn's context,
+// and Do returns ErrLeaseLost, committing nothing. It returns the claim's
 // outcome and fn's error or the engine's. Ack the message when the error is
 // nil and the outcome is New or Duplicate; leave InFlight for redelivery;
 // dead-letter Conflict and Poison.
@@ -138,13 +141,30 @@ func (n *Namespace) run(ctx context.Context, key []byte, fn func(context.Context
 			}
 		}
 	}()
-	if rfn != nil {
-		c.Result, err = rfn(ctx)
-		if err == nil {
-			err = n.e.checkResults([]Claim{c})
+	// The claim's lease is kept while fn runs, however long; fn's context
+	// ends if the claim is lost. Stopped before the give-back above (a
+	// panicking fn too): the claim is the heartbeat's until then.
+	hb, hctx := n.e.Keep(ctx, &c, HeartbeatOptions{})
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = hb.Stop()
 		}
+	}()
+	if rfn != nil {
+		c.Result, err = rfn(hctx)
 	} else {
-		err = fn(ctx)
+		err = fn(hctx)
+	}
+	stopped = true
+	if lost := hb.Stop(); lost != nil {
+		// Another worker may hold the key now: neither commit nor give
+		// back what is no longer this call's.
+		committed = true
+		return New, nil, errors.Join(err, lost)
+	}
+	if err == nil && rfn != nil {
+		err = n.e.checkResults([]Claim{c})
 	}
 	if err != nil {
 		return New, nil, err

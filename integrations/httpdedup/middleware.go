@@ -10,7 +10,6 @@ import (
 	"runtime/debug"
 	"slices"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -350,10 +349,13 @@ func Unknown(r *http.Request) {
 func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, c engine.Claim) {
 	m.stats.executed.Add(1)
 	rec := newRecorder(w, m.keep)
-	stop := m.heartbeat(r.Context(), &c)
+	// The lease is kept while the handler runs (every third of it); a lost
+	// claim's response is sent but not stored over another's. The handler
+	// keeps the request's context: the claim's loss does not abort it.
+	hb, _ := m.e.Keep(r.Context(), &c, engine.HeartbeatOptions{Lease: m.lease, Every: m.lease / 3})
 	state := &runState{}
 	panicked := m.run(next, rec, r.WithContext(context.WithValue(r.Context(), runStateKey{}, state)))
-	lost := stop()
+	lost := hb.Stop()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.o.CommitTimeout)
 	defer cancel()
 	// Unknown outranks a panic: a proxy whose upstream broke mid-response
@@ -471,42 +473,6 @@ func (m *Middleware) panicked(rec *recorder, r *http.Request, p any, unknown boo
 	default:
 		m.span(r).panicked(http.StatusInternalServerError)
 		m.problem(rec.w, http.StatusInternalServerError, titlePanic, "the handler failed; the request may be retried with the same key", 0)
-	}
-}
-
-// heartbeat extends c's lease every third of it while the handler runs.
-// The returned stop ends it and returns ErrLeaseLost if the lease was lost
-// meanwhile (the response must then not be stored over another's).
-func (m *Middleware) heartbeat(ctx context.Context, c *engine.Claim) (stop func() error) {
-	done := make(chan struct{})
-	var lost error
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(max(m.lease/3, time.Millisecond))
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-			ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.lease/3)
-			err := m.e.Extend(ectx, c, m.lease)
-			cancel()
-			if errors.Is(err, engine.ErrLeaseLost) {
-				lost = err
-				return
-			}
-			// Another failure (a store briefly down) keeps the earlier
-			// lease: the next beat tries again.
-		}
-	}()
-	return func() error {
-		close(done)
-		wg.Wait()
-		return lost
 	}
 }
 

@@ -195,59 +195,34 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg, h Handler) {
 // claim every AckWait/2 while it runs. A failed handler's claim is
 // released; a lost claim cancels the handler's context and fails.
 func (c *Consumer) run(ctx context.Context, msg jetstream.Msg, cl *engine.Claim, h Handler) ([]engine.Write, error) {
-	hctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stop, beat := make(chan struct{}), make(chan error, 1)
-	go func() {
-		// The claim is this goroutine's until it returns.
-		// Every half ack wait, or half the claim's lease if that is
-		// shorter: the claim never ends before a beat extends it.
-		every := c.o.AckWait / 2
-		if left := time.Until(time.Unix(0, cl.LeaseUntil)); left > 0 && left/2 < every {
-			every = left / 2
-		}
-		t := time.NewTicker(max(every, time.Millisecond))
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				beat <- nil
-				return
-			case <-t.C:
-			}
-			c.check("in-progress", msg.InProgress())
-			err := c.e.Extend(ctx, cl, c.o.AckWait)
-			if errors.Is(err, engine.ErrLeaseLost) {
-				c.stats.lost.Add(1)
-				cancel()
-				beat <- err
-				return
-			}
-			if err != nil {
-				c.log.Printf("natsdedup: extend: %v", err)
-				continue
-			}
-			c.stats.extends.Add(1)
-		}
-	}()
+	// The claim is kept while the handler runs: every half ack wait (or
+	// half the lease left, if sooner) the message gets InProgress and the
+	// claim an Extend by AckWait. A lost claim cancels the handler's
+	// context.
+	hb, hctx := c.e.Keep(ctx, cl, engine.HeartbeatOptions{
+		Lease:    c.o.AckWait,
+		Every:    c.o.AckWait / 2,
+		Beat:     func() { c.check("in-progress", msg.InProgress()) },
+		Extended: func() { c.stats.extends.Add(1) },
+		Failed:   func(err error) { c.log.Printf("natsdedup: extend: %v", err) },
+	})
 	defer func() {
 		if r := recover(); r != nil {
-			// A panicking handler: the heartbeat has stopped (below);
-			// its claim is released and its message redelivered at once,
-			// not held until the lease ends, then the panic goes on.
-			<-beat
-			if err := c.e.Release(context.WithoutCancel(ctx), *cl); err != nil {
-				c.log.Printf("natsdedup: release after a panic: %v", err)
+			// A panicking handler: the heartbeat stops; its claim is
+			// released and its message redelivered at once, not held
+			// until the lease ends, then the panic goes on.
+			if hb.Stop() == nil {
+				if err := c.e.Release(context.WithoutCancel(ctx), *cl); err != nil {
+					c.log.Printf("natsdedup: release after a panic: %v", err)
+				}
 			}
 			c.retry(msg)
 			panic(r)
 		}
 	}()
-	writes, err := func() ([]engine.Write, error) {
-		defer close(stop) // a panicking handler stops the heartbeat too
-		return h(hctx, msg)
-	}()
-	if lost := <-beat; lost != nil {
+	writes, err := h(hctx, msg)
+	if lost := hb.Stop(); lost != nil {
+		c.stats.lost.Add(1)
 		return nil, lost
 	}
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -308,9 +307,20 @@ func (m *Middleware) execute(msg *message.Message, h message.HandlerFunc, cl eng
 		}
 	}
 	col := &collector{writable: m.writable}
-	hctx, cancel := context.WithCancel(context.WithValue(orig, collectorKey{}, col))
-	defer cancel()
-	stop := m.heartbeat(orig, &cl, cancel)
+	// The lease is kept while the handler runs (every half of what is
+	// left); a lost claim cancels the handler's context at once.
+	hb, hctx := m.e.Keep(context.WithValue(orig, collectorKey{}, col), &cl, engine.HeartbeatOptions{
+		Lease:    m.lease,
+		Extended: func() { m.stats.extends.Add(1) },
+		Failed:   func(err error) { m.o.Logger.Error("watermilldedup: extend", err, nil) },
+	})
+	stop := func() bool {
+		if hb.Stop() != nil {
+			m.stats.lost.Add(1)
+			return true
+		}
+		return false
+	}
 	msg.SetContext(hctx)
 	returned := false
 	defer func() {
@@ -363,62 +373,6 @@ func (m *Middleware) execute(msg *message.Message, h message.HandlerFunc, cl eng
 	}
 	m.stats.news.Add(1)
 	return outs, nil
-}
-
-// heartbeat extends cl every half of its remaining lease until the
-// returned stop is called; stop reports whether the claim was lost
-// meanwhile (lost cancels the handler's context at once). cl is the
-// heartbeat's until stop returns.
-func (m *Middleware) heartbeat(ctx context.Context, cl *engine.Claim, lost context.CancelFunc) (stop func() bool) {
-	quit, res := make(chan struct{}), make(chan bool, 1)
-	go func() {
-		for {
-			every := time.Until(time.Unix(0, cl.LeaseUntil)) / 2
-			t := time.NewTimer(max(every, time.Millisecond))
-			select {
-			case <-quit:
-				t.Stop()
-				res <- false
-				return
-			case <-t.C:
-			}
-			err := m.e.Extend(ctx, cl, m.lease)
-			switch {
-			case errors.Is(err, engine.ErrLeaseLost):
-				m.stats.lost.Add(1)
-				lost()
-				<-quit
-				res <- true
-				return
-			case err != nil:
-				m.o.Logger.Error("watermilldedup: extend", err, nil)
-				if ctx.Err() != nil {
-					<-quit // the message's context ended: the router stops it
-					res <- false
-					return
-				}
-				// Try again in a while, not in a loop: the lease keeps
-				// its end.
-				select {
-				case <-quit:
-					res <- false
-					return
-				case <-time.After(max(every/4, time.Millisecond)):
-				}
-			default:
-				m.stats.extends.Add(1)
-			}
-		}
-	}()
-	var once sync.Once
-	var lostIt bool
-	return func() bool {
-		once.Do(func() {
-			close(quit)
-			lostIt = <-res
-		})
-		return lostIt
-	}
 }
 
 // reject calls Options.Reject and dead-letters msg if so configured: nil

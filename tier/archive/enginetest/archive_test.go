@@ -152,7 +152,12 @@ func testArchiveKeepsHistory(t *testing.T, archive func(vfs.FS) tier.ArchiveBack
 			r.open()
 		}
 		if bad := r.check(); len(bad) > 0 {
-			t.Fatalf("after day %d, %d wrong answers, first: %s", r.days, len(bad), bad[0])
+			// Whether the loss lasts: asked again once the archive caught up.
+			st := *r.e.Stats().Archive
+			waitArchived(t, r.e)
+			again := r.check()
+			t.Fatalf("after day %d, %d wrong answers, first: %s (archive %+v); once the archive caught up, %d wrong (%v), archive %+v",
+				r.days, len(bad), bad[0], st, len(again), again[:min(len(again), 1)], *r.e.Stats().Archive)
 		}
 	}
 	defer r.e.Close()
