@@ -102,7 +102,7 @@ func BenchmarkArchiveRedis(b *testing.B) {
 			// Sized for the rate the benchmark commits at (about 100 k
 			// keys/s, a million a partition), not the history's: a
 			// partition sealed while it runs holds that many.
-			ExpectedKeys: 1 << 20, MemoryCapacity: 1 << 16, Logger: quiet}
+			ExpectedKeys: 1 << 20, MemoryCapacity: 1 << 16, Logger: quietEngine}
 		if archive != nil {
 			o.Archive, o.ArchiveWindow = archive, redisArchHistory
 			if fp, err := strconv.ParseFloat(os.Getenv(archiveFPEnv), 64); err == nil {

@@ -82,7 +82,7 @@ func newArchivedEngine(b *testing.B, kind string) *archivedEngine {
 	dir := b.TempDir()
 	clock := &benchClock{t: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)}
 	o := engine.Options{Backend: embedded.Dir(filepath.Join(dir, "store")), Clock: clock, Window: 24 * time.Hour, Partition: 6 * time.Hour,
-		ExpectedKeys: perDay / 4, MemoryCapacity: 1 << 16, Logger: quiet}
+		ExpectedKeys: perDay / 4, MemoryCapacity: 1 << 16, Logger: quietEngine}
 	archive := kind != archiveNone
 	switch kind {
 	case archiveFiles:
@@ -260,7 +260,7 @@ func TestPlanArchiveFilterIsTheEngines(t *testing.T) {
 	dir := t.TempDir()
 	clock := &benchClock{t: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)}
 	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(filepath.Join(dir, "s")), Clock: clock, Window: in.Window, Partition: in.Partition,
-		ExpectedKeys: int(pl.KeysPerPartition), Archive: pebble.ArchiveDir{Dir: filepath.Join(dir, "a")}, ArchiveWindow: in.ArchiveWindow, Logger: quiet})
+		ExpectedKeys: int(pl.KeysPerPartition), Archive: pebble.ArchiveDir{Dir: filepath.Join(dir, "a")}, ArchiveWindow: in.ArchiveWindow, Logger: quietEngine})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -222,7 +222,7 @@ func strategyIndex(s Strategy) int { return slices.Index(Strategies, s) }
 // in dir, one per application (effect/<message>/<pid>-<n>), so a repeat is
 // seen.
 func countLedger(dir string, messages int) (CrashRow, error) {
-	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(dir), ExpectedKeys: 10_000, Logger: crashQuiet})
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(dir), ExpectedKeys: 10_000, Logger: quietEngine})
 	if err != nil {
 		return CrashRow{}, err
 	}

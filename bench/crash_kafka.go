@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -79,6 +80,9 @@ const crashChildTimeout = 2 * time.Minute
 // crashQuiet discards the logs of the Kafka consumers.
 var crashQuiet = log.New(io.Discard, "", 0)
 
+// quietEngine discards an engine's logs.
+var quietEngine = slog.New(slog.DiscardHandler)
+
 // CrashChildKafka is CrashChild for the Kafka form: it consumes the
 // topic in group, in offset batches of every, committing the group's
 // offset per the strategy (WithLedger: through kafkadedup, the offset
@@ -106,7 +110,7 @@ func CrashChildKafka(ctx context.Context, strategy Strategy, dir string, k Kafka
 	}
 	c := &crashConsumer{strategy: strategy, effects: effects, killAt: killAt, afterEffect: afterEffect}
 	if strategy == WithEngine {
-		if c.e, err = engine.Open(&engine.Options{Backend: embedded.Dir(filepath.Join(dir, "dedup")), ExpectedKeys: 10_000, Logger: crashQuiet}); err != nil {
+		if c.e, err = engine.Open(&engine.Options{Backend: embedded.Dir(filepath.Join(dir, "dedup")), ExpectedKeys: 10_000, Logger: quietEngine}); err != nil {
 			return err
 		}
 		defer c.e.Close()
@@ -213,7 +217,7 @@ func crashLedgerKafka(ctx context.Context, dir string, k KafkaCrash, group strin
 	member, err := kafkadedup.New(&kafkadedup.Options{
 		Group:  group,
 		Dir:    filepath.Join(dir, "dedup"),
-		Engine: engine.Options{Backend: &embedded.Backend{FS: hook}, ExpectedKeys: 10_000, Logger: crashQuiet},
+		Engine: engine.Options{Backend: &embedded.Backend{FS: hook}, ExpectedKeys: 10_000, Logger: quietEngine},
 		Logger: crashQuiet,
 	})
 	if err != nil {

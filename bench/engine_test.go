@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -66,6 +67,9 @@ type target struct {
 
 var quiet = log.New(io.Discard, "", 0)
 
+// quietEngine discards an engine\'s logs.
+var quietEngine = slog.New(slog.DiscardHandler)
+
 // parallelism is goroutines per CPU. A consumer runs several workers per
 // core (one per broker partition) so that one batch's fsync overlaps another
 // batch's work; with one goroutine per core the CPU idles during every fsync.
@@ -74,7 +78,7 @@ const parallelism = 4
 func engineTarget(name string, o engine.Options) target {
 	return target{name, func(b *testing.B) deduper {
 		o := o
-		o.Logger = quiet
+		o.Logger = quietEngine
 		if o.Tiers == engine.Default {
 			o.Backend = embedded.Dir(b.TempDir())
 		}

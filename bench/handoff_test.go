@@ -22,7 +22,7 @@ func BenchmarkHandoff(b *testing.B) {
 	ctx := context.Background()
 	root := b.TempDir()
 	src := filepath.Join(root, "src")
-	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(src), ExpectedKeys: max(b.N, 1000), Logger: quiet})
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(src), ExpectedKeys: max(b.N, 1000), Logger: quietEngine})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func BenchmarkHandoff(b *testing.B) {
 		b.Fatal(err)
 	}
 	t1 := time.Now()
-	dstOpts := engine.Options{Backend: embedded.Dir(filepath.Join(root, "dst")), ExpectedKeys: max(b.N, 1000), Logger: quiet}
+	dstOpts := engine.Options{Backend: embedded.Dir(filepath.Join(root, "dst")), ExpectedKeys: max(b.N, 1000), Logger: quietEngine}
 	if _, err := embedded.Dir(filepath.Join(root, "dst")).Import(ctx, filepath.Join(root, "export"), engine.DefaultWindow, engine.DefaultPartition, 0); err != nil {
 		b.Fatal(err)
 	}

@@ -22,7 +22,7 @@ import (
 func BenchmarkOperator(b *testing.B) {
 	ctx := context.Background()
 	open := func(b *testing.B) *engine.Engine {
-		e, err := engine.Open(&engine.Options{Backend: embedded.Dir(b.TempDir()), ExpectedKeys: max(b.N, 1000), Logger: quiet})
+		e, err := engine.Open(&engine.Options{Backend: embedded.Dir(b.TempDir()), ExpectedKeys: max(b.N, 1000), Logger: quietEngine})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -135,7 +135,7 @@ func BenchmarkPerMessage(b *testing.B) {
 
 // openDefault opens the default configuration in a temporary directory.
 func openDefault(b *testing.B) *engine.Engine {
-	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(b.TempDir()), Logger: quiet})
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(b.TempDir()), Logger: quietEngine})
 	if err != nil {
 		b.Fatal(err)
 	}

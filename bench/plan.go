@@ -101,7 +101,7 @@ type PlanInput struct {
 	// is its filter's target (zero: 0.01).
 	ArchiveWindow        time.Duration
 	ArchiveFalsePositive float64
-	// Sliding plans a sliding window (engine.Options.SlidingWindows on
+	// Sliding plans a sliding window (engine.NamespaceOptions.Sliding on
 	// the default namespace): a duplicate that arrives in a later
 	// partition than its key's last commit re-commits it, one more write
 	// and one more record in the store and the current filter. The
@@ -512,7 +512,7 @@ func Calibrate(ctx context.Context, in PlanInput, cc CalibrateConfig) (Calibrati
 		Warmup:   warm,
 		Segments: cc.Segments,
 		Engine: engine.Options{Tiers: in.Tiers, Backend: backendFor(in.Tiers, cc.Dir), Window: in.Window, Partition: in.Partition, FalsePositive: in.FalsePositive,
-			MemoryCapacity: in.MemoryCapacity, ExpectedKeys: max(1000, int(expected)), SlidingWindows: map[string]bool{"": in.Sliding}},
+			MemoryCapacity: in.MemoryCapacity, ExpectedKeys: max(1000, int(expected)), Namespaces: map[string]engine.NamespaceOptions{"": {Sliding: in.Sliding}}},
 	}
 	res, err := Run(ctx, rc)
 	if err != nil {

@@ -79,7 +79,7 @@ func BenchmarkPostgres(b *testing.B) {
 func openPostgres(b *testing.B, p *pgxpool.Pool) *engine.Engine {
 	table := fmt.Sprintf("bench_%d", time.Now().UnixNano())
 	b.Cleanup(func() { _, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
-	e, err := engine.Open(&engine.Options{Backend: postgres.NewBackend(p, postgres.Config{Table: table}), Logger: quiet})
+	e, err := engine.Open(&engine.Options{Backend: postgres.NewBackend(p, postgres.Config{Table: table}), Logger: quietEngine})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func TestPostgresBytesPerKey(t *testing.T) {
 	ctx := context.Background()
 	table := fmt.Sprintf("bytes_%d", time.Now().UnixNano())
 	t.Cleanup(func() { _, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
-	e, err := engine.Open(&engine.Options{Backend: postgres.NewBackend(p, postgres.Config{Table: table}), Logger: quiet})
+	e, err := engine.Open(&engine.Options{Backend: postgres.NewBackend(p, postgres.Config{Table: table}), Logger: quietEngine})
 	if err != nil {
 		t.Fatal(err)
 	}

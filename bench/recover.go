@@ -7,7 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -232,7 +232,7 @@ func RecoverMeasure(ctx context.Context, c RecoverConfig, at int64, mode string,
 	o.Clock = simClock{start: time.Unix(0, at), processed: &processed}
 	o.Lease = o.WithDefaults().Window / 2
 	if all {
-		o.Logger = log.New(io.Discard, "", 0) // it would name each file removed above
+		o.Logger = slog.New(slog.DiscardHandler) // it would name each file removed above
 	}
 	t0 := time.Now()
 	e, err := engine.Open(&o)

@@ -29,7 +29,7 @@ func BenchmarkRedis(b *testing.B) {
 	for _, batch := range []int{1, 256} {
 		for _, op := range []string{"claim", "mark"} {
 			b.Run(fmt.Sprintf("tier=redis/op=%s/batch=%d", op, batch), func(b *testing.B) {
-				e, err := engine.Open(&engine.Options{Backend: redis.NewBackend(client, redis.Config{Prefix: fmt.Sprintf("b%d:", time.Now().UnixNano())}), Logger: quiet})
+				e, err := engine.Open(&engine.Options{Backend: redis.NewBackend(client, redis.Config{Prefix: fmt.Sprintf("b%d:", time.Now().UnixNano())}), Logger: quietEngine})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -42,7 +42,7 @@ func BenchmarkRedis(b *testing.B) {
 		b.Run("tier=redis-cluster/op="+op+"/batch=256", func(b *testing.B) {
 			cl := redistest.StartCluster(b)
 			cc := cl.ClientWith(b, &goredis.ClusterOptions{PoolSize: 64})
-			e, err := engine.Open(&engine.Options{Backend: redis.NewBackend(cc, redis.Config{Prefix: fmt.Sprintf("c%d:", time.Now().UnixNano())}), Logger: quiet})
+			e, err := engine.Open(&engine.Options{Backend: redis.NewBackend(cc, redis.Config{Prefix: fmt.Sprintf("c%d:", time.Now().UnixNano())}), Logger: quietEngine})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -128,7 +128,7 @@ func TestRedisBytesPerKey(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	ctx := context.Background()
-	e, err := engine.Open(&engine.Options{Backend: redis.NewBackend(c, redis.Config{}), Logger: quiet}) // the default prefix, as the planner assumes
+	e, err := engine.Open(&engine.Options{Backend: redis.NewBackend(c, redis.Config{}), Logger: quietEngine}) // the default prefix, as the planner assumes
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,11 +33,11 @@ func BenchmarkStoredResult(b *testing.B) {
 		if c.memory > 0 {
 			name += fmt.Sprintf("/memory=%d", c.memory)
 		}
-		o := engine.Options{MemoryCapacity: c.memory, Logger: quiet}
+		o := engine.Options{MemoryCapacity: c.memory, Logger: quietEngine}
 		if c.dated {
 			// A namespace window of its own: every commit stores its time.
 			name += "/namespace-window"
-			o.NamespaceWindows = map[string]time.Duration{"": 24 * time.Hour}
+			o.Namespaces = map[string]engine.NamespaceOptions{"": {Window: 24 * time.Hour}}
 		}
 		b.Run(name, func(b *testing.B) {
 			ctx := context.Background()

@@ -172,7 +172,7 @@ func TestPlanCountsSlidingRefreshes(t *testing.T) {
 	for _, reach := range []time.Duration{20 * time.Minute, 3 * time.Hour} {
 		w := WorkloadConfig{Keys: keys, DupRatio: dup, DupReach: reach, Span: 24 * time.Hour, Seed: 9}
 		o := engine.Options{Backend: &embedded.Backend{FS: vfs.NewMem(), Dir: "db", NoSync: true}, Window: 24 * time.Hour, Partition: time.Hour, ExpectedKeys: 20_000,
-			SlidingWindows: map[string]bool{"": true}}
+			Namespaces: map[string]engine.NamespaceOptions{"": {Sliding: true}}}
 		res, err := Run(context.Background(), RunConfig{Workload: w, Engine: o, Workers: 2})
 		if err != nil {
 			t.Fatal(err)

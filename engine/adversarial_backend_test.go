@@ -220,7 +220,7 @@ func TestAdvBackendRefusedConfigs(t *testing.T) {
 		{"bloom-only, wrapped nil backend", engine.Options{Tiers: engine.BloomOnly, Backend: advbWrapped{nil}}},
 		{"bloom-only, shared backend", engine.Options{Tiers: engine.BloomOnly, Backend: shared}},
 		{"bloom-only, DurableClaims", engine.Options{Tiers: engine.BloomOnly, Backend: embedded.Dir(dir), MaxAttempts: 1, DurableClaims: true}},
-		{"bloom-only, NamespaceWindows", engine.Options{Tiers: engine.BloomOnly, Backend: embedded.Dir(dir), NamespaceWindows: map[string]time.Duration{"a": time.Hour}}},
+		{"bloom-only, NamespaceWindows", engine.Options{Tiers: engine.BloomOnly, Backend: embedded.Dir(dir), Namespaces: map[string]engine.NamespaceOptions{"a": {Window: time.Hour}}}},
 		{"bloom-only, CacheSize negative", engine.Options{Tiers: engine.BloomOnly, Backend: &embedded.Backend{Dir: dir, CacheSize: -1}}},
 		{"Tiers out of range", engine.Options{Tiers: engine.Tiers(9), Backend: embedded.Dir(dir)}},
 		{"archive, memory-only", engine.Options{Tiers: engine.MemoryOnly, Archive: pebble.ArchiveDir{Dir: arch}}},

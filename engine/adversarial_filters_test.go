@@ -9,7 +9,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"log"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -65,7 +65,7 @@ func TestAdvFilterForgottenKeysAreNotFalsePositives(t *testing.T) {
 	clock := newClock()
 	logs := &syncBuf{}
 	e := open(t, engine.Options{Backend: embedded.Dir(t.TempDir()), Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 10000, Clock: clock,
-		Logger: log.New(logs, "", 0)})
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	defer e.Close()
 	const n = 1000 // a tenth of ExpectedKeys
 	keys := make([][]byte, n)
@@ -114,8 +114,8 @@ func TestAdvFilterSlidingNamespaceWindowKeys(t *testing.T) {
 	clock := newClock()
 	logs := &syncBuf{}
 	e := open(t, engine.Options{Backend: embedded.Dir(t.TempDir()), Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000, Clock: clock,
-		Logger:         log.New(logs, "", 0),
-		SlidingWindows: map[string]bool{"sensors": true}, NamespaceWindows: map[string]time.Duration{"sensors": 10 * time.Minute}})
+		Logger:     slog.New(slog.NewTextHandler(logs, nil)),
+		Namespaces: map[string]engine.NamespaceOptions{"sensors": {Sliding: true, Window: 10 * time.Minute}}})
 	defer e.Close()
 	ns, _ := e.Namespace("sensors")
 	keys := make([][]byte, 10)
@@ -149,7 +149,7 @@ func TestAdvFilterRightSizedRepeatedWorkload(t *testing.T) {
 	clock := newClock()
 	logs := &syncBuf{}
 	o := engine.Options{Backend: embedded.Dir(t.TempDir()), Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 20000, Clock: clock,
-		Logger: log.New(logs, "", 0)}
+		Logger: slog.New(slog.NewTextHandler(logs, nil))}
 	e := open(t, o)
 	defer func() { e.Close() }()
 	hot := make([][]byte, 50)
@@ -207,7 +207,7 @@ func TestAdvFilterRecommendationEarly(t *testing.T) {
 	clock := newClock()
 	logs := &syncBuf{}
 	e := open(t, engine.Options{Backend: embedded.Dir(t.TempDir()), Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000, Clock: clock,
-		Logger: log.New(logs, "", 0)})
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	defer e.Close()
 	n := 0
 	for m := 0; m < 2; m++ {

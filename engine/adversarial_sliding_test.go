@@ -1,7 +1,7 @@
 package engine_test
 
-// Adversarial tests of Options.SlidingWindows: each would fail if a
-// promise of docs/calls.md "Sliding windows" or of Options.SlidingWindows
+// Adversarial tests of NamespaceOptions.Sliding: each would fail if a
+// promise of docs/calls.md "Sliding windows" or of NamespaceOptions.Sliding
 // were broken.
 
 import (
@@ -29,7 +29,7 @@ func slideMark(t *testing.T, e *engine.Engine, ns, key string) engine.Outcome {
 
 // TestAdvSlidingNamespaceWindowAddedLater: a key that kept arriving in a
 // sliding namespace with the engine's window, with a stored result, is
-// then given a namespace window of its own (Options.NamespaceWindows
+// then given a namespace window of its own (NamespaceOptions.Window
 // "applies at once to keys already committed"). Its last arrival was
 // minutes ago: it must still be a Duplicate under the new, shorter window,
 // as a key committed once minutes ago is.
@@ -37,7 +37,7 @@ func TestAdvSlidingNamespaceWindowAddedLater(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock()
 	o := engine.Options{Backend: embedded.Dir(t.TempDir()), Window: 4 * time.Hour, Partition: time.Hour, Clock: clock, Logger: quiet,
-		ExpectedKeys: 1000, SlidingWindows: map[string]bool{"s": true}}
+		ExpectedKeys: 1000, Namespaces: map[string]engine.NamespaceOptions{"s": {Sliding: true}}}
 	e := open(t, o)
 	ns, _ := e.Namespace("s")
 	res := func(context.Context) ([]byte, error) { return []byte("r"), nil }
@@ -57,7 +57,7 @@ func TestAdvSlidingNamespaceWindowAddedLater(t *testing.T) {
 		t.Fatal(err)
 	}
 	clock.Add(10 * time.Minute)
-	o.NamespaceWindows = map[string]time.Duration{"s": 2 * time.Hour}
+	o.Namespaces = map[string]engine.NamespaceOptions{"s": {Sliding: true, Window: 2 * time.Hour}}
 	e = open(t, o)
 	defer e.Close()
 	ns, _ = e.Namespace("s")
@@ -113,12 +113,12 @@ func (c slideConfig) w() time.Duration {
 
 func (c slideConfig) options(t *testing.T, clock engine.Clock) engine.Options {
 	o := engine.Options{Tiers: c.tiers, Window: slideWindow, Partition: slidePart, ExpectedKeys: 10000, Clock: clock, Logger: quiet,
-		SlidingWindows: map[string]bool{"slide": true}}
+		Namespaces: map[string]engine.NamespaceOptions{"slide": {Sliding: true}}}
 	if c.dir {
 		setDir(&o, t.TempDir())
 	}
 	if c.window > 0 {
-		o.NamespaceWindows = map[string]time.Duration{"slide": c.window, "fixed": c.window}
+		o.Namespaces = map[string]engine.NamespaceOptions{"slide": {Sliding: true, Window: c.window}, "fixed": {Window: c.window}}
 	}
 	return o
 }
@@ -603,7 +603,7 @@ func TestAdvSlidingMemoryEviction(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock()
 	e := open(t, engine.Options{Tiers: engine.MemoryOnly, MemoryCapacity: 1024, Stripes: 1, Window: slideWindow, Clock: clock,
-		SlidingWindows: map[string]bool{"": true}})
+		Namespaces: map[string]engine.NamespaceOptions{"": {Sliding: true}}})
 	defer e.Close()
 	if o, _ := e.MarkIfAbsent(ctx, []byte("hot")); o != engine.New {
 		t.Fatal(o)
@@ -630,7 +630,7 @@ func TestAdvSlidingBloomReopenWithoutArrival(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock()
 	o := engine.Options{Tiers: engine.BloomOnly, Backend: embedded.Dir(t.TempDir()), Window: slideWindow, Partition: slidePart, ExpectedKeys: 1000, Clock: clock,
-		Logger: quiet, SlidingWindows: map[string]bool{"": true}}
+		Logger: quiet, Namespaces: map[string]engine.NamespaceOptions{"": {Sliding: true}}}
 	e := open(t, o)
 	if g, _ := e.MarkIfAbsent(ctx, []byte("k")); g != engine.New {
 		t.Fatal(g)
@@ -669,10 +669,10 @@ func TestAdvSlidingRefreshSurvivesMachineCrash(t *testing.T) {
 			clock := newClock()
 			fs := vfs.NewCrashableMem()
 			o := engine.Options{Backend: &embedded.Backend{Dir: "s", FS: fs}, Window: slideWindow, Partition: slidePart, ExpectedKeys: 1000, Clock: clock,
-				SlidingWindows: map[string]bool{"": true}}
+				Namespaces: map[string]engine.NamespaceOptions{"": {Sliding: true}}}
 			w := slideWindow
 			if nsw > 0 {
-				o.NamespaceWindows = map[string]time.Duration{"": nsw}
+				o.Namespaces = map[string]engine.NamespaceOptions{"": {Sliding: true, Window: nsw}}
 				w = nsw
 			}
 			e := open(t, o)

@@ -10,7 +10,7 @@ import (
 )
 
 // TestAdversarialDurableClaimNamespaceWindowExtend: durable claims (Extend past the partition) in a namespace with a
-// window of its own (NamespaceWindows, shorter than Window). Extend takes
+// window of its own (NamespaceOptions.Window, shorter than Window). Extend takes
 // any d shorter than the engine's Window, so one heartbeat can keep a
 // claim alive longer than its namespace's window + a partition without
 // moving its attempt to a later partition. Abandoned (Close), the claim
@@ -23,7 +23,7 @@ func TestAdversarialDurableClaimNamespaceWindowExtend(t *testing.T) {
 			clock := newClock()
 			o := durableOpts(dir, 1, clock)
 			o.Window, o.Partition, o.Lease = 24*time.Hour, time.Hour, 10*time.Minute
-			o.NamespaceWindows = map[string]time.Duration{"short": 2 * time.Hour}
+			o.Namespaces = map[string]engine.NamespaceOptions{"short": {Window: 2 * time.Hour}}
 			e := open(t, o)
 			ns, err := e.Namespace("short")
 			if err != nil {

@@ -137,7 +137,7 @@ func TestAdvanceBadInput(t *testing.T) {
 }
 
 // TestNamespaceBadInput: reserved, too long and NUL-prefixed names
-// are ErrNamespace; NamespaceWindows outside (Lease, Window], or with
+// are ErrNamespace; a namespace Window outside (Lease, Window], or with
 // BloomOnly or Postgres, are ErrOptions.
 func TestNamespaceBadInput(t *testing.T) {
 	e := open(t, engine.Options{Tiers: engine.MemoryOnly})
@@ -161,19 +161,19 @@ func TestNamespaceBadInput(t *testing.T) {
 		name   string
 		w      time.Duration
 	}{
-		{memory, "n", 0}, {memory, "n", -1}, {memory, "n", math.MinInt64},
+		{memory, "n", -1}, {memory, "n", math.MinInt64},
 		{memory, "n", window + 1}, {memory, "n", lease}, {memory, "n", lease - 1},
 		{memory, "\x00n", window}, {memory, strings.Repeat("a", 256), window},
 		{bloom, "n", window}, {pg, "n", window}, {memory, "n", math.MaxInt64},
 	} {
-		o := engine.Options{Tiers: tc.config.Tiers, Backend: tc.config.Backend, Window: window, Partition: time.Minute, Lease: lease, NamespaceWindows: map[string]time.Duration{tc.name: tc.w}}
+		o := engine.Options{Tiers: tc.config.Tiers, Backend: tc.config.Backend, Window: window, Partition: time.Minute, Lease: lease, Namespaces: map[string]engine.NamespaceOptions{tc.name: {Window: tc.w}}}
 		expectErr(t, fmt.Sprintf("%v NamespaceWindows[%.10q] = %v", o.Name(), tc.name, tc.w), o.Validate(), engine.ErrOptions)
 		if _, err := engine.Open(&o); !errors.Is(err, engine.ErrOptions) {
 			t.Errorf("Open with NamespaceWindows[%.10q] = %v: %v", tc.name, tc.w, err)
 		}
 	}
 	for _, w := range []time.Duration{lease + 1, window} {
-		o := engine.Options{Tiers: engine.MemoryOnly, Window: window, Partition: time.Minute, Lease: lease, NamespaceWindows: map[string]time.Duration{"n": w, "": w}}
+		o := engine.Options{Tiers: engine.MemoryOnly, Window: window, Partition: time.Minute, Lease: lease, Namespaces: map[string]engine.NamespaceOptions{"n": {Window: w}, "": {Window: w}}}
 		if err := o.Validate(); err != nil {
 			t.Errorf("NamespaceWindows %v: %v", w, err)
 		}

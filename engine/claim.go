@@ -267,7 +267,7 @@ type Claim struct {
 	// nanoseconds of the committing engine's clock (Duplicate or Conflict
 	// with a Result; zero otherwise). In a sliding namespace of the
 	// embedded store it is the key's last refresh, which re-committed it
-	// dated then (Options.SlidingWindows).
+	// dated then (NamespaceOptions.Sliding).
 	CommittedAt int64
 	// Version is the entity's stored version (Advance): the one a New
 	// claim replaces (0 for none), or the one that made the answer

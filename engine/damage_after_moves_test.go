@@ -44,7 +44,7 @@ func dmBuild(t *testing.T) *dmHist {
 	fs := newCrashFS()
 	clock := newClock()
 	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000,
-		NamespaceWindows: map[string]time.Duration{"short": dmShort}}
+		Namespaces: map[string]engine.NamespaceOptions{"short": {Window: dmShort}}}
 	e := open(t, o)
 	defer func() { _ = e.Close() }()
 	short, err := e.Namespace("short")

@@ -127,10 +127,13 @@ func (n *Namespace) run(ctx context.Context, key []byte, fn func(context.Context
 			return 0, nil, err // before claiming: fn must not run for a result nothing can keep
 		}
 	}
-	c, err := n.Claim(ctx, key)
-	if err != nil || c.Outcome != New {
-		return c.Outcome, c.Result, err
+	claimed, err := n.Claim(ctx, key)
+	if err != nil || claimed.Outcome != New {
+		return claimed.Outcome, claimed.Result, err
 	}
+	// A copy the heartbeat may hold (it escapes): a duplicate allocates
+	// nothing for it.
+	c := claimed
 	committed := false
 	defer func() {
 		if !committed {

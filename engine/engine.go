@@ -71,7 +71,7 @@ type Engine struct {
 	arch             *archive.Archiver
 	archiveWindow    time.Duration
 	nsArchiveWindows map[string]time.Duration
-	// nsWindows are the namespaces' own windows (Options.NamespaceWindows).
+	// nsWindows are the namespaces' own windows (NamespaceOptions.Window).
 	nsWindows map[string]int64
 	// noSharedCache: memory keeps no commits of a shared tier
 	// (Options.NoSharedCache), so a Forget reaches every process.

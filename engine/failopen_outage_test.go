@@ -27,7 +27,7 @@ func TestFailOpenClosedCalls(t *testing.T) {
 				t.Run(fmt.Sprintf("%s/nocache=%v/nswindow=%v", cfg.name, nocache, nswin), func(t *testing.T) {
 					o := engine.Options{FailOpen: true, NoSharedCache: nocache, Lease: time.Minute, MaxAttempts: 3}
 					if nswin {
-						o.NamespaceWindows = map[string]time.Duration{"pay": time.Hour}
+						o.Namespaces = map[string]engine.NamespaceOptions{"pay": {Window: time.Hour}}
 					}
 					e, other, f := cfg.open(t, o)
 					defer e.Close()

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"log"
+	"log/slog"
 	"math"
 	"strings"
 	"sync"
@@ -86,7 +86,7 @@ func TestFilterFalsePositivesMeasured(t *testing.T) {
 			var logs lockedBuffer
 			e, err := engine.Open(&engine.Options{
 				Backend: &embedded.Backend{Dir: t.TempDir(), NoSync: true}, Window: 2 * time.Hour, Partition: time.Hour, ExpectedKeys: tc.expected,
-				Clock: clock, Logger: log.New(&logs, "", 0),
+				Clock: clock, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -156,7 +156,7 @@ func TestFilterOverfullBloomOnly(t *testing.T) {
 	var logs lockedBuffer
 	e, err := engine.Open(&engine.Options{Backend: &embedded.Backend{},
 		Tiers: engine.BloomOnly, Window: 2 * time.Hour, Partition: time.Hour, ExpectedKeys: full / 10,
-		Clock: clock, Logger: log.New(&logs, "", 0),
+		Clock: clock, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -78,7 +78,7 @@ func (e *Engine) warnFilter(p bloom.PartitionStats, now int64) {
 		how = "measured: " + strconv.FormatUint(p.FalsePositives, 10) + " of the last " + strconv.FormatUint(p.Checked, 10) + " new keys probed read the store for nothing"
 		rate = bp.MeasuredFP
 	}
-	e.opts.Logger.Printf("tierdedup: Bloom filter of the partition starting %s: false-positive rate %.3g, %.1f× its target %.3g (%s); it holds %d keys against ExpectedKeys %d: set ExpectedKeys to %d to restore the target",
+	e.logger.Printf("tierdedup: Bloom filter of the partition starting %s: false-positive rate %.3g, %.1f× its target %.3g (%s); it holds %d keys against ExpectedKeys %d: set ExpectedKeys to %d to restore the target",
 		bp.Start.UTC().Format(time.RFC3339), rate, rate/bp.TargetFP, bp.TargetFP, how, bp.Keys, e.opts.ExpectedKeys, bp.RecommendedExpectedKeys)
 }
 

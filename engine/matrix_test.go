@@ -165,13 +165,13 @@ func TestMatrixBadOptionsAreTypedAndWriteNothing(t *testing.T) {
 		{"postgres: table of 64 bytes", engine.Options{Backend: pb(strings.Repeat("t", 64))}, postgres.ErrOptions},
 		{"postgres: table with a quote", engine.Options{Backend: pb(table + `"; DROP TABLE x; --`)}, postgres.ErrOptions},
 		{"postgres: SweepBlocks negative", engine.Options{Backend: postgres.NewBackend(pool, postgres.Config{Table: table, SweepBlocks: -1})}, postgres.ErrOptions},
-		{"postgres: NamespaceWindows", engine.Options{Backend: pb(table), NamespaceWindows: map[string]time.Duration{"a": time.Hour}}, postgres.ErrOptions},
+		{"postgres: NamespaceWindows", engine.Options{Backend: pb(table), Namespaces: map[string]engine.NamespaceOptions{"a": {Window: time.Hour}}}, postgres.ErrOptions},
 		{"redis: Tiers MemoryOnly", engine.Options{Backend: rb(prefix), Tiers: engine.MemoryOnly}, nil},
 		{"redis: Tiers BloomOnly", engine.Options{Backend: rb(prefix), Tiers: engine.BloomOnly}, nil},
 		{"redis: Tiers 9", engine.Options{Backend: rb(prefix), Tiers: 9}, nil},
-		{"redis: NamespaceWindows not above Lease", engine.Options{Backend: rb(prefix), Lease: time.Minute, NamespaceWindows: map[string]time.Duration{"a": time.Minute}}, nil},
-		{"redis: NamespaceWindows above Window", engine.Options{Backend: rb(prefix), Window: time.Hour, Partition: time.Hour, NamespaceWindows: map[string]time.Duration{"a": 2 * time.Hour}}, nil},
-		{"redis: NamespaceWindows of an engine name", engine.Options{Backend: rb(prefix), NamespaceWindows: map[string]time.Duration{"\x00v": time.Hour}}, nil},
+		{"redis: NamespaceWindows not above Lease", engine.Options{Backend: rb(prefix), Lease: time.Minute, Namespaces: map[string]engine.NamespaceOptions{"a": {Window: time.Minute}}}, nil},
+		{"redis: NamespaceWindows above Window", engine.Options{Backend: rb(prefix), Window: time.Hour, Partition: time.Hour, Namespaces: map[string]engine.NamespaceOptions{"a": {Window: 2 * time.Hour}}}, nil},
+		{"redis: NamespaceWindows of an engine name", engine.Options{Backend: rb(prefix), Namespaces: map[string]engine.NamespaceOptions{"\x00v": {Window: time.Hour}}}, nil},
 		{"redis: MaxAttempts 70000", engine.Options{Backend: rb(prefix), MaxAttempts: 70000}, nil},
 		{"postgres: MaxAttempts 70000", engine.Options{Backend: pb(table), MaxAttempts: 70000}, nil},
 		{"redis: Window/Partition over 63", engine.Options{Backend: rb(prefix), Partition: time.Hour}, nil},
@@ -181,8 +181,8 @@ func TestMatrixBadOptionsAreTypedAndWriteNothing(t *testing.T) {
 		{"memory: Dir", engine.Options{Tiers: engine.MemoryOnly, Backend: embedded.Dir(dir)}, nil},
 		{"bloom: FailOpen", engine.Options{Tiers: engine.BloomOnly, Backend: embedded.Dir(dir), FailOpen: true}, nil},
 		{"bloom: NoSharedCache", engine.Options{Tiers: engine.BloomOnly, Backend: embedded.Dir(dir), NoSharedCache: true}, nil},
-		{"bloom: NamespaceWindows", engine.Options{Tiers: engine.BloomOnly, Backend: embedded.Dir(dir), NamespaceWindows: map[string]time.Duration{"a": time.Hour}}, nil},
-		{"bloom: NamespaceWindows without Dir", engine.Options{Backend: &embedded.Backend{}, Tiers: engine.BloomOnly, NamespaceWindows: map[string]time.Duration{"a": time.Hour}}, nil},
+		{"bloom: NamespaceWindows", engine.Options{Tiers: engine.BloomOnly, Backend: embedded.Dir(dir), Namespaces: map[string]engine.NamespaceOptions{"a": {Window: time.Hour}}}, nil},
+		{"bloom: NamespaceWindows without Dir", engine.Options{Backend: &embedded.Backend{}, Tiers: engine.BloomOnly, Namespaces: map[string]engine.NamespaceOptions{"a": {Window: time.Hour}}}, nil},
 		{"default: FailOpen", engine.Options{Backend: embedded.Dir(dir), FailOpen: true}, nil},
 		{"default: NoSharedCache", engine.Options{Backend: embedded.Dir(dir), NoSharedCache: true}, nil},
 		{"default: no Dir", engine.Options{}, nil},
@@ -395,7 +395,7 @@ func TestMatrixLayoutErrorsMatchSentinels(t *testing.T) {
 		srv := redistest.Start(t)
 		c := srv.Client(t)
 		prefix := fmt.Sprintf("layout-%d:", time.Now().UnixNano())
-		base := engine.Options{Window: 2 * time.Hour, Partition: time.Hour, MaxAttempts: 2, NamespaceWindows: map[string]time.Duration{"short": time.Minute}}
+		base := engine.Options{Window: 2 * time.Hour, Partition: time.Hour, MaxAttempts: 2, Namespaces: map[string]engine.NamespaceOptions{"short": {Window: time.Minute}}}
 		first := openRedis(t, c, prefix, base)
 		defer first.Close()
 		if out, err := first.MarkIfAbsent(ctx, []byte("k")); err != nil || out != engine.New {
@@ -406,12 +406,14 @@ func TestMatrixLayoutErrorsMatchSentinels(t *testing.T) {
 			t.Fatal(err)
 		}
 		for name, change := range map[string]func(o *engine.Options){
-			"Window":              func(o *engine.Options) { o.Window = 3 * time.Hour },
-			"MaxAttempts":         func(o *engine.Options) { o.MaxAttempts = 3 },
-			"no MaxAttempts":      func(o *engine.Options) { o.MaxAttempts = 0 },
-			"NoSharedCache":       func(o *engine.Options) { o.NoSharedCache = true },
-			"NamespaceWindows":    func(o *engine.Options) { o.NamespaceWindows = map[string]time.Duration{"short": 2 * time.Minute} },
-			"no NamespaceWindows": func(o *engine.Options) { o.NamespaceWindows = nil },
+			"Window":         func(o *engine.Options) { o.Window = 3 * time.Hour },
+			"MaxAttempts":    func(o *engine.Options) { o.MaxAttempts = 3 },
+			"no MaxAttempts": func(o *engine.Options) { o.MaxAttempts = 0 },
+			"NoSharedCache":  func(o *engine.Options) { o.NoSharedCache = true },
+			"NamespaceWindows": func(o *engine.Options) {
+				o.Namespaces = map[string]engine.NamespaceOptions{"short": {Window: 2 * time.Minute}}
+			},
+			"no NamespaceWindows": func(o *engine.Options) { o.Namespaces = nil },
 		} {
 			o := base
 			change(&o)
@@ -701,7 +703,7 @@ var mxOptions = []mxOption{
 	{"CommitQueue", func(o *engine.Options) { o.CommitQueue = 1 }, func(mxConfig) bool { return true }},
 	{"NoSync", func(o *engine.Options) { setNoSync(o, true) }, func(mxConfig) bool { return true }},
 	{"NamespaceWindows", func(o *engine.Options) {
-		o.Lease, o.NamespaceWindows = 200*time.Millisecond, map[string]time.Duration{"short": 1500 * time.Millisecond}
+		o.Lease, o.Namespaces = 200*time.Millisecond, map[string]engine.NamespaceOptions{"short": {Window: 1500 * time.Millisecond}}
 	}, func(c mxConfig) bool { return c.name != "bloom" && c.name != "bloom-dir" && c.name != "postgres" }},
 }
 
@@ -948,7 +950,7 @@ func mxScenario(t *testing.T, cfg mxConfig, opt mxOption) {
 		}
 	}
 
-	if o.NamespaceWindows != nil {
+	if o.Namespaces["short"].Window != 0 {
 		short, err := e.Namespace("short")
 		if err != nil {
 			t.Fatal(err)

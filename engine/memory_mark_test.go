@@ -114,7 +114,7 @@ func TestMemoryMarkRepeats(t *testing.T) {
 func TestMemoryMarkNamespaceWindows(t *testing.T) {
 	clock := newClock()
 	e := open(t, engine.Options{Tiers: engine.MemoryOnly, Clock: clock, Window: time.Hour, Partition: 10 * time.Minute, Lease: time.Second,
-		NamespaceWindows: map[string]time.Duration{"short": time.Minute, "": 30 * time.Minute}})
+		Namespaces: map[string]engine.NamespaceOptions{"short": {Window: time.Minute}, "": {Window: 30 * time.Minute}}})
 	defer e.Close()
 	short, _ := e.Namespace("short")
 	other, _ := e.Namespace("other")

@@ -83,7 +83,7 @@ func newMoveWorld(t *testing.T) *moveWorld {
 	t.Cleanup(func() { engine.SetCheckpointKeys(0) })
 	w := &moveWorld{t: t, fs: newCrashFS(), clock: newClock(), keys: map[string]*moveKey{}, live: 5}
 	w.o = engine.Options{Backend: &embedded.Backend{Dir: "db", FS: w.fs}, Clock: w.clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 2000,
-		MaxAttempts: 3, NamespaceWindows: map[string]time.Duration{"short": moveShort}}
+		MaxAttempts: 3, Namespaces: map[string]engine.NamespaceOptions{"short": {Window: moveShort}}}
 	w.e = open(t, w.o)
 	return w
 }
@@ -729,7 +729,7 @@ func TestMovesExpiryAtTheWindowsEnd(t *testing.T) {
 	fs := newCrashFS()
 	clock := newClock() // 10:00, a partition's start
 	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000,
-		NamespaceWindows: map[string]time.Duration{"short": 90 * time.Minute}}
+		Namespaces: map[string]engine.NamespaceOptions{"short": {Window: 90 * time.Minute}}}
 	e := open(t, o)
 	short, _ := e.Namespace("short")
 	mark := func(ns *engine.Namespace, k string) {

@@ -14,13 +14,13 @@ import (
 type Namespace struct {
 	e    *Engine
 	name string
-	// window is the namespace's own window (Options.NamespaceWindows),
+	// window is the namespace's own window (NamespaceOptions.Window),
 	// zero for the engine's; cacheFor is how long memory keeps its commits.
 	window, cacheFor int64
-	// sliding: a duplicate refreshes its key's life (Options.SlidingWindows).
+	// sliding: a duplicate refreshes its key's life (NamespaceOptions.Sliding).
 	sliding bool
 	// archiveWindow is how long the archive answers for its keys: its own
-	// (Options.NamespaceArchiveWindows), the engine's ArchiveWindow, or
+	// (NamespaceOptions.ArchiveWindow), the engine's ArchiveWindow, or
 	// zero (not archived: no archive, a window of its own, or the
 	// engine's own namespaces).
 	archiveWindow int64
@@ -56,7 +56,7 @@ func ownNamespace(name string) bool { return len(name) > 0 && name[0] == 0 }
 
 // newNamespace is the namespace called name with its window.
 func (e *Engine) newNamespace(name string) *Namespace {
-	n := &Namespace{e: e, name: name, cacheFor: e.cacheFor, sliding: e.opts.SlidingWindows[name] && !ownNamespace(name)}
+	n := &Namespace{e: e, name: name, cacheFor: e.cacheFor, sliding: e.opts.Namespaces[name].Sliding && !ownNamespace(name)}
 	if e.arch != nil && !ownNamespace(name) {
 		n.archiveWindow = int64(e.archiveWindow)
 		if w, ok := e.nsArchiveWindows[name]; ok {
@@ -101,11 +101,11 @@ func (n *Namespace) refreshes(partition, now int64) bool {
 }
 
 // Sliding reports whether a duplicate refreshes its key's life in the
-// namespace (Options.SlidingWindows).
+// namespace (NamespaceOptions.Sliding).
 func (n *Namespace) Sliding() bool { return n.sliding }
 
 // Window returns how long a commit in the namespace stays a Duplicate: its
-// own window (Options.NamespaceWindows), or the engine's.
+// own window (NamespaceOptions.Window), or the engine's.
 func (n *Namespace) Window() time.Duration {
 	if n.window > 0 {
 		return time.Duration(n.window)

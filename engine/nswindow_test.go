@@ -25,7 +25,7 @@ func TestNamespaceWindows(t *testing.T) {
 		t.Run(tiers.String(), func(t *testing.T) {
 			clock := newClock()
 			o := engine.Options{Tiers: tiers, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, Lease: time.Minute,
-				NamespaceWindows: map[string]time.Duration{"telemetry": 10 * time.Minute}}
+				Namespaces: map[string]engine.NamespaceOptions{"telemetry": {Window: 10 * time.Minute}}}
 			if tiers == engine.Default {
 				o.Backend, o.ExpectedKeys = embedded.Dir(t.TempDir()), 1000
 			}
@@ -91,7 +91,7 @@ func TestNamespaceWindows(t *testing.T) {
 			mark("telemetry", "t2", engine.New)
 			clock.Add(15 * time.Minute)
 			o2 := o
-			o2.NamespaceWindows = map[string]time.Duration{"telemetry": 20 * time.Minute, "late": 10 * time.Minute}
+			o2.Namespaces = map[string]engine.NamespaceOptions{"telemetry": {Window: 20 * time.Minute}, "late": {Window: 10 * time.Minute}}
 			reopen(o2)
 			mark("telemetry", "t2", engine.Duplicate)
 			clock.Add(5 * time.Minute)
@@ -121,7 +121,7 @@ func TestNamespaceWindowRedis(t *testing.T) {
 	c := redistest.Start(t).Client(t)
 	prefix := fmt.Sprintf("nsw-%d:", time.Now().UnixNano())
 	o := engine.Options{Lease: 200 * time.Millisecond,
-		NamespaceWindows: map[string]time.Duration{"short": time.Second}}
+		Namespaces: map[string]engine.NamespaceOptions{"short": {Window: time.Second}}}
 	a, b := openRedis(t, c, prefix, o), openRedis(t, c, prefix, o)
 	defer a.Close()
 	defer b.Close()
@@ -154,13 +154,13 @@ func TestNamespaceWindowRedis(t *testing.T) {
 // is refused.
 func TestNamespaceWindowOptions(t *testing.T) {
 	for _, o := range []engine.Options{
-		{Tiers: engine.MemoryOnly, Window: time.Hour, NamespaceWindows: map[string]time.Duration{"a": 2 * time.Hour}},
-		{Tiers: engine.MemoryOnly, Lease: time.Minute, NamespaceWindows: map[string]time.Duration{"a": time.Minute}},
-		{Tiers: engine.BloomOnly, NamespaceWindows: map[string]time.Duration{"a": time.Hour}},
-		{Tiers: engine.MemoryOnly, NamespaceWindows: map[string]time.Duration{string(make([]byte, engine.MaxNamespace+1)): time.Hour}},
+		{Tiers: engine.MemoryOnly, Window: time.Hour, Namespaces: map[string]engine.NamespaceOptions{"a": {Window: 2 * time.Hour}}},
+		{Tiers: engine.MemoryOnly, Lease: time.Minute, Namespaces: map[string]engine.NamespaceOptions{"a": {Window: time.Minute}}},
+		{Tiers: engine.BloomOnly, Namespaces: map[string]engine.NamespaceOptions{"a": {Window: time.Hour}}},
+		{Tiers: engine.MemoryOnly, Namespaces: map[string]engine.NamespaceOptions{string(make([]byte, engine.MaxNamespace+1)): {Window: time.Hour}}},
 	} {
 		if err := o.Validate(); !errors.Is(err, engine.ErrOptions) {
-			t.Errorf("%+v: %v, want ErrOptions", o.NamespaceWindows, err)
+			t.Errorf("%+v: %v, want ErrOptions", o.Namespaces, err)
 		}
 	}
 }
@@ -173,13 +173,13 @@ func TestNamespaceWindowRedisLayout(t *testing.T) {
 	c := redistest.Start(t).Client(t)
 	prefix := fmt.Sprintf("nswl-%d:", time.Now().UnixNano())
 	o := engine.Options{Window: time.Hour,
-		NamespaceWindows: map[string]time.Duration{"n": time.Minute}}
+		Namespaces: map[string]engine.NamespaceOptions{"n": {Window: time.Minute}}}
 	a := openRedis(t, c, prefix, o)
 	defer a.Close()
 	b := openRedis(t, c, prefix, o) // the same windows: accepted
 	b.Close()
-	for _, w := range []map[string]time.Duration{nil, {"n": 2 * time.Minute}, {"n": time.Minute, "m": time.Minute}} {
-		o.NamespaceWindows = w
+	for _, w := range []map[string]engine.NamespaceOptions{nil, {"n": {Window: 2 * time.Minute}}, {"n": {Window: time.Minute}, "m": {Window: time.Minute}}} {
+		o.Namespaces = w
 		o.Backend = redisBackend(c, prefix)
 		if e, err := engine.Open(&o); !errors.Is(err, engine.ErrLayout) {
 			if e != nil {

@@ -35,7 +35,7 @@ func Open(opts *Options) (_ *Engine, err error) {
 	if err != nil {
 		return nil, err
 	}
-	o.SlidingWindows = maps.Clone(o.SlidingWindows) // the caller's map may change after Open
+	o.Namespaces = maps.Clone(o.Namespaces) // the caller's map may change after Open
 	e.opts = o
 	var opened closers
 	defer func() {
@@ -98,7 +98,7 @@ func newEngine(o Options) (*Engine, error) {
 		durableClaims: o.DurableClaims,
 		parts:         parts,
 		clock:         o.Clock,
-		logger:        o.Logger,
+		logger:        o.logLogger(),
 		secret:        shard.NewSecret(), // kept only by this process unless a tier persists one
 	}
 	e.def = Namespace{e: e}
@@ -188,9 +188,9 @@ func (e *Engine) assemble(o Options, now int64, opened *closers) error {
 	if e.exact != nil {
 		e.capabilities()
 	}
-	if len(o.NamespaceWindows) > 0 {
-		e.nsWindows = make(map[string]int64, len(o.NamespaceWindows))
-		for name, w := range o.NamespaceWindows {
+	if nsw := o.nsWindows(); len(nsw) > 0 {
+		e.nsWindows = make(map[string]int64, len(nsw))
+		for name, w := range nsw {
 			e.nsWindows[name] = int64(w)
 		}
 	}
@@ -209,7 +209,7 @@ func (e *Engine) assemble(o Options, now int64, opened *closers) error {
 		if err := e.openArchive(o, opened); err != nil {
 			return err
 		}
-		e.archiveWindow, e.nsArchiveWindows = o.ArchiveWindow, o.NamespaceArchiveWindows
+		e.archiveWindow, e.nsArchiveWindows = o.ArchiveWindow, o.nsArchiveWindows()
 		// A mark must ask the archive before it commits, and commit
 		// through the archive log: claim, archive, commit.
 		e.marker = nil

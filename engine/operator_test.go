@@ -24,7 +24,7 @@ func TestMixedNamespacesAsync(t *testing.T) {
 	clock := newClock()
 	fs := newCrashFS()
 	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, Lease: time.Minute, MemoryCapacity: 16, ExpectedKeys: 1000,
-		NamespaceWindows: map[string]time.Duration{"short": 10 * time.Minute, "": 20 * time.Minute}}
+		Namespaces: map[string]engine.NamespaceOptions{"short": {Window: 10 * time.Minute}, "": {Window: 20 * time.Minute}}}
 	e := open(t, o)
 	short, _ := e.Namespace("short")
 	long, _ := e.Namespace("long")
@@ -82,7 +82,7 @@ func TestMixedNamespacesAsync(t *testing.T) {
 	clock.Add(10 * time.Minute)
 	// crash: reopen a crash clone without Close
 	e2 := open(t, engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs.CrashClone(vfs.CrashCloneCfg{})}, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, Lease: time.Minute, MemoryCapacity: 16, ExpectedKeys: 1000,
-		NamespaceWindows: o.NamespaceWindows})
+		Namespaces: o.Namespaces})
 	check("crashed, default ended", e2, map[string]engine.Outcome{"short": engine.New, "long": engine.Duplicate, "": engine.New})
 	e2.Close()
 	e.Close()

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -183,8 +184,10 @@ type Options struct {
 	CommitQueue int
 	// Clock tells the time; nil means the system clock.
 	Clock Clock
-	// Logger receives storage error logs; nil means the standard logger.
-	Logger *log.Logger
+	// Logger receives the engine's and its tiers' warnings (storage errors,
+	// overfilled filters, an archive that lags), at level Warn; nil means
+	// slog.Default().
+	Logger *slog.Logger
 	// Tracer, when set, is told when each Do and DoResult starts and ends
 	// (integrations/oteldedup makes one from an OpenTelemetry
 	// TracerProvider). Nil costs one pointer comparison a call.
@@ -215,33 +218,11 @@ type Options struct {
 	// proceed on). A commit batch holding such a claim beside the caller's
 	// fails closed whole (the tier reports one error for the batch).
 	FailOpen bool
-	// NamespaceWindows gives namespaces (by name; "" is the default one) a
-	// window of their own, shorter than Window (10 minutes for telemetry
-	// IDs beside 7 days for payments): a key committed in one is a
-	// Duplicate for exactly its window, then New. Storage is reclaimed at
-	// the engine's granularity (whole partitions after Window), so a short
-	// window saves no disk, only wrong answers. Each must exceed Lease and
-	// not exceed Window. Memory, Default and Redis; not BloomOnly (a filter
-	// cannot date a key) nor Postgres. In Default, changing one between
-	// runs applies at once to keys already committed (the store dates each
-	// commit in such a namespace; a commit made while its namespace had no
-	// window of its own is dated at its partition's end). Redis sets each
-	// commit's TTL from its namespace's window, so the prefix records them
-	// and refuses a process with others (ErrLayout), as it does the Window.
-	NamespaceWindows map[string]time.Duration
-	// SlidingWindows makes the window of each namespace it names (by name;
-	// "" is the default one) slide: a Duplicate or Conflict refreshes its
-	// key's life, re-committing it where the window counts from now (the
-	// current partition; with a NamespaceWindows entry, dated now), so a key
-	// that keeps arriving stays a Duplicate for as long as it keeps
-	// arriving and becomes New a window after its last arrival. The
-	// refresh is durable before the duplicate is answered. It costs one
-	// write per refreshing duplicate: with the engine's window, a key's
-	// first duplicate in each partition (later ones find it current); with
-	// a namespace window, every duplicate. Memory, Default and BloomOnly
-	// (the key is added to the current partition's filter); not with a
-	// Backend. Duplicates answered from the archive do not refresh.
-	SlidingWindows map[string]bool
+	// Namespaces are the namespaces whose settings differ from the
+	// engine's, by name ("" is the default one): a window of their own,
+	// an archive window of their own, a sliding window (NamespaceOptions).
+	// Namespaces not named here take the engine's.
+	Namespaces map[string]NamespaceOptions
 	// NoSharedCache keeps no committed keys of the shared tier in memory
 	// (a Backend whose claims live in it): every claim of a key not in flight in
 	// this process asks the shared tier. Forget needs it: otherwise the
@@ -272,14 +253,6 @@ type Options struct {
 	// ArchiveFalsePositive is the archive filter's false-positive target,
 	// the share of new keys that cost an archive read. Zero means 0.01.
 	ArchiveFalsePositive float64
-	// NamespaceArchiveWindows gives namespaces (by name; "" is the default
-	// one) an archive window of their own, longer than Window and at most
-	// ArchiveWindow: a key committed in one is a Duplicate for that long,
-	// then New (dated by its partition's end unless its commit stored a
-	// time, so never judged older than it is). A namespace cannot have
-	// both a NamespaceWindows entry (shorter than Window, never archived)
-	// and one here. Storage is ArchiveWindow's for every namespace.
-	NamespaceArchiveWindows map[string]time.Duration
 	// DetachArchive lets an embedded store that moved partitions to an
 	// archive open without it (Archive nil): keys of those partitions
 	// that left the Window are New from then on, and that archive can
@@ -288,6 +261,75 @@ type Options struct {
 	// store is refused without its archive (ErrLayout). Refused with an
 	// Archive (ErrOptions).
 	DetachArchive bool
+}
+
+// NamespaceOptions are one namespace's own settings (Options.Namespaces);
+// each zero field takes the engine's.
+type NamespaceOptions struct {
+	// Window gives the namespace a window of its own, shorter than
+	// Options.Window (10 minutes for telemetry IDs beside 7 days for
+	// payments): a key committed in it is a Duplicate for exactly that
+	// window, then New. Storage is reclaimed at the engine's granularity
+	// (whole partitions after Window), so a short window saves no disk,
+	// only wrong answers. It must exceed Lease and not exceed Window.
+	// Memory, Default and Redis; not BloomOnly (a filter cannot date a
+	// key) nor Postgres. In Default, changing it between runs applies at
+	// once to keys already committed (the store dates each commit in such
+	// a namespace; a commit made while its namespace had no window of its
+	// own is dated at its partition's end). Redis sets each commit's TTL
+	// from its namespace's window, so the prefix records them and refuses
+	// a process with others (ErrLayout), as it does the Window.
+	Window time.Duration
+	// ArchiveWindow gives the namespace an archive window of its own,
+	// longer than Window and at most Options.ArchiveWindow: a key
+	// committed in it is a Duplicate for that long, then New (dated by its
+	// partition's end unless its commit stored a time, so never judged
+	// older than it is). A namespace cannot have both a Window (shorter
+	// than the engine's, never archived) and an ArchiveWindow. Storage is
+	// Options.ArchiveWindow's for every namespace. It needs an Archive.
+	ArchiveWindow time.Duration
+	// Sliding makes the namespace's window slide: a Duplicate or Conflict
+	// refreshes its key's life, re-committing it where the window counts
+	// from now (the current partition; with a Window of its own, dated
+	// now), so a key that keeps arriving stays a Duplicate for as long as
+	// it keeps arriving and becomes New a window after its last arrival.
+	// The refresh is durable before the duplicate is answered. It costs
+	// one write per refreshing duplicate: with the engine's window, a
+	// key's first duplicate in each partition (later ones find it
+	// current); with a window of its own, every duplicate. Memory, Default
+	// and BloomOnly (the key is added to the current partition's filter);
+	// not with a shared Backend. Duplicates answered from the archive do
+	// not refresh.
+	Sliding bool
+}
+
+// nsWindows are the namespaces' own windows (NamespaceOptions.Window).
+func (o *Options) nsWindows() map[string]time.Duration {
+	var m map[string]time.Duration
+	for name, n := range o.Namespaces {
+		if n.Window != 0 {
+			if m == nil {
+				m = map[string]time.Duration{}
+			}
+			m[name] = n.Window
+		}
+	}
+	return m
+}
+
+// nsArchiveWindows are the namespaces' own archive windows
+// (NamespaceOptions.ArchiveWindow).
+func (o *Options) nsArchiveWindows() map[string]time.Duration {
+	var m map[string]time.Duration
+	for name, n := range o.Namespaces {
+		if n.ArchiveWindow != 0 {
+			if m == nil {
+				m = map[string]time.Duration{}
+			}
+			m[name] = n.ArchiveWindow
+		}
+	}
+	return m
 }
 
 // DefaultArchiveWindow is the archive window when Options.Archive is set
@@ -312,25 +354,22 @@ func (o *Options) Validate() error {
 		bad("Lease %v is negative", o.Lease)
 	}
 	d := o.WithDefaults()
-	for name, on := range o.SlidingWindows {
-		switch {
-		case !on:
-		case checkNamespace(name) != nil:
-			bad("SlidingWindows: %v", checkNamespace(name))
-		case o.Backend != nil && !o.local():
-			bad("SlidingWindows are not supported with a shared Backend (%s): only the embedded store, memory and bloom-only refresh a key", o.Backend.Name())
+	for name, n := range o.Namespaces {
+		if err := checkNamespace(name); err != nil {
+			bad("Namespaces: %v", err)
+			continue
 		}
-	}
-	for name, w := range o.NamespaceWindows {
-		switch {
+		if n.Sliding && o.Backend != nil && !o.local() {
+			bad("Namespaces[%q].Sliding is not supported with a shared Backend (%s): only the embedded store, memory and bloom-only refresh a key", name, o.Backend.Name())
+		}
+		switch w := n.Window; {
+		case w == 0:
 		case o.Tiers == BloomOnly:
-			bad("NamespaceWindows are not supported by %v", o.Tiers)
-		case checkNamespace(name) != nil:
-			bad("NamespaceWindows: %v", checkNamespace(name))
-		case w > d.Window:
-			bad("NamespaceWindows[%q] %v is longer than Window %v", name, w, d.Window)
+			bad("Namespaces[%q].Window: a window of its own is not supported by %v", name, o.Tiers)
+		case w < 0 || w > d.Window:
+			bad("Namespaces[%q].Window %v is outside (Lease %v, Window %v]", name, w, d.Lease, d.Window)
 		case w <= d.Lease:
-			bad("NamespaceWindows[%q] %v must be longer than Lease %v", name, w, d.Lease)
+			bad("Namespaces[%q].Window %v must be longer than Lease %v", name, w, d.Lease)
 		}
 	}
 	if d.Window > 0 && d.Partition > 0 {
@@ -414,8 +453,8 @@ func (o *Options) validateTiers(bad func(format string, args ...any)) {
 // work, and the ones the configuration cannot keep.
 func (o *Options) validateArchive(d Options, bad func(format string, args ...any)) {
 	if o.Archive == nil {
-		if o.ArchiveWindow != 0 || o.ArchiveFalsePositive != 0 || len(o.NamespaceArchiveWindows) > 0 {
-			bad("ArchiveWindow, ArchiveFalsePositive and NamespaceArchiveWindows need an Archive")
+		if o.ArchiveWindow != 0 || o.ArchiveFalsePositive != 0 || len(o.nsArchiveWindows()) > 0 {
+			bad("ArchiveWindow, ArchiveFalsePositive and a namespace's ArchiveWindow need an Archive")
 		}
 		if o.DetachArchive && (!o.local() || o.Tiers != Default) {
 			bad("DetachArchive lets an embedded store (Tiers Default, embedded.Dir) go of its archive; a shared tier's archive log is the prefix's (see docs/archive.md)")
@@ -425,15 +464,13 @@ func (o *Options) validateArchive(d Options, bad func(format string, args ...any
 	if o.DetachArchive {
 		bad("DetachArchive opens a store without its archive: Archive must be nil")
 	}
-	for name, w := range o.NamespaceArchiveWindows {
-		_, short := o.NamespaceWindows[name]
-		switch {
-		case checkNamespace(name) != nil:
-			bad("NamespaceArchiveWindows: %v", checkNamespace(name))
-		case short:
-			bad("namespace %q has both a window shorter than Window (NamespaceWindows, never archived) and an archive window", name)
+	for name, n := range o.Namespaces {
+		switch w := n.ArchiveWindow; {
+		case w == 0, checkNamespace(name) != nil:
+		case n.Window != 0:
+			bad("Namespaces[%q] has both a Window (shorter than the engine's, never archived) and an ArchiveWindow", name)
 		case w <= d.Window || w > d.ArchiveWindow:
-			bad("NamespaceArchiveWindows[%q] %v is outside (Window %v, ArchiveWindow %v]", name, w, d.Window, d.ArchiveWindow)
+			bad("Namespaces[%q].ArchiveWindow %v is outside (Window %v, ArchiveWindow %v]", name, w, d.Window, d.ArchiveWindow)
 		}
 	}
 	switch {
@@ -483,8 +520,9 @@ func (o Options) archiveBinding(check [16]byte) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "tierdedup archive 1 check=%x window=%dns partition=%dns expected-keys=%d false-positive=%g",
 		check, int64(o.ArchiveWindow), int64(o.Partition), o.ExpectedKeys, o.ArchiveFalsePositive)
-	for _, n := range slices.Sorted(maps.Keys(o.NamespaceArchiveWindows)) {
-		fmt.Fprintf(&b, " %q=%dns", n, int64(o.NamespaceArchiveWindows[n]))
+	nsa := o.nsArchiveWindows()
+	for _, n := range slices.Sorted(maps.Keys(nsa)) {
+		fmt.Fprintf(&b, " %q=%dns", n, int64(nsa[n]))
 	}
 	return b.String()
 }
@@ -494,7 +532,7 @@ func (o Options) archiveEnv(parts tier.Partitions) tier.ArchiveEnv {
 	if lb, ok := o.Backend.(tier.LocalBackend); ok && o.local() {
 		dir = lb.Path()
 	}
-	return tier.ArchiveEnv{Partitions: parts, Window: o.ArchiveWindow, Dir: dir, Logger: o.Logger, Log: o.Backend != nil && !o.local()}
+	return tier.ArchiveEnv{Partitions: parts, Window: o.ArchiveWindow, Dir: dir, Logger: o.logLogger(), Log: o.Backend != nil && !o.local()}
 }
 
 // WithDefaults returns a copy of o with every field left zero that has a
@@ -534,7 +572,7 @@ func (o Options) WithDefaults() Options {
 		o.ArchiveFalsePositive = bloom.DefaultFalsePositive
 	}
 	if o.Logger == nil {
-		o.Logger = log.Default()
+		o.Logger = slog.Default()
 	}
 	return o
 }
@@ -543,7 +581,7 @@ func (o Options) WithDefaults() Options {
 func (o Options) env() tier.Env {
 	parts, _ := tier.NewPartitions(o.Window, o.Partition)
 	return tier.Env{Window: o.Window, Partitions: parts, MaxAttempts: o.MaxAttempts,
-		NamespaceWindows: o.NamespaceWindows, NoSharedCache: o.NoSharedCache, Logger: o.Logger,
+		NamespaceWindows: o.nsWindows(), NoSharedCache: o.NoSharedCache, Logger: o.logLogger(),
 		ArchiveLog:   o.Archive != nil && !o.local(),
 		ExpectedKeys: o.ExpectedKeys, FalsePositive: o.FalsePositive,
 		FiltersOnly: o.Tiers == BloomOnly, Archived: o.Archive != nil}
@@ -567,12 +605,20 @@ func (o *Options) Name() string {
 // Options returns the options the engine was opened with, every default
 // filled in (WithDefaults), for integrations that must check what they
 // rely on: an HTTP middleware refuses FailOpen, which would run a request
-// twice. The maps are copies; Backend, Archive, Clock and Logger are
+// twice. Namespaces is a copy; Backend, Archive, Clock and Logger are
 // the engine's own.
 func (e *Engine) Options() Options {
 	o := e.opts
-	o.NamespaceWindows = maps.Clone(o.NamespaceWindows)
-	o.NamespaceArchiveWindows = maps.Clone(o.NamespaceArchiveWindows)
-	o.SlidingWindows = maps.Clone(o.SlidingWindows)
+	o.Namespaces = maps.Clone(o.Namespaces)
 	return o
+}
+
+// logLogger is Logger as the tiers take it: a *log.Logger whose lines go
+// to Logger's handler at level Warn.
+func (o Options) logLogger() *log.Logger {
+	l := o.Logger
+	if l == nil {
+		l = slog.Default()
+	}
+	return slog.NewLogLogger(l.Handler(), slog.LevelWarn)
 }

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -530,11 +530,11 @@ func TestPanickingDone(t *testing.T) {
 	var logged strings.Builder
 	var logMu sync.Mutex
 	e := open(t, engine.Options{Backend: embedded.Dir(t.TempDir()), ExpectedKeys: 1000,
-		Logger: log.New(writerFunc(func(p []byte) (int, error) {
+		Logger: slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
 			logMu.Lock()
 			defer logMu.Unlock()
 			return logged.Write(p)
-		}), "", 0)})
+		}), nil))})
 	defer e.Close()
 	ctx := context.Background()
 	var mu sync.Mutex

@@ -351,7 +351,7 @@ func TestDoResultRefusedBeforeClaiming(t *testing.T) {
 // commits in the store, for itself).
 func TestCommittedAtOnlyWithResult(t *testing.T) {
 	ctx := context.Background()
-	o := engine.Options{Backend: embedded.Dir(t.TempDir()), ExpectedKeys: 1000, NamespaceWindows: map[string]time.Duration{"s": time.Hour}}
+	o := engine.Options{Backend: embedded.Dir(t.TempDir()), ExpectedKeys: 1000, Namespaces: map[string]engine.NamespaceOptions{"s": {Window: time.Hour}}}
 	e := open(t, o)
 	s := mustNamespace(t, e, "s")
 	if got, _ := s.MarkIfAbsent(ctx, []byte("k")); got != engine.New {

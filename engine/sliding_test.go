@@ -43,14 +43,14 @@ func TestSlidingWindows(t *testing.T) {
 			clock := newClock() // 10:00, a partition's start
 			o := engine.Options{
 				Tiers: tc.tiers, Window: window, Partition: part, ExpectedKeys: 1000, Clock: clock, Logger: quiet,
-				SlidingWindows: map[string]bool{"slide": true},
+				Namespaces: map[string]engine.NamespaceOptions{"slide": {Sliding: true}},
 			}
 			if tc.dir {
 				setDir(&o, t.TempDir())
 			}
 			w := window
 			if tc.window > 0 {
-				o.NamespaceWindows = map[string]time.Duration{"slide": tc.window, "fixed": tc.window}
+				o.Namespaces = map[string]engine.NamespaceOptions{"slide": {Sliding: true, Window: tc.window}, "fixed": {Window: tc.window}}
 				w = tc.window
 			}
 			e, err := engine.Open(&o)
@@ -150,18 +150,18 @@ func TestSlidingWindowsRefusedWithABackend(t *testing.T) {
 	c := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1"}) // never dialled
 	defer c.Close()
 	for _, o := range []engine.Options{
-		{Backend: redis.NewBackend(c, redis.Config{Prefix: "slide:"}), SlidingWindows: map[string]bool{"": true}},
-		{Tiers: engine.MemoryOnly, SlidingWindows: map[string]bool{"\x00tokens": true}},
+		{Backend: redis.NewBackend(c, redis.Config{Prefix: "slide:"}), Namespaces: map[string]engine.NamespaceOptions{"": {Sliding: true}}},
+		{Tiers: engine.MemoryOnly, Namespaces: map[string]engine.NamespaceOptions{"\x00tokens": {Sliding: true}}},
 	} {
 		if e, err := engine.Open(&o); !errors.Is(err, engine.ErrOptions) {
 			if e != nil {
 				e.Close()
 			}
-			t.Errorf("Open with SlidingWindows %v: %v, want ErrOptions", o.SlidingWindows, err)
+			t.Errorf("Open with sliding namespaces %v: %v, want ErrOptions", o.Namespaces, err)
 		}
 	}
 	// Off is not on: false entries are ignored.
-	e, err := engine.Open(&engine.Options{Tiers: engine.MemoryOnly, SlidingWindows: map[string]bool{"x": false}})
+	e, err := engine.Open(&engine.Options{Tiers: engine.MemoryOnly, Namespaces: map[string]engine.NamespaceOptions{"x": {Sliding: false}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestSlidingKeepsResultsAndForgets(t *testing.T) {
 	ctx := context.Background()
 	clock := newClock()
 	o := engine.Options{Backend: embedded.Dir(t.TempDir()), Window: 4 * time.Hour, Partition: time.Hour, Clock: clock, Logger: quiet,
-		SlidingWindows: map[string]bool{"": true}}
+		Namespaces: map[string]engine.NamespaceOptions{"": {Sliding: true}}}
 	e, err := engine.Open(&o)
 	if err != nil {
 		t.Fatal(err)

@@ -52,7 +52,7 @@ type Stats struct {
 	// or attempt count Forget removed.
 	Lookups, Forgets uint64
 	// Refreshes counts the duplicates of sliding namespaces that
-	// re-committed their key (Options.SlidingWindows): each one write.
+	// re-committed their key (NamespaceOptions.Sliding): each one write.
 	Refreshes uint64
 
 	// MemoryHits counts keys answered from memory as committed;

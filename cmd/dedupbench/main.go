@@ -155,7 +155,7 @@ func (w *workloadFlags) bind(fs *flag.FlagSet, keys int64, postgres string, base
 	fs.IntVar(&w.batch, "batch", 256, "keys per batch")
 	fs.IntVar(&w.workers, "workers", 0, "goroutines (0: 4 per CPU)")
 	fs.BoolVar(&w.noSync, "nosync", false, "do not fsync commits")
-	fs.BoolVar(&w.sliding, "sliding", false, "slide the window: a duplicate refreshes its key (engine.Options.SlidingWindows; not with -tiers redis or postgres)")
+	fs.BoolVar(&w.sliding, "sliding", false, "slide the window: a duplicate refreshes its key (engine.NamespaceOptions.Sliding; not with -tiers redis or postgres)")
 	fs.Uint64Var(&w.seed, "seed", 1, "workload seed")
 	fs.StringVar(&w.archive, "archive", "", "archive (default configuration): a directory, or a PostgreSQL URL (postgres://…, table dedupbench_archive, dropped first); keys stay known for -archive-window after they leave the window")
 	fs.DurationVar(&w.archiveWindow, "archive-window", 0, "archive window with -archive (0: engine.DefaultArchiveWindow)")
@@ -222,7 +222,7 @@ func (w *workloadFlags) config(ctx context.Context) (bench.RunConfig, func(), er
 		Workload: wc,
 		Engine: engine.Options{Tiers: tiers, Window: w.window, Partition: w.partition, FalsePositive: w.fp,
 			MemoryCapacity: w.memCap, ExpectedKeys: max(1000, int(perPartition)),
-			SlidingWindows: map[string]bool{"": w.sliding}},
+			Namespaces: map[string]engine.NamespaceOptions{"": {Sliding: w.sliding}}},
 		Batch: w.batch, Workers: w.workers,
 	}
 	if w.archiveWindow != 0 && w.archive == "" {

@@ -29,7 +29,7 @@ func planCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	segments := fs.Int("segments", 3, "timed parts of the calibration; their median rate is kept")
 	asJSON := fs.Bool("json", false, "print the plan as JSON")
 	archiveWindow := fs.Duration("archive-window", 0, "plan an archive keeping keys this long (0: none)")
-	sliding := fs.Bool("sliding", false, "plan a sliding window: a duplicate in a later partition than its key's commit re-commits it (engine.Options.SlidingWindows)")
+	sliding := fs.Bool("sliding", false, "plan a sliding window: a duplicate in a later partition than its key's commit re-commits it (engine.NamespaceOptions.Sliding)")
 	dir := fs.String("dir", ".", "where the store will live: the plan is checked against the free disk there and this machine's memory (or its cgroup's limit)")
 	var sf sharedFlags
 	sf.bind(fs, "", false)

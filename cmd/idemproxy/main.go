@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -173,7 +174,7 @@ func openEngine(c config, logger *log.Logger) (*engine.Engine, func(), error) {
 		Window: c.window, Lease: c.lease, MaxAttempts: 1, MaxResultSize: c.maxStored,
 		// A key is the scope's 32-byte digest and the client's key.
 		MaxKeySize: 32 + c.maxKey,
-		Logger:     logger,
+		Logger:     slog.New(slog.NewTextHandler(logger.Writer(), nil)),
 	}
 	closeClient := func() {}
 	switch {

@@ -47,7 +47,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		},
 		"redis": func(b *testing.B) *engine.Engine {
 			c := redistest.Start(b).Client(b)
-			o := engine.Options{MaxAttempts: 1, MaxResultSize: 64 << 10, Logger: quiet,
+			o := engine.Options{MaxAttempts: 1, MaxResultSize: 64 << 10, Logger: quietEngine,
 				Backend: redis.NewBackend(c, redis.Config{Prefix: fmt.Sprintf("bench-%d:", time.Now().UnixNano())})}
 			e, err := engine.Open(&o)
 			if err != nil {

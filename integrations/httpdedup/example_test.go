@@ -21,11 +21,11 @@ func Example() {
 	dir, _ := os.MkdirTemp("", "orders-api")
 	defer os.RemoveAll(dir)
 	e, err := engine.Open(&engine.Options{
-		Backend:          embedded.Dir(dir),
-		MaxAttempts:      1,    // a request whose outcome is unknown is never run again
-		DurableClaims:    true, // ... even after a crash
-		MaxResultSize:    1 << 20,
-		NamespaceWindows: map[string]time.Duration{"http": 24 * time.Hour},
+		Backend:       embedded.Dir(dir),
+		MaxAttempts:   1,    // a request whose outcome is unknown is never run again
+		DurableClaims: true, // ... even after a crash
+		MaxResultSize: 1 << 20,
+		Namespaces:    map[string]engine.NamespaceOptions{"http": {Window: 24 * time.Hour}},
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -76,10 +76,10 @@ func New(opts *Options) (*Middleware, error) {
 	if o.TracerProvider != nil {
 		m.tracer = o.TracerProvider.Tracer(scopeName)
 	}
-	if _, short := eo.NamespaceWindows[o.Namespace]; eo.Archive != nil && !short {
+	if nso := eo.Namespaces[o.Namespace]; eo.Archive != nil && nso.Window == 0 {
 		m.archive = eo.ArchiveWindow
-		if w, ok := eo.NamespaceArchiveWindows[o.Namespace]; ok {
-			m.archive = w
+		if nso.ArchiveWindow != 0 {
+			m.archive = nso.ArchiveWindow
 		}
 	}
 	return m, nil

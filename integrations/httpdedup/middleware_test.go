@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -26,10 +27,13 @@ import (
 
 var quiet = log.New(io.Discard, "", 0)
 
+// quietEngine discards an engine\'s logs.
+var quietEngine = slog.New(slog.DiscardHandler)
+
 // engineOptions is an embedded store in dir as the middleware needs it.
 func engineOptions(dir string) engine.Options {
 	return engine.Options{Backend: embedded.Dir(dir), ExpectedKeys: 10_000, MaxAttempts: 1, DurableClaims: true,
-		MaxResultSize: 64 << 10, Logger: quiet}
+		MaxResultSize: 64 << 10, Logger: quietEngine}
 }
 
 func openEngine(t *testing.T, o engine.Options) *engine.Engine {
@@ -486,7 +490,7 @@ func TestRedisDownIs503(t *testing.T) {
 	l := &ledger{}
 	srv := redistest.Start(t)
 	c := srv.Client(t)
-	e := openEngine(t, engine.Options{MaxAttempts: 1, Logger: quiet,
+	e := openEngine(t, engine.Options{MaxAttempts: 1, Logger: quietEngine,
 		Backend: redis.NewBackend(c, redis.Config{Prefix: fmt.Sprintf("down-%d:", time.Now().UnixNano())})})
 	s, _ := server(t, httpdedup.Options{Engine: e, CommitTimeout: time.Second}, l)
 	if r := do(t, "POST", s.URL+"/orders", `"up-1"`, "{}"); r.status != 201 {
@@ -524,7 +528,7 @@ func TestRedisDownIs503(t *testing.T) {
 func TestWindowsAdvertised(t *testing.T) {
 	o := engineOptions(t.TempDir())
 	o.Window, o.Partition = 48*time.Hour, 24*time.Hour
-	o.NamespaceWindows = map[string]time.Duration{"short": time.Hour}
+	o.Namespaces = map[string]engine.NamespaceOptions{"short": {Window: time.Hour}}
 	o.Archive, o.ArchiveWindow = pebble.ArchiveDir{Dir: t.TempDir()}, 30*24*time.Hour
 	e := openEngine(t, o)
 	for ns, want := range map[string][]string{

@@ -45,7 +45,7 @@ type Options struct {
 	// largest response to replay whole (1 MiB is a good start).
 	Engine *engine.Engine
 	// Namespace is the engine namespace of the keys; default "http". Give
-	// it a window of its own with the engine's NamespaceWindows (24 hours
+	// it a window of its own with the engine's Namespaces (NamespaceOptions.Window) (24 hours
 	// is common for APIs).
 	Namespace string
 	// Methods are the methods whose requests the middleware handles when

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"os/signal"
@@ -53,6 +54,9 @@ type childSpec struct {
 
 var quiet = log.New(io.Discard, "", 0)
 
+// quietEngine discards an engine\'s logs.
+var quietEngine = slog.New(slog.DiscardHandler)
+
 // child consumes until SIGTERM (a clean leave: partitions revoked, flushed
 // and exported) or SIGKILL. The handler's effect is a ledger record
 // ledger/<id>/<pid>-<seq>, one per application, written with the marks.
@@ -69,7 +73,7 @@ func child(specJSON string) int {
 	m, err := kafkadedup.New(&kafkadedup.Options{
 		Group: spec.Group,
 		Dir:   spec.Dir, Exports: spec.Exports,
-		Engine:   engine.Options{ExpectedKeys: 100_000, MaxAttempts: 5, Logger: quiet},
+		Engine:   engine.Options{ExpectedKeys: 100_000, MaxAttempts: 5, Logger: quietEngine},
 		OpenWait: time.Minute,
 		Logger:   log.New(writerFunc(func(p []byte) { say("L %s", strings.TrimSpace(string(p))) }), "", 0),
 	})
@@ -380,7 +384,7 @@ func stop(c *consumer) {
 func (r *run) effects(dirs []string) map[string]int {
 	effects := map[string]int{}
 	for _, d := range dirs {
-		e, err := engine.Open(&engine.Options{Backend: embedded.Dir(d), ExpectedKeys: 100_000, Logger: quiet})
+		e, err := engine.Open(&engine.Options{Backend: embedded.Dir(d), ExpectedKeys: 100_000, Logger: quietEngine})
 		if err != nil {
 			r.t.Fatal(err)
 		}

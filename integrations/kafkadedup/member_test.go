@@ -138,7 +138,7 @@ func TestFailingHandler(t *testing.T) {
 // offset is refused at assignment rather than trusted.
 func TestForeignDirectory(t *testing.T) {
 	dir := t.TempDir()
-	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(filepath.Join(dir, "g", "orders.0")), Logger: quiet})
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(filepath.Join(dir, "g", "orders.0")), Logger: quietEngine})
 	if err != nil {
 		t.Fatal(err)
 	}

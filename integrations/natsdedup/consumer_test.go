@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -20,6 +21,9 @@ import (
 )
 
 var quiet = log.New(io.Discard, "", 0)
+
+// quietEngine discards an engine\'s logs.
+var quietEngine = slog.New(slog.DiscardHandler)
 
 // stream creates stream ORDERS (subjects orders.>, a short duplicate
 // window, so that the test's re-sends reach the consumer) and a durable
@@ -85,7 +89,7 @@ func TestOutcomes(t *testing.T) {
 	srv := startNATS(t)
 	const ackWait = 400 * time.Millisecond
 	_, js, cons := stream(t, srv.URL, ackWait)
-	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(t.TempDir()), Lease: ackWait, MaxAttempts: 2, Logger: quiet})
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(t.TempDir()), Lease: ackWait, MaxAttempts: 2, Logger: quietEngine})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +220,7 @@ func TestPanickingHandler(t *testing.T) {
 	srv := startNATS(t)
 	const ackWait = 2 * time.Second
 	_, js, cons := stream(t, srv.URL, ackWait)
-	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(t.TempDir()), Lease: ackWait, Logger: quiet})
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(t.TempDir()), Lease: ackWait, Logger: quietEngine})
 	if err != nil {
 		t.Fatal(err)
 	}

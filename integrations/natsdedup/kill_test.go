@@ -49,7 +49,7 @@ func child(specJSON string) int {
 		return 1
 	}
 	say := crashtest.Say()
-	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(spec.Dir), ExpectedKeys: 100_000, Lease: spec.AckWait, Logger: quiet})
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(spec.Dir), ExpectedKeys: 100_000, Lease: spec.AckWait, Logger: quietEngine})
 	if err != nil {
 		say("ERR %v", err)
 		return 1
@@ -191,7 +191,7 @@ func runKills(t *testing.T) (repeated int) {
 		t.Error(err)
 	}
 
-	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(filepath.Join(dir, "dedup")), ExpectedKeys: 100_000, Logger: quiet})
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(filepath.Join(dir, "dedup")), ExpectedKeys: 100_000, Logger: quietEngine})
 	if err != nil {
 		t.Fatal(err)
 	}

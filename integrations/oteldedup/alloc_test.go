@@ -20,7 +20,7 @@ import (
 func TestDoAllocsWithoutTracer(t *testing.T) {
 	ctx := context.Background()
 	allocs := func(tr engine.Tracer) (claim, do float64) {
-		e, err := engine.Open(&engine.Options{Backend: embedded.Dir(t.TempDir()), ExpectedKeys: 1000, Logger: quiet, Tracer: tr})
+		e, err := engine.Open(&engine.Options{Backend: embedded.Dir(t.TempDir()), ExpectedKeys: 1000, Logger: quietEngine, Tracer: tr})
 		if err != nil {
 			t.Fatal(err)
 		}

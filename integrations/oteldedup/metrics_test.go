@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -31,6 +32,9 @@ import (
 
 var quiet = log.New(io.Discard, "", 0)
 
+// quietEngine discards an engine\'s logs.
+var quietEngine = slog.New(slog.DiscardHandler)
+
 // fixedClock is a clock that stands still: the window's coverage does not
 // move between two reads.
 type fixedClock struct{ t atomic.Int64 }
@@ -44,7 +48,7 @@ func openEngine(t testing.TB) *engine.Engine {
 	dir := t.TempDir()
 	clock := &fixedClock{}
 	clock.t.Store(time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC).UnixNano())
-	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(filepath.Join(dir, "s")), ExpectedKeys: 1000, Clock: clock, Logger: quiet,
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(filepath.Join(dir, "s")), ExpectedKeys: 1000, Clock: clock, Logger: quietEngine,
 		Window: 2 * time.Hour, Partition: time.Hour,
 		Archive: pebble.ArchiveDir{Dir: filepath.Join(dir, "a")}, ArchiveWindow: 10 * time.Hour})
 	if err != nil {

@@ -148,7 +148,7 @@ func BenchmarkDo(b *testing.B) {
 		{"sdk-sampled", oteldedup.Tracer(sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample())))},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			e, err := engine.Open(&engine.Options{Backend: embedded.Dir(b.TempDir()), ExpectedKeys: 1000, Logger: quiet, Tracer: c.tr})
+			e, err := engine.Open(&engine.Options{Backend: embedded.Dir(b.TempDir()), ExpectedKeys: 1000, Logger: quietEngine, Tracer: c.tr})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -177,7 +177,7 @@ func tracedEngine(t *testing.T, maxAttempts int) (*engine.Engine, *tracetest.Spa
 	sr := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(t.TempDir()), ExpectedKeys: 1000, Logger: quiet, MaxAttempts: maxAttempts, Tracer: oteldedup.Tracer(tp)})
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(t.TempDir()), ExpectedKeys: 1000, Logger: quietEngine, MaxAttempts: maxAttempts, Tracer: oteldedup.Tracer(tp)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,8 +3,7 @@ package promdedup_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"log"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -78,7 +77,7 @@ next:
 // scraped with the real client: every value is the engine's Stats.
 func TestScrape(t *testing.T) {
 	ctx := context.Background()
-	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(t.TempDir()), ExpectedKeys: 1000, Logger: log.New(io.Discard, "", 0)})
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(t.TempDir()), ExpectedKeys: 1000, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +153,7 @@ func TestScrape(t *testing.T) {
 // BenchmarkScrape measures one scrape of the default configuration's
 // metrics: Stats (Pebble's metrics included), collection and encoding.
 func BenchmarkScrape(b *testing.B) {
-	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(b.TempDir()), ExpectedKeys: 1000, Logger: log.New(io.Discard, "", 0)})
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(b.TempDir()), ExpectedKeys: 1000, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -188,7 +187,7 @@ func TestScrapeArchive(t *testing.T) {
 	clock.t.Store(time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC).UnixNano())
 	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(filepath.Join(dir, "s")), Clock: clock, Window: 2 * time.Hour, Partition: time.Hour,
 		ExpectedKeys: 1000, Archive: pebble.ArchiveDir{Dir: filepath.Join(dir, "a")}, ArchiveWindow: 10 * time.Hour,
-		Logger: log.New(io.Discard, "", 0)})
+		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -120,7 +120,7 @@ func child(specJSON string) int {
 	case modeTierdedup:
 		e, err := engine.Open(&engine.Options{
 			Backend:      &embedded.Backend{Dir: spec.Dir, FS: faultfs.Wrap(vfs.Default, errorfs.InjectorFunc(slowSyncs))},
-			ExpectedKeys: 100_000, Lease: spec.Lease, MaxAttempts: 5, Logger: quiet,
+			ExpectedKeys: 100_000, Lease: spec.Lease, MaxAttempts: 5, Logger: quietEngine,
 		})
 		if err != nil {
 			return fail(err)
@@ -447,7 +447,7 @@ func runKills(t *testing.T, mode string) killResult {
 	effects := map[string]int{}
 	switch mode {
 	case modeTierdedup:
-		e, err := engine.Open(&engine.Options{Backend: embedded.Dir(filepath.Join(dir, "dedup")), ExpectedKeys: 100_000, Logger: quiet})
+		e, err := engine.Open(&engine.Options{Backend: embedded.Dir(filepath.Join(dir, "dedup")), ExpectedKeys: 100_000, Logger: quietEngine})
 		if err != nil {
 			t.Fatal(err)
 		}

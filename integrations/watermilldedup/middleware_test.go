@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -29,6 +30,9 @@ import (
 
 var quiet = log.New(io.Discard, "", 0)
 
+// quietEngine discards an engine\'s logs.
+var quietEngine = slog.New(slog.DiscardHandler)
+
 func openEngine(t *testing.T, o engine.Options) *engine.Engine {
 	t.Helper()
 	if o.Tiers == engine.Default && o.Backend == nil {
@@ -37,7 +41,7 @@ func openEngine(t *testing.T, o engine.Options) *engine.Engine {
 	if o.ExpectedKeys == 0 {
 		o.ExpectedKeys = 10_000
 	}
-	o.Logger = quiet
+	o.Logger = quietEngine
 	e, err := engine.Open(&o)
 	if err != nil {
 		t.Fatal(err)

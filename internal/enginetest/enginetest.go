@@ -3,8 +3,7 @@ package enginetest
 import (
 	"context"
 	"fmt"
-	"io"
-	"log"
+	"log/slog"
 	"os"
 	"runtime/debug"
 	"sync"
@@ -23,7 +22,7 @@ import (
 )
 
 // Quiet discards the engine's logs.
-var Quiet = log.New(io.Discard, "", 0)
+var Quiet = slog.New(slog.DiscardHandler)
 
 // Clock is an injected clock that tests move by hand.
 type Clock struct {
@@ -71,7 +70,7 @@ func Open(t testing.TB, o engine.Options) *engine.Engine {
 	if o.Logger == nil {
 		o.Logger = Quiet
 		if os.Getenv("ENGINE_LOG") != "" {
-			o.Logger = log.New(os.Stderr, "engine: ", 0)
+			o.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 		}
 	}
 	e, err := engine.Open(&o)

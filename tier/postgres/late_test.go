@@ -4,8 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -92,7 +91,7 @@ func TestLateGiveBackAfterRetry(t *testing.T) {
 			table := fmt.Sprintf("late_%d", time.Now().UnixNano())
 			t.Cleanup(func() { _, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
 			d := &lateDB{DB: p}
-			o := engine.Options{Window: time.Hour, Partition: 10 * time.Minute, Lease: time.Minute, MaxAttempts: max, Logger: log.New(io.Discard, "", 0)}
+			o := engine.Options{Window: time.Hour, Partition: 10 * time.Minute, Lease: time.Minute, MaxAttempts: max, Logger: slog.New(slog.DiscardHandler)}
 			o.Backend = postgres.NewBackend(d, postgres.Config{Table: table})
 			a, err := engine.Open(&o)
 			if err != nil {
@@ -167,7 +166,7 @@ func TestLargeResultsCommit(t *testing.T) {
 	table := fmt.Sprintf("large_%d", time.Now().UnixNano())
 	t.Cleanup(func() { _, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
 	d := &sizeDB{DB: p}
-	o := engine.Options{Window: time.Hour, Partition: 10 * time.Minute, MaxResultSize: engine.MaxResultSize, Logger: log.New(io.Discard, "", 0)}
+	o := engine.Options{Window: time.Hour, Partition: 10 * time.Minute, MaxResultSize: engine.MaxResultSize, Logger: slog.New(slog.DiscardHandler)}
 	o.Backend = postgres.NewBackend(d, postgres.Config{Table: table})
 	e, err := engine.Open(&o)
 	if err != nil {

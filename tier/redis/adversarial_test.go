@@ -33,7 +33,7 @@ func TestAdversarialWaitReplicasClientRetry(t *testing.T) {
 			replica.WaitSynced(t)
 			prefix := fmt.Sprintf("advw-%d:", time.Now().UnixNano())
 			opts := func(c goredis.UniversalClient, wait int) *engine.Options {
-				return &engine.Options{Window: time.Hour, Partition: 10 * time.Minute, MaxAttempts: max, Logger: quiet,
+				return &engine.Options{Window: time.Hour, Partition: 10 * time.Minute, MaxAttempts: max, Logger: quietEngine,
 					Backend: redis.NewBackend(c, redis.Config{Prefix: prefix, WaitReplicas: wait, WaitTimeout: time.Second})}
 			}
 			c := master.ClientWith(t, &goredis.Options{ReadTimeout: 150 * time.Millisecond, MaxRetries: 3})
@@ -220,7 +220,7 @@ func advEngines(t *testing.T, srv *redistest.Server, h *stepHook, o engine.Optio
 	prefix := fmt.Sprintf("adv-%d:", time.Now().UnixNano())
 	c := srv.ClientWith(t, &goredis.Options{MaxRetries: -1})
 	c.AddHook(h)
-	o.Logger = quiet
+	o.Logger = quietEngine
 	o.Backend = redis.NewBackend(c, redis.Config{Prefix: prefix})
 	a, err := engine.Open(&o)
 	if err != nil {
@@ -240,7 +240,7 @@ func advEngines(t *testing.T, srv *redistest.Server, h *stepHook, o engine.Optio
 // e's options (nothing cached).
 func advLookup(t *testing.T, srv *redistest.Server, o engine.Options, prefix string, keys [][]byte) []engine.Outcome {
 	t.Helper()
-	o.Logger = quiet
+	o.Logger = quietEngine
 	o.Backend = redis.NewBackend(srv.Client(t), redis.Config{Prefix: prefix})
 	e, err := engine.Open(&o)
 	if err != nil {

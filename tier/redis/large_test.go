@@ -21,7 +21,7 @@ import (
 // time it holds the server, independent of the group.)
 func TestLargeResultsCommit(t *testing.T) {
 	srv := redistest.Start(t, "--client-query-buffer-limit", "64mb")
-	o := engine.Options{Window: time.Hour, Partition: 10 * time.Minute, MaxResultSize: engine.MaxResultSize, Logger: quiet}
+	o := engine.Options{Window: time.Hour, Partition: 10 * time.Minute, MaxResultSize: engine.MaxResultSize, Logger: quietEngine}
 	o.Backend = redis.NewBackend(srv.Client(t), redis.Config{Prefix: fmt.Sprintf("large-%d:", time.Now().UnixNano())})
 	e, err := engine.Open(&o)
 	if err != nil {

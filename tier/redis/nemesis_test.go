@@ -79,7 +79,7 @@ func markerChild(spec string) int {
 		var err error
 		e, err = engine.Open(&engine.Options{
 			Backend: redis.NewBackend(c, redis.Config{Prefix: sp.Prefix}), Window: time.Hour, Partition: 10 * time.Minute,
-			Lease: 2 * time.Second, MaxAttempts: sp.MaxAttempts, Logger: quiet,
+			Lease: 2 * time.Second, MaxAttempts: sp.MaxAttempts, Logger: quietEngine,
 		})
 		if err == nil {
 			break
@@ -291,7 +291,7 @@ type nemesisChecker struct {
 func newNemesisChecker(t *testing.T, srv *redistest.Server, prefix string, maxAttempts int) *nemesisChecker {
 	c := srv.ClientWith(t, &goredis.Options{MaxRetries: -1})
 	for deadline := time.Now().Add(time.Minute); ; {
-		e, err := engine.Open(&engine.Options{Backend: redis.NewBackend(c, redis.Config{Prefix: prefix}), Window: time.Hour, Partition: 10 * time.Minute, Lease: 2 * time.Second, MaxAttempts: maxAttempts, Logger: quiet})
+		e, err := engine.Open(&engine.Options{Backend: redis.NewBackend(c, redis.Config{Prefix: prefix}), Window: time.Hour, Partition: 10 * time.Minute, Lease: 2 * time.Second, MaxAttempts: maxAttempts, Logger: quietEngine})
 		if err == nil {
 			t.Cleanup(func() { _ = e.Close() })
 			return &nemesisChecker{t: t, e: e}
@@ -424,7 +424,7 @@ func TestLateGiveBackAfterRetry(t *testing.T) {
 			h := &lateHook{}
 			c := srv.ClientWith(t, &goredis.Options{MaxRetries: -1})
 			c.AddHook(h)
-			o := engine.Options{Window: time.Hour, Partition: 10 * time.Minute, Lease: time.Minute, MaxAttempts: max, Logger: quiet}
+			o := engine.Options{Window: time.Hour, Partition: 10 * time.Minute, Lease: time.Minute, MaxAttempts: max, Logger: quietEngine}
 			o.Backend = redis.NewBackend(c, redis.Config{Prefix: prefix})
 			a, err := engine.Open(&o)
 			if err != nil {

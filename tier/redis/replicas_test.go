@@ -35,7 +35,7 @@ func TestFailoverWithReplicaWait(t *testing.T) {
 			replica.WaitSynced(t)
 			prefix := fmt.Sprintf("wait-%d:", time.Now().UnixNano())
 			opts := func(c goredis.UniversalClient) *engine.Options {
-				o := &engine.Options{Window: time.Hour, Partition: 10 * time.Minute, Logger: quiet}
+				o := &engine.Options{Window: time.Hour, Partition: 10 * time.Minute, Logger: quietEngine}
 				o.Backend = redis.NewBackend(c, redis.Config{Prefix: prefix, WaitReplicas: wait, WaitTimeout: 300 * time.Millisecond})
 				return o
 			}
@@ -84,7 +84,7 @@ func TestFailoverWithReplicaWait(t *testing.T) {
 			if err := rc.Do(ctx, "REPLICAOF", "NO", "ONE").Err(); err != nil {
 				t.Fatal(err)
 			}
-			promoted, err := engine.Open(&engine.Options{Window: time.Hour, Partition: 10 * time.Minute, Logger: quiet,
+			promoted, err := engine.Open(&engine.Options{Window: time.Hour, Partition: 10 * time.Minute, Logger: quietEngine,
 				Backend: redis.NewBackend(rc, redis.Config{Prefix: prefix})})
 			if err != nil {
 				t.Fatal(err)
@@ -120,7 +120,7 @@ func BenchmarkReplicaWait(b *testing.B) {
 	replica.WaitSynced(b)
 	for _, wait := range []int{0, 1} {
 		b.Run(fmt.Sprint("wait=", wait), func(b *testing.B) {
-			o := &engine.Options{Window: time.Hour, Partition: 10 * time.Minute, Logger: quiet}
+			o := &engine.Options{Window: time.Hour, Partition: 10 * time.Minute, Logger: quietEngine}
 			o.Backend = redis.NewBackend(master.Client(b), redis.Config{Prefix: fmt.Sprintf("bw-%d:", time.Now().UnixNano()), WaitReplicas: wait})
 			e, err := engine.Open(o)
 			if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -20,6 +21,9 @@ import (
 )
 
 var quiet = log.New(io.Discard, "", 0)
+
+// quietEngine discards an engine\'s logs.
+var quietEngine = slog.New(slog.DiscardHandler)
 
 func newStore(t *testing.T, c goredis.UniversalClient, o redis.Options) *redis.Store {
 	t.Helper()

@@ -21,7 +21,7 @@ func TestAdvSlidingArchiveCountsFromLastArrival(t *testing.T) {
 	clock := newClock()
 	fs := vfs.NewMem()
 	o := archiveOptions(clock, fs, filesArchive(fs)) // Window 7 days, partitions of a day, archive 21 days
-	o.SlidingWindows = map[string]bool{"": true}
+	o.Namespaces = map[string]engine.NamespaceOptions{"": {Sliding: true}}
 	e := open(t, o)
 	defer func() { e.Close() }()
 

@@ -361,8 +361,7 @@ func TestArchiveNamespaceWindows(t *testing.T) {
 	clock := newClock()
 	fs := vfs.NewMem()
 	o := archiveOptions(clock, fs, filesArchive(fs))
-	o.NamespaceArchiveWindows = map[string]time.Duration{"short": 10 * day}
-	o.NamespaceWindows = map[string]time.Duration{"telemetry": time.Hour}
+	o.Namespaces = map[string]engine.NamespaceOptions{"short": {ArchiveWindow: 10 * day}, "telemetry": {Window: time.Hour}}
 	e := open(t, o)
 	defer func() { e.Close() }()
 	ctx := context.Background()
@@ -417,8 +416,7 @@ func TestArchiveNamespaceWindows(t *testing.T) {
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
-	o.NamespaceWindows = nil
-	o.NamespaceArchiveWindows = map[string]time.Duration{"telemetry": 20 * day}
+	o.Namespaces = map[string]engine.NamespaceOptions{"telemetry": {ArchiveWindow: 20 * day}}
 	e = open(t, o)
 	tele, _ = e.Namespace("telemetry")
 	for d, want := range map[int]engine.Outcome{5: engine.New, 6: engine.Duplicate} {
@@ -427,17 +425,17 @@ func TestArchiveNamespaceWindows(t *testing.T) {
 		}
 	}
 	for name, bad := range map[string]engine.Options{
-		"both windows":       {NamespaceWindows: map[string]time.Duration{"x": time.Hour}, NamespaceArchiveWindows: map[string]time.Duration{"x": 10 * day}},
-		"not past Window":    {NamespaceArchiveWindows: map[string]time.Duration{"x": 7 * day}},
-		"past ArchiveWindow": {NamespaceArchiveWindows: map[string]time.Duration{"x": 22 * day}},
+		"both windows":       {Namespaces: map[string]engine.NamespaceOptions{"x": {Window: time.Hour, ArchiveWindow: 10 * day}}},
+		"not past Window":    {Namespaces: map[string]engine.NamespaceOptions{"x": {ArchiveWindow: 7 * day}}},
+		"past ArchiveWindow": {Namespaces: map[string]engine.NamespaceOptions{"x": {ArchiveWindow: 22 * day}}},
 	} {
 		b := archiveOptions(clock, fs, filesArchive(fs))
-		b.NamespaceWindows, b.NamespaceArchiveWindows = bad.NamespaceWindows, bad.NamespaceArchiveWindows
+		b.Namespaces = bad.Namespaces
 		if err := b.Validate(); !errors.Is(err, engine.ErrOptions) {
 			t.Errorf("%s: %v, want ErrOptions", name, err)
 		}
 	}
-	if err := (&engine.Options{Backend: embedded.Dir("x"), NamespaceArchiveWindows: map[string]time.Duration{"x": 10 * day}}).Validate(); !errors.Is(err, engine.ErrOptions) {
-		t.Errorf("NamespaceArchiveWindows without an archive: %v", err)
+	if err := (&engine.Options{Backend: embedded.Dir("x"), Namespaces: map[string]engine.NamespaceOptions{"x": {ArchiveWindow: 10 * day}}}).Validate(); !errors.Is(err, engine.ErrOptions) {
+		t.Errorf("a namespace ArchiveWindow without an archive: %v", err)
 	}
 }

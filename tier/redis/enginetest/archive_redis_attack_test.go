@@ -142,8 +142,7 @@ func TestRArchAttackCommitPaths(t *testing.T) {
 	c := srv.Client(t)
 	prefix := fmt.Sprintf("paths-%d:", time.Now().UnixNano())
 	o := redisArchiveOptions(c, prefix, redisArchive(t))
-	o.NamespaceWindows = map[string]time.Duration{"short": 3 * time.Second}
-	o.NamespaceArchiveWindows = map[string]time.Duration{"brief": 9 * time.Second}
+	o.Namespaces = map[string]engine.NamespaceOptions{"short": {Window: 3 * time.Second}, "brief": {ArchiveWindow: 9 * time.Second}}
 	e := ra2Open(t, o)
 	ctx := context.Background()
 	def, _ := e.Namespace("")
