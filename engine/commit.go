@@ -45,35 +45,6 @@ func (e *Engine) CommitBatch(ctx context.Context, claims []Claim, errs []error) 
 	return e.commit(ctx, claims, errs, nil)
 }
 
-// needResults refuses op unless the tiers store results.
-func (e *Engine) needResults(op string) error {
-	if !e.results {
-		return fmt.Errorf("%w: %s needs a tier that stores results (not %s)", ErrOptions, op, e.name)
-	}
-	return nil
-}
-
-// checkResults refuses a commit call before anything is written when a New
-// claim's Result is too long, or the tiers cannot store one.
-func (e *Engine) checkResults(claims []Claim) error {
-	for i := range claims {
-		c := &claims[i]
-		if c.Outcome != New || len(c.Result) == 0 {
-			continue
-		}
-		if c.advance {
-			return fmt.Errorf("%w: claim %d: an Advance claim stores its version, not a Result", ErrOptions, i)
-		}
-		if len(c.Result) > e.maxResult {
-			return fmt.Errorf("%w: claim %d: %d bytes, max %d (Options.MaxResultSize)", ErrResultTooLarge, i, len(c.Result), e.maxResult)
-		}
-		if err := e.needResults("a commit with a Result"); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // owned gathers the New claims of a batch into b.cand, b.cfps and b.ctokens.
 // A claim made by another Engine (one closed since, or another process's),
 // or whose Key bytes no longer hash to the key it claimed, gets token 0,

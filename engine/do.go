@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -174,4 +175,33 @@ func (n *Namespace) run(ctx context.Context, key []byte, fn func(context.Context
 	}
 	committed = true
 	return New, c.Result, n.e.Commit(ctx, c)
+}
+
+// needResults refuses op unless the tiers store results.
+func (e *Engine) needResults(op string) error {
+	if !e.results {
+		return fmt.Errorf("%w: %s needs a tier that stores results (not %s)", ErrOptions, op, e.name)
+	}
+	return nil
+}
+
+// checkResults refuses a commit call before anything is written when a New
+// claim's Result is too long, or the tiers cannot store one.
+func (e *Engine) checkResults(claims []Claim) error {
+	for i := range claims {
+		c := &claims[i]
+		if c.Outcome != New || len(c.Result) == 0 {
+			continue
+		}
+		if c.advance {
+			return fmt.Errorf("%w: claim %d: an Advance claim stores its version, not a Result", ErrOptions, i)
+		}
+		if len(c.Result) > e.maxResult {
+			return fmt.Errorf("%w: claim %d: %d bytes, max %d (Options.MaxResultSize)", ErrResultTooLarge, i, len(c.Result), e.maxResult)
+		}
+		if err := e.needResults("a commit with a Result"); err != nil {
+			return err
+		}
+	}
+	return nil
 }
