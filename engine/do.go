@@ -135,12 +135,16 @@ func (n *Namespace) run(ctx context.Context, key []byte, fn func(context.Context
 	// A copy the heartbeat may hold (it escapes): a duplicate allocates
 	// nothing for it.
 	c := claimed
-	committed := false
+	committed, lost := false, false
 	defer func() {
 		if !committed {
+			// Given back, fenced by the claim's token: a claim lost to
+			// another worker is not theirs to free, and its give-back
+			// frees only this process's memory of it (which would answer
+			// InFlight until its extended lease ends).
 			gctx, cancel := giveBackContext(ctx)
 			defer cancel()
-			if rerr := n.e.Release(gctx, c); rerr != nil {
+			if rerr := n.e.Release(gctx, c); rerr != nil && !lost {
 				err = errors.Join(err, rerr)
 			}
 		}
@@ -161,11 +165,10 @@ func (n *Namespace) run(ctx context.Context, key []byte, fn func(context.Context
 		err = fn(hctx)
 	}
 	stopped = true
-	if lost := hb.Stop(); lost != nil {
-		// Another worker may hold the key now: neither commit nor give
-		// back what is no longer this call's.
-		committed = true
-		return New, nil, errors.Join(err, lost)
+	if lerr := hb.Stop(); lerr != nil {
+		// Another worker may hold the key now: nothing is committed.
+		lost = true
+		return New, nil, errors.Join(err, lerr)
 	}
 	if err == nil && rfn != nil {
 		err = n.e.checkResults([]Claim{c})
