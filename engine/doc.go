@@ -77,6 +77,6 @@
 //     the script that makes it, the log is trimmed only up to what the
 //     archive recorded applied, and a key Redis let go is answered New
 //     only once every partition it could be in is sealed in this engine's
-//     filter. archive.go and archive_log.go hold the details and the
-//     recorded state.
+//     filter. Package tier/archive holds the details and the recorded
+//     state (its doc.go); the engine drops below the archive's Next only.
 package engine
