@@ -3,8 +3,9 @@ package engine
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"time"
+
+	"github.com/tierdedup/tierdedup/internal/hooks"
 
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
@@ -210,11 +211,6 @@ func (b *batch) spanWrites(spans []span, news, kept []int) []Write {
 	return w
 }
 
-// beforeDurable, when set by tests, runs in every durable write (commits,
-// attempt counts) after the engine's time is read and before anything is
-// written.
-var beforeDurable atomic.Pointer[func()]
-
 // commitCall is what a commit was asked: the claims, the errors to set
 // per claim (or nil), the caller's records, and whether it is a mark's.
 type commitCall struct {
@@ -255,7 +251,7 @@ func (e *Engine) durable(ctx context.Context, call commitCall, b *batch, k int, 
 		e.counts.RLock()
 		defer e.counts.RUnlock()
 	}
-	if h := beforeDurable.Load(); h != nil {
+	if h := hooks.BeforeDurable.Load(); h != nil {
 		(*h)()
 	}
 	part := e.parts.Of(now)

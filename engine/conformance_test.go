@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
 	"testing"
@@ -16,6 +15,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/enginetest"
 	"github.com/tierdedup/tierdedup/internal/faultfs"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/embedded"
@@ -604,35 +604,6 @@ func faultRound(t *testing.T, op int, e *engine.Engine, namespaces []*engine.Nam
 	return true
 }
 
-func readFile(t *testing.T, fs vfs.FS, name string) []byte {
-	t.Helper()
-	f, err := fs.Open(name)
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	b, err := io.ReadAll(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
-func writeFile(t *testing.T, fs vfs.FS, name string, b []byte) {
-	t.Helper()
-	f, err := fs.Create(name, vfs.WriteCategoryUnspecified)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.Write(b); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	_ = f.Close()
-}
-
 // ageRedis makes Redis's clock follow a jump of the test's clock: every key
 // under prefix whose TTL is at most d is deleted, the others' TTLs shrink
 // by d. Keys without a TTL (the prefix's layout record) are left alone.
@@ -677,3 +648,7 @@ func agePostgres(ctx context.Context, p *pgxpool.Pool, table string, d time.Dura
 		}
 	}
 }
+
+var readFile = enginetest.ReadFile
+
+var writeFile = enginetest.WriteFile

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierdedup/tierdedup/internal/enginetest"
+
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -349,11 +351,11 @@ func TestColdStart(t *testing.T) {
 
 	// Crash: reopen what was synced, with no snapshot, and no checkpoint
 	// either (the scan path; TestCheckpointRestore has the restore).
-	engine.SetNoRestore(true)
-	defer engine.SetNoRestore(false)
+	enginetest.SetNoRestore(true)
+	defer enginetest.SetNoRestore(false)
 	gate := make(chan struct{})
-	engine.SetRebuildGate(gate)
-	defer engine.SetRebuildGate(nil)
+	enginetest.SetRebuildGate(gate)
+	defer enginetest.SetRebuildGate(nil)
 	crashed := mem.CrashClone(vfs.CrashCloneCfg{})
 	setFS(&o, crashed)
 	e2 := open(t, o)

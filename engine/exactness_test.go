@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierdedup/tierdedup/internal/enginetest"
+
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/engine"
@@ -47,8 +49,8 @@ func TestReadErrorNeverNew(t *testing.T) {
 	_ = e.Close()
 
 	gate := make(chan struct{})
-	engine.SetRebuildGate(gate) // stay cold: every claim reads Pebble
-	defer engine.SetRebuildGate(nil)
+	enginetest.SetRebuildGate(gate) // stay cold: every claim reads Pebble
+	defer enginetest.SetRebuildGate(nil)
 	// Background work (the WAL replayed at open, table statistics) reads
 	// SSTs too, so which read is the claim's varies: every n is tried a few
 	// times, past the most reads a claim was seen to make.
@@ -126,17 +128,6 @@ func TestRejectedSnapshotIsNeverReused(t *testing.T) {
 		if c.Outcome != engine.Duplicate {
 			t.Fatalf("acknowledged key %s is %v after the rejected snapshot's run", keys[i], c.Outcome)
 		}
-	}
-}
-
-// waitWarm waits up to 30 s for e's filters to be warm.
-func waitWarm(t *testing.T, e *engine.Engine) {
-	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); e.Stats().BloomMode != "warm"; {
-		if time.Now().After(deadline) {
-			t.Fatalf("the filters did not become warm: still %q after 30 s", e.Stats().BloomMode)
-		}
-		time.Sleep(2 * time.Millisecond)
 	}
 }
 
@@ -457,3 +448,5 @@ func TestAttemptsAreDurable(t *testing.T) {
 		})
 	}
 }
+
+var waitWarm = enginetest.WaitWarm

@@ -163,8 +163,8 @@ func TestForgetWaitsForReleaseCount(t *testing.T) {
 	c := claimNew(t, e, string(key))
 	gate, entered := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	engine.SetBeforeDurable(func() { once.Do(func() { close(entered); <-gate }) })
-	defer engine.SetBeforeDurable(nil)
+	enginetest.SetBeforeDurable(func() { once.Do(func() { close(entered); <-gate }) })
+	defer enginetest.SetBeforeDurable(nil)
 	released := make(chan error, 1)
 	go func() { released <- e.Release(ctx, c) }()
 	<-entered // the Release's count waits to be written
@@ -196,13 +196,13 @@ func TestReleaseCountNeverErasesCommit(t *testing.T) {
 	first := claimNew(t, e, string(key))
 	gate, entered := make(chan struct{}), make(chan struct{})
 	var held atomic.Bool // only the first durable write waits (sync.Once would hold the others too)
-	engine.SetBeforeDurable(func() {
+	enginetest.SetBeforeDurable(func() {
 		if held.CompareAndSwap(false, true) {
 			close(entered)
 			<-gate
 		}
 	})
-	defer engine.SetBeforeDurable(nil)
+	defer enginetest.SetBeforeDurable(nil)
 	released := make(chan error, 1)
 	go func() { released <- e.Release(ctx, first) }()
 	<-entered // the Release's count waits to be written; memory has freed the key

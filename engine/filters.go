@@ -38,6 +38,10 @@ type BloomPartition struct {
 	// partition's projected to its end); zero otherwise.
 	OverTarget              bool
 	RecommendedExpectedKeys int
+	// Sealed reports a closed partition whose filter the store saved with
+	// a seal: no write reaches it any more, and a restart loads it rather
+	// than rebuilding it (the embedded store).
+	Sealed bool
 }
 
 // observeFilters counts, for the filters of the embedded store, the keys of
@@ -89,6 +93,7 @@ func (e *Engine) bloomPartition(p bloom.PartitionStats, now int64) BloomPartitio
 		Start: time.Unix(0, start), Keys: p.Keys, Checked: p.Checked, FalsePositives: p.FalsePositives,
 		MeasuredFP: p.MeasuredFP(), TargetFP: p.TargetFP, EstimatedFP: p.EstimatedFP, OverTarget: p.OverTarget,
 	}
+	bp.Sealed = e.local != nil && e.local.Sealed(p.Partition)
 	if e.exact != nil {
 		// Judged by measure alone where a store can tell a false
 		// positive: a filter's keys count refreshes and re-adds too.

@@ -27,11 +27,8 @@ const day = 24 * time.Hour
 // crashtest.Start for a crash or multi-process test) to its code.
 func TestMain(m *testing.M) {
 	crashtest.Main(m, map[string]func(spec string) int{
-		"crash":   crashChild,      // TestCrashRecovery
 		"redis":   redisChild,      // TestRedisProcessesRace, TestPostgresProcessesRace
-		"fault":   faultChild,      // TestStorageFaultChild
 		"nilctx":  nilContextChild, // TestCommitNilContext
-		"stall":   stallChild,      // TestKillDuringCheckpointAndMove
 		"durable": durableChild,    // TestDurableClaimsSurviveSIGKILL
 	})
 }
@@ -126,22 +123,6 @@ func (l *outageLoad) finish(t *testing.T) {
 	}
 }
 
-// claimEach claims keys in batches of 256 through e and hands each key's
-// claim to check.
-func claimEach(t *testing.T, e *engine.Engine, keys [][]byte, check func(key []byte, c engine.Claim)) {
-	t.Helper()
-	for i := 0; i < len(keys); i += 256 {
-		batch := keys[i:min(i+256, len(keys))]
-		out := make([]engine.Claim, len(batch))
-		if err := e.ClaimBatch(context.Background(), batch, nil, out); err != nil {
-			t.Fatal(err)
-		}
-		for j, c := range out {
-			check(batch[j], c)
-		}
-	}
-}
-
 // checkDoneOrder fails unless every worker's dones (got[w], the indices
 // of its commits in the order their dones ran) ran in its enqueue order.
 func checkDoneOrder(t *testing.T, got [][]int) {
@@ -160,3 +141,5 @@ func checkDoneOrder(t *testing.T, got [][]int) {
 type crashFS = enginetest.CrashFS
 
 func newCrashFS() crashFS { return enginetest.NewCrashFS() }
+
+var claimEach = enginetest.ClaimEach

@@ -1139,8 +1139,8 @@ func mxFillEmbedded(t *testing.T, e *engine.Engine, clock *fakeClock) (old, rece
 // record as written, and fresh keys New; likewise once warm, and after a
 // clean restart from there.
 func TestMatrixCrashRebuildAnswers(t *testing.T) {
-	engine.SetNoRestore(true) // the scan path: see TestCheckpointRestore for the restore
-	defer engine.SetNoRestore(false)
+	enginetest.SetNoRestore(true) // the scan path: see TestCheckpointRestore for the restore
+	defer enginetest.SetNoRestore(false)
 	mem := newCrashFS()
 	clock := newClock()
 	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: mem}, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000, MaxAttempts: 3, Clock: clock}
@@ -1149,8 +1149,8 @@ func TestMatrixCrashRebuildAnswers(t *testing.T) {
 	old, recent := mxFillEmbedded(t, e, clock)
 
 	gate := make(chan struct{})
-	engine.SetRebuildGate(gate)
-	defer engine.SetRebuildGate(nil)
+	enginetest.SetRebuildGate(gate)
+	defer enginetest.SetRebuildGate(nil)
 	setFS(&o, mem.CrashClone(vfs.CrashCloneCfg{}))
 	r := open(t, o)
 	defer r.Close()
@@ -1181,8 +1181,8 @@ func TestMatrixCrashRebuildAnswers(t *testing.T) {
 // warm, every key the child acknowledged is a Duplicate to Lookup, Claim
 // and MarkBatch. A second Open while the parent holds it is ErrLocked.
 func TestMatrixKilledChildReopen(t *testing.T) {
-	engine.SetNoRestore(true) // the scan path: see TestCheckpointRestore for the restore
-	defer engine.SetNoRestore(false)
+	enginetest.SetNoRestore(true) // the scan path: see TestCheckpointRestore for the restore
+	defer enginetest.SetNoRestore(false)
 	dir := t.TempDir()
 	child := crashtest.Start(t, "crash", dir+"|0|sync", &crashtest.Options{Timeout: time.Minute})
 	var acked [][]byte
@@ -1208,8 +1208,8 @@ func TestMatrixKilledChildReopen(t *testing.T) {
 		t.Fatalf("child acknowledged %d keys before it ended\n%s", len(acked), child.Describe())
 	}
 	gate := make(chan struct{})
-	engine.SetRebuildGate(gate)
-	defer engine.SetRebuildGate(nil)
+	enginetest.SetRebuildGate(gate)
+	defer enginetest.SetRebuildGate(nil)
 	o := engine.Options{Backend: embedded.Dir(dir), ExpectedKeys: 100_000}
 	e := open(t, o)
 	defer e.Close()
@@ -1309,8 +1309,8 @@ func TestBloomOnlyNewDirSurvivesPowerLoss(t *testing.T) {
 // other Options, an Export of another configuration or into the engine's
 // own directory are each refused with their sentinel, changing nothing.
 func TestMatrixExportImportRoundTrip(t *testing.T) {
-	engine.SetNoRestore(true) // the scan path: see TestCheckpointRestore for the restore
-	defer engine.SetNoRestore(false)
+	enginetest.SetNoRestore(true) // the scan path: see TestCheckpointRestore for the restore
+	defer enginetest.SetNoRestore(false)
 	ctx := context.Background()
 	root := t.TempDir()
 	clock := newClock()
@@ -1341,8 +1341,8 @@ func TestMatrixExportImportRoundTrip(t *testing.T) {
 		t.Fatalf("Import = %+v, %v", got, err)
 	}
 	gate := make(chan struct{})
-	engine.SetRebuildGate(gate)
-	defer engine.SetRebuildGate(nil)
+	enginetest.SetRebuildGate(gate)
+	defer enginetest.SetRebuildGate(nil)
 	r := open(t, dst)
 	if s := r.Stats(); s.BloomMode != "rebuilding" {
 		t.Fatalf("an imported store opens %q, want rebuilding", s.BloomMode)
@@ -1772,8 +1772,8 @@ func TestValidateReportsEveryBackendField(t *testing.T) {
 // warm and after a restart), and a key marked during the rebuild is a
 // Duplicate throughout.
 func TestMatrixRebuildCloseAndForget(t *testing.T) {
-	engine.SetNoRestore(true) // the scan path: see TestCheckpointRestore for the restore
-	defer engine.SetNoRestore(false)
+	enginetest.SetNoRestore(true) // the scan path: see TestCheckpointRestore for the restore
+	defer enginetest.SetNoRestore(false)
 	ctx := context.Background()
 	mem := newCrashFS()
 	clock := newClock()
@@ -1782,8 +1782,8 @@ func TestMatrixRebuildCloseAndForget(t *testing.T) {
 	defer e.Close()
 	old, recent := mxFillEmbedded(t, e, clock)
 	gate := make(chan struct{})
-	engine.SetRebuildGate(gate)
-	defer engine.SetRebuildGate(nil)
+	enginetest.SetRebuildGate(gate)
+	defer enginetest.SetRebuildGate(nil)
 	setFS(&o, mem.CrashClone(vfs.CrashCloneCfg{}))
 	r := open(t, o)
 	during := mxKeys("during", 20)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/tierdedup/tierdedup/internal/hooks"
+
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
 )
@@ -211,7 +213,7 @@ func (e *Engine) nowNoRotate() (int64, error) {
 // live in the engine, adding their keys to the filter first: it must cover
 // every record the tier holds.
 func (e *Engine) writeAttempts(ctx context.Context, fps []shard.Fingerprint, part int64, reqs []tier.Request, out []tier.Status) error {
-	if h := beforeDurable.Load(); h != nil {
+	if h := hooks.BeforeDurable.Load(); h != nil {
 		(*h)()
 	}
 	if e.local != nil {

@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 
+	"github.com/tierdedup/tierdedup/internal/hooks"
+
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
 )
@@ -45,7 +47,7 @@ func (e *Engine) refresh(ctx context.Context, b *batch, ns *Namespace, out []Cla
 	}
 	e.counts.RLock() // ordered against Forgets, as commits are
 	defer e.counts.RUnlock()
-	if h := beforeDurable.Load(); h != nil {
+	if h := hooks.BeforeDurable.Load(); h != nil {
 		(*h)()
 	}
 	if e.local != nil && len(fps) > 0 {

@@ -1,8 +1,11 @@
 // Package enginetest holds the helpers the engine's tests share with the
-// engine tests that live beside their backends (tier/redis/enginetest):
-// a hand-moved clock, a quiet logger, opening an engine that fails the
-// test, the shared tiers' backends over a test server, a Forget on a
-// goroutine, and a clock that pauses Redis on a chosen reading.
+// engine tests that live beside their backends and stores
+// (tier/redis/enginetest, tier/archive/enginetest,
+// tier/embedded/enginetest): a hand-moved clock, a quiet logger, opening
+// an engine that fails the test, the shared tiers' backends over a test
+// server, a Forget on a goroutine, a clock that pauses Redis on a chosen
+// reading, the embedded store's settings and files, and the test hooks
+// (internal/hooks) that hold background work at its critical points.
 //
 // It is imported by tests only. It must never hold a test's assertions
 // beyond failing on what a helper cannot do (an engine that does not

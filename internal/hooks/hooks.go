@@ -23,9 +23,14 @@ var InCheckpoint, InMove atomic.Pointer[func()]
 // of that path set it.
 var NoRestore atomic.Bool
 
-// InArchive, when set, is called by the engine's archiver at each stage of
+// InArchive, when set, is called by the archiver (tier/archive) at each stage of
 // archiving a partition: "put" (inside the archive's Put, at its first
 // record), "held" (Put returned, the partition not yet visible as
 // archived), "blob" (its filter blob saved) and "drop" (before the exact
 // tier drops what the archive holds). A kill test stops a process there.
 var InArchive atomic.Pointer[func(stage string)]
+
+// BeforeDurable, when set, runs in every durable write of the engine
+// (commits, attempt counts, refreshes) after its time is read and before
+// anything is written, so a test can hold one there.
+var BeforeDurable atomic.Pointer[func()]

@@ -1,4 +1,4 @@
-package engine_test
+package enginetest_test
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tierdedup/tierdedup/internal/enginetest"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 
@@ -63,24 +65,35 @@ func holdDurable(t *testing.T) (held <-chan struct{}, free func()) {
 	t.Helper()
 	h, release := make(chan struct{}), make(chan struct{})
 	var once, freed sync.Once
-	engine.SetBeforeDurable(func() {
+	enginetest.SetBeforeDurable(func() {
 		once.Do(func() {
-			engine.SetBeforeDurable(nil)
+			enginetest.SetBeforeDurable(nil)
 			close(h)
 			<-release
 		})
 	})
-	t.Cleanup(func() { engine.SetBeforeDurable(nil) })
+	t.Cleanup(func() { enginetest.SetBeforeDurable(nil) })
 	return h, func() { freed.Do(func() { close(release) }) }
 }
 
-// waitSealed waits until the partitions of at are sealed, and no sealing
-// pass runs.
+// sealed reports whether the partition of at is sealed, as Stats lists
+// it (false while a sealing pass runs).
+func sealed(e *engine.Engine, at time.Time) bool {
+	for _, p := range e.Stats().BloomPartitions {
+		if !p.Start.After(at) && at.Sub(p.Start) < time.Hour {
+			return p.Sealed
+		}
+	}
+	return false
+}
+
+// waitSealed waits until the partitions of at (hour partitions) are
+// sealed, and no sealing pass runs.
 func waitSealed(t *testing.T, e *engine.Engine, at ...time.Time) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for _, a := range at {
-		for !e.Sealed(a) {
+		for !sealed(e, a) {
 			if time.Now().After(deadline) {
 				t.Fatalf("partition of %v not sealed (%d sealed)", a, e.Stats().BloomSealed)
 			}
@@ -131,8 +144,8 @@ func filterFiles(t *testing.T, fs vfs.FS, suffix, prefix string) []string {
 // loads the three sealed filters and rebuilds from Pebble the open
 // partition alone; every key is a Duplicate once warm, and a new key New.
 func TestCrashRebuildsOnlyTheOpenPartition(t *testing.T) {
-	engine.SetNoRestore(true) // the scan path: see TestCheckpointRestore for the restore
-	defer engine.SetNoRestore(false)
+	enginetest.SetNoRestore(true) // the scan path: see TestCheckpointRestore for the restore
+	defer enginetest.SetNoRestore(false)
 	mem := newCrashFS()
 	clock := newClock()
 	const perHour = 50
@@ -141,8 +154,8 @@ func TestCrashRebuildsOnlyTheOpenPartition(t *testing.T) {
 	_ = e.Close()
 
 	gate := make(chan struct{})
-	engine.SetRebuildGate(gate)
-	defer engine.SetRebuildGate(nil)
+	enginetest.SetRebuildGate(gate)
+	defer enginetest.SetRebuildGate(nil)
 	setFS(&o, crashed)
 	e = open(t, o)
 	defer e.Close()
@@ -199,7 +212,7 @@ func TestSealWaitsForWritesInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(200 * time.Millisecond)
-	if e.Sealed(clock.Now().Add(-time.Hour)) {
+	if sealed(e, clock.Now().Add(-time.Hour)) {
 		t.Fatal("hour 0 was sealed while a write that read its time was in flight")
 	}
 	free()
@@ -225,8 +238,8 @@ func TestSealWaitsForWritesInFlight(t *testing.T) {
 // store and these filter parameters; any other is removed and its
 // partition rebuilt, and no acknowledged key is lost.
 func TestSealedFilesThatMustNotBeTrusted(t *testing.T) {
-	engine.SetNoRestore(true) // the scan path: see TestCheckpointRestore for the restore
-	defer engine.SetNoRestore(false)
+	enginetest.SetNoRestore(true) // the scan path: see TestCheckpointRestore for the restore
+	defer enginetest.SetNoRestore(false)
 	const perHour = 40
 	for _, tc := range []struct {
 		name   string
@@ -380,7 +393,7 @@ func TestSealWaitsForReleasesInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(200 * time.Millisecond)
-	if e.Sealed(clock.Now().Add(-time.Hour)) {
+	if sealed(e, clock.Now().Add(-time.Hour)) {
 		t.Fatal("hour 0 was sealed while a release that read its time was writing")
 	}
 	free()

@@ -1,4 +1,4 @@
-package engine_test
+package enginetest_test
 
 import (
 	"bufio"
@@ -88,8 +88,8 @@ func checkpointedEngine(t *testing.T, mem vfs.FS) (*engine.Engine, engine.Option
 // checkpoint is not trusted, and the partition is rebuilt by a scan.
 // Every acknowledged key is a Duplicate either way.
 func TestCheckpointRestore(t *testing.T) {
-	engine.SetCheckpointKeys(100)
-	defer engine.SetCheckpointKeys(0)
+	enginetest.SetCheckpointKeys(100)
+	defer enginetest.SetCheckpointKeys(0)
 	each := func(f func(t *testing.T, fs vfs.FS, name string)) func(t *testing.T, fs, other vfs.FS, first []byte) {
 		return func(t *testing.T, fs, _ vfs.FS, _ []byte) {
 			files := checkpointFiles(t, fs)
@@ -180,7 +180,7 @@ func stallChild(spec string) int {
 	parts := strings.Split(spec, "|")
 	dir, hook := parts[0], parts[1]
 	start, _ := strconv.ParseInt(parts[2], 10, 64)
-	engine.SetCheckpointKeys(500)
+	enginetest.SetCheckpointKeys(500)
 	var stalled atomic.Bool
 	stall := func() {
 		stalled.Store(true)
@@ -189,9 +189,9 @@ func stallChild(spec string) int {
 	}
 	switch hook {
 	case "ckpt":
-		engine.SetInCheckpoint(stall)
+		enginetest.SetInCheckpoint(stall)
 	case "move":
-		engine.SetInMove(stall)
+		enginetest.SetInMove(stall)
 	}
 	clock := &stepClock{Base: time.Unix(0, start)}
 	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(dir), Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 20_000, Logger: quiet})
@@ -298,8 +298,8 @@ type fixedClock = enginetest.FixedClock
 // store restores its open partition from them and the journal after the
 // checkpoint, with nothing scanned; every key is a Duplicate.
 func TestImportRestoresFromCheckpoint(t *testing.T) {
-	engine.SetCheckpointKeys(100)
-	defer engine.SetCheckpointKeys(0)
+	enginetest.SetCheckpointKeys(100)
+	defer enginetest.SetCheckpointKeys(0)
 	mem := newCrashFS()
 	e, o, keys, _ := checkpointedEngine(t, mem)
 	ctx := context.Background()

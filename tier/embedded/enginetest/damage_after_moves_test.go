@@ -1,4 +1,4 @@
-package engine_test
+package enginetest_test
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tierdedup/tierdedup/internal/enginetest"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 
@@ -212,8 +214,8 @@ func (h *dmHist) check(t *testing.T, e *engine.Engine, what string) {
 // its window, fresh keys New. A second crash after the rebuilt partitions
 // are sealed again must load every sealed file.
 func TestMixedDamageAfterMoves(t *testing.T) {
-	engine.SetCheckpointKeys(25)
-	defer engine.SetCheckpointKeys(0)
+	enginetest.SetCheckpointKeys(25)
+	defer enginetest.SetCheckpointKeys(0)
 	const perHour = 50 // 40 default + 10 short keys a closed hour
 	// The open hour holds its 50 keys, 30 pad and 7 tail keys, and a
 	// forgotten one (Forget deletes it from the store).
@@ -328,8 +330,8 @@ func TestMixedDamageAfterMoves(t *testing.T) {
 // crash whether the cold partition's sealed file is loaded or the
 // partition is scanned; forgotten again, it is New after the next crash.
 func TestForgetMovedThenRecommit(t *testing.T) {
-	engine.SetCheckpointKeys(25)
-	defer engine.SetCheckpointKeys(0)
+	enginetest.SetCheckpointKeys(25)
+	defer enginetest.SetCheckpointKeys(0)
 	for _, damage := range []bool{false, true} {
 		t.Run(fmt.Sprintf("sealed file damaged=%v", damage), func(t *testing.T) {
 			ctx := context.Background()
@@ -384,8 +386,8 @@ func TestForgetMovedThenRecommit(t *testing.T) {
 // answer everything as acknowledged: the journal of both processes after
 // the old checkpoint, the damaged files still refused.
 func TestCrashWhileRebuilding(t *testing.T) {
-	engine.SetCheckpointKeys(25)
-	defer engine.SetCheckpointKeys(0)
+	enginetest.SetCheckpointKeys(25)
+	defer enginetest.SetCheckpointKeys(0)
 	ctx := context.Background()
 	h := dmBuild(t)
 	rewrite(t, h.crash, dmSealed(1), func(b []byte) { b[len(b)/2] ^= 2 })
@@ -393,8 +395,8 @@ func TestCrashWhileRebuilding(t *testing.T) {
 		rewrite(t, h.crash, n, func(b []byte) { b[200] ^= 2 })
 	}
 	gate := make(chan struct{})
-	engine.SetRebuildGate(gate)
-	defer engine.SetRebuildGate(nil)
+	enginetest.SetRebuildGate(gate)
+	defer enginetest.SetRebuildGate(nil)
 	o := h.o
 	setFS(&o, h.crash)
 	o.Clock = fixedClock(dmStart().Add(4*time.Hour + 10*time.Minute).UnixNano())
@@ -430,7 +432,7 @@ func TestCrashWhileRebuilding(t *testing.T) {
 	time.Sleep(30 * time.Millisecond)
 	crashed := h.crash.CrashClone(vfs.CrashCloneCfg{})
 	_ = e.Close()
-	engine.SetRebuildGate(nil)
+	enginetest.SetRebuildGate(nil)
 	setFS(&o, crashed)
 	e = open(t, o)
 	defer func() { _ = e.Close() }()

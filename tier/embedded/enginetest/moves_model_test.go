@@ -1,4 +1,4 @@
-package engine_test
+package enginetest_test
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tierdedup/tierdedup/internal/enginetest"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -79,8 +81,8 @@ type moveWorld struct {
 const moveShort = 90 * time.Minute
 
 func newMoveWorld(t *testing.T) *moveWorld {
-	engine.SetCheckpointKeys(40)
-	t.Cleanup(func() { engine.SetCheckpointKeys(0) })
+	enginetest.SetCheckpointKeys(40)
+	t.Cleanup(func() { enginetest.SetCheckpointKeys(0) })
 	w := &moveWorld{t: t, fs: newCrashFS(), clock: newClock(), keys: map[string]*moveKey{}, live: 5}
 	w.o = engine.Options{Backend: &embedded.Backend{Dir: "db", FS: w.fs}, Clock: w.clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 2000,
 		MaxAttempts: 3, Namespaces: map[string]engine.NamespaceOptions{"short": {Window: moveShort}}}
@@ -315,8 +317,8 @@ func TestMovesModelAcrossMovesCrashesAndImport(t *testing.T) {
 // (all inside the window) must be a Duplicate at once: a key the
 // restored filters missed would be New.
 func TestMovesConcurrentCrashRestore(t *testing.T) {
-	engine.SetCheckpointKeys(64)
-	defer engine.SetCheckpointKeys(0)
+	enginetest.SetCheckpointKeys(64)
+	defer enginetest.SetCheckpointKeys(0)
 	for round := range 6 {
 		fs := newCrashFS()
 		clock := newClock()
@@ -557,8 +559,8 @@ func (quietPebble) Fatalf(format string, args ...any) {
 // partitions then move, a Forget reaches them, and a crash after its
 // first checkpoint is warm at Open.
 func TestMovesVersion2StoreOpens(t *testing.T) {
-	engine.SetCheckpointKeys(40)
-	defer engine.SetCheckpointKeys(0)
+	enginetest.SetCheckpointKeys(40)
+	defer enginetest.SetCheckpointKeys(0)
 	for _, clean := range []bool{true, false} {
 		t.Run(fmt.Sprintf("clean=%v", clean), func(t *testing.T) {
 			ctx := context.Background()
@@ -632,8 +634,8 @@ func TestMovesExportIsDurable(t *testing.T) {
 // tokens issued and used there, keep their answers across a crash
 // (restored from the checkpoint) and an export imported elsewhere.
 func TestMovesAdvanceAndTokensAcrossMovesAndCrash(t *testing.T) {
-	engine.SetCheckpointKeys(20)
-	defer engine.SetCheckpointKeys(0)
+	enginetest.SetCheckpointKeys(20)
+	defer enginetest.SetCheckpointKeys(0)
 	ctx := context.Background()
 	fs := newCrashFS()
 	clock := newClock()
@@ -723,8 +725,8 @@ func TestMovesAdvanceAndTokensAcrossMovesAndCrash(t *testing.T) {
 // Duplicates until the last nanosecond the docs allow and New from then
 // on, across a crash at the boundary.
 func TestMovesExpiryAtTheWindowsEnd(t *testing.T) {
-	engine.SetCheckpointKeys(10)
-	defer engine.SetCheckpointKeys(0)
+	enginetest.SetCheckpointKeys(10)
+	defer enginetest.SetCheckpointKeys(0)
 	ctx := context.Background()
 	fs := newCrashFS()
 	clock := newClock() // 10:00, a partition's start
@@ -819,7 +821,7 @@ func TestMovesExpiryAtTheWindowsEnd(t *testing.T) {
 // find it.
 func TestMovesForgetRightAfterCrashInMove(t *testing.T) {
 	ctx := context.Background()
-	defer engine.SetInMove(nil)
+	defer enginetest.SetInMove(nil)
 	for round := range 20 {
 		fs := newCrashFS()
 		clock := newClock()
@@ -834,8 +836,8 @@ func TestMovesForgetRightAfterCrashInMove(t *testing.T) {
 		}
 		var crashed crashFS
 		inMove := make(chan struct{})
-		engine.SetInMove(func() { // ingested, not recorded: the machine crashes here
-			engine.SetInMove(nil)
+		enginetest.SetInMove(func() { // ingested, not recorded: the machine crashes here
+			enginetest.SetInMove(nil)
 			crashed = fs.CrashClone(vfs.CrashCloneCfg{})
 			close(inMove)
 		})
@@ -921,8 +923,8 @@ func TestMovesColdDirectoryIsNotAStore(t *testing.T) {
 	if err := fs.Remove("db/tierdedup-bloom.snapshot"); err != nil {
 		t.Fatal(err)
 	}
-	engine.SetNoRestore(true)
-	defer engine.SetNoRestore(false)
+	enginetest.SetNoRestore(true)
+	defer enginetest.SetNoRestore(false)
 	e = open(t, o)
 	waitWarm(t, e)
 	if info, err := e.Lookup(ctx, []byte("ghost")); err != nil || info.Outcome != engine.New {
