@@ -92,7 +92,11 @@
 //
 // A Put retried after a lost reply replaces nothing (Put is all or
 // nothing and idempotent); the store records a partition archived only
-// after Put returned, so a crash between the two re-archives it. A log
+// after Put returned, so a crash between the two re-archives it. A Put
+// whose reply was lost and that landed late (after the next process's
+// Open listed the archive) makes that process's Put find the partition
+// held and read nothing: its keys are then scanned back from the archive
+// before the partition counts as archived. A log
 // entry applied twice is skipped by the applied position (6). A seal is
 // recorded only after its blob, so a crash between them re-seals. A blob
 // written late (after a newer one of its group) names an older partition

@@ -188,7 +188,9 @@ func (a *Archiver) archive(ctx context.Context, p int64) error {
 	g := p / a.group
 	fps := make([]shard.Fingerprint, 0, 1024)
 	var n uint64
+	scanned := false
 	err := a.store.Put(ctx, p, func(put func(*tier.Record) error) error {
+		scanned = true
 		return a.c.Scanner.ScanRecords(ctx, p, func(r *tier.Record) error {
 			if a.c.Skip(r.NS) {
 				return nil
@@ -208,6 +210,15 @@ func (a *Archiver) archive(ctx context.Context, p int64) error {
 	a.filters.Add(fps, g)
 	if err != nil {
 		return err
+	}
+	if !scanned {
+		// The archive held p already, and read nothing of this call: a
+		// Put whose reply was lost (a Close, a deadline) landed after this
+		// process's Open listed the archive. Its keys come from the
+		// archive, before p counts as archived (invariant 2).
+		if err := a.scanBack(ctx, p); err != nil {
+			return err
+		}
 	}
 	hook("held")
 	if err := a.c.Local.SetArchived(p + 1); err != nil {
