@@ -23,7 +23,8 @@ type latePut struct {
 	mu       sync.Mutex
 	target   int64
 	captured []tier.Record
-	lost     chan struct{}
+	armed    bool
+	lost     chan struct{} // closed once the reply was lost; never reassigned
 }
 
 type latePutStore struct {
@@ -38,7 +39,7 @@ func (s latePutStore) Put(ctx context.Context, p int64, scan func(func(*tier.Rec
 	if p != l.target {
 		return s.Archive.Put(ctx, p, scan)
 	}
-	if l.lost != nil {
+	if l.armed {
 		err := scan(func(r *tier.Record) error {
 			c := *r
 			c.NS, c.Key, c.Result = bytes.Clone(r.NS), bytes.Clone(r.Key), bytes.Clone(r.Result)
@@ -49,7 +50,7 @@ func (s latePutStore) Put(ctx context.Context, p int64, scan func(func(*tier.Rec
 			return err
 		}
 		close(l.lost)
-		l.lost = nil
+		l.armed = false
 		return errors.New("reply lost")
 	}
 	if l.captured != nil {
@@ -75,7 +76,7 @@ func (s latePutStore) Put(ctx context.Context, p int64, scan func(func(*tier.Rec
 // filter (from the archive), or once the partition leaves the hot window
 // they are answered New.
 func TestArchiveLatePutKeepsItsKeys(t *testing.T) {
-	l := &latePut{lost: make(chan struct{})}
+	l := &latePut{armed: true, lost: make(chan struct{})}
 	r := newArchiveRun(t, func(fs vfs.FS) tier.ArchiveBackend {
 		return wrappedArchive{filesArchive(fs), func(a tier.Archive) tier.Archive { return latePutStore{a, l} }}
 	})
