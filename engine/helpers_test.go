@@ -27,9 +27,10 @@ const day = 24 * time.Hour
 // crashtest.Start for a crash or multi-process test) to its code.
 func TestMain(m *testing.M) {
 	crashtest.Main(m, map[string]func(spec string) int{
-		"redis":   redisChild,      // TestRedisProcessesRace, TestPostgresProcessesRace
-		"nilctx":  nilContextChild, // TestCommitNilContext
-		"durable": durableChild,    // TestDurableClaimsSurviveSIGKILL
+		"crash":   enginetest.CrashChild, // TestMatrixKilledChildReopen
+		"redis":   redisChild,            // TestRedisProcessesRace, TestPostgresProcessesRace
+		"nilctx":  nilContextChild,       // TestCommitNilContext
+		"durable": durableChild,          // TestDurableClaimsSurviveSIGKILL
 	})
 }
 

@@ -43,8 +43,8 @@ func ptr[T any](v T) *T { return enginetest.Ptr(v) }
 // crashtest.Start for a crash or kill test) to its code.
 func TestMain(m *testing.M) {
 	crashtest.Main(m, map[string]func(spec string) int{
-		"crash": crashChild, // TestCrashRecovery
-		"fault": faultChild, // TestStorageFaultChild
-		"stall": stallChild, // TestKillDuringCheckpointAndMove
+		"crash": enginetest.CrashChild, // TestCrashRecovery
+		"fault": faultChild,            // TestStorageFaultChild
+		"stall": stallChild,            // TestKillDuringCheckpointAndMove
 	})
 }
