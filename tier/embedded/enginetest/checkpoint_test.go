@@ -238,7 +238,9 @@ func TestKillDuringCheckpointAndMove(t *testing.T) {
 	now := newClock().Now().UnixNano()
 	acked := map[string]int64{} // key → when it was acknowledged
 	for round, hook := range []string{"ckpt", "move", "ckpt", "move", "ckpt", "move"} {
-		child := crashtest.Start(t, "stall", fmt.Sprintf("%s|%s|%d", dir, hook, now), &crashtest.Options{Timeout: time.Minute})
+		// Three minutes: under -race on two busy cores a move has been
+		// seen to take over one to come.
+		child := crashtest.Start(t, "stall", fmt.Sprintf("%s|%s|%d", dir, hook, now), &crashtest.Options{Timeout: 3 * time.Minute})
 		stalled := false
 		for batches := 0; ; {
 			line, ok := child.Next()
