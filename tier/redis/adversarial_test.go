@@ -285,7 +285,7 @@ func TestAdversarialTwoLostRetriesLateGiveBacks(t *testing.T) {
 				keys := advKeys("order", 200)
 				out := make([]engine.Outcome, len(keys))
 				if max == 0 {
-					h.push("lose", "hold") // mark (SET NX) applied, reply lost; give-back held
+					h.push("lose", "lose", "hold") // mark (SET NX) applied, reply lost; the settling script's reply lost too; give-back held
 				} else {
 					h.push("pass", "lose", "hold") // claim; commit applied, reply lost; give-back held
 				}
@@ -422,7 +422,7 @@ func TestAdversarialForgetCopies(t *testing.T) {
 					step = "twice"
 					h.between = mark
 				}
-				h.push("pass", step) // the read passes; the forget script is sent twice
+				h.push("pass", "pass", step) // the read and the forgotten-set record pass; the forget script is sent twice
 				info := make([]engine.KeyInfo, len(keys))
 				err := a.ForgetBatch(ctx, keys, info)
 				if mode == "twice-mark" {

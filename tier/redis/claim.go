@@ -39,7 +39,7 @@ func (s *Store) claimScripted(ctx context.Context, reqs []Request, lease time.Du
 			earlier = string(r.Earlier[:])
 		}
 		if mark {
-			return []any{claimPrefix(r.Token), leaseMS, windowMS, s.max, earlier, commitValue(r), s.commitTTL(r).Milliseconds()}
+			return []any{claimPrefix(r.Token), leaseMS, windowMS, s.max, earlier, commitValue(r), s.commitTTL(r).Milliseconds(), s.forgottenInScript()}
 		}
 		return []any{claimPrefix(r.Token), leaseMS, windowMS, s.max, earlier}
 	}, func(i int, v string) (err error) {
@@ -104,13 +104,19 @@ func (s *Store) commitTTL(r *Request) time.Duration {
 // command's own cost (measured with INFO commandstats, docs/shared-tiers.md),
 // and the server's time is what processes sharing it compete for.
 func (s *Store) claimNX(ctx context.Context, reqs []Request, lease time.Duration, mark bool, out []Result) error {
-	olds, err := s.setNX(ctx, reqs, lease, mark)
+	olds, lost, err := s.setNX(ctx, reqs, lease, mark)
 	if err != nil {
 		return err
 	}
 	var later []int // keys the script must decide
 	for i, a := range olds {
 		old, _ := a.(string)
+		if lost[i] {
+			// A mark whose reply was lost: the script finds what it did
+			// (its commit, or a Forget's trace of it) or marks the key now.
+			later = append(later, i)
+			continue
+		}
 		switch {
 		case a == nil:
 			out[i] = Result{Status: tier.Acquired}
@@ -145,6 +151,17 @@ func (s *Store) claimNX(ctx context.Context, reqs []Request, lease time.Duration
 	if err := s.claimScripted(ctx, sub, max(lease, time.Millisecond), mark, subOut); err != nil {
 		return err
 	}
+	if s.sharded {
+		var settled []int // marks that settled a lost reply
+		for j, i := range later {
+			if lost[i] {
+				settled = append(settled, j)
+			}
+		}
+		if err := s.forgottenAfter(ctx, sub, subOut, settled); err != nil {
+			return err
+		}
+	}
 	for j, i := range later {
 		out[i] = subOut[j]
 	}
@@ -153,35 +170,67 @@ func (s *Store) claimNX(ctx context.Context, reqs []Request, lease time.Duration
 
 // setNX sets each key of reqs, where it is free, to its claim (for
 // lease) or with mark its committed value (for its commit's TTL), and
-// answers each key's old value (a string) or nil where it was free.
-func (s *Store) setNX(ctx context.Context, reqs []Request, lease time.Duration, mark bool) ([]any, error) {
-	value := func(r *Request) (string, time.Duration) {
-		if mark {
-			return commitValue(r), s.commitTTL(r)
-		}
-		return claimPrefix(r.Token), lease
-	}
+// answers each key's old value (a string) or nil where it was free. A
+// mark is sent once (markOnce); lost[i] reports a mark whose reply was
+// lost, which the caller must settle through the claim script.
+func (s *Store) setNX(ctx context.Context, reqs []Request, lease time.Duration, mark bool) (olds []any, lost []bool, err error) {
 	pipe := s.c.Pipeline()
 	cmds := make([]*goredis.StatusCmd, len(reqs))
 	for i := range reqs {
-		v, ttl := value(&reqs[i])
-		cmds[i] = pipe.SetArgs(ctx, s.Key(reqs[i].NS, reqs[i].Key), v, goredis.SetArgs{Mode: "NX", Get: true, TTL: ttl})
+		r := &reqs[i]
+		if !mark {
+			cmds[i] = pipe.SetArgs(ctx, s.Key(r.NS, r.Key), claimPrefix(r.Token), goredis.SetArgs{Mode: "NX", Get: true, TTL: lease})
+			continue
+		}
+		ms := max(s.commitTTL(r).Milliseconds(), 1)
+		cmds[i] = goredis.NewStatusCmd(ctx, "set", s.Key(r.NS, r.Key), commitValue(r), "px", ms, "nx", "get")
+		_ = pipe.Process(ctx, markOnce{cmds[i]})
 	}
-	if err := s.execWrites(ctx, pipe); err != nil && !errors.Is(err, goredis.Nil) {
-		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	err = s.execWrites(ctx, pipe)
+	// ErrUnavailable here is the WAIT's (too few replicas): the writes'
+	// replies came, and durability was not confirmed: a failure, not a
+	// lost reply.
+	if err != nil && !errors.Is(err, goredis.Nil) && (!mark || errors.Is(err, ErrUnavailable) || !lostReply(ctx, err)) {
+		return nil, nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	olds := make([]any, len(reqs))
+	olds, lost = make([]any, len(reqs)), make([]bool, len(reqs))
 	for i, cmd := range cmds {
 		old, err := cmd.Result()
 		switch {
 		case errors.Is(err, goredis.Nil):
+		case err != nil && mark && lostReply(ctx, err):
+			lost[i] = true
 		case err != nil:
-			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+			return nil, nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		default:
 			olds[i] = old
 		}
 	}
-	return olds, nil
+	return olds, lost, nil
+}
+
+// markOnce is a mark's SET … NX GET, which the client must not send
+// again by itself after losing its reply. A copy it sent again could be
+// applied after this one and answer for a state this one changed: this
+// one commits, a Forget removes the commit, another process marks the key
+// New, and the copy, finding that process's commit, would answer Duplicate
+// for the mark that committed first. The store settles a lost reply
+// itself instead, through the claim script, which finds the mark's own
+// commit, or the trace a Forget keeps of it (the fence, and the forgotten
+// set: forgottenKey), and otherwise marks the key as this mark; so every
+// copy of the mark after the first answers as the first applied.
+type markOnce struct{ goredis.Cmder }
+
+// NoRetry tells the client not to send the command again.
+func (markOnce) NoRetry() bool { return true }
+
+// lostReply reports an error after which a command sent may or may not
+// have been applied (the connection failed or timed out), while ctx still
+// allows asking the server: not a server's error reply, which applied
+// nothing.
+func lostReply(ctx context.Context, err error) bool {
+	var re goredis.Error
+	return ctx.Err() == nil && !errors.As(err, &re) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
 }
 
 // decodeClaim reads claimScript's answer.

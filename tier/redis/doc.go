@@ -41,4 +41,10 @@
 //     that makes it: no commit Redis holds is missing from the log, and a
 //     removal always follows the commit it removes. The prefix's layout
 //     records the log, so no process on it commits without appending.
+//  8. A mark answers as its one copy applied: its SET NX is never resent
+//     by the client (markOnce), and a lost reply is settled by the claim
+//     script, which answers acquired where the mark's own commit was
+//     removed by a Forget since (the Forget's fence, or the forgotten set
+//     it writes before removing anything) and marks the key only where no
+//     trace of the mark exists.
 package redis

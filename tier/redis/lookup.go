@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -34,6 +35,9 @@ func (s *Store) Lookup(ctx context.Context, reqs []Request, out []Result) error 
 func (s *Store) Forget(ctx context.Context, reqs []Request, out []Result) error {
 	raw, err := s.raw(ctx, reqs)
 	if err != nil {
+		return err
+	}
+	if err := s.recordForgotten(ctx, raw); err != nil {
 		return err
 	}
 	var own Token
@@ -121,4 +125,84 @@ func (s *Store) decodeLook(v string) (Result, error) {
 		return decodeClaim(v)
 	}
 	return Result{}, fmt.Errorf("unexpected value of %d bytes", len(v))
+}
+
+// forgottenMS is how long the forgotten set keeps the token of a commit a
+// Forget removed: longer than a mark's call may take between sending its
+// SET and settling a lost reply (markOnce), so a mark whose commit was
+// forgotten meanwhile still finds that it committed.
+const forgottenMS = 10 * 60 * 1000
+
+// forgottenKey is the forgotten set, Prefix ‖ NUL ‖ 0xFF ‖ "forgotten": a
+// sorted set of the tokens of commits Forget removed in the last
+// forgottenMS, scored by when (ms, the forgetting process's clock).
+func (s *Store) forgottenKey() string { return s.prefix + "\x00\xffforgotten" }
+
+// forgottenInScript is the forgotten set's name for the claim script, or
+// "" in a Cluster or Ring, where a script may touch its key's slot only:
+// there a mark that settles a lost reply asks the set after the script
+// (forgottenAfter).
+func (s *Store) forgottenInScript() string {
+	if s.sharded {
+		return ""
+	}
+	return s.forgottenKey()
+}
+
+// recordForgotten adds to the forgotten set the token of each commit
+// among raw (the values Forget read and is about to remove) before any is
+// removed, so no mark can find its commit gone without a trace of it. A
+// token recorded whose commit then stays (the value changed since the
+// read) names a mark that did commit: the trace says nothing false.
+func (s *Store) recordForgotten(ctx context.Context, raw map[*Request]string) error {
+	var members []goredis.Z
+	now := time.Now().UnixMilli()
+	for _, v := range raw {
+		if len(v) >= 17 && v[0] == commitTag {
+			members = append(members, goredis.Z{Score: float64(now), Member: v[1:17]})
+		}
+	}
+	if len(members) == 0 {
+		return nil
+	}
+	pipe := s.c.Pipeline()
+	key := s.forgottenKey()
+	pipe.ZAdd(ctx, key, members...)
+	pipe.ZRemRangeByScore(ctx, key, "-inf", strconv.FormatInt(now-forgottenMS, 10))
+	pipe.PExpire(ctx, key, forgottenMS*time.Millisecond)
+	if err := s.exec(ctx, pipe); err != nil {
+		return fmt.Errorf("%w: recording the forgotten commits: %w", ErrUnavailable, err)
+	}
+	return nil
+}
+
+// forgottenAfter is the forgotten set's question asked after the claim
+// script, where the script cannot ask it (forgottenInScript): each of
+// idx (marks that settled a lost reply) that the script did not answer
+// as acquired or as the mark's own commit, and whose token the set holds,
+// committed before a Forget removed it, and is acquired.
+func (s *Store) forgottenAfter(ctx context.Context, reqs []Request, out []Result, idx []int) error {
+	var ask []int
+	for _, i := range idx {
+		if out[i].Status != tier.Acquired && (out[i].Status != tier.Committed || out[i].Token != reqs[i].Token) {
+			ask = append(ask, i)
+		}
+	}
+	if len(ask) == 0 {
+		return nil
+	}
+	members := make([]string, len(ask))
+	for j, i := range ask {
+		members[j] = string(reqs[i].Token[:])
+	}
+	scores, err := s.c.ZMScore(ctx, s.forgottenKey(), members...).Result()
+	if err != nil {
+		return fmt.Errorf("%w: reading the forgotten commits: %w", ErrUnavailable, err)
+	}
+	for j, i := range ask {
+		if scores[j] != 0 {
+			out[i] = Result{Status: tier.Acquired}
+		}
+	}
+	return nil
 }

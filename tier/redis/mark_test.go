@@ -3,6 +3,7 @@ package redis_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,5 +96,155 @@ func TestUnmarkFencesADelayedMark(t *testing.T) {
 	unmark(f)
 	if got := claim(t, s, req("fenced-claim2", tok(7)), time.Minute); got.Status != tier.Acquired {
 		t.Fatalf("a claim over a fence: %v, want Acquired", got.Status)
+	}
+}
+
+// TestMarkSettlesAfterAForget: a mark whose reply was lost is settled by
+// the claim script, which must answer as the mark's one copy applied: the
+// copy committed, a Forget removed the commit, and then (a) nobody took
+// the key, (b) another mark committed it, (c) another call claimed and
+// released it. In each the mark answers acquired (New) and writes
+// nothing: the Forget's removal stands, and the other mark's commit.
+// A mark nobody forgot is settled as before: its own commit, or a mark
+// made now.
+func TestMarkSettlesAfterAForget(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	s := newStore(t, c, redis.Options{Prefix: fmt.Sprintf("settle-%d:", time.Now().UnixNano())})
+	settle := func(r redis.Request) redis.Result {
+		t.Helper()
+		out := make([]redis.Result, 1)
+		if err := s.SettleMarks(ctx, []redis.Request{r}, out); err != nil {
+			t.Fatal(err)
+		}
+		return out[0]
+	}
+	// applied writes a mark's commit as its SET NX does.
+	applied := func(r redis.Request) {
+		t.Helper()
+		v := string(append([]byte{'D'}, r.Token[:]...))
+		if err := c.Set(ctx, s.Key("", r.Key), v, time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	forget := func(key string) {
+		t.Helper()
+		out := make([]redis.Result, 1)
+		if err := s.Forget(ctx, []redis.Request{req(key, tok(99))}, out); err != nil || out[0].Status != tier.Committed {
+			t.Fatalf("Forget: %v, %v", out[0].Status, err)
+		}
+	}
+	value := func(key string) string {
+		v, err := c.Get(ctx, s.Key("", []byte(key))).Result()
+		if err == goredis.Nil {
+			return ""
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+
+	// (a) Forgotten, nobody took the key since: the fence remains.
+	a := req("a", tok(1))
+	applied(a)
+	forget("a")
+	if got := settle(a); got.Status != tier.Acquired {
+		t.Fatalf("(a) settled %v, want Acquired", got.Status)
+	}
+	if v := value("a"); v == "" || v[0] != 'X' {
+		t.Fatalf("(a) the key holds %q after settling, want the Forget's fence (nothing marked again)", v)
+	}
+
+	// (b) Forgotten, then marked by another call.
+	b, other := req("b", tok(2)), req("b", tok(3))
+	applied(b)
+	forget("b")
+	out := make([]redis.Result, 1)
+	if err := s.Mark(ctx, []redis.Request{other}, out); err != nil || out[0].Status != tier.Acquired {
+		t.Fatalf("(b) the other mark: %v, %v", out[0].Status, err)
+	}
+	if got := settle(b); got.Status != tier.Acquired {
+		t.Fatalf("(b) settled %v (token %x), want Acquired: the mark committed before the Forget", got.Status, got.Token)
+	}
+	if v := value("b"); v != string(append([]byte{'D'}, other.Token[:]...)) {
+		t.Fatalf("(b) the key holds %q, want the other mark's commit kept", v)
+	}
+
+	// (c) Forgotten, then claimed and released by another call: free.
+	cr, claimer := req("c", tok(4)), req("c", tok(5))
+	applied(cr)
+	forget("c")
+	if got := claim(t, s, claimer, time.Minute); got.Status != tier.Acquired {
+		t.Fatal(got.Status)
+	}
+	st := make([]redis.Status, 1)
+	if err := s.Release(ctx, 0, []redis.Request{claimer}, false, st); err != nil || st[0] != tier.OK {
+		t.Fatalf("(c) release: %v, %v", st[0], err)
+	}
+	if got := settle(cr); got.Status != tier.Acquired {
+		t.Fatalf("(c) settled %v, want Acquired", got.Status)
+	}
+	if v := value("c"); v != "" {
+		t.Fatalf("(c) the key holds %q, want it free: the Forget removed the mark's commit", v)
+	}
+
+	// Not forgotten: its own commit, or (never applied) marked now.
+	d := req("d", tok(6))
+	applied(d)
+	if got := settle(d); got.Status != tier.Committed || got.Token != d.Token {
+		t.Fatalf("own commit settled as %v %x", got.Status, got.Token)
+	}
+	e := req("e", tok(7))
+	if got := settle(e); got.Status != tier.Acquired || value("e") != string(append([]byte{'D'}, e.Token[:]...)) {
+		t.Fatalf("a mark never applied: settled %v, key %q; want Acquired and marked", got.Status, value("e"))
+	}
+}
+
+// TestMarkIsSentOnce: go-redis resends a command whose reply it lost
+// (MaxRetries); a mark's SET NX must reach the server once, its lost reply
+// settled by the store. The server is paused past several read timeouts
+// while a Mark waits, then resumed: one SET reached it, and the mark is
+// New with its commit in place.
+func TestMarkIsSentOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	c := srv.ClientWith(t, &goredis.Options{ReadTimeout: 30 * time.Millisecond, MaxRetries: 20, MaxRetryBackoff: 10 * time.Millisecond})
+	s := newStore(t, c, redis.Options{Prefix: "once:"})
+	admin := srv.Client(t)
+	sets := func() int64 {
+		info, err := admin.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		for _, line := range strings.Split(info, "\n") {
+			if strings.HasPrefix(line, "cmdstat_set:") {
+				fmt.Sscanf(strings.TrimPrefix(line, "cmdstat_set:"), "calls=%d", &n)
+			}
+		}
+		return n
+	}
+	before := sets()
+	r := req("once", tok(1))
+	srv.Pause()
+	done := make(chan error, 1)
+	out := make([]redis.Result, 1)
+	go func() { done <- s.Mark(ctx, []redis.Request{r}, out) }()
+	time.Sleep(200 * time.Millisecond) // several read timeouts
+	srv.Resume()
+	if err := <-done; err != nil {
+		t.Fatalf("Mark: %v", err)
+	}
+	if out[0].Status != tier.Acquired && (out[0].Status != tier.Committed || out[0].Token != r.Token) {
+		t.Fatalf("Mark answered %v (token %x), want its own mark", out[0].Status, out[0].Token)
+	}
+	if n := sets() - before; n != 1 {
+		t.Fatalf("the server ran %d SETs for one mark, want 1 (the client resent it)", n)
+	}
+	v, err := admin.Get(ctx, s.Key("", r.Key)).Result()
+	if err != nil || v != string(append([]byte{'D'}, r.Token[:]...)) {
+		t.Fatalf("the key holds %q (%v), want the mark's commit", v, err)
 	}
 }

@@ -23,7 +23,11 @@ import (
 // this step, a claim as the caller's own, a commit answered with the
 // caller's token. With ARGV[6] (a mark) a key it acquires is committed
 // instead, to the value ARGV[6] with TTL ARGV[7] ms, and an earlier
-// call's commit is replaced by it.
+// call's commit is replaced by it. A mark first looks for a trace of
+// its own token's commit that a Forget removed since (the fence the
+// Forget left, or ARGV[8], the forgotten set, when not empty): a copy of
+// the mark applied before the Forget, so the mark answers acquired ('A0')
+// and writes nothing (see markOnce).
 var claimScript = newKeyScript(versionLE + `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -36,7 +40,14 @@ local function earlier(tok)
 end
 local v = redis.call('GET', KEYS[1])
 local n, tag = 0, 'A'
-if v and string.sub(v, 1, 1) == 'X' then v = nil end -- a fence: free
+if v and string.sub(v, 1, 1) == 'X' then
+  -- A fence: free, unless a Forget left it over this mark's own commit.
+  if ARGV[6] and string.sub(v, 18, 34) == 'D' .. own then return 'A0' end
+  v = nil
+end
+if ARGV[8] and ARGV[8] ~= '' and redis.call('ZSCORE', ARGV[8], own) then
+  return 'A0' -- this mark's commit, removed by a Forget since
+end
 if v then
   local kind = string.sub(v, 1, 1)
   if kind == 'D' then
