@@ -87,11 +87,12 @@ func (n *Namespace) AdvanceBatch(ctx context.Context, entities [][]byte, version
 }
 
 func (e *Engine) advance(ctx context.Context, ns *Namespace, entities [][]byte, versions []uint64, out []Claim) error {
+	if err := e.serve(NeedAdvance, "Advance"); err != nil {
+		return err
+	}
 	switch {
 	case len(out) != len(entities) || len(versions) != len(entities):
 		return fmt.Errorf("%w: %d entities, %d versions, %d claims", ErrBatch, len(entities), len(versions), len(out))
-	case e.exact == nil || (e.where == tier.ClaimsInStore && e.advancer == nil):
-		return fmt.Errorf("%w: Advance needs an exact tier that can compare versions (the embedded store or a Backend that offers it), have %s", ErrOptions, e.name)
 	case len(versionsPrefix)+len(ns.name) > MaxNamespace:
 		return fmt.Errorf("%w: Advance in a namespace of %d bytes (max %d)", ErrNamespace, len(ns.name), MaxNamespace-len(versionsPrefix))
 	}

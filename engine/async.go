@@ -41,7 +41,7 @@ func (e *Engine) CommitAsync(ctx context.Context, c Claim, done func(error)) {
 // until done runs.
 func (e *Engine) CommitBatchAsync(ctx context.Context, claims []Claim, writes []Write, done func(error)) {
 	if len(writes) > 0 {
-		if err := e.need(e.writer != nil, "CommitBatchAsync with writes", "a tier that writes with commits"); err != nil {
+		if err := e.serve(NeedWrites, "CommitBatchAsync with writes"); err != nil {
 			e.commitAsync(ctx, nil, nil, done, err)
 			return
 		}

@@ -124,7 +124,7 @@ func (n *Namespace) do(ctx context.Context, key []byte, fn func(context.Context)
 // run claims key, runs fn or rfn if New, and commits or releases.
 func (n *Namespace) run(ctx context.Context, key []byte, fn func(context.Context) error, rfn func(context.Context) ([]byte, error)) (o Outcome, result []byte, err error) {
 	if rfn != nil {
-		if err := n.e.needResults("DoResult"); err != nil {
+		if err := n.e.serve(NeedResults, "DoResult"); err != nil {
 			return 0, nil, err // before claiming: fn must not run for a result nothing can keep
 		}
 	}
@@ -180,14 +180,6 @@ func (n *Namespace) run(ctx context.Context, key []byte, fn func(context.Context
 	return New, c.Result, n.e.Commit(ctx, c)
 }
 
-// needResults refuses op unless the tiers store results.
-func (e *Engine) needResults(op string) error {
-	if !e.results {
-		return fmt.Errorf("%w: %s needs a tier that stores results (not %s)", ErrOptions, op, e.name)
-	}
-	return nil
-}
-
 // checkResults refuses a commit call before anything is written when a New
 // claim's Result is too long, or the tiers cannot store one.
 func (e *Engine) checkResults(claims []Claim) error {
@@ -202,7 +194,7 @@ func (e *Engine) checkResults(claims []Claim) error {
 		if len(c.Result) > e.maxResult {
 			return fmt.Errorf("%w: claim %d: %d bytes, max %d (Options.MaxResultSize)", ErrResultTooLarge, i, len(c.Result), e.maxResult)
 		}
-		if err := e.needResults("a commit with a Result"); err != nil {
+		if err := e.serve(NeedResults, "a commit with a Result"); err != nil {
 			return err
 		}
 	}

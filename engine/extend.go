@@ -38,7 +38,7 @@ func (e *Engine) Extend(ctx context.Context, c *Claim, d time.Duration) error {
 		return fmt.Errorf("%w: Extend by %v: must be positive and shorter than the window %v", ErrOptions, d, time.Duration(e.window))
 	}
 	shared := e.where == tier.ClaimsInStore
-	if err := e.need(!shared || e.extender != nil, "Extend", "a shared tier that extends leases"); err != nil {
+	if err := e.serve(NeedExtend, "Extend"); err != nil {
 		return err
 	}
 	locked, err := e.admit(ctx)

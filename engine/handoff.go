@@ -22,7 +22,7 @@ type ExportInfo = tier.ExportInfo
 // own package imports an export (embedded.Backend.Import) and says what
 // makes one invalid, and who checks.
 func (e *Engine) Export(ctx context.Context, dir string, version uint64) (ExportInfo, error) {
-	if err := e.need(e.handoff != nil && e.exact != nil, "Export", "the embedded store"); err != nil {
+	if err := e.serve(NeedHandoff, "Export"); err != nil {
 		return ExportInfo{}, err
 	}
 	dir, err := e.handoff.ExportTarget(dir)
@@ -45,7 +45,7 @@ func (e *Engine) Export(ctx context.Context, dir string, version uint64) (Export
 // maintenance windows and capacity measurements. It can take minutes on a
 // large store; calls proceed meanwhile.
 func (e *Engine) Compact(ctx context.Context) error {
-	if err := e.need(e.handoff != nil && e.exact != nil, "Compact", "the embedded store"); err != nil {
+	if err := e.serve(NeedHandoff, "Compact"); err != nil {
 		return err
 	}
 	return e.unlessClosed(func() error { return e.handoff.Compact(ctx) })

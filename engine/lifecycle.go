@@ -101,15 +101,6 @@ func (e *Engine) finish(c call) {
 	e.leave(c.locked)
 }
 
-// need reports ErrOptions for an operation the configuration's tiers do not
-// offer (have is false).
-func (e *Engine) need(have bool, op, what string) error {
-	if !have {
-		return fmt.Errorf("%w: %s needs %s (Tiers: Default, no Backend), have %s", ErrOptions, op, what, e.name)
-	}
-	return nil
-}
-
 // unlessClosed runs fn unless the engine is closed.
 func (e *Engine) unlessClosed(fn func() error) error {
 	e.life.RLock()

@@ -134,13 +134,15 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 	if forget {
 		op = "ForgetBatch"
 	}
-	switch {
-	case len(out) != len(keys):
+	if len(out) != len(keys) {
 		return fmt.Errorf("%w: %d keys, %d infos", ErrBatch, len(keys), len(out))
-	case e.tiers == BloomOnly:
-		return fmt.Errorf("%w: %s needs exact tiers, have %s", ErrOptions, op, e.name)
-	case forget && e.where == tier.ClaimsInStore && !e.noSharedCache:
-		return fmt.Errorf("%w: %s with a shared tier needs Options.NoSharedCache (another process would answer from its cached commit)", ErrOptions, op)
+	}
+	need := NeedLookup
+	if forget {
+		need = NeedForget
+	}
+	if err := e.serve(need, op); err != nil {
+		return err
 	}
 	if err := e.checkKeys(keys); err != nil {
 		return err

@@ -215,6 +215,9 @@ func (e *Engine) assemble(o Options, now int64, opened *closers) error {
 		e.marker = nil
 	}
 	e.def = *e.newNamespace("") // now that where claims live, and the archive, are known
+	if err := e.Serves(o.Needs); err != nil {
+		return err // before any goroutine starts: Open closes what it opened
+	}
 
 	if e.local != nil {
 		e.local.Start(e.current.Load(), e.highWater.Load)

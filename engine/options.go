@@ -229,6 +229,11 @@ type Options struct {
 	// table) records it, so every process sharing it must agree
 	// (ErrLayout otherwise).
 	NoSharedCache bool
+	// Needs lists the calls the program will make that not every
+	// configuration serves (Need): Open refuses, with ErrOptions naming
+	// the call, a configuration that cannot serve one, instead of the
+	// call failing when first made. Zero checks nothing at Open.
+	Needs Need
 
 	// Archive keeps the committed keys of partitions that left the
 	// Window, for ArchiveWindow: a claim, mark or Lookup of a key

@@ -29,10 +29,10 @@ func (e *Engine) IssueToken(ctx context.Context, ttl time.Duration) (string, err
 	if ttl <= 0 || int64(ttl) > e.window {
 		return "", fmt.Errorf("%w: token ttl %v is outside (0, %v]", ErrOptions, ttl, time.Duration(e.window))
 	}
-	if e.exact == nil {
+	if err := e.serve(NeedTokens, "IssueToken"); err != nil {
 		// Memory-only forgets at eviction: a used token's mark could go
 		// while its issue stays, and the token would be used twice.
-		return "", fmt.Errorf("%w: IssueToken needs an exact tier (Default or a Backend), have %s", ErrOptions, e.name)
+		return "", err
 	}
 	ctx, done, err := e.hold(ctx) // Close waits for the claim's commit or release
 	if err != nil {
@@ -83,8 +83,8 @@ func (e *Engine) IssueToken(ctx context.Context, ttl time.Duration) (string, err
 // shared tier is ErrUnavailable. Other errors are the engine's: the token
 // is then neither consumed nor refused, and the call may be retried.
 func (e *Engine) ConsumeToken(ctx context.Context, token string) error {
-	if e.exact == nil {
-		return fmt.Errorf("%w: ConsumeToken needs an exact tier, have %s", ErrOptions, e.name)
+	if err := e.serve(NeedTokens, "ConsumeToken"); err != nil {
+		return err
 	}
 	raw, ok := decodeToken(token)
 	if !ok {

@@ -26,6 +26,9 @@ func (o *Options) Validate() error {
 	if o.Lease < 0 {
 		bad("Lease %v is negative", o.Lease)
 	}
+	if o.Needs&^needAll != 0 {
+		bad("unknown Needs %s", o.Needs&^needAll)
+	}
 	d := o.WithDefaults()
 	for name, n := range o.Namespaces {
 		if err := checkNamespace(name); err != nil {

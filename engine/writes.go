@@ -21,7 +21,7 @@ type Write = tier.Write
 // and the error matches ErrLeaseLost: the records describe work whose
 // claims are void.
 func (e *Engine) CommitBatchWith(ctx context.Context, claims []Claim, errs []error, writes []Write) error {
-	if err := e.need(e.writer != nil, "CommitBatchWith", "a tier that writes with commits"); err != nil {
+	if err := e.serve(NeedWrites, "CommitBatchWith"); err != nil {
 		return err
 	}
 	if err := e.checkResults(claims); err != nil {
@@ -34,7 +34,7 @@ func (e *Engine) CommitBatchWith(ctx context.Context, claims []Claim, errs []err
 // starts with prefix, in key order; key and value are valid only during the
 // call. A read failure is ErrStorage and latches, as for claims.
 func (e *Engine) ScanWrites(prefix []byte, fn func(key, value []byte) error) error {
-	if err := e.need(e.writer != nil, "ScanWrites", "a tier that writes with commits"); err != nil {
+	if err := e.serve(NeedWrites, "ScanWrites"); err != nil {
 		return err
 	}
 	return e.unlessClosed(func() error {
