@@ -1,0 +1,156 @@
+package postgres
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tierdedup/tierdedup/tier"
+)
+
+// queryArrays returns the statement's arrays for qs: each query's key in
+// its archived form, and a long key also as it is (a row an archive of an
+// earlier version stored whole), both answering query i.
+func queryArrays(qs []tier.ArchiveQuery) (idx []int32, ns, keys [][]byte, lo, hi []int64) {
+	for i, q := range qs {
+		stored, full := archivedKey(q.Key)
+		forms := [][]byte{stored}
+		if full != nil {
+			forms = append(forms, full)
+		}
+		for _, k := range forms {
+			idx = append(idx, int32(i))
+			ns = append(ns, []byte(q.NS))
+			keys = append(keys, k)
+			lo = append(lo, q.From)
+			hi = append(hi, q.To)
+		}
+	}
+	return
+}
+
+// MaxArchivedKey is the longest key the archive stores as it is. A longer
+// one is stored in the key column as its first 993 bytes and its SHA-256
+// (1,025 bytes: longer than any key stored as it is, so the two forms
+// never meet; a B-tree index entry holds at most about 2.7 kB, and the
+// engine accepts keys of up to 64 KiB), and whole in full_key, which no
+// index holds and Scan returns.
+const MaxArchivedKey = 1024
+
+// archivedKey returns key's form in the key column, and key itself as
+// full when that form is not the key (nil otherwise).
+func archivedKey(key []byte) (stored, full []byte) {
+	if len(key) <= MaxArchivedKey {
+		return key, nil
+	}
+	sum := sha256.Sum256(key)
+	stored = make([]byte, 0, MaxArchivedKey+1)
+	stored = append(append(stored, key[:MaxArchivedKey+1-len(sum)]...), sum[:]...)
+	return stored, key
+}
+
+// found reads rows (i, part, digest, at, result) into out, the newest
+// partition of each query winning.
+func found(rows pgx.Rows, out []tier.Answer) error {
+	defer rows.Close()
+	for rows.Next() {
+		var i int32
+		var part int64
+		var digest, result []byte
+		var at *int64
+		if err := rows.Scan(&i, &part, &digest, &at, &result); err != nil {
+			return err
+		}
+		if int(i) >= len(out) || i < 0 {
+			return fmt.Errorf("row of query %d", i)
+		}
+		a := &out[i]
+		if a.Status == tier.Committed && a.Partition >= part {
+			continue
+		}
+		*a = tier.Answer{Status: tier.Committed, Partition: part, Result: result}
+		if len(digest) == len(a.Digest) {
+			copy(a.Digest[:], digest)
+		}
+		if at != nil {
+			a.At = *at
+		}
+	}
+	return rows.Err()
+}
+
+// Lookup reads each query's newest row in its span, one statement for the
+// batch.
+func (ar *pgArchive) Lookup(ctx context.Context, qs []tier.ArchiveQuery, out []tier.Answer) error {
+	if len(out) != len(qs) {
+		return fmt.Errorf("%w: %d answers for %d queries", tier.ErrOptions, len(out), len(qs))
+	}
+	for i := range out {
+		out[i] = tier.Answer{Status: tier.Absent, Partition: -1}
+	}
+	if len(qs) == 0 {
+		return nil
+	}
+	idx, ns, keys, lo, hi := queryArrays(qs)
+	rows, err := ar.db.Query(ctx, `SELECT q.i, a.part, a.digest, a.at, a.result
+FROM unnest($1::int[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[]) AS q(i, ns, key, lo, hi)
+CROSS JOIN LATERAL (SELECT part, digest, at, result FROM `+ar.t+` a
+  WHERE a.ns = q.ns AND a.key = q.key AND a.part >= q.lo AND a.part < q.hi ORDER BY a.part DESC LIMIT 1) a`, idx, ns, keys, lo, hi)
+	if err != nil {
+		return unavailable("archive lookup", err)
+	}
+	if err := found(rows, out); err != nil {
+		return unavailable("archive lookup", err)
+	}
+	return nil
+}
+
+// Forget deletes each query's rows in its span, one statement for the
+// batch.
+func (ar *pgArchive) Forget(ctx context.Context, qs []tier.ArchiveQuery, out []tier.Answer) error {
+	if len(out) != len(qs) {
+		return fmt.Errorf("%w: %d answers for %d queries", tier.ErrOptions, len(out), len(qs))
+	}
+	for i := range out {
+		out[i] = tier.Answer{Status: tier.Absent, Partition: -1}
+	}
+	if len(qs) == 0 {
+		return nil
+	}
+	idx, ns, keys, lo, hi := queryArrays(qs)
+	rows, err := ar.db.Query(ctx, `DELETE FROM `+ar.t+` a
+USING unnest($1::int[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[]) AS q(i, ns, key, lo, hi)
+WHERE a.ns = q.ns AND a.key = q.key AND a.part >= q.lo AND a.part < q.hi
+RETURNING q.i, a.part, a.digest, a.at, a.result`, idx, ns, keys, lo, hi)
+	if err != nil {
+		return unavailable("archive forget", err)
+	}
+	if err := found(rows, out); err != nil {
+		return unavailable("archive forget", err)
+	}
+	return nil
+}
+
+// Scan reads partition p's keys.
+func (ar *pgArchive) Scan(ctx context.Context, p int64, fn func(ns, key []byte) error) error {
+	rows, err := ar.db.Query(ctx, `SELECT ns, COALESCE(full_key, key) FROM `+ar.t+` WHERE part = $1`, p)
+	if err != nil {
+		return unavailable("archive scan", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var ns, key []byte
+		if err := rows.Scan(&ns, &key); err != nil {
+			return unavailable("archive scan", err)
+		}
+		if err := fn(ns, key); err != nil {
+			return err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return unavailable("archive scan", err)
+	}
+	return nil
+}
