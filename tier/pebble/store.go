@@ -203,37 +203,7 @@ func Open(opts *Options) (*Store, error) {
 	}
 	cache := pebble.NewCache(int64(o.CacheSize))
 	defer cache.Unref()
-	popts := &pebble.Options{
-		FS:            fs,
-		Cache:         cache,
-		MemTableSize:  uint64(o.MemTableSize),
-		Logger:        logger{o.Logger},
-		EventListener: logger{o.Logger}.events(),
-		// Excise, which takes a moved partition out of the hot database at
-		// once, needs virtual tables; an older store is ratcheted up.
-		FormatMajorVersion: pebble.FormatVirtualSSTables,
-	}
-	for i := range popts.Levels {
-		popts.Levels[i].FilterPolicy = pebblebloom.FilterPolicy(filterBitsPerKey)
-	}
-	coldOpts := &pebble.Options{
-		FS:                 fs,
-		Cache:              cache,
-		MemTableSize:       coldMemTableSize,
-		Logger:             logger{o.Logger},
-		EventListener:      logger{o.Logger}.events(),
-		FormatMajorVersion: pebble.FormatVirtualSSTables,
-	}
-	// The cold database's tables carry no filter block (the level options'
-	// default): a read reaches a sealed partition only where the engine's
-	// own filter says the key may be, which for a duplicate it is, so a
-	// table filter would answer "yes" after loading its whole block (about
-	// 160 KiB for an 8 MiB move table, a read syscall each time the block
-	// cache had evicted it). Measured: CPU per key of days 2 to 4 of
-	// dedupbench run -keys 20000000 -span 96h 7 % and 22 % lower in two
-	// runs, keys/s 1.05× and 1.25× (docs/performance.md). A false positive
-	// of the engine's filter costs an index and a data block instead.
-	coldOpts.EnsureDefaults() // the move's tables are written with them
+	popts, coldOpts := dbOptions(&o, fs, cache)
 	db, err := openDB(o.Dir, popts)
 	if err != nil {
 		if healthCloser != nil {
@@ -265,12 +235,68 @@ func Open(opts *Options) (*Store, error) {
 		s.writeOpts = pebble.NoSync
 	}
 	s.records.New = func() any { return new([]Record) }
-	err = s.initLayout(o.Partition, o.Window, o.Now)
+	if err = s.load(&o, fs); err != nil {
+		cancel()
+		if s.cold != nil {
+			_ = s.cold.Close()
+		}
+		_ = db.Close()
+		s.closeHealth()
+		return nil, err
+	}
+	go s.compactLoop(ctx)
+	go s.moveLoop(ctx)
+	s.wakeMover()
+	return s, nil
+}
+
+// dbOptions are the hot and the cold database's Pebble options, over fs
+// and one cache.
+func dbOptions(o *Options, fs vfs.FS, cache *pebble.Cache) (popts, coldOpts *pebble.Options) {
+	popts = &pebble.Options{
+		FS:            fs,
+		Cache:         cache,
+		MemTableSize:  uint64(o.MemTableSize),
+		Logger:        logger{o.Logger},
+		EventListener: logger{o.Logger}.events(),
+		// Excise, which takes a moved partition out of the hot database at
+		// once, needs virtual tables; an older store is ratcheted up.
+		FormatMajorVersion: pebble.FormatVirtualSSTables,
+	}
+	for i := range popts.Levels {
+		popts.Levels[i].FilterPolicy = pebblebloom.FilterPolicy(filterBitsPerKey)
+	}
+	coldOpts = &pebble.Options{
+		FS:                 fs,
+		Cache:              cache,
+		MemTableSize:       coldMemTableSize,
+		Logger:             logger{o.Logger},
+		EventListener:      logger{o.Logger}.events(),
+		FormatMajorVersion: pebble.FormatVirtualSSTables,
+	}
+	// The cold database's tables carry no filter block (the level options'
+	// default): a read reaches a sealed partition only where the engine's
+	// own filter says the key may be, which for a duplicate it is, so a
+	// table filter would answer "yes" after loading its whole block (about
+	// 160 KiB for an 8 MiB move table, a read syscall each time the block
+	// cache had evicted it). Measured: CPU per key of days 2 to 4 of
+	// dedupbench run -keys 20000000 -span 96h 7 % and 22 % lower in two
+	// runs, keys/s 1.05× and 1.25× (docs/performance.md). A false positive
+	// of the engine's filter costs an index and a data block instead.
+	coldOpts.EnsureDefaults() // the move's tables are written with them
+	return popts, coldOpts
+}
+
+// load reads what the directory holds into the opened store: its layout,
+// the sealed partitions, the cold database, the journal, and whether it
+// must keep expired partitions for an archive.
+func (s *Store) load(o *Options, fs vfs.FS) error {
+	err := s.initLayout(o.Partition, o.Window, o.Now)
 	if err == nil {
 		err = s.loadSealed()
 	}
 	if err == nil {
-		err = s.openCold(o.Dir, fs, coldOpts)
+		err = s.openCold(o.Dir, fs, s.coldOpts)
 	}
 	if err == nil {
 		err = s.recordLayout()
@@ -291,19 +317,7 @@ func Open(opts *Options) (*Store, error) {
 		}
 		s.keepExpired = attached || archived
 	}
-	if err != nil {
-		cancel()
-		if s.cold != nil {
-			_ = s.cold.Close()
-		}
-		_ = db.Close()
-		s.closeHealth()
-		return nil, err
-	}
-	go s.compactLoop(ctx)
-	go s.moveLoop(ctx)
-	s.wakeMover()
-	return s, nil
+	return err
 }
 
 // KeepsExpired reports whether the store keeps partitions past the window

@@ -12,7 +12,6 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tierdedup/tierdedup/tier"
 )
@@ -108,7 +107,7 @@ func (a Archive) Open(ctx context.Context, env tier.ArchiveEnv) (tier.Archive, e
 			return nil, fmt.Errorf("%w: archive %s is new, and %s moved partitions to another archive before", tier.ErrLayout, t, env.Owner)
 		}
 	}
-	for _, stmt := range []string{
+	stmts := []string{
 		`CREATE TABLE IF NOT EXISTS ` + t + `_layout (id int PRIMARY KEY, format int NOT NULL, partition_ns bigint NOT NULL, window_ns bigint NOT NULL, "check" bytea NOT NULL, owner text NOT NULL)`,
 		`CREATE TABLE IF NOT EXISTS ` + t + ` (part bigint NOT NULL, ns bytea NOT NULL, key bytea NOT NULL, digest bytea, at bigint, result bytea, full_key bytea, PRIMARY KEY (ns, key, part)) PARTITION BY LIST (part)`,
 		// An archive created before long keys were stored hashed: the
@@ -119,10 +118,9 @@ func (a Archive) Open(ctx context.Context, env tier.ArchiveEnv) (tier.Archive, e
 		`CREATE TABLE IF NOT EXISTS ` + t + `_blobs (name text NOT NULL, chunk int NOT NULL, data bytea NOT NULL, PRIMARY KEY (name, chunk))`,
 		`CREATE TABLE IF NOT EXISTS ` + t + `_log (id int PRIMARY KEY, ms bigint NOT NULL, seq bigint NOT NULL, sealed_next bigint NOT NULL, secret bytea NOT NULL)`,
 		`CREATE TABLE IF NOT EXISTS ` + t + `_open (part bigint PRIMARY KEY)`,
-	} {
-		if _, err := a.DB.Exec(ctx, stmt); err != nil && !isDuplicateObject(err) {
-			return nil, fmt.Errorf("%w: creating %s: %w", ErrUnavailable, t, err)
-		}
+	}
+	if err := createTables(ctx, a.DB, stmts...); err != nil {
+		return nil, fmt.Errorf("%w: creating %s: %w", ErrUnavailable, t, err)
 	}
 	if _, err := a.DB.Exec(ctx, `INSERT INTO `+t+`_layout VALUES (1, $1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING`,
 		archiveFormat, env.Partitions.Length, int64(env.Window), env.Check[:], env.Owner); err != nil {
@@ -170,13 +168,6 @@ func (a Archive) Open(ctx context.Context, env tier.ArchiveEnv) (tier.Archive, e
 	// transaction rolled back, so none exists) needs nothing; one that
 	// exists unrecorded cannot, as both are in one transaction.
 	return ar, nil
-}
-
-func isDuplicateObject(err error) bool {
-	var pe *pgconn.PgError
-	// CREATE TABLE IF NOT EXISTS races another process's: 23505 on the
-	// catalog, 42P07 duplicate table.
-	return errors.As(err, &pe) && (pe.Code == "23505" || pe.Code == "42P07")
 }
 
 func queryRow(ctx context.Context, db DB, sql string, dst []any, args ...any) error {

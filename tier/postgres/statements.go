@@ -25,6 +25,8 @@ WHERE t.expires <= NOW
 RETURNING t.ns, t.key, t.attempts, t.taken_over`)
 }
 
+// prepare writes the table's statements: those of a claim here (claim,
+// mark, adopt, state), the rest in prepareSettle.
 func (s *Store) prepare() {
 	// Claim: one INSERT … ON CONFLICT for the batch, in key order (two
 	// batches locking rows in one order cannot deadlock). A row is taken
@@ -72,6 +74,12 @@ WHERE t.ns = l.ns AND t.key = l.key AND t.ns = r.ns AND t.key = r.key
 	s.stateQ = fmt.Sprintf(`
 SELECT t.ns, t.key, t.state::text, t.token, t.lease_until, t.attempts, t.digest, t.expires, %[2]s
 FROM %[1]s t JOIN unnest($1::bytea[], $2::bytea[]) AS r(ns, key) ON t.ns = r.ns AND t.key = r.key`, s.table, now)
+	s.prepareSettle()
+}
+
+// prepareSettle writes the statements that settle or read keys a claim
+// took: commit, release, extend, forget, and the table's size and sweep.
+func (s *Store) prepareSettle() {
 	// Commit: the claim of this token, unexpired, becomes a commit for the
 	// window; a commit this token already made stays (a retry).
 	s.commitQ = fmt.Sprintf(`

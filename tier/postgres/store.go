@@ -112,10 +112,6 @@ func New(ctx context.Context, db DB, opts *Options) (*Store, error) {
 	s := &Store{db: db, table: pgx.Identifier{o.Table}.Sanitize(), window: o.Window, max: o.MaxAttempts, uncached: o.Uncached}
 	s.sweeps.init(int64(o.SweepBlocks))
 	s.prepare()
-	// Processes starting together race to create the table; PostgreSQL's
-	// IF NOT EXISTS does not settle that race (a unique violation in its
-	// catalog), so a creation that lost it is tried again, and then finds
-	// the table.
 	create := fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
 		ns bytea NOT NULL, key bytea NOT NULL,
 		state "char" NOT NULL, -- 'C' claimed, 'D' committed, 'R' released (a count only)
@@ -123,16 +119,8 @@ func New(ctx context.Context, db DB, opts *Options) (*Store, error) {
 		digest bytea, expires bigint NOT NULL,
 		taken_over boolean NOT NULL DEFAULT false, -- the last claim took over an ended lease
 		PRIMARY KEY (ns, key))`, s.table)
-	for try := 0; ; try++ {
-		_, err := db.Exec(ctx, create)
-		var pe *pgconn.PgError
-		if err != nil && try < 3 && errors.As(err, &pe) && (pe.Code == "23505" || pe.Code == "42P07") {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("%w: creating %s: %w", ErrUnavailable, s.table, err)
-		}
-		break
+	if err := createTables(ctx, db, create); err != nil {
+		return nil, fmt.Errorf("%w: creating %s: %w", ErrUnavailable, s.table, err)
 	}
 	if err := s.checkLayout(ctx); err != nil {
 		return nil, err

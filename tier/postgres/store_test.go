@@ -562,3 +562,35 @@ func TestReservedWordTable(t *testing.T) {
 		t.Fatalf("claim in table \"user\" = %v", got.Status)
 	}
 }
+
+// TestCreateRace: processes that start together create the table
+// together (here, eight stores at once, each on its own connection, on
+// twenty fresh tables); PostgreSQL's IF NOT EXISTS alone lets the losers
+// fail on the catalog (42710, 23505, 42P07), which refused a consumer's
+// start. Every store opens.
+func TestCreateRace(t *testing.T) {
+	p := pool(t)
+	ctx := context.Background()
+	for round := range 20 {
+		table := fmt.Sprintf("race_%d_%d", time.Now().UnixNano(), round)
+		t.Cleanup(func() { _, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
+		var wg sync.WaitGroup
+		errs := make([]error, 8)
+		start := make(chan struct{})
+		for i := range errs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				_, errs[i] = postgres.New(ctx, p, &postgres.Options{Table: table, Window: time.Hour})
+			}()
+		}
+		close(start)
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: store %d of 8 on a table created together: %v", round, i, err)
+			}
+		}
+	}
+}
