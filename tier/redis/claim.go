@@ -189,8 +189,11 @@ func (s *Store) setNX(ctx context.Context, reqs []Request, lease time.Duration, 
 	err = s.execWrites(ctx, pipe)
 	// ErrUnavailable here is the WAIT's (too few replicas): the writes'
 	// replies came, and durability was not confirmed: a failure, not a
-	// lost reply.
-	if err != nil && !errors.Is(err, goredis.Nil) && (!mark || errors.Is(err, ErrUnavailable) || !lostReply(ctx, err)) {
+	// lost reply. With WaitReplicas any lost reply is a failure too: a
+	// WAIT whose reply was lost confirmed nothing, and a settling script
+	// on another connection cannot wait for this connection's writes.
+	settle := mark && s.replicas == 0
+	if err != nil && !errors.Is(err, goredis.Nil) && (!settle || errors.Is(err, ErrUnavailable) || !lostReply(ctx, err)) {
 		return nil, nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	olds, lost = make([]any, len(reqs)), make([]bool, len(reqs))
@@ -198,7 +201,7 @@ func (s *Store) setNX(ctx context.Context, reqs []Request, lease time.Duration, 
 		old, err := cmd.Result()
 		switch {
 		case errors.Is(err, goredis.Nil):
-		case err != nil && mark && lostReply(ctx, err):
+		case err != nil && settle && lostReply(ctx, err):
 			lost[i] = true
 		case err != nil:
 			return nil, nil, fmt.Errorf("%w: %w", ErrUnavailable, err)

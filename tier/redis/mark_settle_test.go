@@ -1,0 +1,182 @@
+package redis_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/redis"
+	"github.com/tierdedup/tierdedup/tier/redis/redistest"
+)
+
+// afterSetHook applies the first pipeline starting with a SET (a mark's
+// SET NX), runs fn, then loses the pipeline's replies: the store settles
+// the marks through the claim script after fn's calls.
+type afterSetHook struct {
+	mu    sync.Mutex
+	armed bool
+	fn    func()
+}
+
+func (h *afterSetHook) DialHook(next goredis.DialHook) goredis.DialHook          { return next }
+func (h *afterSetHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook { return next }
+func (h *afterSetHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		h.mu.Lock()
+		fire := h.armed && len(cmds) > 0 && cmds[0].Name() == "set"
+		if fire {
+			h.armed = false
+		}
+		fn := h.fn
+		h.mu.Unlock()
+		if !fire {
+			return next(ctx, cmds)
+		}
+		_ = next(ctx, cmds)
+		fn()
+		for _, c := range cmds {
+			c.SetErr(errLost)
+		}
+		return errLost
+	}
+}
+
+func (h *afterSetHook) arm(fn func()) {
+	h.mu.Lock()
+	h.armed, h.fn = true, fn
+	h.mu.Unlock()
+}
+
+// TestMarkSettlesForgetsBetween: a's MarkBatch (keys k0, k0 repeated
+// with another digest, k1, k2) is applied and its replies lost; before
+// the settling script, b forgets k0 and k1, c marks k0 (New) and claims
+// and releases k1, and b forgets k2 twice with c's mark between. a's
+// batch must answer k0 New (its commit came first), its repeat Conflict,
+// k1 New, k2 New; c's commit of k0 and k2 stays, k1 is free.
+func TestMarkSettlesForgetsBetween(t *testing.T) {
+	srv := redistest.Start(t)
+	prefix := fmt.Sprintf("brkf-%d:", time.Now().UnixNano())
+	o := engine.Options{Window: time.Hour, Partition: 10 * time.Minute, Lease: time.Minute, NoSharedCache: true, Logger: quietEngine}
+	h := &afterSetHook{}
+	ca := srv.ClientWith(t, &goredis.Options{MaxRetries: -1})
+	ca.AddHook(h)
+	openE := func(c goredis.UniversalClient) *engine.Engine {
+		oo := o
+		oo.Backend = redis.NewBackend(c, redis.Config{Prefix: prefix})
+		e, err := engine.Open(&oo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = e.Close() })
+		return e
+	}
+	a, b, c := openE(ca), openE(srv.Client(t)), openE(srv.Client(t))
+	ctx := context.Background()
+	k0, k1, k2 := []byte("k0"), []byte("k1"), []byte("k2")
+	var cNew0, cNew2 engine.Outcome
+	h.arm(func() {
+		info := make([]engine.KeyInfo, 2)
+		if err := b.ForgetBatch(ctx, [][]byte{k0, k1}, info); err != nil {
+			t.Errorf("forget: %v", err)
+		}
+		t.Logf("b's forget of k0, k1: %v %v", info[0].Outcome, info[1].Outcome)
+		var err error
+		if cNew0, err = c.MarkIfAbsent(ctx, k0); err != nil {
+			t.Errorf("c's mark: %v", err)
+		}
+		cl, err := c.Claim(ctx, k1)
+		if err != nil || cl.Outcome != engine.New {
+			t.Errorf("c's claim of k1: %v %v", cl.Outcome, err)
+		} else if err := c.Release(ctx, cl); err != nil {
+			t.Errorf("c's release: %v", err)
+		}
+		if _, err := b.Forget(ctx, k2); err != nil {
+			t.Errorf("forget k2: %v", err)
+		}
+		if o, err := c.MarkIfAbsent(ctx, k2); err != nil || o != engine.New {
+			t.Errorf("c's mark of k2: %v %v", o, err)
+		}
+		if _, err := b.Forget(ctx, k2); err != nil {
+			t.Errorf("forget k2 again: %v", err)
+		}
+		if cNew2, err = c.MarkIfAbsent(ctx, k2); err != nil {
+			t.Errorf("c's second mark of k2: %v", err)
+		}
+	})
+	keys := [][]byte{k0, k0, k1, k2}
+	digests := []engine.Digest{{1}, {2}, {3}, {4}}
+	out := make([]engine.Outcome, len(keys))
+	if err := a.MarkBatch(ctx, keys, digests, out); err != nil {
+		t.Fatalf("a's batch: %v", err)
+	}
+	t.Logf("a's batch: %v; c's marks of k0, k2 (second): %v %v", out, cNew0, cNew2)
+	want := []engine.Outcome{engine.New, engine.Conflict, engine.New, engine.New}
+	for i := range want {
+		if out[i] != want[i] {
+			t.Errorf("a's batch[%d] (%s) = %v, want %v", i, keys[i], out[i], want[i])
+		}
+	}
+	if cNew0 != engine.New || cNew2 != engine.New {
+		t.Errorf("c's marks after the Forgets: %v %v, want New", cNew0, cNew2)
+	}
+	info := make([]engine.KeyInfo, 3)
+	if err := b.LookupBatch(ctx, [][]byte{k0, k1, k2}, info); err != nil {
+		t.Fatal(err)
+	}
+	if info[0].Outcome != engine.Duplicate || info[1].Outcome != engine.New || info[2].Outcome != engine.Duplicate {
+		t.Errorf("after: k0 %v, k1 %v, k2 %v; want Duplicate (c's commit), New (forgotten, released), Duplicate (c's)", info[0].Outcome, info[1].Outcome, info[2].Outcome)
+	}
+}
+
+// TestMarkDeadlineBeforeSettle: a's mark is applied and its reply
+// lost; the call's deadline ends before the settling script. The call
+// must fail with an error matching ErrUnavailable (or the context's), and
+// whatever it left must not make the key Duplicate for the message's
+// redelivery (to a or to b), since nobody was told New.
+func TestMarkDeadlineBeforeSettle(t *testing.T) {
+	srv := redistest.Start(t)
+	prefix := fmt.Sprintf("brkd-%d:", time.Now().UnixNano())
+	o := engine.Options{Window: time.Hour, Partition: 10 * time.Minute, Lease: time.Minute, NoSharedCache: true, Logger: quietEngine}
+	h := &afterSetHook{}
+	ca := srv.ClientWith(t, &goredis.Options{MaxRetries: -1})
+	ca.AddHook(h)
+	openE := func(c goredis.UniversalClient) *engine.Engine {
+		oo := o
+		oo.Backend = redis.NewBackend(c, redis.Config{Prefix: prefix})
+		e, err := engine.Open(&oo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = e.Close() })
+		return e
+	}
+	a, b := openE(ca), openE(srv.Client(t))
+	for _, who := range []string{"b", "a"} {
+		key := []byte("deadline-" + who)
+		h.arm(func() { time.Sleep(150 * time.Millisecond) })
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		o, err := a.MarkIfAbsent(ctx, key)
+		cancel()
+		t.Logf("a's mark, deadline ended before the settle: %v, %v", o, err)
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, engine.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("error %v matches neither ErrUnavailable nor the context's", err)
+		}
+		e := b
+		if who == "a" {
+			e = a
+		}
+		o2, err := e.MarkIfAbsent(context.Background(), key)
+		if err != nil || o2 != engine.New {
+			t.Errorf("redelivery to %s: %v %v, want New (a's call failed, nobody was told New)", who, o2, err)
+		}
+	}
+}
