@@ -254,14 +254,14 @@ func runMark(b *testing.B, d deduper, batch int) {
 	var after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&after)
-	if st.Commits > 0 {
-		b.ReportMetric(float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/float64(st.Commits), "heap-B/key")
-		b.ReportMetric(float64(st.DiskBytes)/float64(st.Commits), "disk-B/key")
+	if st.Calls.Commits > 0 {
+		b.ReportMetric(float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/float64(st.Calls.Commits), "heap-B/key")
+		b.ReportMetric(float64(st.Store.DiskBytes)/float64(st.Calls.Commits), "disk-B/key")
 	}
-	if st.Claims > 0 {
-		b.ReportMetric(float64(st.MemoryHits)/float64(st.Claims), "hit-ratio")
+	if st.Calls.Claims > 0 {
+		b.ReportMetric(float64(st.Memory.Hits)/float64(st.Calls.Claims), "hit-ratio")
 	}
-	if absent := st.BloomNegatives + st.BloomFalsePositives; absent > 0 {
-		b.ReportMetric(float64(st.BloomFalsePositives)/float64(absent), "fp-rate")
+	if absent := st.Bloom.Negatives + st.Bloom.FalsePositives; absent > 0 {
+		b.ReportMetric(float64(st.Bloom.FalsePositives)/float64(absent), "fp-rate")
 	}
 }

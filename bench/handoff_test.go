@@ -53,7 +53,7 @@ func BenchmarkHandoff(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for dst.Stats().BloomMode != "warm" {
+	for dst.Stats().Bloom.Mode != "warm" {
 		time.Sleep(time.Millisecond)
 	}
 	t3 := time.Now()

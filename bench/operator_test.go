@@ -55,10 +55,10 @@ func BenchmarkOperator(b *testing.B) {
 			b.Fatal(err)
 		}
 		s := e.Stats()
-		if s.New != uint64(len(ks)) {
-			b.Fatalf("%d of %d entities New", s.New, len(ks))
+		if s.Calls.New != uint64(len(ks)) {
+			b.Fatalf("%d of %d entities New", s.Calls.New, len(ks))
 		}
-		b.ReportMetric(float64(s.TableBytes)/float64(len(ks)), "bytes/entity")
+		b.ReportMetric(float64(s.Store.TableBytes)/float64(len(ks)), "bytes/entity")
 		b.ReportMetric(float64(len(ks))/elapsed.Seconds(), "keys/s")
 	})
 	b.Run("lookup", func(b *testing.B) {

@@ -68,7 +68,7 @@ func BenchmarkPerMessage(b *testing.B) {
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 			lat.report(b)
 			st := e.Stats()
-			b.ReportMetric(float64(st.Commits)/float64(max(st.CommitGroups, 1)), "commits/group")
+			b.ReportMetric(float64(st.Calls.Commits)/float64(max(st.Queue.Groups, 1)), "commits/group")
 		})
 	}
 	b.Run("op=claim-commit-async/goroutines=1", func(b *testing.B) {
@@ -106,7 +106,7 @@ func BenchmarkPerMessage(b *testing.B) {
 		}
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 		st := e.Stats()
-		b.ReportMetric(float64(st.Commits)/float64(max(st.CommitGroups, 1)), "commits/group")
+		b.ReportMetric(float64(st.Calls.Commits)/float64(max(st.Queue.Groups, 1)), "commits/group")
 	})
 	b.Run("op=fsync", func(b *testing.B) {
 		f, err := os.Create(filepath.Join(b.TempDir(), "f"))

@@ -183,7 +183,7 @@ type Calibration struct {
 	// keys one flushed memtable's WAL file held (zero if the calibration
 	// flushed none).
 	WALBytesPerKey, WALFileKeys float64
-	// FixedDiskBytes is what else Stats.DiskBytes counted, the median over
+	// FixedDiskBytes is what else Stats.Store.DiskBytes counted, the median over
 	// the run's samples: the manifest and options files, obsolete SSTs,
 	// compactions in progress.
 	FixedDiskBytes float64
@@ -228,7 +228,7 @@ type Plan struct {
 	MemoryBytes                     float64 // memory tier at capacity
 	HeapBytes                       float64 // memory + bloom + the engine's fixed heap
 	OffHeapBytes                    float64 // Pebble's memtables and cache
-	// DiskBytes is what Stats.DiskBytes will report for a running store
+	// DiskBytes is what Stats.Store.DiskBytes will report for a running store
 	// holding KeysHeld keys: TableBytes of SSTs, WALBytes of live and
 	// recycled WAL (WALFileBytes each: the WAL of one memtable, flushed
 	// when full or when a partition is dropped, whichever comes first) and
@@ -529,11 +529,11 @@ func Calibrate(ctx context.Context, in PlanInput, cc CalibrateConfig) (Calibrati
 	// Partitions dropped during the run took their keys with them: the
 	// store holds the commits of the live partitions' time, at the
 	// stream's even rate.
-	if res.Stats.PartitionDropped > 0 {
+	if res.Stats.Store.PartitionsDropped > 0 {
 		parts, _ := tier.NewPartitions(in.Window, in.Partition)
 		end := Start.Add(span)
 		oldest := time.Unix(0, parts.Oldest(parts.Of(end.UnixNano()))*int64(in.Partition))
-		held := float64(res.Stats.Commits) * float64(end.Sub(oldest)) / float64(span)
+		held := float64(res.Stats.Calls.Commits) * float64(end.Sub(oldest)) / float64(span)
 		cal.StoreKeys = int64(held)
 		cal.TableBytesPerKey = float64(res.CompactedTableBytes) / held
 	}
@@ -569,7 +569,7 @@ func calibrateShared(ctx context.Context, in PlanInput, cc CalibrateConfig, pl P
 	}
 	cal := Calibration{KeysPerSec: res.KeysPerSec, SegmentRates: res.SegmentRates, Keys: res.Measured, Elapsed: res.Elapsed,
 		StoreKeys: res.Shared.Keys, SharedBytesPerKey: res.Shared.BytesPerKey,
-		FixedHeapBytes: max(1, float64(res.HeapBytes)-float64(res.Stats.MemoryEntries)*MemoryEntryBytes)}
+		FixedHeapBytes: max(1, float64(res.HeapBytes)-float64(res.Stats.Memory.Entries)*MemoryEntryBytes)}
 	return cal, res, nil
 }
 
@@ -577,16 +577,16 @@ func calibrateShared(ctx context.Context, in PlanInput, cc CalibrateConfig, pl P
 func CalibrationOf(res *Result) Calibration {
 	cal := Calibration{KeysPerSec: res.KeysPerSec, SegmentRates: res.SegmentRates, Keys: res.Measured, Elapsed: res.Elapsed}
 	st := res.Stats
-	if held := int64(st.Commits); held > 0 {
+	if held := int64(st.Calls.Commits); held > 0 {
 		cal.StoreKeys = held
-		tables := st.TableBytes
+		tables := st.Store.TableBytes
 		if res.CompactedTableBytes > 0 {
 			tables = res.CompactedTableBytes
 		}
 		cal.TableBytesPerKey = float64(tables) / float64(held)
-		cal.WALBytesPerKey = float64(st.WALWrittenBytes) / float64(held)
-		if st.WALRecycledFiles > 0 && cal.WALBytesPerKey > 0 {
-			cal.WALFileKeys = float64(st.WALRecycledBytes) / float64(st.WALRecycledFiles) / cal.WALBytesPerKey
+		cal.WALBytesPerKey = float64(st.Store.WALWrittenBytes) / float64(held)
+		if st.Store.WALRecycledFiles > 0 && cal.WALBytesPerKey > 0 {
+			cal.WALFileKeys = float64(st.Store.WALRecycledBytes) / float64(st.Store.WALRecycledFiles) / cal.WALBytesPerKey
 		}
 		// The rest of the disk, as it stood through the run (compactions
 		// in flight come and go; one instant may catch a large one).
@@ -600,8 +600,8 @@ func CalibrationOf(res *Result) Calibration {
 			slices.Sort(other)
 			cal.FixedDiskBytes = other[len(other)/2]
 		} else {
-			known := st.TableBytes + st.WALBytes + st.WALRecycledBytes
-			cal.FixedDiskBytes = float64(st.DiskBytes - min(st.DiskBytes, known))
+			known := st.Store.TableBytes + st.Store.WALBytes + st.Store.WALRecycledBytes
+			cal.FixedDiskBytes = float64(st.Store.DiskBytes - min(st.Store.DiskBytes, known))
 		}
 	}
 	return cal

@@ -26,7 +26,7 @@ import (
 // partitions rotate and drop; duplicates reach 18 h back, past the memory
 // tier, so the store answers many of them) and checks the plan against what the run measured,
 // each within 25 %: the Bloom filters' bytes, the heap, the compacted SSTs
-// on their own, every byte Stats.DiskBytes counts (SSTs, live and recycled
+// on their own, every byte Stats.Store.DiskBytes counts (SSTs, live and recycled
 // WAL, manifest, files awaiting deletion; sampled through the second day,
 // as compactions in flight come and go), and keys/s over the second day,
 // once the window is full (the calibration's steady state). Rates on a
@@ -96,9 +96,9 @@ func TestPlanAgreesWithRun(t *testing.T) {
 				if err := res.Exactness(); err != nil {
 					t.Fatal(err)
 				}
-				if pl.Derate != 1 || pl.Live != 5 || res.Stats.PartitionDropped == 0 || len(res.PerDay) < 2 || res.Stats.StoreHits == 0 {
+				if pl.Derate != 1 || pl.Live != 5 || res.Stats.Store.PartitionsDropped == 0 || len(res.PerDay) < 2 || res.Stats.Store.Hits == 0 {
 					t.Fatalf("plan derate %v, live %d; run dropped %d partitions, %d days, %d store hits",
-						pl.Derate, pl.Live, res.Stats.PartitionDropped, len(res.PerDay), res.Stats.StoreHits)
+						pl.Derate, pl.Live, res.Stats.Store.PartitionsDropped, len(res.PerDay), res.Stats.Store.Hits)
 				}
 				calRates = append(calRates, pl.CapacityPerDay/86400)
 				calRanges = append(calRanges, [2]float64{pl.CapacityRange[0] / 86400, pl.CapacityRange[1] / 86400})
@@ -121,13 +121,13 @@ func TestPlanAgreesWithRun(t *testing.T) {
 			}
 			cal, st := pl.Calibration, res.Stats
 			t.Logf("keys of %.1f B; heap: plan %.1f MiB (bloom %.1f), run %.1f MiB (bloom %.1f)",
-				pl.KeyBytes, pl.HeapBytes/(1<<20), pl.BloomBytes/(1<<20), float64(res.HeapBytes)/(1<<20), float64(st.BloomBytes)/(1<<20))
+				pl.KeyBytes, pl.HeapBytes/(1<<20), pl.BloomBytes/(1<<20), float64(res.HeapBytes)/(1<<20), float64(st.Bloom.Bytes)/(1<<20))
 			t.Logf("disk: plan %.1f MiB (SSTs %.1f B/key × %.0f keys held = %.1f MiB, WAL %.1f MiB in files of %.1f MiB, fixed %.1f MiB); run %.1f MiB (SSTs %.1f, %.1f compacted, WAL %.1f + %d recycled files %.1f)",
 				pl.DiskBytes/(1<<20), cal.TableBytesPerKey, pl.KeysHeld, pl.TableBytes/(1<<20), pl.WALBytes/(1<<20), pl.WALFileBytes/(1<<20), cal.FixedDiskBytes/(1<<20),
-				float64(st.DiskBytes)/(1<<20), float64(st.TableBytes)/(1<<20), float64(res.CompactedTableBytes)/(1<<20), float64(st.WALBytes)/(1<<20), st.WALRecycledFiles, float64(st.WALRecycledBytes)/(1<<20))
+				float64(st.Store.DiskBytes)/(1<<20), float64(st.Store.TableBytes)/(1<<20), float64(res.CompactedTableBytes)/(1<<20), float64(st.Store.WALBytes)/(1<<20), st.Store.WALRecycledFiles, float64(st.Store.WALRecycledBytes)/(1<<20))
 			t.Logf("keys/s: plan %.0f (calibrations %.0f), run's second day %.0f; store hits %d of %d reads",
-				median(calRates), calRates, runRates, st.StoreHits, st.StoreReads)
-			within(t, "bloom bytes", pl.BloomBytes, float64(st.BloomBytes))
+				median(calRates), calRates, runRates, st.Store.Hits, st.Store.Reads)
+			within(t, "bloom bytes", pl.BloomBytes, float64(st.Bloom.Bytes))
 			within(t, "heap (model vs Go heap, median)", pl.HeapBytes, median(runHeap))
 			// A run's compacted SSTs move by up to a fifth from one run of
 			// the same keys to the next (sealed partitions moving to the
@@ -147,7 +147,7 @@ func TestPlanAgreesWithRun(t *testing.T) {
 				}
 				return m
 			}())
-			within(t, "disk (Stats.DiskBytes through the second day)", pl.DiskBytes, median(runDisk))
+			within(t, "disk (Stats.Store.DiskBytes through the second day)", pl.DiskBytes, median(runDisk))
 			ratios := make([]float64, len(calRates))
 			for i := range calRates {
 				ratios[i] = calRates[i] / runRates[i]
@@ -261,8 +261,8 @@ func TestSharedPlanAgreesWithRun(t *testing.T) {
 					measure()
 					calibrate()
 				}
-				if res.Shared == nil || res.Shared.Keys != int64(res.Stats.Commits) || res.Stats.MemoryEntries < memory*95/100 {
-					t.Fatalf("run: shared %+v, %d commits, %d memory entries: want every commit held and memory full", res.Shared, res.Stats.Commits, res.Stats.MemoryEntries)
+				if res.Shared == nil || res.Shared.Keys != int64(res.Stats.Calls.Commits) || res.Stats.Memory.Entries < memory*95/100 {
+					t.Fatalf("run: shared %+v, %d commits, %d memory entries: want every commit held and memory full", res.Shared, res.Stats.Calls.Commits, res.Stats.Memory.Entries)
 				}
 				planHeap, runHeap = append(planHeap, pl.HeapBytes), append(runHeap, float64(res.HeapBytes))
 				planBytes, runBytes = append(planBytes, tc.serverFigure(pl)), append(runBytes, float64(res.Shared.Bytes))

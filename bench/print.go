@@ -42,7 +42,7 @@ func PrintResult(w io.Writer, r *Result) {
 	if r.BloomFPConfigured > 0 {
 		p("bloom false positives", "%.4f%% measured vs %.4f%% configured (whole window)", 100*r.BloomFPMeasured, 100*r.BloomFPConfigured)
 	}
-	if n := r.Stats.Refreshes; n > 0 {
+	if n := r.Stats.Calls.Refreshes; n > 0 {
 		p("sliding window", "%d duplicates refreshed their key, each a write", n)
 	}
 	if s := r.Shared; s != nil {
@@ -63,10 +63,10 @@ func PrintResult(w io.Writer, r *Result) {
 		p("hit ratios", "memory %.1f%% of claims; bloom proved new %.1f%% of memory misses; pebble found %.1f%% of reads",
 			100*r.MemoryHitRatio, 100*r.BloomNegativeRatio, 100*r.StoreHitRatio)
 	}
-	p("partitions dropped", "%d", r.Stats.PartitionDropped)
+	p("partitions dropped", "%d", r.Stats.Store.PartitionsDropped)
 	if a := r.Stats.Archive; a != nil {
 		p("archive", "%s, window %v: %d partitions and %d keys archived, lag %d; %d reads (%.2f%% of claims), %d found, %d reads of unarchived partitions; filter %.1f MiB",
-			a.Name, a.Window, a.Partitions, a.Keys, a.Lag, a.Reads, 100*float64(a.Reads)/float64(max(1, r.Stats.Claims)), a.Hits, a.LagReads, float64(a.FilterBytes)/(1<<20))
+			a.Name, a.Window, a.Partitions, a.Keys, a.Lag, a.Reads, 100*float64(a.Reads)/float64(max(1, r.Stats.Calls.Claims)), a.Hits, a.LagReads, float64(a.FilterBytes)/(1<<20))
 	}
 	if len(r.PerDay) > 1 {
 		var days []string

@@ -158,9 +158,9 @@ func RecoverFill(ctx context.Context, c RecoverConfig, out io.Writer) error {
 	}
 	parts := int(o.WithDefaults().Window / o.WithDefaults().Partition)
 	deadline := time.Now().Add(5 * time.Minute)
-	for e.Stats().BloomSealed < uint64(parts) {
+	for e.Stats().Bloom.Sealed < uint64(parts) {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%d closed partitions sealed after 5 minutes, want %d", e.Stats().BloomSealed, parts)
+			return fmt.Errorf("%d closed partitions sealed after 5 minutes, want %d", e.Stats().Bloom.Sealed, parts)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -248,7 +248,7 @@ func RecoverMeasure(ctx context.Context, c RecoverConfig, at int64, mode string,
 		defer close(done)
 		for {
 			mu.Lock()
-			if warmAt.IsZero() && e.Stats().BloomMode == "warm" {
+			if warmAt.IsZero() && e.Stats().Bloom.Mode == "warm" {
 				warmAt, warmKeys = time.Now(), processed.Load()
 			}
 			w := warmAt
@@ -274,8 +274,8 @@ func RecoverMeasure(ctx context.Context, c RecoverConfig, at int64, mode string,
 	}
 	st := e.Stats()
 	res.Warm = warmAt.Sub(t0)
-	res.SealedLoaded, res.RebuiltKeys = st.BloomSealedLoaded, st.BloomRebuiltKeys
-	res.Restored, res.JournalKeys = st.BloomRestored, st.BloomJournalKeys
+	res.SealedLoaded, res.RebuiltKeys = st.Bloom.SealedLoaded, st.Bloom.RebuiltKeys
+	res.Restored, res.JournalKeys = st.Bloom.Restored, st.Bloom.JournalKeys
 	res.RebuildingKeys = warmKeys
 	if d := warmAt.Sub(t0) - res.Open; d > 0 {
 		res.RebuildingRate = float64(warmKeys) / d.Seconds()

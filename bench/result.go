@@ -123,7 +123,7 @@ func (r *Result) Exactness() error {
 // of the false-positive rate exceeds the configured one, which it reaches
 // only when every filter holds ExpectedKeys.
 func (r *Result) bloomOverfilled() bool {
-	return r.Stats.BloomEstimatedFP > r.BloomFPConfigured*1.01
+	return r.Stats.Bloom.EstimatedFP > r.BloomFPConfigured*1.01
 }
 
 // Warnings says what a run did not exercise, so that a clean result is not
@@ -132,9 +132,9 @@ func (r *Result) Warnings() []string {
 	var w []string
 	durable := r.Tiers != engine.MemoryOnly.String() && r.Tiers != engine.BloomOnly.String()
 	if r.Tiers == engine.BloomOnly.String() && r.bloomOverfilled() {
-		w = append(w, fmt.Sprintf("the filters hold more keys than ExpectedKeys (estimated false-positive rate %.4f%%, configured %.4f%%): the rate is not promised past it", 100*r.Stats.BloomEstimatedFP, 100*r.BloomFPConfigured))
+		w = append(w, fmt.Sprintf("the filters hold more keys than ExpectedKeys (estimated false-positive rate %.4f%%, configured %.4f%%): the rate is not promised past it", 100*r.Stats.Bloom.EstimatedFP, 100*r.BloomFPConfigured))
 	}
-	for _, p := range r.Stats.BloomPartitions {
+	for _, p := range r.Stats.Bloom.Partitions {
 		if !p.OverTarget {
 			continue
 		}
@@ -145,7 +145,7 @@ func (r *Result) Warnings() []string {
 		w = append(w, fmt.Sprintf("the Bloom filter of the partition starting %s lets %.4f%% of new keys through to the store (%s), over twice its target %.4f%%: it holds %d keys; ExpectedKeys %d would restore the target",
 			p.Start.UTC().Format(time.RFC3339), 100*rate, how, 100*p.TargetFP, p.Keys, p.RecommendedExpectedKeys))
 	}
-	if durable && r.DupsChecked && r.Fresh < r.Keys && r.Stats.StoreHits == 0 {
+	if durable && r.DupsChecked && r.Fresh < r.Keys && r.Stats.Store.Hits == 0 {
 		w = append(w, "no duplicate reached past the memory tier: the durable tier's duplicate check was not exercised (raise -reach or lower -memory)")
 	}
 	return w
@@ -240,7 +240,7 @@ func (r *run) engineStats(ctx context.Context) (engine.Stats, error) {
 		if err := r.e.Compact(context.WithoutCancel(ctx)); err != nil {
 			return st, err
 		}
-		r.res.CompactedTableBytes = r.e.Stats().TableBytes
+		r.res.CompactedTableBytes = r.e.Stats().Store.TableBytes
 	}
 	return st, nil
 }
@@ -259,12 +259,12 @@ func (r *run) heapAndDisk(st engine.Stats) {
 	if after.HeapAlloc > r.before.HeapAlloc {
 		res.HeapBytes = after.HeapAlloc - r.before.HeapAlloc
 	}
-	held := st.Commits // keys committed; all inside the window unless partitions were dropped
+	held := st.Calls.Commits // keys committed; all inside the window unless partitions were dropped
 	if held > 0 {
 		res.HeapBytesPerKey = float64(res.HeapBytes) / float64(held)
-		res.DiskBytes, res.TableBytes, res.WALBytes = st.DiskBytes, st.TableBytes, st.WALBytes
-		res.DiskBytesPerKey = float64(st.DiskBytes) / float64(held)
-		res.TableBytesPerKey = float64(st.TableBytes) / float64(held)
+		res.DiskBytes, res.TableBytes, res.WALBytes = st.Store.DiskBytes, st.Store.TableBytes, st.Store.WALBytes
+		res.DiskBytesPerKey = float64(st.Store.DiskBytes) / float64(held)
+		res.TableBytesPerKey = float64(st.Store.TableBytes) / float64(held)
 	}
 }
 
@@ -272,22 +272,22 @@ func (r *run) heapAndDisk(st engine.Stats) {
 // filters, measured and configured, and the tiers' hit ratios, from st.
 func (r *run) filterAndHitRatios(st engine.Stats) {
 	res := r.res
-	if absent := st.BloomNegatives + st.BloomFalsePositives; absent > 0 {
-		res.BloomFPMeasured = float64(st.BloomFalsePositives) / float64(absent)
+	if absent := st.Bloom.Negatives + st.Bloom.FalsePositives; absent > 0 {
+		res.BloomFPMeasured = float64(st.Bloom.FalsePositives) / float64(absent)
 	} else if r.o.Tiers == engine.BloomOnly && res.Fresh > 0 {
 		// No exact tier to overturn a maybe: every false positive is a new
 		// key answered Duplicate.
 		res.BloomFPMeasured = float64(res.WronglyDropped) / float64(res.Fresh)
 	}
-	res.BloomFPConfigured = st.BloomTargetFP
-	if st.Claims > 0 {
-		res.MemoryHitRatio = float64(st.MemoryHits) / float64(st.Claims)
+	res.BloomFPConfigured = st.Bloom.TargetFP
+	if st.Calls.Claims > 0 {
+		res.MemoryHitRatio = float64(st.Memory.Hits) / float64(st.Calls.Claims)
 	}
-	if st.MemoryMisses > 0 {
-		res.BloomNegativeRatio = float64(st.BloomNegatives) / float64(st.MemoryMisses)
+	if st.Memory.Misses > 0 {
+		res.BloomNegativeRatio = float64(st.Bloom.Negatives) / float64(st.Memory.Misses)
 	}
-	if st.StoreReads > 0 {
-		res.StoreHitRatio = float64(st.StoreHits) / float64(st.StoreReads)
+	if st.Store.Reads > 0 {
+		res.StoreHitRatio = float64(st.Store.Hits) / float64(st.Store.Reads)
 	}
 }
 

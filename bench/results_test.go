@@ -100,8 +100,8 @@ func BenchmarkStoredResult(b *testing.B) {
 			if dups != len(ks) {
 				b.Fatalf("%d of %d keys answered Duplicate with their result", dups, len(ks))
 			}
-			b.ReportMetric(float64(s.TableBytes)/float64(s.Commits), "bytes/key")
-			b.ReportMetric(float64(s.Commits)/t1.Sub(t0).Seconds(), "keys/s")
+			b.ReportMetric(float64(s.Store.TableBytes)/float64(s.Calls.Commits), "bytes/key")
+			b.ReportMetric(float64(s.Calls.Commits)/t1.Sub(t0).Seconds(), "keys/s")
 			b.ReportMetric(float64(dups)/t2.Sub(t1).Seconds(), "dup-keys/s")
 		})
 	}

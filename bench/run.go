@@ -87,7 +87,7 @@ type Point struct {
 	KeysPerSec float64       // over the last sample
 	SimTime    time.Time     // the stream's simulated time
 	Rotations  uint64        // partitions dropped so far
-	DiskBytes  uint64        // Stats.DiskBytes now (default configuration)
+	DiskBytes  uint64        // Stats.Store.DiskBytes now (default configuration)
 	// OtherDiskBytes is what DiskBytes holds beside the live SSTs and the
 	// live and recycled WAL: manifest, obsolete files, compactions' output
 	// in flight.

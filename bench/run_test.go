@@ -84,7 +84,7 @@ func TestExactnessFailsBrokenPromises(t *testing.T) {
 func TestExactnessAllowsWhatTheConfigurationSays(t *testing.T) {
 	for _, r := range []Result{
 		{Tiers: engine.BloomOnly.String(), Fresh: 100_000, WronglyDropped: 1_000, BloomFPConfigured: 0.01},
-		{Tiers: engine.BloomOnly.String(), Fresh: 100_000, WronglyDropped: 5_000, BloomFPConfigured: 0.01, Stats: engine.Stats{BloomEstimatedFP: 0.05}}, // overfilled: no rate promised
+		{Tiers: engine.BloomOnly.String(), Fresh: 100_000, WronglyDropped: 5_000, BloomFPConfigured: 0.01, Stats: engine.Stats{Bloom: engine.BloomStats{EstimatedFP: 0.05}}}, // overfilled: no rate promised
 		{Tiers: engine.MemoryOnly.String(), Fresh: 1_001, MemoryCapacity: 1_000, DupsLetThrough: 10},
 	} {
 		if err := r.Exactness(); err != nil {
@@ -153,9 +153,9 @@ func TestRunWarnsOfOverfullFilters(t *testing.T) {
 				found = append(found, s)
 			}
 		}
-		t.Logf("ExpectedKeys %d: recommended %d; %q", tt.expected, res.Stats.BloomRecommendedExpectedKeys, found)
-		if (len(found) > 0) != tt.warn || (res.Stats.BloomRecommendedExpectedKeys > 0) != tt.warn {
-			t.Errorf("ExpectedKeys %d: %d filter warnings, recommended %d; want some: %v", tt.expected, len(found), res.Stats.BloomRecommendedExpectedKeys, tt.warn)
+		t.Logf("ExpectedKeys %d: recommended %d; %q", tt.expected, res.Stats.Bloom.RecommendedExpectedKeys, found)
+		if (len(found) > 0) != tt.warn || (res.Stats.Bloom.RecommendedExpectedKeys > 0) != tt.warn {
+			t.Errorf("ExpectedKeys %d: %d filter warnings, recommended %d; want some: %v", tt.expected, len(found), res.Stats.Bloom.RecommendedExpectedKeys, tt.warn)
 		}
 		if tt.warn && !strings.Contains(found[0], "measured over") {
 			t.Errorf("warning %q does not say the rate was measured", found[0])
@@ -187,7 +187,7 @@ func TestPlanCountsSlidingRefreshes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := float64(res.Stats.Refreshes)
+		got := float64(res.Stats.Calls.Refreshes)
 		t.Logf("reach %v: %0.f refreshes counted, %.0f planned (%.3g of duplicates); keys a partition %.0f → %.0f",
 			reach, got, pl.RefreshesPerDay, pl.RefreshesPerDay/(keys*dup), flat.KeysPerPartition, pl.KeysPerPartition)
 		if r := got / pl.RefreshesPerDay; r < 0.75 || r > 1.25 {

@@ -188,9 +188,9 @@ func (r *run) sample(ctx context.Context, start time.Time, done chan<- struct{})
 		n, at := r.processed.Load(), time.Since(start)
 		st := r.e.Stats()
 		p := Point{At: at, Keys: n, KeysPerSec: float64(n-last) / (at - lastAt).Seconds(),
-			SimTime: r.o.Clock.Now(), Rotations: st.PartitionDropped, DiskBytes: st.DiskBytes}
-		if known := st.TableBytes + st.WALBytes + st.WALRecycledBytes; st.DiskBytes > known {
-			p.OtherDiskBytes = st.DiskBytes - known
+			SimTime: r.o.Clock.Now(), Rotations: st.Store.PartitionsDropped, DiskBytes: st.Store.DiskBytes}
+		if known := st.Store.TableBytes + st.Store.WALBytes + st.Store.WALRecycledBytes; st.Store.DiskBytes > known {
+			p.OtherDiskBytes = st.Store.DiskBytes - known
 		}
 		last, lastAt = n, at
 		r.res.Series = append(r.res.Series, p)
@@ -211,7 +211,7 @@ func (r *run) closeSeries() {
 	if n := r.processed.Load(); n > last.Keys {
 		res.Series = append(res.Series, Point{At: res.Elapsed, Keys: n,
 			KeysPerSec: float64(n-last.Keys) / (res.Elapsed - last.At).Seconds(),
-			SimTime:    r.o.Clock.Now(), Rotations: r.e.Stats().PartitionDropped})
+			SimTime:    r.o.Clock.Now(), Rotations: r.e.Stats().Store.PartitionsDropped})
 	}
 }
 
@@ -235,7 +235,7 @@ func (r *run) mark() dayMark {
 	}
 	if r.e != nil {
 		st := r.e.Stats()
-		m.walBytes, m.tables = st.WALWrittenBytes, st.TableWrittenBytes
+		m.walBytes, m.tables = st.Store.WALWrittenBytes, st.Store.TableWrittenBytes
 	}
 	return m
 }

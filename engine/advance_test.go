@@ -96,8 +96,8 @@ func TestAdvance(t *testing.T) {
 				adv(e, 8, engine.Stale, 9) // the first process sees the second's
 			}
 			s := b.Stats()
-			if s.Stale == 0 {
-				t.Fatalf("Stats.Stale = 0")
+			if s.Calls.Stale == 0 {
+				t.Fatalf("Stats.Calls.Stale = 0")
 			}
 			ns := mustNamespace(t, b, "invoices")
 			if c, err := ns.Advance(ctx, order, 1); err != nil || c.Outcome != engine.New {

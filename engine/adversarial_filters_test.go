@@ -1,6 +1,6 @@
 package engine_test
 
-// Adversarial tests of the measured Bloom filters (Stats.BloomPartitions,
+// Adversarial tests of the measured Bloom filters (Stats.Bloom.Partitions,
 // BloomRecommendedExpectedKeys, BloomOverTarget, the warning): each would
 // fail if a filter sized right were reported, or recommended a size, as
 // wrong.
@@ -41,11 +41,11 @@ func (s *syncBuf) String() string {
 func noWarning(t *testing.T, e *engine.Engine, logs *syncBuf, what string) {
 	t.Helper()
 	st := e.Stats()
-	if st.BloomOverTarget != 0 || st.BloomRecommendedExpectedKeys != 0 {
+	if st.Bloom.OverTarget != 0 || st.Bloom.RecommendedExpectedKeys != 0 {
 		t.Errorf("%s: BloomOverTarget %d, BloomRecommendedExpectedKeys %d, want 0 and 0 (ExpectedKeys %d)",
-			what, st.BloomOverTarget, st.BloomRecommendedExpectedKeys, e.Options().ExpectedKeys)
+			what, st.Bloom.OverTarget, st.Bloom.RecommendedExpectedKeys, e.Options().ExpectedKeys)
 	}
-	for _, p := range st.BloomPartitions {
+	for _, p := range st.Bloom.Partitions {
 		if p.OverTarget {
 			t.Errorf("%s: partition %v over target: %+v", what, p.Start.UTC(), p)
 		}
@@ -99,7 +99,7 @@ func TestAdvFilterForgottenKeysAreNotFalsePositives(t *testing.T) {
 		}
 	}
 	st := e.Stats()
-	t.Logf("BloomFalsePositives %d; partitions %+v", st.BloomFalsePositives, st.BloomPartitions)
+	t.Logf("BloomFalsePositives %d; partitions %+v", st.Bloom.FalsePositives, st.Bloom.Partitions)
 	noWarning(t, e, logs, "after re-claiming 100 forgotten keys of a filter holding a fifth of its ExpectedKeys")
 }
 
@@ -131,8 +131,8 @@ func TestAdvFilterSlidingNamespaceWindowKeys(t *testing.T) {
 		clock.Add(time.Second)
 	}
 	st := e.Stats()
-	t.Logf("Refreshes %d; partitions %+v", st.Refreshes, st.BloomPartitions)
-	for _, p := range st.BloomPartitions {
+	t.Logf("Refreshes %d; partitions %+v", st.Calls.Refreshes, st.Bloom.Partitions)
+	for _, p := range st.Bloom.Partitions {
 		if p.Keys > 100 {
 			t.Errorf("partition %v: Keys %d for 10 distinct keys (EstimatedFP %.3g, target %.3g)", p.Start.UTC(), p.Keys, p.EstimatedFP, p.TargetFP)
 		}
@@ -190,7 +190,7 @@ func TestAdvFilterRightSizedRepeatedWorkload(t *testing.T) {
 		}
 	}
 	st := e.Stats()
-	for _, p := range st.BloomPartitions {
+	for _, p := range st.Bloom.Partitions {
 		t.Logf("%v keys %d measured %.4g (%d/%d) target %.4g estimated %.4g", p.Start.UTC().Format("15:04"), p.Keys, p.MeasuredFP, p.FalsePositives, p.Checked, p.TargetFP, p.EstimatedFP)
 	}
 	noWarning(t, e, logs, "a right-sized filter under a skewed workload")
@@ -223,15 +223,15 @@ func TestAdvFilterRecommendationEarly(t *testing.T) {
 		clock.Add(time.Minute)
 	}
 	st := e.Stats()
-	cur := st.BloomPartitions[len(st.BloomPartitions)-1]
-	t.Logf("current %+v; recommended %d; log %q", cur, st.BloomRecommendedExpectedKeys, logs.String())
+	cur := st.Bloom.Partitions[len(st.Bloom.Partitions)-1]
+	t.Logf("current %+v; recommended %d; log %q", cur, st.Bloom.RecommendedExpectedKeys, logs.String())
 	if !cur.OverTarget {
 		t.Fatalf("a filter ten times too small is not over target: %+v", cur)
 	}
 	if cur.RecommendedExpectedKeys < int(cur.Keys) {
 		t.Errorf("recommended %d < the %d keys it holds", cur.RecommendedExpectedKeys, cur.Keys)
 	}
-	if !strings.Contains(logs.String(), "set ExpectedKeys to ") || st.BloomOverTarget != 1 {
-		t.Errorf("no single warning: %d, %q", st.BloomOverTarget, logs.String())
+	if !strings.Contains(logs.String(), "set ExpectedKeys to ") || st.Bloom.OverTarget != 1 {
+		t.Errorf("no single warning: %d, %q", st.Bloom.OverTarget, logs.String())
 	}
 }

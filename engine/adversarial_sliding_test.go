@@ -380,7 +380,7 @@ func TestAdvSlidingConcurrent(t *testing.T) {
 				t.Errorf("%v at %v", k, v)
 				return true
 			})
-			t.Logf("hot re-sends: %d Duplicate, %d InFlight, %d New; Refreshes %d", dups.Load(), inflight.Load(), news.Load(), e.Stats().Refreshes)
+			t.Logf("hot re-sends: %d Duplicate, %d InFlight, %d New; Refreshes %d", dups.Load(), inflight.Load(), news.Load(), e.Stats().Calls.Refreshes)
 			// A nanosecond before expiry: h0 Duplicate; at expiry: h1 New.
 			exp := c.expiryAfter(last)
 			clock.Add(exp.Add(-1).Sub(clock.Now()))
@@ -542,7 +542,7 @@ func TestAdvSlidingCommittedAt(t *testing.T) {
 	}
 }
 
-// TestAdvSlidingRefreshCount: Stats.Refreshes "counts the duplicates of
+// TestAdvSlidingRefreshCount: Stats.Calls.Refreshes "counts the duplicates of
 // sliding namespaces that re-committed their key". In the embedded store
 // a key is refreshed at most once a partition; a repeat in one batch of a
 // key New in that batch refreshes nothing (it was just committed); a
@@ -564,16 +564,16 @@ func TestAdvSlidingRefreshCount(t *testing.T) {
 			if err := fixed.MarkBatch(ctx, keys, nil, out); err != nil {
 				t.Fatal(err)
 			}
-			if r := e.Stats().Refreshes; r != 0 {
+			if r := e.Stats().Calls.Refreshes; r != 0 {
 				t.Errorf("a new key and its repeats in one MarkBatch: Refreshes %d, want 0 (%v)", r, out)
 			}
 			// The non-sliding namespace, many duplicates: nothing.
-			before := e.Stats().Refreshes
+			before := e.Stats().Calls.Refreshes
 			for range 5 {
 				clock.Add(10 * time.Minute)
 				fixed.MarkIfAbsent(ctx, []byte("a"))
 			}
-			if r := e.Stats().Refreshes; r != before {
+			if r := e.Stats().Calls.Refreshes; r != before {
 				t.Errorf("duplicates in a namespace that does not slide: Refreshes %d → %d, want no change", before, r)
 			}
 			if c.tiers == engine.MemoryOnly || c.window > 0 {
@@ -582,13 +582,13 @@ func TestAdvSlidingRefreshCount(t *testing.T) {
 			// The sliding one, in one later partition, five duplicates:
 			// one refresh.
 			clock.Add(slidePart)
-			before = e.Stats().Refreshes
+			before = e.Stats().Calls.Refreshes
 			for range 5 {
 				if o, _ := ns.MarkIfAbsent(ctx, []byte("a")); o != engine.Duplicate {
 					t.Fatal(o)
 				}
 			}
-			if r := e.Stats().Refreshes - before; r != 1 {
+			if r := e.Stats().Calls.Refreshes - before; r != 1 {
 				t.Errorf("five duplicates in one later partition: %d refreshes, want 1", r)
 			}
 		})

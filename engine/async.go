@@ -16,7 +16,7 @@ import (
 // call Commit or Do; not Flush or Close, which wait for it. The claim's Key
 // bytes must stay unchanged until done runs. A done that panics on the
 // engine's goroutine is recovered and logged, and counted in
-// Stats.DonePanics; the other dones still run, in order. (A done run
+// Stats.Calls.DonePanics; the other dones still run, in order. (A done run
 // before CommitAsync returns panics on the caller's goroutine.)
 //
 // When Options.CommitQueue asynchronous calls are pending (written or not,

@@ -484,7 +484,7 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 			setFS(&opts, fsOf(o))
 			m.restart(clock.Now().UnixNano(), true)
 			outstanding = reclaimNamespaces(t, e, namespaces, outstanding)
-			if st := e.Stats(); st.BloomMode == "" {
+			if st := e.Stats(); st.Bloom.Mode == "" {
 				fail(op, "no bloom mode after crash")
 			}
 		}
@@ -494,7 +494,7 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 	}
 	st := e.Stats()
 	t.Logf("faults %d claims %d new %d dup %d inflight %d conflict %d commits %d releases %d expiries %d lost %d bloom-fp %d store-reads %d mode %s",
-		faults, st.Claims, st.New, st.Duplicates, st.InFlight, st.Conflicts, st.Commits, st.Releases, st.LeaseExpiries, st.LeaseLost, st.BloomFalsePositives, st.StoreReads, st.BloomMode)
+		faults, st.Calls.Claims, st.Calls.New, st.Calls.Duplicates, st.Calls.InFlight, st.Calls.Conflicts, st.Calls.Commits, st.Calls.Releases, st.Calls.LeaseExpiries, st.Calls.LeaseLost, st.Bloom.FalsePositives, st.Store.Reads, st.Bloom.Mode)
 }
 
 // restart mirrors a reopen: claims are void; committed keys survive where

@@ -134,8 +134,8 @@ func TestFencing(t *testing.T) {
 			if c, _ := e.Claim(ctx, key); c.Outcome != engine.Duplicate {
 				t.Fatalf("after commit = %v", c.Outcome)
 			}
-			if st := e.Stats(); st.LeaseExpiries != 1 || st.LeaseLost != 2 {
-				t.Fatalf("stats: expiries %d lost %d", st.LeaseExpiries, st.LeaseLost)
+			if st := e.Stats(); st.Calls.LeaseExpiries != 1 || st.Calls.LeaseLost != 2 {
+				t.Fatalf("stats: expiries %d lost %d", st.Calls.LeaseExpiries, st.Calls.LeaseLost)
 			}
 		})
 	}
@@ -259,8 +259,8 @@ func TestStorageFaults(t *testing.T) {
 			if _, err := e.MarkIfAbsent(ctx, acked[0]); !errors.Is(err, engine.ErrStorage) {
 				t.Fatalf("mark after a storage failure: %v", err)
 			}
-			if st := e.Stats(); st.Errors == 0 {
-				t.Error("Stats.Errors did not count the failure")
+			if st := e.Stats(); st.Calls.Errors == 0 {
+				t.Error("Stats.Calls.Errors did not count the failure")
 			}
 			_ = e.Close()
 
@@ -310,7 +310,7 @@ func TestRetention(t *testing.T) {
 			if o, _ := e.MarkIfAbsent(ctx, key); o != engine.New {
 				t.Fatalf("past window + partition: %v", o)
 			}
-			if tiers != engine.MemoryOnly && e.Stats().PartitionDropped == 0 {
+			if tiers != engine.MemoryOnly && e.Stats().Store.PartitionsDropped == 0 {
 				t.Fatal("no partition was dropped")
 			}
 		})
@@ -339,13 +339,13 @@ func TestColdStart(t *testing.T) {
 
 	// Clean restart: warm from the snapshot.
 	e = open(t, o)
-	if st := e.Stats(); st.BloomMode != "warm" || st.BloomRebuiltKeys != 0 {
-		t.Fatalf("after a clean restart: mode %q, rebuilt %d", st.BloomMode, st.BloomRebuiltKeys)
+	if st := e.Stats(); st.Bloom.Mode != "warm" || st.Bloom.RebuiltKeys != 0 {
+		t.Fatalf("after a clean restart: mode %q, rebuilt %d", st.Bloom.Mode, st.Bloom.RebuiltKeys)
 	}
 	expectAll(t, e, keys, engine.Duplicate)
 	before := e.Stats()
 	expectAll(t, e, [][]byte{[]byte("brand-new")}, engine.New)
-	if after := e.Stats(); after.BloomNegatives != before.BloomNegatives+1 || after.StoreReads != before.StoreReads {
+	if after := e.Stats(); after.Bloom.Negatives != before.Bloom.Negatives+1 || after.Store.Reads != before.Store.Reads {
 		t.Fatalf("a new key read the disk while warm: %+v", after)
 	}
 
@@ -360,30 +360,30 @@ func TestColdStart(t *testing.T) {
 	setFS(&o, crashed)
 	e2 := open(t, o)
 	defer e2.Close()
-	if st := e2.Stats(); st.BloomMode != "rebuilding" {
-		t.Fatalf("after a crash: mode %q, want rebuilding", st.BloomMode)
+	if st := e2.Stats(); st.Bloom.Mode != "rebuilding" {
+		t.Fatalf("after a crash: mode %q, want rebuilding", st.Bloom.Mode)
 	}
 	expectAll(t, e2, keys, engine.Duplicate)
 	before = e2.Stats()
 	expectAll(t, e2, [][]byte{[]byte("another-new")}, engine.New)
-	if after := e2.Stats(); after.StoreReads != before.StoreReads+1 {
+	if after := e2.Stats(); after.Store.Reads != before.Store.Reads+1 {
 		t.Fatalf("a new key skipped the disk while cold")
 	}
 	close(gate)
 	deadline := time.Now().Add(10 * time.Second)
-	for e2.Stats().BloomMode != "warm" {
+	for e2.Stats().Bloom.Mode != "warm" {
 		if time.Now().After(deadline) {
 			t.Fatal("the rebuild did not finish")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if st := e2.Stats(); st.BloomRebuiltKeys < uint64(len(keys)) {
-		t.Fatalf("rebuilt %d keys, want ≥ %d", st.BloomRebuiltKeys, len(keys))
+	if st := e2.Stats(); st.Bloom.RebuiltKeys < uint64(len(keys)) {
+		t.Fatalf("rebuilt %d keys, want ≥ %d", st.Bloom.RebuiltKeys, len(keys))
 	}
 	expectAll(t, e2, keys, engine.Duplicate)
 	before = e2.Stats()
 	expectAll(t, e2, [][]byte{[]byte("third-new")}, engine.New)
-	if after := e2.Stats(); after.StoreReads != before.StoreReads {
+	if after := e2.Stats(); after.Store.Reads != before.Store.Reads {
 		t.Fatalf("a new key read the disk after the rebuild")
 	}
 	_ = e.Close()
@@ -425,8 +425,8 @@ func TestDoReleasesOnErrorAndPanic(t *testing.T) {
 	if o != engine.Duplicate || err != nil || runs != 1 {
 		t.Fatalf("after success = %v, %v, runs %d", o, err, runs)
 	}
-	if st := e.Stats(); st.Releases != 2 || st.Commits != 1 {
-		t.Fatalf("stats: releases %d commits %d", st.Releases, st.Commits)
+	if st := e.Stats(); st.Calls.Releases != 2 || st.Calls.Commits != 1 {
+		t.Fatalf("stats: releases %d commits %d", st.Calls.Releases, st.Calls.Commits)
 	}
 }
 
@@ -476,8 +476,8 @@ func TestPoisonAfterMaxAttempts(t *testing.T) {
 			if o, _ := e.Do(ctx, []byte("fine"), func(context.Context) error { return nil }); o != engine.New {
 				t.Fatalf("another key = %v", o)
 			}
-			if st := e.Stats(); st.Poisoned != 1 {
-				t.Fatalf("Stats.Poisoned = %d", st.Poisoned)
+			if st := e.Stats(); st.Calls.Poisoned != 1 {
+				t.Fatalf("Stats.Calls.Poisoned = %d", st.Calls.Poisoned)
 			}
 		})
 	}

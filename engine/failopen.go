@@ -30,7 +30,7 @@ import (
 // back once the lease ends).
 type failOpen struct {
 	tier.Exact
-	answered *atomic.Uint64 // Stats.FailOpen
+	answered *atomic.Uint64 // Stats.Calls.FailOpen
 	lease    time.Duration
 	open     *openClaims
 }

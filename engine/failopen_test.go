@@ -73,7 +73,7 @@ func TestFailOpenScope(t *testing.T) {
 			}
 
 			out.set(faultDown, "", 0)
-			before := a.Stats().FailOpen
+			before := a.Stats().Calls.FailOpen
 			closedCalls := map[string]func() error{
 				"IssueToken":   func() error { _, err := a.IssueToken(ctx, time.Minute); return err },
 				"ConsumeToken": func() error { return a.ConsumeToken(ctx, tok) },
@@ -93,8 +93,8 @@ func TestFailOpenScope(t *testing.T) {
 					t.Errorf("%s during the outage: %v, want ErrUnavailable", name, err)
 				}
 			}
-			if n := a.Stats().FailOpen; n != before {
-				t.Errorf("Stats.FailOpen moved from %d to %d on calls that fail closed", before, n)
+			if n := a.Stats().Calls.FailOpen; n != before {
+				t.Errorf("Stats.Calls.FailOpen moved from %d to %d on calls that fail closed", before, n)
 			}
 			// What FailOpen is for still answers.
 			if c, err := a.Claim(ctx, []byte("during")); err != nil || c.Outcome != engine.New {
@@ -106,8 +106,8 @@ func TestFailOpenScope(t *testing.T) {
 				t.Errorf("a mark during the outage: %v %v, want New", got, err)
 			}
 			want := before + 3 // a claim, its commit, a one-step mark (Redis without MaxAttempts too)
-			if n := a.Stats().FailOpen; n != want {
-				t.Errorf("Stats.FailOpen = %d, want %d", n, want)
+			if n := a.Stats().Calls.FailOpen; n != want {
+				t.Errorf("Stats.Calls.FailOpen = %d, want %d", n, want)
 			}
 
 			out.off()

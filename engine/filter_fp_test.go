@@ -99,12 +99,12 @@ func TestFilterFalsePositivesMeasured(t *testing.T) {
 			markN(t, e, clock, step, "new", probes)
 
 			s := e.Stats()
-			if len(s.BloomPartitions) != 2 {
-				t.Fatalf("%d partitions reported, want 2: %+v", len(s.BloomPartitions), s.BloomPartitions)
+			if len(s.Bloom.Partitions) != 2 {
+				t.Fatalf("%d partitions reported, want 2: %+v", len(s.Bloom.Partitions), s.Bloom.Partitions)
 			}
-			p := s.BloomPartitions[0]
+			p := s.Bloom.Partitions[0]
 			t.Logf("full partition: %d keys, %d of %d new keys overturned: measured %.4g, formula %.4g, target %.4g; current: %+v",
-				p.Keys, p.FalsePositives, p.Checked, p.MeasuredFP, p.EstimatedFP, p.TargetFP, s.BloomPartitions[1])
+				p.Keys, p.FalsePositives, p.Checked, p.MeasuredFP, p.EstimatedFP, p.TargetFP, s.Bloom.Partitions[1])
 			// Measured over the last generation or two of checks: all of
 			// them made after the partition was full.
 			if p.Keys != full || p.Checked < bloom.MeasureGeneration || p.Checked > probes {
@@ -122,23 +122,23 @@ func TestFilterFalsePositivesMeasured(t *testing.T) {
 			if d := math.Abs(float64(p.FalsePositives) - want); d > 4*math.Sqrt(want)+1 {
 				t.Errorf("%d false positives in %d checks, the formula expects %.1f: %.1f deviations off, want at most 4", p.FalsePositives, p.Checked, want, d/math.Sqrt(want))
 			}
-			if s.BloomFalsePositives < p.FalsePositives {
-				t.Errorf("engine counts %d false positives, fewer than one partition's %d", s.BloomFalsePositives, p.FalsePositives)
+			if s.Bloom.FalsePositives < p.FalsePositives {
+				t.Errorf("engine counts %d false positives, fewer than one partition's %d", s.Bloom.FalsePositives, p.FalsePositives)
 			}
 			// One warning a partition, each naming the ExpectedKeys its
 			// keys projected to the partition's end ask for: 100,000.
 			warnings := strings.Count(logs.String(), "set ExpectedKeys to 100000 to restore")
 			if !tc.warn {
-				if p.OverTarget || s.BloomRecommendedExpectedKeys != 0 || s.BloomOverTarget != 0 || logs.String() != "" {
-					t.Errorf("a filter sized right was reported over its target: %+v, recommended %d, log %q", p, s.BloomRecommendedExpectedKeys, logs.String())
+				if p.OverTarget || s.Bloom.RecommendedExpectedKeys != 0 || s.Bloom.OverTarget != 0 || logs.String() != "" {
+					t.Errorf("a filter sized right was reported over its target: %+v, recommended %d, log %q", p, s.Bloom.RecommendedExpectedKeys, logs.String())
 				}
 				return
 			}
-			if !p.OverTarget || p.RecommendedExpectedKeys != full || s.BloomRecommendedExpectedKeys != full {
-				t.Errorf("over target %v, recommended %d (engine %d): want true and %d", p.OverTarget, p.RecommendedExpectedKeys, s.BloomRecommendedExpectedKeys, full)
+			if !p.OverTarget || p.RecommendedExpectedKeys != full || s.Bloom.RecommendedExpectedKeys != full {
+				t.Errorf("over target %v, recommended %d (engine %d): want true and %d", p.OverTarget, p.RecommendedExpectedKeys, s.Bloom.RecommendedExpectedKeys, full)
 			}
-			if warnings != 2 || s.BloomOverTarget != 2 {
-				t.Errorf("%d warnings naming ExpectedKeys 100000 (%d counted), want 2; log:\n%s", warnings, s.BloomOverTarget, logs.String())
+			if warnings != 2 || s.Bloom.OverTarget != 2 {
+				t.Errorf("%d warnings naming ExpectedKeys 100000 (%d counted), want 2; log:\n%s", warnings, s.Bloom.OverTarget, logs.String())
 			}
 			t.Logf("log:\n%s", logs.String())
 		})
@@ -175,16 +175,16 @@ func TestFilterOverfullBloomOnly(t *testing.T) {
 		clock.Add(step)
 	}
 	s := e.Stats()
-	t.Logf("%+v\nlog: %s", s.BloomPartitions, logs.String())
-	if len(s.BloomPartitions) != 1 {
-		t.Fatalf("%d partitions, want 1", len(s.BloomPartitions))
+	t.Logf("%+v\nlog: %s", s.Bloom.Partitions, logs.String())
+	if len(s.Bloom.Partitions) != 1 {
+		t.Fatalf("%d partitions, want 1", len(s.Bloom.Partitions))
 	}
-	p := s.BloomPartitions[0]
+	p := s.Bloom.Partitions[0]
 	if !p.OverTarget || p.Checked != 0 || p.EstimatedFP <= 2*p.TargetFP || p.EstimatedFP > 3*p.TargetFP {
 		t.Errorf("partition %+v: want over target, nothing checked, the formula's rate just past twice the target", p)
 	}
-	if n := strings.Count(logs.String(), "set ExpectedKeys to 100000 to restore"); n != 1 || s.BloomOverTarget != 1 || s.BloomRecommendedExpectedKeys != full {
-		t.Errorf("%d warnings naming 100000 (%d counted, recommended %d), want 1; log: %s", n, s.BloomOverTarget, s.BloomRecommendedExpectedKeys, logs.String())
+	if n := strings.Count(logs.String(), "set ExpectedKeys to 100000 to restore"); n != 1 || s.Bloom.OverTarget != 1 || s.Bloom.RecommendedExpectedKeys != full {
+		t.Errorf("%d warnings naming 100000 (%d counted, recommended %d), want 1; log: %s", n, s.Bloom.OverTarget, s.Bloom.RecommendedExpectedKeys, logs.String())
 	}
 	// Later keys do not warn again.
 	for i := range 1000 {

@@ -14,7 +14,7 @@ import (
 
 // BloomPartition is one live partition's Bloom filter: its configured
 // target beside what it was measured (or, bloom-only, estimated) to let
-// through. Stats.BloomPartitions lists them, oldest first.
+// through. Stats.Bloom.Partitions lists them, oldest first.
 type BloomPartition struct {
 	// Start is when the partition begins.
 	Start time.Time

@@ -63,8 +63,8 @@ func TestDoKeepsItsClaim(t *testing.T) {
 	if o, err := e.MarkIfAbsent(ctx, key); o != engine.Duplicate || err != nil {
 		t.Fatalf("after Do: %v, %v", o, err)
 	}
-	if st := e.Stats(); st.LeaseLost != 0 {
-		t.Fatalf("%d leases lost", st.LeaseLost)
+	if st := e.Stats(); st.Calls.LeaseLost != 0 {
+		t.Fatalf("%d leases lost", st.Calls.LeaseLost)
 	}
 }
 

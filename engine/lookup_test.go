@@ -143,8 +143,8 @@ func TestLookupForget(t *testing.T) {
 			if !bytes.Equal(out[1].Result, []byte("created #1")) {
 				t.Fatalf("Forget returned result %q", out[1].Result)
 			}
-			if s := b.Stats(); s.Forgets != 3 || s.Lookups == 0 {
-				t.Fatalf("Stats: %d keys forgotten, want 3; %d lookups", s.Forgets, s.Lookups)
+			if s := b.Stats(); s.Calls.Forgets != 3 || s.Calls.Lookups == 0 {
+				t.Fatalf("Stats: %d keys forgotten, want 3; %d lookups", s.Calls.Forgets, s.Calls.Lookups)
 			}
 			// The forgetting engine and the first one (a shared tier: no
 			// cached copy) answer New; the kept key stays a duplicate.
@@ -274,8 +274,8 @@ func TestForgetBatchRepeatedKey(t *testing.T) {
 			if err := e.ForgetBatch(ctx, [][]byte{k, []byte("other"), k}, out); err != nil || out[0].Outcome != engine.Duplicate || out[2].Outcome != engine.Duplicate || out[1].Outcome != engine.New {
 				t.Fatalf("ForgetBatch([k other k]) = %v %v %v, %v", out[0].Outcome, out[1].Outcome, out[2].Outcome, err)
 			}
-			if s := e.Stats(); s.Forgets != 1 {
-				t.Fatalf("%d keys counted forgotten, want 1", s.Forgets)
+			if s := e.Stats(); s.Calls.Forgets != 1 {
+				t.Fatalf("%d keys counted forgotten, want 1", s.Calls.Forgets)
 			}
 			if c, err := e.Claim(ctx, k); err != nil || c.Outcome != engine.New {
 				t.Fatalf("after forget: %v %v", c.Outcome, err)

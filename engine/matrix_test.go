@@ -492,8 +492,8 @@ func TestMatrixLayoutErrorsMatchSentinels(t *testing.T) {
 			refused(t, "Open with another "+name, err, nil)
 		}
 		e = open(t, base)
-		if s := e.Stats(); s.BloomMode != "warm" {
-			t.Errorf("after refused Opens the valid one is %q, want warm (the snapshot of the clean Close untouched)", s.BloomMode)
+		if s := e.Stats(); s.Bloom.Mode != "warm" {
+			t.Errorf("after refused Opens the valid one is %q, want warm (the snapshot of the clean Close untouched)", s.Bloom.Mode)
 		}
 		mxLookupAll(t, e, keys, engine.Duplicate, "after refused Opens")
 		if err := e.Close(); err != nil {
@@ -617,20 +617,20 @@ func TestMatrixStatsNameEachConfiguration(t *testing.T) {
 				t.Fatal(err)
 			}
 			s := e.Stats()
-			if s.Tiers != tc.tiers || s.Config != tc.config || s.BloomMode != tc.bloomMode {
-				t.Errorf("Stats Tiers %v Config %q BloomMode %q, want %v %q %q", s.Tiers, s.Config, s.BloomMode, tc.tiers, tc.config, tc.bloomMode)
+			if s.Tiers != tc.tiers || s.Config != tc.config || s.Bloom.Mode != tc.bloomMode {
+				t.Errorf("Stats Tiers %v Config %q BloomMode %q, want %v %q %q", s.Tiers, s.Config, s.Bloom.Mode, tc.tiers, tc.config, tc.bloomMode)
 			}
-			if s.Window != engine.DefaultWindow || s.New != 1 || s.Errors != 0 || s.FailOpen != 0 {
-				t.Errorf("Stats Window %v New %d Errors %d FailOpen %d", s.Window, s.New, s.Errors, s.FailOpen)
+			if s.Window != engine.DefaultWindow || s.Calls.New != 1 || s.Calls.Errors != 0 || s.Calls.FailOpen != 0 {
+				t.Errorf("Stats Window %v New %d Errors %d FailOpen %d", s.Window, s.Calls.New, s.Calls.Errors, s.Calls.FailOpen)
 			}
-			if (tc.bloomMode != "") != (s.BloomBytes > 0) {
-				t.Errorf("BloomBytes %d with BloomMode %q", s.BloomBytes, s.BloomMode)
+			if (tc.bloomMode != "") != (s.Bloom.Bytes > 0) {
+				t.Errorf("BloomBytes %d with BloomMode %q", s.Bloom.Bytes, s.Bloom.Mode)
 			}
-			if tc.name == "default" && (s.DiskBytes == 0 || s.FsyncLatency.Count == 0) {
-				t.Errorf("default: DiskBytes %d, FsyncLatency.Count %d", s.DiskBytes, s.FsyncLatency.Count)
+			if tc.name == "default" && (s.Store.DiskBytes == 0 || s.Store.FsyncLatency.Count == 0) {
+				t.Errorf("default: DiskBytes %d, FsyncLatency.Count %d", s.Store.DiskBytes, s.Store.FsyncLatency.Count)
 			}
-			if tc.name != "default" && (s.DiskBytes != 0 || s.FsyncLatency.Count != 0) {
-				t.Errorf("%s: DiskBytes %d, FsyncLatency.Count %d, want none", tc.name, s.DiskBytes, s.FsyncLatency.Count)
+			if tc.name != "default" && (s.Store.DiskBytes != 0 || s.Store.FsyncLatency.Count != 0) {
+				t.Errorf("%s: DiskBytes %d, FsyncLatency.Count %d, want none", tc.name, s.Store.DiskBytes, s.Store.FsyncLatency.Count)
 			}
 			if err := e.Close(); err != nil {
 				t.Fatal(err)
@@ -979,8 +979,8 @@ func mxScenario(t *testing.T, cfg mxConfig, opt mxOption) {
 	mxCapabilities(t, e, cfg)
 
 	s := e.Stats()
-	if s.Errors != 0 || s.FailOpen != 0 || s.CommitsPending != 0 {
-		t.Errorf("Stats: Errors %d FailOpen %d CommitsPending %d", s.Errors, s.FailOpen, s.CommitsPending)
+	if s.Calls.Errors != 0 || s.Calls.FailOpen != 0 || s.Queue.Pending != 0 {
+		t.Errorf("Stats: Errors %d FailOpen %d CommitsPending %d", s.Calls.Errors, s.Calls.FailOpen, s.Queue.Pending)
 	}
 
 	// A claim held across Close: its Commit is refused after it.
@@ -1047,8 +1047,8 @@ func mxScenario(t *testing.T, cfg mxConfig, opt mxOption) {
 			t.Fatalf("poisoned key after reopen = %v, %v; want Poison", got, err)
 		}
 	}
-	if s := r.Stats(); s.Errors != 0 {
-		t.Errorf("reopened: Errors %d", s.Errors)
+	if s := r.Stats(); s.Calls.Errors != 0 {
+		t.Errorf("reopened: Errors %d", s.Calls.Errors)
 	}
 }
 
@@ -1155,12 +1155,12 @@ func TestMatrixCrashRebuildAnswers(t *testing.T) {
 	r := open(t, o)
 	defer r.Close()
 	s := r.Stats()
-	if s.BloomMode != "rebuilding" || s.BloomSealedLoaded == 0 {
-		t.Fatalf("after the crash: BloomMode %q, BloomSealedLoaded %d; want rebuilding with the sealed partition loaded", s.BloomMode, s.BloomSealedLoaded)
+	if s.Bloom.Mode != "rebuilding" || s.Bloom.SealedLoaded == 0 {
+		t.Fatalf("after the crash: BloomMode %q, BloomSealedLoaded %d; want rebuilding with the sealed partition loaded", s.Bloom.Mode, s.Bloom.SealedLoaded)
 	}
 	mxEmbeddedChecks(t, r, old, recent, "rebuilding")
-	if s := r.Stats(); s.BloomNegatives != 0 {
-		t.Errorf("filters proved %d keys absent while rebuilding", s.BloomNegatives)
+	if s := r.Stats(); s.Bloom.Negatives != 0 {
+		t.Errorf("filters proved %d keys absent while rebuilding", s.Bloom.Negatives)
 	}
 	close(gate)
 	waitWarm(t, r)
@@ -1169,8 +1169,8 @@ func TestMatrixCrashRebuildAnswers(t *testing.T) {
 		t.Fatal(err)
 	}
 	r = open(t, o)
-	if s := r.Stats(); s.BloomMode != "warm" {
-		t.Errorf("after a clean Close following the rebuild: %q, want warm", s.BloomMode)
+	if s := r.Stats(); s.Bloom.Mode != "warm" {
+		t.Errorf("after a clean Close following the rebuild: %q, want warm", s.Bloom.Mode)
 	}
 	mxEmbeddedChecks(t, r, old, recent, "restarted")
 }
@@ -1213,8 +1213,8 @@ func TestMatrixKilledChildReopen(t *testing.T) {
 	o := engine.Options{Backend: embedded.Dir(dir), ExpectedKeys: 100_000}
 	e := open(t, o)
 	defer e.Close()
-	if s := e.Stats(); s.BloomMode != "rebuilding" {
-		t.Fatalf("after SIGKILL: BloomMode %q, want rebuilding", s.BloomMode)
+	if s := e.Stats(); s.Bloom.Mode != "rebuilding" {
+		t.Fatalf("after SIGKILL: BloomMode %q, want rebuilding", s.Bloom.Mode)
 	}
 	if _, err := mxOpen(o); !errors.Is(err, engine.ErrLocked) {
 		t.Fatalf("a second Open = %v, want ErrLocked", err)
@@ -1251,8 +1251,8 @@ func TestMatrixBloomOnlyDirCrashFallsBack(t *testing.T) {
 	r := open(t, o)
 	defer r.Close()
 	mxMarkAll(t, r, before, engine.Duplicate, "after a crash")
-	if s := r.Stats(); s.BloomMode != "warm" || s.Tiers != engine.BloomOnly {
-		t.Errorf("after a crash: %q %v", s.BloomMode, s.Tiers)
+	if s := r.Stats(); s.Bloom.Mode != "warm" || s.Tiers != engine.BloomOnly {
+		t.Errorf("after a crash: %q %v", s.Bloom.Mode, s.Tiers)
 	}
 
 	plain := engine.Options{Backend: &embedded.Backend{}, Tiers: engine.BloomOnly, ExpectedKeys: 10000}
@@ -1344,8 +1344,8 @@ func TestMatrixExportImportRoundTrip(t *testing.T) {
 	enginetest.SetRebuildGate(gate)
 	defer enginetest.SetRebuildGate(nil)
 	r := open(t, dst)
-	if s := r.Stats(); s.BloomMode != "rebuilding" {
-		t.Fatalf("an imported store opens %q, want rebuilding", s.BloomMode)
+	if s := r.Stats(); s.Bloom.Mode != "rebuilding" {
+		t.Fatalf("an imported store opens %q, want rebuilding", s.Bloom.Mode)
 	}
 	mxEmbeddedChecks(t, r, old, recent, "imported, rebuilding")
 	close(gate)
@@ -1806,8 +1806,8 @@ func TestMatrixRebuildCloseAndForget(t *testing.T) {
 	})
 	r = open(t, o)
 	defer r.Close()
-	if s := r.Stats(); s.BloomMode != "rebuilding" {
-		t.Fatalf("after a Close during the rebuild: %q, want rebuilding again (no snapshot of incomplete filters)", s.BloomMode)
+	if s := r.Stats(); s.Bloom.Mode != "rebuilding" {
+		t.Fatalf("after a Close during the rebuild: %q, want rebuilding again (no snapshot of incomplete filters)", s.Bloom.Mode)
 	}
 	mxLookupAll(t, r, forgotten, engine.New, "forgotten, reopened while rebuilding")
 	mxLookupAll(t, r, during, engine.Duplicate, "marked during the first rebuild, reopened")

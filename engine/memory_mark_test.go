@@ -181,9 +181,9 @@ func TestMemoryMarkAttempts(t *testing.T) {
 		t.Fatal(c1.Outcome, err)
 	}
 	clock.Add(time.Second)
-	before := e.Stats().LeaseExpiries
+	before := e.Stats().Calls.LeaseExpiries
 	mmwant(t, "takeover below the limit", mmmark(t, e, mmkeys("u", "u"), nil), mmN, mmD)
-	if got := e.Stats().LeaseExpiries - before; got != 1 {
+	if got := e.Stats().Calls.LeaseExpiries - before; got != 1 {
 		t.Fatalf("lease expiries counted by the takeover = %d, want 1", got)
 	}
 	if err := e.Commit(ctx, c1); !errors.Is(err, engine.ErrLeaseLost) {
@@ -196,9 +196,9 @@ func TestMemoryMarkAttempts(t *testing.T) {
 		t.Fatal(c2.Outcome, c3.Outcome)
 	}
 	clock.Add(time.Second)
-	before = e.Stats().LeaseExpiries
+	before = e.Stats().Calls.LeaseExpiries
 	mmwant(t, "expiry at the limit", mmmark(t, e, mmkeys("v", "v"), nil), mmP, mmP)
-	if got := e.Stats().LeaseExpiries - before; got != 1 {
+	if got := e.Stats().Calls.LeaseExpiries - before; got != 1 {
 		t.Fatalf("lease expiries counted by the poisoning expiry = %d, want 1", got)
 	}
 	if err := e.Release(ctx, c3); !errors.Is(err, engine.ErrLeaseLost) {
@@ -253,8 +253,8 @@ func TestMemoryMarkTakeover(t *testing.T) {
 		t.Fatalf("release = %v, want ErrLeaseLost", err)
 	}
 	mmwant(t, "after", mmmark(t, e, mmkeys("t"), nil), mmD)
-	if s := e.Stats(); s.LeaseExpiries != 1 || s.LeaseLost != 2 {
-		t.Fatalf("LeaseExpiries %d LeaseLost %d, want 1 and 2", s.LeaseExpiries, s.LeaseLost)
+	if s := e.Stats(); s.Calls.LeaseExpiries != 1 || s.Calls.LeaseLost != 2 {
+		t.Fatalf("LeaseExpiries %d LeaseLost %d, want 1 and 2", s.Calls.LeaseExpiries, s.Calls.LeaseLost)
 	}
 }
 
@@ -317,8 +317,8 @@ func TestMemoryMarkRepeatAfterEviction(t *testing.T) {
 		if len(news) != n || twice > 0 {
 			t.Fatalf("%d distinct keys New, %d of them New twice in the same batch; want %d, each once", len(news), twice, n)
 		}
-		if s := e.Stats(); s.New != n || s.Commits != n {
-			t.Fatalf("Stats New %d Commits %d, want %d each", s.New, s.Commits, n)
+		if s := e.Stats(); s.Calls.New != n || s.Calls.Commits != n {
+			t.Fatalf("Stats New %d Commits %d, want %d each", s.Calls.New, s.Calls.Commits, n)
 		}
 	})
 }
@@ -355,7 +355,7 @@ func TestMemoryMarkBadInput(t *testing.T) {
 			}
 		}
 	}
-	if s := e.Stats(); s.Claims != 0 || s.Commits != 0 || s.MemoryEntries != 0 || s.MemoryClaims != 0 {
+	if s := e.Stats(); s.Calls.Claims != 0 || s.Calls.Commits != 0 || s.Memory.Entries != 0 || s.Memory.Claims != 0 {
 		t.Fatalf("refused calls counted or wrote: %+v", s)
 	}
 	mmwant(t, "after refusals", mmmark(t, e, mmkeys("a", "b", "c"), nil), mmN, mmN, mmN)
@@ -404,15 +404,15 @@ func TestMemoryMarkStats(t *testing.T) {
 		count[o]++
 	}
 	s := e.Stats()
-	got := []uint64{s.Claims - base.Claims, s.New - base.New, s.Commits - base.Commits, s.Duplicates - base.Duplicates, s.Conflicts - base.Conflicts, s.InFlight - base.InFlight, s.Poisoned - base.Poisoned}
+	got := []uint64{s.Calls.Claims - base.Calls.Claims, s.Calls.New - base.Calls.New, s.Calls.Commits - base.Calls.Commits, s.Calls.Duplicates - base.Calls.Duplicates, s.Calls.Conflicts - base.Calls.Conflicts, s.Calls.InFlight - base.Calls.InFlight, s.Calls.Poisoned - base.Calls.Poisoned}
 	want := []uint64{uint64(len(keys)), count[mmN], count[mmN], count[mmD], count[mmC], count[mmI], count[mmP]}
 	for i := range want {
 		if got[i] != want[i] {
 			t.Fatalf("counter deltas [Claims New Commits Duplicates Conflicts InFlight Poisoned] = %v, want %v", got, want)
 		}
 	}
-	if s.MemoryEntries != 4 || s.MemoryClaims != 1 { // a, b, c committed, poison released; held claimed
-		t.Fatalf("MemoryEntries %d MemoryClaims %d, want 4 and 1", s.MemoryEntries, s.MemoryClaims)
+	if s.Memory.Entries != 4 || s.Memory.Claims != 1 { // a, b, c committed, poison released; held claimed
+		t.Fatalf("MemoryEntries %d MemoryClaims %d, want 4 and 1", s.Memory.Entries, s.Memory.Claims)
 	}
 }
 

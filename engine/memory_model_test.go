@@ -324,8 +324,8 @@ func (x *rvRun) checkInfo(what, key string, got, want engine.KeyInfo) {
 func (x *rvRun) checkCounts() {
 	x.t.Helper()
 	s := x.e.Stats()
-	if s.MemoryEntries != x.m.lruLen() || s.MemoryClaims != x.m.claims() {
-		x.fail("Stats: MemoryEntries %d MemoryClaims %d, model %d and %d", s.MemoryEntries, s.MemoryClaims, x.m.lruLen(), x.m.claims())
+	if s.Memory.Entries != x.m.lruLen() || s.Memory.Claims != x.m.claims() {
+		x.fail("Stats: MemoryEntries %d MemoryClaims %d, model %d and %d", s.Memory.Entries, s.Memory.Claims, x.m.lruLen(), x.m.claims())
 	}
 }
 
@@ -607,8 +607,8 @@ func TestMemModelClaimsNeverEvicted(t *testing.T) {
 				t.Fatalf("round %d, mark of %s: %v, want %v", round, ks[i], o, want)
 			}
 		}
-		if s := e.Stats(); s.MemoryClaims != len(held) || s.MemoryEntries != 1 {
-			t.Fatalf("round %d: MemoryClaims %d MemoryEntries %d, want %d and 1", round, s.MemoryClaims, s.MemoryEntries, len(held))
+		if s := e.Stats(); s.Memory.Claims != len(held) || s.Memory.Entries != 1 {
+			t.Fatalf("round %d: MemoryClaims %d MemoryEntries %d, want %d and 1", round, s.Memory.Claims, s.Memory.Entries, len(held))
 		}
 	}
 	infos := make([]engine.KeyInfo, len(held))
@@ -730,8 +730,8 @@ func TestMemModelMarkOverCapacityLRU(t *testing.T) {
 					t.Fatalf("after the batch, key %q (recency %d of %d, capacity %d): %v, want %v", order[i], len(order)-i, len(order), capacity, in.Outcome, want)
 				}
 			}
-			if s := e.Stats(); s.MemoryEntries != capacity || s.MemoryClaims != 0 {
-				t.Fatalf("MemoryEntries %d MemoryClaims %d, want %d and 0", s.MemoryEntries, s.MemoryClaims, capacity)
+			if s := e.Stats(); s.Memory.Entries != capacity || s.Memory.Claims != 0 {
+				t.Fatalf("MemoryEntries %d MemoryClaims %d, want %d and 0", s.Memory.Entries, s.Memory.Claims, capacity)
 			}
 			// A second batch of fresh keys and the held ones, reversed.
 			var again []string
@@ -785,8 +785,8 @@ func TestMemModelGrowFromSmall(t *testing.T) {
 			}
 		}
 	}
-	if s := e.Stats(); s.MemoryEntries != capacity {
-		t.Fatalf("MemoryEntries %d, want %d", s.MemoryEntries, capacity)
+	if s := e.Stats(); s.Memory.Entries != capacity {
+		t.Fatalf("MemoryEntries %d, want %d", s.Memory.Entries, capacity)
 	}
 	infos := make([]engine.KeyInfo, batch)
 	for lo := 0; lo < total; lo += batch {
@@ -1020,8 +1020,8 @@ func rvStripedRun(t *testing.T, seed uint64, stripes, capacity, nkeys, steps int
 	if certainChecks == 0 {
 		t.Fatal("no answer was about a key that had to be held: the run proves nothing")
 	}
-	if s := e.Stats(); s.MemoryClaims != 0 || s.MemoryEntries > stripes*b.perStripe {
-		t.Fatalf("MemoryClaims %d MemoryEntries %d (at most %d)", s.MemoryClaims, s.MemoryEntries, stripes*b.perStripe)
+	if s := e.Stats(); s.Memory.Claims != 0 || s.Memory.Entries > stripes*b.perStripe {
+		t.Fatalf("MemoryClaims %d MemoryEntries %d (at most %d)", s.Memory.Claims, s.Memory.Entries, stripes*b.perStripe)
 	}
 }
 
@@ -1184,8 +1184,8 @@ func TestMemModelConcurrentExactlyOnce(t *testing.T) {
 			t.Errorf("key %s at the end: %v digest %x", keys[i], infos[i].Outcome, infos[i].Digest[:4])
 		}
 	}
-	if s := e.Stats(); s.MemoryClaims != 0 || s.MemoryEntries != nkeys {
-		t.Errorf("MemoryClaims %d MemoryEntries %d, want 0 and %d", s.MemoryClaims, s.MemoryEntries, nkeys)
+	if s := e.Stats(); s.Memory.Claims != 0 || s.Memory.Entries != nkeys {
+		t.Errorf("MemoryClaims %d MemoryEntries %d, want 0 and %d", s.Memory.Claims, s.Memory.Entries, nkeys)
 	}
 }
 
@@ -1318,8 +1318,8 @@ func TestMemModelConcurrentTinyStripe(t *testing.T) {
 	if err := <-watchErr; err != nil {
 		t.Error(err)
 	}
-	if s := e.Stats(); s.MemoryClaims != 0 || s.MemoryEntries > 8 {
-		t.Fatalf("MemoryClaims %d MemoryEntries %d, want 0 and at most 8", s.MemoryClaims, s.MemoryEntries)
+	if s := e.Stats(); s.Memory.Claims != 0 || s.Memory.Entries > 8 {
+		t.Fatalf("MemoryClaims %d MemoryEntries %d, want 0 and at most 8", s.Memory.Claims, s.Memory.Entries)
 	}
 	t.Logf("%d lookups of the unmarked keys", watched.Load())
 }

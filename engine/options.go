@@ -205,7 +205,7 @@ type Options struct {
 	// FailOpen makes claims and marks answer New, and commits succeed
 	// locally, while the shared tier (Redis or PostgreSQL) is unavailable,
 	// instead of failing with ErrUnavailable (the default: fail closed).
-	// Every such answer is counted in Stats.FailOpen. Only for consumers
+	// Every such answer is counted in Stats.Calls.FailOpen. Only for consumers
 	// that prefer a duplicate effect to a stalled queue.
 	//
 	// It trades a duplicate effect and nothing else. Calls whose promise

@@ -296,7 +296,7 @@ func TestPostgresFailOpenClaimCommitsWhenBack(t *testing.T) {
 	// A processes the message; PostgreSQL is back.
 	cerr := a.Commit(ctx, ca)
 	cb, err := b.Claim(ctx, key)
-	t.Logf("A commit: %v; B then: %v %v; A Stats.FailOpen=%d", cerr, cb.Outcome, err, a.Stats().FailOpen)
+	t.Logf("A commit: %v; B then: %v %v; A Stats.Calls.FailOpen=%d", cerr, cb.Outcome, err, a.Stats().Calls.FailOpen)
 	if cerr != nil {
 		t.Fatalf("A's commit with the server back: %v", cerr)
 	}

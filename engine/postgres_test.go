@@ -234,7 +234,7 @@ func TestPostgresFailOpen(t *testing.T) {
 	if err := opened.MarkBatch(ctx, keys[1:], nil, out[1:]); err != nil || out[1] != engine.New || out[2] != engine.New {
 		t.Fatalf("fail-open mark with the server down: %v, %v", out[1:], err)
 	}
-	if st := opened.Stats(); st.FailOpen != 2 {
-		t.Fatalf("Stats.FailOpen = %d after two keys marked fail-open, want 2", st.FailOpen)
+	if st := opened.Stats(); st.Calls.FailOpen != 2 {
+		t.Fatalf("Stats.Calls.FailOpen = %d after two keys marked fail-open, want 2", st.Calls.FailOpen)
 	}
 }

@@ -295,7 +295,7 @@ func (q *commitQueue) notifier() {
 }
 
 // deliver runs p's done. A done that panics is recovered, counted
-// (Stats.DonePanics) and logged with its stack, as net/http does for a
+// (Stats.Calls.DonePanics) and logged with its stack, as net/http does for a
 // handler: the notifier goes on, so the other callers' dones still run,
 // in order, and the queue keeps its slots and flushes.
 func (q *commitQueue) deliver(p *pending) {

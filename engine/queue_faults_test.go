@@ -431,7 +431,7 @@ func TestSyncFailureFailsWholeGroup(t *testing.T) {
 	e.CommitBatchAsync(ctx, nil, []engine.Write{{Key: []byte("r2"), Value: []byte("v")}}, set(3))
 	syncErr := make(chan error, 1)
 	go func() { syncErr <- e.Commit(ctx, claims[4]) }()
-	waitFor(t, "5 pending", func() bool { return e.Stats().CommitsPending == 5 })
+	waitFor(t, "5 pending", func() bool { return e.Stats().Queue.Pending == 5 })
 	fault.Arm(faultfs.Match{Kinds: faultfs.Syncs, Contains: ".log"}) // the WAL's syncs
 	release()
 	if err := e.Flush(ctx); err != nil {
@@ -451,8 +451,8 @@ func TestSyncFailureFailsWholeGroup(t *testing.T) {
 	if !errors.Is(serr, engine.ErrStorage) {
 		t.Errorf("sync commit in the failed group: %v", serr)
 	}
-	if st := e.Stats(); st.Commits != 0 {
-		t.Errorf("Stats.Commits %d after a failed group", st.Commits)
+	if st := e.Stats(); st.Calls.Commits != 0 {
+		t.Errorf("Stats.Calls.Commits %d after a failed group", st.Calls.Commits)
 	}
 }
 
@@ -517,7 +517,7 @@ func TestBoundHoldsRefusedCalls(t *testing.T) {
 	case <-done:
 	case <-time.After(3 * time.Second):
 	}
-	if n := e.Stats().CommitsPending; n > 2 {
+	if n := e.Stats().Queue.Pending; n > 2 {
 		t.Fatalf("CommitQueue 2, writer held: %d calls pending, CommitAsync never waited for room", n)
 	}
 }
@@ -525,7 +525,7 @@ func TestBoundHoldsRefusedCalls(t *testing.T) {
 // TestPanickingDone: a CommitAsync done that panics neither crashes the
 // process nor stops the queue: the dones enqueued around it all run, in
 // order, later commits and Flush work, the panic is counted in
-// Stats.DonePanics and logged with its message.
+// Stats.Calls.DonePanics and logged with its message.
 func TestPanickingDone(t *testing.T) {
 	var logged strings.Builder
 	var logMu sync.Mutex
@@ -567,8 +567,8 @@ func TestPanickingDone(t *testing.T) {
 	if fmt.Sprint(order) != "[0 1 2 3 4 5]" {
 		t.Fatalf("dones ran %v, want all six in order", order)
 	}
-	if n := e.Stats().DonePanics; n != 2 {
-		t.Fatalf("Stats.DonePanics = %d, want 2", n)
+	if n := e.Stats().Calls.DonePanics; n != 2 {
+		t.Fatalf("Stats.Calls.DonePanics = %d, want 2", n)
 	}
 	logMu.Lock()
 	defer logMu.Unlock()

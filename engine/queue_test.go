@@ -64,8 +64,8 @@ func TestCommitAsyncOrderAndDurability(t *testing.T) {
 	if n := ran.Load(); n != 0 {
 		t.Fatalf("%d dones ran while the write was not yet durable", n)
 	}
-	if st := e.Stats(); st.CommitsPending == 0 {
-		t.Fatalf("no commit waits behind the held write: %+v", st.CommitsPending)
+	if st := e.Stats(); st.Queue.Pending == 0 {
+		t.Fatalf("no commit waits behind the held write: %+v", st.Queue.Pending)
 	}
 	gate.Open()
 	if err := e.Flush(ctx); err != nil {
@@ -76,8 +76,8 @@ func TestCommitAsyncOrderAndDurability(t *testing.T) {
 	}
 	checkDoneOrder(t, got)
 	st := e.Stats()
-	if st.CommitGroups >= workers*each/2 {
-		t.Fatalf("%d commits in %d groups: pending commits were not written together", st.Commits, st.CommitGroups)
+	if st.Queue.Groups >= workers*each/2 {
+		t.Fatalf("%d commits in %d groups: pending commits were not written together", st.Calls.Commits, st.Queue.Groups)
 	}
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
@@ -91,7 +91,7 @@ func TestCommitAsyncOrderAndDurability(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d async commits in %d groups, dones in order", st.Commits, st.CommitGroups)
+	t.Logf("%d async commits in %d groups, dones in order", st.Calls.Commits, st.Queue.Groups)
 }
 
 // TestCommitAsyncFencedAndNotClaimed: a claim whose lease ended and was
@@ -181,7 +181,7 @@ func TestCommitGroupKeepsEachCallsRecords(t *testing.T) {
 	kept := claimNew(t, e, "kept")
 	dup, _ := e.Claim(ctx, []byte("kept"))
 	results := make(chan string, 3)
-	groups := e.Stats().CommitGroups
+	groups := e.Stats().Queue.Groups
 	release := engine.HoldCommits()
 	rec := func(k string) []engine.Write { return []engine.Write{{Key: []byte("rec/" + k), Value: []byte(k)}} }
 	e.CommitBatchAsync(ctx, []engine.Claim{stale}, rec("stale"), func(err error) { results <- fmt.Sprint("stale:", errors.Is(err, engine.ErrLeaseLost)) })
@@ -199,7 +199,7 @@ func TestCommitGroupKeepsEachCallsRecords(t *testing.T) {
 	if want := "[stale:true kept:<nil> none-new:<nil>]"; fmt.Sprint(got) != want {
 		t.Fatalf("dones %v, want %s", got, want)
 	}
-	if n := e.Stats().CommitGroups - groups; n != 1 {
+	if n := e.Stats().Queue.Groups - groups; n != 1 {
 		t.Fatalf("the three calls were written in %d writes, want 1", n)
 	}
 	var recs []string
@@ -305,8 +305,8 @@ func TestCommitAsyncSharedTiers(t *testing.T) {
 			}
 			checkDoneOrder(t, got)
 			st := e.Stats()
-			if st.CommitGroups >= st.Commits {
-				t.Fatalf("%d commits in %d writes: nothing was written together", st.Commits, st.CommitGroups)
+			if st.Queue.Groups >= st.Calls.Commits {
+				t.Fatalf("%d commits in %d writes: nothing was written together", st.Calls.Commits, st.Queue.Groups)
 			}
 			if err := e.Close(); err != nil {
 				t.Fatal(err)
@@ -320,7 +320,7 @@ func TestCommitAsyncSharedTiers(t *testing.T) {
 					}
 				}
 			}
-			t.Logf("%d async commits in %d writes", st.Commits, st.CommitGroups)
+			t.Logf("%d async commits in %d writes", st.Calls.Commits, st.Queue.Groups)
 		})
 	}
 }

@@ -121,7 +121,7 @@ func TestRedisMemoryNeverSaysNew(t *testing.T) {
 	if o, _ := a.MarkIfAbsent(ctx, []byte("k")); o != engine.Duplicate {
 		t.Fatal(o)
 	}
-	if after := a.Stats(); after.MemoryHits != before.MemoryHits+1 || after.StoreReads != before.StoreReads {
+	if after := a.Stats(); after.Memory.Hits != before.Memory.Hits+1 || after.Store.Reads != before.Store.Reads {
 		t.Fatalf("own commit not answered from memory: %+v", after)
 	}
 }
@@ -146,8 +146,8 @@ func TestRedisKilledMidRun(t *testing.T) {
 	if load.unavailable.Load() == 0 {
 		t.Fatalf("no call saw Redis down (%d acknowledged)", len(load.acked))
 	}
-	if st := e.Stats(); st.Errors == 0 {
-		t.Error("Stats.Errors did not count the outage")
+	if st := e.Stats(); st.Calls.Errors == 0 {
+		t.Error("Stats.Calls.Errors did not count the outage")
 	}
 	keys := load.acked
 	// Checked through a second engine on the same prefix: the first one's
@@ -186,8 +186,8 @@ func TestRedisFailOpenIsCounted(t *testing.T) {
 	if err := open.Commit(ctx, cl); err != nil {
 		t.Fatalf("fail-open commit: %v", err)
 	}
-	if st := open.Stats(); st.FailOpen != 2 {
-		t.Fatalf("Stats.FailOpen = %d, want 2", st.FailOpen)
+	if st := open.Stats(); st.Calls.FailOpen != 2 {
+		t.Fatalf("Stats.Calls.FailOpen = %d, want 2", st.Calls.FailOpen)
 	}
 }
 

@@ -211,12 +211,12 @@ func TestSlidingKeepsResultsAndForgets(t *testing.T) {
 			t.Fatalf("Lookup past the first expiry: %+v, %v", info, err)
 		}
 	}
-	before := e.Stats().Refreshes
+	before := e.Stats().Calls.Refreshes
 	if got, res := do(); got != engine.Duplicate || res != "receipt-7" || runs != 1 {
 		t.Fatalf("past the first commit's expiry: %v %q, %d runs", got, res, runs)
 	}
-	if e.Stats().Refreshes != before+1 {
-		t.Errorf("refreshes %d → %d, want one more", before, e.Stats().Refreshes)
+	if e.Stats().Calls.Refreshes != before+1 {
+		t.Errorf("refreshes %d → %d, want one more", before, e.Stats().Calls.Refreshes)
 	}
 	if _, err := e.Forget(ctx, []byte("order-1")); err != nil {
 		t.Fatal(err)

@@ -5,20 +5,35 @@ import (
 	"time"
 )
 
-// Stats is a snapshot of an Engine's counters since Open.
+// Stats is a snapshot of an Engine's counters since Open, grouped by what
+// they describe: the calls, the commit queue, and each tier.
 type Stats struct {
 	// Tiers is the configuration's Tiers (Default also with a Backend).
 	Tiers Tiers
 	// Config names the configuration: Tiers.String(), or "memory+" and
 	// the Backend's name ("memory+redis").
 	Config string
-	// BloomMode is "warm" (a "no" skips the disk), "rebuilding" (every
-	// check reads Pebble while the filters refill) or "cold" (rebuild
-	// failed: every check reads Pebble), or "" without filters.
-	BloomMode string
+	// Window is the retention window; Coverage how much of it the engine
+	// holds: since the store was created (Default) or the engine opened.
+	Window, Coverage time.Duration
+
+	// Calls counts the answers and settlements of every call.
+	Calls CallStats
+	// Queue is the commit queue's figures.
+	Queue QueueStats
+	// Memory is the memory tier's figures.
+	Memory MemoryStats
+	// Bloom is the filters' figures (the embedded store's; zero without
+	// filters).
+	Bloom BloomStats
+	// Store is the exact tier's figures (reads; the embedded store's disk).
+	Store StoreStats
 	// Archive is the archive's figures (Options.Archive); nil without one.
 	Archive *ArchiveStats
+}
 
+// CallStats counts the engine's answers and settlements.
+type CallStats struct {
 	Claims, New, Duplicates, InFlight, Conflicts, Poisoned uint64
 	// Stale counts Advance answers Stale (Claims and the others count
 	// Advance's answers too).
@@ -38,66 +53,83 @@ type Stats struct {
 	// delivering the other dones in order: one caller's bug must not stop
 	// every other caller's acknowledgements.
 	DonePanics uint64
-	// CommitGroups counts the durable writes of the commit queue: commit
-	// calls (Commit, Do, CommitAsync...) enqueued together are written as
-	// one group. CommitsPending is how many calls wait in it now.
-	CommitGroups   uint64
-	CommitsPending int
-	// CommitLatency is the time each group of the commit queue took to
-	// become durable (the exact tier's write: a synced Pebble batch, a
-	// Redis pipeline). FsyncLatency is the WAL's fsyncs (Default; Bounds
-	// are Pebble's own histogram's, nearest below the engine's).
-	CommitLatency, FsyncLatency Histogram
 	// Lookups counts the keys looked up; Forgets, the keys whose commit
 	// or attempt count Forget removed.
 	Lookups, Forgets uint64
 	// Refreshes counts the duplicates of sliding namespaces that
 	// re-committed their key (NamespaceOptions.Sliding): each one write.
 	Refreshes uint64
+}
 
-	// MemoryHits counts keys answered from memory as committed;
-	// MemoryMisses, keys that memory did not know.
-	MemoryHits, MemoryMisses uint64
-	// MemoryClaims and MemoryEntries are the claims in flight and the
-	// committed keys cached now.
-	MemoryClaims, MemoryEntries int
+// QueueStats is the commit queue's figures: commit calls (Commit, Do,
+// CommitAsync...) enqueued together are written as one group.
+type QueueStats struct {
+	// Groups counts the queue's durable writes; Pending is how many calls
+	// wait in it now.
+	Groups  uint64
+	Pending int
+	// Latency is the time each group took to become durable (the exact
+	// tier's write: a synced Pebble batch, a Redis pipeline).
+	Latency Histogram
+}
 
-	// BloomNegatives counts keys the filters proved new (no disk read).
-	// BloomFalsePositives counts filter "maybe" answers that Pebble
+// MemoryStats is the memory tier's figures.
+type MemoryStats struct {
+	// Hits counts keys answered from memory as committed; Misses, keys
+	// that memory did not know.
+	Hits, Misses uint64
+	// Claims and Entries are the claims in flight and the committed keys
+	// cached now.
+	Claims, Entries int
+}
+
+// BloomStats is the filters' figures.
+type BloomStats struct {
+	// Mode is "warm" (a "no" skips the disk), "rebuilding" (every check
+	// reads Pebble while the filters refill) or "cold" (rebuild failed:
+	// every check reads Pebble), or "" without filters.
+	Mode string
+	// Negatives counts keys the filters proved new (no disk read).
+	// FalsePositives counts filter "maybe" answers that Pebble
 	// overturned: the measured false positives.
-	BloomNegatives, BloomFalsePositives uint64
-	// BloomBytes is the memory of the filters; BloomTargetFP the configured
-	// whole-window rate and BloomEstimatedFP the rate at the current fill.
-	BloomBytes                         int64
-	BloomTargetFP, BloomEstimatedFP    float64
-	BloomRebuiltKeys, PartitionDropped uint64
-	// BloomPartitions is each live partition's filter, oldest first: its
+	Negatives, FalsePositives uint64
+	// Bytes is the memory of the filters; TargetFP the configured
+	// whole-window rate and EstimatedFP the rate at the current fill.
+	Bytes                 int64
+	TargetFP, EstimatedFP float64
+	// RebuiltKeys counts the keys scanned back into filters since Open.
+	RebuiltKeys uint64
+	// Partitions is each live partition's filter, oldest first: its
 	// measured false-positive rate beside its target.
-	// BloomRecommendedExpectedKeys is the largest ExpectedKeys a filter
-	// over twice its target recommends (zero when none is), and
-	// BloomOverTarget counts the filters found so since Open (each logged
-	// once, with the ExpectedKeys that would restore it).
-	BloomPartitions              []BloomPartition
-	BloomRecommendedExpectedKeys int
-	BloomOverTarget              uint64
-	// BloomSealed is the live closed partitions whose filter is saved with
-	// a seal the store holds; BloomSealedLoaded, those whose saved filter
-	// this Open loaded after an unclean shutdown instead of rebuilding
-	// them from Pebble; BloomSealFailures, failed attempts to save one.
-	BloomSealed, BloomSealedLoaded, BloomSealFailures uint64
-	// BloomCheckpoints counts the checkpoints of the open partitions'
-	// filters taken since Open (BloomCheckpointFailures failed);
-	// BloomRestored, the partitions this Open restored from one after an
-	// unclean shutdown instead of scanning them, with BloomJournalKeys
-	// read from the journal after it.
-	BloomCheckpoints, BloomCheckpointFailures, BloomRestored, BloomJournalKeys uint64
-	// ColdPartitions counts the sealed partitions moved into the store's
-	// cold database since Open.
-	ColdPartitions uint64
+	// RecommendedExpectedKeys is the largest ExpectedKeys a filter over
+	// twice its target recommends (zero when none is), and OverTarget
+	// counts the filters found so since Open (each logged once, with the
+	// ExpectedKeys that would restore it).
+	Partitions              []BloomPartition
+	RecommendedExpectedKeys int
+	OverTarget              uint64
+	// Sealed is the live closed partitions whose filter is saved with a
+	// seal the store holds; SealedLoaded, those whose saved filter this
+	// Open loaded after an unclean shutdown instead of rebuilding them
+	// from Pebble; SealFailures, failed attempts to save one.
+	Sealed, SealedLoaded, SealFailures uint64
+	// Checkpoints counts the checkpoints of the open partitions' filters
+	// taken since Open (CheckpointFailures failed); Restored, the
+	// partitions this Open restored from one after an unclean shutdown
+	// instead of scanning them, with JournalKeys read from the journal
+	// after it.
+	Checkpoints, CheckpointFailures, Restored, JournalKeys uint64
+}
 
-	// StoreReads counts keys looked up in the durable tier (Pebble or
-	// Redis); StoreHits, those found committed.
-	StoreReads, StoreHits uint64
+// StoreStats is the exact tier's figures.
+type StoreStats struct {
+	// Reads counts keys looked up in the exact tier (Pebble, Redis or
+	// PostgreSQL); Hits, those found committed.
+	Reads, Hits uint64
+	// PartitionsDropped counts the partitions dropped since Open;
+	// ColdPartitions, the sealed partitions moved into the embedded
+	// store's cold database.
+	PartitionsDropped, ColdPartitions uint64
 	// DiskBytes is Pebble's size on disk: live SSTs (TableBytes), live WAL
 	// (WALBytes), recycled WAL files kept for reuse (WALRecycledBytes, in
 	// WALRecycledFiles files), files a compaction has not yet deleted, the
@@ -108,10 +140,9 @@ type Stats struct {
 	WALRecycledBytes, WALWrittenBytes uint64
 	TableWrittenBytes                 uint64
 	WALRecycledFiles                  int
-
-	// Window is the retention window; Coverage how much of it the engine
-	// holds: since the store was created (Default) or the engine opened.
-	Window, Coverage time.Duration
+	// FsyncLatency is the WAL's fsyncs (Default; Bounds are Pebble's own
+	// histogram's, nearest below the engine's).
+	FsyncLatency Histogram
 }
 
 // counters are the engine's live counters, added once per batch.
@@ -179,47 +210,49 @@ func (e *Engine) Stats() Stats {
 	s := Stats{
 		Tiers:  e.tiers,
 		Config: e.name,
-		Claims: c.claims.Load(), New: c.fresh.Load(), Duplicates: c.dups.Load(),
-		InFlight: c.inflight.Load(), Conflicts: c.conflicts.Load(), Poisoned: c.poisoned.Load(), Stale: c.stale.Load(),
-		Commits: c.commits.Load(), Releases: c.releases.Load(),
-		LeaseExpiries: c.leaseExpiries.Load(), LeaseLost: c.leaseLost.Load(), Errors: c.errors.Load(),
-		FailOpen: c.failOpen.Load(), DonePanics: c.donePanics.Load(), CommitGroups: c.commitGroups.Load(),
-		Lookups: c.lookups.Load(), Forgets: c.forgets.Load(), Refreshes: c.refreshes.Load(),
-		MemoryHits: c.memHits.Load(), MemoryMisses: c.memMisses.Load(),
-		BloomNegatives: c.bloomNegatives.Load(), BloomFalsePositives: c.bloomFalsePositives.Load(),
-		PartitionDropped: c.partitionsDropped.Load(),
-		StoreReads:       c.storeReads.Load(), StoreHits: c.storeHits.Load(),
 		Window: time.Duration(e.window),
+		Calls: CallStats{
+			Claims: c.claims.Load(), New: c.fresh.Load(), Duplicates: c.dups.Load(),
+			InFlight: c.inflight.Load(), Conflicts: c.conflicts.Load(), Poisoned: c.poisoned.Load(), Stale: c.stale.Load(),
+			Commits: c.commits.Load(), Releases: c.releases.Load(),
+			LeaseExpiries: c.leaseExpiries.Load(), LeaseLost: c.leaseLost.Load(), Errors: c.errors.Load(),
+			FailOpen: c.failOpen.Load(), DonePanics: c.donePanics.Load(),
+			Lookups: c.lookups.Load(), Forgets: c.forgets.Load(), Refreshes: c.refreshes.Load(),
+		},
+		Queue:  QueueStats{Groups: c.commitGroups.Load()},
+		Memory: MemoryStats{Hits: c.memHits.Load(), Misses: c.memMisses.Load()},
+		Bloom:  BloomStats{Negatives: c.bloomNegatives.Load(), FalsePositives: c.bloomFalsePositives.Load()},
+		Store:  StoreStats{Reads: c.storeReads.Load(), Hits: c.storeHits.Load(), PartitionsDropped: c.partitionsDropped.Load()},
 	}
-	s.MemoryClaims, s.MemoryEntries = e.mem.Len()
+	s.Memory.Claims, s.Memory.Entries = e.mem.Len()
 	if e.queue != nil {
-		s.CommitsPending = e.queue.pending()
+		s.Queue.Pending = e.queue.pending()
 	}
-	s.CommitLatency = c.commitLatency.snapshot()
+	s.Queue.Latency = c.commitLatency.snapshot()
 	if e.arch != nil {
 		s.Archive = e.arch.Stats()
 	}
 	if e.local != nil {
 		l := e.local.Stats()
-		s.BloomMode, s.BloomBytes, s.BloomTargetFP, s.BloomEstimatedFP = l.Mode, l.Bytes, l.TargetFP, l.EstimatedFP
-		s.BloomRebuiltKeys, s.BloomSealed, s.BloomSealedLoaded, s.BloomSealFailures = l.RebuiltKeys, l.Sealed, l.SealedLoaded, l.SealFailures
+		s.Bloom.Mode, s.Bloom.Bytes, s.Bloom.TargetFP, s.Bloom.EstimatedFP = l.Mode, l.Bytes, l.TargetFP, l.EstimatedFP
+		s.Bloom.RebuiltKeys, s.Bloom.Sealed, s.Bloom.SealedLoaded, s.Bloom.SealFailures = l.RebuiltKeys, l.Sealed, l.SealedLoaded, l.SealFailures
 		now := e.reading()
 		for _, p := range e.local.Partitions() {
 			bp := e.bloomPartition(p, now)
-			s.BloomPartitions = append(s.BloomPartitions, bp)
-			s.BloomRecommendedExpectedKeys = max(s.BloomRecommendedExpectedKeys, bp.RecommendedExpectedKeys)
+			s.Bloom.Partitions = append(s.Bloom.Partitions, bp)
+			s.Bloom.RecommendedExpectedKeys = max(s.Bloom.RecommendedExpectedKeys, bp.RecommendedExpectedKeys)
 		}
-		s.BloomOverTarget = c.bloomOverTarget.Load()
-		s.BloomCheckpoints, s.BloomCheckpointFailures = l.Checkpoints, l.CheckpointFailures
-		s.BloomRestored, s.BloomJournalKeys = l.RestoredPartitions, l.JournalKeys
-		s.ColdPartitions = l.Disk.ColdPartitions
+		s.Bloom.OverTarget = c.bloomOverTarget.Load()
+		s.Bloom.Checkpoints, s.Bloom.CheckpointFailures = l.Checkpoints, l.CheckpointFailures
+		s.Bloom.Restored, s.Bloom.JournalKeys = l.RestoredPartitions, l.JournalKeys
+		s.Store.ColdPartitions = l.Disk.ColdPartitions
 		if e.exact != nil {
-			h := &s.FsyncLatency
+			h := &s.Store.FsyncLatency
 			h.Bounds, h.Counts, h.Count, h.Sum = e.local.FsyncLatency(latencyBounds)
 			d := l.Disk
-			s.DiskBytes, s.TableBytes, s.WALBytes = d.Total, d.Tables, d.WAL
-			s.WALRecycledBytes, s.WALWrittenBytes, s.WALRecycledFiles = d.RecycledWAL, d.WALWritten, d.RecycledWALFiles
-			s.TableWrittenBytes = d.TablesWritten
+			s.Store.DiskBytes, s.Store.TableBytes, s.Store.WALBytes = d.Total, d.Tables, d.WAL
+			s.Store.WALRecycledBytes, s.Store.WALWrittenBytes, s.Store.WALRecycledFiles = d.RecycledWAL, d.WALWritten, d.RecycledWALFiles
+			s.Store.TableWrittenBytes = d.TablesWritten
 		}
 	}
 	s.Coverage = min(time.Duration(e.highWater.Load()-e.openedAt), s.Window)

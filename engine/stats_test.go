@@ -38,8 +38,8 @@ func TestStatsCountFalsePositives(t *testing.T) {
 		}
 	}
 	mid := e.Stats()
-	fp, neg := mid.BloomFalsePositives-before.BloomFalsePositives, mid.BloomNegatives-before.BloomNegatives
-	reads := mid.StoreReads - before.StoreReads
+	fp, neg := mid.Bloom.FalsePositives-before.Bloom.FalsePositives, mid.Bloom.Negatives-before.Bloom.Negatives
+	reads := mid.Store.Reads - before.Store.Reads
 	if fp+neg != fresh || reads != fp {
 		t.Fatalf("%d fresh keys: %d false positives + %d negatives, %d store reads", fresh, fp, neg, reads)
 	}
@@ -47,13 +47,13 @@ func TestStatsCountFalsePositives(t *testing.T) {
 		t.Fatalf("overfilled filters gave %d false positives in %d: the counter is not measuring", fp, fresh)
 	}
 	rate := float64(fp) / fresh
-	t.Logf("measured false-positive rate %.3f (filters %d× over capacity, estimated %.3f)", rate, marked/100, mid.BloomEstimatedFP)
+	t.Logf("measured false-positive rate %.3f (filters %d× over capacity, estimated %.3f)", rate, marked/100, mid.Bloom.EstimatedFP)
 	// The estimate is the formula's for the number of keys added; a filter
 	// this small fills unevenly around it, with a random secret each run
 	// (measured over 40 runs: 0.478 to 0.602 against 0.531). A counter that
 	// missed or double-counted would be far outside this.
-	if d := rate - mid.BloomEstimatedFP; d > 0.12 || d < -0.12 {
-		t.Fatalf("measured false-positive rate %.3f, the filters' own estimate %.3f", rate, mid.BloomEstimatedFP)
+	if d := rate - mid.Bloom.EstimatedFP; d > 0.12 || d < -0.12 {
+		t.Fatalf("measured false-positive rate %.3f, the filters' own estimate %.3f", rate, mid.Bloom.EstimatedFP)
 	}
 
 	// Duplicates that memory evicted are found in Pebble: hits, not false
@@ -63,8 +63,8 @@ func TestStatsCountFalsePositives(t *testing.T) {
 		t.Fatal(err)
 	}
 	after := e.Stats()
-	if after.BloomFalsePositives != mid.BloomFalsePositives || after.StoreHits-mid.StoreHits < 150 {
-		t.Fatalf("duplicates read from Pebble: false positives %d → %d, store hits +%d", mid.BloomFalsePositives, after.BloomFalsePositives, after.StoreHits-mid.StoreHits)
+	if after.Bloom.FalsePositives != mid.Bloom.FalsePositives || after.Store.Hits-mid.Store.Hits < 150 {
+		t.Fatalf("duplicates read from Pebble: false positives %d → %d, store hits +%d", mid.Bloom.FalsePositives, after.Bloom.FalsePositives, after.Store.Hits-mid.Store.Hits)
 	}
 }
 

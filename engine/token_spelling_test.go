@@ -192,7 +192,7 @@ func TestTokenTTL(t *testing.T) {
 			t.Errorf("IssueToken(%v): %q %v, want ErrOptions", ttl, tok, err)
 		}
 	}
-	if after := e.Stats(); after.Claims != before.Claims || after.Commits != before.Commits {
+	if after := e.Stats(); after.Calls.Claims != before.Calls.Claims || after.Calls.Commits != before.Calls.Commits {
 		t.Errorf("refused IssueTokens claimed or committed: %+v -> %+v", before, after)
 	}
 	tok, err := e.IssueToken(ctx, time.Hour)

@@ -435,8 +435,8 @@ func sharedRun(t *testing.T, tierName string, args ...string) bench.Result {
 	if res.Tiers != "memory+"+tierName || s == nil || s.Tier != tierName || s.Name == "" {
 		t.Fatalf("tiers %q, shared %+v", res.Tiers, s)
 	}
-	if s.Keys != int64(res.Stats.Commits) || s.Keys != res.Fresh || s.Keys == 0 {
-		t.Fatalf("the server holds %d keys for %d commits of %d distinct keys", s.Keys, res.Stats.Commits, res.Fresh)
+	if s.Keys != int64(res.Stats.Calls.Commits) || s.Keys != res.Fresh || s.Keys == 0 {
+		t.Fatalf("the server holds %d keys for %d commits of %d distinct keys", s.Keys, res.Stats.Calls.Commits, res.Fresh)
 	}
 	// 36-byte UUIDs: about 200 B a key in Redis and in PostgreSQL's table
 	// and index.

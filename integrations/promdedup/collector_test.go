@@ -117,21 +117,21 @@ func TestScrape(t *testing.T) {
 		labels []string
 		want   float64
 	}{
-		{"tierdedup_claims_total", []string{"outcome", "new"}, float64(s.New)},
-		{"tierdedup_claims_total", []string{"outcome", "duplicate"}, float64(s.Duplicates)},
-		{"tierdedup_claims_total", []string{"outcome", "in_flight"}, float64(s.InFlight)},
-		{"tierdedup_commits_total", nil, float64(s.Commits)},
-		{"tierdedup_releases_total", nil, float64(s.Releases)},
-		{"tierdedup_tier_lookups_total", []string{"tier", "memory", "result", "hit"}, float64(s.MemoryHits)},
-		{"tierdedup_tier_lookups_total", []string{"tier", "memory", "result", "miss"}, float64(s.MemoryMisses)},
-		{"tierdedup_tier_lookups_total", []string{"tier", "bloom", "result", "negative"}, float64(s.BloomNegatives)},
-		{"tierdedup_commit_groups_total", nil, float64(s.CommitGroups)},
-		{"tierdedup_commit_batch_seconds", nil, float64(s.CommitLatency.Count)},
-		{"tierdedup_lookups_total", nil, float64(s.Lookups)},
-		{"tierdedup_forgets_total", nil, float64(s.Forgets)},
+		{"tierdedup_claims_total", []string{"outcome", "new"}, float64(s.Calls.New)},
+		{"tierdedup_claims_total", []string{"outcome", "duplicate"}, float64(s.Calls.Duplicates)},
+		{"tierdedup_claims_total", []string{"outcome", "in_flight"}, float64(s.Calls.InFlight)},
+		{"tierdedup_commits_total", nil, float64(s.Calls.Commits)},
+		{"tierdedup_releases_total", nil, float64(s.Calls.Releases)},
+		{"tierdedup_tier_lookups_total", []string{"tier", "memory", "result", "hit"}, float64(s.Memory.Hits)},
+		{"tierdedup_tier_lookups_total", []string{"tier", "memory", "result", "miss"}, float64(s.Memory.Misses)},
+		{"tierdedup_tier_lookups_total", []string{"tier", "bloom", "result", "negative"}, float64(s.Bloom.Negatives)},
+		{"tierdedup_commit_groups_total", nil, float64(s.Queue.Groups)},
+		{"tierdedup_commit_batch_seconds", nil, float64(s.Queue.Latency.Count)},
+		{"tierdedup_lookups_total", nil, float64(s.Calls.Lookups)},
+		{"tierdedup_forgets_total", nil, float64(s.Calls.Forgets)},
 		{"tierdedup_bloom_state", []string{"state", "warm"}, 1},
 		{"tierdedup_window_seconds", nil, s.Window.Seconds()},
-		{"tierdedup_memory_entries", []string{"kind", "committed"}, float64(s.MemoryEntries)},
+		{"tierdedup_memory_entries", []string{"kind", "committed"}, float64(s.Memory.Entries)},
 	}
 	for _, c := range checks {
 		if got := value(t, fams, c.name, append([]string{"engine", "t"}, c.labels...)...); got != c.want {
@@ -139,11 +139,11 @@ func TestScrape(t *testing.T) {
 		}
 	}
 	// Nothing above is zero by accident: the workload made each of them.
-	if s.New != 4 || s.Duplicates != 2 || s.InFlight != 1 || s.Commits != 3 || s.Releases != 1 || s.Lookups != 1 || s.Forgets != 1 || s.CommitGroups == 0 {
+	if s.Calls.New != 4 || s.Calls.Duplicates != 2 || s.Calls.InFlight != 1 || s.Calls.Commits != 3 || s.Calls.Releases != 1 || s.Calls.Lookups != 1 || s.Calls.Forgets != 1 || s.Queue.Groups == 0 {
 		t.Errorf("Stats after the workload: %+v", s)
 	}
-	if fsyncs := value(t, fams, "tierdedup_wal_fsync_seconds", "engine", "t"); fsyncs == 0 || fsyncs > float64(s.FsyncLatency.Count) {
-		t.Errorf("%v fsyncs scraped, %d in Stats after", fsyncs, s.FsyncLatency.Count)
+	if fsyncs := value(t, fams, "tierdedup_wal_fsync_seconds", "engine", "t"); fsyncs == 0 || fsyncs > float64(s.Store.FsyncLatency.Count) {
+		t.Errorf("%v fsyncs scraped, %d in Stats after", fsyncs, s.Store.FsyncLatency.Count)
 	}
 	if disk := value(t, fams, "tierdedup_disk_bytes", "engine", "t", "kind", "total"); disk <= 0 {
 		t.Errorf("disk bytes %v", disk)

@@ -18,16 +18,16 @@ func WaitArchived(t testing.TB, e *engine.Engine) {
 	t.Helper()
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if st := e.Stats(); st.Archive != nil && st.Archive.Lag == 0 {
-			if st.BloomSealFailures > 0 {
+			if st.Bloom.SealFailures > 0 {
 				// The recorded clock moved back (a drop raced a rotation):
 				// a closed partition could not be sealed.
-				t.Fatalf("%d sealing passes failed", st.BloomSealFailures)
+				t.Fatalf("%d sealing passes failed", st.Bloom.SealFailures)
 			}
 			return
 		}
 	}
 	st := e.Stats()
-	t.Fatalf("the archive still lags: %+v (filters %s, %d sealed, %d seal failures)", st.Archive, st.BloomMode, st.BloomSealed, st.BloomSealFailures)
+	t.Fatalf("the archive still lags: %+v (filters %s, %d sealed, %d seal failures)", st.Archive, st.Bloom.Mode, st.Bloom.Sealed, st.Bloom.SealFailures)
 }
 
 // MarkIn marks key in namespace ns of e and fails t on an error.

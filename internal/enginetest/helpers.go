@@ -88,9 +88,9 @@ func WaitFor(t testing.TB, what string, cond func() bool) {
 // WaitWarm waits up to 30 s for e's filters to be warm.
 func WaitWarm(t testing.TB, e *engine.Engine) {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); e.Stats().BloomMode != "warm"; {
+	for deadline := time.Now().Add(30 * time.Second); e.Stats().Bloom.Mode != "warm"; {
 		if time.Now().After(deadline) {
-			t.Fatalf("the filters did not become warm: still %q after 30 s", e.Stats().BloomMode)
+			t.Fatalf("the filters did not become warm: still %q after 30 s", e.Stats().Bloom.Mode)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}

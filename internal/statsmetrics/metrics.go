@@ -170,47 +170,47 @@ func Each(s *engine.Stats, f func(Point)) {
 	for _, o := range []struct {
 		label string
 		n     uint64
-	}{{"new", s.New}, {"duplicate", s.Duplicates}, {"in_flight", s.InFlight}, {"conflict", s.Conflicts}, {"poison", s.Poisoned}, {"stale", s.Stale}} {
+	}{{"new", s.Calls.New}, {"duplicate", s.Calls.Duplicates}, {"in_flight", s.Calls.InFlight}, {"conflict", s.Calls.Conflicts}, {"poison", s.Calls.Poisoned}, {"stale", s.Calls.Stale}} {
 		counter("claims_total", o.n, o.label)
 	}
-	counter("commits_total", s.Commits)
-	counter("releases_total", s.Releases)
-	counter("lease_expiries_total", s.LeaseExpiries)
-	counter("lease_lost_total", s.LeaseLost)
+	counter("commits_total", s.Calls.Commits)
+	counter("releases_total", s.Calls.Releases)
+	counter("lease_expiries_total", s.Calls.LeaseExpiries)
+	counter("lease_lost_total", s.Calls.LeaseLost)
 	for _, l := range []struct {
 		tier, result string
 		n            uint64
 	}{
-		{"memory", "hit", s.MemoryHits}, {"memory", "miss", s.MemoryMisses},
-		{"bloom", "negative", s.BloomNegatives}, {"bloom", "false_positive", s.BloomFalsePositives},
-		{"store", "hit", s.StoreHits}, {"store", "miss", s.StoreReads - min(s.StoreHits, s.StoreReads)},
+		{"memory", "hit", s.Memory.Hits}, {"memory", "miss", s.Memory.Misses},
+		{"bloom", "negative", s.Bloom.Negatives}, {"bloom", "false_positive", s.Bloom.FalsePositives},
+		{"store", "hit", s.Store.Hits}, {"store", "miss", s.Store.Reads - min(s.Store.Hits, s.Store.Reads)},
 	} {
 		counter("tier_lookups_total", l.n, l.tier, l.result)
 	}
-	counter("errors_total", s.Errors)
-	counter("fail_open_total", s.FailOpen)
-	counter("done_panics_total", s.DonePanics)
-	counter("commit_groups_total", s.CommitGroups)
-	gauge("commit_queue_depth", float64(s.CommitsPending))
-	histogram("commit_batch_seconds", s.CommitLatency)
+	counter("errors_total", s.Calls.Errors)
+	counter("fail_open_total", s.Calls.FailOpen)
+	counter("done_panics_total", s.Calls.DonePanics)
+	counter("commit_groups_total", s.Queue.Groups)
+	gauge("commit_queue_depth", float64(s.Queue.Pending))
+	histogram("commit_batch_seconds", s.Queue.Latency)
 	if s.Config == engine.Default.String() {
-		histogram("wal_fsync_seconds", s.FsyncLatency)
+		histogram("wal_fsync_seconds", s.Store.FsyncLatency)
 	}
-	counter("lookups_total", s.Lookups)
-	counter("forgets_total", s.Forgets)
-	gauge("memory_entries", float64(s.MemoryClaims), "claims")
-	gauge("memory_entries", float64(s.MemoryEntries), "committed")
-	if s.BloomMode != "" {
+	counter("lookups_total", s.Calls.Lookups)
+	counter("forgets_total", s.Calls.Forgets)
+	gauge("memory_entries", float64(s.Memory.Claims), "claims")
+	gauge("memory_entries", float64(s.Memory.Entries), "committed")
+	if s.Bloom.Mode != "" {
 		for _, st := range []string{"warm", "rebuilding", "cold"} {
 			v := 0.0
-			if s.BloomMode == st {
+			if s.Bloom.Mode == st {
 				v = 1
 			}
 			gauge("bloom_state", v, st)
 		}
-		gauge("bloom_bytes", float64(s.BloomBytes))
-		gauge("bloom_estimated_false_positive_ratio", s.BloomEstimatedFP)
-		for _, b := range s.BloomPartitions {
+		gauge("bloom_bytes", float64(s.Bloom.Bytes))
+		gauge("bloom_estimated_false_positive_ratio", s.Bloom.EstimatedFP)
+		for _, b := range s.Bloom.Partitions {
 			part := b.Start.UTC().Format(time.RFC3339)
 			if b.Checked > 0 {
 				gauge("bloom_partition_false_positive_ratio", b.MeasuredFP, part, "measured")
@@ -219,10 +219,10 @@ func Each(s *engine.Stats, f func(Point)) {
 			gauge("bloom_partition_false_positive_ratio", b.TargetFP, part, "target")
 			gauge("bloom_partition_keys", float64(b.Keys), part)
 		}
-		gauge("bloom_recommended_expected_keys", float64(s.BloomRecommendedExpectedKeys))
-		counter("bloom_over_target_total", s.BloomOverTarget)
+		gauge("bloom_recommended_expected_keys", float64(s.Bloom.RecommendedExpectedKeys))
+		counter("bloom_over_target_total", s.Bloom.OverTarget)
 	}
-	counter("refreshes_total", s.Refreshes)
+	counter("refreshes_total", s.Calls.Refreshes)
 	gauge("window_seconds", s.Window.Seconds())
 	if s.Window > 0 {
 		gauge("window_coverage_ratio", float64(s.Coverage)/float64(s.Window))
@@ -247,7 +247,7 @@ func Each(s *engine.Stats, f func(Point)) {
 		for _, d := range []struct {
 			kind string
 			n    uint64
-		}{{"total", s.DiskBytes}, {"tables", s.TableBytes}, {"wal", s.WALBytes}, {"wal_recycled", s.WALRecycledBytes}} {
+		}{{"total", s.Store.DiskBytes}, {"tables", s.Store.TableBytes}, {"wal", s.Store.WALBytes}, {"wal_recycled", s.Store.WALRecycledBytes}} {
 			gauge("disk_bytes", float64(d.n), d.kind)
 		}
 	}

@@ -30,10 +30,11 @@ func TestTable(t *testing.T) {
 // store, filters, an archive, a window) give a point of every metric,
 // each with its metric's labels, the values taken from the right fields.
 func TestEach(t *testing.T) {
-	s := engine.Stats{Config: engine.Default.String(), BloomMode: "rebuilding", Archive: &engine.ArchiveStats{Reads: 5, Hits: 2, Drainer: true},
-		New: 7, StoreReads: 3, StoreHits: 1, MemoryClaims: 4, Window: time.Hour, Coverage: 15 * time.Minute,
-		CommitLatency: engine.Histogram{Count: 9, Sum: 0.5}, DiskBytes: 1000,
-		BloomPartitions: []engine.BloomPartition{{Start: time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC), Keys: 10, Checked: 100, FalsePositives: 2, MeasuredFP: 0.02, TargetFP: 0.001, EstimatedFP: 0.003}}}
+	s := engine.Stats{Config: engine.Default.String(), Archive: &engine.ArchiveStats{Reads: 5, Hits: 2, Drainer: true},
+		Calls: engine.CallStats{New: 7}, Store: engine.StoreStats{Reads: 3, Hits: 1, DiskBytes: 1000},
+		Memory: engine.MemoryStats{Claims: 4}, Window: time.Hour, Coverage: 15 * time.Minute,
+		Queue: engine.QueueStats{Latency: engine.Histogram{Count: 9, Sum: 0.5}},
+		Bloom: engine.BloomStats{Mode: "rebuilding", Partitions: []engine.BloomPartition{{Start: time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC), Keys: 10, Checked: 100, FalsePositives: 2, MeasuredFP: 0.02, TargetFP: 0.001, EstimatedFP: 0.003}}}}
 	points := map[string][]Point{}
 	Each(&s, func(p Point) {
 		if p.Metric == nil {

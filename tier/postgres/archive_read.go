@@ -84,32 +84,24 @@ func found(rows pgx.Rows, out []tier.Answer) error {
 // Lookup reads each query's newest row in its span, one statement for the
 // batch.
 func (ar *pgArchive) Lookup(ctx context.Context, qs []tier.ArchiveQuery, out []tier.Answer) error {
-	if len(out) != len(qs) {
-		return fmt.Errorf("%w: %d answers for %d queries", tier.ErrOptions, len(out), len(qs))
-	}
-	for i := range out {
-		out[i] = tier.Answer{Status: tier.Absent, Partition: -1}
-	}
-	if len(qs) == 0 {
-		return nil
-	}
-	idx, ns, keys, lo, hi := queryArrays(qs)
-	rows, err := ar.db.Query(ctx, `SELECT q.i, a.part, a.digest, a.at, a.result
+	return ar.queries(ctx, "archive lookup", `SELECT q.i, a.part, a.digest, a.at, a.result
 FROM unnest($1::int[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[]) AS q(i, ns, key, lo, hi)
 CROSS JOIN LATERAL (SELECT part, digest, at, result FROM `+ar.t+` a
-  WHERE a.ns = q.ns AND a.key = q.key AND a.part >= q.lo AND a.part < q.hi ORDER BY a.part DESC LIMIT 1) a`, idx, ns, keys, lo, hi)
-	if err != nil {
-		return unavailable("archive lookup", err)
-	}
-	if err := found(rows, out); err != nil {
-		return unavailable("archive lookup", err)
-	}
-	return nil
+  WHERE a.ns = q.ns AND a.key = q.key AND a.part >= q.lo AND a.part < q.hi ORDER BY a.part DESC LIMIT 1) a`, qs, out)
 }
 
 // Forget deletes each query's rows in its span, one statement for the
 // batch.
 func (ar *pgArchive) Forget(ctx context.Context, qs []tier.ArchiveQuery, out []tier.Answer) error {
+	return ar.queries(ctx, "archive forget", `DELETE FROM `+ar.t+` a
+USING unnest($1::int[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[]) AS q(i, ns, key, lo, hi)
+WHERE a.ns = q.ns AND a.key = q.key AND a.part >= q.lo AND a.part < q.hi
+RETURNING q.i, a.part, a.digest, a.at, a.result`, qs, out)
+}
+
+// queries runs sql, a statement over the arrays of qs (queryArrays) that
+// returns the rows found as found reads them, into out (Absent where none).
+func (ar *pgArchive) queries(ctx context.Context, what, sql string, qs []tier.ArchiveQuery, out []tier.Answer) error {
 	if len(out) != len(qs) {
 		return fmt.Errorf("%w: %d answers for %d queries", tier.ErrOptions, len(out), len(qs))
 	}
@@ -120,15 +112,12 @@ func (ar *pgArchive) Forget(ctx context.Context, qs []tier.ArchiveQuery, out []t
 		return nil
 	}
 	idx, ns, keys, lo, hi := queryArrays(qs)
-	rows, err := ar.db.Query(ctx, `DELETE FROM `+ar.t+` a
-USING unnest($1::int[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[]) AS q(i, ns, key, lo, hi)
-WHERE a.ns = q.ns AND a.key = q.key AND a.part >= q.lo AND a.part < q.hi
-RETURNING q.i, a.part, a.digest, a.at, a.result`, idx, ns, keys, lo, hi)
+	rows, err := ar.db.Query(ctx, sql, idx, ns, keys, lo, hi)
 	if err != nil {
-		return unavailable("archive forget", err)
+		return unavailable(what, err)
 	}
 	if err := found(rows, out); err != nil {
-		return unavailable("archive forget", err)
+		return unavailable(what, err)
 	}
 	return nil
 }

@@ -337,9 +337,9 @@ func TestArchiveLookupRacesTheArchiver(t *testing.T) {
 		// Every closed partition in the window sealed (older ones need no
 		// seal), so that the archiver, let go,
 		// archives them all and ends its pass with the drop.
-		for deadline := time.Now().Add(20 * time.Second); e.Stats().BloomSealed < 4; time.Sleep(5 * time.Millisecond) {
+		for deadline := time.Now().Add(20 * time.Second); e.Stats().Bloom.Sealed < 4; time.Sleep(5 * time.Millisecond) {
 			if time.Now().After(deadline) { // the 4 closed partitions still in the window
-				t.Fatalf("%d of the 4 closed partitions in the window are sealed", e.Stats().BloomSealed)
+				t.Fatalf("%d of the 4 closed partitions in the window are sealed", e.Stats().Bloom.Sealed)
 			}
 		}
 		for len(passEnd) > 0 {

@@ -47,9 +47,9 @@ func checkpointedEngine(t *testing.T, mem vfs.FS) (*engine.Engine, engine.Option
 	}
 	waitCheckpoints := func(n uint64) {
 		deadline := time.Now().Add(10 * time.Second)
-		for e.Stats().BloomCheckpoints < n {
+		for e.Stats().Bloom.Checkpoints < n {
 			if time.Now().After(deadline) {
-				t.Fatalf("%d checkpoints, want %d", e.Stats().BloomCheckpoints, n)
+				t.Fatalf("%d checkpoints, want %d", e.Stats().Bloom.Checkpoints, n)
 			}
 			time.Sleep(time.Millisecond)
 		}
@@ -67,9 +67,9 @@ func checkpointedEngine(t *testing.T, mem vfs.FS) (*engine.Engine, engine.Option
 	// after this, it would pass for the one after the 300 keys below,
 	// whose keys would then all be in the journal. Read the count once it
 	// has stood still for a while.
-	before := e.Stats().BloomCheckpoints
+	before := e.Stats().Bloom.Checkpoints
 	for still := time.Now(); time.Since(still) < 300*time.Millisecond; time.Sleep(5 * time.Millisecond) {
-		if n := e.Stats().BloomCheckpoints; n != before {
+		if n := e.Stats().Bloom.Checkpoints; n != before {
 			before, still = n, time.Now()
 		}
 	}
@@ -148,17 +148,17 @@ func TestCheckpointRestore(t *testing.T) {
 			defer e.Close()
 			s := e.Stats()
 			if tc.restored {
-				if s.BloomMode != "warm" || s.BloomRestored != 1 || s.BloomRebuiltKeys != 0 || s.BloomSealedLoaded != 1 {
+				if s.Bloom.Mode != "warm" || s.Bloom.Restored != 1 || s.Bloom.RebuiltKeys != 0 || s.Bloom.SealedLoaded != 1 {
 					t.Fatalf("after the crash: mode %s, %d restored, %d rebuilt, %d sealed loaded; want warm, 1, 0, 1",
-						s.BloomMode, s.BloomRestored, s.BloomRebuiltKeys, s.BloomSealedLoaded)
+						s.Bloom.Mode, s.Bloom.Restored, s.Bloom.RebuiltKeys, s.Bloom.SealedLoaded)
 				}
-				if s.BloomJournalKeys == 0 || s.BloomJournalKeys >= 200 {
-					t.Fatalf("%d keys read from the journal, want the few after the last checkpoint", s.BloomJournalKeys)
+				if s.Bloom.JournalKeys == 0 || s.Bloom.JournalKeys >= 200 {
+					t.Fatalf("%d keys read from the journal, want the few after the last checkpoint", s.Bloom.JournalKeys)
 				}
 			}
 			allDuplicates(t, e, keys)
-			if s := e.Stats(); !tc.restored && (s.BloomRestored != 0 || s.BloomRebuiltKeys != 330) {
-				t.Fatalf("%d restored, %d rebuilt by a scan; want 0 and the open hour's 330", s.BloomRestored, s.BloomRebuiltKeys)
+			if s := e.Stats(); !tc.restored && (s.Bloom.Restored != 0 || s.Bloom.RebuiltKeys != 330) {
+				t.Fatalf("%d restored, %d rebuilt by a scan; want 0 and the open hour's 330", s.Bloom.Restored, s.Bloom.RebuiltKeys)
 			}
 			if o, err := e.MarkIfAbsent(context.Background(), []byte("brand-new")); err != nil || o != engine.New {
 				t.Fatalf("a new key: %v, %v", o, err)
@@ -269,9 +269,9 @@ func TestKillDuringCheckpointAndMove(t *testing.T) {
 		now += int64(time.Minute)
 		e := open(t, engine.Options{Backend: embedded.Dir(dir), Clock: fixedClock(now), Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 20_000})
 		s := e.Stats()
-		if hook == "ckpt" && (s.BloomRestored == 0 || s.BloomMode != "warm" || s.BloomRebuiltKeys != 0) {
+		if hook == "ckpt" && (s.Bloom.Restored == 0 || s.Bloom.Mode != "warm" || s.Bloom.RebuiltKeys != 0) {
 			t.Fatalf("round %d: after a kill inside a checkpoint: %d restored, mode %s, %d rebuilt; want the one before it restored, warm",
-				round, s.BloomRestored, s.BloomMode, s.BloomRebuiltKeys)
+				round, s.Bloom.Restored, s.Bloom.Mode, s.Bloom.RebuiltKeys)
 		}
 		var keys [][]byte
 		for k, at := range acked {
@@ -283,12 +283,12 @@ func TestKillDuringCheckpointAndMove(t *testing.T) {
 		if o, err := e.MarkIfAbsent(context.Background(), fmt.Appendf(nil, "never-%d", round)); err != nil || o != engine.New {
 			t.Fatalf("round %d: a new key: %v, %v", round, o, err)
 		}
-		if hook == "move" && e.Stats().ColdPartitions == 0 {
+		if hook == "move" && e.Stats().Store.ColdPartitions == 0 {
 			// The interrupted move is completed by the reopened store.
-			waitFor(t, "the interrupted move to complete", func() bool { return e.Stats().ColdPartitions > 0 })
+			waitFor(t, "the interrupted move to complete", func() bool { return e.Stats().Store.ColdPartitions > 0 })
 		}
 		_ = e.Close()
-		t.Logf("round %d (%s): %d keys checked, %d restored, %d journal keys", round, hook, len(keys), s.BloomRestored, s.BloomJournalKeys)
+		t.Logf("round %d (%s): %d keys checked, %d restored, %d journal keys", round, hook, len(keys), s.Bloom.Restored, s.Bloom.JournalKeys)
 	}
 }
 
@@ -317,9 +317,9 @@ func TestImportRestoresFromCheckpoint(t *testing.T) {
 	}
 	e2 := open(t, o)
 	defer e2.Close()
-	if s := e2.Stats(); s.BloomMode != "warm" || s.BloomRestored != 1 || s.BloomRebuiltKeys != 0 || s.BloomSealedLoaded != 1 {
+	if s := e2.Stats(); s.Bloom.Mode != "warm" || s.Bloom.Restored != 1 || s.Bloom.RebuiltKeys != 0 || s.Bloom.SealedLoaded != 1 {
 		t.Fatalf("after import: mode %s, %d restored, %d keys rebuilt by a scan, %d sealed loaded; want warm, 1, 0, 1",
-			s.BloomMode, s.BloomRestored, s.BloomRebuiltKeys, s.BloomSealedLoaded)
+			s.Bloom.Mode, s.Bloom.Restored, s.Bloom.RebuiltKeys, s.Bloom.SealedLoaded)
 	}
 	allDuplicates(t, e2, keys)
 }

@@ -87,7 +87,7 @@ func dmBuild(t *testing.T) *dmHist {
 	}
 	start := dmStart()
 	waitSealed(t, e, start, start.Add(time.Hour), start.Add(2*time.Hour), start.Add(3*time.Hour))
-	waitFor(t, "hours 0..3 moved", func() bool { return e.Stats().ColdPartitions >= 4 })
+	waitFor(t, "hours 0..3 moved", func() bool { return e.Stats().Store.ColdPartitions >= 4 })
 	clock.Add(10 * time.Minute)
 	time.Sleep(50 * time.Millisecond) // the checkpoint hour 4's marks woke
 	if files := checkpointFiles(t, fs); len(files) > 0 {
@@ -113,11 +113,11 @@ func dmBuild(t *testing.T) *dmHist {
 		}
 	}
 	h.def = kept
-	before := e.Stats().BloomCheckpoints
+	before := e.Stats().Bloom.Checkpoints
 	pad := gen("c-pad", 30)
 	mark(def, pad)
 	h.def = append(h.def, pad...)
-	waitFor(t, "a checkpoint after the seals", func() bool { return e.Stats().BloomCheckpoints > before })
+	waitFor(t, "a checkpoint after the seals", func() bool { return e.Stats().Bloom.Checkpoints > before })
 	time.Sleep(50 * time.Millisecond) // no checkpoint in flight
 	tail := gen("c-tail", 7)
 	mark(def, tail)
@@ -295,14 +295,14 @@ func TestMixedDamageAfterMoves(t *testing.T) {
 			s := e.Stats()
 			h.check(t, e, "after the crash")
 			s2 := e.Stats()
-			if s.BloomSealedLoaded != tc.loaded || (s.BloomRestored > 0) != tc.restored || s2.BloomRebuiltKeys != tc.rebuilt {
-				t.Errorf("%d sealed loaded, %d restored, %d keys scanned; want %d, restored %v, %d", s.BloomSealedLoaded, s.BloomRestored, s2.BloomRebuiltKeys, tc.loaded, tc.restored, tc.rebuilt)
+			if s.Bloom.SealedLoaded != tc.loaded || (s.Bloom.Restored > 0) != tc.restored || s2.Bloom.RebuiltKeys != tc.rebuilt {
+				t.Errorf("%d sealed loaded, %d restored, %d keys scanned; want %d, restored %v, %d", s.Bloom.SealedLoaded, s.Bloom.Restored, s2.Bloom.RebuiltKeys, tc.loaded, tc.restored, tc.rebuilt)
 			}
 			// Rebuilt partitions are sealed again: a second crash loads
 			// every sealed file.
 			start := dmStart()
 			waitSealed(t, e, start, start.Add(time.Hour), start.Add(2*time.Hour), start.Add(3*time.Hour))
-			before := e.Stats().BloomCheckpoints
+			before := e.Stats().Bloom.Checkpoints
 			pad := make([][]byte, 30)
 			for i := range pad {
 				pad[i] = fmt.Appendf(nil, "again-%d", i)
@@ -311,14 +311,14 @@ func TestMixedDamageAfterMoves(t *testing.T) {
 				t.Fatal(err)
 			}
 			h.def = append(h.def, pad...)
-			waitFor(t, "a checkpoint", func() bool { return e.Stats().BloomCheckpoints > before })
+			waitFor(t, "a checkpoint", func() bool { return e.Stats().Bloom.Checkpoints > before })
 			time.Sleep(50 * time.Millisecond)
 			again := h.crash.CrashClone(vfs.CrashCloneCfg{})
 			_ = e.Close()
 			setFS(&o, again)
 			e = open(t, o)
-			if s := e.Stats(); s.BloomSealedLoaded != 4 || s.BloomMode != "warm" {
-				t.Errorf("second crash: %d sealed loaded, mode %s, %d restored; want 4, warm", s.BloomSealedLoaded, s.BloomMode, s.BloomRestored)
+			if s := e.Stats(); s.Bloom.SealedLoaded != 4 || s.Bloom.Mode != "warm" {
+				t.Errorf("second crash: %d sealed loaded, mode %s, %d restored; want 4, warm", s.Bloom.SealedLoaded, s.Bloom.Mode, s.Bloom.Restored)
 			}
 			h.check(t, e, "after a second crash")
 		})
@@ -401,7 +401,7 @@ func TestCrashWhileRebuilding(t *testing.T) {
 	setFS(&o, h.crash)
 	o.Clock = fixedClock(dmStart().Add(4*time.Hour + 10*time.Minute).UnixNano())
 	e := open(t, o)
-	if m := e.Stats().BloomMode; m == "warm" {
+	if m := e.Stats().Bloom.Mode; m == "warm" {
 		t.Fatalf("mode %s with the rebuild held", m)
 	}
 	more := make([][]byte, 60)
@@ -438,5 +438,5 @@ func TestCrashWhileRebuilding(t *testing.T) {
 	defer func() { _ = e.Close() }()
 	s := e.Stats()
 	h.check(t, e, "after the second crash")
-	t.Logf("second Open: %d sealed loaded, %d restored, %d journal keys, %d scanned", s.BloomSealedLoaded, s.BloomRestored, s.BloomJournalKeys, e.Stats().BloomRebuiltKeys)
+	t.Logf("second Open: %d sealed loaded, %d restored, %d journal keys, %d scanned", s.Bloom.SealedLoaded, s.Bloom.Restored, s.Bloom.JournalKeys, e.Stats().Bloom.RebuiltKeys)
 }

@@ -75,7 +75,7 @@ func TestImportCarriesState(t *testing.T) {
 		t.Fatalf("record %q, want 7", got)
 	}
 	allDuplicates(t, e, keys)
-	if n := e.Stats().BloomSealedLoaded; n != closed {
+	if n := e.Stats().Bloom.SealedLoaded; n != closed {
 		t.Fatalf("%d sealed partitions loaded, want %d", n, closed)
 	}
 	if c, err := e.Claim(ctx, []byte("brand-new")); err != nil || c.Outcome != engine.New {

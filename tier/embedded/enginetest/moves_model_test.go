@@ -28,7 +28,7 @@ func TestMovesImportIsDurable(t *testing.T) {
 	fs := newCrashFS()
 	clock := newClock()
 	e, o, keys := sealedEngine(t, fs, clock, 4, 50)
-	waitFor(t, "a partition moved", func() bool { return e.Stats().ColdPartitions > 0 })
+	waitFor(t, "a partition moved", func() bool { return e.Stats().Store.ColdPartitions > 0 })
 	if _, err := e.Export(ctx, "exp", 1); err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +227,7 @@ func (w *moveWorld) check(what string) {
 	}
 	st := w.e.Stats()
 	t.Logf("%s: %d keys (%d duplicates), mode %s, %d restored, %d journal keys, %d rebuilt, %d cold partitions moved",
-		what, len(w.order), dups, st.BloomMode, st.BloomRestored, st.BloomJournalKeys, st.BloomRebuiltKeys, st.ColdPartitions)
+		what, len(w.order), dups, st.Bloom.Mode, st.Bloom.Restored, st.Bloom.JournalKeys, st.Bloom.RebuiltKeys, st.Store.ColdPartitions)
 }
 
 // reopen crashes (CrashClone of the synced state) or closes the engine and
@@ -266,9 +266,9 @@ func TestMovesModelAcrossMovesCrashesAndImport(t *testing.T) {
 		}
 		w.reopen(true, nil)
 		s := w.e.Stats()
-		if s.BloomMode != "warm" || s.BloomRestored == 0 {
+		if s.Bloom.Mode != "warm" || s.Bloom.Restored == 0 {
 			t.Errorf("hour %d: after a crash: mode %s, %d restored, %d rebuilt keys, %d sealed loaded; want warm from the checkpoint",
-				w.n, s.BloomMode, s.BloomRestored, s.BloomRebuiltKeys, s.BloomSealedLoaded)
+				w.n, s.Bloom.Mode, s.Bloom.Restored, s.Bloom.RebuiltKeys, s.Bloom.SealedLoaded)
 		}
 		w.check(fmt.Sprintf("hour %d, after a crash", w.n))
 	}
@@ -277,7 +277,7 @@ func TestMovesModelAcrossMovesCrashesAndImport(t *testing.T) {
 	for h := range 9 {
 		step(h%2 == 1)
 		if h == 4 {
-			waitFor(t, "moves", func() bool { return w.e.Stats().ColdPartitions > 0 })
+			waitFor(t, "moves", func() bool { return w.e.Stats().Store.ColdPartitions > 0 })
 			w.reopen(false, nil)
 			w.check(fmt.Sprintf("hour %d, after a clean restart", w.n))
 		}
@@ -382,8 +382,8 @@ func TestMovesConcurrentCrashRestore(t *testing.T) {
 		o.Clock = fixedClock(clock.Now().UnixNano())
 		e = open(t, o)
 		s := e.Stats()
-		if s.BloomMode != "warm" {
-			t.Errorf("round %d: mode %s after the crash (%d restored), want warm", round, s.BloomMode, s.BloomRestored)
+		if s.Bloom.Mode != "warm" {
+			t.Errorf("round %d: mode %s after the crash (%d restored), want warm", round, s.Bloom.Mode, s.Bloom.Restored)
 		}
 		claims := make([]engine.Claim, len(before))
 		if err := e.ClaimBatch(context.Background(), before, nil, claims); err != nil {
@@ -398,7 +398,7 @@ func TestMovesConcurrentCrashRestore(t *testing.T) {
 			}
 		}
 		t.Logf("round %d: %d keys acknowledged before the crash, %d wrong; before: %d checkpoints, %d cold; after: %d restored, %d journal keys, %d sealed loaded, %d rebuilt",
-			round, len(before), bad, st.BloomCheckpoints, st.ColdPartitions, s.BloomRestored, s.BloomJournalKeys, s.BloomSealedLoaded, s.BloomRebuiltKeys)
+			round, len(before), bad, st.Bloom.Checkpoints, st.Store.ColdPartitions, s.Bloom.Restored, s.Bloom.JournalKeys, s.Bloom.SealedLoaded, s.Bloom.RebuiltKeys)
 		_ = e.Close()
 		if t.Failed() {
 			return
@@ -411,7 +411,7 @@ func TestMovesConcurrentCrashRestore(t *testing.T) {
 func movedEngine(t *testing.T, fs vfs.FS) (engine.Options, [][]byte) {
 	t.Helper()
 	e, o, keys := sealedEngine(t, fs, newClock(), 4, 50)
-	waitFor(t, "a partition moved", func() bool { return e.Stats().ColdPartitions > 0 })
+	waitFor(t, "a partition moved", func() bool { return e.Stats().Store.ColdPartitions > 0 })
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -573,11 +573,11 @@ func TestMovesVersion2StoreOpens(t *testing.T) {
 				}
 			}
 			e := open(t, o)
-			if s := e.Stats(); clean && s.BloomMode != "warm" {
-				t.Errorf("a cleanly closed version 2 store: mode %s", s.BloomMode)
+			if s := e.Stats(); clean && s.Bloom.Mode != "warm" {
+				t.Errorf("a cleanly closed version 2 store: mode %s", s.Bloom.Mode)
 			}
 			allDuplicates(t, e, keys)
-			waitFor(t, "the version 2 store's sealed partitions to move", func() bool { return e.Stats().ColdPartitions > 0 })
+			waitFor(t, "the version 2 store's sealed partitions to move", func() bool { return e.Stats().Store.ColdPartitions > 0 })
 			if _, err := e.Forget(ctx, keys[0]); err != nil {
 				t.Fatal(err)
 			}
@@ -588,15 +588,15 @@ func TestMovesVersion2StoreOpens(t *testing.T) {
 			if err := e.MarkBatch(ctx, more, nil, make([]engine.Outcome, len(more))); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, "a checkpoint", func() bool { return e.Stats().BloomCheckpoints > 0 })
+			waitFor(t, "a checkpoint", func() bool { return e.Stats().Bloom.Checkpoints > 0 })
 			time.Sleep(20 * time.Millisecond)
 			crashed := fs.CrashClone(vfs.CrashCloneCfg{})
 			_ = e.Close()
 			setFS(&o, crashed)
 			e = open(t, o)
 			defer e.Close()
-			if s := e.Stats(); s.BloomMode != "warm" || s.BloomRestored == 0 {
-				t.Errorf("after a crash: mode %s, %d restored", s.BloomMode, s.BloomRestored)
+			if s := e.Stats(); s.Bloom.Mode != "warm" || s.Bloom.Restored == 0 {
+				t.Errorf("after a crash: mode %s, %d restored", s.Bloom.Mode, s.Bloom.Restored)
 			}
 			allDuplicates(t, e, append(keys[1:], more...))
 			if o, err := e.MarkIfAbsent(ctx, keys[0]); err != nil || o != engine.New {
@@ -613,7 +613,7 @@ func TestMovesExportIsDurable(t *testing.T) {
 	ctx := context.Background()
 	fs := newCrashFS()
 	e, o, keys := sealedEngine(t, fs, newClock(), 4, 50)
-	waitFor(t, "a partition moved", func() bool { return e.Stats().ColdPartitions > 0 })
+	waitFor(t, "a partition moved", func() bool { return e.Stats().Store.ColdPartitions > 0 })
 	if _, err := e.Export(ctx, "exp", 1); err != nil {
 		t.Fatal(err)
 	}
@@ -680,13 +680,13 @@ func TestMovesAdvanceAndTokensAcrossMovesAndCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitSealed(t, e, clock.Now().Add(-2*time.Hour), clock.Now().Add(-time.Hour))
-	waitFor(t, "two partitions moved", func() bool { return e.Stats().ColdPartitions >= 2 })
-	waitFor(t, "a checkpoint", func() bool { return e.Stats().BloomCheckpoints > 0 })
+	waitFor(t, "two partitions moved", func() bool { return e.Stats().Store.ColdPartitions >= 2 })
+	waitFor(t, "a checkpoint", func() bool { return e.Stats().Bloom.Checkpoints > 0 })
 	time.Sleep(20 * time.Millisecond)
 	check := func(e *engine.Engine, what string) {
 		t.Helper()
-		if s := e.Stats(); s.BloomMode != "warm" {
-			t.Errorf("%s: mode %s", what, s.BloomMode)
+		if s := e.Stats(); s.Bloom.Mode != "warm" {
+			t.Errorf("%s: mode %s", what, s.Bloom.Mode)
 		}
 		adv(e, "order-1", 1, engine.Stale)
 		adv(e, "order-1", 2, engine.Duplicate)
@@ -759,12 +759,12 @@ func TestMovesExpiryAtTheWindowsEnd(t *testing.T) {
 	pads := 0
 	reopen := func() {
 		t.Helper()
-		before := e.Stats().BloomCheckpoints
+		before := e.Stats().Bloom.Checkpoints
 		for range 12 {
 			pads++
 			mark(def, fmt.Sprintf("ck-%d", pads))
 		}
-		waitFor(t, "a checkpoint", func() bool { return e.Stats().BloomCheckpoints > before })
+		waitFor(t, "a checkpoint", func() bool { return e.Stats().Bloom.Checkpoints > before })
 		time.Sleep(10 * time.Millisecond)
 		crashed := fs.CrashClone(vfs.CrashCloneCfg{})
 		_ = e.Close()
@@ -772,8 +772,8 @@ func TestMovesExpiryAtTheWindowsEnd(t *testing.T) {
 		setFS(&o, crashed)
 		e = open(t, o)
 		def, _ = e.Namespace("")
-		if st := e.Stats(); st.BloomMode != "warm" || st.BloomRestored == 0 {
-			t.Errorf("after a crash at %s: mode %s, %d restored", clock.Now().Format("15:04:05"), st.BloomMode, st.BloomRestored)
+		if st := e.Stats(); st.Bloom.Mode != "warm" || st.Bloom.Restored == 0 {
+			t.Errorf("after a crash at %s: mode %s, %d restored", clock.Now().Format("15:04:05"), st.Bloom.Mode, st.Bloom.Restored)
 		}
 	}
 	// Move partition 10 into the cold database.
@@ -782,7 +782,7 @@ func TestMovesExpiryAtTheWindowsEnd(t *testing.T) {
 		mark(def, fmt.Sprintf("pad-%d", i))
 	}
 	waitSealed(t, e, start)
-	waitFor(t, "partition 10 moved", func() bool { return e.Stats().ColdPartitions > 0 })
+	waitFor(t, "partition 10 moved", func() bool { return e.Stats().Store.ColdPartitions > 0 })
 	at(90*time.Minute - time.Nanosecond)
 	lookup(e, "short", "s-early", engine.Duplicate)
 	reopen()
@@ -849,12 +849,12 @@ func TestMovesForgetRightAfterCrashInMove(t *testing.T) {
 		_ = e.Close()
 		setFS(&o, crashed)
 		e = open(t, o)
-		moved := e.Stats().ColdPartitions
+		moved := e.Stats().Store.ColdPartitions
 		info, err := e.Forget(ctx, keys[3])
 		if err != nil || info.Outcome != engine.Duplicate {
 			t.Fatalf("round %d: Forget: %v %v", round, info.Outcome, err)
 		}
-		waitFor(t, "the interrupted move to complete", func() bool { return e.Stats().ColdPartitions > 0 })
+		waitFor(t, "the interrupted move to complete", func() bool { return e.Stats().Store.ColdPartitions > 0 })
 		after, err := e.Lookup(ctx, keys[3])
 		if err != nil {
 			t.Fatal(err)
@@ -904,13 +904,13 @@ func TestMovesColdDirectoryIsNotAStore(t *testing.T) {
 	clock := o.Clock.(*fakeClock)
 	sealedAt := clock.Now()
 	time.Sleep(100 * time.Millisecond) // the moves Open woke the mover for
-	base := e.Stats().ColdPartitions
+	base := e.Stats().Store.ColdPartitions
 	clock.Add(time.Hour)
 	if err := e.MarkBatch(ctx, [][]byte{[]byte("tick")}, nil, make([]engine.Outcome, 1)); err != nil {
 		t.Fatal(err)
 	}
 	waitSealed(t, e, sealedAt)
-	waitFor(t, "the partition moved", func() bool { return e.Stats().ColdPartitions > base })
+	waitFor(t, "the partition moved", func() bool { return e.Stats().Store.ColdPartitions > base })
 	// Reopen without saved filters (as after a crash that left none, and
 	// with the restore off): the moved partition is scanned from the cold
 	// database.

@@ -42,7 +42,7 @@ func sealedEngine(t *testing.T, fs vfs.FS, clock *fakeClock, hours, perHour int)
 		}
 	}
 	waitSealed(t, e, clock.Now().Add(-time.Hour))
-	if n, want := e.Stats().BloomSealed, uint64(min(hours-1, 4)); n != want { // 4: the window's closed partitions
+	if n, want := e.Stats().Bloom.Sealed, uint64(min(hours-1, 4)); n != want { // 4: the window's closed partitions
 		t.Fatalf("%d partitions sealed, want %d", n, want)
 	}
 	return e, o, all
@@ -79,7 +79,7 @@ func holdDurable(t *testing.T) (held <-chan struct{}, free func()) {
 // sealed reports whether the partition of at is sealed, as Stats lists
 // it (false while a sealing pass runs).
 func sealed(e *engine.Engine, at time.Time) bool {
-	for _, p := range e.Stats().BloomPartitions {
+	for _, p := range e.Stats().Bloom.Partitions {
 		if !p.Start.After(at) && at.Sub(p.Start) < time.Hour {
 			return p.Sealed
 		}
@@ -95,7 +95,7 @@ func waitSealed(t *testing.T, e *engine.Engine, at ...time.Time) {
 	for _, a := range at {
 		for !sealed(e, a) {
 			if time.Now().After(deadline) {
-				t.Fatalf("partition of %v not sealed (%d sealed)", a, e.Stats().BloomSealed)
+				t.Fatalf("partition of %v not sealed (%d sealed)", a, e.Stats().Bloom.Sealed)
 			}
 			time.Sleep(time.Millisecond)
 		}
@@ -159,8 +159,8 @@ func TestCrashRebuildsOnlyTheOpenPartition(t *testing.T) {
 	setFS(&o, crashed)
 	e = open(t, o)
 	defer e.Close()
-	if s := e.Stats(); s.BloomSealedLoaded != closed || s.BloomMode != "rebuilding" {
-		t.Fatalf("after the crash: %d sealed filters loaded, mode %s; want %d, rebuilding", s.BloomSealedLoaded, s.BloomMode, closed)
+	if s := e.Stats(); s.Bloom.SealedLoaded != closed || s.Bloom.Mode != "rebuilding" {
+		t.Fatalf("after the crash: %d sealed filters loaded, mode %s; want %d, rebuilding", s.Bloom.SealedLoaded, s.Bloom.Mode, closed)
 	}
 	// Before the rebuild has read anything: the open partition's keys are
 	// in no filter yet, and must still be found, as must the sealed ones.
@@ -177,7 +177,7 @@ func TestCrashRebuildsOnlyTheOpenPartition(t *testing.T) {
 	}
 	close(gate)
 	allDuplicates(t, e, keys)
-	if got := e.Stats().BloomRebuiltKeys; got != perHour {
+	if got := e.Stats().Bloom.RebuiltKeys; got != perHour {
 		t.Fatalf("rebuilt %d keys from Pebble, want %d (the open partition's)", got, perHour)
 	}
 	if o, err := e.MarkIfAbsent(context.Background(), []byte("brand-new")); err != nil || o != engine.New {
@@ -226,7 +226,7 @@ func TestSealWaitsForWritesInFlight(t *testing.T) {
 	setFS(&o, crashed)
 	e = open(t, o)
 	defer e.Close()
-	if n := e.Stats().BloomSealedLoaded; n != 1 {
+	if n := e.Stats().Bloom.SealedLoaded; n != 1 {
 		t.Fatalf("%d sealed filters loaded, want 1 (hour 0)", n)
 	}
 	allDuplicates(t, e, [][]byte{late})
@@ -296,11 +296,11 @@ func TestSealedFilesThatMustNotBeTrusted(t *testing.T) {
 			defer e.Close()
 			allDuplicates(t, e, keys)
 			s := e.Stats()
-			if s.BloomSealedLoaded != tc.loaded {
-				t.Fatalf("%d sealed filters loaded, want %d", s.BloomSealedLoaded, tc.loaded)
+			if s.Bloom.SealedLoaded != tc.loaded {
+				t.Fatalf("%d sealed filters loaded, want %d", s.Bloom.SealedLoaded, tc.loaded)
 			}
-			if want := uint64(perHour * tc.rebuilt); s.BloomRebuiltKeys != want {
-				t.Fatalf("rebuilt %d keys, want %d", s.BloomRebuiltKeys, want)
+			if want := uint64(perHour * tc.rebuilt); s.Bloom.RebuiltKeys != want {
+				t.Fatalf("rebuilt %d keys, want %d", s.Bloom.RebuiltKeys, want)
 			}
 			// Every partition rebuilt is sealed again once warm, and no
 			// file nothing vouches for is left.
@@ -415,7 +415,7 @@ func TestDamagedSealedFileIsRewritten(t *testing.T) {
 	}
 	rewrite(t, mem, hourFile(1), func(b []byte) { b[len(b)/2] ^= 1 })
 	e = open(t, o) // warm from the clean snapshot
-	if e.Stats().BloomMode != "warm" {
+	if e.Stats().Bloom.Mode != "warm" {
 		t.Fatal("not warm after a clean Close")
 	}
 	waitSealed(t, e, clock.Now().Add(-2*time.Hour)) // hour 1 written again
@@ -425,7 +425,7 @@ func TestDamagedSealedFileIsRewritten(t *testing.T) {
 	e = open(t, o)
 	defer e.Close()
 	allDuplicates(t, e, keys)
-	if s := e.Stats(); s.BloomSealedLoaded != closed {
-		t.Fatalf("after the crash: %d sealed filters loaded, want %d (rebuilt %d keys)", s.BloomSealedLoaded, closed, s.BloomRebuiltKeys)
+	if s := e.Stats(); s.Bloom.SealedLoaded != closed {
+		t.Fatalf("after the crash: %d sealed filters loaded, want %d (rebuilt %d keys)", s.Bloom.SealedLoaded, closed, s.Bloom.RebuiltKeys)
 	}
 }
