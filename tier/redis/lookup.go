@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -135,7 +134,7 @@ const forgottenMS = 10 * 60 * 1000
 
 // forgottenKey is the forgotten set, Prefix ‖ NUL ‖ 0xFF ‖ "forgotten": a
 // sorted set of the tokens of commits Forget removed in the last
-// forgottenMS, scored by when (ms, the forgetting process's clock).
+// forgottenMS, scored by when (ms, the server's clock).
 func (s *Store) forgottenKey() string { return s.prefix + "\x00\xffforgotten" }
 
 // forgottenInScript is the forgotten set's name for the claim script, or
@@ -149,28 +148,36 @@ func (s *Store) forgottenInScript() string {
 	return s.forgottenKey()
 }
 
+// recordForgottenScript adds the tokens ARGV[2..] to the forgotten set
+// KEYS[1], scored by the server's clock (ms), drops the entries older than
+// ARGV[1] ms, and keeps the set that long after its last change. The
+// server's clock, not the forgetting process's: a process whose clock
+// lags would otherwise score its entries as old, and the next Forget of
+// any process would trim them at once.
+var recordForgottenScript = goredis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for i = 2, #ARGV do redis.call('ZADD', KEYS[1], now, ARGV[i]) end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[1]))
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1`)
+
 // recordForgotten adds to the forgotten set the token of each commit
 // among raw (the values Forget read and is about to remove) before any is
 // removed, so no mark can find its commit gone without a trace of it. A
 // token recorded whose commit then stays (the value changed since the
 // read) names a mark that did commit: the trace says nothing false.
 func (s *Store) recordForgotten(ctx context.Context, raw map[*Request]string) error {
-	var members []goredis.Z
-	now := time.Now().UnixMilli()
+	args := []any{forgottenMS}
 	for _, v := range raw {
 		if len(v) >= 17 && v[0] == commitTag {
-			members = append(members, goredis.Z{Score: float64(now), Member: v[1:17]})
+			args = append(args, v[1:17])
 		}
 	}
-	if len(members) == 0 {
+	if len(args) == 1 {
 		return nil
 	}
-	pipe := s.c.Pipeline()
-	key := s.forgottenKey()
-	pipe.ZAdd(ctx, key, members...)
-	pipe.ZRemRangeByScore(ctx, key, "-inf", strconv.FormatInt(now-forgottenMS, 10))
-	pipe.PExpire(ctx, key, forgottenMS*time.Millisecond)
-	if err := s.exec(ctx, pipe); err != nil {
+	if err := recordForgottenScript.Run(ctx, s.c, []string{s.forgottenKey()}, args...).Err(); err != nil {
 		return fmt.Errorf("%w: recording the forgotten commits: %w", ErrUnavailable, err)
 	}
 	return nil
