@@ -47,6 +47,31 @@ func (h *afterSetHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) gor
 	}
 }
 
+// settleEngines opens n engines on one prefix of a server of their own
+// (NoSharedCache, for Forget); the first's client carries the returned
+// hook and never resends a command itself.
+func settleEngines(t *testing.T, n int) (*afterSetHook, []*engine.Engine) {
+	srv := redistest.Start(t)
+	prefix := fmt.Sprintf("settle-%d:", time.Now().UnixNano())
+	h := &afterSetHook{}
+	es := make([]*engine.Engine, n)
+	for i := range es {
+		c := srv.Client(t)
+		if i == 0 {
+			c = srv.ClientWith(t, &goredis.Options{MaxRetries: -1})
+			c.AddHook(h)
+		}
+		e, err := engine.Open(&engine.Options{Window: time.Hour, Partition: 10 * time.Minute, Lease: time.Minute, NoSharedCache: true, Logger: quietEngine,
+			Backend: redis.NewBackend(c, redis.Config{Prefix: prefix})})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = e.Close() })
+		es[i] = e
+	}
+	return h, es
+}
+
 func (h *afterSetHook) arm(fn func()) {
 	h.mu.Lock()
 	h.armed, h.fn = true, fn
@@ -60,23 +85,8 @@ func (h *afterSetHook) arm(fn func()) {
 // batch must answer k0 New (its commit came first), its repeat Conflict,
 // k1 New, k2 New; c's commit of k0 and k2 stays, k1 is free.
 func TestMarkSettlesForgetsBetween(t *testing.T) {
-	srv := redistest.Start(t)
-	prefix := fmt.Sprintf("brkf-%d:", time.Now().UnixNano())
-	o := engine.Options{Window: time.Hour, Partition: 10 * time.Minute, Lease: time.Minute, NoSharedCache: true, Logger: quietEngine}
-	h := &afterSetHook{}
-	ca := srv.ClientWith(t, &goredis.Options{MaxRetries: -1})
-	ca.AddHook(h)
-	openE := func(c goredis.UniversalClient) *engine.Engine {
-		oo := o
-		oo.Backend = redis.NewBackend(c, redis.Config{Prefix: prefix})
-		e, err := engine.Open(&oo)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = e.Close() })
-		return e
-	}
-	a, b, c := openE(ca), openE(srv.Client(t)), openE(srv.Client(t))
+	h, es := settleEngines(t, 3)
+	a, b, c := es[0], es[1], es[2]
 	ctx := context.Background()
 	k0, k1, k2 := []byte("k0"), []byte("k1"), []byte("k2")
 	var cNew0, cNew2 engine.Outcome
@@ -140,23 +150,8 @@ func TestMarkSettlesForgetsBetween(t *testing.T) {
 // whatever it left must not make the key Duplicate for the message's
 // redelivery (to a or to b), since nobody was told New.
 func TestMarkDeadlineBeforeSettle(t *testing.T) {
-	srv := redistest.Start(t)
-	prefix := fmt.Sprintf("brkd-%d:", time.Now().UnixNano())
-	o := engine.Options{Window: time.Hour, Partition: 10 * time.Minute, Lease: time.Minute, NoSharedCache: true, Logger: quietEngine}
-	h := &afterSetHook{}
-	ca := srv.ClientWith(t, &goredis.Options{MaxRetries: -1})
-	ca.AddHook(h)
-	openE := func(c goredis.UniversalClient) *engine.Engine {
-		oo := o
-		oo.Backend = redis.NewBackend(c, redis.Config{Prefix: prefix})
-		e, err := engine.Open(&oo)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = e.Close() })
-		return e
-	}
-	a, b := openE(ca), openE(srv.Client(t))
+	h, es := settleEngines(t, 2)
+	a, b := es[0], es[1]
 	for _, who := range []string{"b", "a"} {
 		key := []byte("deadline-" + who)
 		h.arm(func() { time.Sleep(150 * time.Millisecond) })
