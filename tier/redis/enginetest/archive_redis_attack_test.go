@@ -138,6 +138,7 @@ func ra2MustNew(t *testing.T, e *engine.Engine, ns *engine.Namespace, key string
 // and DoResult alike; the others are New; the namespace's archive window
 // ends on time; Stats count exactly the archived commits.
 func TestRArchAttackCommitPaths(t *testing.T) {
+	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	prefix := fmt.Sprintf("paths-%d:", time.Now().UnixNano())
@@ -359,6 +360,7 @@ func TestRArchAttackCommitPaths(t *testing.T) {
 // back without counting attempts: never Poison). A released key and a
 // poisoned one, never committed, are never Duplicate.
 func TestRArchAttackMaxAttempts(t *testing.T) {
+	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	prefix := fmt.Sprintf("attempts-%d:", time.Now().UnixNano())
@@ -438,6 +440,7 @@ func TestRArchAttackMaxAttempts(t *testing.T) {
 // is free it drains, and everything is Duplicate from the archive. A
 // third engine opened afterwards answers from the archive at once.
 func TestRArchAttackRestartUndrained(t *testing.T) {
+	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	prefix := fmt.Sprintf("undrained-%d:", time.Now().UnixNano())
@@ -522,6 +525,7 @@ func TestRArchAttackRestartUndrained(t *testing.T) {
 // engine) a new commit of it with another result: once Redis let the new
 // commit go, the archive answers it, with the new result and time.
 func TestRArchAttackForgetRecommitAfterClose(t *testing.T) {
+	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	prefix := fmt.Sprintf("recommit-%d:", time.Now().UnixNano())
@@ -643,6 +647,7 @@ func (g *gatedDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 // key must still be Duplicate, from the archive. The Forget answers what
 // the key held: Duplicate.
 func TestRArchAttackForgetRacesRecommit(t *testing.T) {
+	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	prefix := fmt.Sprintf("forgetrace-%d:", time.Now().UnixNano())
@@ -715,6 +720,7 @@ func TestRArchAttackForgetRacesRecommit(t *testing.T) {
 // window: a key committed 13 s ago, inside its 20 s, must be Duplicate,
 // not New because the old drainer expired the archive at its 8 s.
 func TestRArchAttackMixedArchiveWindows(t *testing.T) {
+	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	prefix := fmt.Sprintf("mixed-%d:", time.Now().UnixNano())
@@ -772,6 +778,7 @@ func TestRArchAttackMixedArchiveWindows(t *testing.T) {
 // refused (ErrLayout, as the embedded store refuses a lost or replaced
 // archive) or fail its calls, never answer New for them.
 func TestRArchAttackReplacedArchive(t *testing.T) {
+	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	prefix := fmt.Sprintf("replaced-%d:", time.Now().UnixNano())
@@ -810,6 +817,7 @@ func TestRArchAttackReplacedArchive(t *testing.T) {
 // the archive and given back, must not answer InFlight: nobody processes
 // the key.)
 func TestRArchAttackConcurrentClaimsOfArchived(t *testing.T) {
+	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	prefix := fmt.Sprintf("racing-%d:", time.Now().UnixNano())
@@ -869,6 +877,7 @@ func TestRArchAttackConcurrentClaimsOfArchived(t *testing.T) {
 // archive nothing expires in this test, so once partitions are sealed
 // every engine's Held is at least the number the drainer sealed.
 func TestRArchAttackStatsHeld(t *testing.T) {
+	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	prefix := fmt.Sprintf("held-%d:", time.Now().UnixNano())
@@ -909,6 +918,7 @@ func TestRArchAttackStatsHeld(t *testing.T) {
 // read made after Redis appended the removal would find nothing and
 // answer New for a key that was Duplicate.
 func TestRArchForgetAnswersWhatItHeld(t *testing.T) {
+	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	prefix := fmt.Sprintf("forgetread-%d:", time.Now().UnixNano())
