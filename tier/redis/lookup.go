@@ -167,18 +167,20 @@ return 1`)
 // removed, so no mark can find its commit gone without a trace of it. A
 // token recorded whose commit then stays (the value changed since the
 // read) names a mark that did commit: the trace says nothing false.
+// The tokens go chunkKeys at a time: a call's arguments stay small
+// whatever the batch.
 func (s *Store) recordForgotten(ctx context.Context, raw map[*Request]string) error {
-	args := []any{forgottenMS}
+	var tokens []any
 	for _, v := range raw {
 		if len(v) >= 17 && v[0] == commitTag {
-			args = append(args, v[1:17])
+			tokens = append(tokens, v[1:17])
 		}
 	}
-	if len(args) == 1 {
-		return nil
-	}
-	if err := recordForgottenScript.Run(ctx, s.c, []string{s.forgottenKey()}, args...).Err(); err != nil {
-		return fmt.Errorf("%w: recording the forgotten commits: %w", ErrUnavailable, err)
+	for lo := 0; lo < len(tokens); lo += chunkKeys {
+		args := append([]any{forgottenMS}, tokens[lo:min(lo+chunkKeys, len(tokens))]...)
+		if err := recordForgottenScript.Run(ctx, s.c, []string{s.forgottenKey()}, args...).Err(); err != nil {
+			return fmt.Errorf("%w: recording the forgotten commits: %w", ErrUnavailable, err)
+		}
 	}
 	return nil
 }
