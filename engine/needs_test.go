@@ -59,7 +59,8 @@ var needCalls = map[engine.Need]func(ctx context.Context, e *engine.Engine) erro
 // configurations whose call of it is refused, and the call refuses with
 // the same error; Open with every need a configuration serves succeeds.
 // Anchors: bloom-only serves no Lookup, memory-only no tokens, the
-// embedded default everything, Redis Forget only with NoSharedCache.
+// embedded default everything, Redis Forget only with NoSharedCache;
+// Redis with FailOpen and PostgreSQL as the calls decide.
 func TestNeedsRefusedAtOpen(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
@@ -85,6 +86,13 @@ func TestNeedsRefusedAtOpen(t *testing.T) {
 		{"redis", func(t *testing.T) engine.Options {
 			return engine.Options{Backend: redisBackend(srv.Client(t), fmt.Sprintf("needs-%d:", time.Now().UnixNano()))}
 		}, engine.NeedAdvance | engine.NeedTokens | engine.NeedExtend, engine.NeedForget | engine.NeedWrites | engine.NeedHandoff},
+		{"redis-failopen", func(t *testing.T) engine.Options {
+			return engine.Options{Backend: redisBackend(srv.Client(t), fmt.Sprintf("needs-f-%d:", time.Now().UnixNano())), FailOpen: true, NoSharedCache: true}
+		}, engine.NeedForget | engine.NeedTokens | engine.NeedExtend, engine.NeedWrites | engine.NeedHandoff},
+		{"postgres", func(t *testing.T) engine.Options {
+			pool := postgresPool(t)
+			return engine.Options{Backend: pgBackend(pool, pgTable(t, pool, "needs")), NoSharedCache: true}
+		}, engine.NeedForget | engine.NeedTokens | engine.NeedResults, engine.NeedWrites | engine.NeedHandoff},
 		{"redis-uncached", func(t *testing.T) engine.Options {
 			return engine.Options{Backend: redisBackend(srv.Client(t), fmt.Sprintf("needs-u-%d:", time.Now().UnixNano())), NoSharedCache: true}
 		}, engine.NeedForget, 0},
