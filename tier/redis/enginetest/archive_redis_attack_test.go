@@ -138,7 +138,6 @@ func ra2MustNew(t *testing.T, e *engine.Engine, ns *engine.Namespace, key string
 // and DoResult alike; the others are New; the namespace's archive window
 // ends on time; Stats count exactly the archived commits.
 func TestRArchAttackCommitPaths(t *testing.T) {
-	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	prefix := fmt.Sprintf("paths-%d:", time.Now().UnixNano())
@@ -360,7 +359,6 @@ func TestRArchAttackCommitPaths(t *testing.T) {
 // back without counting attempts: never Poison). A released key and a
 // poisoned one, never committed, are never Duplicate.
 func TestRArchAttackMaxAttempts(t *testing.T) {
-	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	prefix := fmt.Sprintf("attempts-%d:", time.Now().UnixNano())
@@ -440,7 +438,6 @@ func TestRArchAttackMaxAttempts(t *testing.T) {
 // is free it drains, and everything is Duplicate from the archive. A
 // third engine opened afterwards answers from the archive at once.
 func TestRArchAttackRestartUndrained(t *testing.T) {
-	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	prefix := fmt.Sprintf("undrained-%d:", time.Now().UnixNano())
@@ -525,7 +522,6 @@ func TestRArchAttackRestartUndrained(t *testing.T) {
 // engine) a new commit of it with another result: once Redis let the new
 // commit go, the archive answers it, with the new result and time.
 func TestRArchAttackForgetRecommitAfterClose(t *testing.T) {
-	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	prefix := fmt.Sprintf("recommit-%d:", time.Now().UnixNano())
@@ -647,7 +643,6 @@ func (g *gatedDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 // key must still be Duplicate, from the archive. The Forget answers what
 // the key held: Duplicate.
 func TestRArchAttackForgetRacesRecommit(t *testing.T) {
-	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	prefix := fmt.Sprintf("forgetrace-%d:", time.Now().UnixNano())
@@ -720,7 +715,6 @@ func TestRArchAttackForgetRacesRecommit(t *testing.T) {
 // window: a key committed 13 s ago, inside its 20 s, must be Duplicate,
 // not New because the old drainer expired the archive at its 8 s.
 func TestRArchAttackMixedArchiveWindows(t *testing.T) {
-	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	prefix := fmt.Sprintf("mixed-%d:", time.Now().UnixNano())
@@ -778,7 +772,6 @@ func TestRArchAttackMixedArchiveWindows(t *testing.T) {
 // refused (ErrLayout, as the embedded store refuses a lost or replaced
 // archive) or fail its calls, never answer New for them.
 func TestRArchAttackReplacedArchive(t *testing.T) {
-	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	prefix := fmt.Sprintf("replaced-%d:", time.Now().UnixNano())
@@ -817,7 +810,6 @@ func TestRArchAttackReplacedArchive(t *testing.T) {
 // the archive and given back, must not answer InFlight: nobody processes
 // the key.)
 func TestRArchAttackConcurrentClaimsOfArchived(t *testing.T) {
-	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	prefix := fmt.Sprintf("racing-%d:", time.Now().UnixNano())
@@ -877,7 +869,6 @@ func TestRArchAttackConcurrentClaimsOfArchived(t *testing.T) {
 // archive nothing expires in this test, so once partitions are sealed
 // every engine's Held is at least the number the drainer sealed.
 func TestRArchAttackStatsHeld(t *testing.T) {
-	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	prefix := fmt.Sprintf("held-%d:", time.Now().UnixNano())
@@ -918,7 +909,6 @@ func TestRArchAttackStatsHeld(t *testing.T) {
 // read made after Redis appended the removal would find nothing and
 // answer New for a key that was Duplicate.
 func TestRArchForgetAnswersWhatItHeld(t *testing.T) {
-	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	prefix := fmt.Sprintf("forgetread-%d:", time.Now().UnixNano())

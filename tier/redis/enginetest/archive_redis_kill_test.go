@@ -105,7 +105,6 @@ func redisArchiveChild(spec string) int {
 // let most of them go) or at the end, when every acknowledged key is
 // answered by the archive.
 func TestKillWhileArchivingRedis(t *testing.T) {
-	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	db := postgresPool(t)
 	arch := redisArchive(t)

@@ -80,7 +80,6 @@ func waitFromArchive(t *testing.T, e *engine.Engine, keys [][]byte, within time.
 // found them in the archive are given back, new keys stay New, a Forget
 // on one reaches the archive for the other, and the log drains to empty.
 func TestArchiveBehindRedis(t *testing.T) {
-	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	prefix := fmt.Sprintf("arch-%d:", time.Now().UnixNano())
@@ -188,7 +187,6 @@ func redisKeyOf(prefix, ns string, key []byte) string {
 // TestArchiveBehindRedisRefused: what an archive behind a shared tier
 // cannot keep is refused at Open, each with ErrOptions (or ErrLayout).
 func TestArchiveBehindRedisRefused(t *testing.T) {
-	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	arch := redisArchive(t)
@@ -317,7 +315,6 @@ func TestArchiveBehindRedisLags(t *testing.T) {
 // recorded position behind the log's trimmed one) is refused at Open
 // with ErrLayout, not read as if whole.
 func TestArchiveBehindRedisOlderArchive(t *testing.T) {
-	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	prefix := fmt.Sprintf("older-%d:", time.Now().UnixNano())

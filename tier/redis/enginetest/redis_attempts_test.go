@@ -16,7 +16,6 @@ import (
 // the next claim must be the Duplicate Redis holds, never Poison from a
 // count kept in this process (Redis alone counts attempts).
 func TestRedisCommittedKeyIsNotPoison(t *testing.T) {
-	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	clock := newClock()
@@ -65,7 +64,6 @@ func TestRedisCommittedKeyIsNotPoison(t *testing.T) {
 // attempt (its own call failed, not a handler), so the retry is New, not
 // Poison.
 func TestRedisLostMarkRetryIsNew(t *testing.T) {
-	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	clock := &hookClock{Clock: newClock()}
@@ -85,7 +83,6 @@ func TestRedisLostMarkRetryIsNew(t *testing.T) {
 // another process committed the key, this process must answer Duplicate,
 // not Poison from a count of its own.
 func TestRedisPoisonLastsAsLongAsRedisCount(t *testing.T) {
-	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	prefix := fmt.Sprintf("r2c-%d:", time.Now().UnixNano())
@@ -112,7 +109,6 @@ func TestRedisPoisonLastsAsLongAsRedisCount(t *testing.T) {
 // given back, undoing the commit Redis applied, so the broker's redelivery
 // to another consumer process is New: someone processes the message.
 func TestRedisLostMarkOtherProcess(t *testing.T) {
-	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	clock := &hookClock{Clock: newClock()}
@@ -134,7 +130,6 @@ func TestRedisLostMarkOtherProcess(t *testing.T) {
 // left holding an attempt count must still be claimable: the plain claim
 // hands such values to the counting script.
 func TestRedisMaxAttemptsChangeKeepsKeysUsable(t *testing.T) {
-	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	ctx := context.Background()

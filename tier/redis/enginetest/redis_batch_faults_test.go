@@ -122,7 +122,6 @@ type mmredisCfg struct {
 // occurrence, every New key is a Duplicate for every other engine after
 // its commit, and ForgetBatch frees them all.
 func TestRedisEngineShapes(t *testing.T) {
-	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	single := srv.Client(t)
 	cfgs := []mmredisCfg{
@@ -358,7 +357,6 @@ func settled(t *testing.T, ctx context.Context, err error, other *engine.Engine,
 // acknowledged before stay Duplicate, and the retry of the mark answers
 // New for each fresh key exactly once.
 func TestRedisFailedMarkGivesBack(t *testing.T) {
-	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	plain := srv.Client(t)
@@ -483,7 +481,6 @@ func TestRedisFailedMarkGivesBack(t *testing.T) {
 // acknowledged New is a Duplicate for a fresh engine, and once the lease
 // has passed no key the failed calls touched is InFlight.
 func TestRedisKillMidBatch(t *testing.T) {
-	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	for _, max := range []int{0, 3} {
 		t.Run(fmt.Sprint("max=", max), func(t *testing.T) {
 			srv := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
@@ -647,7 +644,6 @@ func TestRedisPausedMark(t *testing.T) {
 // MarkBatch acknowledged answer Duplicate from the archive), the given
 // back keys are New for another engine, not Duplicate from the archive.
 func TestRedisArchiveGiveBack(t *testing.T) {
-	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	srv := redistest.Start(t)
 	plain := srv.Client(t)
 	ctx := context.Background()
@@ -793,7 +789,6 @@ func mmstartProxy(t *testing.T, target string) *mmproxy {
 // new message"), as a retried claim is its own (TestRetriedClaimIsOwnClaim);
 // a Duplicate here is a message no one processes.
 func TestRedisMarkReplyLostRetried(t *testing.T) {
-	t.Parallel() // its own servers and prefixes; most of its time is waiting
 	for _, tc := range []struct {
 		name  string
 		max   int
