@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 
+	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/memory"
 )
@@ -17,6 +18,12 @@ func (e *Engine) decideAll(d decision, b *batch, ns *Namespace, out []Claim, c *
 		}
 		if err := e.decide(d, j, &out[b.cand[j]], a, b.reqs[q].Token, b.res[b.cand[j]].Attempts, b.marks[j], ns, c, now, p, proves); err != nil {
 			return err
+		}
+		if a.Unsettled {
+			// The mark's first message may still commit the key later: the
+			// key's next call adopts that commit (tier.Answer.Unsettled).
+			cl := &out[b.cand[j]]
+			e.retries.remember([]shard.Fingerprint{cl.fp}, []uint64{cl.firstToken()}, []int64{now + e.window}, nil, []bool{true}, now)
 		}
 	}
 	return nil

@@ -65,6 +65,7 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 		return err
 	}
 	ans := b.ans[:len(reqs)]
+	clear(ans) // a tier may set only some fields
 	c.storeReads += uint64(len(reqs))
 	var err error
 	if p == forMarkInTier {

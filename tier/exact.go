@@ -156,6 +156,14 @@ type Answer struct {
 	// and is the caller's (a copy, never the tier's buffer).
 	Result []byte
 	At     int64
+	// Unsettled reports a mark (Marker, ClaimsInStore) whose first
+	// message's reply was lost and whose settling found the key held or
+	// committed by another call (Held, or Committed with another token):
+	// the first message may still reach the tier late and commit the key
+	// with Token once it is free. The engine remembers Token for the key,
+	// so that its next call sends it as Request.Earlier and adopts such a
+	// commit instead of answering Duplicate.
+	Unsettled bool
 }
 
 // Write is a caller's own record, written with commits by a tier that

@@ -164,6 +164,12 @@ func (s *Store) claimNX(ctx context.Context, reqs []Request, lease time.Duration
 	}
 	for j, i := range later {
 		out[i] = subOut[j]
+		if lost[i] {
+			// The SET may still reach the server (a late segment) and
+			// commit the key once the other call frees it (Answer.Unsettled).
+			a := &out[i]
+			a.Unsettled = a.Status == tier.Held || a.Status == tier.Committed && a.Token != reqs[i].Token
+		}
 	}
 	return nil
 }

@@ -17,11 +17,15 @@ import (
 
 // afterSetHook applies the first pipeline starting with a SET (a mark's
 // SET NX), runs fn, then loses the pipeline's replies: the store settles
-// the marks through the claim script after fn's calls.
+// the marks through the claim script after fn's calls. With hold it
+// sends nothing and keeps the commands in held instead: their messages
+// reach the server late, when the test sends them (lateSETs).
 type afterSetHook struct {
 	mu    sync.Mutex
 	armed bool
 	fn    func()
+	hold  bool
+	held  [][]any
 }
 
 func (h *afterSetHook) DialHook(next goredis.DialHook) goredis.DialHook          { return next }
@@ -38,7 +42,15 @@ func (h *afterSetHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) gor
 		if !fire {
 			return next(ctx, cmds)
 		}
-		_ = next(ctx, cmds)
+		if h.hold {
+			h.mu.Lock()
+			for _, c := range cmds {
+				h.held = append(h.held, c.Args())
+			}
+			h.mu.Unlock()
+		} else {
+			_ = next(ctx, cmds)
+		}
 		fn()
 		for _, c := range cmds {
 			c.SetErr(errLost)
@@ -51,6 +63,12 @@ func (h *afterSetHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) gor
 // (NoSharedCache, for Forget); the first's client carries the returned
 // hook and never resends a command itself.
 func settleEngines(t *testing.T, n int) (*afterSetHook, []*engine.Engine) {
+	_, h, es := settleServer(t, n)
+	return h, es
+}
+
+// settleServer is settleEngines, with their server.
+func settleServer(t *testing.T, n int) (*redistest.Server, *afterSetHook, []*engine.Engine) {
 	srv := redistest.Start(t)
 	prefix := fmt.Sprintf("settle-%d:", time.Now().UnixNano())
 	h := &afterSetHook{}
@@ -69,7 +87,7 @@ func settleEngines(t *testing.T, n int) (*afterSetHook, []*engine.Engine) {
 		t.Cleanup(func() { _ = e.Close() })
 		es[i] = e
 	}
-	return h, es
+	return srv, h, es
 }
 
 func (h *afterSetHook) arm(fn func()) {

@@ -186,8 +186,8 @@ func TestMarkSettlesAfterAForget(t *testing.T) {
 	if got := settle(cr); got.Status != tier.Acquired {
 		t.Fatalf("(c) settled %v, want Acquired", got.Status)
 	}
-	if v := value("c"); v != "" {
-		t.Fatalf("(c) the key holds %q, want it free: the Forget removed the mark's commit", v)
+	if v := value("c"); v != "" && v[0] != 'X' {
+		t.Fatalf("(c) the key holds %q, want it free (or the release's fence): the Forget removed the mark's commit", v)
 	}
 
 	// Not forgotten: its own commit, or (never applied) marked now.
@@ -246,5 +246,83 @@ func TestMarkIsSentOnce(t *testing.T) {
 	v, err := admin.Get(ctx, s.Key("", r.Key)).Result()
 	if err != nil || v != string(append([]byte{'D'}, r.Token[:]...)) {
 		t.Fatalf("the key holds %q (%v), want the mark's commit", v, err)
+	}
+}
+
+// TestLateCopiesOfAnEndedCall: a copy of a call's message that reaches
+// the server after the call ended (released, given back) must take
+// nothing: (a) a copy of a mark's settling script after the mark was
+// given back (Unmark) must not mark the key again; (b) a copy of a
+// claim after its release must not hold the key; (c) a give-back over
+// another call's fence keeps that fence (its content is the other call's)
+// at least as long as its own would last, so the mark's SET NX arriving
+// later finds the key taken.
+func TestLateCopiesOfAnEndedCall(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	s := newStore(t, c, redis.Options{Prefix: fmt.Sprintf("late-%d:", time.Now().UnixNano())})
+	look := func(r redis.Request) tier.Status {
+		t.Helper()
+		out := make([]redis.Result, 1)
+		if err := s.Lookup(ctx, []redis.Request{r}, out); err != nil {
+			t.Fatal(err)
+		}
+		return out[0].Status
+	}
+	unmark := func(r redis.Request, fence time.Duration) tier.Status {
+		t.Helper()
+		out := make([]redis.Status, 1)
+		if err := s.Unmark(ctx, []redis.Request{r}, fence, out); err != nil {
+			t.Fatal(err)
+		}
+		return out[0]
+	}
+	// (a)
+	a := req("a", tok(1))
+	out := make([]redis.Result, 1)
+	if err := s.Mark(ctx, []redis.Request{a}, out); err != nil || out[0].Status != tier.Acquired {
+		t.Fatalf("(a) mark: %v %v", out[0].Status, err)
+	}
+	if st := unmark(a, time.Minute); st != tier.OK {
+		t.Fatalf("(a) unmark: %v", st)
+	}
+	if err := s.SettleMarks(ctx, []redis.Request{a}, out); err != nil {
+		t.Fatal(err)
+	}
+	if st := look(a); st != tier.Absent {
+		t.Fatalf("(a) after a late copy of the given-back mark's settling script: %v, want Absent", st)
+	}
+	// (b)
+	b := req("b", tok(2))
+	if got := claim(t, s, b, time.Minute); got.Status != tier.Acquired {
+		t.Fatal(got.Status)
+	}
+	st := make([]redis.Status, 1)
+	if err := s.Release(ctx, 0, []redis.Request{b}, false, st); err != nil || st[0] != tier.OK {
+		t.Fatalf("(b) release: %v %v", st[0], err)
+	}
+	claim(t, s, b, time.Minute) // the late copy
+	if got := claim(t, s, req("b", tok(3)), time.Minute); got.Status != tier.Acquired {
+		t.Fatalf("(b) another claim after a late copy of the released claim: %v, want Acquired", got.Status)
+	}
+	// (c)
+	other, late := req("c", tok(4)), req("c", tok(5))
+	if got := claim(t, s, other, time.Minute); got.Status != tier.Acquired {
+		t.Fatal(got.Status)
+	}
+	if err := s.Release(ctx, 0, []redis.Request{other}, false, st); err != nil || st[0] != tier.OK {
+		t.Fatalf("(c) release: %v %v", st[0], err)
+	}
+	key := s.Key("", late.Key)
+	before, _ := c.Get(ctx, key).Result()
+	unmark(late, 5*time.Minute)
+	after, _ := c.Get(ctx, key).Result()
+	if ttl, err := c.PTTL(ctx, key).Result(); err != nil || ttl < 4*time.Minute || after != before {
+		t.Fatalf("(c) a give-back over another call's fence: %q (was %q), TTL %v, %v; want it kept, for the give-back's 5m", after, before, ttl, err)
+	}
+	value := string(append([]byte{'D'}, late.Token[:]...))
+	if err := c.SetArgs(ctx, key, value, goredis.SetArgs{Mode: "NX", TTL: time.Hour}).Err(); err != goredis.Nil {
+		t.Fatalf("(c) the late mark's SET NX: %v, want refused", err)
 	}
 }

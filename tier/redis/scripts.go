@@ -16,7 +16,9 @@ package redis
 // its own token's commit that a Forget removed since (the fence the
 // Forget left, or ARGV[8], the forgotten set, when not empty): a copy of
 // the mark applied before the Forget, so the mark answers acquired ('A0')
-// and writes nothing (see markOnce).
+// and writes nothing (see markOnce). A key holding the fence of the
+// caller's own token (its release or give-back: this is a late copy of a
+// call that ended) is answered 'A0' too, and nothing is written.
 var claimScript = newKeyScript(versionLE + `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -30,7 +32,10 @@ end
 local v = redis.call('GET', KEYS[1])
 local n, tag = 0, 'A'
 if v and string.sub(v, 1, 1) == 'X' then
-  -- A fence: free, unless a Forget left it over this mark's own commit.
+  -- A fence: free, unless it is this call's own (its release or
+  -- give-back came first: this is a late copy) or a Forget's over this
+  -- mark's own commit.
+  if string.sub(v, 2, 17) == own then return 'A0' end
   if ARGV[6] and string.sub(v, 18, 34) == 'D' .. own then return 'A0' end
   v = nil
 end
@@ -103,11 +108,16 @@ return 0`)
 
 // releaseScript frees the key only while it holds the caller's unexpired
 // claim (token prefix ARGV[1]): with ARGV[2] > 0 it keeps the attempt
-// count, ARGV[4] higher, for ARGV[3] ms (deleting the key if that is 0);
-// otherwise it deletes the key. With ARGV[5] = 1 it also undoes a commit
+// count, ARGV[4] higher, for ARGV[3] ms (fencing the key if that is 0);
+// otherwise it fences the key. With ARGV[5] = 1 it also undoes a commit
 // carrying the caller's token (one whose caller was told it failed): the
 // key is freed, keeping with ARGV[2] > 0 the attempt count ARGV[6] the
-// claim carried (the commit replaced it).
+// claim carried (the commit replaced it). A freed key keeps the caller's
+// fence ('X' ‖ token) for fenceMS, not nothing: a mark's SET NX that
+// reaches the server late, after its call was settled or given back while
+// this claim held the key, finds it taken (every script takes the fence as
+// free), and a late copy of the caller's own claim finds its fence and
+// takes nothing (claimScript).
 var releaseScript = newKeyScript(`
 local v = redis.call('GET', KEYS[1])
 if v and ARGV[5] == '1' and string.sub(v, 1, 1) == 'D' and string.sub(v, 2, 17) == string.sub(ARGV[1], 2, 17) then
@@ -115,7 +125,7 @@ if v and ARGV[5] == '1' and string.sub(v, 1, 1) == 'D' and string.sub(v, 2, 17) 
   if tonumber(ARGV[2]) > 0 and carried > 0 then
     redis.call('SET', KEYS[1], 'R' .. carried, 'PX', ARGV[3])
   else
-    redis.call('DEL', KEYS[1])
+    redis.call('SET', KEYS[1], 'X' .. string.sub(ARGV[1], 2, 17), 'PX', ` + fenceMS + `)
   end
   if ARGV[7] == '1' then redis.call('XADD', KEYS[2], '*', 'k', KEYS[1], 'f', '1') end
   return 1
@@ -130,17 +140,20 @@ local n = (tonumber(cnt) or 0) + tonumber(ARGV[4])
 if tonumber(ARGV[2]) > 0 and n > 0 then
   redis.call('SET', KEYS[1], 'R' .. n, 'PX', ARGV[3])
 else
-  redis.call('DEL', KEYS[1])
+  redis.call('SET', KEYS[1], 'X' .. string.sub(ARGV[1], 2, 17), 'PX', ` + fenceMS + `)
 end
 return 1`)
 
-// forgetFenceMS is how long a Forget leaves its fence ('X' ‖ token ‖
-// answer) on the key it removed: longer than a client's retries of the
-// call (go-redis by default: 3 retries of up to 3 s reads), so a retried
-// copy answers what the first copy removed. A claim of the key meanwhile
+// fenceMS is how long a script that frees a key (a Forget, a release,
+// a give-back) leaves its fence ('X' ‖ token, a Forget's with its answer)
+// on it: longer than a client's retries of a call (go-redis by default: 3
+// retries of up to 3 s reads), so a retried copy of a Forget answers what
+// the first copy removed, and a message of an earlier call delayed that
+// long (a mark's SET NX) finds the key taken. A claim of the key meanwhile
 // goes through the claim script (a SET NX cannot pass a fence), which
-// takes the key as free.
-const forgetFenceMS = "30000"
+// takes the key as free. A message delayed longer than that reaches a free
+// key as it would without the fence (docs/reliability.md).
+const fenceMS = "30000"
 
 // extendScript makes the lease of the caller's unexpired claim (token
 // prefix ARGV[1]) end ARGV[2] ms from now unless it ends later, keeping an
@@ -170,20 +183,28 @@ end
 return 1`)
 
 // unmarkScript undoes a mark of the token prefix ARGV[1] ('D' ‖ token)
-// at KEYS[1], returning 1; where the key is free it sets the fence ARGV[2]
-// ('X' ‖ token) for ARGV[3] ms, which the plain SET NX of a mark still on
-// its way cannot pass and every script takes as free, returning 2;
-// otherwise 0. (A mark sent through claimScript, for a key holding an
-// attempt count left from MaxAttempts, is not fenced: the script takes the
-// fence as free.)
+// at KEYS[1], leaving the fence ARGV[2] ('X' ‖ token) for ARGV[3] ms,
+// returning 1; where the key is free it sets that fence, which the plain
+// SET NX of a mark still on its way cannot pass and every script takes as
+// free, returning 2; where another call's fence is there it keeps it for
+// at least ARGV[3] ms (its content may be a Forget's answer, which that
+// Forget's retries read), returning 2; otherwise 0. (A mark sent through
+// claimScript, for a key holding an attempt count left from MaxAttempts,
+// is not fenced out by another call's fence: the script takes the fence as
+// free. A copy of the call's own settling script finds the call's own
+// fence and writes nothing.)
 var unmarkScript = newKeyScript(`
 local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, 17) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   return 1
 end
 if not v then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 2
+end
+if string.sub(v, 1, 1) == 'X' then
+  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
   return 2
 end
 return 0`)

@@ -32,7 +32,7 @@ end`
 // forgetScript deletes KEYS[1] if it still holds exactly ARGV[1] (its raw
 // value as the caller read it, ” for absent or fenced) and no live claim,
 // leaving the fence of the call's token ARGV[2] with the answer for
-// forgetFenceMS ('X' ‖ token ‖ answer: free to every script), and with
+// fenceMS ('X' ‖ token ‖ answer: free to every script), and with
 // ARGV[3] = 1 appends the removal to the archive log KEYS[2] (found or
 // not: the log may still hold an earlier commit). It answers '1' ‖ what
 // lookScript answers (” when another call removed the key since the
@@ -47,7 +47,7 @@ if fenced and #fenced > 17 and string.sub(fenced, 2, 17) == ARGV[2] then
 end
 if v and v ~= ARGV[1] then return '0' end -- written since the read: kept
 if not v then out = '' end
-if v then redis.call('SET', KEYS[1], 'X' .. ARGV[2] .. out, 'PX', ` + forgetFenceMS + `) end
+if v then redis.call('SET', KEYS[1], 'X' .. ARGV[2] .. out, 'PX', ` + fenceMS + `) end
 if ARGV[3] == '1' then redis.call('XADD', KEYS[2], '*', 'k', KEYS[1], 'f', '1') end
 return '1' .. out`)
 

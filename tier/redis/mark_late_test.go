@@ -1,0 +1,112 @@
+package redis_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/tierdedup/tierdedup/engine"
+)
+
+// TestMarkLateSETAfterRelease: a's mark of a key b holds is settled
+// (its SET's reply lost, the settling script finds b's claim: InFlight);
+// its SET reaches the server only after b released the key. The key must
+// not end committed by a's SET: a was told InFlight, so the message's
+// redelivery (to a or to c) must be New, not Duplicate (the message would
+// be acted on by nobody).
+func TestMarkLateSETAfterRelease(t *testing.T) {
+	for _, to := range []string{"c", "a"} {
+		t.Run("redelivered-to-"+to, func(t *testing.T) {
+			srv, h, es := settleServer(t, 3)
+			a, b, c := es[0], es[1], es[2]
+			ctx := context.Background()
+			key := []byte("late-" + to)
+			cl, err := b.Claim(ctx, key)
+			if err != nil || cl.Outcome != engine.New {
+				t.Fatalf("b's claim: %v %v", cl.Outcome, err)
+			}
+			h.hold = true
+			h.arm(func() {})
+			o, err := a.MarkIfAbsent(ctx, key)
+			if err != nil || o != engine.InFlight {
+				t.Fatalf("a's mark while b holds the key: %v %v, want InFlight", o, err)
+			}
+			if err := b.Release(ctx, cl); err != nil {
+				t.Fatalf("b's release: %v", err)
+			}
+			if lateSETs(t, srv.Client(t), h) {
+				t.Errorf("a's late SET committed the key b released")
+			}
+			e := c
+			if to == "a" {
+				e = a
+			}
+			if o, err := e.MarkIfAbsent(ctx, key); err != nil || o != engine.New {
+				t.Errorf("redelivery to %s after the late SET: %v %v, want New (nobody was told New)", to, o, err)
+			}
+		})
+	}
+}
+
+// TestMarkLateSETAfterExpiry: as TestMarkLateSETAfterRelease, but b's
+// claim ends by its TTL (b died; here the key is deleted, as the TTL
+// would), which leaves no fence: the late SET commits the key with a's
+// token. a's own engine remembers the settled mark, so the redelivery to
+// a adopts that commit (New). (Redelivered to another process it is
+// Duplicate: docs/reliability.md, the mark row.)
+func TestMarkLateSETAfterExpiry(t *testing.T) {
+	srv, h, es := settleServer(t, 2)
+	a, b := es[0], es[1]
+	ctx := context.Background()
+	key := []byte("late-expiry")
+	cl, err := b.Claim(ctx, key)
+	if err != nil || cl.Outcome != engine.New {
+		t.Fatalf("b's claim: %v %v", cl.Outcome, err)
+	}
+	h.hold = true
+	h.arm(func() {})
+	if o, err := a.MarkIfAbsent(ctx, key); err != nil || o != engine.InFlight {
+		t.Fatalf("a's mark while b holds the key: %v %v, want InFlight", o, err)
+	}
+	rc := srv.Client(t)
+	if n, err := rc.Keys(ctx, "*late-expiry*").Result(); err != nil || len(n) != 1 {
+		t.Fatalf("keys: %v %v", n, err)
+	} else if err := rc.Del(ctx, n[0]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if !lateSETs(t, rc, h) {
+		t.Fatal("a's late SET did not land on the free key")
+	}
+	if o, err := a.MarkIfAbsent(ctx, key); err != nil || o != engine.New {
+		t.Errorf("redelivery to a after the late SET: %v %v, want New (a adopts its own commit)", o, err)
+	}
+	if o, err := a.MarkIfAbsent(ctx, key); err != nil || o != engine.Duplicate {
+		t.Errorf("a's next mark: %v %v, want Duplicate", o, err)
+	}
+}
+
+// lateSETs sends the commands h held, as their late messages, and
+// reports whether any set its key.
+func lateSETs(t *testing.T, rc *goredis.Client, h *afterSetHook) (landed bool) {
+	t.Helper()
+	h.mu.Lock()
+	held := h.held
+	h.held = nil
+	h.mu.Unlock()
+	if len(held) == 0 {
+		t.Fatal("no SET was held")
+	}
+	for _, args := range held {
+		err := rc.Do(context.Background(), args...).Err()
+		switch {
+		case errors.Is(err, goredis.Nil):
+			landed = true // NX GET answers nil where it set a free key
+		case err != nil:
+			t.Fatalf("late %v: %v", args[0], err)
+		}
+	}
+	t.Logf("late SETs landed: %v", landed)
+	return landed
+}
