@@ -143,10 +143,12 @@ func markerChild(spec string) int {
 // acknowledged New, by whom, and what is still being marked.
 type nemesisLedger struct {
 	mu       sync.Mutex
-	acked    map[string]int // key → the consumer that was told New
-	twice    []string       // keys told New again after an acknowledgement
-	last     map[int]int    // consumer → the last batch it finished
-	failures map[int]int    // consumer → failed MarkBatch calls
+	acked    map[string]int  // key → the consumer that was told New
+	twice    []string        // keys told New again after an acknowledgement
+	last     map[int]int     // consumer → the last batch it finished
+	done     map[[2]int]bool // (consumer, batch) → finished (printed)
+	killed   map[[2]int]bool // (consumer, batch) → a SIGKILL cut it
+	failures map[int]int     // consumer → failed MarkBatch calls
 	errs     []string
 }
 
@@ -178,6 +180,7 @@ func (l *nemesisLedger) line(id int, line string) {
 			l.acked[k] = id
 		}
 		l.last[id] = max(l.last[id], b)
+		l.done[[2]int{id, b}] = true
 	case "ERR":
 		l.errs = append(l.errs, fmt.Sprintf("consumer %d: %s", id, rest))
 	}
@@ -190,8 +193,10 @@ func (l *nemesisLedger) line(id int, line string) {
 // pauses the server (SIGSTOP for 0.3–2 s), kills a consumer (SIGKILL; it
 // restarts after its last acknowledged batch, as a consumer group
 // redelivers), or both. After every round, and at the end, every key a
-// consumer was told New for must be Duplicate for a fresh engine, and no
-// key may have been New twice. TIERDEDUP_NEMESIS_ROUNDS sets the rounds
+// consumer was told New for must be Duplicate for a fresh engine, no
+// key may have been New twice, and every key of a finished batch must
+// have been New for some consumer (none dropped; batches a SIGKILL cut
+// excepted). TIERDEDUP_NEMESIS_ROUNDS sets the rounds
 // (CI runs a few; the default is 6).
 func TestMarkNemesis(t *testing.T) {
 	for _, max := range []int{0, 3} {
@@ -209,7 +214,7 @@ func nemesisRounds() int {
 func runMarkNemesis(t *testing.T, maxAttempts int) {
 	srv := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
 	prefix := fmt.Sprintf("nemesis-%d:", time.Now().UnixNano())
-	l := &nemesisLedger{acked: map[string]int{}, last: map[int]int{}, failures: map[int]int{}}
+	l := &nemesisLedger{acked: map[string]int{}, last: map[int]int{}, failures: map[int]int{}, done: map[[2]int]bool{}, killed: map[[2]int]bool{}}
 	policies := []int{0, -1} // consumer 0: go-redis's retries; consumer 1: none
 	children := make([]*crashtest.Child, len(policies))
 	start := func(id int) {
@@ -222,6 +227,13 @@ func runMarkNemesis(t *testing.T, maxAttempts int) {
 		})
 	}
 	for id := range policies {
+		start(id)
+	}
+	kill := func(id int) {
+		_ = children[id].Kill()
+		l.mu.Lock()
+		l.killed[[2]int{id, l.last[id] + 1}] = true
+		l.mu.Unlock()
 		start(id)
 	}
 	check := newNemesisChecker(t, srv, prefix, maxAttempts)
@@ -240,9 +252,7 @@ func runMarkNemesis(t *testing.T, maxAttempts int) {
 			if action == 2 {
 				// Killed while the server holds its commands.
 				kills++
-				id := rng.IntN(len(children))
-				_ = children[id].Kill()
-				start(id)
+				kill(rng.IntN(len(children)))
 			}
 			pause := time.Duration(300+rng.IntN(1700)) * time.Millisecond
 			if r == 0 {
@@ -255,9 +265,7 @@ func runMarkNemesis(t *testing.T, maxAttempts int) {
 		}
 		if action == 1 {
 			kills++
-			id := rng.IntN(len(children))
-			_ = children[id].Kill()
-			start(id)
+			kill(rng.IntN(len(children)))
 		}
 		check.acked(l)
 	}
@@ -279,6 +287,34 @@ func runMarkNemesis(t *testing.T, maxAttempts int) {
 	if l.failures[0]+l.failures[1] == 0 {
 		t.Fatal("no MarkBatch failed: the nemesis never reached a call")
 	}
+	if dropped := l.neverNew(len(children)); len(dropped) > 0 {
+		t.Fatalf("%d keys of finished batches were New for no consumer (a new message dropped), for example %s", len(dropped), strings.Join(dropped[:min(len(dropped), 5)], ", "))
+	}
+}
+
+// neverNew returns the keys of finished batches no consumer was told New
+// for: a consumer's own keys of a batch it finished, the shared keys of a
+// batch every consumer finished; not the batches a SIGKILL cut (the
+// killed process may have been told New and died before saying so).
+func (l *nemesisLedger) neverNew(consumers int) []string {
+	var out []string
+	for cb := range l.done {
+		id, b := cb[0], cb[1]
+		cut := l.killed[cb]
+		shared := !cut
+		for other := range consumers {
+			shared = shared && l.done[[2]int{other, b}] && !l.killed[[2]int{other, b}]
+		}
+		for i, k := range nemesisBatch(id, b, nemesisBatchSize) {
+			if i%2 == 0 && !shared || i%2 == 1 && cut {
+				continue
+			}
+			if _, ok := l.acked[string(k)]; !ok {
+				out = append(out, string(k))
+			}
+		}
+	}
+	return out
 }
 
 // nemesisChecker looks up, through an engine of its own, every key the
