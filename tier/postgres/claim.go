@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"time"
@@ -161,9 +162,11 @@ func (s *Store) takeOnce(ctx context.Context, reqs []tier.Request, out []tier.An
 			}
 			a := tier.Answer{Status: tier.Held, Partition: -1}
 			switch {
-			case r.expires <= r.ms:
-				// Expired since the claim ran: free now, but not taken by
-				// it: the statement runs again for it.
+			case r.expires <= r.ms, r.state == "X" && !bytes.Equal(r.token, reqs[i].Token[:]):
+				// Expired, or another call's fence, since the claim ran:
+				// free now, but not taken by it: the statement runs again
+				// for it. (A fence of the caller's own token is this late
+				// call's own give-back: Held, nothing taken.)
 				continue
 			case r.state == "D":
 				if err := r.committed(&a); err != nil {

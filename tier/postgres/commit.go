@@ -52,6 +52,25 @@ func (s *Store) Release(ctx context.Context, _ int64, reqs []tier.Request, giveB
 	return s.statuses(ctx, out, s.releaseQ, ns, keys, tokens, count, undo, s.max)
 }
 
+// Unmark gives back the marks of a failed Mark call (tier.Unmarker): a
+// commit of reqs[i].Token is undone (out[i] OK), and a free key is fenced
+// for fence, so that the call's mark statement, if the server runs it
+// later (it had not when the caller gave up), takes nothing; every other
+// statement takes the fence as free. Two statements (fenceQ, then
+// unmarkQ), each safe to repeat: a late copy of either touches only the
+// call's own rows, a fence on a free key, or another fence's length.
+func (s *Store) Unmark(ctx context.Context, reqs []tier.Request, fence time.Duration, out []tier.Status) error {
+	if len(reqs) == 0 {
+		return nil
+	}
+	ns, keys, tokens := columns(reqs)
+	ms := max(fence.Milliseconds(), 1)
+	if err := s.run(ctx, func(pgx.Rows) error { return nil }, s.fenceQ, ns, keys, tokens, ms); err != nil {
+		return err
+	}
+	return s.statuses(ctx, out, s.unmarkQ, ns, keys, tokens, ms)
+}
+
 // Extend makes each claim that reqs[i].Token holds, unexpired, last lease
 // from now unless it lasts longer, in one statement; out[i] is OK or Lost.
 func (s *Store) Extend(ctx context.Context, reqs []tier.Request, lease time.Duration, out []tier.Status) error {

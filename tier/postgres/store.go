@@ -88,7 +88,7 @@ type Store struct {
 	window                                                                   time.Duration
 	max                                                                      int
 	claimQ, markQ, adoptQ, stateQ, commitQ, releaseQ, extendQ, sizeQ, sweepQ string
-	forgetQ                                                                  string
+	forgetQ, fenceQ, unmarkQ                                                 string
 	sweeps                                                                   sweeper
 	uncached                                                                 bool // Options.Uncached, recorded in the layout
 }
@@ -114,7 +114,7 @@ func New(ctx context.Context, db DB, opts *Options) (*Store, error) {
 	s.prepare()
 	create := fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
 		ns bytea NOT NULL, key bytea NOT NULL,
-		state "char" NOT NULL, -- 'C' claimed, 'D' committed, 'R' released (a count only)
+		state "char" NOT NULL, -- 'C' claimed, 'D' committed, 'R' released (a count only), 'X' a give-back's fence (free but to its token)
 		token bytea NOT NULL, lease_until bigint NOT NULL, attempts integer NOT NULL,
 		digest bytea, expires bigint NOT NULL,
 		taken_over boolean NOT NULL DEFAULT false, -- the last claim took over an ended lease
