@@ -463,9 +463,13 @@ func runConformance(t *testing.T, cfg confConfig, seed uint64, ops int) {
 						fail(op, "Compact: %v", err)
 					}
 				}
+				// No partition move runs meanwhile (faultfs.FS.MoveGate).
+				gate := fsOf(opts).(*faultfs.FS).MoveGate()
+				gate.Lock()
 				inj.ArmNth(oneFault[rng.IntN(3)], int64(1+rng.IntN(3)))
 				broken := faultRound(t, op, e, namespaces, m, clock, rng, randKey)
 				inj.Disarm()
+				gate.Unlock()
 				// A fault that hit Pebble's background work (a flush or
 				// compaction) may have failed the store after the round:
 				// reopen then too.

@@ -54,8 +54,17 @@ func (m Match) String() string {
 // unchanged.
 type FS struct {
 	vfs.FS
-	inj errorfs.Injector
+	inj   errorfs.Injector
+	moves sync.RWMutex
 }
+
+// MoveGate is a gate the embedded store's partition moves hold, read
+// side, for their duration (tier/pebble looks for this method on its
+// filesystem). A test that arms a WAL fault takes the write side first,
+// so no move runs while the fault is armed: a move's excise makes Pebble
+// rotate its WAL, and Pebble panics when the WAL it closes has failed
+// (rotateWAL), which is Pebble's crash, not an answer of the engine's.
+func (fs *FS) MoveGate() *sync.RWMutex { return &fs.moves }
 
 // Wrap returns base with injectors consulted, in order, before each file
 // operation; the first error returned is the operation's.

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -330,8 +331,17 @@ func (s *Store) firstPartition(from, to int64) (p int64, ok bool, err error) {
 	return p, true, nil
 }
 
+// moveGater is a filesystem whose user can keep moves out for a while
+// (a test's fault injection: internal/faultfs).
+type moveGater interface{ MoveGate() *sync.RWMutex }
+
 // move moves sealed partition p into the cold database (steps 1 to 4).
 func (s *Store) move(ctx context.Context, p int64) (err error) {
+	if g, ok := s.fs.(moveGater); ok {
+		gate := g.MoveGate()
+		gate.RLock()
+		defer gate.RUnlock()
+	}
 	s.moveMu.Lock()
 	defer s.moveMu.Unlock()
 	defer s.guard(&err)
