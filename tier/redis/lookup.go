@@ -178,7 +178,12 @@ func (s *Store) recordForgotten(ctx context.Context, raw map[*Request]string) er
 	}
 	for lo := 0; lo < len(tokens); lo += chunkKeys {
 		args := append([]any{forgottenMS}, tokens[lo:min(lo+chunkKeys, len(tokens))]...)
-		if err := recordForgottenScript.Run(ctx, s.c, []string{s.forgottenKey()}, args...).Err(); err != nil {
+		keys := []string{s.forgottenKey()}
+		err := s.pipelined(ctx, func(p goredis.Pipeliner) { recordForgottenScript.EvalSha(ctx, p, keys, args...) })
+		if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
+			err = s.pipelined(ctx, func(p goredis.Pipeliner) { recordForgottenScript.Eval(ctx, p, keys, args...) })
+		}
+		if err != nil {
 			return fmt.Errorf("%w: recording the forgotten commits: %w", ErrUnavailable, err)
 		}
 	}
@@ -204,7 +209,9 @@ func (s *Store) forgottenAfter(ctx context.Context, reqs []Request, out []Result
 	for j, i := range ask {
 		members[j] = string(reqs[i].Token[:])
 	}
-	scores, err := s.c.ZMScore(ctx, s.forgottenKey(), members...).Result()
+	var cmd *goredis.FloatSliceCmd
+	err := s.pipelined(ctx, func(p goredis.Pipeliner) { cmd = p.ZMScore(ctx, s.forgottenKey(), members...) })
+	scores, _ := cmd.Result()
 	if err != nil {
 		return fmt.Errorf("%w: reading the forgotten commits: %w", ErrUnavailable, err)
 	}
@@ -214,4 +221,20 @@ func (s *Store) forgottenAfter(ctx context.Context, reqs []Request, out []Result
 		}
 	}
 	return nil
+}
+
+// pipelined sends the commands fn queues as one pipeline. Every call of
+// the store's goes as a pipeline, even of one command: go-redis sends a
+// pipeline again after a read timeout when the retry needs a new
+// connection (a paused or starved server), and fails a single command
+// whose retry timed out in that connection's handshake, after one retry
+// whatever MaxRetries says (measured on go-redis v9.23: a SET under a
+// 200 ms SIGSTOP fails after 50 ms with MaxRetries 400; the same command
+// pipelined waits out the pause).
+func (s *Store) pipelined(ctx context.Context, fn func(goredis.Pipeliner)) error {
+	_, err := s.c.Pipelined(ctx, func(p goredis.Pipeliner) error {
+		fn(p)
+		return nil
+	})
+	return err
 }
