@@ -422,7 +422,7 @@ func TestAdversarialForgetCopies(t *testing.T) {
 					step = "twice"
 					h.between = mark
 				}
-				h.push("pass", step) // the read passes; the forget script is sent twice (the forgotten-set record is one command, not a pipeline)
+				h.push("pass", "pass", step) // the read and the forgotten-set record pass; the forget script is sent twice
 				info := make([]engine.KeyInfo, len(keys))
 				err := a.ForgetBatch(ctx, keys, info)
 				if mode == "twice-mark" {
