@@ -19,9 +19,13 @@ func (e *Engine) decideAll(d decision, b *batch, ns *Namespace, out []Claim, c *
 		if err := e.decide(d, j, &out[b.cand[j]], a, b.reqs[q].Token, b.res[b.cand[j]].Attempts, b.marks[j], ns, c, now, p, proves); err != nil {
 			return err
 		}
-		if a.Unsettled {
+		other := a.Status == tier.Held || a.Status == tier.Committed && a.Token != b.reqs[q].Token
+		if a.Unsettled || b.marks[j] && other {
 			// The mark's first message may still commit the key later: the
 			// key's next call adopts that commit (tier.Answer.Unsettled).
+			// A retry that found the key another's adopted nothing: the
+			// earlier calls' messages may still land, so the memory it
+			// took stays.
 			cl := &out[b.cand[j]]
 			e.retries.remember([]shard.Fingerprint{cl.fp}, []uint64{cl.firstToken()}, []int64{now + e.window}, nil, []bool{true}, now)
 		}

@@ -87,6 +87,77 @@ func TestMarkLateSETAfterExpiry(t *testing.T) {
 	}
 }
 
+// TestMarkLateSETAfterInFlightRedelivery: a's mark is settled while b holds
+// the key (InFlight, Unsettled: a remembers its token); the message is
+// redelivered to a while b still holds the key (InFlight again: the
+// memory is taken); b's claim then ends by its TTL and a's late SET
+// commits the key. The next redelivery to a must be New (a adopts its own
+// commit, as TestMarkLateSETAfterExpiry promises); nobody was told New.
+func TestMarkLateSETAfterInFlightRedelivery(t *testing.T) {
+	srv, h, es := settleServer(t, 2)
+	a, b := es[0], es[1]
+	ctx := context.Background()
+	key := []byte("late-consumed")
+	cl, err := b.Claim(ctx, key)
+	if err != nil || cl.Outcome != engine.New {
+		t.Fatalf("b's claim: %v %v", cl.Outcome, err)
+	}
+	h.hold = true
+	h.arm(func() {})
+	if o, err := a.MarkIfAbsent(ctx, key); err != nil || o != engine.InFlight {
+		t.Fatalf("a's mark while b holds the key: %v %v, want InFlight", o, err)
+	}
+	if o, err := a.MarkIfAbsent(ctx, key); err != nil || o != engine.InFlight {
+		t.Fatalf("a's second delivery while b holds the key: %v %v, want InFlight", o, err)
+	}
+	rc := srv.Client(t)
+	if n, err := rc.Keys(ctx, "*late-consumed*").Result(); err != nil || len(n) != 1 {
+		t.Fatalf("keys: %v %v", n, err)
+	} else if err := rc.Del(ctx, n[0]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if !lateSETs(t, rc, h) {
+		t.Fatal("a's late SET did not land on the free key")
+	}
+	if o, err := a.MarkIfAbsent(ctx, key); err != nil || o != engine.New {
+		t.Errorf("third delivery to a after the late SET: %v %v, want New (nobody was told New)", o, err)
+	}
+}
+
+// TestMarkLateSETAfterCommitAndForget: a's mark settles while b holds the
+// key; b commits (told New); a Forget; then a's late SET arrives (the
+// Forget's fence refuses it); a's redelivery is New (forgotten), and
+// then b's mark is Duplicate.
+func TestMarkLateSETAfterCommitAndForget(t *testing.T) {
+	srv, h, es := settleServer(t, 3)
+	a, b, c := es[0], es[1], es[2]
+	ctx := context.Background()
+	key := []byte("uc-forget")
+	cl, err := b.Claim(ctx, key)
+	if err != nil || cl.Outcome != engine.New {
+		t.Fatalf("b's claim: %v %v", cl.Outcome, err)
+	}
+	h.hold = true
+	h.arm(func() {})
+	if o, err := a.MarkIfAbsent(ctx, key); err != nil || o != engine.InFlight {
+		t.Fatalf("a's mark: %v %v", o, err)
+	}
+	if err := b.Commit(ctx, cl); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Forget(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	landed := lateSETs(t, srv.Client(t), h)
+	o, err := a.MarkIfAbsent(ctx, key)
+	if err != nil || o != engine.New {
+		t.Errorf("a's redelivery after the Forget: %v %v (late SET landed %v), want New", o, err, landed)
+	}
+	if o, err := b.MarkIfAbsent(ctx, key); err != nil || o != engine.Duplicate {
+		t.Errorf("b after a's New: %v %v, want Duplicate", o, err)
+	}
+}
+
 // lateSETs sends the commands h held, as their late messages, and
 // reports whether any set its key.
 func lateSETs(t *testing.T, rc *goredis.Client, h *afterSetHook) (landed bool) {
