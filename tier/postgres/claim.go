@@ -162,17 +162,18 @@ func (s *Store) takeOnce(ctx context.Context, reqs []tier.Request, out []tier.An
 			}
 			a := tier.Answer{Status: tier.Held, Partition: -1}
 			switch {
-			case r.expires <= r.ms, r.state == "X" && !bytes.Equal(r.token, reqs[i].Token[:]):
-				// Expired, or another call's fence, since the claim ran:
-				// free now, but not taken by it: the statement runs again
-				// for it. (A fence of the caller's own token is this late
-				// call's own give-back: Held, nothing taken.)
+			case r.expires <= r.ms, r.state == "X" && !bytes.Equal(r.token, reqs[i].Token[:]) && (s.max == 0 || int(r.attempts) < s.max):
+				// Expired, or another call's fence (its count below the
+				// limit), since the claim ran: free now, but not taken by
+				// it: the statement runs again for it. (A fence of the
+				// caller's own token is this late call's own give-back:
+				// Held, nothing taken.)
 				continue
 			case r.state == "D":
 				if err := r.committed(&a); err != nil {
 					return err
 				}
-			case s.max > 0 && (r.state == "R" && int(r.attempts) >= s.max ||
+			case s.max > 0 && ((r.state == "R" || r.state == "X") && int(r.attempts) >= s.max ||
 				r.state == "C" && r.leaseEnd <= r.ms && int(r.attempts)+1 >= s.max):
 				a.Status, a.Attempts = tier.Poisoned, uint16(r.attempts)
 				if r.state == "C" {

@@ -65,7 +65,7 @@ func (s *Store) Unmark(ctx context.Context, reqs []tier.Request, fence time.Dura
 	}
 	ns, keys, tokens := columns(reqs)
 	ms := max(fence.Milliseconds(), 1)
-	if err := s.run(ctx, func(pgx.Rows) error { return nil }, s.fenceQ, ns, keys, tokens, ms); err != nil {
+	if err := s.run(ctx, func(pgx.Rows) error { return nil }, s.fenceQ, ns, keys, tokens, ms, s.max); err != nil {
 		return err
 	}
 	return s.statuses(ctx, out, s.unmarkQ, ns, keys, tokens, ms)

@@ -47,7 +47,7 @@ func (s *Store) look(ctx context.Context, reqs []tier.Request, out []tier.Answer
 			}
 			a := tier.Answer{Status: tier.Absent, Partition: -1}
 			switch {
-			case r.expires <= r.ms, r.state == "X": // expired, or a fence: free
+			case r.expires <= r.ms, r.state == "X" && r.attempts == 0: // expired, or a fence without a count: free
 			case r.state == "D":
 				if err := r.committed(&a); err != nil {
 					return err

@@ -21,8 +21,7 @@ func taking(clock string) string {
 		ELSE t.attempts END,
 	taken_over = t.expires > NOW AND t.state = 'C' AND t.token <> EXCLUDED.token
 WHERE t.expires <= NOW
-   OR (t.state = 'X' AND t.token <> EXCLUDED.token)
-   OR (t.state = 'R' AND ($6 = 0 OR t.attempts < $6))
+   OR (t.state IN ('R', 'X') AND ($6 = 0 OR t.attempts < $6) AND NOT (t.state = 'X' AND t.token = EXCLUDED.token))
    OR (t.state = 'C' AND t.token = EXCLUDED.token)
    OR (t.state = 'C' AND t.lease_until <= NOW AND ($6 = 0 OR t.attempts + 1 < $6))
 RETURNING t.ns, t.key, t.attempts, t.taken_over`)
@@ -127,7 +126,7 @@ WHERE t.ns = r.ns AND t.key = r.key AND t.token = r.token AND t.state = 'C'
   AND t.lease_until > c.ms AND t.expires > c.ms
 RETURNING r.i`, s.table, now)
 	// Forget: every row of the batch goes unless a live claim holds it
-	// (or it is a give-back's fence, which stays: it reads as absent);
+	// (or it is a give-back's fence, which stays, its count cleared);
 	// every row is returned as it stood when locked, read as stateQ's.
 	// The rows are locked first (in key order), so the row judged is the
 	// row deleted or kept: under READ COMMITTED a plain DELETE re-checks
@@ -144,37 +143,47 @@ cur AS (
 del AS (
 	DELETE FROM %[1]s AS t USING cur, c
 	WHERE t.ns = cur.ns AND t.key = cur.key AND cur.state <> 'X'
-	  AND NOT (cur.state = 'C' AND cur.lease_until > c.ms AND cur.expires > c.ms))
+	  AND NOT (cur.state = 'C' AND cur.lease_until > c.ms AND cur.expires > c.ms)),
+fx AS (
+	UPDATE %[1]s AS t SET attempts = 0 FROM cur
+	WHERE t.ns = cur.ns AND t.key = cur.key AND cur.state = 'X' AND cur.attempts > 0)
 SELECT cur.ns, cur.key, cur.state::text, cur.token, cur.lease_until, cur.attempts, cur.digest, cur.expires, c.ms
-FROM cur, c`, s.table, now) // del runs to completion whether read or not
+FROM cur, c`, s.table, now) // del and fx run to completion whether read or not
 	// Fence and unmark: a failed mark's give-back (Unmark), two
-	// statements in this order. The fence first: a free or expired key
-	// gets the call's fence row ('X', its token, for $4 ms), which the
-	// call's mark statement, if it runs late (a statement the server had
-	// not run when its caller gave up), does not take, and every other
-	// statement takes as free; another call's fence becomes this call's,
-	// at least as long (a row names one token: the earlier call's late
-	// statement, which had longer to arrive, is no longer fenced out).
-	// Then the undo: a commit of the call's token becomes its fence
-	// (or, carrying an attempt count, a released row that keeps it). A
-	// mark committed between the two is undone by the second; one
-	// committed before the first is left alone by it.
+	// statements in this order. The fence first: a key no live claim or
+	// commit holds (free, expired, an attempt count, a claim whose lease
+	// ended, another call's fence) gets the call's fence row ('X', its
+	// token, for at least $4 ms), which the call's mark statement, if it
+	// runs late (a statement the server had not run when its caller gave
+	// up), does not take, and every other statement takes as free. A fence
+	// row keeps the key's attempt count (an ended claim's counted, with
+	// MaxAttempts $5, as a takeover counts it): it reads as that count. A
+	// row names one token: another call's fence becomes this call's (the
+	// earlier call's late statement, which had longer to arrive, is no
+	// longer fenced out). Then the undo: a commit of the call's token
+	// becomes its fence, keeping the count the claim carried. A mark
+	// committed between the two is undone by the second; one committed
+	// before the first is left alone by it. A live claim or another's
+	// commit is left as it is: the late statement cannot take them either,
+	// until they end.
 	s.fenceQ = fmt.Sprintf(`
 WITH c AS (SELECT %[2]s AS ms)
 INSERT INTO %[1]s AS t (ns, key, state, token, lease_until, attempts, digest, expires, taken_over)
 SELECT r.ns, r.key, 'X', r.token, 0, 0, NULL, c.ms + $4, false
 FROM unnest($1::bytea[], $2::bytea[], $3::bytea[]) AS r(ns, key, token), c ORDER BY r.ns, r.key
 ON CONFLICT (ns, key) DO UPDATE SET
-	state = 'X', token = EXCLUDED.token,
-	lease_until = 0, attempts = 0, digest = NULL, taken_over = false,
-	expires = GREATEST(t.expires, EXCLUDED.expires)
-WHERE t.expires <= EXCLUDED.expires - $4 OR t.state = 'X'`, s.table, now)
+	state = 'X', token = EXCLUDED.token, lease_until = 0, digest = NULL, taken_over = false,
+	attempts = CASE
+		WHEN t.expires <= EXCLUDED.expires - $4 THEN 0
+		WHEN t.state = 'C' AND $5 > 0 THEN t.attempts + 1
+		ELSE t.attempts END,
+	expires = CASE WHEN t.expires <= EXCLUDED.expires - $4 THEN EXCLUDED.expires ELSE GREATEST(t.expires, EXCLUDED.expires) END
+WHERE t.expires <= EXCLUDED.expires - $4 OR t.state IN ('X', 'R')
+   OR (t.state = 'C' AND t.lease_until <= EXCLUDED.expires - $4)`, s.table, now)
 	s.unmarkQ = fmt.Sprintf(`
 WITH c AS (SELECT %[2]s AS ms),
 r AS (SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::bytea[]) WITH ORDINALITY AS r(ns, key, token, i))
-UPDATE %[1]s AS t SET state = CASE WHEN t.attempts > 0 THEN 'R' ELSE 'X' END,
-	token = CASE WHEN t.attempts > 0 THEN '\x'::bytea ELSE t.token END,
-	lease_until = 0, digest = NULL,
+UPDATE %[1]s AS t SET state = 'X', lease_until = 0, digest = NULL,
 	expires = CASE WHEN t.attempts > 0 THEN t.expires ELSE c.ms + $4 END
 FROM r, c
 WHERE t.ns = r.ns AND t.key = r.key AND t.token = r.token AND t.state = 'D' AND t.expires > c.ms
