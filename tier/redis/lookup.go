@@ -176,6 +176,11 @@ func (s *Store) recordForgotten(ctx context.Context, raw map[*Request]string) er
 			tokens = append(tokens, v[1:17])
 		}
 	}
+	return s.recordTokens(ctx, tokens)
+}
+
+// recordTokens adds tokens to the forgotten set, chunkKeys at a time.
+func (s *Store) recordTokens(ctx context.Context, tokens []any) error {
 	for lo := 0; lo < len(tokens); lo += chunkKeys {
 		args := append([]any{forgottenMS}, tokens[lo:min(lo+chunkKeys, len(tokens))]...)
 		keys := []string{s.forgottenKey()}

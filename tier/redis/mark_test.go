@@ -326,3 +326,37 @@ func TestLateCopiesOfAnEndedCall(t *testing.T) {
 		t.Fatalf("(c) the late mark's SET NX: %v, want refused", err)
 	}
 }
+
+// TestLateSettleAfterGiveBackAndAnotherCall: a mark's SET was never
+// applied and its settling script's reply was lost; the call was given
+// back (Unmark's fence); another call claimed the key (a fence is free to
+// it) and released it (its own fence). A copy of the settling script that
+// arrives now must write nothing: the call that sent it failed.
+func TestLateSettleAfterGiveBackAndAnotherCall(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	s := newStore(t, c, redis.Options{Prefix: fmt.Sprintf("late-settle-%d:", time.Now().UnixNano())})
+	a, b := req("k", tok(1)), req("k", tok(2))
+	st := make([]redis.Status, 1)
+	if err := s.Unmark(ctx, []redis.Request{a}, time.Minute, st); err != nil {
+		t.Fatal(err)
+	}
+	if got := claim(t, s, b, time.Minute); got.Status != tier.Acquired {
+		t.Fatalf("b's claim over a's fence: %v", got.Status)
+	}
+	if err := s.Release(ctx, 0, []redis.Request{b}, false, st); err != nil || st[0] != tier.OK {
+		t.Fatalf("b's release: %v %v", st[0], err)
+	}
+	out := make([]redis.Result, 1)
+	if err := s.SettleMarks(ctx, []redis.Request{a}, out); err != nil {
+		t.Fatal(err)
+	}
+	look := make([]redis.Result, 1)
+	if err := s.Lookup(ctx, []redis.Request{req("k", tok(3))}, look); err != nil {
+		t.Fatal(err)
+	}
+	if look[0].Status != tier.Absent {
+		t.Fatalf("after the late settling script of the given-back mark: %v, want Absent (its call failed)", look[0].Status)
+	}
+}
