@@ -75,23 +75,19 @@ const fenceTag = 'X'
 // finds the key taken; every script takes the fence as free), in one
 // pipeline; out[i] is OK when a mark was undone.
 //
-// The calls' tokens are first added to the forgotten set (forgottenKey),
-// as a Forget adds the commits it removes: a copy of the call's settling
-// script (go-redis sends a script again after a lost reply) that arrives
-// after another call took the key and freed it, leaving its own fence,
-// finds the token there and writes nothing, where the fence alone no
-// longer names the call. (In a Cluster or Ring the script cannot read the
-// set: the question is asked after it, as for a Forget.)
+// On one server each call's token is also added to the forgotten set
+// (forgottenKey, in the same script), as a Forget adds the commits it
+// removes: a copy of the call's settling script (go-redis sends a script
+// again after a lost reply) that arrives after another call took the key
+// and freed it, leaving its own fence, finds the token there and writes
+// nothing, where the fence alone no longer names the call. (In a Cluster
+// or Ring the scripts cannot reach the set: left open, as for a Forget.)
 func (s *Store) Unmark(ctx context.Context, reqs []Request, fence time.Duration, out []Status) error {
-	tokens := make([]any, len(reqs))
-	for i := range reqs {
-		tokens[i] = string(reqs[i].Token[:])
-	}
-	rerr := s.recordTokens(ctx, tokens) // the fences below are worth leaving even so
 	ms := max(fence.Milliseconds(), 1)
-	return errors.Join(rerr, s.runScript(ctx, unmarkScript, reqs, out, func(r *Request) []any {
-		return []any{string(append([]byte{commitTag}, r.Token[:]...)), string(append([]byte{fenceTag}, r.Token[:]...)), ms}
-	}))
+	set := s.forgottenInScript()
+	return s.runScript(ctx, unmarkScript, reqs, out, func(r *Request) []any {
+		return []any{string(append([]byte{commitTag}, r.Token[:]...)), string(append([]byte{fenceTag}, r.Token[:]...)), ms, set, forgottenMS}
+	})
 }
 
 // CanMark reports whether the engine may mark through Mark: without

@@ -236,10 +236,9 @@ func (s *Store) forgottenAfter(ctx context.Context, reqs []Request, out []Result
 // whatever MaxRetries says (measured on go-redis v9.23: a SET under a
 // 200 ms SIGSTOP fails after 50 ms with MaxRetries 400; the same command
 // pipelined waits out the pause).
+// It returns by ctx's deadline, as every call of the store (exec).
 func (s *Store) pipelined(ctx context.Context, fn func(goredis.Pipeliner)) error {
-	_, err := s.c.Pipelined(ctx, func(p goredis.Pipeliner) error {
-		fn(p)
-		return nil
-	})
-	return err
+	pipe := s.c.Pipeline()
+	fn(pipe)
+	return s.exec(ctx, pipe)
 }

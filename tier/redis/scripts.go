@@ -182,7 +182,9 @@ if untilMS > tonumber(lease) then
 end
 return 1`)
 
-// unmarkScript undoes a mark of the token prefix ARGV[1] ('D' ‖ token)
+// unmarkScript first adds the token to the forgotten set ARGV[4] (when
+// not empty: one server) for ARGV[5] ms, then undoes a mark of the token
+// prefix ARGV[1] ('D' ‖ token)
 // at KEYS[1], leaving the fence ARGV[2] ('X' ‖ token) for ARGV[3] ms,
 // returning 1; where the key is free it sets that fence, which the plain
 // SET NX of a mark still on its way cannot pass and every script takes as
@@ -194,6 +196,14 @@ return 1`)
 // free. A copy of the call's own settling script finds the call's own
 // fence and writes nothing.)
 var unmarkScript = newKeyScript(`
+if ARGV[4] ~= '' then
+  -- the forgotten set: this call's token, for ARGV[5] ms (Unmark)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('ZADD', ARGV[4], now, string.sub(ARGV[2], 2, 17))
+  redis.call('ZREMRANGEBYSCORE', ARGV[4], '-inf', now - tonumber(ARGV[5]))
+  redis.call('PEXPIRE', ARGV[4], ARGV[5])
+end
 local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, 17) == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
