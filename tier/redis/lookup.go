@@ -154,13 +154,23 @@ func (s *Store) forgottenInScript() string {
 // server's clock, not the forgetting process's: a process whose clock
 // lags would otherwise score its entries as old, and the next Forget of
 // any process would trim them at once.
-var recordForgottenScript = goredis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-for i = 2, #ARGV do redis.call('ZADD', KEYS[1], now, ARGV[i]) end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[1]))
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
+var recordForgottenScript = goredis.NewScript(forgottenLua + `
+forget(KEYS[1], ARGV[1], {unpack(ARGV, 2)})
 return 1`)
+
+// forgottenLua defines forget(set, ms, tokens), the one writer of the
+// forgotten set: it adds tokens to set scored by the server's clock (ms),
+// drops the entries older than ms, and keeps set that long. Forget's
+// record (recordForgottenScript) and Unmark's (unmarkScript) call it.
+const forgottenLua = `
+local function forget(set, ms, tokens)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  for _, tok in ipairs(tokens) do redis.call('ZADD', set, now, tok) end
+  redis.call('ZREMRANGEBYSCORE', set, '-inf', now - tonumber(ms))
+  redis.call('PEXPIRE', set, ms)
+end
+`
 
 // recordForgotten adds to the forgotten set the token of each commit
 // among raw (the values Forget read and is about to remove) before any is

@@ -23,16 +23,7 @@ func TestMarkLateSETAfterRelease(t *testing.T) {
 			a, b, c := es[0], es[1], es[2]
 			ctx := context.Background()
 			key := []byte("late-" + to)
-			cl, err := b.Claim(ctx, key)
-			if err != nil || cl.Outcome != engine.New {
-				t.Fatalf("b's claim: %v %v", cl.Outcome, err)
-			}
-			h.hold = true
-			h.arm(func() {})
-			o, err := a.MarkIfAbsent(ctx, key)
-			if err != nil || o != engine.InFlight {
-				t.Fatalf("a's mark while b holds the key: %v %v, want InFlight", o, err)
-			}
+			cl := settledWhileHeld(t, h, a, b, key)
 			if err := b.Release(ctx, cl); err != nil {
 				t.Fatalf("b's release: %v", err)
 			}
@@ -61,21 +52,9 @@ func TestMarkLateSETAfterExpiry(t *testing.T) {
 	a, b := es[0], es[1]
 	ctx := context.Background()
 	key := []byte("late-expiry")
-	cl, err := b.Claim(ctx, key)
-	if err != nil || cl.Outcome != engine.New {
-		t.Fatalf("b's claim: %v %v", cl.Outcome, err)
-	}
-	h.hold = true
-	h.arm(func() {})
-	if o, err := a.MarkIfAbsent(ctx, key); err != nil || o != engine.InFlight {
-		t.Fatalf("a's mark while b holds the key: %v %v, want InFlight", o, err)
-	}
+	settledWhileHeld(t, h, a, b, key)
 	rc := srv.Client(t)
-	if n, err := rc.Keys(ctx, "*late-expiry*").Result(); err != nil || len(n) != 1 {
-		t.Fatalf("keys: %v %v", n, err)
-	} else if err := rc.Del(ctx, n[0]).Err(); err != nil {
-		t.Fatal(err)
-	}
+	expireKey(t, rc, "late-expiry")
 	if !lateSETs(t, rc, h) {
 		t.Fatal("a's late SET did not land on the free key")
 	}
@@ -98,24 +77,12 @@ func TestMarkLateSETAfterInFlightRedelivery(t *testing.T) {
 	a, b := es[0], es[1]
 	ctx := context.Background()
 	key := []byte("late-consumed")
-	cl, err := b.Claim(ctx, key)
-	if err != nil || cl.Outcome != engine.New {
-		t.Fatalf("b's claim: %v %v", cl.Outcome, err)
-	}
-	h.hold = true
-	h.arm(func() {})
-	if o, err := a.MarkIfAbsent(ctx, key); err != nil || o != engine.InFlight {
-		t.Fatalf("a's mark while b holds the key: %v %v, want InFlight", o, err)
-	}
+	settledWhileHeld(t, h, a, b, key)
 	if o, err := a.MarkIfAbsent(ctx, key); err != nil || o != engine.InFlight {
 		t.Fatalf("a's second delivery while b holds the key: %v %v, want InFlight", o, err)
 	}
 	rc := srv.Client(t)
-	if n, err := rc.Keys(ctx, "*late-consumed*").Result(); err != nil || len(n) != 1 {
-		t.Fatalf("keys: %v %v", n, err)
-	} else if err := rc.Del(ctx, n[0]).Err(); err != nil {
-		t.Fatal(err)
-	}
+	expireKey(t, rc, "late-consumed")
 	if !lateSETs(t, rc, h) {
 		t.Fatal("a's late SET did not land on the free key")
 	}
@@ -133,15 +100,7 @@ func TestMarkLateSETAfterCommitAndForget(t *testing.T) {
 	a, b, c := es[0], es[1], es[2]
 	ctx := context.Background()
 	key := []byte("uc-forget")
-	cl, err := b.Claim(ctx, key)
-	if err != nil || cl.Outcome != engine.New {
-		t.Fatalf("b's claim: %v %v", cl.Outcome, err)
-	}
-	h.hold = true
-	h.arm(func() {})
-	if o, err := a.MarkIfAbsent(ctx, key); err != nil || o != engine.InFlight {
-		t.Fatalf("a's mark: %v %v", o, err)
-	}
+	cl := settledWhileHeld(t, h, a, b, key)
 	if err := b.Commit(ctx, cl); err != nil {
 		t.Fatal(err)
 	}
@@ -155,6 +114,36 @@ func TestMarkLateSETAfterCommitAndForget(t *testing.T) {
 	}
 	if o, err := b.MarkIfAbsent(ctx, key); err != nil || o != engine.Duplicate {
 		t.Errorf("b after a's New: %v %v, want Duplicate", o, err)
+	}
+}
+
+// settledWhileHeld has b claim key, then a mark it with its SET held
+// back by h (its reply lost): the settling script finds b's claim, and
+// a's mark answers InFlight. It returns b's claim.
+func settledWhileHeld(t *testing.T, h *afterSetHook, a, b *engine.Engine, key []byte) engine.Claim {
+	t.Helper()
+	ctx := context.Background()
+	cl, err := b.Claim(ctx, key)
+	if err != nil || cl.Outcome != engine.New {
+		t.Fatalf("b's claim: %v %v", cl.Outcome, err)
+	}
+	h.hold = true
+	h.arm(func() {})
+	if o, err := a.MarkIfAbsent(ctx, key); err != nil || o != engine.InFlight {
+		t.Fatalf("a's mark while b holds the key: %v %v, want InFlight", o, err)
+	}
+	return cl
+}
+
+// expireKey deletes the one server key whose name holds name, as its
+// TTL would.
+func expireKey(t *testing.T, rc *goredis.Client, name string) {
+	t.Helper()
+	ctx := context.Background()
+	if n, err := rc.Keys(ctx, "*"+name+"*").Result(); err != nil || len(n) != 1 {
+		t.Fatalf("keys: %v %v", n, err)
+	} else if err := rc.Del(ctx, n[0]).Err(); err != nil {
+		t.Fatal(err)
 	}
 }
 

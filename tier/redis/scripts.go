@@ -195,15 +195,8 @@ return 1`)
 // is not fenced out by another call's fence: the script takes the fence as
 // free. A copy of the call's own settling script finds the call's own
 // fence and writes nothing.)
-var unmarkScript = newKeyScript(`
-if ARGV[4] ~= '' then
-  -- the forgotten set: this call's token, for ARGV[5] ms (Unmark)
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('ZADD', ARGV[4], now, string.sub(ARGV[2], 2, 17))
-  redis.call('ZREMRANGEBYSCORE', ARGV[4], '-inf', now - tonumber(ARGV[5]))
-  redis.call('PEXPIRE', ARGV[4], ARGV[5])
-end
+var unmarkScript = newKeyScript(forgottenLua + `
+if ARGV[4] ~= '' then forget(ARGV[4], ARGV[5], {string.sub(ARGV[2], 2, 17)}) end
 local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, 17) == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
