@@ -15,5 +15,8 @@
 // An integration must never be imported by the engine, a tier or shard:
 // arrows point from here down, so a broker's or an exporter's client
 // library is linked only into the programs that import its integration.
-// None decides a duplicate itself; the engine does.
+// None decides a duplicate itself; the engine does. natsdedup, oteldedup
+// and watermilldedup are modules of their own (docs/layout.md, Modules),
+// so their libraries set no minimum version in a program that imports
+// only the engine.
 package integrations
