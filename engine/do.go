@@ -132,52 +132,27 @@ func (n *Namespace) run(ctx context.Context, key []byte, fn func(context.Context
 	if err != nil || claimed.Outcome != New {
 		return claimed.Outcome, claimed.Result, err
 	}
-	// A copy the heartbeat may hold (it escapes): a duplicate allocates
+	// A copy the session holds (it escapes): a duplicate allocates
 	// nothing for it.
 	c := claimed
-	committed, lost := false, false
-	defer func() {
-		if !committed {
-			// Given back, fenced by the claim's token: a claim lost to
-			// another worker is not theirs to free, and its give-back
-			// frees only this process's memory of it (which would answer
-			// InFlight until its extended lease ends).
-			gctx, cancel := giveBackContext(ctx)
-			defer cancel()
-			if rerr := n.e.Release(gctx, c); rerr != nil && !lost {
-				err = errors.Join(err, rerr)
+	committing := false
+	err = n.e.Run(ctx, &c, SessionOptions{}, func(hctx context.Context) (err error) {
+		if rfn != nil {
+			c.Result, err = rfn(hctx)
+			if err == nil {
+				err = n.e.checkResults([]Claim{c})
 			}
+			return err
 		}
-	}()
-	// The claim's lease is kept while fn runs, however long; fn's context
-	// ends if the claim is lost. Stopped before the give-back above (a
-	// panicking fn too): the claim is the heartbeat's until then.
-	hb, hctx := n.e.Keep(ctx, &c, HeartbeatOptions{})
-	stopped := false
-	defer func() {
-		if !stopped {
-			_ = hb.Stop()
-		}
-	}()
-	if rfn != nil {
-		c.Result, err = rfn(hctx)
-	} else {
-		err = fn(hctx)
+		return fn(hctx)
+	}, func(ctx context.Context, c Claim) error {
+		committing = true
+		return n.e.Commit(ctx, c)
+	})
+	if !committing {
+		return New, nil, err // not run to its end: no result to give
 	}
-	stopped = true
-	if lerr := hb.Stop(); lerr != nil {
-		// Another worker may hold the key now: nothing is committed.
-		lost = true
-		return New, nil, errors.Join(err, lerr)
-	}
-	if err == nil && rfn != nil {
-		err = n.e.checkResults([]Claim{c})
-	}
-	if err != nil {
-		return New, nil, err
-	}
-	committed = true
-	return New, c.Result, n.e.Commit(ctx, c)
+	return New, c.Result, err
 }
 
 // checkResults refuses a commit call before anything is written when a New

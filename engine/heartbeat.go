@@ -28,9 +28,9 @@ type HeartbeatOptions struct {
 	Failed   func(error)
 }
 
-// Heartbeat keeps a New claim's lease alive while its handler runs: the
-// one claim session runner of Do and of the integrations (HTTP,
-// Watermill, NATS). Stop ends it.
+// Heartbeat keeps a New claim's lease alive while its handler runs; Run,
+// the claim session of Do and of the integrations (HTTP, Watermill, NATS),
+// keeps its claim with one. Stop ends it.
 type Heartbeat struct {
 	quit   chan struct{}
 	done   chan struct{} // closed when run returns

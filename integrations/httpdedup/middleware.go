@@ -344,54 +344,69 @@ func Unknown(r *http.Request) {
 	}
 }
 
-// execute runs the handler for a New claim, keeps its lease, then stores
-// its response (or gives the claim back) and sends it.
+// errNotStored is a handler's run whose response is not stored (a
+// status Options.Store refuses, or a panic): its claim is given back.
+var errNotStored = errors.New("httpdedup: the response is not stored")
+
+// execute runs the handler for a New claim in the engine's claim session
+// (engine.Run: the lease kept while it runs, every third of it), then
+// stores its response (or gives the claim back) and sends it.
 func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, c engine.Claim) {
 	m.stats.executed.Add(1)
 	rec := newRecorder(w, m.keep)
-	// The lease is kept while the handler runs (every third of it); a lost
-	// claim's response is sent but not stored over another's. The handler
-	// keeps the request's context: the claim's loss does not abort it.
-	hb, _ := m.e.Keep(r.Context(), &c, engine.HeartbeatOptions{Lease: m.lease, Every: m.lease / 3})
 	state := &runState{}
-	panicked := m.run(next, rec, r.WithContext(context.WithValue(r.Context(), runStateKey{}, state)))
-	lost := hb.Stop()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.o.CommitTimeout)
-	defer cancel()
-	// Unknown outranks a panic: a proxy whose upstream broke mid-response
-	// aborts the handler after the request took effect.
+	var panicked any
+	var s stored
+	err := m.e.Run(r.Context(), &c, engine.SessionOptions{
+		Heartbeat: engine.HeartbeatOptions{Lease: m.lease, Every: m.lease / 3},
+		// The handler keeps the request's context: the claim's loss does
+		// not abort it; its response is sent but not stored over another's.
+		Uncanceled: true,
+		// Nothing to replay: the retry runs again, and the give-back counts
+		// no attempt. One that fails leaves the claim to end with its
+		// lease, and the key then answers 500 (outcome unknown), never a
+		// second run.
+		NoAttempt:       true,
+		GiveBackTimeout: m.o.CommitTimeout,
+		GiveBackFailed: func(err error) {
+			m.o.Logger.Printf("httpdedup: give back %s %s: %v", r.Method, r.URL.Path, err)
+		},
+	}, func(context.Context) error {
+		panicked = m.run(next, rec, r.WithContext(context.WithValue(r.Context(), runStateKey{}, state)))
+		// Unknown outranks a panic: a proxy whose upstream broke
+		// mid-response aborts the handler after the request took effect.
+		if !state.unknown.Load() && (panicked != nil || !m.o.Store(rec.finalStatus())) {
+			return errNotStored
+		}
+		s = rec.stored(m.o.StoredHeaders)
+		if state.unknown.Load() {
+			// Retries get this, not the handler's response, which says
+			// nothing of the request's effect.
+			s = stored{status: http.StatusInternalServerError, bodyKept: true,
+				header: http.Header{"Content-Type": {"application/problem+json"}, "Cache-Control": {"no-store"}},
+				body:   m.problemBody(http.StatusInternalServerError, titleUnknown, detailUnknown)}
+		}
+		return nil
+	}, func(ctx context.Context, c engine.Claim) error {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.o.CommitTimeout)
+		defer cancel()
+		return m.commit(ctx, &c, &s)
+	})
 	unknown := state.unknown.Load()
-	if !unknown && (panicked != nil || !m.o.Store(rec.finalStatus())) {
-		// Nothing to replay: the retry runs again. The give-back counts no
-		// attempt; one that fails leaves the claim to end with its lease,
-		// and the key then answers 500 (outcome unknown), never a second run.
+	if unknown {
+		m.stats.unknown.Add(1)
+	}
+	extra := http.Header{}
+	switch {
+	case errors.Is(err, errNotStored):
 		m.stats.released.Add(1)
 		m.span(r).executed(rec.finalStatus(), false, true)
-		if err := m.e.UnclaimBatch(ctx, []engine.Claim{c}, nil); err != nil {
-			m.o.Logger.Printf("httpdedup: give back %s %s: %v", r.Method, r.URL.Path, err)
-		}
 		if panicked != nil {
 			m.panicked(rec, r, panicked, false)
 			return
 		}
 		rec.send(nil)
 		return
-	}
-	s := rec.stored(m.o.StoredHeaders)
-	if unknown {
-		// Retries get this, not the handler's response, which says nothing
-		// of the request's effect.
-		m.stats.unknown.Add(1)
-		s = stored{status: http.StatusInternalServerError, bodyKept: true,
-			header: http.Header{"Content-Type": {"application/problem+json"}, "Cache-Control": {"no-store"}},
-			body:   m.problemBody(http.StatusInternalServerError, titleUnknown, detailUnknown)}
-	}
-	extra := http.Header{}
-	err := lost
-	if err == nil {
-		err = m.commit(ctx, &c, &s)
-	}
-	switch {
 	case err != nil:
 		// The handler ran; its response is sent, and the claim is left to
 		// end: a retry is answered 500 (outcome unknown), never run again.

@@ -170,11 +170,6 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg, h Handler) {
 		return
 	}
 
-	writes, err := c.run(ctx, msg, &cl, h)
-	if err != nil {
-		c.retry(msg)
-		return
-	}
 	done := func(err error) {
 		if err != nil {
 			c.log.Printf("natsdedup: commit: %v", err)
@@ -184,54 +179,50 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg, h Handler) {
 		c.stats.news.Add(1)
 		c.check("ack", msg.Ack())
 	}
-	if len(writes) > 0 {
-		c.e.CommitBatchAsync(ctx, []engine.Claim{cl}, writes, done)
-	} else {
-		c.e.CommitAsync(ctx, cl, done)
+	if err := c.run(ctx, msg, &cl, h, done); err != nil {
+		c.retry(msg)
 	}
 }
 
-// run runs h for the claimed message, sending InProgress and extending the
-// claim every AckWait/2 while it runs. A failed handler's claim is
-// released; a lost claim cancels the handler's context and fails.
-func (c *Consumer) run(ctx context.Context, msg jetstream.Msg, cl *engine.Claim, h Handler) ([]engine.Write, error) {
-	// The claim is kept while the handler runs: every half ack wait (or
-	// half the lease left, if sooner) the message gets InProgress and the
-	// claim an Extend by AckWait. A lost claim cancels the handler's
-	// context.
-	hb, hctx := c.e.Keep(ctx, cl, engine.HeartbeatOptions{
-		Lease:    c.o.AckWait,
-		Every:    c.o.AckWait / 2,
-		Beat:     func() { c.check("in-progress", msg.InProgress()) },
-		Extended: func() { c.stats.extends.Add(1) },
-		Failed:   func(err error) { c.log.Printf("natsdedup: extend: %v", err) },
-	})
+// run runs h for the claimed message in the engine's claim session
+// (engine.Run), sending InProgress and extending the claim every
+// AckWait/2 while it runs, and commits its mark with the handler's writes;
+// done is told once the commit is durable. A failed or panicking handler's
+// claim is given back (a panic then goes on, the message redelivered at
+// once); a lost claim cancels the handler's context and fails.
+func (c *Consumer) run(ctx context.Context, msg jetstream.Msg, cl *engine.Claim, h Handler, done func(error)) error {
+	var writes []engine.Write
+	returned := false
 	defer func() {
-		if r := recover(); r != nil {
-			// A panicking handler: the heartbeat stops; its claim is
-			// released and its message redelivered at once, not held
-			// until the lease ends, then the panic goes on.
-			if hb.Stop() == nil {
-				if err := c.e.Release(context.WithoutCancel(ctx), *cl); err != nil {
-					c.log.Printf("natsdedup: release after a panic: %v", err)
-				}
-			}
-			c.retry(msg)
-			panic(r)
+		if !returned {
+			c.retry(msg) // the handler panicked: redelivered now, not at AckWait
 		}
 	}()
-	writes, err := h(hctx, msg)
-	if lost := hb.Stop(); lost != nil {
-		c.stats.lost.Add(1)
-		return nil, lost
-	}
-	if err != nil {
-		if rerr := c.e.Release(ctx, *cl); rerr != nil {
-			c.log.Printf("natsdedup: release: %v", rerr)
+	err := c.e.Run(ctx, cl, engine.SessionOptions{
+		Heartbeat: engine.HeartbeatOptions{
+			Lease:    c.o.AckWait,
+			Every:    c.o.AckWait / 2,
+			Beat:     func() { c.check("in-progress", msg.InProgress()) },
+			Extended: func() { c.stats.extends.Add(1) },
+			Failed:   func(err error) { c.log.Printf("natsdedup: extend: %v", err) },
+		},
+		GiveBackFailed: func(err error) { c.log.Printf("natsdedup: release: %v", err) },
+	}, func(hctx context.Context) (err error) {
+		writes, err = h(hctx, msg)
+		return err
+	}, func(ctx context.Context, cl engine.Claim) error {
+		if len(writes) > 0 {
+			c.e.CommitBatchAsync(ctx, []engine.Claim{cl}, writes, done)
+		} else {
+			c.e.CommitAsync(ctx, cl, done)
 		}
-		return nil, err
+		return nil
+	})
+	returned = true
+	if errors.Is(err, engine.ErrLeaseLost) {
+		c.stats.lost.Add(1)
 	}
-	return writes, nil
+	return err
 }
 
 func (c *Consumer) retry(msg jetstream.Msg) {

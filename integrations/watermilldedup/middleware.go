@@ -289,90 +289,79 @@ func (m *Middleware) handle(msg *message.Message, h message.HandlerFunc) ([]*mes
 	return nil, fmt.Errorf("watermilldedup: unexpected outcome %v", cl.Outcome)
 }
 
-// execute runs h for a New claim while extending it, then commits its
-// mark, the handler's records and its produced messages, and returns once
-// that commit is durable; a failed or panicking handler's claim is
-// released.
+// execute runs h for a New claim in the engine's claim session
+// (engine.Run: the lease kept while h runs, a lost claim cancelling h's
+// context), then commits its mark, the handler's records and its produced
+// messages, and returns once that commit is durable; a failed or
+// panicking handler's claim is given back (a panic then goes on to the
+// router, or a Recoverer in front of this middleware).
 func (m *Middleware) execute(msg *message.Message, h message.HandlerFunc, cl engine.Claim) (outs []*message.Message, err error) {
 	orig := msg.Context()
-	settle := func() (context.Context, context.CancelFunc) {
-		// Release and commit run even if the message's context ended.
-		return context.WithTimeout(context.WithoutCancel(orig), m.o.CommitTimeout)
-	}
-	release := func(why string) {
-		ctx, cancel := settle()
-		defer cancel()
-		if err := m.e.Release(ctx, cl); err != nil {
-			m.o.Logger.Error("watermilldedup: release after "+why, err, watermill.LogFields{"message_uuid": msg.UUID})
-		}
-	}
 	col := &collector{writable: m.writable}
-	// The lease is kept while the handler runs (every half of what is
-	// left); a lost claim cancels the handler's context at once.
-	hb, hctx := m.e.Keep(context.WithValue(orig, collectorKey{}, col), &cl, engine.HeartbeatOptions{
-		Lease:    m.lease,
-		Extended: func() { m.stats.extends.Add(1) },
-		Failed:   func(err error) { m.o.Logger.Error("watermilldedup: extend", err, nil) },
-	})
-	stop := func() bool {
-		if hb.Stop() != nil {
-			m.stats.lost.Add(1)
-			return true
-		}
-		return false
-	}
-	msg.SetContext(hctx)
-	returned := false
+	var writes []engine.Write
+	stage := "a panic" // what the handler did, for the give-back's log
+	panicking := true
 	defer func() {
-		if returned {
-			return
-		}
-		// The handler panicked (or called runtime.Goexit): its claim is
-		// released, so the redelivery the router's nack brings runs it
-		// again, then the panic goes on to the router (or a Recoverer in
-		// front of this middleware).
-		r := recover()
-		msg.SetContext(orig)
-		col.close()
-		stop()
-		m.stats.failed.Add(1)
-		release("a panic")
-		if r != nil {
-			panic(r)
+		if panicking {
+			m.stats.failed.Add(1)
 		}
 	}()
-	outs, err = h(msg)
-	returned = true
-	msg.SetContext(orig)
-	writes := col.close()
-	if lost := stop(); lost {
-		m.stats.failed.Add(1)
-		return nil, ErrLeaseLost
+	err = m.e.Run(context.WithValue(orig, collectorKey{}, col), &cl, engine.SessionOptions{
+		Heartbeat: engine.HeartbeatOptions{
+			Lease:    m.lease,
+			Extended: func() { m.stats.extends.Add(1) },
+			Failed:   func(err error) { m.o.Logger.Error("watermilldedup: extend", err, nil) },
+		},
+		// The give-back runs even if the message's context ended.
+		GiveBackTimeout: m.o.CommitTimeout,
+		GiveBackFailed: func(err error) {
+			m.o.Logger.Error("watermilldedup: release after "+stage, err, watermill.LogFields{"message_uuid": msg.UUID})
+		},
+	}, func(hctx context.Context) error {
+		msg.SetContext(hctx)
+		defer func() {
+			msg.SetContext(orig)
+			writes = col.close()
+		}()
+		var err error
+		if outs, err = h(msg); err != nil {
+			stage = "a handler error"
+			return err
+		}
+		result := encodeOutputs(outs)
+		if len(result) > m.maxResult {
+			stage = "outputs too large"
+			err := fmt.Errorf("%w: %d messages, %d bytes encoded, engine MaxResultSize %d", ErrOutputsTooLarge, len(outs), len(result), m.maxResult)
+			outs = nil
+			return err
+		}
+		cl.Result = result
+		return nil
+	}, func(_ context.Context, c engine.Claim) error {
+		// The commit runs even if the message's context ended.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(orig), m.o.CommitTimeout)
+		defer cancel()
+		done := make(chan error, 1)
+		m.e.CommitBatchAsync(ctx, []engine.Claim{c}, writes, func(err error) { done <- err })
+		if err := <-done; err != nil {
+			// Not acked: the redelivery finds the mark if it landed after
+			// all (Duplicate), or the claim until its lease ends (InFlight).
+			outs = nil
+			return fmt.Errorf("watermilldedup: commit: %w", err)
+		}
+		return nil
+	})
+	panicking = false
+	switch {
+	case err == nil:
+		m.stats.news.Add(1)
+		return outs, nil
+	case errors.Is(err, engine.ErrLeaseLost):
+		m.stats.lost.Add(1)
+		err, outs = ErrLeaseLost, nil
 	}
-	if err != nil {
-		m.stats.failed.Add(1)
-		release("a handler error")
-		return outs, err
-	}
-	result := encodeOutputs(outs)
-	if len(result) > m.maxResult {
-		m.stats.failed.Add(1)
-		release("outputs too large")
-		return nil, fmt.Errorf("%w: %d messages, %d bytes encoded, engine MaxResultSize %d", ErrOutputsTooLarge, len(outs), len(result), m.maxResult)
-	}
-	cl.Result = result
-	ctx, ccancel := settle()
-	defer ccancel()
-	done := make(chan error, 1)
-	m.e.CommitBatchAsync(ctx, []engine.Claim{cl}, writes, func(err error) { done <- err })
-	if err := <-done; err != nil {
-		// Not acked: the redelivery finds the mark if it landed after all
-		// (Duplicate), or the claim until its lease ends (InFlight).
-		m.stats.failed.Add(1)
-		return nil, fmt.Errorf("watermilldedup: commit: %w", err)
-	}
-	m.stats.news.Add(1)
-	return outs, nil
+	m.stats.failed.Add(1)
+	return outs, err
 }
 
 // reject calls Options.Reject and dead-letters msg if so configured: nil
