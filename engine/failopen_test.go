@@ -125,3 +125,25 @@ func TestFailOpenScope(t *testing.T) {
 		})
 	}
 }
+
+// TestFailOpenKeepsCapabilities: behind FailOpen's wrapper each shared
+// tier keeps what the engine found it can do (partition drops, marks in
+// one statement or script), as without it.
+func TestFailOpenKeepsCapabilities(t *testing.T) {
+	for name, backend := range map[string]func(t *testing.T) tier.Backend{
+		"redis":    func(t *testing.T) tier.Backend { return redisBackend(redistest.Start(t).Client(t), "caps:") },
+		"postgres": func(t *testing.T) tier.Backend { p := postgresPool(t); return pgBackend(p, pgTable(t, p, "caps")) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			b := backend(t)
+			closed := open(t, engine.Options{Backend: b})
+			wantDropper, wantMarker := closed.Capabilities()
+			_ = closed.Close()
+			opened := open(t, engine.Options{Backend: b, FailOpen: true})
+			defer opened.Close()
+			if dropper, marker := opened.Capabilities(); dropper != wantDropper || marker != wantMarker || !marker {
+				t.Fatalf("fail-open engine found dropper %v, marker %v; fail-closed %v, %v", dropper, marker, wantDropper, wantMarker)
+			}
+		})
+	}
+}

@@ -26,6 +26,7 @@ var (
 	loseMarkReply = enginetest.LoseMarkReply
 	redisBackend  = enginetest.RedisBackend
 	pgBackend     = enginetest.PGBackend
+	ageRedis      = enginetest.AgeRedis
 )
 
 func open(t testing.TB, o engine.Options) *engine.Engine {
@@ -46,6 +47,7 @@ func ptr[T any](v T) *T { return enginetest.Ptr(v) }
 // crashtest.Start for a kill test) to its code.
 func TestMain(m *testing.M) {
 	crashtest.Main(m, map[string]func(spec string) int{
-		"redis-archive": redisArchiveChild, // TestKillWhileArchivingRedis
+		"redis-archive":               redisArchiveChild,         // TestKillWhileArchivingRedis
+		enginetest.ProcessesChildName: enginetest.ProcessesChild, // TestRedisProcessesRace
 	})
 }

@@ -1,4 +1,4 @@
-package engine_test
+package enginetest_test
 
 import (
 	"context"
@@ -16,20 +16,6 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 )
-
-func pgTable(t *testing.T, p *pgxpool.Pool, prefix string) string {
-	table := fmt.Sprintf("%s_%d", prefix, time.Now().UnixNano())
-	t.Cleanup(func() { _, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
-	return table
-}
-
-func pgRows(t *testing.T, p *pgxpool.Pool, table string) int {
-	var n int
-	if err := p.QueryRow(context.Background(), "SELECT count(*) FROM "+table).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
 
 // TestPostgresSweepsWithAndWithoutFailOpen: rows expired on the server
 // are swept once the engine's partition rotates, with FailOpen too (its

@@ -1,9 +1,10 @@
-package engine_test
+package enginetest_test
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/enginetest"
+	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/postgres/pgtest"
 )
 
@@ -25,11 +27,16 @@ var pgBackend = enginetest.PGBackend
 // PostgreSQL tier: the same operations, crashes of the consumer, clock
 // jumps (the table aged by each step) and checks as every configuration.
 func TestConformancePostgres(t *testing.T) {
-	pg := confConfig{name: "postgres", capacity: 4096, postgres: postgresPool}
+	pg := enginetest.ConformanceConfig{Name: "postgres", Tiers: engine.Default, Capacity: 4096,
+		Shared: func(t *testing.T, name string) (tier.Backend, func(context.Context, time.Duration) error) {
+			pool, table := postgresPool(t), "conf_"+strings.ReplaceAll(name, "-", "_")
+			t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
+			return pgBackend(pool, table), func(ctx context.Context, d time.Duration) error { return agePostgres(ctx, pool, table, d) }
+		}}
 	small := pg
-	small.name, small.capacity = "postgres-small-cache", 16
-	t.Run(pg.name, func(t *testing.T) { runConformanceSeeds(t, pg) })
-	t.Run(small.name, func(t *testing.T) { runConformanceSeeds(t, small) })
+	small.Name, small.Capacity = "postgres-small-cache", 16
+	t.Run(pg.Name, func(t *testing.T) { enginetest.Conformance(t, pg) })
+	t.Run(small.Name, func(t *testing.T) { enginetest.Conformance(t, small) })
 }
 
 // TestPostgresFencing: two consumer processes (two engines) share a table.
@@ -77,7 +84,7 @@ func TestPostgresFencing(t *testing.T) {
 // one table; each key is New in exactly one process.
 func TestPostgresProcessesRace(t *testing.T) {
 	postgresPool(t) // fails here, not in the children, when the server is missing
-	runProcessesRace(t, postgresDSN)
+	enginetest.ProcessesRace(t, postgresDSN)
 }
 
 // TestPostgresConnectionsKilledMidRun: while four workers claim and commit,
@@ -96,7 +103,7 @@ func TestPostgresConnectionsKilledMidRun(t *testing.T) {
 	t.Cleanup(func() { _, _ = admin.Exec(ctx, "DROP TABLE IF EXISTS "+table) })
 	e := open(t, engine.Options{Backend: pgBackend(p, table)})
 	defer e.Close()
-	load := startOutageLoad(e)
+	load := enginetest.StartOutageLoad(e)
 	time.Sleep(200 * time.Millisecond)
 	killed := 0
 	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
@@ -108,11 +115,11 @@ func TestPostgresConnectionsKilledMidRun(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	time.Sleep(300 * time.Millisecond)
-	load.finish(t)
+	load.Finish(t)
 	if t.Failed() {
 		t.FailNow()
 	}
-	acked, unavailable := load.acked, &load.unavailable
+	acked, unavailable := load.Acked, &load.Unavailable
 	if killed == 0 || unavailable.Load() == 0 {
 		t.Fatalf("connections killed %d, calls unavailable %d: the outage was not exercised", killed, unavailable.Load())
 	}
@@ -154,11 +161,11 @@ func TestPostgresServerKilledMidRun(t *testing.T) {
 	o := engine.Options{Backend: pgBackend(p, "dedup")}
 	e := open(t, o)
 	defer e.Close()
-	load := startOutageLoad(e)
+	load := enginetest.StartOutageLoad(e)
 	acked := func() int {
-		load.mu.Lock()
-		defer load.mu.Unlock()
-		return len(load.acked)
+		load.Mu.Lock()
+		defer load.Mu.Unlock()
+		return len(load.Acked)
 	}
 	time.Sleep(300 * time.Millisecond)
 	srv.Kill()
@@ -167,14 +174,14 @@ func TestPostgresServerKilledMidRun(t *testing.T) {
 	srv.Start()
 	atRestart := acked()
 	time.Sleep(time.Second)
-	load.finish(t)
+	load.Finish(t)
 	if t.Failed() {
 		t.FailNow()
 	}
-	unavailable := load.unavailable.Load()
-	if atKill == 0 || unavailable == 0 || len(load.acked) == atRestart {
+	unavailable := load.Unavailable.Load()
+	if atKill == 0 || unavailable == 0 || len(load.Acked) == atRestart {
 		t.Fatalf("acknowledged %d before the kill, %d after the restart; %d calls unavailable: the outage was not exercised",
-			atKill, len(load.acked)-atRestart, unavailable)
+			atKill, len(load.Acked)-atRestart, unavailable)
 	}
 	check, err := pgxpool.New(ctx, srv.DSN)
 	if err != nil {
@@ -182,9 +189,9 @@ func TestPostgresServerKilledMidRun(t *testing.T) {
 	}
 	defer check.Close()
 	o.Backend = pgBackend(check, "dedup")
-	assertDuplicates(t, open(t, o), load.acked)
+	assertDuplicates(t, open(t, o), load.Acked)
 	t.Logf("server killed and restarted: %d calls unavailable; acknowledged %d before the kill, %d while it came back (before Start saw it ready), %d after; all %d duplicates in the recovered table",
-		unavailable, atKill, atRestart-atKill, len(load.acked)-atRestart, len(load.acked))
+		unavailable, atKill, atRestart-atKill, len(load.Acked)-atRestart, len(load.Acked))
 }
 
 // TestPostgresLayoutMismatch: a process whose window differs from the one
@@ -201,8 +208,7 @@ func TestPostgresLayoutMismatch(t *testing.T) {
 	}
 }
 
-// TestPostgresFailOpen: with FailOpen the tier keeps its capabilities
-// (sweeps, one-statement marks) behind the wrapper; with the server killed
+// TestPostgresFailOpen: with the server killed
 // a fail-closed engine's marks fail with ErrUnavailable, and a fail-open
 // engine's answer New, each key counted once as a fail-open answer.
 func TestPostgresFailOpen(t *testing.T) {
@@ -219,9 +225,6 @@ func TestPostgresFailOpen(t *testing.T) {
 	o.FailOpen = true
 	opened := open(t, o)
 	defer opened.Close()
-	if dropper, marker := opened.Capabilities(); !dropper || !marker {
-		t.Fatalf("fail-open engine found dropper %v, marker %v: want both", dropper, marker)
-	}
 	keys := [][]byte{[]byte("a"), []byte("b"), []byte("c")}
 	out := make([]engine.Outcome, len(keys))
 	if err := opened.MarkBatch(ctx, keys[:1], nil, out[:1]); err != nil || out[0] != engine.New {

@@ -1,4 +1,4 @@
-package engine_test
+package enginetest_test
 
 import (
 	"context"
@@ -7,15 +7,8 @@ import (
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
-	"github.com/tierdedup/tierdedup/internal/enginetest"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
-
-// hookClock is a fake clock that runs fn on the n-th Now() after it is
-// armed; loseMarkReply pauses Redis on a chosen reading of a mark.
-type hookClock = enginetest.HookClock
-
-var loseMarkReply = enginetest.LoseMarkReply
 
 // TestRedisWindowIsRecorded: two processes share one Redis and prefix, A
 // with a one-hour window, B (a misconfigured or newly rolled-out

@@ -1,24 +1,18 @@
-package engine_test
+package enginetest_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"os"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
-	"github.com/tierdedup/tierdedup/internal/crashtest"
 	"github.com/tierdedup/tierdedup/internal/enginetest"
+	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -27,30 +21,23 @@ import (
 // against redis-server processes it starts itself.
 
 func TestConformanceRedis(t *testing.T) {
+	on := func(client func(t *testing.T) goredis.UniversalClient) func(t *testing.T, name string) (tier.Backend, func(context.Context, time.Duration) error) {
+		return func(t *testing.T, name string) (tier.Backend, func(context.Context, time.Duration) error) {
+			c, prefix := client(t), "conf-"+name+":"
+			return redisBackend(c, prefix), func(ctx context.Context, d time.Duration) error { return ageRedis(ctx, c, prefix, d) }
+		}
+	}
 	srv := redistest.Start(t)
-	single := confConfig{name: "redis", capacity: 4096, redis: func(t *testing.T) goredis.UniversalClient {
-		return srv.Client(t)
-	}}
+	single := enginetest.ConformanceConfig{Name: "redis", Tiers: engine.Default, Capacity: 4096, Shared: on(func(t *testing.T) goredis.UniversalClient { return srv.Client(t) })}
 	small := single
-	small.name, small.capacity = "redis-small-cache", 16
-	t.Run(single.name, func(t *testing.T) { runConformanceSeeds(t, single) })
-	t.Run(small.name, func(t *testing.T) { runConformanceSeeds(t, small) })
+	small.Name, small.Capacity = "redis-small-cache", 16
+	t.Run(single.Name, func(t *testing.T) { enginetest.Conformance(t, single) })
+	t.Run(small.Name, func(t *testing.T) { enginetest.Conformance(t, small) })
 
 	cl := redistest.StartCluster(t)
-	cluster := confConfig{name: "redis-cluster", capacity: 4096, redis: func(t *testing.T) goredis.UniversalClient {
-		return cl.Client(t)
-	}}
-	t.Run(cluster.name, func(t *testing.T) { runConformanceSeeds(t, cluster) })
+	cluster := enginetest.ConformanceConfig{Name: "redis-cluster", Tiers: engine.Default, Capacity: 4096, Shared: on(func(t *testing.T) goredis.UniversalClient { return cl.Client(t) })}
+	t.Run(cluster.Name, func(t *testing.T) { enginetest.Conformance(t, cluster) })
 }
-
-// openRedis opens an engine of o on the Redis tier over c, its keys under
-// prefix (a fresh one when prefix is empty); redisBackend is that tier.
-func openRedis(t *testing.T, c goredis.UniversalClient, prefix string, o engine.Options) *engine.Engine {
-	t.Helper()
-	return enginetest.OpenRedis(t, c, prefix, o)
-}
-
-var redisBackend = enginetest.RedisBackend
 
 // TestRedisFencing: a claim whose lease ended in Redis and was taken over by
 // another process cannot commit or release, and changes nothing.
@@ -136,20 +123,20 @@ func TestRedisKilledMidRun(t *testing.T) {
 	c := srv.ClientWith(t, &goredis.Options{MaxRetries: 1, DialTimeout: 100 * time.Millisecond, MaxRetryBackoff: 20 * time.Millisecond})
 	e := openRedis(t, c, "kill:", engine.Options{})
 	defer e.Close()
-	load := startOutageLoad(e)
+	load := enginetest.StartOutageLoad(e)
 	time.Sleep(200 * time.Millisecond)
 	srv.Kill()
 	time.Sleep(time.Second)
 	srv.Restart()
 	time.Sleep(300 * time.Millisecond)
-	load.finish(t)
-	if load.unavailable.Load() == 0 {
-		t.Fatalf("no call saw Redis down (%d acknowledged)", len(load.acked))
+	load.Finish(t)
+	if load.Unavailable.Load() == 0 {
+		t.Fatalf("no call saw Redis down (%d acknowledged)", len(load.Acked))
 	}
 	if st := e.Stats(); st.Calls.Errors == 0 {
 		t.Error("Stats.Calls.Errors did not count the outage")
 	}
-	keys := load.acked
+	keys := load.Acked
 	// Checked through a second engine on the same prefix: the first one's
 	// memory holds its own commits and would answer Duplicate without
 	// asking Redis.
@@ -191,109 +178,12 @@ func TestRedisFailOpenIsCounted(t *testing.T) {
 	}
 }
 
-// The multi-process race: four OS processes (this test binary re-executed)
-// claim the same keys in different orders through one Redis (or one
-// PostgreSQL table); exactly one claim per key is New across all of them.
-
-func redisChild(spec string) int {
-	parts := strings.Split(spec, "|")
-	addr, prefix := parts[0], parts[1]
-	id, _ := strconv.Atoi(parts[2])
-	n, _ := strconv.Atoi(parts[3])
-	o := engine.Options{Logger: quiet}
-	if strings.HasPrefix(addr, "postgres://") { // the PostgreSQL tier; prefix names its table
-		p, err := pgxpool.New(context.Background(), addr)
-		if err != nil {
-			fmt.Println("ERR", err)
-			return 1
-		}
-		defer p.Close()
-		o.Backend = pgBackend(p, prefix)
-	} else {
-		var c goredis.UniversalClient = goredis.NewClient(&goredis.Options{Addr: addr})
-		if strings.Contains(addr, ",") { // a cluster's masters
-			c = goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: strings.Split(addr, ",")})
-		}
-		defer c.Close()
-		o.Backend = redisBackend(c, prefix)
-	}
-	e, err := engine.Open(&o)
-	if err != nil {
-		fmt.Println("ERR", err)
-		return 1
-	}
-	defer e.Close()
-	order := rand.New(rand.NewPCG(uint64(id), 3)).Perm(n)
-	out := bufio.NewWriter(os.Stdout)
-	defer out.Flush()
-	for i := 0; i < n; i += 32 {
-		idx := order[i:min(i+32, n)]
-		keys := make([][]byte, len(idx))
-		for j, k := range idx {
-			keys[j] = fmt.Appendf(nil, "shared-%d", k)
-		}
-		claims := make([]engine.Claim, len(keys))
-		if err := e.ClaimBatch(context.Background(), keys, nil, claims); err != nil {
-			fmt.Fprintln(out, "ERR", err)
-			return 1
-		}
-		for _, cl := range claims {
-			if cl.Outcome == engine.New {
-				fmt.Fprintln(out, "N", string(cl.Key))
-			}
-		}
-		if id%2 == 0 {
-			if err := e.CommitBatch(context.Background(), claims, nil); err != nil {
-				fmt.Fprintln(out, "ERR", err)
-				return 1
-			}
-		}
-	}
-	return 0
-}
-
 // TestRedisProcessesRace: four OS processes claim the same keys through one
 // Redis node, and through a 3-master cluster; each key is New in exactly
 // one process.
 func TestRedisProcessesRace(t *testing.T) {
-	t.Run("node", func(t *testing.T) { runProcessesRace(t, redistest.Start(t).Addr) })
-	t.Run("cluster", func(t *testing.T) { runProcessesRace(t, strings.Join(redistest.StartCluster(t).Addrs(), ",")) })
-}
-
-func runProcessesRace(t *testing.T, addr string) {
-	const procs, keys = 4, 3000
-	prefix := fmt.Sprintf("race-%d:", time.Now().UnixNano())
-	if strings.HasPrefix(addr, "postgres://") {
-		prefix = fmt.Sprintf("race_%d", time.Now().UnixNano())
-		p := postgresPool(t)
-		t.Cleanup(func() { _, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+prefix) })
-	}
-	news := map[string]int{}
-	var mu sync.Mutex
-	children := make([]*crashtest.Child, procs)
-	for p := range procs {
-		children[p] = crashtest.Start(t, "redis", fmt.Sprintf("%s|%s|%d|%d", addr, prefix, p, keys), &crashtest.Options{OnLine: func(line string) {
-			kind, key, _ := strings.Cut(line, " ")
-			mu.Lock()
-			defer mu.Unlock()
-			switch kind {
-			case "N":
-				news[key]++
-			case "ERR":
-				t.Errorf("process %d: %s", p, key)
-			}
-		}})
-	}
-	for p, c := range children {
-		if err := c.Wait(); err != nil {
-			t.Errorf("process %d: %v\n%s", p, err, c.Describe())
-		}
-	}
-	for i := range keys {
-		if n := news[fmt.Sprintf("shared-%d", i)]; n != 1 {
-			t.Fatalf("shared-%d was New in %d processes", i, n)
-		}
-	}
+	t.Run("node", func(t *testing.T) { enginetest.ProcessesRace(t, redistest.Start(t).Addr) })
+	t.Run("cluster", func(t *testing.T) { enginetest.ProcessesRace(t, strings.Join(redistest.StartCluster(t).Addrs(), ",")) })
 }
 
 // TestRedisClaimRetriedAfterLostReply: Redis is paused, so a claim fails by
