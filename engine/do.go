@@ -140,7 +140,8 @@ func (n *Namespace) run(ctx context.Context, key []byte, fn func(context.Context
 		if rfn != nil {
 			c.Result, err = rfn(hctx)
 			if err == nil {
-				err = n.e.checkResults([]Claim{c})
+				// c.Result alone: the heartbeat writes c's lease meanwhile.
+				err = n.e.checkResult(0, c.Result, false)
 			}
 			return err
 		}
@@ -160,18 +161,27 @@ func (n *Namespace) run(ctx context.Context, key []byte, fn func(context.Context
 func (e *Engine) checkResults(claims []Claim) error {
 	for i := range claims {
 		c := &claims[i]
-		if c.Outcome != New || len(c.Result) == 0 {
+		if c.Outcome != New {
 			continue
 		}
-		if c.advance {
-			return fmt.Errorf("%w: claim %d: an Advance claim stores its version, not a Result", ErrOptions, i)
-		}
-		if len(c.Result) > e.maxResult {
-			return fmt.Errorf("%w: claim %d: %d bytes, max %d (Options.MaxResultSize)", ErrResultTooLarge, i, len(c.Result), e.maxResult)
-		}
-		if err := e.serve(NeedResults, "a commit with a Result"); err != nil {
+		if err := e.checkResult(i, c.Result, c.advance); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// checkResult is checkResults for the New claim i of a call, by the
+// fields it reads.
+func (e *Engine) checkResult(i int, result []byte, advance bool) error {
+	if len(result) == 0 {
+		return nil
+	}
+	if advance {
+		return fmt.Errorf("%w: claim %d: an Advance claim stores its version, not a Result", ErrOptions, i)
+	}
+	if len(result) > e.maxResult {
+		return fmt.Errorf("%w: claim %d: %d bytes, max %d (Options.MaxResultSize)", ErrResultTooLarge, i, len(result), e.maxResult)
+	}
+	return e.serve(NeedResults, "a commit with a Result")
 }

@@ -56,9 +56,13 @@ type SessionOptions struct {
 //     stack; commit is not called.
 //
 // c must be New; it belongs to Run until Run returns (handle may set its
-// Result, which commit then receives). handle runs in a context canceled
-// when the claim is lost (unless o.Uncanceled) or when ctx ends. A claim
-// that is not New is refused with ErrNotClaimed, and nothing runs.
+// Result, which commit then receives; the heartbeat writes its lease
+// meanwhile, so handle must not read the whole claim). handle runs in a
+// context canceled when the claim is lost (unless o.Uncanceled) or when
+// ctx ends. A claim that is not New, or is another engine's, is refused
+// with ErrNotClaimed, and options a heartbeat cannot keep (a lease not
+// shorter than the window, a negative duration) with ErrOptions: nothing
+// runs.
 func (e *Engine) Run(ctx context.Context, c *Claim, o SessionOptions, handle func(context.Context) error, commit func(context.Context, Claim) error) (err error) {
 	if c == nil || c.Outcome != New {
 		out := "no claim"
@@ -67,8 +71,16 @@ func (e *Engine) Run(ctx context.Context, c *Claim, o SessionOptions, handle fun
 		}
 		return fmt.Errorf("%w: Run needs a New claim (%s)", ErrNotClaimed, out)
 	}
+	if c.ns == nil || c.ns.e != e {
+		return fmt.Errorf("%w: Run of another engine's claim", ErrNotClaimed)
+	}
 	if handle == nil || commit == nil {
 		return fmt.Errorf("%w: Run needs a handler and a commit", ErrOptions)
+	}
+	if hl := o.Heartbeat.Lease; hl < 0 || int64(hl) >= e.window || o.Heartbeat.Every < 0 || o.GiveBackTimeout < 0 {
+		// Caught here, not by every beat's Extend while the claim lapses.
+		return fmt.Errorf("%w: SessionOptions: heartbeat lease %v (positive, shorter than the window %v), every %v, give-back timeout %v: none may be negative",
+			ErrOptions, hl, time.Duration(e.window), o.Heartbeat.Every, o.GiveBackTimeout)
 	}
 	hb, hctx := e.Keep(ctx, c, o.Heartbeat)
 	if o.Uncanceled {

@@ -178,8 +178,9 @@ func TestRunGiveBackFailed(t *testing.T) {
 	}
 }
 
-// TestRunRefuses: Run of a claim that is not New, or without a handler or
-// a commit, runs nothing.
+// TestRunRefuses: Run of a claim that is not New or is another engine's,
+// without a handler or a commit, or with options a heartbeat cannot keep,
+// runs nothing.
 func TestRunRefuses(t *testing.T) {
 	e := runEngine(t, nil, 1)
 	ctx := context.Background()
@@ -201,7 +202,42 @@ func TestRunRefuses(t *testing.T) {
 	if err := e.Run(ctx, &fresh, engine.SessionOptions{}, nil, commit); !errors.Is(err, engine.ErrOptions) {
 		t.Fatalf("Run without a handler: %v", err)
 	}
+	for _, o := range []engine.SessionOptions{
+		{Heartbeat: engine.HeartbeatOptions{Lease: engine.DefaultWindow}},
+		{Heartbeat: engine.HeartbeatOptions{Lease: -time.Second}},
+		{Heartbeat: engine.HeartbeatOptions{Every: -time.Second}},
+		{GiveBackTimeout: -time.Second},
+	} {
+		if err := e.Run(ctx, &fresh, o, handle, commit); !errors.Is(err, engine.ErrOptions) {
+			t.Fatalf("Run with %+v: %v, want ErrOptions", o, err)
+		}
+	}
+	other := runEngine(t, nil, 1)
+	if err := other.Run(ctx, &fresh, engine.SessionOptions{}, handle, commit); !errors.Is(err, engine.ErrNotClaimed) {
+		t.Fatalf("Run of another engine's claim: %v, want ErrNotClaimed", err)
+	}
 	if ran {
 		t.Fatal("something ran")
+	}
+}
+
+// TestDoResultOutlivesHeartbeats: a DoResult handler running several
+// heartbeats long commits its result; under -race its claim is read by
+// nothing but the heartbeat while the handler runs (the result check reads
+// the result alone: a check of the whole claim raced the heartbeat's
+// write of its lease).
+func TestDoResultOutlivesHeartbeats(t *testing.T) {
+	o := engine.Options{Lease: 20 * time.Millisecond, Logger: quiet}
+	enginetest.SetDir(&o, t.TempDir())
+	e := open(t, o)
+	t.Cleanup(func() { _ = e.Close() })
+	for i := range 3 {
+		out, res, err := e.DoResult(context.Background(), []byte{byte('a' + i)}, func(context.Context) ([]byte, error) {
+			time.Sleep(60 * time.Millisecond) // several beats
+			return []byte("r"), nil
+		})
+		if err != nil || out != engine.New || string(res) != "r" {
+			t.Fatalf("DoResult: %v %q %v", out, res, err)
+		}
 	}
 }

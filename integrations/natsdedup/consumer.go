@@ -211,10 +211,16 @@ func (c *Consumer) run(ctx context.Context, msg jetstream.Msg, cl *engine.Claim,
 		writes, err = h(hctx, msg)
 		return err
 	}, func(ctx context.Context, cl engine.Claim) error {
+		// The commit outlives the caller's cancellation (Handle has
+		// returned before it is written; the handler's work is done, and a
+		// commit canceled with it would run the handler again), bounded by
+		// the ack wait, after which the message is redelivered anyway.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.o.AckWait)
+		finish := func(err error) { cancel(); done(err) }
 		if len(writes) > 0 {
-			c.e.CommitBatchAsync(ctx, []engine.Claim{cl}, writes, done)
+			c.e.CommitBatchAsync(cctx, []engine.Claim{cl}, writes, finish)
 		} else {
-			c.e.CommitAsync(ctx, cl, done)
+			c.e.CommitAsync(cctx, cl, finish)
 		}
 		return nil
 	})

@@ -3,6 +3,7 @@ package natsdedup_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"log/slog"
@@ -264,5 +265,48 @@ func TestPanickingHandler(t *testing.T) {
 	waitAcked(t, cons, 10*time.Second)
 	if s := c.Stats(); s.Extends != 0 {
 		t.Fatalf("%d lease extensions after %v: a heartbeat outlived its handler", s.Extends, time.Since(start))
+	}
+}
+
+// TestCommitOutlivesHandleContext: a caller that cancels Handle's context
+// as Handle returns (defer cancel()) still has its message committed and
+// acked once: the commit is written after Handle returned, outside the
+// caller's cancellation; the handler runs once.
+func TestCommitOutlivesHandleContext(t *testing.T) {
+	srv := startNATS(t)
+	const ackWait = 2 * time.Second
+	_, js, cons := stream(t, srv.URL, ackWait)
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(t.TempDir()), Lease: ackWait, Logger: quietEngine})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	c, err := natsdedup.New(e, &natsdedup.Options{AckWait: ackWait, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		c.Handle(ctx, m, func(context.Context, jetstream.Msg) ([]engine.Write, error) {
+			calls.Add(1)
+			return nil, nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Stop()
+	for i := range 5 {
+		publish(t, js, fmt.Sprint("c", i), "c")
+	}
+	waitAcked(t, cons, 10*time.Second)
+	time.Sleep(ackWait) // a redelivery of a message whose commit failed would come now
+	if n := calls.Load(); n != 5 {
+		t.Fatalf("the handler ran %d times for 5 messages (stats %+v)", n, c.Stats())
+	}
+	if s := c.Stats(); s.New != 5 || s.Failed != 0 {
+		t.Fatalf("stats %+v, want 5 new, none failed", s)
 	}
 }
