@@ -181,20 +181,110 @@ func (s *Server) start() error {
 	}
 }
 
+// Pause stops the server and every process it started (SIGSTOP): what
+// clients send waits in their sockets, and runs once Resume continues it,
+// after the callers may have given up on it. (Each process of the server
+// leads a session of its own: they are found by their parent, not their
+// process group.)
+func (s *Server) Pause() {
+	s.t.Helper()
+	s.signal(syscall.SIGSTOP) // the postmaster first: it forks nothing more
+}
+
+// Resume continues a paused server (SIGCONT).
+func (s *Server) Resume() {
+	s.t.Helper()
+	s.signal(syscall.SIGCONT)
+}
+
+// signal sends sig to the postmaster and every process under it.
+func (s *Server) signal(sig syscall.Signal) {
+	s.t.Helper()
+	if s.cmd == nil || s.cmd.Process == nil {
+		s.t.Fatal("pgtest: the server is not running")
+	}
+	for _, pid := range s.processes() {
+		if err := syscall.Kill(pid, sig); err != nil && err != syscall.ESRCH {
+			s.t.Fatalf("pgtest: %v to process %d of the server: %v", sig, pid, err)
+		}
+	}
+}
+
+// processes lists the postmaster, then every process under it.
+func (s *Server) processes() []int {
+	pids := []int{s.cmd.Process.Pid}
+	for i := 0; i < len(pids); i++ {
+		kids, err := children(pids[i])
+		if err != nil {
+			s.t.Fatalf("pgtest: the server's processes: %v", err)
+		}
+		pids = append(pids, kids...)
+	}
+	return pids
+}
+
+// children lists the processes whose parent is pid (/proc).
+func children(pid int) ([]int, error) {
+	stats, err := filepath.Glob("/proc/[0-9]*/stat")
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 {
+			continue
+		}
+		fields := strings.Fields(string(b[i+1:]))
+		if len(fields) < 2 {
+			continue
+		}
+		if ppid, _ := strconv.Atoi(fields[1]); ppid == pid {
+			child, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(f, "/proc/"), "/stat"))
+			out = append(out, child)
+		}
+	}
+	return out, nil
+}
+
 // Kill SIGKILLs the server and every process it started (a crash: what
 // reached the operating system stays, what was in the processes' memory is
-// gone), and waits until they are gone.
+// gone), and waits until they are gone. Each process of the server leads a
+// session of its own, so they are found by their parent.
 func (s *Server) Kill() {
 	if s.cmd == nil || s.cmd.Process == nil {
 		return
 	}
-	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+	pids := s.processes()
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL) // stopped ones too: SIGKILL needs no SIGCONT
+	}
 	<-s.exit
-	// The backends are in the same process group; wait until none is left.
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if err := syscall.Kill(-s.cmd.Process.Pid, 0); err != nil {
+		left := 0
+		for _, pid := range pids[1:] {
+			if syscall.Kill(pid, 0) == nil && !zombie(pid) {
+				left++
+			}
+		}
+		if left == 0 {
 			break
 		}
 	}
 	s.cmd = nil
+}
+
+// zombie reports whether pid has exited and waits for its parent to reap it.
+func zombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] == 'Z'
 }
