@@ -218,18 +218,8 @@ func TestOutcomes(t *testing.T) {
 // delivery handles it, within an ack wait, and no heartbeat outlives the
 // handler.
 func TestPanickingHandler(t *testing.T) {
-	srv := startNATS(t)
 	const ackWait = 2 * time.Second
-	_, js, cons := stream(t, srv.URL, ackWait)
-	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(t.TempDir()), Lease: ackWait, Logger: quietEngine})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	c, err := natsdedup.New(e, &natsdedup.Options{AckWait: ackWait, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, cons, c := consumerOf(t, ackWait)
 	ctx := context.Background()
 	var calls atomic.Int32
 	handled := make(chan struct{}, 1)
@@ -273,18 +263,8 @@ func TestPanickingHandler(t *testing.T) {
 // acked once: the commit is written after Handle returned, outside the
 // caller's cancellation; the handler runs once.
 func TestCommitOutlivesHandleContext(t *testing.T) {
-	srv := startNATS(t)
 	const ackWait = 2 * time.Second
-	_, js, cons := stream(t, srv.URL, ackWait)
-	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(t.TempDir()), Lease: ackWait, Logger: quietEngine})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	c, err := natsdedup.New(e, &natsdedup.Options{AckWait: ackWait, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, cons, c := consumerOf(t, ackWait)
 	var calls atomic.Int32
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -309,4 +289,22 @@ func TestCommitOutlivesHandleContext(t *testing.T) {
 	if s := c.Stats(); s.New != 5 || s.Failed != 0 {
 		t.Fatalf("stats %+v, want 5 new, none failed", s)
 	}
+}
+
+// consumerOf starts a NATS server with the test's stream, and a Consumer
+// on an embedded engine whose lease is the ack wait.
+func consumerOf(t *testing.T, ackWait time.Duration) (jetstream.JetStream, jetstream.Consumer, *natsdedup.Consumer) {
+	t.Helper()
+	srv := startNATS(t)
+	_, js, cons := stream(t, srv.URL, ackWait)
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(t.TempDir()), Lease: ackWait, Logger: quietEngine})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close() })
+	c, err := natsdedup.New(e, &natsdedup.Options{AckWait: ackWait, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, cons, c
 }
