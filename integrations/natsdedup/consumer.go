@@ -172,6 +172,9 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg, h Handler) {
 
 	done := func(err error) {
 		if err != nil {
+			if errors.Is(err, engine.ErrLeaseLost) {
+				c.stats.lost.Add(1) // lost between the handler's end and its commit
+			}
 			c.log.Printf("natsdedup: commit: %v", err)
 			c.retry(msg)
 			return
