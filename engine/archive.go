@@ -7,7 +7,6 @@ import (
 
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
-	"github.com/tierdedup/tierdedup/tier/archive"
 	"github.com/tierdedup/tierdedup/tier/memory"
 )
 
@@ -15,12 +14,13 @@ import (
 // that left the window for ArchiveWindow after it. Package tier/archive
 // owns it: the copying of closed partitions (or the drain of a shared
 // tier's log), its filters, and its side of a partition's life. The
-// engine opens it, asks it for keys the exact tier left New (Find,
+// engine reaches it only as a tier.Archiver: it opens it
+// (tier.OpenArchiver), asks it for keys the exact tier left New (Find,
 // Forget), and drops from the exact tier only below how far it reaches
 // (Next, dropFloor).
 
 // ArchiveStats are the archive's figures (Stats.Archive).
-type ArchiveStats = archive.Stats
+type ArchiveStats = tier.ArchiveStats
 
 // archiveNS reports whether a namespace's keys are archived: not the
 // engine's own (tokens), whose promise is their window.
@@ -29,7 +29,7 @@ func archiveNS(ns string) bool { return !ownNamespace(ns) }
 // openArchive opens o.Archive behind the exact tier, loads its filters and
 // starts nothing yet (assemble starts it once the engine is whole).
 func (e *Engine) openArchive(o Options, opened *closers) error {
-	c := archive.Config{
+	c := tier.ArchiverConfig{
 		Partitions: e.parts, Window: o.Window, ArchiveWindow: o.ArchiveWindow,
 		ExpectedKeys: o.ExpectedKeys, FalsePositive: o.ArchiveFalsePositive,
 		Hasher: e.hasher, Logger: e.logger,
@@ -48,7 +48,7 @@ func (e *Engine) openArchive(o Options, opened *closers) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
-	a, err := archive.Open(ctx, o.Archive, o.archiveEnv(e.parts), c)
+	a, err := tier.OpenArchiver(ctx, o.Archive, o.archiveEnv(e.parts), c)
 	if err != nil {
 		return err
 	}
@@ -57,11 +57,43 @@ func (e *Engine) openArchive(o Options, opened *closers) error {
 	return nil
 }
 
-// withoutArchive opens the embedded store without an archive: refused
-// (ErrLayout) when the store has one attached, unless Options.DetachArchive
-// lets it go (archive.Detach).
+// withoutArchive opens the embedded store without an archive. A store
+// that archived partitions (and dropped them from itself) is refused
+// (ErrLayout) unless Options.DetachArchive lets the archive go: opened
+// without it the store would answer New for that history, and its Forgets
+// would miss it, so that an archive attached again later would bring
+// forgotten keys back. With detach the history is let go, durably, and the
+// store counts its detached archives: an archive records the count it was
+// attached at (in its owner), so the detached one is refused from then
+// on; a new archive starts empty.
 func (e *Engine) withoutArchive(detach bool) error {
-	return archive.Detach(e.archSrc, detach, e.logger)
+	src := e.archSrc
+	next, ok, err := src.Archived()
+	if err != nil {
+		return err
+	}
+	attached, err := src.ArchiveAttached()
+	switch {
+	case err != nil:
+		return err
+	case !ok && !attached:
+		return nil
+	case !detach && !ok:
+		// Attached, nothing recorded archived yet: a Put whose reply was
+		// lost may have stored a partition all the same.
+		return fmt.Errorf("%w: the store has an archive attached: open it with its Options.Archive, or set Options.DetachArchive to let it go (it cannot be attached again)", ErrLayout)
+	case !detach:
+		return fmt.Errorf("%w: the store moved its partitions before %d to an archive (and may have dropped them): open it with its Options.Archive, or set Options.DetachArchive to let that history go (the archive cannot be attached again)", ErrLayout, next)
+	}
+	if _, err := src.DetachArchive(); err != nil {
+		return err
+	}
+	if ok {
+		e.logger.Printf("tierdedup: the archive is detached: keys of partitions before %d that left the window are New from now on", next)
+	} else {
+		e.logger.Printf("tierdedup: the archive is detached")
+	}
+	return nil
 }
 
 // dropFloor is the first partition the exact tier must keep: the oldest

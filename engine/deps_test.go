@@ -6,9 +6,10 @@ import (
 	"testing"
 )
 
-// TestEngineLinksNoStore: the engine names no store, so a program that
-// uses only the engine (memory-only) links none of their libraries. Every
-// store reaches it as a tier.Backend built in the store's own package.
+// TestEngineLinksNoStore: the engine names no store and no archive, so a
+// program that uses only the engine (memory-only) links none of their
+// libraries or code. Every store reaches it as a tier.Backend built in the
+// store's own package, an archive as a tier.Archiver (tier.OpenArchiver).
 func TestEngineLinksNoStore(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", "github.com/tierdedup/tierdedup/engine").CombinedOutput()
 	if err != nil {
@@ -24,6 +25,7 @@ func TestEngineLinksNoStore(t *testing.T) {
 			"github.com/jackc/",
 			"github.com/tierdedup/tierdedup/tier/embedded",
 			"github.com/tierdedup/tierdedup/tier/pebble",
+			"github.com/tierdedup/tierdedup/tier/archive",
 		} {
 			if strings.HasPrefix(d, heavy) {
 				t.Errorf("the engine links %s", d)

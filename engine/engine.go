@@ -8,7 +8,6 @@ import (
 
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
-	"github.com/tierdedup/tierdedup/tier/archive"
 	"github.com/tierdedup/tierdedup/tier/memory"
 )
 
@@ -68,7 +67,7 @@ type Engine struct {
 	advancer  tier.Advancer // compares versions in the shared tier
 	// arch keeps the history behind the window (Options.Archive); nil
 	// without one.
-	arch             *archive.Archiver
+	arch             tier.Archiver
 	archiveWindow    time.Duration
 	nsArchiveWindows map[string]time.Duration
 	// nsWindows are the namespaces' own windows (NamespaceOptions.Window).

@@ -6,10 +6,13 @@
 // ErrLayout, ErrStorage, ErrLocked, and Classify for a backend's own), and
 // how time is cut into retention partitions, the archive contract
 // (Archive, ArchiveBackend, RecordScanner) for the history behind the
-// window, and what the engine needs of a store it opens in its own process
-// beside its Bloom filters (LocalBackend, Local, Filters, ArchiveSource,
-// Handoff: the embedded store), so the engine imports no store. It holds
-// no state and orders nothing; the engine decides which tier is asked what.
+// window and the archiver that drives one (Archiver, ArchiverConfig,
+// ArchiveStats, opened by OpenArchiver from the one tier/archive
+// registers), and what the engine needs of a store it opens in its own
+// process beside its Bloom filters (LocalBackend, Local, Filters,
+// ArchiveSource, Handoff: the embedded store), so the engine imports no
+// store and no archive. It holds no state and orders nothing but that one
+// registration; the engine decides which tier is asked what.
 //
 // A shared tier reaches the engine as a Backend, built by the caller in the
 // tier's own package and opened by the engine with an Env: adding one means

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"log"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,57 +25,22 @@ const Slots = 32
 // MaxExpectedKeys).
 const maxExpectedKeys = 1 << 32
 
-// Config is what the Archiver needs of the engine that opens it. Exactly
-// one of Local (with Scanner) and Log is set: the embedded store, whose
-// closed partitions are copied, or a shared tier's archive log, drained.
-type Config struct {
-	// Partitions are the exact tier's; Window its window (a shared tier
-	// lets a key go that long after its commit); ArchiveWindow how long
-	// the archive keeps a partition after it.
-	Partitions    tier.Partitions
-	Window        time.Duration
-	ArchiveWindow time.Duration
-	// ExpectedKeys a partition, and the archive filter's false-positive
-	// target.
-	ExpectedKeys  int
-	FalsePositive float64
-	// Hasher keys the engine's fingerprints (those Find is given).
-	Hasher shard.Hasher
-	// Logger receives warnings; never nil.
-	Logger *log.Logger
-	// Skip reports a namespace whose keys are never archived (the
-	// engine's own).
-	Skip func(ns []byte) bool
-	// Current returns the current partition; Now the engine's clock,
-	// rotating partitions as it reads (the log's passes read it).
-	Current func() int64
-	Now     func() (int64, error)
-	// DropHot lets the exact tier drop what its window and Next let go;
-	// the archiver calls it after each pass.
-	DropHot func() error
+// Config is what the Archiver needs of the engine that opens it
+// (tier.ArchiverConfig).
+type Config = tier.ArchiverConfig
 
-	// The embedded store: Local records how far the archive reaches and
-	// that one is attached; Scanner lists a closed partition's records;
-	// Sealed reports a partition whose writes are all in; Hot and
-	// Forgetter read and remove keys in the partitions that left the
-	// window before the archive took them. OpenedAt is the store's first
-	// clock reading.
-	Local     tier.ArchiveSource
-	Scanner   tier.RecordScanner
-	Sealed    func(p int64) bool
-	Hot       tier.Exact
-	Forgetter tier.Forgetter
-	OpenedAt  int64
-
-	// A shared tier: Log is its archive log, TierName its name (in
-	// errors); Process names this engine for the drain lease; Binding
-	// returns what every process feeding the archive must agree on, given
-	// the digest of the archive's own secret.
-	Log      tier.ArchiveLog
-	TierName string
-	Process  string
-	Binding  func(check [16]byte) string
+func init() {
+	tier.RegisterArchiver(func(ctx context.Context, backend tier.ArchiveBackend, env tier.ArchiveEnv, c tier.ArchiverConfig) (tier.Archiver, error) {
+		a, err := Open(ctx, backend, env, c)
+		if err != nil {
+			return nil, err // not a nil *Archiver in the interface
+		}
+		return a, nil
+	})
 }
+
+// The Archiver is the engine's tier.Archiver.
+var _ tier.Archiver = (*Archiver)(nil)
 
 // Archiver drives one archive behind one exact tier (Open). Its methods
 // are safe for concurrent use.
@@ -209,44 +173,6 @@ func Open(ctx context.Context, backend tier.ArchiveBackend, env tier.ArchiveEnv,
 		}
 	}
 	return a, nil
-}
-
-// Detach is what an embedded store opened without an archive must do: a
-// store that archived partitions (and dropped them from itself) is
-// refused (tier.ErrLayout) unless detach: opened without its archive it
-// would answer New for that history, and its Forgets would miss it, so
-// that an archive attached again later would bring forgotten keys back.
-// With detach the history is let go, durably, and the store's detached
-// archives are counted: an archive records the count it was attached at
-// (in its owner), so the detached one is refused from then on; a new
-// archive starts empty.
-func Detach(src tier.ArchiveSource, detach bool, logger *log.Logger) error {
-	next, ok, err := src.Archived()
-	if err != nil {
-		return err
-	}
-	attached, err := src.ArchiveAttached()
-	switch {
-	case err != nil:
-		return err
-	case !ok && !attached:
-		return nil
-	case !detach && !ok:
-		// Attached, nothing recorded archived yet: a Put whose reply was
-		// lost may have stored a partition all the same.
-		return fmt.Errorf("%w: the store has an archive attached: open it with its Options.Archive, or set Options.DetachArchive to let it go (it cannot be attached again)", tier.ErrLayout)
-	case !detach:
-		return fmt.Errorf("%w: the store moved its partitions before %d to an archive (and may have dropped them): open it with its Options.Archive, or set Options.DetachArchive to let that history go (the archive cannot be attached again)", tier.ErrLayout, next)
-	}
-	if _, err := src.DetachArchive(); err != nil {
-		return err
-	}
-	if ok {
-		logger.Printf("tierdedup: the archive is detached: keys of partitions before %d that left the window are New from now on", next)
-	} else {
-		logger.Printf("tierdedup: the archive is detached")
-	}
-	return nil
 }
 
 // owner is the owner an archive of the embedded store records: the

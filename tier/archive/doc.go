@@ -5,9 +5,12 @@
 // filter ring and its blobs, the archiving loop, the drain of a shared
 // tier's archive log, and the reads and removals of archived keys.
 //
-// The engine opens an Archiver (Open) with what it needs of the engine
-// (Config: the clock, the exact tier's partitions, reads and drops) and
-// asks it only two things: what it holds for a key (Find, Forget) and how
+// The engine opens an Archiver through tier.OpenArchiver (this package
+// registers Open there when it is linked, which every archive backend's
+// package ensures by importing it; the engine itself never imports it)
+// with what it needs of the engine (tier.ArchiverConfig: the clock, the
+// exact tier's partitions, reads and drops) and, through the
+// tier.Archiver interface, asks it only two things: what it holds for a key (Find, Forget) and how
 // far it reaches (Next: the first partition not archived, below which the
 // exact tier may drop). Everything between those questions is decided
 // here, by events (a rotation pokes it) rather than by polling the engine.

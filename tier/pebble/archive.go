@@ -19,6 +19,9 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/tier"
+	// The archiver (filters, copying, the log drain) that drives every
+	// archive backend: linked wherever an archive backend is.
+	_ "github.com/tierdedup/tierdedup/tier/archive"
 )
 
 // The embedded archive is a Pebble database of its own directory that

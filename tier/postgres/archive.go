@@ -14,6 +14,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tierdedup/tierdedup/tier"
+	// The archiver (filters, copying, the log drain) that drives every
+	// archive backend: linked wherever an archive backend is.
+	_ "github.com/tierdedup/tierdedup/tier/archive"
 )
 
 // The PostgreSQL archive keeps each archived partition in a table
