@@ -93,15 +93,12 @@ func (e *Engine) Run(ctx context.Context, c *Claim, o SessionOptions, handle fun
 		}
 		// handle panicked or exited its goroutine: give the claim back
 		// on the way out; the panic goes on.
-		_ = hb.Stop()
-		e.giveBack(ctx, *c, o)
+		e.giveBack(ctx, *c, lostCounts(hb.Stop(), o))
 	}()
 	herr := handle(hctx)
 	settled = true
 	if lost := hb.Stop(); lost != nil {
-		counted := o
-		counted.NoAttempt = false
-		e.giveBack(ctx, *c, counted) // fenced: frees only this process's memory
+		e.giveBack(ctx, *c, lostCounts(lost, o)) // fenced: frees only this process's memory
 		return errors.Join(herr, lost)
 	}
 	if herr != nil {
@@ -111,6 +108,15 @@ func (e *Engine) Run(ctx context.Context, c *Claim, o SessionOptions, handle fun
 		return herr
 	}
 	return commit(ctx, *c)
+}
+
+// lostCounts is o for the give-back of a claim whose heartbeat ended with
+// lost: a lost claim's give-back counts an attempt, whatever o.NoAttempt.
+func lostCounts(lost error, o SessionOptions) SessionOptions {
+	if lost != nil {
+		o.NoAttempt = false
+	}
+	return o
 }
 
 // giveBack gives c back for Run, in a context without ctx's cancellation,
