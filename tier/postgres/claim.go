@@ -40,10 +40,41 @@ func (s *Store) Mark(ctx context.Context, reqs []tier.Request, out []tier.Answer
 	if err := s.adopt(ctx, reqs, true); err != nil {
 		return err
 	}
-	err := s.take(ctx, reqs, out, func(reqs []tier.Request) (string, []any) {
+	mark := func(reqs []tier.Request) (string, []any) {
 		ns, keys, tokens := columns(reqs)
 		return s.markQ, []any{ns, keys, tokens, digestColumn(reqs), s.window.Milliseconds(), s.max}
-	})
+	}
+	err := s.take(ctx, reqs, out, mark)
+	// An earlier call's mark statement the server ran between the adopt
+	// and the mark (it waited in a stalled server while its call failed)
+	// left a commit of one of the caller's earlier tokens: adopted and
+	// marked again, so the retry answers for it, and a late give-back of
+	// that call, naming its token, finds nothing of its own. Each late
+	// statement runs once, so the rounds are few.
+	for round := 0; err == nil && round < takeRounds; round++ {
+		var late []int
+		for i := range reqs {
+			if out[i].Status == tier.Committed && out[i].Token != reqs[i].Token && tier.EarlierOf(reqs[i].Earlier, reqs[i].Token, out[i].Token) {
+				late = append(late, i)
+			}
+		}
+		if len(late) == 0 {
+			break
+		}
+		sub, sout := make([]tier.Request, len(late)), make([]tier.Answer, len(late))
+		for j, i := range late {
+			sub[j] = reqs[i]
+		}
+		if err = s.adopt(ctx, sub, true); err != nil {
+			break
+		}
+		if err = s.take(ctx, sub, sout, mark); err != nil {
+			break
+		}
+		for j, i := range late {
+			out[i] = sout[j]
+		}
+	}
 	for i := range reqs {
 		if err == nil && reqs[i].Earlier != (tier.Token{}) && out[i].Status == tier.Committed && out[i].Token == reqs[i].Token {
 			// An earlier call's commit, adopted and made this mark's.

@@ -1,11 +1,12 @@
 //go:build pgnemesis
 
-// The PostgreSQL mark nemesis runs only with -tags pgnemesis, until the
-// defect it finds is fixed (docs/reliability.md, the mark row's "Open"):
-// a retried mark's adopt statement and its mark statement are two round
-// trips, and an earlier, failed call's mark statement that the server
-// runs between them commits the key for the earlier token, which the
-// retry then answers Duplicate: a new message dropped.
+// The PostgreSQL mark nemesis runs with -tags pgnemesis until the fix of
+// the defect it found has passed repeated runs under -race
+// (docs/reliability.md, the mark row): a retried mark's adopt statement
+// and its mark statement were two round trips, and an earlier, failed
+// call's mark statement that the server ran between them committed the
+// key for the earlier token, which the retry answered Duplicate
+// (TestLateMarkBetweenAdoptAndMark).
 
 package postgres_test
 
