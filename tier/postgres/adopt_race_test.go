@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier/postgres"
@@ -83,22 +84,8 @@ func (d *betweenDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.C
 // a new message dropped (found by the pause nemesis).
 func TestLateMarkBetweenAdoptAndMark(t *testing.T) {
 	p := pool(t)
-	table := fmt.Sprintf("between_%d", time.Now().UnixNano())
-	t.Cleanup(func() { _, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
 	d := &betweenDB{DB: p}
-	o := engine.Options{Window: time.Hour, Partition: 10 * time.Minute, Lease: time.Minute, Logger: slog.New(slog.DiscardHandler)}
-	o.Backend = postgres.NewBackend(d, postgres.Config{Table: table})
-	a, err := engine.Open(&o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	o.Backend = postgres.NewBackend(p, postgres.Config{Table: table})
-	b, err := engine.Open(&o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	a, b := faultyPair(t, p, "between", d)
 	ctx := context.Background()
 	keys := make([][]byte, 40)
 	for i := range keys {
@@ -147,4 +134,27 @@ func deepCopy(args []any) []any {
 		out[i] = a
 	}
 	return out
+}
+
+// faultyPair opens two engines on one fresh table: a through db (a
+// wrapper of p that faults), b through p itself, each closed when the
+// test ends.
+func faultyPair(t *testing.T, p *pgxpool.Pool, prefix string, db postgres.DB) (a, b *engine.Engine) {
+	t.Helper()
+	table := fmt.Sprintf("%s_%d", prefix, time.Now().UnixNano())
+	t.Cleanup(func() { _, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
+	o := engine.Options{Window: time.Hour, Partition: 10 * time.Minute, Lease: time.Minute, Logger: slog.New(slog.DiscardHandler)}
+	for _, side := range []struct {
+		db postgres.DB
+		e  **engine.Engine
+	}{{db, &a}, {p, &b}} {
+		o.Backend = postgres.NewBackend(side.db, postgres.Config{Table: table})
+		e, err := engine.Open(&o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = e.Close() })
+		*side.e = e
+	}
+	return a, b
 }

@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -76,22 +74,8 @@ func TestLateMarkAfterGiveBack(t *testing.T) {
 	p := pool(t)
 	for _, to := range []string{"b", "a"} {
 		t.Run("redelivered-to-"+to, func(t *testing.T) {
-			table := fmt.Sprintf("latemark_%d", time.Now().UnixNano())
-			t.Cleanup(func() { _, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
 			d := &holdDB{DB: p}
-			o := engine.Options{Window: time.Hour, Partition: 10 * time.Minute, Lease: time.Minute, Logger: slog.New(slog.DiscardHandler)}
-			o.Backend = postgres.NewBackend(d, postgres.Config{Table: table})
-			a, err := engine.Open(&o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer a.Close()
-			o.Backend = postgres.NewBackend(p, postgres.Config{Table: table})
-			b, err := engine.Open(&o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer b.Close()
+			a, b := faultyPair(t, p, "latemark", d)
 			ctx := context.Background()
 			key := []byte("late-mark")
 			d.mu.Lock()
