@@ -63,16 +63,9 @@ func (a *Archiver) openLog(ctx context.Context, cur int64, bind string) error {
 	if err := a.c.Log.Bind(ctx, bind); err != nil {
 		return err
 	}
-	pos, next, err := a.app.Applied(ctx)
+	next, err := appliedPastTrim(ctx, a.c.Log, a.app)
 	if err != nil {
 		return err
-	}
-	// An archive restored from an older copy lacks what the log trimmed
-	// after it applied it.
-	if _, trimmed, _, err := a.c.Log.LogTail(ctx); err != nil {
-		return err
-	} else if pos.Less(trimmed) {
-		return fmt.Errorf("%w: the archive applied the log up to %v, and the log trimmed up to %v: an older or replaced archive lacks what was trimmed", tier.ErrLayout, pos, trimmed)
 	}
 	if next < 0 {
 		first, now, err := a.c.Log.ReadLog(ctx, tier.LogPos{}, 1)
@@ -89,6 +82,32 @@ func (a *Archiver) openLog(ctx context.Context, cur int64, bind string) error {
 	}
 	a.next.Store(max(next, a.oldest(cur)))
 	return a.loadSealed(ctx, cur, a.oldest(cur), next)
+}
+
+// appliedPastTrim checks that the archive holds everything the log
+// trimmed, and returns the first partition not sealed. An archive
+// restored from an older copy, or another archive, lacks what the log
+// trimmed after the right one applied it: ErrLayout.
+//
+// The trim mark is read first. Another process may drain between the
+// two reads, but a drainer trims only what Apply recorded and the applied
+// position never goes back, so the position read second is at or past
+// the mark read first whenever the archive is the right one. Read the
+// other way round, a drain between the reads made a healthy archive look
+// older than the log.
+func appliedPastTrim(ctx context.Context, log tier.ArchiveLog, app tier.ArchiveAppender) (int64, error) {
+	_, trimmed, _, err := log.LogTail(ctx)
+	if err != nil {
+		return 0, err
+	}
+	pos, next, err := app.Applied(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if pos.Less(trimmed) {
+		return 0, fmt.Errorf("%w: the archive applied the log up to %v, and the log trimmed up to %v: an older or replaced archive lacks what was trimmed", tier.ErrLayout, pos, trimmed)
+	}
+	return next, nil
 }
 
 // refresh loads the filters of the partitions sealed since the last one.
