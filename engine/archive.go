@@ -15,9 +15,9 @@ import (
 // owns it: the copying of closed partitions (or the drain of a shared
 // tier's log), its filters, and its side of a partition's life. The
 // engine reaches it only as a tier.Archiver: it opens it
-// (tier.OpenArchiver), asks it for keys the exact tier left New (Find,
-// Forget), and drops from the exact tier only below how far it reaches
-// (Next, dropFloor).
+// (tier.OpenArchiver) and asks it for keys the exact tier left New (Find,
+// Forget). What the embedded store drops, the store and the archiver
+// decide between them (tier.ArchiveSource: HoldFor, Release).
 
 // ArchiveStats are the archive's figures (Stats.Archive).
 type ArchiveStats = tier.ArchiveStats
@@ -34,7 +34,7 @@ func (e *Engine) openArchive(o Options, opened *closers) error {
 		ExpectedKeys: o.ExpectedKeys, FalsePositive: o.ArchiveFalsePositive,
 		Hasher: e.hasher, Logger: e.logger,
 		Skip:    func(ns []byte) bool { return !archiveNS(string(ns)) },
-		Current: e.current.Load, Now: e.now, DropHot: e.dropHot,
+		Current: e.current.Load, Now: e.now,
 		TierName: e.name, Process: hex.EncodeToString(e.process[:]), Binding: o.archiveBinding,
 	}
 	if e.local != nil {
@@ -94,26 +94,6 @@ func (e *Engine) withoutArchive(detach bool) error {
 		e.logger.Printf("tierdedup: the archive is detached")
 	}
 	return nil
-}
-
-// dropFloor is the first partition the exact tier must keep: the oldest
-// live one, or the first the archive does not hold yet.
-func (e *Engine) dropFloor(cur int64) int64 {
-	floor := e.parts.Oldest(cur)
-	if e.arch != nil {
-		floor = min(floor, e.arch.Next())
-	}
-	return floor
-}
-
-// dropHot drops from the exact tier what the window and the archive let
-// go, recording the clock as read under rotateMu (a reading taken before
-// it could be older than one a rotation recorded meanwhile, and the
-// recorded clock must never move back).
-func (e *Engine) dropHot() error {
-	e.rotateMu.Lock()
-	defer e.rotateMu.Unlock()
-	return e.dropper.Drop(e.dropFloor(e.current.Load()), e.highWater.Load())
 }
 
 // archiveCandidate is a key the exact tier left New that the archive may

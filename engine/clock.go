@@ -47,25 +47,29 @@ func (e *Engine) now() (int64, error) {
 	return t, nil
 }
 
-// rotate makes p the current partition: the Bloom filters and the store
-// drop whatever fell out of the window.
+// rotate makes p the current partition. The embedded store decides what
+// it drops (tier.Filters.Rotate); a shared tier is told the window moved
+// (tier.Dropper: PostgreSQL sweeps its expired rows).
 func (e *Engine) rotate(p, t int64) error {
 	e.rotateMu.Lock()
 	defer e.rotateMu.Unlock()
 	if p <= e.current.Load() {
 		return nil
 	}
-	if e.dropper != nil {
-		// The clock as read under the lock, not t: a drop by the archiver
-		// may have recorded a later reading, and the recorded clock
-		// must never move back (a partition is sealed only before it).
-		if err := e.dropper.Drop(e.dropFloor(p), max(t, e.highWater.Load())); err != nil {
-			e.stats.errors.Add(1)
-			return fmt.Errorf("%w: %w", ErrStorage, err)
-		}
-	}
+	// The clock as read under the lock, not t: the recorded clock must
+	// never move back (a partition is sealed only before it).
+	hw := max(t, e.highWater.Load())
+	var err error
 	if e.local != nil {
-		e.stats.partitionsDropped.Add(uint64(e.local.Rotate(p)))
+		var dropped int
+		dropped, err = e.local.Rotate(p, hw)
+		e.stats.partitionsDropped.Add(uint64(dropped))
+	} else if e.dropper != nil {
+		err = e.dropper.Drop(e.parts.Oldest(p), hw)
+	}
+	if err != nil {
+		e.stats.errors.Add(1)
+		return fmt.Errorf("%w: %w", ErrStorage, err)
 	}
 	e.current.Store(p)
 	if e.arch != nil {

@@ -70,9 +70,6 @@ type ArchiverConfig struct {
 	// rotating partitions as it reads (the log's passes read it).
 	Current func() int64
 	Now     func() (int64, error)
-	// DropHot lets the exact tier drop what its window and Next let go;
-	// the archiver calls it after each pass.
-	DropHot func() error
 
 	// The embedded store: Local records how far the archive reaches and
 	// that one is attached; Scanner lists a closed partition's records;

@@ -78,10 +78,13 @@ type Filters interface {
 	// Add adds fps to partition p's filter; it precedes the durable write
 	// that stores them.
 	Add(fps []shard.Fingerprint, p int64)
-	// Rotate makes p the current partition and drops the filters (and,
-	// unless an archive holds them back, the stored partitions) that left
-	// the window; it returns how many partitions it dropped.
-	Rotate(p int64) (dropped int)
+	// Rotate makes p the current partition, the engine's clock having
+	// read highWater: the store drops the partitions that left the window
+	// (unless an archive holds them back) and records the clock, then the
+	// filters drop theirs; it returns how many filters it dropped. The
+	// store alone decides what it drops. An error (ErrStorage) changes
+	// nothing: the partition is not made current.
+	Rotate(p, highWater int64) (dropped int, err error)
 	// Enter and Exit bracket every write (Enter before the time is read):
 	// a closed partition is sealed only once every write that may reach
 	// it has exited.
@@ -124,6 +127,17 @@ type ArchiveSource interface {
 	// DetachArchive lets the current archive go, durably, and returns the
 	// new generation.
 	DetachArchive() (int64, error)
+	// HoldFor gives the store the archive's reach (the first partition it
+	// does not hold yet, never decreasing): the store keeps every
+	// partition from there on. The archiver calls it once it has loaded,
+	// before the engine starts.
+	HoldFor(reach func() int64)
+	// Release lets the store drop what the archive's reach now lets go;
+	// the archiver calls it after moving its reach on.
+	Release() error
+	// OnSealed sets the function the store calls after it sealed a
+	// partition (the archiver's wake-up); set before the engine starts.
+	OnSealed(fn func())
 }
 
 // Handoff is a Local store whose state can be copied to another process:

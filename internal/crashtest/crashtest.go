@@ -274,9 +274,11 @@ func (c *Child) guard() {
 	case <-c.exited:
 	case <-c.stopGuard:
 	case <-tm.C:
+		// The failure first: a Wait returns once the kill ends the child,
+		// and the test must find it failed by then.
 		c.hung.Store(true)
-		c.Signal(syscall.SIGKILL)
 		c.t.Errorf("crashtest: %s was still running %v after its start: killed with SIGKILL (a hang?)\n%s", c, c.timeout, c.Describe())
+		c.Signal(syscall.SIGKILL)
 	}
 }
 

@@ -171,6 +171,10 @@ func Open(ctx context.Context, backend tier.ArchiveBackend, env tier.ArchiveEnv,
 		if err := c.Local.SetArchiveAttached(); err != nil {
 			return nil, err
 		}
+		// The store keeps what the archive does not hold yet, and says
+		// when it sealed a partition the archive may take.
+		c.Local.HoldFor(a.Next)
+		c.Local.OnSealed(a.Poke)
 	}
 	return a, nil
 }
@@ -244,7 +248,7 @@ func (a *Archiver) Start() {
 	a.Poke()
 }
 
-// Poke wakes the loop: a partition closed.
+// Poke wakes the loop: a partition closed, or the store sealed one.
 func (a *Archiver) Poke() {
 	select {
 	case a.wake <- struct{}{}:
@@ -252,8 +256,11 @@ func (a *Archiver) Poke() {
 	}
 }
 
-// loop archives whenever woken (a rotation), and retries every second
-// while a closed partition waits for its seal or the archive fails.
+// loop archives whenever woken: a rotation (a partition closed) or the
+// store's seal of one (the partition's writes are all in). A closed
+// partition waiting for its seal waits for that event; a failed pass is
+// tried again a second later. Behind a shared tier's log, which nothing
+// announces, it passes every logTick.
 func (a *Archiver) loop(ctx context.Context) {
 	defer close(a.done)
 	retry := time.NewTimer(time.Hour)
@@ -268,7 +275,7 @@ func (a *Archiver) loop(ctx context.Context) {
 		if a.c.Log != nil {
 			a.logPass(ctx)
 			retry.Reset(logTick)
-		} else if behind := a.pass(ctx); behind {
+		} else if failed := a.pass(ctx); failed {
 			retry.Reset(time.Second)
 		}
 	}

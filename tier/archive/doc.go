@@ -13,13 +13,15 @@
 // tier.Archiver interface, asks it only two things: what it holds for a key (Find, Forget) and how
 // far it reaches (Next: the first partition not archived, below which the
 // exact tier may drop). Everything between those questions is decided
-// here, by events (a rotation pokes it) rather than by polling the engine.
+// here, by events (a rotation or the store's seal of a partition pokes
+// it) rather than by polling the engine.
 //
 // It never answers New: an archive that cannot be read fails the call
 // (tier.ErrUnavailable), and a key it does not hold is left to the exact
 // tier's answer. It never drops a partition from the exact tier itself:
-// it asks (Config.DropHot) once the archive holds the partition durably,
-// and the engine drops below Next.
+// it gives the embedded store its reach (tier.ArchiveSource.HoldFor:
+// Next) and tells it when the archive holds more (Release); the store,
+// the one owner of its partitions' lives, drops below it.
 //
 //	commit ──► hot partition p (exact tier, the Window)
 //	           │ p closes and is sealed

@@ -138,10 +138,11 @@ func (a *Archiver) scanBack(ctx context.Context, p int64) error {
 }
 
 // pass archives every closed, sealed partition not archived yet, oldest
-// first, expires the archive, and lets the exact tier drop what the
-// archive now holds. It reports whether a closed partition is still
-// waiting.
-func (a *Archiver) pass(ctx context.Context) (behind bool) {
+// first, expires the archive, and lets the store drop what the archive
+// now holds (Release). It stops at a closed partition not sealed yet: the
+// store's seal of it wakes the loop again (OnSealed). It reports a
+// failure, which the loop tries again.
+func (a *Archiver) pass(ctx context.Context) (failed bool) {
 	for ctx.Err() == nil {
 		cur := a.c.Current()
 		p := a.next.Load()
@@ -149,7 +150,7 @@ func (a *Archiver) pass(ctx context.Context) (behind bool) {
 			break
 		}
 		if p >= a.c.Partitions.Oldest(cur) && !a.c.Sealed(p) {
-			return true // its writes may not all be in yet
+			break // its writes may not all be in yet: its seal wakes the loop
 		}
 		if err := a.archive(ctx, p); err != nil {
 			if ctx.Err() == nil {
@@ -173,7 +174,7 @@ func (a *Archiver) pass(ctx context.Context) (behind bool) {
 		a.held.Store(int64(len(held)))
 	}
 	hook("drop")
-	if err := a.c.DropHot(); err != nil {
+	if err := a.c.Local.Release(); err != nil {
 		a.c.Logger.Printf("tierdedup: dropping archived partitions: %v", err)
 		return true
 	}

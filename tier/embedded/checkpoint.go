@@ -109,7 +109,7 @@ func (s *Store) checkpoint(ctx context.Context) error {
 	cur := s.current.Load()
 	ck := pebble.FilterCheckpoint{Gen: gen, Current: cur, Parts: map[int64]pebble.Seal{}}
 	for p := max(s.parts.Oldest(cur), s.sealFrom); p <= cur; p++ {
-		if s.sealed[p] {
+		if s.isSealed(p) {
 			continue
 		}
 		seal, err := s.savePartition(checkpointName(p, gen), p)

@@ -9,7 +9,11 @@
 // process (Export, Import, ReadExport). With Options.BloomOnly it is the
 // filters alone, their state saved in the directory.
 //
-// It owns that lifecycle and the files it writes. It must never decide an
+// It owns that lifecycle and the files it writes, and it is the one owner
+// of its partitions' lives (life.go): open, closed, sealed, moved,
+// archived, dropped, each recorded durably, each moved on by an event (a
+// rotation, a seal, the archive's progress), and every drop decided in
+// one place from the window and the archive's reach. It must never decide an
 // outcome (the engine does, from Masks and the exact tier's answers), hold
 // a claim, or answer "absent" from a filter that has not seen every key
 // the store holds. It names no shared tier. The engine opens it as a

@@ -1,6 +1,11 @@
 package embedded
 
-import "github.com/tierdedup/tierdedup/tier"
+import (
+	"errors"
+	"fmt"
+
+	"github.com/tierdedup/tierdedup/tier"
+)
 
 // Errors of the handoff (package tier's, which the engine's sentinels of
 // the same names are). Every other error of this package matches one of
@@ -21,3 +26,11 @@ var (
 	// tier.ErrOptions.
 	ErrNoClock = tier.ErrNoClock
 )
+
+// storageErr wraps err in tier.ErrStorage unless it matches it already.
+func storageErr(err error) error {
+	if errors.Is(err, tier.ErrStorage) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", tier.ErrStorage, err)
+}

@@ -51,16 +51,6 @@ func (s *Store) Add(fps []shard.Fingerprint, p int64) {
 	s.noteAdded(len(fps))
 }
 
-// Rotate makes p the current partition (the engine's clock moved on): the
-// filters drop what fell out of the window, and the sealer is woken for
-// the partition that closed. It returns how many partitions were dropped.
-func (s *Store) Rotate(p int64) (dropped int) {
-	dropped = s.bloom.Rotate(p)
-	s.current.Store(p)
-	s.sealWakeup()
-	return dropped
-}
-
 // Enter marks a write about to read the engine's time; Exit, with Enter's
 // result, marks it written (see writeGate).
 func (s *Store) Enter() int { return s.gate.enter() }
@@ -69,16 +59,12 @@ func (s *Store) Enter() int { return s.gate.enter() }
 func (s *Store) Exit(slot int) { s.gate.exit(slot) }
 
 // Sealed reports whether partition p's filter is saved with a seal the
-// store holds; false while a sealing pass runs. A closed partition not
+// store holds. A closed partition not
 // sealed yet wakes the sealer, so one that missed its wake (the filters
 // were rebuilding when it closed) is sealed without waiting for the next
 // rotation.
 func (s *Store) Sealed(p int64) bool {
-	if !s.sealMu.TryLock() {
-		return false
-	}
-	sealed := s.sealed[p]
-	s.sealMu.Unlock()
+	sealed := s.isSealed(p)
 	if !sealed && p < s.current.Load() && s.sealWake != nil {
 		s.sealWakeup()
 	}

@@ -182,8 +182,11 @@ func (s *Store) loadFilters() error {
 	}, true, s.logger)
 	// Drop what expired while the store was closed, and persist the
 	// high-water clock before answering anything.
-	if derr := s.store.Drop(s.dropBefore(s.parts.Of(s.now)), s.now); derr != nil {
-		return fmt.Errorf("%w: %w", tier.ErrStorage, derr)
+	s.life.mu.Lock()
+	derr := s.drop(s.parts.Of(s.now), s.now)
+	s.life.mu.Unlock()
+	if derr != nil {
+		return derr
 	}
 	switch {
 	case err == nil || s.store.Fresh():

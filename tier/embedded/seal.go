@@ -176,34 +176,43 @@ func (s *Store) loadPartitions(files []partitionFile) []error {
 // seal runs a sealing pass; a failure is counted and logged. The partition
 // stays unsealed (a crash rebuilds it from Pebble); the next rotation, or
 // Close, tries again.
+//
+// A pass that sealed a partition calls onSealed (the archiver's wake-up:
+// a sealed partition is one it may take), even when a later partition of
+// the pass failed.
 func (s *Store) seal(ctx context.Context) {
-	if err := s.sealClosed(ctx); err != nil && ctx.Err() == nil {
+	n, err := s.sealClosed(ctx)
+	if err != nil && ctx.Err() == nil {
 		s.sealFailures.Add(1)
 		s.logger.Printf("tierdedup: sealing a closed partition's bloom filter: %v", err)
+	}
+	if n > 0 && s.onSealed != nil {
+		s.onSealed()
 	}
 }
 
 // sealClosed saves the filter of every live partition before the current
 // one that has no seal yet, then removes sealed files nothing vouches for.
 // The filters must be warm: only then do they hold every key of the store.
-func (s *Store) sealClosed(ctx context.Context) error {
+// It returns how many partitions it sealed.
+func (s *Store) sealClosed(ctx context.Context) (n int, err error) {
 	s.sealMu.Lock()
 	defer s.sealMu.Unlock()
 	if !s.warm.Load() {
-		return nil
+		return 0, nil
 	}
 	cur := s.current.Load()
 	// Writes that read the time before the rotation to cur may still be
 	// writing in an older partition: wait for them.
 	if err := s.gate.wait(ctx); err != nil {
-		return err
+		return 0, err
 	}
 	// Partitions before the store's creation hold nothing: sealing them
 	// would only write. (A crash rebuilds them, empty, with the open one;
 	// if the recorded creation is late, a partition left unsealed here is
 	// rebuilt too: never trusted without a seal.)
 	for p := max(s.parts.Oldest(cur), s.sealFrom); p < cur; p++ {
-		if s.sealed[p] || p < s.parts.Oldest(s.current.Load()) {
+		if s.isSealed(p) || p < s.parts.Oldest(s.current.Load()) {
 			continue // sealed, or dropped by a rotation since cur was read
 		}
 		seal, err := s.savePartition(sealedName(p), p)
@@ -214,22 +223,41 @@ func (s *Store) sealClosed(ctx context.Context) error {
 			continue // a rotation dropped it since it was checked
 		}
 		if err != nil {
-			return fmt.Errorf("partition %d: %w", p, err)
+			return n, fmt.Errorf("partition %d: %w", p, err)
 		}
-		s.sealed[p] = true
+		s.setSealed(p)
+		n++
 	}
-	return s.removeStaleSealed(s.parts.Oldest(cur))
+	return n, s.removeStaleSealed(s.parts.Oldest(cur))
+}
+
+// isSealed reports whether partition p's filter is saved with a seal the
+// store holds.
+func (s *Store) isSealed(p int64) bool {
+	s.sealedMu.Lock()
+	defer s.sealedMu.Unlock()
+	return s.sealed[p]
+}
+
+// setSealed records partition p's filter as saved with a seal the store
+// holds.
+func (s *Store) setSealed(p int64) {
+	s.sealedMu.Lock()
+	defer s.sealedMu.Unlock()
+	s.sealed[p] = true
 }
 
 // removeStaleSealed removes the sealed files of partitions before oldest or
 // without a seal this engine trusts, and forgets dropped partitions.
 func (s *Store) removeStaleSealed(oldest int64) error {
+	s.sealedMu.Lock()
 	for p := range s.sealed {
 		if p < oldest {
 			delete(s.sealed, p)
 		}
 	}
 	s.sealedN.Store(uint64(len(s.sealed)))
+	s.sealedMu.Unlock()
 	names, err := s.sealedDir.fs.List(s.sealedDir.dir)
 	if err != nil {
 		return nil // no directory: no file has been sealed yet
@@ -239,7 +267,7 @@ func (s *Store) removeStaleSealed(oldest int64) error {
 	for _, n := range names {
 		p, ok := sealedPartition(n)
 		// A temporary file is a save a crash interrupted.
-		if ok && !s.sealed[p] || strings.HasPrefix(n, sealedPrefix) && strings.HasSuffix(n, sealedSuffix+".tmp") {
+		if ok && !s.isSealed(p) || strings.HasPrefix(n, sealedPrefix) && strings.HasSuffix(n, sealedSuffix+".tmp") {
 			errs = append(errs, s.sealedDir.fs.Remove(s.sealedDir.fs.PathJoin(s.sealedDir.dir, n)))
 			removed = true
 		}
@@ -276,7 +304,7 @@ func (s *Store) loadSealed(current int64) (rebuild []int64, err error) {
 			rebuild = append(rebuild, p)
 			continue
 		}
-		s.sealed[p] = true
+		s.setSealed(p)
 		s.sealedLoaded.Add(1)
 	}
 	slices.Sort(rebuild)
@@ -319,7 +347,7 @@ func (s *Store) keepSealed(current int64) error {
 			return s.bloom.CheckSnapshot(r, size, func(h bloom.SnapshotHeader) error { return sealedAccept(h, id, p, seal) })
 		})
 		if err == nil {
-			s.sealed[p] = true
+			s.setSealed(p)
 		}
 	}
 	return s.removeStaleSealed(oldest)

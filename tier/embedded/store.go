@@ -41,9 +41,9 @@ type Options struct {
 	// Now is the engine's clock reading (Unix ns), 0 when it is not one;
 	// the store starts from the later of it and its own recorded clock.
 	Now int64
-	// HoldDrops leaves every Drop of partitions to the engine (an archive
-	// needs a partition until it holds it): Open and Close record the
-	// clock and drop nothing.
+	// HoldDrops says an archive is configured, which needs a partition
+	// until it holds it: no partition is dropped (Open records the clock
+	// only) until the archive gives its reach (HoldFor; see life.go).
 	HoldDrops bool
 }
 
@@ -63,6 +63,8 @@ type Store struct {
 	dirLock   io.Closer     // bloom-only's hold on Dir
 
 	holdDrops bool        // Options.HoldDrops
+	life      life        // the partitions' lives: every drop (life.go)
+	onSealed  func()      // called after a pass sealed a partition; nil: none
 	closing   atomic.Bool // closed: a second Close does nothing
 
 	secret   shard.Secret // keys the fingerprints
@@ -87,6 +89,7 @@ type Store struct {
 	gate      writeGate
 	sealFrom  int64      // the partition the store was created in: the sealer skips older ones, which hold nothing
 	sealMu    sync.Mutex // held by a sealing pass
+	sealedMu  sync.Mutex // guards sealed, which a pass writes and anyone reads
 	sealed    map[int64]bool
 	sealWake  chan struct{}
 	current   atomic.Int64 // the engine's current partition
@@ -120,15 +123,6 @@ func (s *Store) ID() [16]byte {
 		return [16]byte{}
 	}
 	return s.store.Layout().ID
-}
-
-// dropBefore is the partition Open and Close drop before: the oldest live
-// one, or none with HoldDrops.
-func (s *Store) dropBefore(current int64) int64 {
-	if s.holdDrops {
-		return 0
-	}
-	return s.parts.Oldest(current)
 }
 
 // Secret returns the secret that keys the fingerprints: the directory's,
@@ -197,13 +191,15 @@ func (s *Store) Close(highWater int64) error {
 		// Persist the high-water clock, so time does not run back across a
 		// clean restart, then seal the state the snapshot describes: no
 		// write follows.
-		err := s.store.Drop(s.dropBefore(s.current.Load()), highWater)
+		s.life.mu.Lock()
+		err := s.drop(s.current.Load(), highWater)
+		s.life.mu.Unlock()
 		if err == nil {
 			meta = bloom.SnapshotMeta{Kind: bloom.SnapshotCache, StoreID: s.store.Layout().ID, HighWater: highWater}
 			meta.Epoch, err = s.store.SealSnapshot()
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%w: %w", tier.ErrStorage, err))
+			errs = append(errs, storageErr(err))
 			healthy = false
 		}
 	}
@@ -288,7 +284,9 @@ func (s *Store) SetArchived(next int64) error {
 
 // DetachArchive lets the store's archive go: the SetArchived record is
 // removed and the detached archives counted, durably; it returns the new
-// count (ArchiveGeneration).
+// count (ArchiveGeneration). From then on the store drops what leaves
+// the window, the partitions it held for the archive included, at the
+// next drop.
 func (s *Store) DetachArchive() (int64, error) {
 	if s.store == nil {
 		return 0, nil
@@ -297,6 +295,9 @@ func (s *Store) DetachArchive() (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("%w: %w", tier.ErrStorage, err)
 	}
+	s.life.mu.Lock()
+	s.holdDrops, s.life.reach = false, nil
+	s.life.mu.Unlock()
 	return gen, nil
 }
 

@@ -83,6 +83,10 @@ func markerKey(p int64) []byte {
 	return binary.BigEndian.AppendUint32([]byte{spaceMeta, 'm', 'k'}, uint32(min(max(p, 0), MaxPartition)))
 }
 
+// MovedUpTo returns the newest partition the store moved to the cold
+// database (-1 for none), as its move record says.
+func (s *Store) MovedUpTo() int64 { return s.coldUpTo.Load() }
+
 // openCold opens or creates the cold database in dir/cold with opts and
 // checks it belongs to this store. A move a crash interrupted is the
 // mover's to complete: its partition is still in the hot database, where
