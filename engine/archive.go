@@ -42,7 +42,7 @@ func (e *Engine) openArchive(o Options, opened *closers) error {
 		if !ok || e.archSrc == nil {
 			return fmt.Errorf("%w: Archive needs the embedded store (Tiers Default, embedded.Dir)", ErrOptions)
 		}
-		c.Local, c.Scanner, c.Sealed, c.Hot, c.Forgetter, c.OpenedAt = e.archSrc, scanner, e.local.Sealed, e.exact, e.forgetter, e.openedAt
+		c.Local, c.Scanner, c.Hot, c.Forgetter, c.OpenedAt = e.archSrc, scanner, e.exact, e.forgetter, e.openedAt
 	} else {
 		c.Log, _ = e.exact.(tier.ArchiveLog)
 	}

@@ -72,14 +72,13 @@ type ArchiverConfig struct {
 	Now     func() (int64, error)
 
 	// The embedded store: Local records how far the archive reaches and
-	// that one is attached; Scanner lists a closed partition's records;
-	// Sealed reports a partition whose writes are all in; Hot and
+	// that one is attached, says which partitions are sealed, and drops
+	// (HoldFor, Release); Scanner lists a closed partition's records; Hot and
 	// Forgetter read and remove keys in the partitions that left the
 	// window before the archive took them. OpenedAt is the store's first
 	// clock reading.
 	Local     ArchiveSource
 	Scanner   RecordScanner
-	Sealed    func(p int64) bool
 	Hot       Exact
 	Forgetter Forgetter
 	OpenedAt  int64

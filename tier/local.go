@@ -138,6 +138,9 @@ type ArchiveSource interface {
 	// OnSealed sets the function the store calls after it sealed a
 	// partition (the archiver's wake-up); set before the engine starts.
 	OnSealed(fn func())
+	// Sealed reports a closed partition whose writes are all in (its
+	// filter sealed): the archive may take it.
+	Sealed(p int64) bool
 }
 
 // Handoff is a Local store whose state can be copied to another process:

@@ -102,8 +102,8 @@ func FilterLayout(partition, archiveWindow time.Duration) Layout {
 func Open(ctx context.Context, backend tier.ArchiveBackend, env tier.ArchiveEnv, c Config) (_ *Archiver, err error) {
 	a := &Archiver{c: c, name: backend.Name(), hasher: c.Hasher, wake: make(chan struct{}, 1)}
 	if c.Local != nil {
-		if c.Scanner == nil || c.Sealed == nil || c.Hot == nil {
-			return nil, fmt.Errorf("%w: an archive behind a local store needs its Scanner, Sealed and Hot", tier.ErrOptions)
+		if c.Scanner == nil || c.Hot == nil {
+			return nil, fmt.Errorf("%w: an archive behind a local store needs its Scanner and Hot", tier.ErrOptions)
 		}
 		gen, err := c.Local.ArchiveGeneration()
 		if err != nil {

@@ -189,11 +189,8 @@ func (a *Archiver) logPass(ctx context.Context) {
 		if err := a.drain(ctx, cur); err != nil {
 			fail("draining the log", err)
 		}
-		if err := a.store.Drop(ctx, a.oldest(cur)); err != nil {
+		if _, err := a.expire(ctx, cur); err != nil {
 			fail("expiring", err)
-		}
-		if held, err := a.store.Archived(ctx); err == nil {
-			a.held.Store(int64(len(held)))
 		}
 		hook("drop")
 	}

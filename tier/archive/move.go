@@ -20,14 +20,10 @@ import (
 // every archived partition no blob covers, and sets next.
 func (a *Archiver) load(ctx context.Context, cur int64) error {
 	oldest := a.oldest(cur)
-	if err := a.store.Drop(ctx, oldest); err != nil {
-		return err
-	}
-	held, err := a.store.Archived(ctx)
+	held, err := a.expire(ctx, cur)
 	if err != nil {
 		return err
 	}
-	a.held.Store(int64(len(held)))
 	names, err := a.store.Blobs(ctx)
 	if err != nil {
 		return err
@@ -71,6 +67,22 @@ func (a *Archiver) load(ctx context.Context, cur int64) error {
 	}
 	a.next.Store(next)
 	return nil
+}
+
+// expire drops from the archive the partitions its window let go when cur
+// is current (the one place the archive's partitions are dropped: at
+// Open, after each archiving pass, after each drain) and returns the
+// partitions it holds then.
+func (a *Archiver) expire(ctx context.Context, cur int64) ([]int64, error) {
+	if err := a.store.Drop(ctx, a.oldest(cur)); err != nil {
+		return nil, err
+	}
+	held, err := a.store.Archived(ctx)
+	if err != nil {
+		return nil, err
+	}
+	a.held.Store(int64(len(held)))
+	return held, nil
 }
 
 // mergeBlobs merges each group's filter blob into the archive filter and
@@ -149,7 +161,7 @@ func (a *Archiver) pass(ctx context.Context) (failed bool) {
 		if p >= cur {
 			break
 		}
-		if p >= a.c.Partitions.Oldest(cur) && !a.c.Sealed(p) {
+		if p >= a.c.Partitions.Oldest(cur) && !a.c.Local.Sealed(p) {
 			break // its writes may not all be in yet: its seal wakes the loop
 		}
 		if err := a.archive(ctx, p); err != nil {
@@ -164,15 +176,12 @@ func (a *Archiver) pass(ctx context.Context) (failed bool) {
 		return false
 	}
 	cur := a.c.Current()
-	if err := a.store.Drop(ctx, a.oldest(cur)); err != nil {
+	if _, err := a.expire(ctx, cur); err != nil {
 		a.failures.Add(1)
 		a.c.Logger.Printf("tierdedup: expiring the archive: %v", err)
 		return true
 	}
 	a.filters.Rotate(cur / a.group)
-	if held, err := a.store.Archived(ctx); err == nil {
-		a.held.Store(int64(len(held)))
-	}
 	hook("drop")
 	if err := a.c.Local.Release(); err != nil {
 		a.c.Logger.Printf("tierdedup: dropping archived partitions: %v", err)

@@ -209,7 +209,8 @@ func TestLifeWithoutArchive(t *testing.T) {
 
 // TestLifeDetach: a store whose archive never took partition 100 keeps it
 // past the window, across a reopen (the attachment is recorded); once the
-// archive is detached the next rotation drops it.
+// archive is detached the next rotation drops it; a new archive attached
+// holds again.
 func TestLifeDetach(t *testing.T) {
 	dir := t.TempDir()
 	s := openLife(t, dir, 4, lifeStart, true)
@@ -240,6 +241,19 @@ func TestLifeDetach(t *testing.T) {
 		t.Fatalf("after the archive was detached: %v, want nothing", h)
 	}
 	s.wantStage(lifeStart, embedded.StageDropped)
+
+	// A new archive attached holds again what it has not taken, from the
+	// store's partitions then.
+	s.commit("b")
+	p := s.hw.Load() / lifeHour
+	if err := s.SetArchiveAttached(); err != nil {
+		t.Fatal(err)
+	}
+	s.HoldFor(func() int64 { return p })
+	s.rotate(p + 6)
+	if s.held()[p] != 1 {
+		t.Fatalf("partition %d, which the new archive has not taken, dropped: %v", p, s.held())
+	}
 }
 
 // TestLifeLongerWindow: a store reopened with a longer window keeps what
