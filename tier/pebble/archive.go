@@ -154,22 +154,6 @@ func (a ArchiveDir) Open(ctx context.Context, env tier.ArchiveEnv) (tier.Archive
 	return ar, nil
 }
 
-// removeSuffixed removes the files of dir whose name ends with suffix.
-func removeSuffixed(fs vfs.FS, dir, suffix string) error {
-	names, err := fs.List(dir)
-	if err != nil {
-		return err
-	}
-	for _, n := range names {
-		if strings.HasSuffix(n, suffix) {
-			if err := fs.Remove(fs.PathJoin(dir, n)); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
 // archive is an opened ArchiveDir.
 type archive struct {
 	db    *pebble.DB

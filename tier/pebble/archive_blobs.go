@@ -141,3 +141,19 @@ func (ar *archive) DeleteBlob(_ context.Context, name string) error {
 	}
 	return nil
 }
+
+// removeSuffixed removes the files of dir whose name ends with suffix.
+func removeSuffixed(fs vfs.FS, dir, suffix string) error {
+	names, err := fs.List(dir)
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if strings.HasSuffix(n, suffix) {
+			if err := fs.Remove(fs.PathJoin(dir, n)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -80,7 +80,8 @@ FROM %[1]s t JOIN unnest($1::bytea[], $2::bytea[]) AS r(ns, key) ON t.ns = r.ns 
 }
 
 // prepareSettle writes the statements that settle or read keys a claim
-// took: commit, release, extend, forget, and the table's size and sweep.
+// took: commit, release, extend, forget, the table's size and sweep, and
+// (prepareFence) a failed mark's give-back.
 func (s *Store) prepareSettle() {
 	// Commit: the claim of this token, unexpired, becomes a commit for the
 	// window; a commit this token already made stays (a retry).
@@ -149,6 +150,15 @@ fx AS (
 	WHERE t.ns = cur.ns AND t.key = cur.key AND cur.state = 'X' AND cur.attempts > 0)
 SELECT cur.ns, cur.key, cur.state::text, cur.token, cur.lease_until, cur.attempts, cur.digest, cur.expires, c.ms
 FROM cur, c`, s.table, now) // del and fx run to completion whether read or not
+	s.sizeQ = fmt.Sprintf(`SELECT pg_relation_size('%s') / current_setting('block_size')::bigint`, s.table)
+	// Sweep: the expired rows of blocks [$1, $2), found by a TID range
+	// scan (no index on the write path).
+	s.sweepQ = fmt.Sprintf(`DELETE FROM %s WHERE ctid >= format('(%%s,0)', $1::bigint)::tid AND ctid < format('(%%s,0)', $2::bigint)::tid AND expires <= %s`, s.table, now)
+	s.prepareFence()
+}
+
+// prepareFence writes the statements of a failed mark's give-back.
+func (s *Store) prepareFence() {
 	// Fence and unmark: a failed mark's give-back (Unmark), two
 	// statements in this order. The fence first: a key no live claim or
 	// commit holds (free, expired, an attempt count, a claim whose lease
@@ -188,8 +198,4 @@ UPDATE %[1]s AS t SET state = 'X', lease_until = 0, digest = NULL,
 FROM r, c
 WHERE t.ns = r.ns AND t.key = r.key AND t.token = r.token AND t.state = 'D' AND t.expires > c.ms
 RETURNING r.i`, s.table, now)
-	s.sizeQ = fmt.Sprintf(`SELECT pg_relation_size('%s') / current_setting('block_size')::bigint`, s.table)
-	// Sweep: the expired rows of blocks [$1, $2), found by a TID range
-	// scan (no index on the write path).
-	s.sweepQ = fmt.Sprintf(`DELETE FROM %s WHERE ctid >= format('(%%s,0)', $1::bigint)::tid AND ctid < format('(%%s,0)', $2::bigint)::tid AND expires <= %s`, s.table, now)
 }
