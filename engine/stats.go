@@ -3,6 +3,8 @@ package engine
 import (
 	"sync/atomic"
 	"time"
+
+	"github.com/tierdedup/tierdedup/tier"
 )
 
 // Stats is a snapshot of an Engine's counters since Open, grouped by what
@@ -121,6 +123,10 @@ type BloomStats struct {
 	Checkpoints, CheckpointFailures, Restored, JournalKeys uint64
 }
 
+// DiskParts is a directory's disk space as the operating system counts
+// it, by part (Stats.Store.Disk).
+type DiskParts = tier.DirUsage
+
 // StoreStats is the exact tier's figures.
 type StoreStats struct {
 	// Reads counts keys looked up in the exact tier (Pebble, Redis or
@@ -130,13 +136,21 @@ type StoreStats struct {
 	// ColdPartitions, the sealed partitions moved into the embedded
 	// store's cold database.
 	PartitionsDropped, ColdPartitions uint64
-	// DiskBytes is Pebble's size on disk: live SSTs (TableBytes), live WAL
-	// (WALBytes), recycled WAL files kept for reuse (WALRecycledBytes, in
-	// WALRecycledFiles files), files a compaction has not yet deleted, the
-	// manifest. WALWrittenBytes counts the bytes written to the WAL since
-	// Open, TableWrittenBytes those written to SSTs (flushes, compactions,
-	// moves of sealed partitions): their ratio is the write amplification.
-	DiskBytes, TableBytes, WALBytes   uint64
+	// DiskBytes is what the embedded store's directory occupies as the
+	// operating system counts it (the blocks allocated to its files, what
+	// du reports): Disk.Total, split by part in Disk. It includes what
+	// Pebble's own figures below leave out: the WAL's preallocation, the
+	// Bloom filters' files (sealed partitions, checkpoints), the store's
+	// other files.
+	DiskBytes uint64
+	Disk      DiskParts
+	// TableBytes and WALBytes are Pebble's own sizes of its live SSTs and
+	// live WAL files, WALRecycledBytes those of the WAL files kept for
+	// reuse (WALRecycledFiles of them). WALWrittenBytes counts the bytes
+	// written to the WAL since Open, TableWrittenBytes those written to
+	// SSTs (flushes, compactions, moves of sealed partitions): their ratio
+	// is the write amplification.
+	TableBytes, WALBytes              uint64
 	WALRecycledBytes, WALWrittenBytes uint64
 	TableWrittenBytes                 uint64
 	WALRecycledFiles                  int
@@ -246,11 +260,12 @@ func (e *Engine) Stats() Stats {
 		s.Bloom.Checkpoints, s.Bloom.CheckpointFailures = l.Checkpoints, l.CheckpointFailures
 		s.Bloom.Restored, s.Bloom.JournalKeys = l.RestoredPartitions, l.JournalKeys
 		s.Store.ColdPartitions = l.Disk.ColdPartitions
+		s.Store.Disk, s.Store.DiskBytes = l.Disk.Allocated, l.Disk.Allocated.Total
 		if e.exact != nil {
 			h := &s.Store.FsyncLatency
 			h.Bounds, h.Counts, h.Count, h.Sum = e.local.FsyncLatency(latencyBounds)
 			d := l.Disk
-			s.Store.DiskBytes, s.Store.TableBytes, s.Store.WALBytes = d.Total, d.Tables, d.WAL
+			s.Store.TableBytes, s.Store.WALBytes = d.Tables, d.WAL
 			s.Store.WALRecycledBytes, s.Store.WALWrittenBytes, s.Store.WALRecycledFiles = d.RecycledWAL, d.WALWritten, d.RecycledWALFiles
 			s.Store.TableWrittenBytes = d.TablesWritten
 		}

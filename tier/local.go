@@ -260,6 +260,31 @@ type DiskUsage struct {
 	// ColdPartitions counts the sealed partitions moved into the cold
 	// database since Open.
 	ColdPartitions uint64
+	// Allocated is what the store's whole directory occupies as the
+	// operating system counts it (the blocks allocated to its files, as
+	// du counts them), by part. The figures above are Pebble's own: file
+	// sizes, without the WAL's preallocation or the store's other files.
+	Allocated DirUsage
+}
+
+// DirUsage is a directory's disk space as the operating system counts it
+// (allocated blocks), by part. On a filesystem that is not the
+// operating system's (a test's in-memory one), each file counts its size.
+type DirUsage struct {
+	// Total is every file under the directory.
+	Total uint64
+	// Tables are the SSTs of the store's hot database, ColdTables those of
+	// its cold one (sealed partitions moved out of the hot LSM).
+	Tables, ColdTables uint64
+	// WAL is the write-ahead log: live and recycled files, with what is
+	// preallocated to them.
+	WAL uint64
+	// Filters are the Bloom filters' files: sealed partitions,
+	// checkpoints of the open ones, the snapshot a clean Close leaves.
+	Filters uint64
+	// Other is the rest: manifests, options, locks, files a compaction
+	// has not deleted yet.
+	Other uint64
 }
 
 // AllLive sets every probe to name every live partition when current is

@@ -128,7 +128,7 @@ var Metrics = []Metric{
 	{Name: "archive_drainer", OTel: "tierdedup.archive.drainer", Kind: Gauge, Unit: "1",
 		Help: "1 while this engine holds the drain lease of the shared tier's archive log."},
 	{Name: "disk_bytes", OTel: "tierdedup.disk.usage", Kind: Gauge, Unit: "By", Labels: []string{"kind"},
-		Help: "Size on disk of the embedded store, by kind: total, tables, wal, wal_recycled."},
+		Help: "Disk space of the embedded store's directory as the OS allocates it (what du counts), by kind: total, tables, cold_tables, wal (preallocation included), filters, other."},
 }
 
 // byName finds a metric of Metrics by its Name.
@@ -243,12 +243,13 @@ func Each(s *engine.Stats, f func(Point)) {
 		}
 		gauge("archive_drainer", drainer)
 	}
-	if s.Config == engine.Default.String() {
-		for _, d := range []struct {
+	if s.Config == engine.Default.String() || s.Config == engine.BloomOnly.String() {
+		d := s.Store.Disk
+		for _, p := range []struct {
 			kind string
 			n    uint64
-		}{{"total", s.Store.DiskBytes}, {"tables", s.Store.TableBytes}, {"wal", s.Store.WALBytes}, {"wal_recycled", s.Store.WALRecycledBytes}} {
-			gauge("disk_bytes", float64(d.n), d.kind)
+		}{{"total", d.Total}, {"tables", d.Tables}, {"cold_tables", d.ColdTables}, {"wal", d.WAL}, {"filters", d.Filters}, {"other", d.Other}} {
+			gauge("disk_bytes", float64(p.n), p.kind)
 		}
 	}
 }

@@ -31,7 +31,7 @@ func TestTable(t *testing.T) {
 // each with its metric's labels, the values taken from the right fields.
 func TestEach(t *testing.T) {
 	s := engine.Stats{Config: engine.Default.String(), Archive: &engine.ArchiveStats{Reads: 5, Hits: 2, Drainer: true},
-		Calls: engine.CallStats{New: 7}, Store: engine.StoreStats{Reads: 3, Hits: 1, DiskBytes: 1000},
+		Calls: engine.CallStats{New: 7}, Store: engine.StoreStats{Reads: 3, Hits: 1, DiskBytes: 1000, Disk: engine.DiskParts{Total: 1000, WAL: 700, Filters: 300}},
 		Memory: engine.MemoryStats{Claims: 4}, Window: time.Hour, Coverage: 15 * time.Minute,
 		Queue: engine.QueueStats{Latency: engine.Histogram{Count: 9, Sum: 0.5}},
 		Bloom: engine.BloomStats{Mode: "rebuilding", Partitions: []engine.BloomPartition{{Start: time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC), Keys: 10, Checked: 100, FalsePositives: 2, MeasuredFP: 0.02, TargetFP: 0.001, EstimatedFP: 0.003}}}}
@@ -71,6 +71,8 @@ func TestEach(t *testing.T) {
 		{float64(find("archive_reads_total", "miss").Count), 3},
 		{find("archive_drainer").Value, 1},
 		{find("disk_bytes", "total").Value, 1000},
+		{find("disk_bytes", "wal").Value, 700},
+		{find("disk_bytes", "filters").Value, 300},
 		{float64(find("commit_batch_seconds").Histogram.Count), 9},
 		{find("bloom_partition_false_positive_ratio", "2026-12-03T00:00:00Z", "measured").Value, 0.02},
 		{find("bloom_partition_false_positive_ratio", "2026-12-03T00:00:00Z", "target").Value, 0.001},

@@ -249,6 +249,9 @@ func (s *Store) Stats() Stats {
 	if s.store != nil {
 		st.Disk = s.store.Disk()
 	}
+	if s.snapshots != nil {
+		st.Disk.Allocated = allocated(s.snapshots.fs, s.snapshots.dir)
+	}
 	return st
 }
 

@@ -1,13 +1,3 @@
-//go:build pgnemesis
-
-// The PostgreSQL mark nemesis runs with -tags pgnemesis until the fix of
-// the defect it found has passed repeated runs under -race
-// (docs/reliability.md, the mark row): a retried mark's adopt statement
-// and its mark statement were two round trips, and an earlier, failed
-// call's mark statement that the server ran between them committed the
-// key for the earlier token, which the retry answered Duplicate
-// (TestLateMarkBetweenAdoptAndMark).
-
 package postgres_test
 
 import (
