@@ -183,10 +183,12 @@ type Calibration struct {
 	// keys one flushed memtable's WAL file held (zero if the calibration
 	// flushed none).
 	WALBytesPerKey, WALFileKeys float64
-	// FixedDiskBytes is what else Stats.Store.DiskBytes counted, the median over
-	// the run's samples: the manifest and options files, obsolete SSTs,
-	// compactions in progress.
-	FixedDiskBytes float64
+	// WALDiskBytes is the disk the WAL took (Stats.Store.Disk.WAL: live
+	// and recycled files with their preallocation), the median over the
+	// run's samples. FixedDiskBytes is the median of the directory's other
+	// files (Stats.Store.Disk.Other): the manifest and options files,
+	// obsolete SSTs, compactions in progress.
+	WALDiskBytes, FixedDiskBytes float64
 	// SharedBytesPerKey is, for a shared tier, what a held key took on
 	// the calibration's server (SharedResult.BytesPerKey: Redis's
 	// used_memory, PostgreSQL's table and index); zero otherwise.
@@ -228,12 +230,16 @@ type Plan struct {
 	MemoryBytes                     float64 // memory tier at capacity
 	HeapBytes                       float64 // memory + bloom + the engine's fixed heap
 	OffHeapBytes                    float64 // Pebble's memtables and cache
-	// DiskBytes is what Stats.Store.DiskBytes will report for a running store
-	// holding KeysHeld keys: TableBytes of SSTs, WALBytes of live and
-	// recycled WAL (WALFileBytes each: the WAL of one memtable, flushed
-	// when full or when a partition is dropped, whichever comes first) and
-	// the calibration's FixedDiskBytes.
-	DiskBytes, TableBytes, WALBytes, WALFileBytes float64
+	// DiskBytes is what Stats.Store.DiskBytes (and du) will report for a
+	// running store holding KeysHeld keys: TableBytes of SSTs; WALBytes
+	// of live and recycled WAL files as the OS allocates them, the
+	// calibration's WALDiskBytes (Pebble preallocates each file in blocks
+	// of 1.1 × its memtable size, so the WAL's disk follows its number of
+	// files, not the load, while one memtable's WAL, WALFileBytes, fits
+	// one block, else in proportion); FilterFileBytes of the filters' files
+	// (sealed partitions and checkpoints of the open ones: the filters'
+	// memory, BloomBytes); and the calibration's FixedDiskBytes.
+	DiskBytes, TableBytes, WALBytes, WALFileBytes, FilterFileBytes float64
 	// RedisBytes (SharedRedis) is Redis's used_memory for KeysHeld keys,
 	// PostgresBytes (SharedPostgres) the tier's table and index for
 	// KeysHeld rows, both at SharedBytesPerKey: the calibration's
@@ -377,8 +383,13 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 			fileKeys = pebble.DefaultMemTableSize / cal.WALBytesPerKey
 		}
 		p.WALFileBytes = cal.WALBytesPerKey * min(fileKeys, p.KeysPerPartition)
-		p.WALBytes = (RecycledWALFiles + 0.5) * p.WALFileBytes
-		p.DiskBytes = p.TableBytes + p.WALBytes + cal.FixedDiskBytes
+		block := 1.1 * pebble.DefaultMemTableSize
+		p.WALBytes = cal.WALDiskBytes * max(1, math.Ceil(p.WALFileBytes/block))
+		if cal.WALDiskBytes == 0 { // no calibration's disk: a block a file
+			p.WALBytes = (RecycledWALFiles + 1) * block * max(1, math.Ceil(p.WALFileBytes/block))
+		}
+		p.FilterFileBytes = p.BloomBytes
+		p.DiskBytes = p.TableBytes + p.WALBytes + p.FilterFileBytes + cal.FixedDiskBytes
 	case in.Tiers == engine.BloomOnly:
 		p.DiskBytes = p.BloomBytes // the state file Close writes: the filters
 	}
@@ -588,20 +599,20 @@ func CalibrationOf(res *Result) Calibration {
 		if st.Store.WALRecycledFiles > 0 && cal.WALBytesPerKey > 0 {
 			cal.WALFileKeys = float64(st.Store.WALRecycledBytes) / float64(st.Store.WALRecycledFiles) / cal.WALBytesPerKey
 		}
-		// The rest of the disk, as it stood through the run (compactions
-		// in flight come and go; one instant may catch a large one).
-		var other []float64
+		// The WAL's and the other files' disk, as it stood through the
+		// run (files come and go; one instant may catch a compaction's).
+		var wal, other []float64
 		for _, p := range res.Series {
 			if p.DiskBytes > 0 {
-				other = append(other, float64(p.OtherDiskBytes))
+				wal, other = append(wal, float64(p.Disk.WAL)), append(other, float64(p.Disk.Other))
 			}
 		}
 		if len(other) > 0 {
+			slices.Sort(wal)
 			slices.Sort(other)
-			cal.FixedDiskBytes = other[len(other)/2]
+			cal.WALDiskBytes, cal.FixedDiskBytes = wal[len(wal)/2], other[len(other)/2]
 		} else {
-			known := st.Store.TableBytes + st.Store.WALBytes + st.Store.WALRecycledBytes
-			cal.FixedDiskBytes = float64(st.Store.DiskBytes - min(st.Store.DiskBytes, known))
+			cal.WALDiskBytes, cal.FixedDiskBytes = float64(st.Store.Disk.WAL), float64(st.Store.Disk.Other)
 		}
 	}
 	return cal

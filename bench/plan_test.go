@@ -55,21 +55,39 @@ func TestPlan500MPerDay(t *testing.T) {
 }
 
 // TestPlanDiskAndRedisModel pins the disk model's arithmetic: SSTs per
-// held key, 3.5 WAL files of one memtable (or one partition, when
-// partitions are dropped sooner than memtables fill), the calibration's
-// fixed bytes; Redis memory from the shape's mean key length; the derate
-// only for a store larger than the calibration's.
+// held key; the WAL's disk as the calibration allocated it while a
+// memtable's WAL (one memtable, or one partition when partitions are
+// dropped sooner than memtables fill) fits one preallocation block, in
+// proportion beyond, a block a file without a calibrated figure; the
+// filters' files; the calibration's fixed bytes; Redis memory from the
+// shape's mean key length; the derate only for a store larger than the
+// calibration's.
 func TestPlanDiskAndRedisModel(t *testing.T) {
 	in := PlanInput{IDsPerDay: 1e6, Window: 24 * time.Hour, Partition: 6 * time.Hour, DupRatio: 0.1, FalsePositive: 0.01, Tiers: engine.Default}
-	cal := Calibration{KeysPerSec: 1000, StoreKeys: 1_125_000, TableBytesPerKey: 10, WALBytesPerKey: 30, WALFileKeys: 100_000, FixedDiskBytes: 1000}
+	cal := Calibration{KeysPerSec: 1000, StoreKeys: 1_125_000, TableBytesPerKey: 10, WALBytesPerKey: 30, WALFileKeys: 100_000, WALDiskBytes: 300e6, FixedDiskBytes: 1000}
 	pl, err := MakePlan(in, cal)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// 1e6 × 0.9 / 4 = 225,000 keys per partition, 5 live.
-	if pl.KeysHeld != 1_125_000 || pl.TableBytes != 11_250_000 || pl.WALFileBytes != 3_000_000 || pl.WALBytes != 10_500_000 ||
-		pl.DiskBytes != 11_250_000+10_500_000+1000 || pl.Derate != 1 || pl.CapacityPerDay != 1000*86400 {
+	if pl.KeysHeld != 1_125_000 || pl.TableBytes != 11_250_000 || pl.WALFileBytes != 3_000_000 || pl.WALBytes != 300e6 ||
+		pl.FilterFileBytes != pl.BloomBytes || pl.BloomBytes == 0 ||
+		pl.DiskBytes != 11_250_000+300e6+pl.BloomBytes+1000 || pl.Derate != 1 || pl.CapacityPerDay != 1000*86400 {
 		t.Fatalf("plan %+v", pl)
+	}
+	// A memtable's WAL over one block (1.1 × 64 MiB): two blocks a file.
+	big := cal
+	big.WALBytesPerKey = 400
+	if pl, _ := MakePlan(in, big); pl.WALFileBytes != 400*100_000 || pl.WALBytes != 300e6 {
+		t.Fatalf("WAL file of %v: %v", pl.WALFileBytes, pl.WALBytes)
+	}
+	big.WALBytesPerKey = 1000
+	if pl, _ := MakePlan(in, big); pl.WALBytes != 2*300e6 {
+		t.Fatalf("WAL file of %v: %v, want two blocks a file", pl.WALFileBytes, pl.WALBytes)
+	}
+	big.WALDiskBytes = 0
+	if pl, _ := MakePlan(in, big); pl.WALBytes != (RecycledWALFiles+1)*2*1.1*(64<<20) {
+		t.Fatalf("WAL without a calibrated figure: %v", pl.WALBytes)
 	}
 	cal.WALFileKeys = 0 // no flush seen: bounded by the memtable, here beyond a partition
 	if pl, _ = MakePlan(in, cal); pl.WALFileBytes != 30*225_000 {

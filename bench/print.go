@@ -37,7 +37,9 @@ func PrintResult(w io.Writer, r *Result) {
 	p("per-key latency", "p50 %v  p99 %v  p999 %v (batch latency / batch size)", r.KeyLatency.P50, r.KeyLatency.P99, r.KeyLatency.P999)
 	p("heap", "%.1f MiB, %.1f B per committed key", float64(r.HeapBytes)/(1<<20), r.HeapBytesPerKey)
 	if r.DiskBytes > 0 {
-		p("disk", "%.1f MiB, %.1f B per committed key (WAL included; SSTs %.1f MiB)", float64(r.DiskBytes)/(1<<20), r.DiskBytesPerKey, float64(r.TableBytes)/(1<<20))
+		d := r.Stats.Store.Disk
+		p("disk", "%.1f MiB as the OS allocates it (du), %.1f B per committed key: SSTs %.1f MiB, WAL %.1f MiB (preallocated), filter files %.1f MiB, other %.1f MiB",
+			float64(r.DiskBytes)/(1<<20), r.DiskBytesPerKey, float64(d.Tables+d.ColdTables)/(1<<20), float64(d.WAL)/(1<<20), float64(d.Filters)/(1<<20), float64(d.Other)/(1<<20))
 	}
 	if r.BloomFPConfigured > 0 {
 		p("bloom false positives", "%.4f%% measured vs %.4f%% configured (whole window)", 100*r.BloomFPMeasured, 100*r.BloomFPConfigured)
@@ -127,8 +129,8 @@ func PrintPlan(w io.Writer, pl Plan) {
 		p("pebble off-heap", "%s (memtables and block cache)", gib(pl.OffHeapBytes))
 	}
 	if pl.DiskBytes > 0 {
-		p("disk", "%s: compacted SSTs %.1f B/key measured by the calibration; WAL %.0f MiB (%.1f files of %.0f MiB, live and recycled)",
-			gib(pl.DiskBytes), pl.Calibration.TableBytesPerKey, pl.WALBytes/(1<<20), RecycledWALFiles+0.5, pl.WALFileBytes/(1<<20))
+		p("disk", "%s as the OS allocates it (du): SSTs %s (compacted, %.1f B/key measured by the calibration); WAL %.0f MiB (live and recycled files, preallocated); filter files %s; other %.0f MiB",
+			gib(pl.DiskBytes), gib(pl.TableBytes), pl.Calibration.TableBytesPerKey, pl.WALBytes/(1<<20), gib(pl.FilterFileBytes), pl.Calibration.FixedDiskBytes/(1<<20))
 	}
 	source := "RedisFixedBytes + the key: no calibration"
 	if in.Shared == SharedPostgres {

@@ -90,6 +90,9 @@ type RecoverResult struct {
 	RebuildingRate, WarmRate float64
 	// RebuildingKeys is the messages processed while rebuilding.
 	RebuildingKeys int64
+	// Disk is the store's directory at the end, as the OS allocates it
+	// (Stats.Store.Disk).
+	Disk engine.DiskParts
 }
 
 // pumpStream runs workers MarkBatch calls over stream until it ends, ctx
@@ -276,6 +279,7 @@ func RecoverMeasure(ctx context.Context, c RecoverConfig, at int64, mode string,
 	res.Warm = warmAt.Sub(t0)
 	res.SealedLoaded, res.RebuiltKeys = st.Bloom.SealedLoaded, st.Bloom.RebuiltKeys
 	res.Restored, res.JournalKeys = st.Bloom.Restored, st.Bloom.JournalKeys
+	res.Disk = st.Store.Disk
 	res.RebuildingKeys = warmKeys
 	if d := warmAt.Sub(t0) - res.Open; d > 0 {
 		res.RebuildingRate = float64(warmKeys) / d.Seconds()
@@ -350,10 +354,15 @@ func Recover(ctx context.Context, c RecoverConfig, child func(dir string, args .
 
 // PrintRecover prints the results of Recover.
 func PrintRecover(w io.Writer, rs []RecoverResult) {
-	fmt.Fprintf(w, "%-14s %10s %8s %8s %7s %9s %12s %12s %14s %9s\n", "reopen", "store keys", "open", "warm", "sealed", "restored", "journal keys", "rebuilt keys", "rebuilding k/s", "warm k/s")
+	fmt.Fprintf(w, "%-14s %10s %8s %8s %7s %9s %12s %12s %14s %9s %9s\n", "reopen", "store keys", "open", "warm", "sealed", "restored", "journal keys", "rebuilt keys", "rebuilding k/s", "warm k/s", "disk MiB")
 	for _, r := range rs {
-		fmt.Fprintf(w, "%-14s %10d %8s %8s %7d %9d %12d %12d %14.0f %9.0f\n", r.Mode, r.StoreKeys, r.Open.Round(time.Millisecond), r.Warm.Round(time.Millisecond),
-			r.SealedLoaded, r.Restored, r.JournalKeys, r.RebuiltKeys, r.RebuildingRate/1000, r.WarmRate/1000)
+		fmt.Fprintf(w, "%-14s %10d %8s %8s %7d %9d %12d %12d %14.0f %9.0f %9.1f\n", r.Mode, r.StoreKeys, r.Open.Round(time.Millisecond), r.Warm.Round(time.Millisecond),
+			r.SealedLoaded, r.Restored, r.JournalKeys, r.RebuiltKeys, r.RebuildingRate/1000, r.WarmRate/1000, float64(r.Disk.Total)/(1<<20))
+	}
+	if len(rs) > 0 {
+		d := rs[len(rs)-1].Disk
+		fmt.Fprintf(w, "disk (as the OS allocates it, du; the last reopen's): SSTs %.1f MiB, WAL %.1f MiB (preallocated), filter files %.1f MiB, other %.1f MiB\n",
+			float64(d.Tables+d.ColdTables)/(1<<20), float64(d.WAL)/(1<<20), float64(d.Filters)/(1<<20), float64(d.Other)/(1<<20))
 	}
 }
 

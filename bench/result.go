@@ -44,9 +44,10 @@ type Result struct {
 	// HeapBytesPerKey divides it by the keys committed in the window.
 	HeapBytes       uint64
 	HeapBytesPerKey float64
-	// DiskBytes is Pebble's size at the end, WAL and files awaiting
-	// deletion included; TableBytes its live SSTs (compacted when
-	// RunConfig.Compact is set) and WALBytes its live WAL.
+	// DiskBytes is the store's directory at the end as the OS allocates
+	// it (Stats.Store.DiskBytes: du's figure); TableBytes Pebble's live
+	// SSTs (compacted when RunConfig.Compact is set) and WALBytes its live
+	// WAL, as Pebble sizes them.
 	DiskBytes, TableBytes, WALBytes   uint64
 	DiskBytesPerKey, TableBytesPerKey float64
 	// CompactedTableBytes are the SSTs once compacted (RunConfig.Compact).

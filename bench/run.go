@@ -87,11 +87,9 @@ type Point struct {
 	KeysPerSec float64       // over the last sample
 	SimTime    time.Time     // the stream's simulated time
 	Rotations  uint64        // partitions dropped so far
-	DiskBytes  uint64        // Stats.Store.DiskBytes now (default configuration)
-	// OtherDiskBytes is what DiskBytes holds beside the live SSTs and the
-	// live and recycled WAL: manifest, obsolete files, compactions' output
-	// in flight.
-	OtherDiskBytes uint64
+	DiskBytes  uint64        // Stats.Store.DiskBytes now: the directory as the OS allocates it
+	// Disk is DiskBytes by part (Stats.Store.Disk).
+	Disk engine.DiskParts
 }
 
 // simClock is an engine clock of simulated time: it moves a step per

@@ -188,10 +188,7 @@ func (r *run) sample(ctx context.Context, start time.Time, done chan<- struct{})
 		n, at := r.processed.Load(), time.Since(start)
 		st := r.e.Stats()
 		p := Point{At: at, Keys: n, KeysPerSec: float64(n-last) / (at - lastAt).Seconds(),
-			SimTime: r.o.Clock.Now(), Rotations: st.Store.PartitionsDropped, DiskBytes: st.Store.DiskBytes}
-		if known := st.Store.TableBytes + st.Store.WALBytes + st.Store.WALRecycledBytes; st.Store.DiskBytes > known {
-			p.OtherDiskBytes = st.Store.DiskBytes - known
-		}
+			SimTime: r.o.Clock.Now(), Rotations: st.Store.PartitionsDropped, DiskBytes: st.Store.DiskBytes, Disk: st.Store.Disk}
 		last, lastAt = n, at
 		r.res.Series = append(r.res.Series, p)
 		if r.rc.Progress != nil {

@@ -265,9 +265,9 @@ func TestLifeAttackSealFailureManyPartitions(t *testing.T) {
 	w := newLAWorld(t, o, clock)
 	w.hours(1)
 	w.commit()
-	// The second of this jump's seals fails: partition 1 sealed (the
-	// store says so: OnSealed), 2 not.
-	fault.ArmNth(sealedSyncs, 2)
+	// Partition 2's seal fails (every try, until the disk heals):
+	// partition 1 is sealed (the store says so: OnSealed), 2 and 3 not.
+	fault.Arm(faultfs.Match{Kinds: faultfs.Syncs, Suffix: fmt.Sprintf(".p%d.sealed.tmp", w.start+2)})
 	w.advance(3 * laPart)
 	w.commit()
 	if !laWaitUntil(10*time.Second, func() bool { return fault.Hits() > 0 }) {
@@ -355,6 +355,19 @@ func TestLifeAttackManyPartitionsAtOnce(t *testing.T) {
 		w.mustDup(fmt.Sprintf("round %d: reopened", round), max(0, w.cur()-11), w.cur())
 		laCatchUp(t, w.e, 2*time.Second, fmt.Sprintf("round %d: reopened after Close while archiving", round))
 		w.mustDup(fmt.Sprintf("round %d: archived", round), max(0, w.cur()-11), w.cur())
+	}
+	// The clock moves while the engine is closed: 3 hours (partitions
+	// close inside the window), then 7 (past it). The Open's own reading
+	// is the only rotation.
+	for _, jump := range []int{3, 7} {
+		w.commit()
+		if err := w.e.Close(); err != nil {
+			t.Fatal(err)
+		}
+		w.clock.Add(time.Duration(jump) * laPart)
+		w.e = open(t, w.o)
+		laCatchUp(t, w.e, 2*time.Second, fmt.Sprintf("reopened %d hours later", jump))
+		w.mustDup(fmt.Sprintf("reopened %d hours later", jump), max(0, w.cur()-11), w.cur())
 	}
 }
 
@@ -638,3 +651,91 @@ func TestLifeAttackDurableClaimAcrossReopenAndJump(t *testing.T) {
 	w.mustDup("archive back", max(0, w.cur()-11), w.cur())
 }
 
+// TestLifeAttackWriteInFlightAcrossJumpPastWindow: a MarkBatch has read
+// the engine's time (partition p) and is about to write its commit (held
+// in enginetest.SetBeforeDurable, as a slow disk or a descheduled
+// goroutine would hold it) when the clock jumps past the window. The
+// sealer waits for that write (the store's write gate), but the archiver
+// takes the partitions that left the window without a seal
+// (tier/archive/move.go pass: only p >= Oldest(cur) needs one), and the
+// store then drops them (Release). The write lands afterwards in p and
+// the mark answers New: its key must be Duplicate from then on, for the
+// archive window.
+func TestLifeAttackWriteInFlightAcrossJumpPastWindow(t *testing.T) {
+	ctx := context.Background()
+	clock := newClock()
+	mem := vfs.NewMem()
+	w := newLAWorld(t, laOptions(clock, mem, pebble.ArchiveDir{Dir: "archive", FS: mem}), clock)
+	w.hours(2)
+	w.commit() // partition 2 holds keys
+	if st, ok := laWaitLag(w.e, 10*time.Second); !ok {
+		t.Fatalf("lags: %+v", *st.Archive)
+	}
+	var armed atomic.Bool
+	entered, release := make(chan struct{}), make(chan struct{})
+	armed.Store(true)
+	enginetest.SetBeforeDurable(func() {
+		if armed.CompareAndSwap(true, false) {
+			close(entered)
+			<-release
+		}
+	})
+	defer enginetest.SetBeforeDurable(nil)
+	key := []byte("in-flight")
+	type result struct {
+		o   engine.Outcome
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out := make([]engine.Outcome, 1)
+		err := w.e.MarkBatch(ctx, [][]byte{key}, nil, out)
+		done <- result{out[0], err}
+	}()
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the mark never reached its durable write")
+	}
+	p := w.cur() // the partition the held mark writes in
+	w.advance(6 * laPart)
+	// The archiver takes p and p+1 (left the window) and the store drops
+	// them, while the mark is held.
+	moved := laWaitUntil(5*time.Second, func() bool { return w.e.Stats().Archive.Lag <= uint64(w.cur()-(p+2)) })
+	t.Logf("archive while the mark is held (moved past p+1: %v): %+v", moved, *w.e.Stats().Archive)
+	close(release)
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held mark never returned")
+	}
+	if r.err != nil || r.o != engine.New {
+		t.Logf("the held mark: %v, %v (not acknowledged New: nothing promised)", r.o, r.err)
+		return
+	}
+	check := func(what string) {
+		t.Helper()
+		in, err := w.e.Lookup(ctx, key)
+		if err != nil {
+			t.Fatalf("%s: lookup: %v", what, err)
+		}
+		if in.Outcome != engine.Duplicate {
+			t.Errorf("%s: the key a mark acknowledged New (written in partition %d, %d hours ago) is %v from %v, want Duplicate (archive %+v)",
+				what, p, w.cur()-p, in.Outcome, in.Source, *w.e.Stats().Archive)
+		}
+	}
+	check("right after the mark")
+	if st, ok := laWaitLag(w.e, 10*time.Second); !ok {
+		t.Fatalf("lags: %+v", *st.Archive)
+	}
+	check("archive caught up")
+	w.reopen(nil)
+	check("reopened")
+	out := make([]engine.Outcome, 1)
+	if err := w.e.MarkBatch(ctx, [][]byte{key}, nil, out); err != nil || out[0] != engine.New {
+		// Only a New here is a second delivery let through.
+		return
+	}
+	t.Errorf("the key a mark acknowledged New was marked New again %d hours later (archive window %v)", w.cur()-p, laAW)
+}
