@@ -201,6 +201,7 @@ func Open(opts *Options) (*Store, error) {
 			l.Printf("tierdedup/pebble: slow disk: %s", info)
 		})
 	}
+	fs = walFS{fs} // the WAL's disk follows what it holds (walalloc.go)
 	cache := pebble.NewCache(int64(o.CacheSize))
 	defer cache.Unref()
 	popts, coldOpts := dbOptions(&o, fs, cache)
