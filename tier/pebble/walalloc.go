@@ -58,7 +58,7 @@ func (fs walFS) ReuseForWrite(oldname, newname string, category vfs.DiskWriteCat
 // walFile is a WAL file preallocated in chunks ahead of its writes.
 type walFile struct {
 	vfs.File
-	mu                 sync.Mutex
+	mu                sync.Mutex
 	offset, allocated int64
 }
 
