@@ -35,9 +35,12 @@ var (
 	// its directory stays held until the process exits): restart the
 	// process once the cause is fixed; nothing acknowledged is lost.
 	ErrStorage = tier.ErrStorage
-	// ErrUnavailable reports the shared tier (Redis or PostgreSQL)
-	// unreachable, or slower than the caller's deadline. It is transient:
-	// do not ack, retry later. With Options.FailOpen the engine answers
+	// ErrUnavailable reports the shared tier (Redis or PostgreSQL) or the
+	// archive unreachable, or slower than the caller's deadline; or, in
+	// the embedded store with an archive, a write into a partition that
+	// the clock moved out of the window while the call ran, refused
+	// because the archive is taking it. It is transient: do not ack, retry
+	// later. With Options.FailOpen the engine answers
 	// instead for the calls FailOpen covers, and counts it.
 	ErrUnavailable = tier.ErrUnavailable
 	// ErrLocked reports a Dir that another engine holds.

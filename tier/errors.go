@@ -22,7 +22,9 @@ var (
 	// ErrLocked reports a directory that another engine holds.
 	ErrLocked = errors.New("tierdedup: directory in use")
 	// ErrUnavailable reports a shared tier or an archive unreachable, or
-	// slower than the caller's deadline: transient, nothing is known.
+	// slower than the caller's deadline, or (the embedded store) a write
+	// into a partition the clock left behind while the call ran:
+	// transient, nothing is known (or, for the last, nothing written).
 	ErrUnavailable = errors.New("tierdedup: shared tier unavailable")
 )
 

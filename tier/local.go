@@ -141,6 +141,12 @@ type ArchiveSource interface {
 	// Sealed reports a closed partition whose writes are all in (its
 	// filter sealed): the archive may take it.
 	Sealed(p int64) bool
+	// CloseWrites refuses, from now on, every write into a partition
+	// before `before` (ErrUnavailable: the call changed nothing), and
+	// returns once every write into them it did not refuse is durable or
+	// failed: such a partition (one that left the window is never sealed)
+	// then gets no more records.
+	CloseWrites(before int64) error
 }
 
 // Handoff is a Local store whose state can be copied to another process:

@@ -53,7 +53,12 @@
 // # Invariants
 //
 //  1. The exact tier drops partition p only after archive.Put(p)
-//     returned (Next > p): no committed key is ever in neither.
+//     returned (Next > p), and p is copied only once no write can land
+//     in it (its seal, or, for a partition that left the window and is
+//     never sealed, the store's refusal of writes into it, which makes
+//     those already sent durable first: CloseWrites): no committed key is
+//     ever in neither, a mark that read the time before a clock jump past
+//     the window included (it fails instead).
 //  2. A key is added to the archive filter before its partition becomes
 //     visible to claims (Next moves past it).
 //  3. A Forget and the archiving of a partition exclude each other

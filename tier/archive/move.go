@@ -155,6 +155,7 @@ func (a *Archiver) scanBack(ctx context.Context, p int64) error {
 // store's seal of it wakes the loop again (OnSealed). It reports a
 // failure, which the loop tries again.
 func (a *Archiver) pass(ctx context.Context) (failed bool) {
+	closed := int64(-1)
 	for ctx.Err() == nil {
 		cur := a.c.Current()
 		p := a.next.Load()
@@ -163,6 +164,22 @@ func (a *Archiver) pass(ctx context.Context) (failed bool) {
 		}
 		if p >= a.c.Partitions.Oldest(cur) && !a.c.Local.Sealed(p) {
 			break // its writes may not all be in yet: its seal wakes the loop
+		}
+		if oldest := a.c.Partitions.Oldest(cur); p < oldest && closed < oldest {
+			// A partition that left the window is never sealed, and a
+			// call that read the time before the rotation may still be
+			// writing in it: archived and dropped before that write
+			// landed, its key (acknowledged New) would be in neither.
+			// The store refuses such writes from now on (the call
+			// fails) and makes those already sent durable first.
+			if err := a.c.Local.CloseWrites(oldest); err != nil {
+				if ctx.Err() == nil {
+					a.failures.Add(1)
+					a.c.Logger.Printf("tierdedup: closing partitions before %d for writes: %v", oldest, err)
+				}
+				return ctx.Err() == nil
+			}
+			closed = oldest
 		}
 		if err := a.archive(ctx, p); err != nil {
 			if ctx.Err() == nil {

@@ -164,6 +164,20 @@ func (s *Store) Release() error {
 	return s.drop(s.current.Load(), hw)
 }
 
+// CloseWrites refuses every write into a partition before `before` from
+// now on, and returns once every write into them it did not refuse is
+// durable or failed (pebble.Store.CloseWrites). Errors match
+// tier.ErrStorage.
+func (s *Store) CloseWrites(before int64) error {
+	if s.store == nil {
+		return nil
+	}
+	if err := s.store.CloseWrites(before); err != nil {
+		return storageErr(err)
+	}
+	return nil
+}
+
 // OnSealed sets fn to be called after each sealing pass that sealed a
 // partition (the archiver's wake-up). Set before Start.
 func (s *Store) OnSealed(fn func()) { s.onSealed = fn }

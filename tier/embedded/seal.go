@@ -97,6 +97,9 @@ func (g *writeGate) wait(ctx context.Context) error {
 	return nil
 }
 
+// sealRetry is how long a failed sealing pass waits to try again.
+const sealRetry = time.Second
+
 // sealWakeup asks the sealer to look for closed partitions to seal.
 func (s *Store) sealWakeup() { wake(s.sealWake) }
 
@@ -174,8 +177,8 @@ func (s *Store) loadPartitions(files []partitionFile) []error {
 }
 
 // seal runs a sealing pass; a failure is counted and logged. The partition
-// stays unsealed (a crash rebuilds it from Pebble); the next rotation, or
-// Close, tries again.
+// stays unsealed (a crash rebuilds it from Pebble); the sealer tries again
+// a second later (sealRetry), and at the next rotation or Close.
 //
 // A pass that sealed a partition calls onSealed (the archiver's wake-up:
 // a sealed partition is one it may take), even when a later partition of
@@ -185,6 +188,9 @@ func (s *Store) seal(ctx context.Context) {
 	if err != nil && ctx.Err() == nil {
 		s.sealFailures.Add(1)
 		s.logger.Printf("tierdedup: sealing a closed partition's bloom filter: %v", err)
+		// Tried again without waiting for the next rotation: the archive
+		// waits for this seal.
+		time.AfterFunc(sealRetry, s.sealWakeup)
 	}
 	if n > 0 && s.onSealed != nil {
 		s.onSealed()

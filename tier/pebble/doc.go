@@ -91,4 +91,10 @@
 //     checkpoint's generation and the journal after it always hold every
 //     key written since the checkpoint's files were taken. A store opened
 //     without the journal deletes its checkpoint record.
+//  10. After CloseWrites(before) returns, no record is written in a
+//     partition before `before`: a batch of records is checked against
+//     the floor as it enters the commit pipeline (under the one entry
+//     lock), and CloseWrites returns only after a synced batch behind
+//     every batch that entered before it. The floor lives in the process
+//     (a call in flight does not outlive it).
 package pebble

@@ -3,6 +3,7 @@ package pebble
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -63,5 +64,50 @@ func TestSeals(t *testing.T) {
 	}
 	if seals, err := s.Seals(0); err != nil || len(seals) != 1 || seals[10].ID != 7 {
 		t.Fatalf("after Drop(10), Seals = %v, %v (partition 9's seal must go)", seals, err)
+	}
+}
+
+// TestCloseWrites: after CloseWrites(before), a batch of records into a
+// partition before it is refused (ErrUnavailable, nothing of the batch
+// written, the store not latched), one at or after it is written; the
+// floor never moves back; and a write that entered before is durable
+// when CloseWrites returns (readable by the copy that follows).
+func TestCloseWrites(t *testing.T) {
+	s := open(t, Options{Dir: t.TempDir()})
+	defer s.Close()
+	ctx := context.Background()
+	commit := func(p int64, keys ...string) error {
+		reqs := make([]tier.Request, len(keys))
+		for i, k := range keys {
+			reqs[i] = tier.Request{Key: []byte(k)}
+		}
+		return s.Commit(ctx, p, reqs, make([]tier.Status, len(reqs)))
+	}
+	if err := commit(5, "before"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CloseWrites(7); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CloseWrites(6); err != nil { // a late copy: the floor stays
+		t.Fatal(err)
+	}
+	for _, p := range []int64{5, 6} {
+		if err := commit(p, "late"); !errors.Is(err, tier.ErrUnavailable) {
+			t.Fatalf("a write into partition %d after CloseWrites(7): %v, want ErrUnavailable", p, err)
+		}
+	}
+	if err := commit(7, "at"); err != nil {
+		t.Fatalf("a write at the floor (the store latched?): %v", err)
+	}
+	var got []string
+	if err := s.Scan(ctx, 0, 100, func(p int64, _, key []byte) error {
+		got = append(got, fmt.Sprint(p, ":", string(key)))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got) != "[5:before 7:at]" {
+		t.Fatalf("records %v, want [5:before 7:at]", got)
 	}
 }

@@ -148,11 +148,14 @@ type Store struct {
 	// bound, below which the mover moves nothing.
 	keepExpired   bool
 	droppedBefore atomic.Int64
-	jgen, jseq    atomic.Uint64
-	hasher        shard.Hasher
-	health        io.Closer // the disk-health checker this Store wrapped around the OS filesystem, or nil
-	layout        Layout    // as recorded; set by Open
-	fresh         bool      // Open created the store
+	// writeFloor (guarded by writes): records are written only into
+	// partitions at or after it (CloseWrites).
+	writeFloor int64
+	jgen, jseq atomic.Uint64
+	hasher     shard.Hasher
+	health     io.Closer // the disk-health checker this Store wrapped around the OS filesystem, or nil
+	layout     Layout    // as recorded; set by Open
+	fresh      bool      // Open created the store
 	// layoutChanged is set by initLayout when the recorded layout is to
 	// be updated (recordLayout), once the rest of Open has checked out.
 	layoutChanged bool

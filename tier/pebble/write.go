@@ -71,7 +71,31 @@ func (s *Store) writeWith(recs []Record, user []tier.Write) (err error) {
 			return s.fail(err)
 		}
 	}
-	return s.commit(b)
+	lowest := int64(-1)
+	if len(recs) > 0 {
+		lowest = recs[0].Partition // sorted
+	}
+	return s.applyAbove(s.db, b, s.writeOpts, lowest)
+}
+
+// CloseWrites refuses, from now on, every write of records into a
+// partition before `before` (an error matching tier.ErrUnavailable: the
+// call wrote nothing), and returns once every write it did not refuse is
+// durable, or the store failed: a synced batch after them, whose sync is
+// theirs too. The archiver closes a partition that left the window (and
+// is never sealed) before it copies it: a call that read the time before
+// the rotation can no longer add a record to it after the copy.
+func (s *Store) CloseWrites(before int64) error {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	s.writes.Lock()
+	s.writeFloor = max(s.writeFloor, before)
+	s.writes.Unlock()
+	b := s.db.NewBatch()
+	defer b.Close()
+	_ = b.LogData(nil, nil) // a batch's writes fail only when it is committing
+	return s.apply(b, pebble.Sync)
 }
 
 // commit makes b durable as configured, unless the Store has failed; a
@@ -90,6 +114,13 @@ func (s *Store) apply(b *pebble.Batch, opts *pebble.WriteOptions) (err error) {
 // applyTo is apply into db, the hot or the cold database: both share the
 // one entry into a commit pipeline.
 func (s *Store) applyTo(db *pebble.DB, b *pebble.Batch, opts *pebble.WriteOptions) (err error) {
+	return s.applyAbove(db, b, opts, -1)
+}
+
+// applyAbove is applyTo of a batch whose records' lowest partition is
+// lowest (-1: none), refused, as it enters the commit pipeline, when
+// CloseWrites closed that partition.
+func (s *Store) applyAbove(db *pebble.DB, b *pebble.Batch, opts *pebble.WriteOptions, lowest int64) (err error) {
 	s.writes.Lock()
 	entered := true
 	defer func() {
@@ -100,6 +131,9 @@ func (s *Store) applyTo(db *pebble.DB, b *pebble.Batch, opts *pebble.WriteOption
 	defer s.guard(&err) // runs before the unlock: a panic latches first
 	if err := s.usable(); err != nil {
 		return err
+	}
+	if lowest >= 0 && lowest < s.writeFloor {
+		return fmt.Errorf("%w: pebble: partition %d is closed for writes (before %d: the clock left it behind while the call ran); nothing was written", tier.ErrUnavailable, lowest, s.writeFloor)
 	}
 	if !opts.GetSync() {
 		if err := db.Apply(b, opts); err != nil {
