@@ -111,4 +111,14 @@
 // recorded only after its blob, so a crash between them re-seals. A blob
 // written late (after a newer one of its group) names an older partition
 // and is scanned past at Open.
+//
+// A write of a call that read the time before a partition left the
+// window, arriving after the archiver closed that partition for writes
+// (CloseWrites), is refused and fails its call (ErrUnavailable: nothing
+// written, nothing acknowledged); one that arrived before is durable
+// before the copy reads the partition. A late or repeated CloseWrites
+// only raises the floor to where it already is. Seals and the archive's
+// progress are events (OnSealed, Release): a lost wake-up costs time,
+// never a key, since a failed seal is tried again a second later and
+// every rotation wakes the archiver.
 package archive
