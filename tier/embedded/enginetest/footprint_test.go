@@ -1,0 +1,64 @@
+package enginetest_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"testing"
+
+	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/embedded"
+)
+
+// TestDefaultFootprint measures what a small user of the default
+// configuration (engine.Options with a Dir and nothing else) pays, as the
+// OS counts it: the store's disk while it runs holds one key in at most
+// 16 MiB and 100k keys in at most 48 MiB (the WAL's preallocation follows
+// what it holds). It logs the heap and the disk Close leaves, which do
+// not follow the load yet: the filters are sized for ExpectedKeys (10 M
+// a partition by default) at the first key, and Close writes them out.
+func TestDefaultFootprint(t *testing.T) {
+	dir := t.TempDir()
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(dir), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ctx := context.Background()
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	check := func(what string, limit uint64) {
+		t.Helper()
+		d := e.Stats().Store.Disk
+		t.Logf("%s: disk %.1f MiB (du: %.1f MiB; WAL %.1f, SSTs %.1f, filters %.1f, other %.1f), heap %.1f MiB",
+			what, mib(d.Total), mib(du(t, dir)), mib(d.WAL), mib(d.Tables+d.ColdTables), mib(d.Filters), mib(d.Other), mib(heap()))
+		if d.Total > limit {
+			t.Errorf("%s: %.1f MiB on disk, over %.0f MiB", what, mib(d.Total), mib(limit))
+		}
+	}
+	if _, err := e.MarkIfAbsent(ctx, []byte("one")); err != nil {
+		t.Fatal(err)
+	}
+	check("one key", 16<<20)
+	keys := make([][]byte, 1000)
+	out := make([]engine.Outcome, len(keys))
+	for i := range 100 {
+		for j := range keys {
+			keys[j] = fmt.Appendf(keys[j][:0], "key-%d-%d", i, j)
+		}
+		if err := e.MarkBatch(ctx, keys, nil, out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("100k keys", 48<<20)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("after Close: %.1f MiB (du)", mib(du(t, dir)))
+}
+
+func mib(n uint64) float64 { return float64(n) / (1 << 20) }
