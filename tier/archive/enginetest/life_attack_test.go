@@ -226,57 +226,50 @@ var sealedSyncs = faultfs.Match{Kinds: faultfs.Syncs, Suffix: ".sealed.tmp"}
 // ---------------------------------------------------------------------
 // Promise 2: the archive never lags forever.
 
-// TestLifeAttackSealFailureArchiveCatchesUp: a sealing pass fails (the
-// sealed file's sync fails, once or a few times, then the disk is fine
-// again). The closed partition it did not seal must still be sealed and
-// archived without any further clock rotation: before 14bca9d the
-// archiver's 1 s poll called Sealed, which woke the sealer again; now the
-// archiver waits for the seal event, and nothing retries the seal.
+// TestLifeAttackSealFailureArchiveCatchesUp: sealing passes fail (the
+// sealed files' syncs fail, then the disk is fine again), after one
+// partition closed, or after a jump of three partitions at once whose
+// second seal fails. The closed partitions not sealed must still be
+// sealed and archived without any further clock rotation: the archiver
+// waits for the seal event, and the sealer tries a failed pass again.
 func TestLifeAttackSealFailureArchiveCatchesUp(t *testing.T) {
-	clock := newClock()
-	mem := vfs.NewMem()
-	var fault faultfs.Fault
-	o := laOptions(clock, faultfs.Wrap(mem, &fault), pebble.ArchiveDir{Dir: "archive", FS: mem})
-	w := newLAWorld(t, o, clock)
-	w.commit()
-	fault.Arm(sealedSyncs)
-	w.advance(laPart) // partition 0 closes; its seal fails
-	w.commit()
-	// (fault.Hits, not Stats: Stats would wake the sealer, see laQuietLag.)
-	if !laWaitUntil(10*time.Second, func() bool { return fault.Hits() > 0 }) {
-		t.Fatalf("no sealed file's sync failed (fault %v, seen %d)", &fault, fault.Seen())
+	for _, c := range []struct {
+		name  string
+		hours int
+		fault func(start int64) faultfs.Match
+		jump  int
+	}{
+		{"one partition", 0, func(int64) faultfs.Match { return sealedSyncs }, 1},
+		// Partition 2's seal fails (every try, until the disk heals):
+		// partition 1 is sealed (the store says so: OnSealed), 2 and 3 not.
+		{"a 3-hour jump, its second seal failing", 1, func(start int64) faultfs.Match {
+			return faultfs.Match{Kinds: faultfs.Syncs, Suffix: fmt.Sprintf(".p%d.sealed.tmp", start+2)}
+		}, 3},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			clock := newClock()
+			mem := vfs.NewMem()
+			var fault faultfs.Fault
+			o := laOptions(clock, faultfs.Wrap(mem, &fault), pebble.ArchiveDir{Dir: "archive", FS: mem})
+			w := newLAWorld(t, o, clock)
+			w.hours(c.hours)
+			w.commit()
+			fault.Arm(c.fault(w.start))
+			w.advance(time.Duration(c.jump) * laPart)
+			w.commit()
+			// (fault.Hits, not Stats: Stats would wake the sealer, see laQuietLag.)
+			if !laWaitUntil(10*time.Second, func() bool { return fault.Hits() > 0 }) {
+				t.Fatalf("no sealed file's sync failed (fault %v, seen %d)", &fault, fault.Seen())
+			}
+			// Let the archiver's pass (woken by the rotation) find the
+			// partition unsealed, and any sealing pass it woke fail too;
+			// then the disk heals.
+			time.Sleep(300 * time.Millisecond)
+			fault.Disarm()
+			laCatchUp(t, w.e, 3*time.Second, c.name+", then the disk healed")
+			w.mustDup("after the seal failure", 0, w.cur())
+		})
 	}
-	// Let the archiver's pass (woken by the rotation) find the partition
-	// unsealed, and any sealing pass it woke fail too; then the disk heals.
-	time.Sleep(300 * time.Millisecond)
-	fault.Disarm()
-	laCatchUp(t, w.e, 3*time.Second, "a seal failed, then the disk healed")
-	w.mustDup("after the seal failure", 0, w.cur())
-}
-
-// TestLifeAttackSealFailureManyPartitions: the clock jumps three
-// partitions at once while the sealed files cannot be synced; after the
-// disk heals, without another rotation, all three are archived.
-func TestLifeAttackSealFailureManyPartitions(t *testing.T) {
-	clock := newClock()
-	mem := vfs.NewMem()
-	var fault faultfs.Fault
-	o := laOptions(clock, faultfs.Wrap(mem, &fault), pebble.ArchiveDir{Dir: "archive", FS: mem})
-	w := newLAWorld(t, o, clock)
-	w.hours(1)
-	w.commit()
-	// Partition 2's seal fails (every try, until the disk heals):
-	// partition 1 is sealed (the store says so: OnSealed), 2 and 3 not.
-	fault.Arm(faultfs.Match{Kinds: faultfs.Syncs, Suffix: fmt.Sprintf(".p%d.sealed.tmp", w.start+2)})
-	w.advance(3 * laPart)
-	w.commit()
-	if !laWaitUntil(10*time.Second, func() bool { return fault.Hits() > 0 }) {
-		t.Fatalf("no sealed file's sync failed (fault %v, seen %d)", &fault, fault.Seen())
-	}
-	time.Sleep(300 * time.Millisecond)
-	fault.Disarm()
-	laCatchUp(t, w.e, 3*time.Second, "a 3-hour jump, its second seal failed, then the disk healed")
-	w.mustDup("after the jump", 0, w.cur())
 }
 
 // TestLifeAttackUncleanShutdownRebuildArchives: a machine crash right

@@ -2,7 +2,6 @@ package enginetest_test
 
 import (
 	"context"
-	"fmt"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -63,16 +62,7 @@ func TestDiskIsWhatTheOSCounts(t *testing.T) {
 	if d.WAL == 0 {
 		t.Fatal("one key: no WAL counted")
 	}
-	keys := make([][]byte, 1000)
-	out := make([]engine.Outcome, len(keys))
-	for i := range 100 {
-		for j := range keys {
-			keys[j] = fmt.Appendf(keys[j][:0], "key-%d-%d", i, j)
-		}
-		if err := e.MarkBatch(ctx, keys, nil, out); err != nil {
-			t.Fatal(err)
-		}
-	}
+	markMany(t, e, 100)
 	clock.Add(time.Hour) // the partition closes: its filter is sealed to a file
 	if _, err := e.MarkIfAbsent(ctx, []byte("next")); err != nil {
 		t.Fatal(err)

@@ -44,16 +44,7 @@ func TestDefaultFootprint(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("one key", 16<<20)
-	keys := make([][]byte, 1000)
-	out := make([]engine.Outcome, len(keys))
-	for i := range 100 {
-		for j := range keys {
-			keys[j] = fmt.Appendf(keys[j][:0], "key-%d-%d", i, j)
-		}
-		if err := e.MarkBatch(ctx, keys, nil, out); err != nil {
-			t.Fatal(err)
-		}
-	}
+	markMany(t, e, 100)
 	check("100k keys", 48<<20)
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
@@ -62,3 +53,18 @@ func TestDefaultFootprint(t *testing.T) {
 }
 
 func mib(n uint64) float64 { return float64(n) / (1 << 20) }
+
+// markMany marks batches of 1000 new keys.
+func markMany(t *testing.T, e *engine.Engine, batches int) {
+	t.Helper()
+	keys := make([][]byte, 1000)
+	out := make([]engine.Outcome, len(keys))
+	for i := range batches {
+		for j := range keys {
+			keys[j] = fmt.Appendf(keys[j][:0], "key-%d-%d", i, j)
+		}
+		if err := e.MarkBatch(context.Background(), keys, nil, out); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
