@@ -6,7 +6,17 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/tierdedup/tierdedup/engine"
 )
+
+// storeName names the durable tier of a run.
+func storeName(r *Result) string {
+	if r.Shared != nil {
+		return r.Shared.Tier
+	}
+	return "pebble"
+}
 
 // PrintResult writes a run's measurements for a person.
 func PrintResult(w io.Writer, r *Result) {
@@ -32,9 +42,10 @@ func PrintResult(w io.Writer, r *Result) {
 		timed += ", the median of its parts' " + strings.Join(parts, ", ")
 	}
 	p("throughput", "%.0f keys/s (%s)", r.KeysPerSec, timed)
-	p("extrapolated", "%.2f billion IDs/day on this machine", r.IDsPerDay/1e9)
-	p("batch latency", "p50 %v  p99 %v  p999 %v  max %v", r.BatchLatency.P50, r.BatchLatency.P99, r.BatchLatency.P999, r.BatchLatency.Max)
-	p("per-key latency", "p50 %v  p99 %v  p999 %v (batch latency / batch size)", r.KeyLatency.P50, r.KeyLatency.P99, r.KeyLatency.P999)
+	p("extrapolated", "%.2f billion IDs/day: this run's keys/s × 86,400, timed on a store that grew to %d keys; one holding a full window is slower: dedupbench plan -ids-per-day %.3g measures what this machine sustains",
+		r.IDsPerDay/1e9, r.Stats.Calls.Commits, r.IDsPerDay)
+	p("latency per batch", "p50 %v  p99 %v  p999 %v  max %v (every message of a batch of %d waits this long)", r.BatchLatency.P50, r.BatchLatency.P99, r.BatchLatency.P999, r.BatchLatency.Max, r.Batch)
+	p("cost per message", "p50 %v  p99 %v  p999 %v (a batch's latency divided by its messages: the time each costs, not the time it waits)", r.KeyLatency.P50, r.KeyLatency.P99, r.KeyLatency.P999)
 	p("heap", "%.1f MiB, %.1f B per committed key", float64(r.HeapBytes)/(1<<20), r.HeapBytesPerKey)
 	if r.DiskBytes > 0 {
 		d := r.Stats.Store.Disk
@@ -64,6 +75,14 @@ func PrintResult(w io.Writer, r *Result) {
 	} else {
 		p("hit ratios", "memory %.1f%% of claims; bloom proved new %.1f%% of memory misses; pebble found %.1f%% of reads",
 			100*r.MemoryHitRatio, 100*r.BloomNegativeRatio, 100*r.StoreHitRatio)
+	}
+	if r.Tiers != engine.MemoryOnly.String() && r.Tiers != engine.BloomOnly.String() {
+		st := r.Stats
+		by := fmt.Sprintf("memory %d, %s %d", st.Memory.Hits, storeName(r), st.Store.Hits)
+		if st.Archive != nil {
+			by += fmt.Sprintf(", archive %d", st.Archive.Hits)
+		}
+		p("duplicates answered by", "%s", by)
 	}
 	p("partitions dropped", "%d", r.Stats.Store.PartitionsDropped)
 	if a := r.Stats.Archive; a != nil {

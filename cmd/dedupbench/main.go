@@ -137,7 +137,7 @@ type workloadFlags struct {
 // postgres; baselines says the command also runs the Redis and PostgreSQL
 // baselines on -redis and -postgres.
 func (w *workloadFlags) bind(fs *flag.FlagSet, keys int64, postgres string, baselines bool) {
-	fs.Int64Var(&w.keys, "keys", keys, "messages to process")
+	countVar(fs, &w.keys, "keys", keys, "messages to process")
 	fs.StringVar(&w.shape, "shape", "uuid4", "key shape: uuid4, uuid7, snowflake or business")
 	fs.IntVar(&w.keySize, "key-size", 0, "key size in bytes, padding the shape (0: the shape's own)")
 	fs.StringVar(&w.sample, "sample", "", sampleHelp)
@@ -150,7 +150,7 @@ func (w *workloadFlags) bind(fs *flag.FlagSet, keys int64, postgres string, base
 	fs.DurationVar(&w.window, "window", engine.DefaultWindow, "retention window")
 	fs.DurationVar(&w.partition, "partition", engine.DefaultPartition, "retention partition")
 	fs.Float64Var(&w.fp, "fp", 0.01, "Bloom false-positive target over the whole window")
-	fs.IntVar(&w.memCap, "memory", 1<<20, "committed keys cached in memory")
+	intCountVar(fs, &w.memCap, "memory", 1<<20, "committed keys cached in memory")
 	fs.IntVar(&w.cache, "cache", 0, "Pebble block cache in bytes (0: 64 MiB)")
 	fs.IntVar(&w.batch, "batch", 256, "keys per batch")
 	fs.IntVar(&w.workers, "workers", 0, "goroutines (0: 4 per CPU)")

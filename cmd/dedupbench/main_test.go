@@ -72,10 +72,11 @@ func TestCrashLedgerKilledInsideCommit(t *testing.T) {
 func TestRunPrintsEveryFigure(t *testing.T) {
 	var out, errOut bytes.Buffer
 	report := filepath.Join(t.TempDir(), "r.html")
-	if err := run(context.Background(), []string{"run", "-keys", "100000", "-report", report}, &out, &errOut); err != nil {
+	if err := run(context.Background(), []string{"run", "-keys", "1e5", "-memory", "1e4", "-report", report}, &out, &errOut); err != nil {
 		t.Fatal(err, errOut.String())
 	}
-	for _, want := range []string{"keys/s", "billion IDs/day", "batch latency", "per-key latency", "heap", "disk", "bloom false positives", "hit ratios", "0 new keys dropped, 0 duplicates let through"} {
+	for _, want := range []string{"keys/s", "billion IDs/day: this run's keys/s × 86,400", "dedupbench plan -ids-per-day", "latency per batch", "cost per message", "heap",
+		"disk", "as the OS allocates it", "bloom false positives", "hit ratios", "duplicates answered by  memory", "0 new keys dropped, 0 duplicates let through"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
@@ -290,9 +291,25 @@ func TestFormatBench(t *testing.T) {
 // TestRunFlagsRefused: bad -format, -count and -rate values are errors.
 func TestRunFlagsRefused(t *testing.T) {
 	for _, args := range [][]string{{"-format", "xml"}, {"-count", "0"}, {"-warmup", "10"}, {"-warmup", "-1"}, {"-segments", "0"}, {"-rate", "-1"}, {"-rate", "NaN"}, {"-rate", "+Inf"}, {"-rate", "1e-12"},
-		{"-max-p99", "-1s"}, {"-max-p99", "1s", "-format", "bench"}} {
+		{"-max-p99", "-1s"}, {"-max-p99", "1s", "-format", "bench"},
+		{"-keys", "0"}, {"-keys", "-5"}, {"-keys", "1.5"}, {"-keys", "1e30"}, {"-keys", "lots"}, {"-memory", "2e10"}, {"-memory", "1.5"}} {
 		if err := run(context.Background(), append([]string{"run", "-keys", "10"}, args...), &bytes.Buffer{}, &bytes.Buffer{}); err == nil {
 			t.Errorf("%v accepted", args)
+		}
+	}
+}
+
+// TestCounts: a count flag takes an integer plainly, with underscores or
+// in scientific notation, and refuses fractions, overflows and words.
+func TestCounts(t *testing.T) {
+	for in, want := range map[string]int64{"1000000": 1_000_000, "1_000_000": 1_000_000, "1e6": 1_000_000, "2.5e5": 250_000, "0": 0, "1E3": 1000} {
+		if got, err := parseCount(in, 1<<40); err != nil || got != want {
+			t.Errorf("%s: %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"1.5", "1e-3", "2e12", "NaN", "Inf", "one", ""} {
+		if got, err := parseCount(in, 1<<40); err == nil {
+			t.Errorf("%q accepted as %d", in, got)
 		}
 	}
 }

@@ -25,7 +25,7 @@ type recoverFlags struct {
 }
 
 func (r *recoverFlags) bind(fs *flag.FlagSet) {
-	fs.Int64Var(&r.keys, "keys", 10_000_000, "messages written before the kill (10 % duplicates)")
+	countVar(fs, &r.keys, "keys", 10_000_000, "messages written before the kill (10 % duplicates)")
 	fs.IntVar(&r.days, "days", 0, "simulated days they span (0: the window's partitions plus one)")
 	fs.StringVar(&r.dir, "dir", "", "store directory (default: a temporary one, removed at the end)")
 	fs.DurationVar(&r.window, "window", engine.DefaultWindow, "retention window")

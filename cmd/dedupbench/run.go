@@ -22,7 +22,8 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	rate := fs.Float64("rate", 0, "open loop: offer this many keys/s, batches due on a fixed schedule, latency measured from each batch's due time (0: closed loop)")
 	maxP99 := fs.Duration("max-p99", 0, "search for the highest open-loop rate whose batch p99 stays at most this (a closed-loop run, then -search-steps open-loop runs)")
 	steps := fs.Int("search-steps", 6, "open-loop runs of a -max-p99 search")
-	warmup := fs.Int64("warmup", 0, "messages processed (and checked) before the timing starts, as plan's calibration fills its store before it times")
+	warmup := new(int64)
+	countVar(fs, warmup, "warmup", 0, "messages processed (and checked) before the timing starts, as plan's calibration fills its store before it times")
 	segments := fs.Int("segments", 1, "split the timed messages into this many parts: keys/s is the median of their rates, as plan's calibration takes it")
 	profile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to the file")
 	dayProfiles := fs.String("cpuprofile-days", "", "write a CPU profile of each simulated day to PREFIXday<N>.pprof (not with -cpuprofile; with -count or -max-p99, each run overwrites the last)")
@@ -45,7 +46,9 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("unknown -format %q (want text, json or bench)", *format)
 	case *count < 1:
 		return fmt.Errorf("-count %d must be at least 1", *count)
-	case *warmup < 0 || (w.keys > 0 && *warmup >= w.keys) || *segments < 1:
+	case w.keys < 1:
+		return fmt.Errorf("-keys %d: a run needs at least one message", w.keys)
+	case *warmup < 0 || *warmup >= w.keys || *segments < 1:
 		return fmt.Errorf("-warmup %d must be below -keys %d and -segments %d at least 1", *warmup, w.keys, *segments)
 	case *maxP99 < 0 || *steps < 1:
 		return fmt.Errorf("-max-p99 %v and -search-steps %d must be positive", *maxP99, *steps)
