@@ -177,7 +177,7 @@ func CheckFit(pl Plan, m Machine) Fit {
 			}
 			c := in
 			c.FalsePositive = fp
-			if p, err := MakePlan(c, pl.Calibration); err == nil && p.HeapBytes+p.OffHeapBytes <= memShare || fp == 0.3 {
+			if p, err := MakePlan(c, pl.Calibration); err == nil && func() bool { m, _ := needs(p); return m <= memShare }() || fp == 0.3 {
 				try(fmt.Sprintf("-fp %g (from %g)", fp, in.FalsePositive),
 					fmt.Sprintf("%.0f%% of new keys pass the filters and are read in the store instead of %.0f%%: more disk reads per new key, a lower keys/s than this plan's calibration (rerun plan with it)", 100*fp, 100*in.FalsePositive), c)
 				break
@@ -240,7 +240,7 @@ func CheckFit(pl Plan, m Machine) Fit {
 		bigger.MemoryBytes = f.MemoryBytes / FitShare
 		_, df := fits(pl, bigger)
 		f.Changes = append(f.Changes, Change{What: fmt.Sprintf("a machine (or a cgroup limit) with %.1f GiB of memory", bigger.MemoryBytes/(1<<30)),
-			Cost: "the memory; set GOMEMLIMIT near the plan's heap so the collector keeps the process within it", Plan: pl, MemoryFits: true, DiskFits: df})
+			Cost: fmt.Sprintf("the memory; with GOMEMLIMIT=%s as the plan assumes", memLimit(pl.MemoryLimitBytes)), Plan: pl, MemoryFits: true, DiskFits: df})
 	}
 	if !f.DiskFits {
 		bigger := m
@@ -252,9 +252,14 @@ func CheckFit(pl Plan, m Machine) Fit {
 	return f
 }
 
-// needs is what pl takes of memory and disk.
+// needs is what pl takes of memory (its peak RSS with GOMEMLIMIT set as
+// it says) and disk.
 func needs(pl Plan) (memory, disk float64) {
-	return pl.HeapBytes + pl.OffHeapBytes, pl.DiskBytes + pl.ArchiveDiskBytes
+	mem := pl.PeakRSSBytes
+	if mem == 0 {
+		mem = pl.HeapBytes + pl.OffHeapBytes
+	}
+	return mem, pl.DiskBytes + pl.ArchiveDiskBytes
 }
 
 // fits checks pl's memory and disk against FitShare of m's.
@@ -263,6 +268,33 @@ func fits(pl Plan, m Machine) (memory, disk bool) {
 	memory = mem <= FitShare*m.MemoryBytes
 	disk = m.DiskBytes == 0 || d <= FitShare*m.DiskBytes
 	return memory, disk
+}
+
+// memLimit writes a GOMEMLIMIT value: whole MiB, or GiB when exact.
+func memLimit(b float64) string {
+	mib := int64(math.Ceil(b / (1 << 20)))
+	if mib%1024 == 0 {
+		return fmt.Sprintf("%dGiB", mib/1024)
+	}
+	return fmt.Sprintf("%dMiB", mib)
+}
+
+// peakRSS is the process's peak resident memory (VmHWM of
+// /proc/self/status), 0 where the OS does not say.
+func peakRSS() uint64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			f := strings.Fields(v)
+			if n, err := strconv.ParseUint(f[0], 10, 64); err == nil && len(f) == 2 && f[1] == "kB" {
+				return n << 10
+			}
+		}
+	}
+	return 0
 }
 
 // ratio is a/b, or 0 when b is 0 (unknown).

@@ -3,11 +3,14 @@ package bench
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/bloom"
 )
 
 func within(t *testing.T, what string, plan, measured float64) {
@@ -157,5 +160,42 @@ func TestPlanSharedModel(t *testing.T) {
 	// A calibration runs against the plan's own tier.
 	if _, _, err := Calibrate(context.Background(), in, CalibrateConfig{Measure: 30_000}); !errors.Is(err, ErrPlan) {
 		t.Errorf("a PostgreSQL plan calibrated without a server: %v", err)
+	}
+}
+
+// TestPlanSaysItsSettings: a plan names the engine settings that realise
+// it (the filters sized for its keys per partition, not the library's
+// default) and the GOMEMLIMIT it assumes, and is judged by the peak RSS
+// that limit allows, not by the live heap.
+func TestPlanSaysItsSettings(t *testing.T) {
+	in := PlanInput{IDsPerDay: 5e8, Window: 168 * time.Hour, Partition: 24 * time.Hour, DupRatio: 0.1, FalsePositive: 0.01, Tiers: engine.Default, MemoryCapacity: 1 << 20}
+	pl, err := MakePlan(in, Calibration{KeysPerSec: 1000, StoreKeys: 1e6, TableBytesPerKey: 10, WALBytesPerKey: 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := pl.Options()
+	for _, want := range []string{"Backend: embedded.Dir(dir)", "Window: 168 * time.Hour", "Partition: 24 * time.Hour",
+		fmt.Sprintf("ExpectedKeys: %d,", int64(math.Ceil(pl.KeysPerPartition))), "FalsePositive: 0.01", "MemoryCapacity: 1048576", "GOMEMLIMIT=" + memLimit(pl.MemoryLimitBytes)} {
+		if !strings.Contains(o, want) {
+			t.Errorf("settings %q lack %q", o, want)
+		}
+	}
+	if pl.KeysPerPartition < 10*float64(bloom.DefaultExpectedKeys) {
+		t.Fatalf("a 5e8/day plan of %.3g keys a partition: the default ExpectedKeys would do", pl.KeysPerPartition)
+	}
+	if pl.MemoryLimitBytes < pl.HeapBytes*GCHeadroom || pl.MemoryLimitBytes > pl.HeapBytes*GCHeadroom+(1<<20) ||
+		pl.PeakRSSBytes != pl.MemoryLimitBytes+pl.OffHeapBytes || pl.PeakRSSNoLimitBytes != 2*pl.HeapBytes+pl.OffHeapBytes {
+		t.Fatalf("memory: heap %v, limit %v, peak %v, without the limit %v", pl.HeapBytes, pl.MemoryLimitBytes, pl.PeakRSSBytes, pl.PeakRSSNoLimitBytes)
+	}
+	// Judged by the peak: a machine whose 80 % holds the live heap and the
+	// off-heap, but not the collector's room, does not fit.
+	m := Machine{MemoryBytes: (pl.HeapBytes + pl.OffHeapBytes) / FitShare * 1.01, MemorySource: "test"}
+	if f := CheckFit(pl, m); f.MemoryFits {
+		t.Fatalf("fits %.2f GiB with a peak of %.2f GiB", m.MemoryBytes/(1<<30), pl.PeakRSSBytes/(1<<30))
+	}
+	for s, want := range map[float64]string{8 << 30: "8GiB", 1.5 * (1 << 30): "1536MiB", 100<<20 + 1: "101MiB"} {
+		if got := memLimit(s); got != want {
+			t.Errorf("memLimit(%v) = %s, want %s", s, got, want)
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/bloom"
 )
 
 // storeName names the durable tier of a run.
@@ -25,7 +26,11 @@ func PrintResult(w io.Writer, r *Result) {
 		fmt.Fprintf(tw, "%s\t"+format+"\n", append([]any{k}, args...)...)
 	}
 	c := r.Workload
-	p("configuration", "%s, batch %d, %d workers", r.Tiers, r.Batch, r.Workers)
+	cfg := fmt.Sprintf("%s, batch %d, %d workers, memory tier %d keys", r.Tiers, r.Batch, r.Workers, r.MemoryCapacity)
+	if r.ExpectedKeys > 0 && r.Tiers != engine.MemoryOnly.String() && r.Shared == nil {
+		cfg += fmt.Sprintf(", filters sized for %d keys a partition (ExpectedKeys: the workload's; the library's default is %d)", r.ExpectedKeys, bloom.DefaultExpectedKeys)
+	}
+	p("configuration", "%s", cfg)
 	p("workload", "%d %s keys over %v simulated, %.0f%% duplicates reaching %v, %.1f%% in-batch repeats", r.Keys, c.KeysName(), c.Span, 100*c.DupRatio, c.DupReach, 100*c.InBatchRepeat)
 	if r.Rate > 0 {
 		p("offered", "%.0f keys/s, open loop: latencies from each batch's due time", r.Rate)
@@ -46,7 +51,11 @@ func PrintResult(w io.Writer, r *Result) {
 		r.IDsPerDay/1e9, r.Stats.Calls.Commits, r.IDsPerDay)
 	p("latency per batch", "p50 %v  p99 %v  p999 %v  max %v (every message of a batch of %d waits this long)", r.BatchLatency.P50, r.BatchLatency.P99, r.BatchLatency.P999, r.BatchLatency.Max, r.Batch)
 	p("cost per message", "p50 %v  p99 %v  p999 %v (a batch's latency divided by its messages: the time each costs, not the time it waits)", r.KeyLatency.P50, r.KeyLatency.P99, r.KeyLatency.P999)
-	p("heap", "%.1f MiB, %.1f B per committed key", float64(r.HeapBytes)/(1<<20), r.HeapBytesPerKey)
+	rss := ""
+	if r.PeakRSSBytes > 0 {
+		rss = fmt.Sprintf("; peak RSS of the process %.1f MiB (VmHWM: the heap's collector room, Pebble's off-heap and the benchmark's own ground truth too)", float64(r.PeakRSSBytes)/(1<<20))
+	}
+	p("heap", "%.1f MiB live, %.1f B per committed key%s", float64(r.HeapBytes)/(1<<20), r.HeapBytesPerKey, rss)
 	if r.DiskBytes > 0 {
 		d := r.Stats.Store.Disk
 		p("disk", "%.1f MiB as the OS allocates it (du), %.1f B per committed key: SSTs %.1f MiB, WAL %.1f MiB (preallocated), filter files %.1f MiB, other %.1f MiB",
@@ -143,9 +152,16 @@ func PrintPlan(w io.Writer, pl Plan) {
 		p("archive", "%v: %.3g keys past the window; filter of %d slots of %d partitions, %.4f%% false positives: %s on the heap; disk %s (tables at %.1f B/key, blobs %s)",
 			in.ArchiveWindow, pl.ArchiveKeysHeld, a.Slots, a.Group, 100*pl.ArchiveFP, gib(pl.ArchiveFilterBytes), gib(pl.ArchiveDiskBytes), pl.Calibration.TableBytesPerKey, gib(pl.ArchiveBlobBytes))
 	}
-	p("heap", "%s", gib(pl.HeapBytes))
+	p("heap", "%s live", gib(pl.HeapBytes))
 	if pl.OffHeapBytes > 0 {
 		p("pebble off-heap", "%s (memtables and block cache)", gib(pl.OffHeapBytes))
+	}
+	if pl.PeakRSSBytes > 0 {
+		p("peak RSS", "%s with GOMEMLIMIT=%s (the live heap × %.2f, the collector's room), what the fit is judged by; %s without it (the collector lets the heap grow to twice its live size)",
+			gib(pl.PeakRSSBytes), memLimit(pl.MemoryLimitBytes), GCHeadroom, gib(pl.PeakRSSNoLimitBytes))
+	}
+	if o := pl.Options(); o != "" {
+		p("settings", "%s", o)
 	}
 	if pl.DiskBytes > 0 {
 		p("disk", "%s as the OS allocates it (du): SSTs %s (compacted, %.1f B/key measured by the calibration); WAL %.0f MiB (live and recycled files, preallocated); filter files %s; other %.0f MiB",

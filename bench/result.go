@@ -23,6 +23,14 @@ type Result struct {
 	Workload WorkloadConfig
 	Batch    int
 	Workers  int
+	// ExpectedKeys is the filters' sizing the run's engine had: the
+	// workload's keys per partition (what plan's settings give), not the
+	// library's default.
+	ExpectedKeys int
+	// PeakRSSBytes is the process's peak resident memory as the OS
+	// counted it (VmHWM) at the end: the engine's heap and off-heap, the
+	// collector's room, and the benchmark's own ground truth.
+	PeakRSSBytes uint64
 	// Rate is RunConfig.Rate: the offered load of an open-loop run, zero
 	// for closed-loop. BatchLatency is then measured from each batch's
 	// due time.
@@ -260,6 +268,7 @@ func (r *run) heapAndDisk(st engine.Stats) {
 	if after.HeapAlloc > r.before.HeapAlloc {
 		res.HeapBytes = after.HeapAlloc - r.before.HeapAlloc
 	}
+	res.PeakRSSBytes = peakRSS()
 	held := st.Calls.Commits // keys committed; all inside the window unless partitions were dropped
 	if held > 0 {
 		res.HeapBytesPerKey = float64(res.HeapBytes) / float64(held)

@@ -314,7 +314,7 @@ func (r *run) prepare() {
 	r.total = max(rc.Workload.Keys, 0)
 	r.warm = min(max(rc.Warmup, 0), r.total)
 	r.res = &Result{Tiers: r.o.Name(), Workload: r.stream.Config(), Batch: rc.Batch, Workers: rc.Workers, Warmup: r.warm,
-		MemoryCapacity: r.o.MemoryCapacity, Rate: max(rc.Rate, 0)}
+		MemoryCapacity: r.o.MemoryCapacity, Rate: max(rc.Rate, 0), ExpectedKeys: r.o.ExpectedKeys}
 	if r.res.MemoryCapacity == 0 {
 		r.res.MemoryCapacity = memory.DefaultCapacity
 	}
