@@ -31,12 +31,17 @@ func main() {
 }
 
 // commands are the subcommands a user runs, in the order help lists them.
-var commands = []struct{ name, summary string }{
-	{"run", "the embedded default (or -tiers) on a realistic workload; the default command"},
-	{"plan", "size memory, Bloom filters and disk for a load, calibrated on this machine"},
-	{"compare", "the engine beside Redis SET NX and PostgreSQL, in batches and per message"},
-	{"crash", "the crash table with real processes and SIGKILL (-broker file, kafka or both)"},
-	{"recover", "reopening after a kill -9: time until the filters are warm, sealed or rebuilt"},
+var commands = []struct{ name, summary, example string }{
+	{"run", "the embedded default (or -tiers) on a realistic workload; the default command",
+		"run -keys 1e6 -memory 1e5   (-tiers redis|postgres|memory|bloom, -span 168h, -report page.html)"},
+	{"plan", "size memory, Bloom filters and disk for a load, calibrated on this machine",
+		"plan -ids-per-day 5e8   (-window, -dup, -sample your-ids.txt, -tiers redis|postgres)"},
+	{"compare", "the engine beside Redis SET NX and PostgreSQL, in batches and per message",
+		"compare -keys 1e6   (-redis host:port, -postgres URL)"},
+	{"crash", "the crash table with real processes and SIGKILL (-broker file, kafka or both)",
+		"crash -broker both"},
+	{"recover", "reopening after a kill -9: time until the filters are warm, sealed or rebuilt",
+		"recover -keys 1e7"},
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -72,14 +77,9 @@ func help(ctx context.Context, args []string, stdout io.Writer) error {
 	fmt.Fprintln(stdout, "\nusage: dedupbench [command] [flags]    (dedupbench help command: one command's flags)")
 	fmt.Fprintln(stdout, "\ncommands:")
 	for _, c := range commands {
-		fmt.Fprintf(stdout, "  %-8s %s\n", c.name, c.summary)
+		fmt.Fprintf(stdout, "  %-8s %s\n           e.g. dedupbench %s\n", c.name, c.summary, c.example)
 	}
-	for _, c := range commands {
-		fmt.Fprintf(stdout, "\n%s flags:\n", c.name)
-		if err := helpFlags(ctx, c.name, stdout); err != nil {
-			return err
-		}
-	}
+	fmt.Fprintln(stdout, "\nEvery command's flags: dedupbench help run (or plan, compare, crash, recover).")
 	return nil
 }
 

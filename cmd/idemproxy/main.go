@@ -128,7 +128,7 @@ func run(ctx context.Context, args []string, out io.Writer, ready func(proxy, ad
 	proxy := &http.Server{Handler: m.Handler(reverseProxy(up, c.upstreamTimeout, logger)), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: c.maxHeader, ErrorLog: logger}
 	ln, err := net.Listen("tcp", c.listen)
 	if err != nil {
-		return err
+		return fmt.Errorf("-listen %s: %w", c.listen, err)
 	}
 	var admin *http.Server
 	adminAddr := ""
@@ -137,7 +137,7 @@ func run(ctx context.Context, args []string, out io.Writer, ready func(proxy, ad
 		aln, err := net.Listen("tcp", c.admin)
 		if err != nil {
 			ln.Close()
-			return err
+			return fmt.Errorf("-admin %s (/metrics, /healthz, /readyz; another address, or -admin \"\" for none): %w", c.admin, err)
 		}
 		admin = &http.Server{Handler: adminMux(e, m, &draining), ReadHeaderTimeout: 10 * time.Second, ErrorLog: logger}
 		adminAddr = aln.Addr().String()

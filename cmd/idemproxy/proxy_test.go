@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -413,6 +414,19 @@ func TestFlags(t *testing.T) {
 	} {
 		if err := run(context.Background(), args, io.Discard, nil); err == nil {
 			t.Errorf("%q: accepted", args)
+		}
+	}
+	// A busy port is named by the flag that chose it.
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	addr := busy.Addr().String()
+	for _, c := range []struct{ listen, admin, flag string }{{addr, "", "-listen"}, {"127.0.0.1:0", addr, "-admin"}} {
+		err := run(context.Background(), []string{"-listen", c.listen, "-admin", c.admin, "-upstream", "http://127.0.0.1:1", "-dir", t.TempDir()}, io.Discard, nil)
+		if err == nil || !strings.Contains(err.Error(), c.flag+" "+addr) {
+			t.Errorf("%s on a busy port: %v, want an error naming %s %s", c.flag, err, c.flag, addr)
 		}
 	}
 }
