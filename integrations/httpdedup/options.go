@@ -97,7 +97,7 @@ type Options struct {
 	// 10 s.
 	CommitTimeout time.Duration
 	// ProblemBase prefixes the type of every problem+json body; default
-	// this package's documentation.
+	// DefaultProblemBase.
 	ProblemBase string
 	// Logger receives handler panics and store failures; nil means
 	// log.Default.
@@ -203,7 +203,7 @@ func (o Options) withDefaults() (Options, error) {
 		bad("CommitTimeout %v is negative", o.CommitTimeout)
 	}
 	if o.ProblemBase == "" {
-		o.ProblemBase = "https://pkg.go.dev/github.com/tierdedup/tierdedup/integrations/httpdedup#"
+		o.ProblemBase = DefaultProblemBase
 	}
 	if o.Logger == nil {
 		o.Logger = log.Default()
@@ -234,3 +234,8 @@ func checkEngine(eo engine.Options, bad func(format string, args ...any)) {
 func slug(title string) string {
 	return strings.ReplaceAll(strings.ToLower(title), " ", "-")
 }
+
+// DefaultProblemBase is the default Options.ProblemBase: the problem
+// types' entries in the repository's docs/idempotency.md, one heading a
+// type, so that each type resolves to what it means.
+const DefaultProblemBase = "https://github.com/tierdedup/tierdedup/blob/main/docs/idempotency.md#"
