@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -69,7 +70,10 @@ func (e *Engine) rotate(p, t int64) error {
 	}
 	if err != nil {
 		e.stats.errors.Add(1)
-		return fmt.Errorf("%w: %w", ErrStorage, err)
+		if !errors.Is(err, ErrStorage) {
+			err = fmt.Errorf("%w: %w", ErrStorage, err)
+		}
+		return err
 	}
 	e.current.Store(p)
 	if e.arch != nil {
