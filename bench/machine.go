@@ -79,23 +79,33 @@ func DetectMachine(dir string) (Machine, error) {
 
 // memTotal reads MemTotal from a meminfo file, in bytes.
 func memTotal(path string) (float64, error) {
-	f, err := os.Open(path)
+	b, err := procKB(path, "MemTotal:")
 	if err != nil {
 		return 0, fmt.Errorf("machine memory: %w", err)
+	}
+	return b, nil
+}
+
+// procKB reads the line "key N kB" of a /proc file (meminfo, status) and
+// returns N KiB in bytes.
+func procKB(path, key string) (float64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
-		if len(fields) >= 2 && fields[0] == "MemTotal:" {
+		if len(fields) >= 2 && fields[0] == key {
 			kb, err := strconv.ParseFloat(fields[1], 64)
 			if err != nil {
-				return 0, fmt.Errorf("machine memory: %s: %w", path, err)
+				return 0, fmt.Errorf("%s: %s: %w", path, key, err)
 			}
 			return kb * 1024, nil
 		}
 	}
-	return 0, fmt.Errorf("machine memory: no MemTotal in %s", path)
+	return 0, fmt.Errorf("no %s in %s", strings.TrimSuffix(key, ":"), path)
 }
 
 // cgroupLimit reads a cgroup memory limit file: false when it is absent or
@@ -282,19 +292,11 @@ func memLimit(b float64) string {
 // peakRSS is the process's peak resident memory (VmHWM of
 // /proc/self/status), 0 where the OS does not say.
 func peakRSS() uint64 {
-	b, err := os.ReadFile("/proc/self/status")
+	b, err := procKB("/proc/self/status", "VmHWM:")
 	if err != nil {
 		return 0
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
-			f := strings.Fields(v)
-			if n, err := strconv.ParseUint(f[0], 10, 64); err == nil && len(f) == 2 && f[1] == "kB" {
-				return n << 10
-			}
-		}
-	}
-	return 0
+	return uint64(b)
 }
 
 // ratio is a/b, or 0 when b is 0 (unknown).

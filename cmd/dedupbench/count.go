@@ -11,17 +11,18 @@ import (
 // countValue is a flag of a count of things (keys, messages): an integer
 // written plainly (1000000), with underscores (1_000_000), or in
 // scientific notation (1e6, 2.5e5), as -ids-per-day takes it; a fraction
-// or a number past the type's range is refused.
+// or a number past max is refused. set stores it, get reads it back.
 type countValue struct {
-	p   *int64
+	set func(int64)
+	get func() int64
 	max int64
 }
 
 func (c countValue) String() string {
-	if c.p == nil {
+	if c.get == nil {
 		return "0"
 	}
-	return strconv.FormatInt(*c.p, 10)
+	return strconv.FormatInt(c.get(), 10)
 }
 
 func (c countValue) Set(s string) error {
@@ -29,7 +30,7 @@ func (c countValue) Set(s string) error {
 	if err != nil {
 		return err
 	}
-	*c.p = n
+	c.set(n)
 	return nil
 }
 
@@ -49,7 +50,9 @@ func parseCount(s string, limit int64) (int64, error) {
 	if f != math.Trunc(f) {
 		return 0, fmt.Errorf("%s is not a whole number", s)
 	}
-	if f > float64(limit) || f < math.MinInt64 {
+	// 2^63 is the first float64 past MaxInt64 (which rounds up to it):
+	// converting it, or more, is undefined.
+	if f >= 0x1p63 || f < -0x1p63 || int64(f) > limit {
 		return 0, fmt.Errorf("%s is over %d", s, limit)
 	}
 	return int64(f), nil
@@ -58,26 +61,11 @@ func parseCount(s string, limit int64) (int64, error) {
 // countVar defines a count flag of int64.
 func countVar(fs *flag.FlagSet, p *int64, name string, value int64, usage string) {
 	*p = value
-	fs.Var(countValue{p: p, max: math.MaxInt64}, name, usage+" (1000000, 1_000_000 or 1e6)")
+	fs.Var(countValue{set: func(n int64) { *p = n }, get: func() int64 { return *p }, max: math.MaxInt64}, name, usage+" (1000000, 1_000_000 or 1e6)")
 }
 
 // intCountVar defines a count flag of int.
 func intCountVar(fs *flag.FlagSet, p *int, name string, value int, usage string) {
 	*p = value
-	v := int64(value)
-	fs.Var(intCount{countValue{p: &v, max: math.MaxInt32}, p}, name, usage+" (1000000, 1_000_000 or 1e6)")
-}
-
-// intCount is a countValue that also stores into an int.
-type intCount struct {
-	countValue
-	p *int
-}
-
-func (c intCount) Set(s string) error {
-	if err := c.countValue.Set(s); err != nil {
-		return err
-	}
-	*c.p = int(*c.countValue.p)
-	return nil
+	fs.Var(countValue{set: func(n int64) { *p = int(n) }, get: func() int64 { return int64(*p) }, max: math.MaxInt32}, name, usage+" (1000000, 1_000_000 or 1e6)")
 }

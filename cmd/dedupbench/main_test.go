@@ -312,6 +312,10 @@ func TestCounts(t *testing.T) {
 			t.Errorf("%q accepted as %d", in, got)
 		}
 	}
+	// 2^63, which MaxInt64 rounds to as a float64: over, not wrapped.
+	if got, err := parseCount("9.223372036854775808e18", math.MaxInt64); err == nil {
+		t.Errorf("2^63 accepted as %d", got)
+	}
 }
 
 // TestRunWithArchive: run takes an archive directory and window, answers

@@ -162,10 +162,11 @@ func (a *Archiver) pass(ctx context.Context) (failed bool) {
 		if p >= cur {
 			break
 		}
-		if p >= a.c.Partitions.Oldest(cur) && !a.c.Local.Sealed(p) {
+		oldest := a.c.Partitions.Oldest(cur)
+		if p >= oldest && !a.c.Local.Sealed(p) {
 			break // its writes may not all be in yet: its seal wakes the loop
 		}
-		if oldest := a.c.Partitions.Oldest(cur); p < oldest && closed < oldest {
+		if p < oldest && closed < oldest {
 			// A partition that left the window is never sealed, and a
 			// call that read the time before the rotation may still be
 			// writing in it: archived and dropped before that write

@@ -43,18 +43,7 @@ func allocated(fs vfs.FS, dir string) tier.DirUsage {
 			}
 			n := fileBlocks(fi)
 			u.Total += n
-			switch part := classify(r); part {
-			case "tables":
-				u.Tables += n
-			case "cold":
-				u.ColdTables += n
-			case "wal":
-				u.WAL += n
-			case "filters":
-				u.Filters += n
-			default:
-				u.Other += n
-			}
+			*part(&u, r) += n
 		}
 	}
 	walk("")
@@ -70,20 +59,20 @@ func fileBlocks(fi os.FileInfo) uint64 {
 	return uint64(max(fi.Size(), 0))
 }
 
-// classify names the part of the store a file (its path relative to the
-// store's directory) belongs to.
-func classify(rel string) string {
+// part returns the figure of u that a file (its path relative to the
+// store's directory) counts in.
+func part(u *tier.DirUsage, rel string) *uint64 {
 	base := filepath.Base(rel)
 	top, _, nested := strings.Cut(filepath.ToSlash(rel), "/")
 	switch {
 	case nested && top == sealedSubdir, base == snapshotName:
-		return "filters"
+		return &u.Filters
 	case strings.HasSuffix(base, ".log"):
-		return "wal"
+		return &u.WAL
 	case strings.HasSuffix(base, ".sst") && nested && top == pebble.ColdSubdir:
-		return "cold"
+		return &u.ColdTables
 	case strings.HasSuffix(base, ".sst"):
-		return "tables"
+		return &u.Tables
 	}
-	return "other"
+	return &u.Other
 }

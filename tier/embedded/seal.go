@@ -189,8 +189,11 @@ func (s *Store) seal(ctx context.Context) {
 		s.sealFailures.Add(1)
 		s.logger.Printf("tierdedup: sealing a closed partition's bloom filter: %v", err)
 		// Tried again without waiting for the next rotation: the archive
-		// waits for this seal.
-		time.AfterFunc(sealRetry, s.sealWakeup)
+		// waits for this seal. Not once the store has failed: every call
+		// fails then, and the pass would only log again each second.
+		if s.store == nil || s.store.Broken() == nil {
+			time.AfterFunc(sealRetry, s.sealWakeup)
+		}
 	}
 	if n > 0 && s.onSealed != nil {
 		s.onSealed()
