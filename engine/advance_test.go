@@ -14,25 +14,6 @@ import (
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
-// advanceConfigs are the configurations that serve Advance, each with a
-// way to reach the same state again: a restart (Default) or another
-// process (Redis).
-func advanceConfigs() []struct {
-	name string
-	open func(t *testing.T, o engine.Options) (e *engine.Engine, other func() *engine.Engine)
-} {
-	var out []struct {
-		name string
-		open func(t *testing.T, o engine.Options) (e *engine.Engine, other func() *engine.Engine)
-	}
-	for _, c := range adminConfigs() {
-		if c.name == "default" || c.name == "redis" {
-			out = append(out, c)
-		}
-	}
-	return out
-}
-
 // TestAdvance: an entity's version moves only forward: a higher version is
 // New (owned: Commit stores it), the same one Duplicate, a lower one
 // Stale; a released or expired New keeps the version it would have
@@ -42,9 +23,9 @@ func advanceConfigs() []struct {
 // versions are refused.
 func TestAdvance(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range advanceConfigs() {
+	for _, cfg := range configs("default", "redis") {
 		t.Run(cfg.name, func(t *testing.T) {
-			e, other := cfg.open(t, engine.Options{Lease: 500 * time.Millisecond, MaxAttempts: 3})
+			e, other, _ := cfg.open(t, engine.Options{Lease: 500 * time.Millisecond, MaxAttempts: 3, NoSharedCache: cfg.shared})
 			defer e.Close()
 			order := []byte("order-42")
 			adv := func(e *engine.Engine, v uint64, want engine.Outcome, stored uint64) engine.Claim {
@@ -129,9 +110,9 @@ func TestAdvance(t *testing.T) {
 // version any worker saw committed: no event moved the machine back.
 func TestAdvanceOrderStateMachine(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range advanceConfigs() {
+	for _, cfg := range configs("default", "redis") {
 		t.Run(cfg.name, func(t *testing.T) {
-			e, other := cfg.open(t, engine.Options{})
+			e, other, _ := cfg.open(t, engine.Options{NoSharedCache: cfg.shared})
 			defer e.Close()
 			engines := []*engine.Engine{e, e}
 			if cfg.name == "redis" {

@@ -72,20 +72,27 @@ func TestAdvSlidingNamespaceWindowAddedLater(t *testing.T) {
 	}
 }
 
-// slideConfig is one configuration that slides.
+// slideConfig is one configuration that slides: one of the list
+// (enginetest.Configs) with the engine's window or a namespace's own.
 type slideConfig struct {
 	name   string
-	tiers  engine.Tiers
-	dir    bool
+	cfg    enginetest.Config
 	window time.Duration // the namespace's own window; zero for the engine's
+	tiers  engine.Tiers
+	dir    bool // keeps its state across a reopen
+}
+
+func slideOn(name, on string, window time.Duration) slideConfig {
+	c := enginetest.Named(on)
+	return slideConfig{name: name, cfg: c, window: window, tiers: c.Tiers, dir: c.Durable}
 }
 
 var slideConfigs = []slideConfig{
-	{"default", engine.Default, true, 0},
-	{"default-nswindow", engine.Default, true, 2 * time.Hour},
-	{"memory", engine.MemoryOnly, false, 0},
-	{"memory-nswindow", engine.MemoryOnly, false, 2 * time.Hour},
-	{"bloom", engine.BloomOnly, true, 0},
+	slideOn("default", "default", 0),
+	slideOn("default-nswindow", "default", 2*time.Hour),
+	slideOn("memory", "memory", 0),
+	slideOn("memory-nswindow", "memory", 2*time.Hour),
+	slideOn("bloom", "bloom-dir", 0),
 }
 
 const slideWindow, slidePart = 4 * time.Hour, time.Hour
@@ -112,15 +119,12 @@ func (c slideConfig) w() time.Duration {
 }
 
 func (c slideConfig) options(t *testing.T, clock engine.Clock) engine.Options {
-	o := engine.Options{Tiers: c.tiers, Window: slideWindow, Partition: slidePart, ExpectedKeys: 10000, Clock: clock, Logger: quiet,
+	o := engine.Options{Window: slideWindow, Partition: slidePart, ExpectedKeys: 10000, Clock: clock, Logger: quiet,
 		Namespaces: map[string]engine.NamespaceOptions{"slide": {Sliding: true}}}
-	if c.dir {
-		setDir(&o, t.TempDir())
-	}
 	if c.window > 0 {
 		o.Namespaces = map[string]engine.NamespaceOptions{"slide": {Sliding: true, Window: c.window}, "fixed": {Window: c.window}}
 	}
-	return o
+	return c.cfg.New(t, c.name).Options(o) // fresh storage at each call
 }
 
 // TestAdvSlidingIrregularGaps: two keys re-sent together (one MarkBatch)

@@ -29,7 +29,7 @@ func expectErr(t *testing.T, what string, err, want error) {
 // of exactly MaxResultSize is stored; DoResult releases the key.
 func TestResultsBadInput(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range faultConfigs() {
+	for _, cfg := range configs() {
 		t.Run(cfg.name, func(t *testing.T) {
 			e, other, _ := cfg.open(t, engine.Options{MaxResultSize: 16, Lease: time.Minute, NoSharedCache: cfg.shared})
 			defer e.Close()
@@ -90,7 +90,7 @@ func TestResultsBadInput(t *testing.T) {
 // works.
 func TestAdvanceBadInput(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range faultConfigs("default", "redis") {
+	for _, cfg := range configs("default", "redis") {
 		t.Run(cfg.name, func(t *testing.T) {
 			e, _, _ := cfg.open(t, engine.Options{Lease: time.Minute, MaxKeySize: 8})
 			defer e.Close()
@@ -126,7 +126,7 @@ func TestAdvanceBadInput(t *testing.T) {
 			expectErr(t, "Commit of an Advance claim with a Result", e.Commit(ctx, c), engine.ErrOptions)
 		})
 	}
-	for _, cfg := range faultConfigs("memory", "postgres") {
+	for _, cfg := range configs("memory", "postgres") {
 		t.Run(cfg.name, func(t *testing.T) {
 			e, _, _ := cfg.open(t, engine.Options{})
 			defer e.Close()
@@ -184,7 +184,7 @@ func TestNamespaceBadInput(t *testing.T) {
 // claims are typed errors and leave the lease as it was.
 func TestExtendBadInput(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range faultConfigs() {
+	for _, cfg := range configs() {
 		t.Run(cfg.name, func(t *testing.T) {
 			e, _, _ := cfg.open(t, engine.Options{Window: time.Hour, Partition: time.Minute, Lease: time.Minute})
 			defer e.Close()
@@ -224,7 +224,7 @@ func TestExtendBadInput(t *testing.T) {
 // batch lengths are typed errors for every call, and nothing is written.
 func TestKeysAndBatches(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range faultConfigs() {
+	for _, cfg := range configs() {
 		t.Run(cfg.name, func(t *testing.T) {
 			e, _, _ := cfg.open(t, engine.Options{MaxKeySize: 8, Lease: time.Minute, NoSharedCache: cfg.shared})
 			defer e.Close()
@@ -283,7 +283,7 @@ func TestKeysAndBatches(t *testing.T) {
 // never a panic, by every call.
 func TestNilContext(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range faultConfigs("default", "redis") {
+	for _, cfg := range configs("default", "redis") {
 		t.Run(cfg.name, func(t *testing.T) {
 			e, _, _ := cfg.open(t, engine.Options{Lease: time.Minute, NoSharedCache: cfg.shared})
 			defer e.Close()

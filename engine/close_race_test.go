@@ -20,7 +20,7 @@ import (
 // forgot nothing and holds nothing; a failed Advance holds nothing). No
 // call and no Close hangs.
 func TestCloseRace(t *testing.T) {
-	for _, cfg := range faultConfigs("default", "redis", "postgres") {
+	for _, cfg := range configs("default", "redis", "postgres") {
 		t.Run(cfg.name, func(t *testing.T) {
 			rounds := 12
 			if testing.Short() {
@@ -45,7 +45,7 @@ func TestCloseRace(t *testing.T) {
 	}
 }
 
-func closeRaceRound(t *testing.T, cfg faultCfg, round int, slow time.Duration) {
+func closeRaceRound(t *testing.T, cfg engineCfg, round int, slow time.Duration) {
 	ctx := context.Background()
 	e, other, f := cfg.open(t, engine.Options{Lease: 5 * time.Minute, NoSharedCache: cfg.shared})
 	tok, err := e.IssueToken(ctx, time.Hour)
@@ -186,7 +186,7 @@ func closeRaceRound(t *testing.T, cfg faultCfg, round int, slow time.Duration) {
 // ConsumeToken, CommitAsync) while Close runs: nothing deadlocks, and the
 // calls return ErrClosed or succeed.
 func TestCloseDoneAndHandlerCallEngine(t *testing.T) {
-	for _, cfg := range faultConfigs("memory", "default", "redis", "postgres") {
+	for _, cfg := range configs("memory", "default", "redis", "postgres") {
 		t.Run(cfg.name, func(t *testing.T) {
 			for round := range 8 {
 				ctx := context.Background()

@@ -19,7 +19,6 @@ import (
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/faultfs"
 	"github.com/tierdedup/tierdedup/tier/embedded"
-	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
 func TestOptionsValidateReportsEveryField(t *testing.T) {
@@ -144,34 +143,13 @@ func TestFencing(t *testing.T) {
 // TestConcurrentClaimsOneNewPerKey: 64 goroutines claim the same keys in
 // different orders and batch sizes; exactly one claim per key is New.
 func TestConcurrentClaimsOneNewPerKey(t *testing.T) {
-	configs := []struct {
-		name string
-		open func(t *testing.T) *engine.Engine
-	}{
-		{"default", func(t *testing.T) *engine.Engine {
-			return open(t, engine.Options{Backend: embedded.Dir(t.TempDir()), ExpectedKeys: 10_000, MemoryCapacity: 4096})
-		}},
-		{"memory", func(t *testing.T) *engine.Engine {
-			return open(t, engine.Options{Tiers: engine.MemoryOnly, MemoryCapacity: 4096})
-		}},
-		{"bloom", func(t *testing.T) *engine.Engine {
-			return open(t, engine.Options{Backend: &embedded.Backend{}, Tiers: engine.BloomOnly, ExpectedKeys: 10_000})
-		}},
-		{"redis", func(t *testing.T) *engine.Engine {
-			c := redistest.Start(t).ClientWith(t, &goredis.Options{PoolSize: 64})
-			return openRedis(t, c, "", engine.Options{MemoryCapacity: 4096})
-		}},
-		{"redis-cluster", func(t *testing.T) *engine.Engine {
-			c := redistest.StartCluster(t).ClientWith(t, &goredis.ClusterOptions{PoolSize: 64})
-			return openRedis(t, c, "", engine.Options{MemoryCapacity: 4096})
-		}},
-	}
-	for _, cfg := range configs {
-		t.Run(cfg.name, func(t *testing.T) {
-			e := cfg.open(t)
+	for _, cfg := range enginetest.Pick("default", "memory", "bloom", "redis", "redis-cluster") {
+		t.Run(cfg.Name, func(t *testing.T) {
+			s := cfg.New(t, "concurrent")
+			e := open(t, s.Wrapped(engine.Options{ExpectedKeys: 10_000, MemoryCapacity: 4096}, enginetest.Wrap{Redis: &goredis.Options{PoolSize: 64}}))
 			defer e.Close()
 			tiers := engine.Default
-			if cfg.name == "bloom" {
+			if cfg.Tiers == engine.BloomOnly {
 				tiers = engine.BloomOnly
 			}
 			const workers, nkeys = 64, 500

@@ -18,7 +18,7 @@ import (
 // through the batch and namespace forms of each call.
 func TestFailOpenClosedCalls(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range faultConfigs("redis", "postgres") {
+	for _, cfg := range configs("redis", "postgres") {
 		for _, nocache := range []bool{true, false} {
 			for _, nswin := range []bool{false, true} {
 				if nswin && cfg.name == "postgres" {
@@ -153,7 +153,7 @@ func TestFailOpenClosedCalls(t *testing.T) {
 // its result.
 func TestFailOpenReleaseAndLate(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range faultConfigs("redis", "postgres") {
+	for _, cfg := range configs("redis", "postgres") {
 		for _, nocache := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%s/nocache=%v", cfg.name, nocache), func(t *testing.T) {
 				e, other, f := cfg.open(t, engine.Options{FailOpen: true, NoSharedCache: nocache, Lease: time.Minute, MaxAttempts: 2})
@@ -213,7 +213,7 @@ func TestFailOpenReleaseAndLate(t *testing.T) {
 // used the token. Same for FailOpen engines.
 func TestTokenLostReply(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range faultConfigs("redis", "postgres") {
+	for _, cfg := range configs("redis", "postgres") {
 		for _, fo := range []bool{false, true} {
 			for skip := int64(0); skip < 3; skip++ {
 				t.Run(fmt.Sprintf("%s/failopen=%v/skip=%d", cfg.name, fo, skip), func(t *testing.T) {
@@ -266,7 +266,7 @@ func TestTokenLostReply(t *testing.T) {
 // usable once the tier is back.
 func TestFailOpenTokenUseOutage(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range faultConfigs("redis", "postgres") {
+	for _, cfg := range configs("redis", "postgres") {
 		for skip := int64(0); skip < 2; skip++ {
 			t.Run(fmt.Sprintf("%s/skip=%d", cfg.name, skip), func(t *testing.T) {
 				e, other, f := cfg.open(t, engine.Options{FailOpen: true, Lease: time.Minute})

@@ -15,9 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/tierdedup/tierdedup/engine"
-	"github.com/tierdedup/tierdedup/tier/embedded"
-	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
 // Fault modes of a faultInjector.
@@ -207,81 +204,6 @@ func queryFault(ctx context.Context, p *pgxpool.Pool, mode int32, faultErr func(
 		return nil, faultErr(mode)
 	}
 	return p.Query(ctx, sql, args...)
-}
-
-// faultCfg is one configuration under test: open returns an engine,
-// other returns another engine on the same state (a second process of a
-// shared tier; a reopen of the embedded one, which closes e first).
-type faultCfg struct {
-	name   string
-	shared bool
-	open   func(t *testing.T, o engine.Options) (e *engine.Engine, other func() *engine.Engine, f *faultInjector)
-}
-
-func faultConfigs(names ...string) []faultCfg {
-	all := []faultCfg{
-		{"memory", false, func(t *testing.T, o engine.Options) (*engine.Engine, func() *engine.Engine, *faultInjector) {
-			o.Tiers = engine.MemoryOnly
-			o.FailOpen, o.NoSharedCache = false, false
-			e := open(t, o)
-			return e, func() *engine.Engine { return e }, &faultInjector{}
-		}},
-		{"default", false, func(t *testing.T, o engine.Options) (*engine.Engine, func() *engine.Engine, *faultInjector) {
-			o.Backend, o.ExpectedKeys = embedded.Dir(t.TempDir()), 1000
-			o.FailOpen, o.NoSharedCache = false, false
-			var e *engine.Engine
-			e = open(t, o)
-			return e, func() *engine.Engine {
-				_ = e.Close()
-				e = open(t, o)
-				t.Cleanup(func() { e.Close() })
-				return e
-			}, &faultInjector{}
-		}},
-		{"redis", true, func(t *testing.T, o engine.Options) (*engine.Engine, func() *engine.Engine, *faultInjector) {
-			srv := redistest.Start(t)
-			f := &faultInjector{}
-			c := srv.ClientWith(t, &goredis.Options{MaxRetries: -1})
-			c.AddHook(f)
-			plain := srv.Client(t)
-			prefix := fmt.Sprintf("rv%d:", time.Now().UnixNano())
-			o.Backend = redisBackend(c, prefix)
-			e := open(t, o)
-			return e, func() *engine.Engine {
-				p := o
-				p.Backend, p.FailOpen = redisBackend(plain, prefix), false
-				b := open(t, p)
-				t.Cleanup(func() { b.Close() })
-				return b
-			}, f
-		}},
-		{"postgres", true, func(t *testing.T, o engine.Options) (*engine.Engine, func() *engine.Engine, *faultInjector) {
-			pool := postgresPool(t)
-			f := &faultInjector{}
-			table := pgTable(t, pool, "faults")
-			o.Backend = pgBackend(faultDB{pool, f}, table)
-			e := open(t, o)
-			return e, func() *engine.Engine {
-				p := o
-				p.Backend, p.FailOpen = pgBackend(pool, table), false
-				b := open(t, p)
-				t.Cleanup(func() { b.Close() })
-				return b
-			}, f
-		}},
-	}
-	if len(names) == 0 {
-		return all
-	}
-	var out []faultCfg
-	for _, c := range all {
-		for _, n := range names {
-			if c.name == n {
-				out = append(out, c)
-			}
-		}
-	}
-	return out
 }
 
 // within fails the test if fn does not return within d (a deadlock).

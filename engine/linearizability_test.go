@@ -19,8 +19,8 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/enginetest"
 	"github.com/tierdedup/tierdedup/tier/pebble"
-	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
 // TestLinearizability records concurrent histories of a few keys (clients
@@ -59,10 +59,9 @@ const (
 
 // linConfig is one configuration under test.
 type linConfig struct {
-	name  string
-	tiers engine.Tiers
-	// backend is the shared tier behind memory (tiers is Default), if any.
-	backend     linBackend
+	name string
+	// on names the configuration in the one list (enginetest.Configs).
+	on          string
 	maxAttempts int
 	// async commits through CommitAsync: a client goes on while its
 	// commit is queued, and the commit returns when its done runs.
@@ -88,16 +87,10 @@ type linConfig struct {
 	stalls bool
 }
 
-// linBackend names a configuration's shared tier.
-type linBackend uint8
+func (c linConfig) shared() bool { return enginetest.Named(c.on).Shared }
 
-const (
-	linNoBackend linBackend = iota // the tiers Tiers names
-	linRedis
-	linPostgres
-)
-
-func (c linConfig) shared() bool { return c.backend != linNoBackend }
+// tiers are the configuration's tiers.
+func (c linConfig) tiers() engine.Tiers { return enginetest.Named(c.on).Tiers }
 
 // engines is how many engines share the tier: two for Redis and
 // PostgreSQL (the clients split across them), else one.
@@ -118,19 +111,19 @@ func (c linConfig) rounds() int {
 }
 
 var linConfigs = []linConfig{
-	{name: "memory", tiers: engine.MemoryOnly, maxAttempts: 3},
-	{name: "memory-lease", tiers: engine.MemoryOnly, maxAttempts: 3, leaseJumps: true},
-	{name: "default", tiers: engine.Default, advance: true, tokens: true},
-	{name: "default-attempts", tiers: engine.Default, maxAttempts: 3, advance: true},
-	{name: "default-async", tiers: engine.Default, maxAttempts: 3, async: true, advance: true, tokens: true},
-	{name: "default-restarts", tiers: engine.Default, maxAttempts: 3, restarts: linBetweenRounds, advance: true, tokens: true},
-	{name: "default-lease", tiers: engine.Default, leaseJumps: true, advance: true, tokens: true},
-	{name: "redis", backend: linRedis, maxAttempts: 3, advance: true, tokens: true},
-	{name: "redis-restarts", backend: linRedis, restarts: linMidRound, advance: true, tokens: true},
-	{name: "postgres", backend: linPostgres, maxAttempts: 3, tokens: true},
-	{name: "default-durable", tiers: engine.Default, maxAttempts: 3, durable: true, restarts: linMidRound},
-	{name: "default-archive", tiers: engine.Default, restarts: linBetweenRounds, archive: true},
-	{name: "redis-stalls", backend: linRedis, stalls: true},
+	{name: "memory", on: "memory", maxAttempts: 3},
+	{name: "memory-lease", on: "memory", maxAttempts: 3, leaseJumps: true},
+	{name: "default", on: "default", advance: true, tokens: true},
+	{name: "default-attempts", on: "default", maxAttempts: 3, advance: true},
+	{name: "default-async", on: "default", maxAttempts: 3, async: true, advance: true, tokens: true},
+	{name: "default-restarts", on: "default", maxAttempts: 3, restarts: linBetweenRounds, advance: true, tokens: true},
+	{name: "default-lease", on: "default", leaseJumps: true, advance: true, tokens: true},
+	{name: "redis", on: "redis", maxAttempts: 3, advance: true, tokens: true},
+	{name: "redis-restarts", on: "redis", restarts: linMidRound, advance: true, tokens: true},
+	{name: "postgres", on: "postgres", maxAttempts: 3, tokens: true},
+	{name: "default-durable", on: "default", maxAttempts: 3, durable: true, restarts: linMidRound},
+	{name: "default-archive", on: "default", restarts: linBetweenRounds, archive: true},
+	{name: "redis-stalls", on: "redis", stalls: true},
 }
 
 func TestLinearizability(t *testing.T) {
@@ -171,7 +164,7 @@ func runLinearizability(t *testing.T, cfg linConfig, calls int) {
 		lease = time.Minute
 	}
 	o := engine.Options{
-		Tiers: cfg.tiers, Clock: clock, Lease: lease, MaxAttempts: cfg.maxAttempts,
+		Clock: clock, Lease: lease, MaxAttempts: cfg.maxAttempts,
 		MemoryCapacity: 4096, ExpectedKeys: 1000, DurableClaims: cfg.durable,
 	}
 	if cfg.archive {
@@ -183,29 +176,16 @@ func runLinearizability(t *testing.T, cfg linConfig, calls int) {
 	if cfg.async {
 		o.CommitQueue = 8 // small: CommitAsync waits for room now and then
 	}
-	var redisSrv *redistest.Server
-	var redisPrefix string
-	switch {
-	case cfg.backend == linRedis:
-		// Forget needs NoSharedCache with a shared tier.
-		redisSrv = redistest.Start(t)
-		redisPrefix, o.NoSharedCache = fmt.Sprintf("lin-%s-%d:", cfg.name, time.Now().UnixNano()), true
-	case cfg.backend == linPostgres:
-		pool := postgresPool(t)
-		o.Backend, o.NoSharedCache = pgBackend(pool, pgTable(t, pool, "lin_"+strings.ReplaceAll(cfg.name, "-", "_"))), true
-	case cfg.tiers == engine.Default:
-		setDir(&o, t.TempDir())
+	o.NoSharedCache = cfg.shared() // Forget needs it with a shared tier
+	store := enginetest.Named(cfg.on).New(t, "lin_"+cfg.name)
+	redisSrv := store.Redis
+	var w enginetest.Wrap // a Redis client per process
+	if cfg.stalls {
+		w.Redis = &goredis.Options{ReadTimeout: 30 * time.Millisecond, MaxRetries: 50, MaxRetryBackoff: 20 * time.Millisecond}
 	}
 	opts := make([]engine.Options, cfg.engines())
 	for i := range opts {
-		opts[i] = o
-		if redisSrv != nil {
-			c := redisSrv.Client(t) // a client per process
-			if cfg.stalls {
-				c = redisSrv.ClientWith(t, &goredis.Options{ReadTimeout: 30 * time.Millisecond, MaxRetries: 50, MaxRetryBackoff: 20 * time.Millisecond})
-			}
-			opts[i].Backend = redisBackend(c, redisPrefix)
-		}
+		opts[i] = store.Wrapped(o, w)
 	}
 	h := newLinEngines(t, opts)
 	defer h.closeAll(t)
@@ -364,13 +344,13 @@ func linHolds(cfg linConfig) func(linOp) (hold, global bool) {
 		case linLookup, linIssue, linBegin, linEnd, linRestart:
 			return false, false
 		case linMark, linConsume:
-			return true, cfg.backend == linRedis
+			return true, cfg.on == "redis"
 		case linRelease:
-			return cfg.tiers != engine.MemoryOnly, cfg.shared()
+			return cfg.tiers() != engine.MemoryOnly, cfg.shared()
 		case linForget, linCommit:
 			return true, false
 		}
-		return cfg.tiers != engine.MemoryOnly, false
+		return cfg.tiers() != engine.MemoryOnly, false
 	}
 }
 
@@ -1045,7 +1025,7 @@ func TestLinearizabilityCheckerCatchesBrokenModel(t *testing.T) {
 	opts := []engine.Options{{Tiers: engine.MemoryOnly, Clock: clock, Lease: time.Hour, MemoryCapacity: 4096}}
 	h := newLinEngines(t, opts)
 	defer h.closeAll(t)
-	cfg := linConfig{name: "memory", tiers: engine.MemoryOnly}
+	cfg := linConfig{name: "memory", on: "memory"}
 	rec := &linRecorder{clock: clock, hold: linHolds(cfg)}
 	var ids atomic.Int64
 	c := &linClient{cfg: cfg, lease: time.Hour, clock: clock, rng: rand.New(rand.NewPCG(1, 2)), rec: rec, h: h, ids: &ids}

@@ -15,60 +15,6 @@ import (
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
-// adminConfigs are the configurations Lookup and Forget serve, each with a
-// way to reach the same state again: a restart (Default), another process
-// (Redis, PostgreSQL: a second engine), or the same engine (memory-only).
-func adminConfigs() []struct {
-	name string
-	open func(t *testing.T, o engine.Options) (e *engine.Engine, other func() *engine.Engine)
-} {
-	type cfg = struct {
-		name string
-		open func(t *testing.T, o engine.Options) (e *engine.Engine, other func() *engine.Engine)
-	}
-	return []cfg{
-		{"memory", func(t *testing.T, o engine.Options) (*engine.Engine, func() *engine.Engine) {
-			o.Tiers = engine.MemoryOnly
-			e := open(t, o)
-			return e, func() *engine.Engine { return e }
-		}},
-		{"default", func(t *testing.T, o engine.Options) (*engine.Engine, func() *engine.Engine) {
-			o.Backend, o.ExpectedKeys = embedded.Dir(t.TempDir()), 1000
-			var e *engine.Engine
-			e = open(t, o)
-			return e, func() *engine.Engine {
-				if err := e.Close(); err != nil {
-					t.Fatal(err)
-				}
-				e = open(t, o)
-				t.Cleanup(func() { e.Close() })
-				return e
-			}
-		}},
-		{"redis", func(t *testing.T, o engine.Options) (*engine.Engine, func() *engine.Engine) {
-			c := redistest.Start(t).Client(t)
-			prefix := fmt.Sprintf("admin-%d:", time.Now().UnixNano())
-			o.NoSharedCache = true
-			return openRedis(t, c, prefix, o), func() *engine.Engine {
-				b := openRedis(t, c, prefix, o)
-				t.Cleanup(func() { b.Close() })
-				return b
-			}
-		}},
-		{"postgres", func(t *testing.T, o engine.Options) (*engine.Engine, func() *engine.Engine) {
-			pool := postgresPool(t)
-			table := "admin_" + time.Now().Format("150405000000")
-			t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
-			o.Backend, o.NoSharedCache = pgBackend(pool, table), true
-			return open(t, o), func() *engine.Engine {
-				b := open(t, o)
-				t.Cleanup(func() { b.Close() })
-				return b
-			}
-		}},
-	}
-}
-
 // TestLookupForget: Lookup tells what a claim would answer without
 // claiming (absent, held, committed with its result, poisoned); Forget
 // removes a commit or an attempt count so the next claim is New, leaves a
@@ -77,9 +23,9 @@ func adminConfigs() []struct {
 // another process of a shared tier).
 func TestLookupForget(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range adminConfigs() {
+	for _, cfg := range configs() {
 		t.Run(cfg.name, func(t *testing.T) {
-			e, other := cfg.open(t, engine.Options{MaxAttempts: 2, Lease: time.Minute})
+			e, other, _ := cfg.open(t, engine.Options{MaxAttempts: 2, Lease: time.Minute, NoSharedCache: cfg.shared})
 			defer e.Close()
 			look := func(e *engine.Engine, key string, want engine.Outcome) engine.KeyInfo {
 				t.Helper()
@@ -175,9 +121,9 @@ func TestLookupForget(t *testing.T) {
 // one was (it committed), and forgotten otherwise.
 func TestForgetRace(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range adminConfigs()[:2] {
+	for _, cfg := range configs("memory", "default") {
 		t.Run(cfg.name, func(t *testing.T) {
-			e, _ := cfg.open(t, engine.Options{})
+			e, _, _ := cfg.open(t, engine.Options{NoSharedCache: cfg.shared})
 			defer e.Close()
 			for round := range 200 {
 				key := []byte(fmt.Sprint("k", round))
@@ -262,9 +208,9 @@ func TestLookupForgetRefusals(t *testing.T) {
 // first occurrence made), and the key is forgotten.
 func TestForgetBatchRepeatedKey(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range adminConfigs()[:3] {
+	for _, cfg := range configs("memory", "default", "redis") {
 		t.Run(cfg.name, func(t *testing.T) {
-			e, _ := cfg.open(t, engine.Options{})
+			e, _, _ := cfg.open(t, engine.Options{NoSharedCache: cfg.shared})
 			defer e.Close()
 			k := []byte("k")
 			if o, err := e.MarkIfAbsent(ctx, k); err != nil || o != engine.New {

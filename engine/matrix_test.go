@@ -642,8 +642,9 @@ func TestMatrixStatsNameEachConfiguration(t *testing.T) {
 	}
 }
 
-// mxConfig is one configuration checked here, on storage of its own:
-// open gives an engine over that storage (the same one each call).
+// mxConfig is one configuration checked here (from the one list,
+// enginetest.Configs), on storage of its own: open gives an engine over
+// that storage (the same one each call), or Open's error.
 type mxConfig struct {
 	name    string
 	shared  bool // claims in a shared Backend
@@ -652,38 +653,20 @@ type mxConfig struct {
 	open    func(t *testing.T, o engine.Options) (*engine.Engine, error)
 }
 
-// mxConfigs returns every configuration, each on fresh storage; srv
-// and pool are the shared servers.
-func mxConfigs(t *testing.T, c goredis.UniversalClient, pool *pgxpool.Pool) []mxConfig {
-	dir := t.TempDir()
-	prefix := fmt.Sprintf("rv-%d:", time.Now().UnixNano())
-	table := pgTable(t, pool, "mx_cfg")
-	return []mxConfig{
-		{"memory", false, false, true, func(t *testing.T, o engine.Options) (*engine.Engine, error) {
-			o.Tiers = engine.MemoryOnly
-			return mxOpen(o)
-		}},
-		{"bloom", false, false, false, func(t *testing.T, o engine.Options) (*engine.Engine, error) {
-			o.Tiers, o.Backend, o.ExpectedKeys = engine.BloomOnly, &embedded.Backend{}, 10000
-			return mxOpen(o)
-		}},
-		{"bloom-dir", false, true, false, func(t *testing.T, o engine.Options) (*engine.Engine, error) {
-			o.Tiers, o.Backend, o.ExpectedKeys = engine.BloomOnly, embedded.Dir(filepath.Join(dir, "bloom")), 10000
-			return mxOpen(o)
-		}},
-		{"default", false, true, true, func(t *testing.T, o engine.Options) (*engine.Engine, error) {
-			o.Backend, o.ExpectedKeys = embedded.Dir(filepath.Join(dir, "db")), 10000
-			return mxOpen(o)
-		}},
-		{"redis", true, true, true, func(t *testing.T, o engine.Options) (*engine.Engine, error) {
-			o.Backend = redisBackend(c, prefix)
-			return mxOpen(o)
-		}},
-		{"postgres", true, true, true, func(t *testing.T, o engine.Options) (*engine.Engine, error) {
-			o.Backend = pgBackend(pool, table)
-			return mxOpen(o)
-		}},
+// mxConfigs returns every single-server configuration, each on fresh
+// storage.
+func mxConfigs(t *testing.T) []mxConfig {
+	var out []mxConfig
+	for _, c := range enginetest.Pick("memory", "bloom", "bloom-dir", "default", "redis", "postgres") {
+		s := c.New(t, "mx_"+c.Name)
+		out = append(out, mxConfig{c.Name, c.Shared, c.Durable, c.Exact, func(t *testing.T, o engine.Options) (*engine.Engine, error) {
+			if o.ExpectedKeys == 0 {
+				o.ExpectedKeys = 10000
+			}
+			return mxOpen(s.Options(o))
+		}})
 	}
+	return out
 }
 
 // mxOption is one option checked here: set changes the options; ok
@@ -701,7 +684,7 @@ var mxOptions = []mxOption{
 	{"FailOpen+NoSharedCache", func(o *engine.Options) { o.FailOpen, o.NoSharedCache = true, true }, func(c mxConfig) bool { return c.shared }},
 	{"MaxAttempts", func(o *engine.Options) { o.MaxAttempts = 2 }, func(mxConfig) bool { return true }},
 	{"CommitQueue", func(o *engine.Options) { o.CommitQueue = 1 }, func(mxConfig) bool { return true }},
-	{"NoSync", func(o *engine.Options) { setNoSync(o, true) }, func(mxConfig) bool { return true }},
+	{"NoSync", func(o *engine.Options) { o.Backend = &embedded.Backend{NoSync: true} }, func(mxConfig) bool { return true }},
 	{"NamespaceWindows", func(o *engine.Options) {
 		o.Lease, o.Namespaces = 200*time.Millisecond, map[string]engine.NamespaceOptions{"short": {Window: 1500 * time.Millisecond}}
 	}, func(c mxConfig) bool { return c.name != "bloom" && c.name != "bloom-dir" && c.name != "postgres" }},
@@ -802,12 +785,9 @@ func mxCapabilities(t *testing.T, e *engine.Engine, cfg mxConfig) {
 // own window, refuses calls after Close with ErrClosed, and after a clean
 // reopen keeps exactly what the configuration promises to keep.
 func TestMatrixOptionsByConfiguration(t *testing.T) {
-	srv := redistest.Start(t)
-	c := srv.Client(t)
-	pool := postgresPool(t)
 	for _, opt := range mxOptions {
 		t.Run(opt.name, func(t *testing.T) {
-			for _, cfg := range mxConfigs(t, c, pool) {
+			for _, cfg := range mxConfigs(t) {
 				t.Run(cfg.name, func(t *testing.T) { mxScenario(t, cfg, opt) })
 			}
 		})

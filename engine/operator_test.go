@@ -94,10 +94,10 @@ func TestMixedNamespacesAsync(t *testing.T) {
 // new owner's stands.
 func TestForgetFencing(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range adminConfigs()[:3] {
+	for _, cfg := range configs("memory", "default", "redis") {
 		t.Run(cfg.name, func(t *testing.T) {
 			clock := newClock()
-			e, _ := cfg.open(t, engine.Options{Clock: clock, Lease: time.Second, MaxAttempts: 3})
+			e, _, _ := cfg.open(t, engine.Options{Clock: clock, Lease: time.Second, MaxAttempts: 3, NoSharedCache: cfg.shared})
 			defer e.Close()
 			other, _ := e.Namespace("other")
 			if _, err := other.MarkIfAbsent(ctx, []byte("k")); err != nil {

@@ -16,7 +16,6 @@ import (
 	"github.com/tierdedup/tierdedup/internal/enginetest"
 	"github.com/tierdedup/tierdedup/internal/faultfs"
 	"github.com/tierdedup/tierdedup/tier/embedded"
-	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
 func claimNew(t *testing.T, e *engine.Engine, key string) engine.Claim {
@@ -251,29 +250,10 @@ func TestCloseFlushesCommitQueue(t *testing.T) {
 // group), every done runs with nil in its goroutine's order, and every key
 // is a Duplicate to another process afterwards.
 func TestCommitAsyncSharedTiers(t *testing.T) {
-	configs := []struct {
-		name string
-		open func(t *testing.T) engine.Options
-	}{
-		{"redis", func(t *testing.T) engine.Options {
-			c := redistest.Start(t).ClientWith(t, &goredis.Options{PoolSize: 16})
-			return engine.Options{Backend: redisBackend(c, "async:")}
-		}},
-		{"redis-cluster", func(t *testing.T) engine.Options {
-			c := redistest.StartCluster(t).ClientWith(t, &goredis.ClusterOptions{PoolSize: 16})
-			return engine.Options{Backend: redisBackend(c, "async:")}
-		}},
-		{"postgres", func(t *testing.T) engine.Options {
-			p := postgresPool(t)
-			table := fmt.Sprintf("async_%d", time.Now().UnixNano())
-			t.Cleanup(func() { _, _ = p.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
-			return engine.Options{Backend: pgBackend(p, table)}
-		}},
-	}
-	for _, cfg := range configs {
-		t.Run(cfg.name, func(t *testing.T) {
-			o := cfg.open(t)
-			e := open(t, o)
+	for _, cfg := range enginetest.Pick("redis", "redis-cluster", "postgres") {
+		t.Run(cfg.Name, func(t *testing.T) {
+			s := cfg.New(t, "async")
+			e := open(t, s.Wrapped(engine.Options{}, enginetest.Wrap{Redis: &goredis.Options{PoolSize: 16}}))
 			ctx := context.Background()
 			const workers, each = 4, 300
 			got := make([][]int, workers)
@@ -311,7 +291,7 @@ func TestCommitAsyncSharedTiers(t *testing.T) {
 			if err := e.Close(); err != nil {
 				t.Fatal(err)
 			}
-			other := open(t, o)
+			other := open(t, s.Options(engine.Options{}))
 			defer other.Close()
 			for w := range workers {
 				for i := range each {

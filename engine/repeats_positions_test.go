@@ -27,7 +27,7 @@ func bs(keys ...string) [][]byte {
 func TestRepeatsEveryPosition(t *testing.T) {
 	ctx := context.Background()
 	d1, d2 := engine.DigestOf([]byte("one")), engine.DigestOf([]byte("two"))
-	for _, cfg := range faultConfigs() {
+	for _, cfg := range configs() {
 		t.Run(cfg.name, func(t *testing.T) {
 			o := engine.Options{MaxAttempts: 1, Lease: time.Minute, NoSharedCache: cfg.shared}
 			e, other, _ := cfg.open(t, o)
@@ -178,7 +178,7 @@ func TestRepeatsEveryPosition(t *testing.T) {
 // a verdict (Duplicate, Stale); a fresh one is New once and InFlight after.
 func TestAdvanceRepeats(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range faultConfigs("default", "redis") {
+	for _, cfg := range configs("default", "redis") {
 		t.Run(cfg.name, func(t *testing.T) {
 			e, other, _ := cfg.open(t, engine.Options{Lease: time.Minute})
 			defer e.Close()
@@ -230,7 +230,7 @@ func TestCommitReleaseSameClaimTwice(t *testing.T) {
 	ctx := context.Background()
 	var mu sync.Mutex
 	answers := map[string]string{}
-	for _, cfg := range faultConfigs() {
+	for _, cfg := range configs() {
 		t.Run(cfg.name, func(t *testing.T) {
 			e, _, _ := cfg.open(t, engine.Options{Lease: time.Minute, NoSharedCache: cfg.shared})
 			defer e.Close()
@@ -287,7 +287,7 @@ func TestCommitReleaseSameClaimTwice(t *testing.T) {
 // a committed key is Duplicate at every position.
 func TestPoisonRepeats(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range faultConfigs() {
+	for _, cfg := range configs() {
 		t.Run(cfg.name, func(t *testing.T) {
 			e, other, _ := cfg.open(t, engine.Options{MaxAttempts: 1, Lease: time.Minute})
 			defer e.Close()

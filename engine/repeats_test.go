@@ -36,9 +36,9 @@ type repeatModel struct {
 // position answered from a stale or partial read fails.
 func TestBatchRepeats(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range adminConfigs() {
+	for _, cfg := range configs() {
 		t.Run(cfg.name, func(t *testing.T) {
-			e, _ := cfg.open(t, engine.Options{Lease: time.Minute})
+			e, _, _ := cfg.open(t, engine.Options{Lease: time.Minute, NoSharedCache: cfg.shared})
 			defer e.Close()
 			seed := uint64(time.Now().UnixNano())
 			rng := rand.New(rand.NewPCG(seed, 7))

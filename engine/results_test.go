@@ -14,56 +14,26 @@ import (
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/faultfs"
 	"github.com/tierdedup/tierdedup/tier/embedded"
-	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
-// resultConfigs are the configurations that store results, each with a
-// way to open a second engine over the same state: a restart (Default), a
-// second process (Redis, PostgreSQL), or none (memory-only); maxResult is
-// their Options.MaxResultSize.
-func resultConfigs(t *testing.T, maxResult int) []struct {
-	name string
-	// open returns an engine; again, when not nil, closes it and returns
-	// another over the same state.
-	open func(t *testing.T, clock engine.Clock) (*engine.Engine, func(*engine.Engine) *engine.Engine)
-} {
-	type cfg = struct {
-		name string
-		open func(t *testing.T, clock engine.Clock) (*engine.Engine, func(*engine.Engine) *engine.Engine)
+// openResults opens cfg to store results (MaxResultSize maxResult; the
+// embedded store with a memory tier of 16 keys, so most answers come from
+// the store); again, when not nil, closes e and returns another engine
+// over the same state (a restart, or a second process of a shared tier).
+func openResults(t *testing.T, cfg engineCfg, clock engine.Clock, maxResult int) (*engine.Engine, func(*engine.Engine) *engine.Engine) {
+	o := engine.Options{Clock: clock, MaxResultSize: maxResult}
+	if cfg.name == "default" {
+		o.MemoryCapacity = 16
 	}
-	return []cfg{
-		{"memory", func(t *testing.T, clock engine.Clock) (*engine.Engine, func(*engine.Engine) *engine.Engine) {
-			return open(t, engine.Options{Tiers: engine.MemoryOnly, Clock: clock, MaxResultSize: maxResult}), nil
-		}},
-		{"default", func(t *testing.T, clock engine.Clock) (*engine.Engine, func(*engine.Engine) *engine.Engine) {
-			// A memory tier of 16 keys: most answers come from the store.
-			o := engine.Options{Backend: embedded.Dir(t.TempDir()), Clock: clock, MemoryCapacity: 16, ExpectedKeys: 1000, MaxResultSize: maxResult}
-			return open(t, o), func(e *engine.Engine) *engine.Engine {
-				if err := e.Close(); err != nil {
-					t.Fatal(err)
-				}
-				return open(t, o)
-			}
-		}},
-		{"redis", func(t *testing.T, clock engine.Clock) (*engine.Engine, func(*engine.Engine) *engine.Engine) {
-			c := redistest.Start(t).Client(t)
-			prefix := fmt.Sprintf("results-%d:", time.Now().UnixNano())
-			o := engine.Options{Clock: clock, MaxResultSize: maxResult}
-			return openRedis(t, c, prefix, o), func(e *engine.Engine) *engine.Engine {
-				e.Close()
-				return openRedis(t, c, prefix, o)
-			}
-		}},
-		{"postgres", func(t *testing.T, clock engine.Clock) (*engine.Engine, func(*engine.Engine) *engine.Engine) {
-			pool := postgresPool(t)
-			table := "results_" + time.Now().Format("150405000000")
-			t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
-			o := engine.Options{Backend: pgBackend(pool, table), Clock: clock, MaxResultSize: maxResult}
-			return open(t, o), func(e *engine.Engine) *engine.Engine {
-				e.Close()
-				return open(t, o)
-			}
-		}},
+	e, other, _ := cfg.open(t, o)
+	if !cfg.cfg.Durable {
+		return e, nil
+	}
+	return e, func(old *engine.Engine) *engine.Engine {
+		if cfg.shared {
+			old.Close()
+		}
+		return other()
 	}
 }
 
@@ -76,10 +46,10 @@ func resultConfigs(t *testing.T, maxResult int) []struct {
 // is its own.
 func TestStoredResult(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range resultConfigs(t, 0) {
+	for _, cfg := range configs() {
 		t.Run(cfg.name, func(t *testing.T) {
 			clock := newClock()
-			e, again := cfg.open(t, clock)
+			e, again := openResults(t, cfg, clock, 0)
 			defer func() { e.Close() }()
 			d1, d2 := engine.DigestOf([]byte("payload-1")), engine.DigestOf([]byte("payload-2"))
 			resp := []byte(`{"order":42,"status":"created"}`)
@@ -178,9 +148,9 @@ func TestStoredResult(t *testing.T) {
 func TestLargeResults(t *testing.T) {
 	ctx := context.Background()
 	const size = 1 << 20
-	for _, cfg := range resultConfigs(t, size) {
+	for _, cfg := range configs() {
 		t.Run(cfg.name, func(t *testing.T) {
-			e, again := cfg.open(t, newClock())
+			e, again := openResults(t, cfg, newClock(), size)
 			defer func() { e.Close() }()
 			results := map[string][]byte{}
 			for i := range 4 {
@@ -238,9 +208,9 @@ func TestLargeResults(t *testing.T) {
 // key New for the redelivery.
 func TestDoResult(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range resultConfigs(t, 0)[:2] {
+	for _, cfg := range configs("memory", "default") {
 		t.Run(cfg.name, func(t *testing.T) {
-			e, _ := cfg.open(t, newClock())
+			e, _ := openResults(t, cfg, newClock(), 0)
 			defer e.Close()
 			runs := 0
 			handler := func(context.Context) ([]byte, error) {

@@ -53,7 +53,7 @@ func tokenNeighbours(tok string) []string {
 // consumes it.
 func TestTokenCanonical(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range faultConfigs("default", "redis", "postgres") {
+	for _, cfg := range configs("default", "redis", "postgres") {
 		t.Run(cfg.name, func(t *testing.T) {
 			e, other, _ := cfg.open(t, engine.Options{Lease: time.Minute})
 			defer e.Close()
@@ -94,7 +94,7 @@ func TestTokenCanonical(t *testing.T) {
 // ErrTokenUsed.
 func TestTokenRaceAcrossProcesses(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range faultConfigs("redis", "postgres") {
+	for _, cfg := range configs("redis", "postgres") {
 		t.Run(cfg.name, func(t *testing.T) {
 			a, other, _ := cfg.open(t, engine.Options{Lease: time.Minute})
 			defer a.Close()
@@ -146,7 +146,7 @@ func TestTokenRaceAcrossProcesses(t *testing.T) {
 // call has returned nil (no other call used it), and exactly one returns
 // nil.
 func TestTokenDeadlines(t *testing.T) {
-	for _, cfg := range faultConfigs("default", "redis", "postgres") {
+	for _, cfg := range configs("default", "redis", "postgres") {
 		t.Run(cfg.name, func(t *testing.T) {
 			e, _, _ := cfg.open(t, engine.Options{Lease: time.Minute})
 			defer e.Close()

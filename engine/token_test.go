@@ -19,14 +19,15 @@ import (
 // process); a reserved namespace name is refused to callers.
 func TestTokens(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range adminConfigs()[1:] { // memory-only refuses (TestTokenRefused)
+	for _, cfg := range configs("default", "redis", "postgres") { // memory-only refuses (TestTokenRefused)
 		t.Run(cfg.name, func(t *testing.T) {
 			clock := newClock()
 			o := engine.Options{Window: time.Hour, Partition: 10 * time.Minute, Lease: time.Minute}
-			if cfg.name != "redis" && cfg.name != "postgres" {
+			if !cfg.shared {
 				o.Clock = clock // the shared tiers expire by the server's clock
 			}
-			e, other := cfg.open(t, o)
+			o.NoSharedCache = cfg.shared
+			e, other, _ := cfg.open(t, o)
 			defer e.Close()
 			tok, err := e.IssueToken(ctx, 10*time.Minute)
 			if err != nil {
@@ -85,9 +86,9 @@ func TestTokens(t *testing.T) {
 // use is being made durable, and a retry of those is ErrTokenUsed.
 func TestTokenRace(t *testing.T) {
 	ctx := context.Background()
-	for _, cfg := range adminConfigs()[1:3] {
+	for _, cfg := range configs("default", "redis") {
 		t.Run(cfg.name, func(t *testing.T) {
-			e, _ := cfg.open(t, engine.Options{})
+			e, _, _ := cfg.open(t, engine.Options{NoSharedCache: cfg.shared})
 			defer e.Close()
 			for range 50 {
 				tok, err := e.IssueToken(ctx, time.Minute)

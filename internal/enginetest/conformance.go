@@ -14,7 +14,6 @@ import (
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/faultfs"
 	"github.com/tierdedup/tierdedup/tier"
-	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
 // The conformance suite drives every configuration with the same random
@@ -43,41 +42,34 @@ const (
 	cLease     = time.Minute
 )
 
-// ConformanceConfig is one configuration the conformance suite drives:
-// the engine's own (ConformanceConfigs) in package engine's tests, each
-// shared tier's beside it.
+// ConformanceConfig is how the conformance suite drives one of the
+// configurations (Configs): the engine's own (ConformanceConfigs) in
+// package engine's tests, each shared tier's beside it.
 type ConformanceConfig struct {
 	Name     string
-	Tiers    engine.Tiers
+	Config   Config
 	Capacity int
 	Evicts   bool // capacity is below the key space
-	// Snapshots: bloom-only keeps its filters across clean restarts.
-	Snapshots bool
-	Crashes   bool
+	Crashes  bool
 	// Faults injects read, write and sync errors (then recovers by a crash
 	// and reopen), tampers with the Bloom snapshot between clean restarts
 	// (damaged, or an older one put back), reopens with changed options
 	// and tries a changed layout, which must be refused.
 	Faults bool
-	// Shared, for a shared tier, returns a fresh backend for one run
-	// (name is unique to it: a key prefix, a table) and age, which makes
-	// the tier's own clock follow a jump of the test's: the tier expires
-	// leases and windows on its own clock, so after each jump forward the
-	// run ages every key it wrote by the same step. Tiers is Default.
-	Shared func(t *testing.T, name string) (b tier.Backend, age func(context.Context, time.Duration) error)
 }
 
-// embedded reports the default configuration: memory + bloom + Pebble.
-func (c ConformanceConfig) embedded() bool { return c.Tiers == engine.Default && c.Shared == nil }
+// keepsClock: a local configuration that persists its clock (the
+// embedded store; Bloom-only with its snapshot).
+func (c ConformanceConfig) keepsClock() bool { return c.Config.Durable && !c.Config.Shared }
 
 // ConformanceConfigs are the engine's own configurations.
 var ConformanceConfigs = []ConformanceConfig{
-	{Name: "memory", Tiers: engine.MemoryOnly, Capacity: 4096},
-	{Name: "memory-evicting", Tiers: engine.MemoryOnly, Capacity: 16, Evicts: true},
-	{Name: "bloom", Tiers: engine.BloomOnly, Snapshots: true},
-	{Name: "default", Tiers: engine.Default, Capacity: 4096, Crashes: true},
-	{Name: "default-small-cache", Tiers: engine.Default, Capacity: 16, Crashes: true},
-	{Name: "default-faults", Tiers: engine.Default, Capacity: 16, Crashes: true, Faults: true},
+	{Name: "memory", Config: Named("memory"), Capacity: 4096},
+	{Name: "memory-evicting", Config: Named("memory"), Capacity: 16, Evicts: true},
+	{Name: "bloom", Config: Named("bloom-dir")},
+	{Name: "default", Config: Named("default"), Capacity: 4096, Crashes: true},
+	{Name: "default-small-cache", Config: Named("default"), Capacity: 16, Crashes: true},
+	{Name: "default-faults", Config: Named("default"), Capacity: 16, Crashes: true, Faults: true},
 }
 
 // Conformance runs four seeds of cfg side by side (their fsyncs overlap).
@@ -108,26 +100,18 @@ func runConformance(t *testing.T, cfg ConformanceConfig, seed uint64, ops int) {
 		}
 		return m
 	}
-	opts := engine.Options{
-		Tiers: cfg.Tiers, Window: cWindow, Partition: cPartition, Lease: cLease,
+	store := cfg.Config.New(t, fmt.Sprintf("conf_%s_%d", cfg.Name, seed))
+	opts := store.Wrapped(engine.Options{
+		Window: cWindow, Partition: cPartition, Lease: cLease,
 		MemoryCapacity: cfg.Capacity, Stripes: 4, ExpectedKeys: 1000, FalsePositive: 0.01,
-		Clock: clock, Backend: &embedded.Backend{FS: wrap(mem)},
-	}
+		Clock: clock,
+	}, Wrap{FS: wrap(mem)})
 	var oldSnapshot []byte // a snapshot of an earlier clean close, to put back later
 	faults := 0            // injected faults that failed a call
-	if cfg.embedded() || cfg.Snapshots {
-		SetDir(&opts, "db")
-	}
-	if cfg.Tiers == engine.MemoryOnly || cfg.Shared != nil {
-		opts.Backend = nil // memory-only has none; a shared tier's is set below
-	}
-	var age func(context.Context, time.Duration) error // the shared tier's, for clock jumps
-	if cfg.Shared != nil {
-		opts.Backend, age = cfg.Shared(t, fmt.Sprintf("%s_%d_%d", cfg.Name, seed, time.Now().UnixNano()))
-	}
+	age := store.Age       // the shared tier's, for clock jumps
 	e := Open(t, opts)
 	defer func() { e.Close() }()
-	m := &model{cfg: cfg, parts: parts, keys: map[mkey]*mstate{}, mayForget: cfg.Evicts && cfg.Tiers == engine.MemoryOnly}
+	m := &model{cfg: cfg, parts: parts, keys: map[mkey]*mstate{}, mayForget: cfg.Evicts && cfg.Config.Tiers == engine.MemoryOnly}
 	m.tick(clock.Now().UnixNano())
 	m.persisted = m.hw
 
@@ -271,7 +255,7 @@ func runConformance(t *testing.T, cfg ConformanceConfig, seed uint64, ops int) {
 		case r < 88: // time passes
 			steps := []time.Duration{time.Second, 10 * time.Second, cLease + time.Second, cPartition, cWindow, cWindow + cPartition + time.Second, -30 * time.Minute, -cWindow - 2*cPartition}
 			step := steps[rng.IntN(len(steps))]
-			if cfg.Shared != nil {
+			if cfg.Config.Shared {
 				if step < 0 {
 					// A shared tier keeps its own time, which never steps
 					// back with a host's clock; steps back are exercised
@@ -290,7 +274,7 @@ func runConformance(t *testing.T, cfg ConformanceConfig, seed uint64, ops int) {
 			if err := e.Close(); err != nil {
 				fail(op, "Close: %v", err)
 			}
-			if cfg.embedded() || cfg.Snapshots {
+			if cfg.keepsClock() {
 				m.persisted = m.hw // with the snapshot, bloom-only keeps its clock too
 			}
 			if cfg.Faults {
@@ -321,7 +305,7 @@ func runConformance(t *testing.T, cfg ConformanceConfig, seed uint64, ops int) {
 				}
 			}
 			e = Open(t, opts)
-			m.restart(clock.Now().UnixNano(), cfg.embedded() || cfg.Snapshots || cfg.Shared != nil)
+			m.restart(clock.Now().UnixNano(), cfg.Config.Durable)
 			outstanding = reclaimNamespaces(t, e, namespaces, outstanding)
 		default: // crash: abandon the engine, reopen what was synced
 			if !cfg.Crashes {

@@ -76,7 +76,7 @@ func (m *model) allowed(k mkey, d engine.Digest, now int64) outcomes {
 		return outcomes{engine.InFlight: true}
 	}
 	dup := engine.Duplicate
-	if s != nil && s.committed && m.cfg.Tiers != engine.BloomOnly &&
+	if s != nil && s.committed && m.cfg.Config.Tiers != engine.BloomOnly &&
 		d != (engine.Digest{}) && s.digest != (engine.Digest{}) && d != s.digest {
 		dup = engine.Conflict
 	}
@@ -92,7 +92,7 @@ func (m *model) allowed(k mkey, d engine.Digest, now int64) outcomes {
 	if m.mayForget && set[dup] {
 		set[engine.New] = true
 	}
-	if m.cfg.Tiers == engine.BloomOnly {
+	if m.cfg.Config.Tiers == engine.BloomOnly {
 		set[engine.Duplicate] = true
 	}
 	if s != nil && s.uncertain {
@@ -118,13 +118,13 @@ func (m *model) restart(clock int64, keeps bool) {
 		// Claims live in this process, or in Redis until their lease ends:
 		// there a restarted consumer still sees them, and their old owners
 		// (the test's stale claims) can no longer commit.
-		s.claimed = s.claimed && m.cfg.Shared != nil
+		s.claimed = s.claimed && m.cfg.Config.Shared
 		s.owner = -1
 		if !keeps {
 			delete(m.keys, k)
 		}
 	}
-	if m.cfg.embedded() || m.cfg.Snapshots {
+	if m.cfg.keepsClock() {
 		m.hw = max(clock, m.persisted)
 	} else {
 		m.hw = clock

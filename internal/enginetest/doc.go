@@ -1,7 +1,9 @@
 // Package enginetest holds the helpers the engine's tests share with the
 // engine tests that live beside their backends and stores
 // (tier/redis/enginetest, tier/postgres/enginetest,
-// tier/archive/enginetest, tier/embedded/enginetest): the conformance
+// tier/archive/enginetest, tier/embedded/enginetest): the one list of
+// the engine's configurations (Configs; a test picks from it and adds
+// only how it drives them), the conformance
 // suite and its reference model (Conformance, run on the engine's own
 // configurations and on each shared tier's), processes racing for keys
 // through a shared tier (ProcessesRace), a load kept up through a shared

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -12,7 +11,6 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/enginetest"
-	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/postgres/pgtest"
 )
 
@@ -27,12 +25,7 @@ var pgBackend = enginetest.PGBackend
 // PostgreSQL tier: the same operations, crashes of the consumer, clock
 // jumps (the table aged by each step) and checks as every configuration.
 func TestConformancePostgres(t *testing.T) {
-	pg := enginetest.ConformanceConfig{Name: "postgres", Tiers: engine.Default, Capacity: 4096,
-		Shared: func(t *testing.T, name string) (tier.Backend, func(context.Context, time.Duration) error) {
-			pool, table := postgresPool(t), "conf_"+strings.ReplaceAll(name, "-", "_")
-			t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
-			return pgBackend(pool, table), func(ctx context.Context, d time.Duration) error { return agePostgres(ctx, pool, table, d) }
-		}}
+	pg := enginetest.ConformanceConfig{Name: "postgres", Config: enginetest.Named("postgres"), Capacity: 4096}
 	small := pg
 	small.Name, small.Capacity = "postgres-small-cache", 16
 	t.Run(pg.Name, func(t *testing.T) { enginetest.Conformance(t, pg) })

@@ -12,7 +12,6 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/enginetest"
-	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -21,21 +20,24 @@ import (
 // against redis-server processes it starts itself.
 
 func TestConformanceRedis(t *testing.T) {
-	on := func(client func(t *testing.T) goredis.UniversalClient) func(t *testing.T, name string) (tier.Backend, func(context.Context, time.Duration) error) {
-		return func(t *testing.T, name string) (tier.Backend, func(context.Context, time.Duration) error) {
-			c, prefix := client(t), "conf-"+name+":"
-			return redisBackend(c, prefix), func(ctx context.Context, d time.Duration) error { return ageRedis(ctx, c, prefix, d) }
-		}
-	}
-	srv := redistest.Start(t)
-	single := enginetest.ConformanceConfig{Name: "redis", Tiers: engine.Default, Capacity: 4096, Shared: on(func(t *testing.T) goredis.UniversalClient { return srv.Client(t) })}
+	single := enginetest.ConformanceConfig{Name: "redis", Config: enginetest.Named("redis"), Capacity: 4096}
 	small := single
 	small.Name, small.Capacity = "redis-small-cache", 16
 	t.Run(single.Name, func(t *testing.T) { enginetest.Conformance(t, single) })
 	t.Run(small.Name, func(t *testing.T) { enginetest.Conformance(t, small) })
 
+	// A three-master cluster: the "redis" configuration on other storage.
 	cl := redistest.StartCluster(t)
-	cluster := enginetest.ConformanceConfig{Name: "redis-cluster", Tiers: engine.Default, Capacity: 4096, Shared: on(func(t *testing.T) goredis.UniversalClient { return cl.Client(t) })}
+	onCluster := enginetest.Named("redis")
+	onCluster.Name = "redis-cluster"
+	onCluster.New = func(t testing.TB, name string) *enginetest.Storage {
+		c, prefix := cl.Client(t), "conf-"+name+":"
+		return enginetest.StorageOf(func(o engine.Options, _ enginetest.Wrap) engine.Options {
+			o.Backend = redisBackend(c, prefix)
+			return o
+		}, func(ctx context.Context, d time.Duration) error { return ageRedis(ctx, c, prefix, d) })
+	}
+	cluster := enginetest.ConformanceConfig{Name: "redis-cluster", Config: onCluster, Capacity: 4096}
 	t.Run(cluster.Name, func(t *testing.T) { enginetest.Conformance(t, cluster) })
 }
 
