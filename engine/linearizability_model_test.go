@@ -14,6 +14,7 @@ import (
 	"github.com/anishathalye/porcupine"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/enginetest"
 )
 
 // This file is the sequential specification that TestLinearizability checks
@@ -254,10 +255,10 @@ func one(s linState) []linState { return []linState{s} }
 
 // mayLive reports whether a claim's lease may still run during the call:
 // the lease holds while the engine's time is before its end.
-func mayLive(s linState, in linInput) bool { return s.until > in.t0 }
+func mayLive(s linState, in linInput) bool { return enginetest.LeaseMayLive(s.until, in.t0) }
 
 // mayEnd reports whether a claim's lease may have ended during the call.
-func mayEnd(s linState, in linInput) bool { return s.until <= in.t1 }
+func mayEnd(s linState, in linInput) bool { return enginetest.LeaseMayEnd(s.until, in.t1) }
 
 // othersPending reports whether another call holding the key is running.
 func othersPending(s linState, in linInput) bool {
@@ -276,17 +277,10 @@ func (m linModel) stalled(in linInput) bool { return in.t1-in.t0 >= m.lease }
 func heldByClaim(s linState, in linInput) bool { return s.status == linClaimed && mayLive(s, in) }
 
 // count adds one failed claim when attempts are counted.
-func (m linModel) count(a uint16) uint16 {
-	if m.maxAttempts > 0 {
-		return a + 1
-	}
-	return a
-}
+func (m linModel) count(a uint16) uint16 { return enginetest.Counted(a, m.maxAttempts) }
 
 // poisoned reports an absent key whose attempts reached MaxAttempts.
-func (m linModel) poisoned(s linState) bool {
-	return m.maxAttempts > 0 && int(s.attempts) >= m.maxAttempts
-}
+func (m linModel) poisoned(s linState) bool { return enginetest.Poisoned(s.attempts, m.maxAttempts) }
 
 // expire is a key after its claim's lease ended: free, the ended claim
 // counted as an attempt (MaxAttempts: "released, or left to expire").
@@ -326,9 +320,7 @@ func (m linModel) leaseOK(in linInput, out linOutput) bool {
 
 // conflicting reports a commit's digest that contradicts a claim's: both
 // given and different (Conflict).
-func conflicting(requested, stored engine.Digest) bool {
-	return requested != (engine.Digest{}) && stored != (engine.Digest{}) && requested != stored
-}
+func conflicting(requested, stored engine.Digest) bool { return enginetest.Conflicts(requested, stored) }
 
 // acquirable is the key as a claim finds it once a claim whose lease
 // ended is taken over, or false while a live claim holds it.
@@ -617,22 +609,14 @@ func (m linModel) advance(s linState, in linInput, out linOutput) []linState {
 		}
 		b = free(s) // Advance takes an ended claim over; attempts are not counted
 	}
-	if out.version != b.version {
+	if out.version != b.version || out.outcome != enginetest.AdvanceOutcome(b.version, in.version) {
 		return nil
 	}
-	switch {
-	case in.version > b.version:
-		if out.outcome == engine.New && m.leaseOK(in, out) {
-			return one(newClaim(b, in, out))
-		}
-	case in.version == b.version:
-		if out.outcome == engine.Duplicate {
-			return one(b)
-		}
-	default:
-		if out.outcome == engine.Stale {
-			return one(b)
-		}
+	if out.outcome != engine.New {
+		return one(b)
+	}
+	if m.leaseOK(in, out) {
+		return one(newClaim(b, in, out))
 	}
 	return nil
 }

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/enginetest"
 )
 
 // ---------------------------------------------------------------------------
@@ -118,13 +119,12 @@ func (m *rvModel) acquire(key string, now int64, evictNow bool) (engine.Outcome,
 	}
 	switch e.state {
 	case rvClaimed:
-		if e.until > now {
+		if enginetest.LeaseMayLive(e.until, now) {
 			return engine.InFlight, nil, 0
 		}
-		a := e.attempts
+		a := int(enginetest.Counted(uint16(e.attempts), m.maxAttempts))
 		if m.maxAttempts > 0 {
-			a++
-			if a >= m.maxAttempts {
+			if enginetest.Poisoned(uint16(a), m.maxAttempts) {
 				e.state, e.until, e.attempts = rvReleased, m.keepUntil(now), a
 				m.touch(e)
 				if evictNow {
@@ -138,7 +138,7 @@ func (m *rvModel) acquire(key string, now int64, evictNow bool) (engine.Outcome,
 		a := e.attempts
 		if e.until <= now {
 			a = 0
-		} else if a >= m.maxAttempts {
+		} else if enginetest.Poisoned(uint16(a), m.maxAttempts) {
 			m.touch(e)
 			return engine.Poison, nil, 0
 		}
@@ -181,9 +181,7 @@ func (m *rvModel) release(key string, owner int, now int64) bool {
 	return true
 }
 
-func rvConflicts(req, stored engine.Digest) bool {
-	return req != (engine.Digest{}) && stored != (engine.Digest{}) && req != stored
-}
+func rvConflicts(req, stored engine.Digest) bool { return enginetest.Conflicts(req, stored) }
 
 // mark is MarkBatch: every key in order, evicting at the end.
 func (m *rvModel) mark(keys []string, ds []engine.Digest, now int64) []engine.Outcome {
@@ -210,7 +208,7 @@ func (m *rvModel) mark(keys []string, ds []engine.Digest, now int64) []engine.Ou
 func (m *rvModel) peek(key string, now int64) engine.KeyInfo {
 	e := m.m[key]
 	counted := func(a int) engine.KeyInfo {
-		if m.maxAttempts > 0 && a >= m.maxAttempts {
+		if enginetest.Poisoned(uint16(a), m.maxAttempts) {
 			return engine.KeyInfo{Outcome: engine.Poison, Attempts: uint16(a)}
 		}
 		return engine.KeyInfo{Outcome: engine.New, Attempts: uint16(a)}

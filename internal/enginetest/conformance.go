@@ -216,7 +216,7 @@ func runConformance(t *testing.T, cfg ConformanceConfig, seed uint64, ops int) {
 				}
 				s.claimed = false
 				if commit {
-					s.committed, s.commitAt, s.commitPart, s.digest = true, now, m.parts.Of(now), h.digest
+					s.committed, s.commitAt, s.digest = true, now, h.digest
 				}
 			}
 			if anyLost != errors.Is(err, engine.ErrLeaseLost) {
@@ -248,7 +248,7 @@ func runConformance(t *testing.T, cfg ConformanceConfig, seed uint64, ops int) {
 				m.observe(k, o, now)
 				if o == engine.New {
 					s := m.state(k)
-					s.committed, s.commitAt, s.commitPart, s.digest = true, now, m.parts.Of(now), engine.Digest{}
+					s.committed, s.commitAt, s.digest = true, now, engine.Digest{}
 					s.claimed = false
 				}
 			}

@@ -20,14 +20,13 @@ type mkey struct {
 }
 
 type mstate struct {
-	committed  bool
-	commitAt   int64
-	commitPart int64
-	digest     engine.Digest
-	claimed    bool
-	owner      int // id of the claim that holds it
-	until      int64
-	uncertain  bool // its commit failed with ErrStorage: durable or not
+	committed bool
+	commitAt  int64
+	digest    engine.Digest
+	claimed   bool
+	owner     int // id of the claim that holds it
+	until     int64
+	uncertain bool // its commit failed with ErrStorage: durable or not
 }
 
 type held struct {
@@ -76,15 +75,15 @@ func (m *model) allowed(k mkey, d engine.Digest, now int64) outcomes {
 		return outcomes{engine.InFlight: true}
 	}
 	dup := engine.Duplicate
-	if s != nil && s.committed && m.cfg.Config.Tiers != engine.BloomOnly &&
-		d != (engine.Digest{}) && s.digest != (engine.Digest{}) && d != s.digest {
+	if s != nil && s.committed && m.cfg.Config.Tiers != engine.BloomOnly && Conflicts(d, s.digest) {
 		dup = engine.Conflict
 	}
+	ret := Retention{Parts: m.parts, Window: cWindow}
 	var set outcomes
 	switch {
-	case s == nil || !s.committed || now >= m.parts.Expiry(s.commitPart):
+	case s == nil || !s.committed || ret.Gone(s.commitAt, now):
 		set = outcomes{engine.New: true}
-	case now < s.commitAt+int64(cWindow):
+	case ret.Held(s.commitAt, now):
 		set = outcomes{dup: true}
 	default:
 		set = outcomes{engine.New: true, dup: true}
@@ -205,7 +204,7 @@ func faultRound(t *testing.T, op int, e *engine.Engine, namespaces []*engine.Nam
 			}
 			s := m.state(mkey{ns, string(keys[i])})
 			s.claimed = false
-			s.committed, s.commitAt, s.commitPart, s.digest = true, now, m.parts.Of(now), engine.Digest{}
+			s.committed, s.commitAt, s.digest = true, now, engine.Digest{}
 			s.uncertain = err != nil
 		}
 	}

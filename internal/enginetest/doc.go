@@ -3,7 +3,9 @@
 // (tier/redis/enginetest, tier/postgres/enginetest,
 // tier/archive/enginetest, tier/embedded/enginetest): the one list of
 // the engine's configurations (Configs; a test picks from it and adds
-// only how it drives them), the conformance
+// only how it drives them), the reference model's rules of one key
+// (rules.go: retention, leases, attempts, conflicts, versions), which
+// every model of the engine's tests asks, the conformance
 // suite and its reference model (Conformance, run on the engine's own
 // configurations and on each shared tier's), processes racing for keys
 // through a shared tier (ProcessesRace), a load kept up through a shared

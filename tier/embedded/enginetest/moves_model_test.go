@@ -15,6 +15,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
@@ -175,17 +176,15 @@ func (w *moveWorld) hour() {
 
 // want is what a Lookup of m must answer at engine time now.
 func (w *moveWorld) want(m *moveKey, now int64) (engine.Outcome, uint16) {
-	length := int64(time.Hour)
-	p := m.at / length
-	live := now < (p+w.live)*length && p >= w.keptFrom
+	engineWindow := enginetest.Retention{Parts: tier.Partitions{Length: int64(time.Hour), Live: int(w.live)}}
 	switch {
-	case !live:
+	case engineWindow.Gone(m.at, now) || m.at/int64(time.Hour) < w.keptFrom:
 		return engine.New, 0
-	case m.committed && m.ns == "short" && now-m.at >= int64(moveShort):
+	case m.committed && m.ns == "short" && enginetest.Retention{Exact: moveShort}.Gone(m.at, now):
 		return engine.New, 0
 	case m.committed:
 		return engine.Duplicate, 0
-	case m.attempts >= 3:
+	case enginetest.Poisoned(m.attempts, 3):
 		return engine.Poison, m.attempts
 	}
 	return engine.New, m.attempts
