@@ -320,7 +320,9 @@ func (m linModel) leaseOK(in linInput, out linOutput) bool {
 
 // conflicting reports a commit's digest that contradicts a claim's: both
 // given and different (Conflict).
-func conflicting(requested, stored engine.Digest) bool { return enginetest.Conflicts(requested, stored) }
+func conflicting(requested, stored engine.Digest) bool {
+	return enginetest.Conflicts(requested, stored)
+}
 
 // acquirable is the key as a claim finds it once a claim whose lease
 // ended is taken over, or false while a live claim holds it.
