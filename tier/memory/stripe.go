@@ -81,12 +81,15 @@ type stored struct {
 }
 
 // eagerEntries is how many entries a whole table allocates before it is
-// used (the default capacity): up to it a table costs at Open what it will
-// cost full, so the hot path never grows; past it memory follows use, so an
-// absurd capacity costs nothing until keys fill it. Measured: growing from
-// empty cost the memory tier 16 % of its batch throughput over its first
-// two million keys.
-const eagerEntries = 1 << 20
+// used: a small table, so an engine holding a few keys costs a few hundred
+// KiB here, not what its capacity would cost full. Past it, memory follows
+// use: the slab and the index grow by growFactor up to the capacity (a
+// quarter of the rehashing that doubling costs), and a table that reaches
+// its capacity holds no slack beyond it.
+const eagerEntries = 1 << 12
+
+// growFactor is how much the slab and the index grow at a time.
+const growFactor = 4
 
 func (s *stripe) init(limit, initial int, seed uint64) {
 	s.limit, s.seed = limit, seed
@@ -107,13 +110,14 @@ func (s *stripe) init(limit, initial int, seed uint64) {
 // claims; more claims than that grow it further.
 func (s *stripe) fullSlab() int { return 1 + s.limit + s.limit/32 + 8 }
 
-// growSlabLocked makes room for one more entry: doubling up to the full
-// slab, so a stripe that reaches its limit holds no slack beyond it.
+// growSlabLocked makes room for one more entry: growFactor times larger up
+// to the full slab, so a stripe that reaches its limit holds no slack
+// beyond it (more claims than the slab holds double it past that).
 func (s *stripe) growSlabLocked() {
 	if len(s.entries) < cap(s.entries) {
 		return
 	}
-	n := max(2*cap(s.entries), 16)
+	n := max(growFactor*cap(s.entries), 16)
 	if full := s.fullSlab(); cap(s.entries) < full {
 		n = min(n, full)
 	}
@@ -183,9 +187,21 @@ func (s *stripe) insertLocked(slot uint32, f shard.Fingerprint) uint32 {
 	return idx
 }
 
+// growLocked grows the index growFactor times (doubling once it holds the
+// full slab's entries: only outstanding claims grow it past that) and
+// rehashes it.
 func (s *stripe) growLocked() {
 	old := s.slots
-	s.slots = make([]uint64, len(old)*2)
+	n := len(old) * growFactor
+	if full := slotsFor(s.fullSlab()); len(old) >= full {
+		n = len(old) * 2
+	} else {
+		n = min(n, full)
+	}
+	if n <= len(old) {
+		n = len(old) * 2
+	}
+	s.slots = make([]uint64, n)
 	for _, v := range old {
 		if v == 0 {
 			continue
