@@ -96,6 +96,18 @@ func (e *Engine) withoutArchive(detach bool) error {
 	return nil
 }
 
+// archiveNow is the time a call started at now asks the archive at: the
+// engine's time as it is now, never earlier than now. The hot read
+// covered the partitions live when it ran (the filters' and the store's
+// own oldest, which a rotation after now may have moved on); the archive
+// reads the unarchived partitions below the oldest live one at the time it
+// is given. Given the call's start, a partition that left the window in
+// between was in neither read, and an acknowledged key in it answered New
+// inside the archive window. At the engine's time now, that partition is
+// below the oldest live one, so the archive reads it (still in the store,
+// or archived before the store dropped it).
+func (e *Engine) archiveNow(now int64) int64 { return max(now, e.highWater.Load()) }
+
 // archiveCandidate is a key the exact tier left New that the archive may
 // hold.
 type archiveCandidate struct {
@@ -133,7 +145,7 @@ func (e *Engine) resolveArchive(ctx context.Context, b *batch, ns *Namespace, ou
 	for q, j := range idx {
 		fps[q] = d.fps[j]
 	}
-	ans, err := a.Find(ctx, ns.name, keys, fps, now)
+	ans, err := a.Find(ctx, ns.name, keys, fps, e.archiveNow(now))
 	if err != nil {
 		var turned []int
 		for _, j := range idx {
@@ -199,7 +211,7 @@ func (e *Engine) readBeforeForget(ctx context.Context, b *batch, ns *Namespace, 
 		ks[j] = keys[i]
 	}
 	ans := make([]tier.Answer, len(ks))
-	return ans, e.arch.Forget(ctx, ns.name, ks, now, ans)
+	return ans, e.arch.Forget(ctx, ns.name, ks, e.archiveNow(now), ans)
 }
 
 // lookupArchive completes a Lookup from the archive for the keys of b.cand
@@ -228,9 +240,9 @@ func (e *Engine) lookupArchive(ctx context.Context, b *batch, ns *Namespace, key
 		ans, err = pre, e.arch.WaitApplied(ctx)
 	case forget:
 		ans = make([]tier.Answer, len(ks))
-		err = e.arch.Forget(ctx, ns.name, ks, now, ans)
+		err = e.arch.Forget(ctx, ns.name, ks, e.archiveNow(now), ans)
 	default:
-		ans, err = e.arch.Find(ctx, ns.name, ks, fps, now)
+		ans, err = e.arch.Find(ctx, ns.name, ks, fps, e.archiveNow(now))
 	}
 	if err != nil {
 		return err
