@@ -133,11 +133,15 @@ type Options struct {
 	Stripes int
 	// ExpectedKeys is the number of keys one partition is sized for in the
 	// Bloom filters, at most MaxExpectedKeys. Zero means 10M. The filters
-	// of every live partition are one interleaved ring, allocated whole
-	// when the first key is added: Live × ExpectedKeys × bits a key (15.5
-	// at the default 1 % over 8 partitions, 155 MB for the default 10M;
-	// bloom.Sizing, and dedupbench plan, compute it). Bloom-only state
-	// remembers it (ErrLayout if changed).
+	// of every live partition are one interleaved ring whose full size is
+	// Live × ExpectedKeys × bits a key (15.5 at the default 1 % over 8
+	// partitions, 155 MB for the default 10M; bloom.Sizing, and dedupbench
+	// plan, compute it). In Default the ring starts at about a MiB and
+	// doubles as partitions receive keys (a partition of n keys has grown
+	// it to about 16·n keys a partition), so ExpectedKeys is its ceiling;
+	// a snapshot keeps its size across restarts. Bloom-only's ring is
+	// allocated whole at the first key, and its state remembers the size
+	// (ErrLayout if changed).
 	ExpectedKeys int
 	// FalsePositive is the Bloom false-positive target over the whole
 	// window, in (0, 1). Zero means 0.01. In Default it costs a disk read;

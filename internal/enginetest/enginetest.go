@@ -60,10 +60,11 @@ func (c *Clock) Add(d time.Duration) {
 }
 
 // ExpectedKeys is what Open sizes a test engine's filters for when o
-// does not say: the default, 10 M keys a partition, allocates a filter
-// ring of about 148 MiB at the first key and writes it at Close, which
-// under -race took 21 s of a test that marks 66 keys. A test of the
-// default sizing opens its engine with engine.Open.
+// does not say: with the default, 10 M keys a partition, Bloom-only
+// allocates a filter ring of about 148 MiB at the first key and writes it
+// at Close, which under -race took 21 s of a test that marks 66 keys (the
+// embedded store's ring grows from about a MiB). A test of the default
+// sizing opens its engine with engine.Open.
 const ExpectedKeys = 10_000
 
 // Open opens an engine of o, failing t if it cannot: quiet unless

@@ -41,6 +41,14 @@ type Options struct {
 	// (0, 1). Zero means DefaultFalsePositive. Each of the Live filters is
 	// sized for 1-(1-FalsePositive)^(1/Live), about FalsePositive/Live.
 	FalsePositive float64
+	// Grow starts the filters at a small fraction of the size ExpectedKeys
+	// asks for and grows them as their partitions receive keys (see
+	// growth.go): ExpectedKeys becomes the ceiling. Only filters whose
+	// snapshots may be refused for their size use it (a cache of an exact
+	// store, which rebuilds them): growing rounds the full size up to a
+	// multiple of its stages, so a snapshot of the same ExpectedKeys
+	// written without Grow has other parameters.
+	Grow bool
 }
 
 // Validate reports every invalid field at once.
@@ -73,9 +81,13 @@ type Probe = tier.Probe
 // filter, restore) publish a new ring.
 type Filters struct {
 	parts tier.Partitions
-	lay   layout
-	perFP float64 // per-filter false-positive target
-	over  int64   // keys at which the formula's rate passes 2 × perFP
+	lay   layout   // the full size (ExpectedKeys)
+	perFP float64  // per-filter false-positive target
+	over  int64    // keys at which the formula's rate passes 2 × perFP
+	steps []layout // the sizes a ring may have, smallest first; the last is lay
+	// growAt[i] is the add count of one filter at which a ring of size
+	// steps[i] grows (growth.go); the last is never reached.
+	growAt []int64
 
 	mu   sync.Mutex           // serialises writers of cur
 	cur  atomic.Pointer[ring] // read without mu; replaced, never modified, under mu
@@ -96,6 +108,8 @@ type Filters struct {
 // dropped partition (or one straddling the copy) writing after them.
 type ring struct {
 	newest int64
+	lay    *layout   // the ring's size: one of Filters.steps
+	step   int       // its index in Filters.steps
 	words  []uint64  // the interleaved filters; nil until a filter is first written
 	slots  []*filter // slots[slot(p)]: the partition whose bits lane bit slot(p) holds, nil if none
 	valid  uint64    // bit s set: slots[s] is a live partition of this ring
@@ -155,8 +169,9 @@ func New(opts *Options, newest int64) (*Filters, error) {
 	}
 	sz := Sizing(o.ExpectedKeys, o.FalsePositive, o.Partitions.Live)
 	f := &Filters{parts: o.Partitions, lay: newLayout(o.Partitions.Live, sz.M, sz.K), perFP: sz.PerFilter}
+	f.setSteps(o.Grow, o.ExpectedKeys)
 	f.over = f.lay.overfullKeys(f.perFP)
-	f.cur.Store(&ring{newest: newest, slots: make([]*filter, o.Partitions.Live)})
+	f.cur.Store(&ring{newest: newest, lay: &f.steps[0], slots: make([]*filter, o.Partitions.Live)})
 	return f, nil
 }
 
@@ -167,6 +182,10 @@ func (f *Filters) Params() (m uint64, k int, perFilter float64) { return f.lay.m
 // Bytes returns the memory held by the filters: the whole ring once any
 // filter has been written, nothing before.
 func (f *Filters) Bytes() int64 { return int64(len(f.cur.Load().words)) * 8 }
+
+// FullBytes returns the memory the filters take at their full size
+// (ExpectedKeys): Bytes once they have grown to it.
+func (f *Filters) FullBytes() int64 { return int64(len64(f.lay)) * 8 }
 
 // newestPartition returns the newest partition.
 func (f *Filters) newestPartition() int64 { return f.cur.Load().newest }
@@ -192,7 +211,7 @@ func (f *Filters) rotateLocked(p int64) int {
 	if p <= r.newest {
 		return 0
 	}
-	next := &ring{newest: p, words: r.words, slots: slices.Clone(r.slots)}
+	next := &ring{newest: p, lay: r.lay, step: r.step, words: r.words, slots: slices.Clone(r.slots)}
 	oldest := f.parts.Oldest(p)
 	var dropped uint64
 	for s, fl := range next.slots {
@@ -203,7 +222,7 @@ func (f *Filters) rotateLocked(p int64) int {
 	}
 	next.valid = r.valid &^ dropped
 	f.publish(next) // no add of a dropped partition writes after this
-	f.lay.clear(next.words, dropped)
+	next.lay.clear(next.words, dropped)
 	return bits.OnesCount64(dropped)
 }
 
@@ -223,7 +242,7 @@ func (f *Filters) Test(fps []shard.Fingerprint, out []Probe) (oldest int64) {
 		all = ^uint64(0)
 	}
 	for i := range fps {
-		acc := f.lay.test(r.words, fps[i], r.valid)
+		acc := r.lay.test(r.words, fps[i], r.valid)
 		// Lane bit s is partition oldest+(s-s0) mod live.
 		out[i] = Probe{Maybe: (acc>>s0 | acc<<(live-s0)) & all}
 	}
@@ -255,6 +274,12 @@ func (f *Filters) Add(fps []shard.Fingerprint, p int64) {
 				return
 			}
 		}
+		if n := fl.adds.Load() + int64(len(fps)); n >= f.growAt[r.step] {
+			f.grow(n) // before the keys land in a ring too small for them
+			if f.cur.Load() != r {
+				continue
+			}
+		}
 		busy := &r.busy[fps[0].Lo%busyStripes].n
 		busy.Add(1)
 		if f.cur.Load() != r {
@@ -263,7 +288,7 @@ func (f *Filters) Add(fps []shard.Fingerprint, p int64) {
 		}
 		bit := uint64(1) << f.slot(p)
 		for i := range fps {
-			f.lay.add(r.words, fps[i], bit)
+			r.lay.add(r.words, fps[i], bit)
 		}
 		busy.Add(-1)
 		fl.adds.Add(int64(len(fps)))
@@ -306,9 +331,9 @@ func (f *Filters) create(p int64) (*ring, *filter) {
 // are clear: a slot is cleared when its partition is dropped), allocating the
 // ring's words on first use.
 func (f *Filters) assign(r *ring, fl *filter) *ring {
-	next := &ring{newest: r.newest, words: r.words, slots: slices.Clone(r.slots), valid: r.valid}
+	next := &ring{newest: r.newest, lay: r.lay, step: r.step, words: r.words, slots: slices.Clone(r.slots), valid: r.valid}
 	if next.words == nil {
-		next.words = make([]uint64, len64(f.lay))
+		next.words = make([]uint64, len64(*next.lay))
 	}
 	s := f.slot(fl.part)
 	next.slots[s] = fl
@@ -327,7 +352,7 @@ func (f *Filters) Reset() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	r := f.cur.Load()
-	f.publish(&ring{newest: r.newest, slots: make([]*filter, len(r.slots))})
+	f.publish(&ring{newest: r.newest, lay: r.lay, step: r.step, slots: make([]*filter, len(r.slots))})
 }
 
 // EstimatedFalsePositive returns the theoretical whole-window false-positive
@@ -341,7 +366,7 @@ func (f *Filters) EstimatedFalsePositive() float64 {
 		if fl == nil || fl.part < f.parts.Oldest(r.newest) {
 			continue
 		}
-		none *= 1 - f.lay.fp(float64(fl.adds.Load()))
+		none *= 1 - r.lay.fp(float64(fl.adds.Load()))
 	}
 	return 1 - none
 }

@@ -142,7 +142,7 @@ func (f *Filters) write(w io.Writer, meta SnapshotMeta, newest int64, r *ring, s
 	copy(h[:8], snapshotMagic)
 	binary.LittleEndian.PutUint32(h[8:], snapshotVersion)
 	binary.LittleEndian.PutUint32(h[12:], uint32(f.lay.k))
-	binary.LittleEndian.PutUint64(h[16:], f.lay.m)
+	binary.LittleEndian.PutUint64(h[16:], r.lay.m)
 	binary.LittleEndian.PutUint64(h[24:], uint64(f.parts.Length))
 	binary.LittleEndian.PutUint32(h[32:], uint32(f.parts.Live))
 	binary.LittleEndian.PutUint32(h[36:], uint32(bits.OnesCount64(slots)))
@@ -155,7 +155,7 @@ func (f *Filters) write(w io.Writer, meta SnapshotMeta, newest int64, r *ring, s
 	if _, err := bw.Write(h[:]); err != nil {
 		return 0, err
 	}
-	col := make([]uint64, f.lay.m/64)
+	col := make([]uint64, r.lay.m/64)
 	for s := range uint64(f.parts.Live) {
 		if slots&(1<<s) == 0 {
 			continue
@@ -169,8 +169,8 @@ func (f *Filters) write(w io.Writer, meta SnapshotMeta, newest int64, r *ring, s
 		}
 		// The slot's bits, gathered from the interleaved words in position
 		// order, are encoded as a bits-and-blooms filter of their own.
-		f.lay.column(r.words, s, col)
-		if _, err := bitsbloom.FromWithM(col, uint(f.lay.m), uint(f.lay.k)).WriteTo(bw); err != nil {
+		r.lay.column(r.words, s, col)
+		if _, err := bitsbloom.FromWithM(col, uint(r.lay.m), uint(f.lay.k)).WriteTo(bw); err != nil {
 			return 0, err
 		}
 	}
@@ -187,18 +187,31 @@ func (f *Filters) write(w io.Writer, meta SnapshotMeta, newest int64, r *ring, s
 // marker returns a copy of r that makes adds wait for the writer holding
 // mu (see ring.copying).
 func (r *ring) marker() *ring {
-	return &ring{newest: r.newest, words: r.words, slots: r.slots, valid: r.valid, copying: true}
+	return &ring{newest: r.newest, lay: r.lay, step: r.step, words: r.words, slots: r.slots, valid: r.valid, copying: true}
 }
 
 // place returns r with rec's bits set in its slot; r's words must not be
-// shared yet.
+// shared yet. A record of a larger step grows r first; one of a smaller
+// step is copied up to r's (see growth.go).
 func (f *Filters) place(r *ring, rec record) *ring {
+	if rec.step > r.step {
+		r = f.grown(r, rec.step)
+	}
 	s := f.slot(rec.part)
 	if r.slots[s] == nil || r.slots[s].part != rec.part {
 		fl := &filter{part: rec.part}
 		r = f.assign(r, fl) // allocates the words on first use
 	}
-	f.lay.scatter(r.words, uint64(s), rec.col)
+	if rec.step == r.step {
+		r.lay.scatter(r.words, uint64(s), rec.col)
+	} else {
+		small := &f.steps[rec.step]
+		words := make([]uint64, len64(*small))
+		small.scatter(words, uint64(s), rec.col)
+		for i, w := range small.copyUp(words, r.lay) {
+			r.words[i] |= w
+		}
+	}
 	r.slots[s].adds.Add(rec.adds)
 	return r
 }
@@ -260,7 +273,7 @@ func (f *Filters) MergeSnapshots(srcs []SnapshotSource) []error {
 		return errs
 	}
 	f.publish(cur.marker()) // no add writes cur.words while they are copied
-	next := &ring{newest: cur.newest, slots: slices.Clone(cur.slots), valid: cur.valid}
+	next := &ring{newest: cur.newest, lay: cur.lay, step: cur.step, slots: slices.Clone(cur.slots), valid: cur.valid}
 	if cur.words != nil {
 		// No add writes cur.words now (the marker's publish waited for
 		// them), and rotation needs mu: a plain copy.

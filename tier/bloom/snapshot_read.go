@@ -62,7 +62,8 @@ func (f *Filters) ReadSnapshot(r io.ReaderAt, size int64, accept func(SnapshotHe
 	if err != nil {
 		return err
 	}
-	next := &ring{newest: hd.Newest, slots: make([]*filter, f.parts.Live)}
+	step, _ := f.stepOf(hd.M)
+	next := &ring{newest: hd.Newest, lay: &f.steps[step], step: step, slots: make([]*filter, f.parts.Live)}
 	for _, rec := range loaded {
 		next = f.place(next, rec)
 	}
@@ -85,9 +86,11 @@ func (f *Filters) CheckSnapshot(r io.ReaderAt, size int64, accept func(SnapshotH
 	return err
 }
 
+// checkParams refuses a snapshot of other parameters: its filters' size
+// must be one of the steps (the full size when the filters do not grow).
 func (f *Filters) checkParams(hd SnapshotHeader) error {
-	if hd.K != f.lay.k || hd.M != f.lay.m || hd.PartitionLength != f.parts.Length || hd.Live != f.parts.Live {
-		return fmt.Errorf("%w: m=%d k=%d partition=%d live=%d, want m=%d k=%d partition=%d live=%d",
+	if _, ok := f.stepOf(hd.M); !ok || hd.K != f.lay.k || hd.PartitionLength != f.parts.Length || hd.Live != f.parts.Live {
+		return fmt.Errorf("%w: m=%d k=%d partition=%d live=%d, want m=%d (or a step of growth) k=%d partition=%d live=%d",
 			ErrSnapshotParams, hd.M, hd.K, hd.PartitionLength, hd.Live, f.lay.m, f.lay.k, f.parts.Length, f.parts.Live)
 	}
 	return nil
@@ -130,12 +133,12 @@ func (f *Filters) verify(r io.ReaderAt, size int64, accept func(SnapshotHeader) 
 	}
 	seen := make(map[int64]bool, count)
 	for i := int64(0); i < int64(count); i++ {
-		sr := io.NewSectionReader(r, headerSize+i*recordSize(f.lay.m), recordSize(f.lay.m))
+		sr := io.NewSectionReader(r, headerSize+i*recordSize(hd.M), recordSize(hd.M))
 		var head [recordHead]byte
 		if _, err := io.ReadFull(sr, head[:]); err != nil {
 			return hd, fmt.Errorf("%w: record: %w", ErrSnapshot, err)
 		}
-		h, err := f.checkRecordHead(head)
+		h, err := f.checkRecordHead(head, hd.M)
 		if err != nil {
 			return hd, err
 		}
@@ -170,21 +173,25 @@ func verifyChecksum(r io.ReaderAt, size int64) (uint32, error) {
 // its bits in position order.
 type record struct {
 	part, adds int64
+	step       int // the step of its filter's size (Filters.steps)
 	col        []uint64
 }
 
 // recordHeadFields is what a record's head says: its partition and add
-// count (its filter's parameters are checked, not kept).
-type recordHeadFields struct{ part, adds int64 }
+// count, and the step of its filter's size (its parameters are checked).
+type recordHeadFields struct {
+	part, adds int64
+	m          uint64
+}
 
 // checkRecordHead checks a record's head: the inner bits-and-blooms header
 // must agree with the envelope before its decoder allocates anything, and
 // the add count must not be negative.
-func (f *Filters) checkRecordHead(head [recordHead]byte) (recordHeadFields, error) {
-	if m, k, n := binary.BigEndian.Uint64(head[16:]), binary.BigEndian.Uint64(head[24:]), binary.BigEndian.Uint64(head[32:]); m != f.lay.m || k != uint64(f.lay.k) || n != f.lay.m {
+func (f *Filters) checkRecordHead(head [recordHead]byte, want uint64) (recordHeadFields, error) {
+	if m, k, n := binary.BigEndian.Uint64(head[16:]), binary.BigEndian.Uint64(head[24:]), binary.BigEndian.Uint64(head[32:]); m != want || k != uint64(f.lay.k) || n != want {
 		return recordHeadFields{}, fmt.Errorf("%w: filter header m=%d k=%d bits=%d", ErrSnapshot, m, k, n)
 	}
-	h := recordHeadFields{part: int64(binary.LittleEndian.Uint64(head[:])), adds: int64(binary.LittleEndian.Uint64(head[8:]))}
+	h := recordHeadFields{part: int64(binary.LittleEndian.Uint64(head[:])), adds: int64(binary.LittleEndian.Uint64(head[8:])), m: want}
 	if h.adds < 0 {
 		return recordHeadFields{}, fmt.Errorf("%w: filter of %d adds", ErrSnapshot, h.adds)
 	}
@@ -198,8 +205,9 @@ func (f *Filters) decodeRecord(body io.Reader, h recordHeadFields) (record, erro
 	if _, err := bf.ReadFrom(body); err != nil {
 		return record{}, fmt.Errorf("%w: filter: %w", ErrSnapshot, err)
 	}
-	rec := record{part: h.part, adds: h.adds, col: bf.BitSet().Words()}
-	if uint64(len(rec.col))*64 != f.lay.m {
+	step, _ := f.stepOf(h.m) // checked by checkParams
+	rec := record{part: h.part, adds: h.adds, step: step, col: bf.BitSet().Words()}
+	if uint64(len(rec.col))*64 != h.m {
 		return record{}, fmt.Errorf("%w: filter has %d words", ErrSnapshot, len(rec.col))
 	}
 	return rec, nil

@@ -67,7 +67,7 @@ func (s *Store) checkpointEvery() uint64 {
 	if n := hooks.CheckpointKeys.Load(); n > 0 {
 		return uint64(n)
 	}
-	per := uint64(s.bloom.Bytes()) / uint64(max(s.parts.Live, 1))
+	per := uint64(s.bloom.Bytes()) / uint64(max(s.parts.Live, 1)) // as the filters are now: they grow
 	return max(minCheckpointKeys, per/4)
 }
 
@@ -77,7 +77,7 @@ func (s *Store) noteAdded(n int) {
 	if s.ckptWake == nil {
 		return
 	}
-	if s.sinceCkpt.Add(uint64(n)) >= s.ckptEvery {
+	if s.sinceCkpt.Add(uint64(n)) >= s.ckptEvery.Load() {
 		s.checkpointWakeup()
 	}
 }
@@ -99,6 +99,7 @@ func (s *Store) checkpoint(ctx context.Context) error {
 	s.sealMu.Lock()
 	defer s.sealMu.Unlock()
 	s.sinceCkpt.Store(0)
+	s.ckptEvery.Store(s.checkpointEvery()) // the filters may have grown
 	if !s.warm.Load() {
 		return nil // the filters lack keys the store holds: the rebuild's end wakes this
 	}

@@ -242,7 +242,10 @@ func (s *Store) openBloomOnly(o *Options) error {
 
 // newFilters makes the Bloom filters, current at the store's clock.
 func (s *Store) newFilters(o *Options) (err error) {
-	bopts := &bloom.Options{Partitions: s.parts, ExpectedKeys: o.ExpectedKeys, FalsePositive: o.FalsePositive}
+	// The store's filters cache Pebble, which rebuilds them: they start
+	// small and grow with the keys (ExpectedKeys is their ceiling).
+	// Bloom-only's are the state itself, at the size its snapshot has.
+	bopts := &bloom.Options{Partitions: s.parts, ExpectedKeys: o.ExpectedKeys, FalsePositive: o.FalsePositive, Grow: !o.BloomOnly}
 	if s.bloom, err = bloom.New(bopts, s.parts.Of(s.now)); err != nil {
 		return fmt.Errorf("%w: %w", tier.ErrOptions, err)
 	}

@@ -104,7 +104,7 @@ type Store struct {
 	// keys reached ckptEvery; nil when the filters are not checkpointed.
 	ckptWake                   chan struct{}
 	sinceCkpt                  atomic.Uint64
-	ckptEvery                  uint64
+	ckptEvery                  atomic.Uint64 // follows the filters as they grow
 	checkpoints, ckptFailures  atomic.Uint64
 	restoredParts, journalKeys atomic.Uint64
 }
@@ -150,7 +150,7 @@ func (s *Store) Start(current int64, highWater func() int64) {
 	}
 	s.sealWake = make(chan struct{}, 1) // before the rebuild, which wakes the sealer
 	s.ckptWake = make(chan struct{}, 1) // and the checkpointer
-	s.ckptEvery = s.checkpointEvery()
+	s.ckptEvery.Store(s.checkpointEvery())
 	if !s.warm.Load() {
 		rebuild := s.toRebuild
 		s.toRebuild = nil

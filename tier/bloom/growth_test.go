@@ -1,0 +1,155 @@
+package bloom
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tierdedup/tierdedup/shard"
+)
+
+// growing returns Filters that grow, sized for n keys a partition over a
+// 7-day window of day partitions.
+func growing(t testing.TB, n int, newest int64) *Filters {
+	t.Helper()
+	f, err := New(&Options{Partitions: parts(t, 7*24*time.Hour, 24*time.Hour), ExpectedKeys: n, Grow: true}, newest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// missing returns the keys of fps that no live filter holds.
+func missing(f *Filters, fps []shard.Fingerprint) int {
+	out := make([]Probe, len(fps))
+	f.Test(fps, out)
+	n := 0
+	for _, p := range out {
+		if p.Maybe == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// TestGrowthStartsSmallAndKeepsEveryKey: filters for 1M keys a partition
+// start at about a MiB, grow step by step as keys arrive, end at their
+// full size, and never lose a key: adds from four goroutines into three
+// partitions race the growths, and every key whose Add returned is found
+// by a probe at once, and all of them at the end.
+func TestGrowthStartsSmallAndKeepsEveryKey(t *testing.T) {
+	const n = 1_000_000
+	f := growing(t, n, 10)
+	if len(f.steps) < 4 {
+		t.Fatalf("%d steps for %d keys a partition, want at least 4", len(f.steps), n)
+	}
+	f.Add(keys("first", 1), 10)
+	if b := f.Bytes(); b > 2*minStepBytes {
+		t.Fatalf("one key: %d bytes of filters, want about %d (full size %d)", b, minStepBytes, f.FullBytes())
+	}
+	var lost atomic.Int64
+	var wg sync.WaitGroup
+	per := int(f.growAt[len(f.growAt)-2]) // 4 × this over 3 partitions: past the last growth
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fps := keys(fmt.Sprintf("g%d-", g), per)
+			for i := 0; i < per; i += 100 {
+				batch := fps[i:min(i+100, per)]
+				f.Add(batch, int64(8+i/100%3))
+				lost.Add(int64(missing(f, batch)))
+			}
+		}()
+	}
+	wg.Wait()
+	if l := lost.Load(); l > 0 {
+		t.Fatalf("%d keys not found right after their Add returned", l)
+	}
+	for g := range 4 {
+		if m := missing(f, keys(fmt.Sprintf("g%d-", g), per)); m > 0 {
+			t.Fatalf("goroutine %d: %d of %d keys lost by the growths", g, m, per)
+		}
+	}
+	if m := missing(f, keys("first", 1)); m > 0 {
+		t.Fatal("the first key, added to the smallest ring, was lost")
+	}
+	if f.Bytes() != f.FullBytes() {
+		t.Fatalf("after %d keys in each of 3 partitions: %d bytes, want the full %d", 4*per/3, f.Bytes(), f.FullBytes())
+	}
+}
+
+// TestGrowthAcrossSnapshots: a snapshot written by a small ring loads into
+// new filters (and grows them on), a partition sealed at one step merges
+// into a ring of a larger one, and a snapshot from a larger ring grows a
+// smaller one; no key is lost either way. A snapshot whose size is no step
+// is refused and changes nothing.
+func TestGrowthAcrossSnapshots(t *testing.T) {
+	const n = 1_000_000
+	small := growing(t, n, 10)
+	early := keys("early", 500) // below the first growth
+	small.Add(early, 9)
+	var snap, sealed bytes.Buffer
+	if _, err := small.WriteSnapshot(&snap, SnapshotMeta{Kind: SnapshotCache}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := small.WritePartition(&sealed, 9, SnapshotMeta{Kind: SnapshotPartition}); err != nil {
+		t.Fatal(err)
+	}
+	late := keys("late", int(small.growAt[len(small.growAt)-2])) // past every growth
+	small.Add(late, 10)
+	if small.Bytes() != small.FullBytes() {
+		t.Fatalf("not grown: %d bytes of %d", small.Bytes(), small.FullBytes())
+	}
+	var big bytes.Buffer
+	if _, err := small.WriteSnapshot(&big, SnapshotMeta{Kind: SnapshotCache}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The small snapshot into new filters, which then grow.
+	a := growing(t, n, 10)
+	if err := a.ReadSnapshot(bytes.NewReader(snap.Bytes()), int64(snap.Len()), nil); err != nil {
+		t.Fatal(err)
+	}
+	a.Add(late, 10)
+	if m := missing(a, early) + missing(a, late); m > 0 {
+		t.Fatalf("small snapshot, then growth: %d keys lost", m)
+	}
+
+	// The small sealed partition merged into a full ring.
+	b := growing(t, n, 10)
+	b.Add(late, 10)
+	if err := b.MergeSnapshot(bytes.NewReader(sealed.Bytes()), int64(sealed.Len()), nil); err != nil {
+		t.Fatal(err)
+	}
+	if m := missing(b, early) + missing(b, late); m > 0 {
+		t.Fatalf("small partition merged into a grown ring: %d keys lost", m)
+	}
+
+	// The full snapshot into a ring still at its smallest.
+	c := growing(t, n, 10)
+	c.Add(keys("c", 10), 10)
+	if err := c.MergeSnapshot(bytes.NewReader(big.Bytes()), int64(big.Len()), nil); err != nil {
+		t.Fatal(err)
+	}
+	if c.Bytes() != c.FullBytes() {
+		t.Fatalf("a full snapshot merged into a small ring left it at %d bytes", c.Bytes())
+	}
+	if m := missing(c, early) + missing(c, late) + missing(c, keys("c", 10)); m > 0 {
+		t.Fatalf("full snapshot merged into a small ring: %d keys lost", m)
+	}
+
+	// Other sizes are refused.
+	other := growing(t, n/3, 10)
+	if err := other.MergeSnapshot(bytes.NewReader(snap.Bytes()), int64(snap.Len()), nil); !errors.Is(err, ErrSnapshotParams) {
+		t.Fatalf("a snapshot of other filters: %v, want ErrSnapshotParams", err)
+	}
+	fixed := newFilters(t, n, 0, 10)
+	if err := fixed.MergeSnapshot(bytes.NewReader(snap.Bytes()), int64(snap.Len()), nil); !errors.Is(err, ErrSnapshotParams) {
+		t.Fatalf("a growing ring's snapshot into filters that do not grow: %v, want ErrSnapshotParams", err)
+	}
+}
