@@ -57,9 +57,14 @@ const (
 	// second day where the 3.75M-key steady-state calibration of the same
 	// load measured 273,074 (0.877; docs/dedupbench.md, "Scale run").
 	LargeStoreFactor = 0.87
-	// PebbleOffHeapBytes is Pebble's memory outside the Go heap: two 64 MiB
-	// memtables and the 64 MiB block cache.
-	PebbleOffHeapBytes = 3 * 64 << 20
+	// MemtableBytesPerWALByte is the resident memtable memory for each
+	// byte of records its WAL holds: the skiplist's nodes and the arena's
+	// alignment beside the records. An estimate, checked against one run:
+	// `dedupbench plan` of 1e6 IDs/day from a sample of 48-byte business
+	// keys (docs/dedupbench.md, "Plan against run on your own keys") said
+	// 134.2 MiB of peak RSS; `dedupbench run` of that load with its
+	// settings peaked at 138.6 MiB (VmHWM).
+	MemtableBytesPerWALByte = 2
 	// RecycledWALFiles is the number of WAL files Pebble keeps for reuse
 	// once a store has flushed a few memtables (its MemTableStopWritesThreshold
 	// plus one): with the live WAL, half full on average, a running store
@@ -196,6 +201,10 @@ type Calibration struct {
 	// files (Stats.Store.Disk.Other): the manifest and options files,
 	// obsolete SSTs, compactions in progress.
 	WALDiskBytes, FixedDiskBytes float64
+	// ProgramBytes is the calibrating process's resident code and mapped
+	// files (RssFile in /proc/self/status), a stand-in for the consumer's
+	// own program, which the OS counts in its resident memory too.
+	ProgramBytes float64
 	// SharedBytesPerKey is, for a shared tier, what a held key took on
 	// the calibration's server (SharedResult.BytesPerKey: Redis's
 	// used_memory, PostgreSQL's table and index); zero otherwise.
@@ -236,10 +245,14 @@ type Plan struct {
 	BloomBytes                      float64
 	MemoryBytes                     float64 // memory tier at capacity
 	HeapBytes                       float64 // memory + bloom + the engine's fixed heap
-	OffHeapBytes                    float64 // Pebble's memtables and cache
+	OffHeapBytes                    float64 // Pebble's memtables and cache, as resident as this load holds them
+	// ProgramBytes is the program's own resident code and mapped files
+	// (Calibration.ProgramBytes).
+	ProgramBytes float64
 	// MemoryLimitBytes is the GOMEMLIMIT the plan assumes: the heap with
 	// GCHeadroom, rounded up to a MiB. PeakRSSBytes is the process's peak
-	// resident memory with it set (the limit and the off-heap), which the
+	// resident memory with it set (the limit, the off-heap and the
+	// program's code), which the
 	// plan is judged by; PeakRSSNoLimitBytes without it, when the
 	// collector (GOGC=100) lets the heap grow to twice its live size.
 	MemoryLimitBytes, PeakRSSBytes, PeakRSSNoLimitBytes float64
@@ -383,7 +396,6 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 			p.PostgresBytes = p.KeysHeld * p.SharedBytesPerKey
 		}
 	case in.Tiers == engine.Default:
-		p.OffHeapBytes = PebbleOffHeapBytes
 		// The calibration's bytes are per distinct key committed; with a
 		// sliding window they include the refreshes' records (it runs
 		// sliding too), which KeysHeld counts as keys.
@@ -396,6 +408,14 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 			fileKeys = pebble.DefaultMemTableSize / cal.WALBytesPerKey
 		}
 		p.WALFileBytes = cal.WALBytesPerKey * min(fileKeys, p.KeysPerPartition)
+		// Pebble's memory outside the Go heap, as resident as a store of
+		// this load holds it: the mutable memtable and one being flushed
+		// (or kept for reuse), each touched as far as it fills before its
+		// flush (WALFileBytes of records: a partition's, or a full
+		// memtable's), at MemtableBytesPerWALByte; and the block cache
+		// filled up to the SSTs there are to cache. A load that fills them
+		// holds them whole: two memtables and the cache.
+		p.OffHeapBytes = 2*min(pebble.DefaultMemTableSize, MemtableBytesPerWALByte*p.WALFileBytes) + min(pebble.DefaultCacheSize, p.TableBytes)
 		block := 1.1 * pebble.DefaultMemTableSize
 		p.WALBytes = cal.WALDiskBytes * max(1, math.Ceil(p.WALFileBytes/block))
 		if cal.WALDiskBytes == 0 { // no calibration's disk: a block a file
@@ -407,8 +427,9 @@ func MakePlan(in PlanInput, cal Calibration) (Plan, error) {
 		p.DiskBytes = p.BloomBytes // the state file Close writes: the filters
 	}
 	p.MemoryLimitBytes = math.Ceil(p.HeapBytes*GCHeadroom/(1<<20)) * (1 << 20)
-	p.PeakRSSBytes = p.MemoryLimitBytes + p.OffHeapBytes
-	p.PeakRSSNoLimitBytes = 2*p.HeapBytes + p.OffHeapBytes
+	p.ProgramBytes = cal.ProgramBytes
+	p.PeakRSSBytes = p.MemoryLimitBytes + p.OffHeapBytes + p.ProgramBytes
+	p.PeakRSSNoLimitBytes = 2*p.HeapBytes + p.OffHeapBytes + p.ProgramBytes
 	p.Derate = 1
 	if in.Tiers == engine.Default && in.Shared == "" && cal.StoreKeys > 0 && p.KeysHeld > 1.25*float64(cal.StoreKeys) {
 		p.Derate = LargeStoreFactor
@@ -603,6 +624,9 @@ func calibrateShared(ctx context.Context, in PlanInput, cc CalibrateConfig, pl P
 // CalibrationOf takes a calibration from a run's measurements.
 func CalibrationOf(res *Result) Calibration {
 	cal := Calibration{KeysPerSec: res.KeysPerSec, SegmentRates: res.SegmentRates, Keys: res.Measured, Elapsed: res.Elapsed}
+	if b, err := procKB("/proc/self/status", "RssFile:"); err == nil {
+		cal.ProgramBytes = b
+	}
 	st := res.Stats
 	if held := int64(st.Calls.Commits); held > 0 {
 		cal.StoreKeys = held
