@@ -11,6 +11,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier/bloom"
+	"github.com/tierdedup/tierdedup/tier/pebble"
 )
 
 func within(t *testing.T, what string, plan, measured float64) {
@@ -184,7 +185,7 @@ func TestPlanSaysItsSettings(t *testing.T) {
 		t.Fatalf("a 5e8/day plan of %.3g keys a partition: the default ExpectedKeys would do", pl.KeysPerPartition)
 	}
 	if pl.MemoryLimitBytes < pl.HeapBytes*GCHeadroom || pl.MemoryLimitBytes > pl.HeapBytes*GCHeadroom+(1<<20) ||
-		pl.PeakRSSBytes != pl.MemoryLimitBytes+pl.OffHeapBytes || pl.PeakRSSNoLimitBytes != 2*pl.HeapBytes+pl.OffHeapBytes {
+		pl.PeakRSSBytes != pl.MemoryLimitBytes+pl.OffHeapBytes+pl.ProgramBytes || pl.PeakRSSNoLimitBytes != 2*pl.HeapBytes+pl.OffHeapBytes+pl.ProgramBytes {
 		t.Fatalf("memory: heap %v, limit %v, peak %v, without the limit %v", pl.HeapBytes, pl.MemoryLimitBytes, pl.PeakRSSBytes, pl.PeakRSSNoLimitBytes)
 	}
 	// Judged by the peak: a machine whose 80 % holds the live heap and the
@@ -197,5 +198,28 @@ func TestPlanSaysItsSettings(t *testing.T) {
 		if got := memLimit(s); got != want {
 			t.Errorf("memLimit(%v) = %s, want %s", s, got, want)
 		}
+	}
+}
+
+// TestPlanSmallHeapLimit: a small load's GOMEMLIMIT leaves the collector
+// at least GCMinRoomBytes above the live heap (× 1.25 of a 26 MiB heap
+// collected ~700 times a simulated day at 0.6 of the keys/s), and its
+// peak RSS counts the heap at twice its live size, which stays below that
+// limit, with Pebble's memory as full as the load fills it (less than two
+// full memtables and a full cache) and the program's code.
+func TestPlanSmallHeapLimit(t *testing.T) {
+	in := PlanInput{IDsPerDay: 1e6, Window: 24 * time.Hour, Partition: 6 * time.Hour, DupRatio: 0.1, FalsePositive: 0.01, Tiers: engine.Default, MemoryCapacity: 300_000}
+	pl, err := MakePlan(in, Calibration{KeysPerSec: 1000, StoreKeys: 1e6, TableBytesPerKey: 14, WALBytesPerKey: 75, ProgramBytes: 37 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pl.MemoryLimitBytes < pl.HeapBytes+GCMinRoomBytes {
+		t.Fatalf("heap %.1f MiB: GOMEMLIMIT %.1f MiB leaves less than %d MiB", pl.HeapBytes/(1<<20), pl.MemoryLimitBytes/(1<<20), GCMinRoomBytes>>20)
+	}
+	if want := 2*pl.HeapBytes + pl.OffHeapBytes + pl.ProgramBytes; pl.PeakRSSBytes != want || pl.ProgramBytes != 37<<20 {
+		t.Fatalf("peak RSS %.1f MiB, want %.1f (twice the heap, the off-heap, the code)", pl.PeakRSSBytes/(1<<20), want/(1<<20))
+	}
+	if full := float64(2*pebble.DefaultMemTableSize + pebble.DefaultCacheSize); pl.OffHeapBytes >= full || pl.OffHeapBytes <= 0 {
+		t.Fatalf("off-heap %.1f MiB for %.3g keys a partition: want some, below two full memtables and a full cache", pl.OffHeapBytes/(1<<20), pl.KeysPerPartition)
 	}
 }

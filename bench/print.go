@@ -157,8 +157,8 @@ func PrintPlan(w io.Writer, pl Plan) {
 		p("pebble off-heap", "%s (memtables and block cache, as full as this load fills them)", gib(pl.OffHeapBytes))
 	}
 	if pl.PeakRSSBytes > 0 {
-		p("peak RSS", "%s with GOMEMLIMIT=%s (the live heap × %.2f, the collector's room), what the fit is judged by; %s without it (the collector lets the heap grow to twice its live size); both count the program's own code, %s as this calibration's process had it resident",
-			gib(pl.PeakRSSBytes), memLimit(pl.MemoryLimitBytes), GCHeadroom, gib(pl.PeakRSSNoLimitBytes), gib(pl.ProgramBytes))
+		p("peak RSS", "%s with GOMEMLIMIT=%s (the live heap × %.2f, and at least %d MiB above it: the collector's room), what the fit is judged by; %s without it (the collector lets the heap grow to twice its live size); both count the program's own code, %s as this calibration's process had it resident",
+			gib(pl.PeakRSSBytes), memLimit(pl.MemoryLimitBytes), GCHeadroom, GCMinRoomBytes>>20, gib(pl.PeakRSSNoLimitBytes), gib(pl.ProgramBytes))
 	}
 	if o := pl.Options(); o != "" {
 		p("settings", "%s", o)
