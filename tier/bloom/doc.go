@@ -17,7 +17,9 @@
 // encoding of a filter's bits in snapshots; its own layout, a filter per
 // partition probed one after another, read up to 8 × k lines a new key.
 //
-// It owns the filters, their rotation (which clears a dropped partition's
+// It owns the filters, their size (Options.Grow: a ring that starts at about
+// a MiB and doubles as its partitions receive keys, up to the size
+// ExpectedKeys asks for; growth.go), their rotation (which clears a dropped partition's
 // slot before another partition takes it) and their snapshot encoding (all
 // filters, or one partition's, which MergeSnapshot adds to the others). It must never
 // answer "seen": a probe says which partitions may hold a key, and only an
@@ -34,11 +36,16 @@
 // (each add counts itself on its ring, then checks the ring is current). A
 // merge first publishes a marker that makes new adds wait, waits for the
 // others, then copies the words, sets its bits in the copy and publishes it.
+// A growth does the same with a ring twice (or more) as large, every block
+// copied into its children.
 //
 // # Invariants
 //
 //  1. All live filters have the same size and hash count, so one set of
-//     locations serves every partition.
+//     locations serves every partition. A ring grows whole: every block
+//     copied into the blocks that replace it, where every key added before
+//     finds all its bits (a key's block in a ring d times larger is one of
+//     the d copies of its block), so growing never loses a key.
 //  2. Rotation only moves forward: a partition number lower than the newest
 //     seen never drops a filter.
 //  3. A snapshot is loaded whole or not at all: its size, checksum, the
@@ -53,5 +60,8 @@
 //     so none of its bits survive into the slot's next partition.
 //  6. A snapshot's filters are in the layout of its version: a file of
 //     another version (ErrSnapshotVersion) puts a key's bits elsewhere and
-//     is never loaded.
+//     is never loaded. Its size must be one of the ring's steps (the full
+//     size when the ring does not grow): a smaller step is copied up, a
+//     larger one grows the ring first, any other is refused
+//     (ErrSnapshotParams).
 package bloom
