@@ -201,15 +201,24 @@ func safeName(name string) string {
 	return string(b)
 }
 
-func newRedis(t testing.TB, name string) *Storage {
-	srv := redistest.Start(t)
+// redisClient is a go-redis client a Redis configuration's engine uses,
+// and AddHook to put a test's hook on it.
+type redisClient interface {
+	goredis.UniversalClient
+	AddHook(goredis.Hook)
+}
+
+// onRedis is Redis storage under a prefix of its own: client gives each
+// engine its own client (as processes have) with w's options; srv is the
+// single server, nil for a cluster.
+func onRedis(t testing.TB, name string, srv *redistest.Server, client func(w *goredis.Options) redisClient) *Storage {
 	prefix := fmt.Sprintf("%s-%d:", safeName(name), time.Now().UnixNano())
-	age := srv.Client(t)
+	age := client(nil)
 	return &Storage{
 		Redis: srv,
 		Age:   func(ctx context.Context, d time.Duration) error { return AgeRedis(ctx, age, prefix, d) },
 		apply: func(o engine.Options, w Wrap) engine.Options {
-			c := srv.ClientWith(t, w.Redis) // a client per engine, as processes have
+			c := client(w.Redis)
 			if w.RedisHook != nil {
 				c.AddHook(w.RedisHook)
 			}
@@ -219,25 +228,20 @@ func newRedis(t testing.TB, name string) *Storage {
 	}
 }
 
+func newRedis(t testing.TB, name string) *Storage {
+	srv := redistest.Start(t)
+	return onRedis(t, name, srv, func(o *goredis.Options) redisClient { return srv.ClientWith(t, o) })
+}
+
 func newRedisCluster(t testing.TB, name string) *Storage {
 	cl := redistest.StartCluster(t)
-	prefix := fmt.Sprintf("%s-%d:", safeName(name), time.Now().UnixNano())
-	age := cl.Client(t)
-	return &Storage{
-		Age: func(ctx context.Context, d time.Duration) error { return AgeRedis(ctx, age, prefix, d) },
-		apply: func(o engine.Options, w Wrap) engine.Options {
-			var co goredis.ClusterOptions
-			if w.Redis != nil {
-				co.PoolSize, co.MaxRetries, co.ReadTimeout = w.Redis.PoolSize, w.Redis.MaxRetries, w.Redis.ReadTimeout
-			}
-			c := cl.ClientWith(t, &co)
-			if w.RedisHook != nil {
-				c.AddHook(w.RedisHook)
-			}
-			o.Tiers, o.Backend = engine.Default, RedisBackend(c, prefix)
-			return o
-		},
-	}
+	return onRedis(t, name, nil, func(o *goredis.Options) redisClient {
+		var co goredis.ClusterOptions
+		if o != nil {
+			co.PoolSize, co.MaxRetries, co.ReadTimeout = o.PoolSize, o.MaxRetries, o.ReadTimeout
+		}
+		return cl.ClientWith(t, &co)
+	})
 }
 
 func newPostgres(t testing.TB, name string) *Storage {
