@@ -18,20 +18,31 @@ import (
 // Duplicate inside the window, across growth, rotation, snapshots,
 // checkpoints, seals, crashes and reopen with other parameters.
 
-// gaScale returns n, or n/div under -race.
+// gaScale returns n, or n/(4·div) under -race: there the attacks look
+// for data races on a ring of fewer steps, and CI runs them at full size
+// in its pass without -race.
 func gaScale(n, div int) int {
 	if enginetest.RaceEnabled() {
-		return max(1, n/div)
+		return max(1, n/(4*div))
 	}
 	return n
 }
 
+// gaScaleUp returns a growth factor an attack must see: f, or f/2 under
+// -race, whose ring has fewer steps.
+func gaScaleUp(f int) int {
+	if enginetest.RaceEnabled() {
+		return f / 2
+	}
+	return f
+}
+
 // gaExpected is the ExpectedKeys of the growth attacks: the default
-// (seven doublings, the last at ~312k keys a partition), or 2M under
-// -race (four doublings, the last at ~62k).
+// (seven doublings, the last at ~312k keys a partition), or 600k under
+// -race (three doublings, the last at ~19k).
 func gaExpected() int {
 	if enginetest.RaceEnabled() {
-		return 2_000_000
+		return 600_000
 	}
 	return bloom.DefaultExpectedKeys
 }

@@ -94,7 +94,7 @@ func TestGrowthAttackConcurrentGrowth(t *testing.T) {
 		t.Fatal("no check ran during the growth")
 	}
 	grown := e.Stats().Bloom.Bytes
-	if grown < 16*start || start == 0 {
+	if grown < int64(gaScaleUp(16))*start || start == 0 {
 		t.Fatalf("the filters went from %d to %d bytes: no growth to attack", start, grown)
 	}
 	gaAllDuplicate(t, e, l.keys, "after concurrent growth")

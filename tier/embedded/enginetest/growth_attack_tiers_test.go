@@ -342,7 +342,7 @@ func TestGrowthAttackWideWindow(t *testing.T) {
 	}
 	all = append(all, l.keys...)
 	grown := e.Stats().Bloom.Bytes
-	if grown < 8*small {
+	if grown < int64(gaScaleUp(8))*small {
 		t.Fatalf("the ring went from %d to %d bytes: no growth to attack", small, grown)
 	}
 	clock.Add(time.Hour)
