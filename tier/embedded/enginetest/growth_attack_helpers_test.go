@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,30 +19,34 @@ import (
 // Duplicate inside the window, across growth, rotation, snapshots,
 // checkpoints, seals, crashes and reopen with other parameters.
 
-// gaScale returns n, or n/(4·div) under -race: there the attacks look
-// for data races on a ring of fewer steps, and CI runs them at full size
-// in its pass without -race.
+// gaSmall reports the attacks' small size: under -race, and unless
+// TIERDEDUP_GROWTH_FULL is set (then they run at the default
+// ExpectedKeys, seven doublings: 27 s without -race). The small size
+// grows a ring of three doublings through the same code.
+func gaSmall() bool { return enginetest.RaceEnabled() || os.Getenv("TIERDEDUP_GROWTH_FULL") == "" }
+
+// gaScale returns n, or n/(4·div) at the small size.
 func gaScale(n, div int) int {
-	if enginetest.RaceEnabled() {
+	if gaSmall() {
 		return max(1, n/(4*div))
 	}
 	return n
 }
 
-// gaScaleUp returns a growth factor an attack must see: f, or f/2 under
-// -race, whose ring has fewer steps.
+// gaScaleUp returns a growth factor an attack must see: f, or f/2 at the
+// small size, whose ring has fewer steps.
 func gaScaleUp(f int) int {
-	if enginetest.RaceEnabled() {
+	if gaSmall() {
 		return f / 2
 	}
 	return f
 }
 
 // gaExpected is the ExpectedKeys of the growth attacks: the default
-// (seven doublings, the last at ~312k keys a partition), or 600k under
-// -race (three doublings, the last at ~19k).
+// (seven doublings, the last at ~312k keys a partition), or 600k at the
+// small size (three doublings, the last at ~19k).
 func gaExpected() int {
-	if enginetest.RaceEnabled() {
+	if gaSmall() {
 		return 600_000
 	}
 	return bloom.DefaultExpectedKeys
