@@ -46,7 +46,7 @@ type Options struct {
 	// growth.go): ExpectedKeys becomes the ceiling. Only filters whose
 	// snapshots may be refused for their size use it (a cache of an exact
 	// store, which rebuilds them): growing rounds the full size up to a
-	// multiple of its stages, so a snapshot of the same ExpectedKeys
+	// multiple of its steps, so a snapshot of the same ExpectedKeys
 	// written without Grow has other parameters.
 	Grow bool
 }

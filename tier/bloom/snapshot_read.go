@@ -178,7 +178,7 @@ type record struct {
 }
 
 // recordHeadFields is what a record's head says: its partition and add
-// count, and the step of its filter's size (its parameters are checked).
+// count, and its filter's bits (m, one of the steps; its other parameters are checked).
 type recordHeadFields struct {
 	part, adds int64
 	m          uint64

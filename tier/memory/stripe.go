@@ -84,7 +84,7 @@ type stored struct {
 // used: a small table, so an engine holding a few keys costs a few hundred
 // KiB here, not what its capacity would cost full. Past it, memory follows
 // use: the slab and the index grow by growFactor up to the capacity (a
-// quarter of the rehashing that doubling costs), and a table that reaches
+// third of the rehashing that doubling costs), and a table that reaches
 // its capacity holds no slack beyond it.
 const eagerEntries = 1 << 12
 
@@ -112,7 +112,8 @@ func (s *stripe) fullSlab() int { return 1 + s.limit + s.limit/32 + 8 }
 
 // growSlabLocked makes room for one more entry: growFactor times larger up
 // to the full slab, so a stripe that reaches its limit holds no slack
-// beyond it (more claims than the slab holds double it past that).
+// beyond it (more claims than the slab holds grow it growFactor times
+// past that).
 func (s *stripe) growSlabLocked() {
 	if len(s.entries) < cap(s.entries) {
 		return
