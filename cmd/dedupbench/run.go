@@ -24,6 +24,7 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	steps := fs.Int("search-steps", 6, "open-loop runs of a -max-p99 search")
 	warmup := new(int64)
 	countVar(fs, warmup, "warmup", 0, "messages processed (and checked) before the timing starts, as plan's calibration fills its store before it times")
+	every := fs.Duration("every", time.Second, "interval of the series a run records (keys/s, simulated time, disk; in -json and -report)")
 	segments := fs.Int("segments", 1, "split the timed messages into this many parts: keys/s is the median of their rates, as plan's calibration takes it")
 	profile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to the file")
 	dayProfiles := fs.String("cpuprofile-days", "", "write a CPU profile of each simulated day to PREFIXday<N>.pprof (not with -cpuprofile; with -count or -max-p99, each run overwrites the last)")
@@ -50,6 +51,8 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("-keys %d: a run needs at least one message", w.keys)
 	case *warmup < 0 || *warmup >= w.keys || *segments < 1:
 		return fmt.Errorf("-warmup %d must be below -keys %d and -segments %d at least 1", *warmup, w.keys, *segments)
+	case *every < time.Millisecond:
+		return fmt.Errorf("-every %v: the series needs an interval of at least 1ms", *every)
 	case *maxP99 < 0 || *steps < 1:
 		return fmt.Errorf("-max-p99 %v and -search-steps %d must be positive", *maxP99, *steps)
 	case *maxP99 > 0 && *format == "bench":
@@ -63,6 +66,7 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	rc.DayProfiles = *dayProfiles
 	rc.Warmup, rc.Segments = *warmup, *segments
 	rc.Rate = *rate
+	rc.Sample = *every
 	if err := bench.CheckRate(rc.Rate, rc.Batch); err != nil {
 		return err
 	}
