@@ -38,6 +38,8 @@ var commands = []struct{ name, summary, example string }{
 		"plan -ids-per-day 5e8   (-window, -dup, -sample your-ids.txt, -tiers redis|postgres)"},
 	{"compare", "the engine beside Redis SET NX and PostgreSQL, in batches and per message",
 		"compare -keys 1e6   (-redis host:port, -postgres URL)"},
+	{"footprint", "what a default engine costs as it fills: disk (the engine's figure and du), heap, RSS",
+		"footprint -keys 1,1e5,1e6"},
 	{"crash", "the crash table with real processes and SIGKILL (-broker file, kafka or both)",
 		"crash -broker both"},
 	{"recover", "reopening after a kill -9: time until the filters are warm, sealed or rebuilt",
@@ -71,15 +73,15 @@ func help(ctx context.Context, args []string, stdout io.Writer) error {
 				return helpFlags(ctx, c.name, stdout)
 			}
 		}
-		return fmt.Errorf("help: unknown command %q (want run, plan, compare, crash or recover)", args[0])
+		return fmt.Errorf("help: unknown command %q (want run, plan, compare, footprint, crash or recover)", args[0])
 	}
 	fmt.Fprintln(stdout, "dedupbench measures tierdedup on this machine and turns the measurements into a capacity plan.")
 	fmt.Fprintln(stdout, "\nusage: dedupbench [command] [flags]    (dedupbench help command: one command's flags)")
 	fmt.Fprintln(stdout, "\ncommands:")
 	for _, c := range commands {
-		fmt.Fprintf(stdout, "  %-8s %s\n           e.g. dedupbench %s\n", c.name, c.summary, c.example)
+		fmt.Fprintf(stdout, "  %-9s %s\n            e.g. dedupbench %s\n", c.name, c.summary, c.example)
 	}
-	fmt.Fprintln(stdout, "\nEvery command's flags: dedupbench help run (or plan, compare, crash, recover).")
+	fmt.Fprintln(stdout, "\nEvery command's flags: dedupbench help run (or plan, compare, footprint, crash, recover).")
 	return nil
 }
 
@@ -99,6 +101,8 @@ func dispatch(ctx context.Context, cmd string, args []string, stdout, stderr io.
 		return planCmd(ctx, args, stdout, stderr)
 	case "compare":
 		return compareCmd(ctx, args, stdout, stderr)
+	case "footprint":
+		return footprintCmd(ctx, args, stdout, stderr)
 	case "crash":
 		return crashCmd(ctx, args, stdout, stderr)
 	case "crash-child":
@@ -108,7 +112,7 @@ func dispatch(ctx context.Context, cmd string, args []string, stdout, stderr io.
 	case "recover-child":
 		return recoverChildCmd(ctx, args, stdout)
 	default:
-		return fmt.Errorf("unknown command %q (want run, plan, compare, crash or recover)", cmd)
+		return fmt.Errorf("unknown command %q (want run, plan, compare, footprint, crash or recover)", cmd)
 	}
 }
 
