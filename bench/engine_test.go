@@ -2,7 +2,6 @@ package bench_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -13,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2"
 	lru "github.com/hashicorp/golang-lru/v2"
 
 	"github.com/tierdedup/tierdedup/bench"
@@ -137,33 +135,36 @@ func (d lruSet) mark(keys [][]byte, out []engine.Outcome) error {
 }
 func (d lruSet) close() {}
 
-// pebbleGetSet is the durable recipe the default configuration replaces:
-// one Pebble Get per key, a Set for each absent key, one synced batch per
-// call.
-type pebbleGetSet struct{ db *pebble.DB }
+// pebbleMark is a PebbleBaseline as a deduper: with Read, the durable
+// recipe the default configuration replaces (one Get per key, a Set for
+// each absent key, one synced batch per call); without, the synced writes
+// alone.
+type pebbleMark struct{ p *bench.PebbleBaseline }
 
-func (d pebbleGetSet) mark(keys [][]byte, out []engine.Outcome) error {
-	batch := d.db.NewBatch()
-	defer batch.Close()
-	for i, k := range keys {
-		v, closer, err := d.db.Get(k)
-		switch {
-		case err == nil:
-			_ = v
-			closer.Close()
-			out[i] = engine.Duplicate
-		case errors.Is(err, pebble.ErrNotFound):
-			if err := batch.Set(k, []byte{1}, nil); err != nil {
-				return err
-			}
+func (d pebbleMark) mark(keys [][]byte, out []engine.Outcome) error {
+	fresh := make([]bool, len(keys))
+	if err := d.p.Mark(context.Background(), keys, fresh); err != nil {
+		return err
+	}
+	for i, f := range fresh {
+		out[i] = engine.Duplicate
+		if f {
 			out[i] = engine.New
-		default:
-			return err
 		}
 	}
-	return batch.Commit(pebble.Sync)
+	return nil
 }
-func (d pebbleGetSet) close() { _ = d.db.Close() }
+func (d pebbleMark) close() { d.p.Close() }
+
+func pebbleTarget(name string, read bool) target {
+	return target{name, func(b *testing.B) deduper {
+		p, err := bench.OpenPebbleBaseline(bench.PebbleBaselineOptions{Dir: b.TempDir(), Read: read})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return pebbleMark{p}
+	}}
+}
 
 var targets = []target{
 	engineTarget("memory", engine.Options{Tiers: engine.MemoryOnly}),
@@ -177,20 +178,9 @@ var targets = []target{
 	}},
 	engineTarget("bloom", engine.Options{Backend: &embedded.Backend{}, Tiers: engine.BloomOnly}),
 	engineTarget("default", engine.Options{}),
-	{"baseline-pebble-get-set", func(b *testing.B) deduper {
-		db, err := pebble.Open(b.TempDir(), &pebble.Options{Logger: quietPebble{}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		return pebbleGetSet{db}
-	}},
+	pebbleTarget("baseline-pebble-get-set", true),
+	pebbleTarget("baseline-pebble-synced-writes", false),
 }
-
-type quietPebble struct{}
-
-func (quietPebble) Infof(string, ...any)         {}
-func (quietPebble) Errorf(string, ...any)        {}
-func (quietPebble) Fatalf(f string, args ...any) { panic(fmt.Sprintf(f, args...)) }
 
 func BenchmarkMark(b *testing.B) {
 	for _, batch := range []int{1, 256} {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -57,6 +58,29 @@ func baselines(ctx context.Context, rc bench.RunConfig, redisAddr, dsn string, b
 			continue
 		}
 		add(name, b, 1, workers)
+	}
+	if eb, ok := rc.Engine.Backend.(*embedded.Backend); rc.Engine.Tiers == engine.Default && rc.Shared.Tier() == "" && ok {
+		// The store's own write path, in the engine's batches from as many
+		// goroutines: what MarkBatch adds above the writes it makes.
+		workers, batch := rc.Workers, rc.Batch
+		if workers <= 0 {
+			workers = 4 * runtime.GOMAXPROCS(0)
+		}
+		if batch <= 0 {
+			batch = 256
+		}
+		for _, read := range []bool{false, true} {
+			name := "pebble alone, synced batches"
+			if read {
+				name = "pebble alone, Get + synced batches"
+			}
+			p, err := bench.OpenPebbleBaseline(bench.PebbleBaselineOptions{Read: read, NoSync: eb.NoSync, CacheSize: int64(eb.CacheSize)})
+			if err != nil {
+				skip(name, batch, err.Error())
+				continue
+			}
+			add(name, p, batch, workers)
+		}
 	}
 	if redisAddr != "" {
 		c := redisClient(redisAddr, 16)

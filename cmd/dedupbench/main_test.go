@@ -140,6 +140,9 @@ func TestCompareAgainstRedis(t *testing.T) {
 	}{
 		{"batch", "engine memory+bloom+pebble MarkBatch", "64", "3", false},
 		{"batch", "redis SET NX EX pipelined", "256", "4", true},
+		// The store alone, in the engine's batches from as many goroutines.
+		{"batch", "pebble alone, synced batches", "64", "3", true},
+		{"batch", "pebble alone, Get + synced batches", "64", "3", true},
 		{"per message", "engine memory+bloom+pebble Claim + CommitAsync", "1", "1", false},
 		{"per message", "engine memory+bloom+pebble Do", "1", "16", false},
 		{"per message", "redis SET NX EX per message", "1", "1", true},
