@@ -76,7 +76,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.StringVar(&c.pgTable, "postgres-table", "idemproxy", "PostgreSQL table of the keys")
 	fs.StringVar(&c.require, "require", "POST,PATCH", "methods whose requests must carry a key (400 otherwise)")
 	fs.StringVar(&c.methods, "methods", "POST,PUT,PATCH,DELETE", "methods whose keyed requests are deduplicated; others pass through")
-	fs.StringVar(&c.scopeHeader, "scope-header", "", "request header naming the client (an API key, a tenant); keys of two clients never meet. Empty: one client")
+	fs.StringVar(&c.scopeHeader, "scope-header", "Authorization", "request header naming the client, every line of it: keys of two clients never meet. Authorization (the default) scopes by the credential a request carries, and puts requests without one in one anonymous scope; another header (an API key, a tenant) is required, 403 without it. Empty: every client in one scope, only behind a gateway that scopes keys itself")
 	fs.DurationVar(&c.window, "window", 24*time.Hour, "how long a completed request's key is kept and replayed")
 	fs.DurationVar(&c.lease, "lease", 30*time.Second, "a request's claim, extended while the upstream runs; the key of a request whose proxy was killed answers 500 (outcome unknown): at once in the embedded store, after 409s for this long in Redis or PostgreSQL")
 	fs.DurationVar(&c.wait, "wait", 0, "how long a retry of a request in progress waits for its response (0: 409 at once)")
@@ -363,19 +363,15 @@ func (c statsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// scope returns the middleware's Scope for -scope-header: the header's
-// value (the middleware keys by its SHA-256), required when set.
+// scope returns the middleware's Scope for -scope-header: every line of
+// the header (the middleware keys by its SHA-256); Authorization optional
+// (no credential: the anonymous scope), any other header required; none
+// for "".
 func scope(header string) func(*http.Request) (string, error) {
 	if header == "" {
 		return nil
 	}
-	return func(r *http.Request) (string, error) {
-		v := r.Header.Get(header)
-		if v == "" {
-			return "", fmt.Errorf("the %s header names the client and is required", header)
-		}
-		return v, nil
-	}
+	return httpdedup.HeaderScope(header, http.CanonicalHeaderKey(header) != "Authorization")
 }
 
 func split(s string) []string {
