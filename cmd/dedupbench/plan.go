@@ -37,6 +37,9 @@ func planCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if *segments < 1 {
+		return fmt.Errorf("-segments %d: the calibration needs at least one timed part", *segments)
+	}
 	tiers, shared, err := parseTiers(*tiersFlag)
 	if err != nil {
 		return err
@@ -75,8 +78,13 @@ func planCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			store, bench.WorkloadConfig{Shape: shape, Sample: sample}.KeysName(), through, *calKeys)
 	}
 	cal, cres, err := bench.Calibrate(ctx, in, cc)
+	if err == nil {
+		// A calibration cut short measured part of what it times: no plan
+		// from it.
+		err = ctx.Err()
+	}
 	if err != nil {
-		return err
+		return fmt.Errorf("calibration: %w", err)
 	}
 	if err := cres.Exactness(); err != nil {
 		return fmt.Errorf("the calibration run: %w", err) // a plan on a broken engine is worthless
