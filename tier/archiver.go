@@ -116,6 +116,17 @@ type ArchiveStats struct {
 	// keeps up).
 	LogEntries uint64
 	Drainer    bool
+	// DiskBytes is the space the archive's own files take as the OS
+	// allocates them (what du counts of its directory): a files archive
+	// (tier/pebble.ArchiveDir); 0 for one in a server (PostgreSQL: its
+	// table's pg_table_size).
+	DiskBytes uint64
+}
+
+// DiskUser is an Archive whose data lives in local files: DiskBytes is
+// their allocated space.
+type DiskUser interface {
+	DiskBytes() uint64
 }
 
 // ArchiverOpener opens an Archiver of backend behind an exact tier.

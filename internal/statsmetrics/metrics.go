@@ -128,7 +128,7 @@ var Metrics = []Metric{
 	{Name: "archive_drainer", OTel: "tierdedup.archive.drainer", Kind: Gauge, Unit: "1",
 		Help: "1 while this engine holds the drain lease of the shared tier's archive log."},
 	{Name: "disk_bytes", OTel: "tierdedup.disk.usage", Kind: Gauge, Unit: "By", Labels: []string{"kind"},
-		Help: "Disk space of the embedded store's directory as the OS allocates it (what du counts), by kind: total, tables, cold_tables, wal (preallocation included), filters, other."},
+		Help: "Disk space of the embedded store's directory as the OS allocates it (what du counts), by kind: total, tables, cold_tables, wal (preallocation included), filters, other; and archive, the files archive's own directory (not in total)."},
 }
 
 // byName finds a metric of Metrics by its Name.
@@ -251,5 +251,8 @@ func Each(s *engine.Stats, f func(Point)) {
 		}{{"total", d.Total}, {"tables", d.Tables}, {"cold_tables", d.ColdTables}, {"wal", d.WAL}, {"filters", d.Filters}, {"other", d.Other}} {
 			gauge("disk_bytes", float64(p.n), p.kind)
 		}
+	}
+	if a := s.Archive; a != nil && a.DiskBytes > 0 {
+		gauge("disk_bytes", float64(a.DiskBytes), "archive")
 	}
 }

@@ -8,7 +8,11 @@ type Stats = tier.ArchiveStats
 // Stats returns the archive's figures.
 func (a *Archiver) Stats() *Stats {
 	cur := a.c.Current()
-	return &Stats{
+	var disk uint64
+	if d, ok := a.store.(tier.DiskUser); ok {
+		disk = d.DiskBytes()
+	}
+	return &Stats{DiskBytes: disk,
 		Name: a.name, Window: a.c.ArchiveWindow, Held: uint64(max(0, a.held.Load())),
 		Partitions: a.archived.Load(), Keys: a.keys.Load(), Lag: uint64(max(0, cur-a.next.Load())), Failures: a.failures.Load(),
 		Reads: a.reads.Load(), Hits: a.hits.Load(), LagReads: a.lagReads.Load(), FilterBytes: a.filters.Bytes(),

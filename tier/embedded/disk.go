@@ -1,10 +1,8 @@
 package embedded
 
 import (
-	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 
@@ -13,50 +11,15 @@ import (
 )
 
 // allocated walks the store's directory and returns the space its files
-// occupy as the operating system counts it (allocated 512-byte blocks,
-// which du counts), by part. A file that disappears during the walk (a
-// compaction's input, a rotated WAL) is left out; a filesystem that is
-// not the operating system's counts each file's size.
+// occupy as the operating system counts it (pebble.WalkAllocated), by
+// part.
 func allocated(fs vfs.FS, dir string) tier.DirUsage {
 	var u tier.DirUsage
-	if dir == "" {
-		return u
-	}
-	if fs == nil {
-		fs = vfs.Default
-	}
-	var walk func(rel string)
-	walk = func(rel string) {
-		names, err := fs.List(fs.PathJoin(dir, rel))
-		if err != nil {
-			return
-		}
-		for _, n := range names {
-			r := filepath.Join(rel, n)
-			fi, err := fs.Stat(fs.PathJoin(dir, r))
-			if err != nil {
-				continue
-			}
-			if fi.IsDir() {
-				walk(r)
-				continue
-			}
-			n := fileBlocks(fi)
-			u.Total += n
-			*part(&u, r) += n
-		}
-	}
-	walk("")
+	pebble.WalkAllocated(fs, dir, func(rel string, n uint64) {
+		u.Total += n
+		*part(&u, rel) += n
+	})
 	return u
-}
-
-// fileBlocks is a file's allocated space, or its size when the
-// filesystem does not say.
-func fileBlocks(fi os.FileInfo) uint64 {
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return uint64(st.Blocks) * 512
-	}
-	return uint64(max(fi.Size(), 0))
 }
 
 // part returns the figure of u that a file (its path relative to the

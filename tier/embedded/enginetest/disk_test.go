@@ -2,6 +2,7 @@ package enginetest_test
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/enginetest"
 	"github.com/tierdedup/tierdedup/tier/embedded"
+	"github.com/tierdedup/tierdedup/tier/pebble"
 )
 
 // du returns what du counts for dir: the blocks allocated to it, in
@@ -79,5 +81,51 @@ func TestDiskIsWhatTheOSCounts(t *testing.T) {
 	enginetest.WaitFor(t, "the closed partition's seal", func() bool { return e.Stats().Bloom.Sealed > 0 })
 	if d := check("100k keys, a partition sealed"); d.Filters == 0 {
 		t.Fatal("a sealed partition: no filter file counted")
+	}
+}
+
+// TestDiskOfTheArchive: a files archive (pebble.ArchiveDir) lives in a
+// directory of its own; Stats.Archive.DiskBytes is what du counts for it
+// (within 10 %), once partitions have left the window into it, so the
+// store's and the archive's figures together are the engine's whole disk.
+func TestDiskOfTheArchive(t *testing.T) {
+	dir, arch := t.TempDir(), t.TempDir()
+	clock := enginetest.NewClock()
+	e := open(t, engine.Options{Backend: embedded.Dir(dir), Clock: clock, Window: 4 * time.Hour, Partition: time.Hour,
+		ExpectedKeys: 50_000, Archive: pebble.ArchiveDir{Dir: arch}, ArchiveWindow: 48 * time.Hour})
+	defer e.Close()
+	for h := range 8 {
+		markBatches(t, e, fmt.Sprintf("h%d", h), 20)
+		clock.Add(time.Hour)
+	}
+	enginetest.WaitFor(t, "partitions archived", func() bool {
+		a := e.Stats().Archive
+		return a != nil && a.Partitions >= 3 && a.Lag == 0
+	})
+	for try := 1; ; try++ {
+		got, os := e.Stats().Archive.DiskBytes, du(t, arch)
+		t.Logf("archive: Stats %d B, du %d B", got, os)
+		if float64(got) >= 0.9*float64(os) && float64(got) <= 1.1*float64(os) && got > 0 {
+			break
+		}
+		if try == 5 {
+			t.Fatalf("archive: Stats says %d B, du %d B: more than 10 %% apart", got, os)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// markBatches marks batches of 1000 new keys named after prefix.
+func markBatches(t *testing.T, e *engine.Engine, prefix string, batches int) {
+	t.Helper()
+	keys := make([][]byte, 1000)
+	out := make([]engine.Outcome, len(keys))
+	for i := range batches {
+		for j := range keys {
+			keys[j] = fmt.Appendf(keys[j][:0], "%s-%d-%d", prefix, i, j)
+		}
+		if err := e.MarkBatch(context.Background(), keys, nil, out); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
