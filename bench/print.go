@@ -95,8 +95,12 @@ func PrintResult(w io.Writer, r *Result) {
 	}
 	p("partitions dropped", "%d", r.Stats.Store.PartitionsDropped)
 	if a := r.Stats.Archive; a != nil {
-		p("archive", "%s, window %v: %d partitions and %d keys archived, lag %d; %d reads (%.2f%% of claims), %d found, %d reads of unarchived partitions; filter %.1f MiB",
-			a.Name, a.Window, a.Partitions, a.Keys, a.Lag, a.Reads, 100*float64(a.Reads)/float64(max(1, r.Stats.Calls.Claims)), a.Hits, a.LagReads, float64(a.FilterBytes)/(1<<20))
+		disk := ""
+		if a.DiskBytes > 0 {
+			disk = fmt.Sprintf("; disk %.1f MiB (du of its directory)", float64(a.DiskBytes)/(1<<20))
+		}
+		p("archive", "%s, window %v: %d partitions and %d keys archived, lag %d; %d reads (%.2f%% of claims), %d found, %d reads of unarchived partitions; filter %.1f MiB%s",
+			a.Name, a.Window, a.Partitions, a.Keys, a.Lag, a.Reads, 100*float64(a.Reads)/float64(max(1, r.Stats.Calls.Claims)), a.Hits, a.LagReads, float64(a.FilterBytes)/(1<<20), disk)
 	}
 	if len(r.PerDay) > 1 {
 		var days []string
