@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -718,6 +719,23 @@ func TestSampleFlag(t *testing.T) {
 	} {
 		if err := run(context.Background(), args, &bytes.Buffer{}, &bytes.Buffer{}); !errors.Is(err, bench.ErrSample) && !errors.Is(err, bench.ErrConfig) {
 			t.Errorf("%v: %v", args, err)
+		}
+	}
+}
+
+// TestPlanErrorsNameTheirFlags: a plan input refused before its
+// calibration names the flag it came from, not the field it fills.
+func TestPlanErrorsNameTheirFlags(t *testing.T) {
+	for flag, args := range map[string][]string{
+		"-ids-per-day": {"-ids-per-day", "0"},
+		"-dup":         {"-dup", "1.5"},
+		"-fp":          {"-fp", "2"},
+		"-window":      {"-window", "0"},
+		"-segments":    {"-segments", "0"},
+	} {
+		err := run(context.Background(), append([]string{"plan"}, args...), io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), flag) {
+			t.Errorf("plan %v: %v, want an error naming %s", args, err, flag)
 		}
 	}
 }

@@ -2,13 +2,29 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/tierdedup/tierdedup/bench"
 )
+
+// planFlags names, in a plan input's errors, the flag each field comes
+// from (the longer names first: ArchiveWindow before Window).
+var planFlags = flagNames{strings.NewReplacer(
+	"IDsPerDay", "-ids-per-day", "DupRatio", "-dup", "DupReach", "-reach", "FalsePositive", "-fp",
+	"ArchiveWindow", "-archive-window", "Window", "-window", "Partition", "-partition",
+	"MemoryCapacity", "-memory", "KeySize", "-key-size", "Sliding", "-sliding",
+	"partitioning: window ", "partitioning: -window ", " and partition ", " and -partition ")}
+
+// flagNames rewrites an error's field names as the flags they come from.
+type flagNames struct{ r *strings.Replacer }
+
+// Replace returns msg with its field names replaced, as an error.
+func (f flagNames) Replace(msg string) error { return errors.New(f.r.Replace(msg)) }
 
 func planCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
@@ -55,7 +71,7 @@ func planCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	in := bench.PlanInput{IDsPerDay: *ids, Window: *window, Partition: *partition, DupRatio: *dup, DupReach: *reach,
 		Shape: shape, KeySize: *keySize, Sample: sample, FalsePositive: *fp, Tiers: tiers, MemoryCapacity: *memCap, ArchiveWindow: *archiveWindow, Shared: shared, Sliding: *sliding}
 	if _, err := bench.MakePlan(in, bench.Calibration{}); err != nil {
-		return err // before the calibration's minutes
+		return planFlags.Replace(err.Error()) // before the calibration's minutes
 	}
 	srv, closeShared, err := sf.connect(ctx, shared)
 	if err != nil {
