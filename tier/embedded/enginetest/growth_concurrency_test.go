@@ -237,7 +237,7 @@ func faLeftover() []string {
 	buf = buf[:runtime.Stack(buf, true)]
 	var left []string
 	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, "attack43") || strings.Contains(g, "testing.tRunner") || strings.Contains(g, "testing.(*T).Run") {
+		if strings.Contains(g, "growth_concurrency_test") || strings.Contains(g, "testing.tRunner") || strings.Contains(g, "testing.(*T).Run") {
 			continue
 		}
 		if strings.Contains(g, "tierdedup/tierdedup/") || strings.Contains(g, "cockroachdb/pebble") || strings.Contains(g, "runtime/debug.FreeOSMemory") {
