@@ -300,6 +300,11 @@ type Claim struct {
 	// the digest it found committed: a repeat of the key in the batch
 	// compares its own with it.
 	digest Digest
+	// refreshAt, when not zero, is the arrival time of a MarkBatch's
+	// duplicate in a sliding namespace whose refresh is written with the
+	// batch's commits (deferRefresh); its memory claim (token) is held
+	// until then. refreshFrom is the partition its record was found in.
+	refreshAt, refreshFrom int64
 }
 
 // firstToken is the counter of the oldest token the key's calls sent

@@ -121,13 +121,17 @@ func (e *Engine) commitSpans(ctx context.Context, claims []Claim, errs []error, 
 	defer e.putBatch(b)
 	b.owned(e, claims, !p.marks()) // MarkBatch holds its claims itself: no caller could change their keys
 	m = len(b.cand)
+	var rf *refreshes
+	if p == forMark {
+		// MarkBatch's sliding duplicates: re-committed in this write.
+		rf = e.pinRefreshes(claims, now)
+	}
 	if m == 0 {
 		// No claim was New (all duplicates, say), but the callers' records
-		// (a consumed offset) must still land.
-		if writes := b.spanWrites(spans, nil, nil); len(writes) > 0 {
-			if err := e.writer.CommitWith(ctx, e.parts.Of(now), nil, writes, nil); err != nil {
-				e.stats.errors.Add(1)
-				return 0, 0, e.tierError(err)
+		// (a consumed offset) and the refreshes must still land.
+		if writes := b.spanWrites(spans, nil, nil); len(writes) > 0 || rf != nil {
+			if err := e.writeAlone(ctx, claims, writes, rf, now); err != nil {
+				return 0, 0, err
 			}
 		}
 		return 0, 0, nil
@@ -158,17 +162,16 @@ func (e *Engine) commitSpans(ctx context.Context, claims []Claim, errs []error, 
 	writes := b.spanWrites(spans, news, kept)
 	switch {
 	case k > 0:
-		fenced, err := e.durable(ctx, commitCall{claims, errs, writes, p}, b, k, now)
+		fenced, err := e.durable(ctx, commitCall{claims, errs, writes, p, rf}, b, k, now)
 		lost += fenced
 		if err != nil {
 			return lost, m, err
 		}
-	case len(writes) > 0:
+	case len(writes) > 0 || rf != nil:
 		// Every New claim lost its lease, but spans without New claims
-		// have records to write.
-		if err := e.writer.CommitWith(ctx, e.parts.Of(now), nil, writes, nil); err != nil {
-			e.stats.errors.Add(1)
-			return lost, m, e.tierError(err)
+		// have records to write, or refreshes are due.
+		if err := e.writeAlone(ctx, claims, writes, rf, now); err != nil {
+			return lost, m, err
 		}
 	}
 	if lost > 0 {
@@ -218,6 +221,45 @@ type commitCall struct {
 	errs   []error
 	writes []Write
 	p      purpose
+	// refresh is MarkBatch's pinned sliding refreshes, written in the
+	// same durable write (nil: none).
+	refresh *refreshes
+}
+
+// writeAlone writes, with no New claim to commit, the callers' records and
+// the pinned refreshes (either may be empty) in one durable write (the
+// filter first, as for every record), then settles the refreshes.
+func (e *Engine) writeAlone(ctx context.Context, claims []Claim, writes []Write, rf *refreshes, now int64) error {
+	part := e.parts.Of(now)
+	var reqs []tier.Request
+	var st []tier.Status
+	if rf != nil {
+		e.counts.RLock() // ordered against Forgets, as commits are
+		defer e.counts.RUnlock()
+		if h := hooks.BeforeDurable.Load(); h != nil {
+			(*h)()
+		}
+		if e.local != nil {
+			if fps := rf.filterAdds(part); len(fps) > 0 {
+				e.local.Add(fps, part)
+			}
+		}
+		reqs, st = rf.reqs, make([]tier.Status, len(rf.reqs))
+	}
+	var err error
+	if len(writes) > 0 {
+		err = e.writer.CommitWith(ctx, part, reqs, writes, st)
+	} else {
+		err = e.exact.Commit(ctx, part, reqs, st)
+	}
+	if rf != nil {
+		rf.finish(e, claims, err == nil)
+	}
+	if err != nil {
+		e.stats.errors.Add(1)
+		return e.tierError(err)
+	}
+	return nil
 }
 
 // durable makes the first k claims of b.cand durable (the filter first,
@@ -245,9 +287,9 @@ func (e *Engine) durable(ctx context.Context, call commitCall, b *batch, k int, 
 	for j := range ok {
 		ok[j] = true
 	}
-	if e.where == tier.ClaimsInEngine && e.maxAttempts > 0 {
+	if e.where == tier.ClaimsInEngine && (e.maxAttempts > 0 || call.refresh != nil) {
 		// No release's attempt count lands after this commit and erases
-		// it (see Engine.counts).
+		// it (see Engine.counts); a refresh is ordered against Forgets.
 		e.counts.RLock()
 		defer e.counts.RUnlock()
 	}
@@ -259,6 +301,11 @@ func (e *Engine) durable(ctx context.Context, call commitCall, b *batch, k int, 
 		// Before the durable write: the filters must have seen every key
 		// the store holds.
 		e.local.Add(cfps, part)
+		if call.refresh != nil {
+			if fps := call.refresh.filterAdds(part); len(fps) > 0 {
+				e.local.Add(fps, part)
+			}
+		}
 		if e.exact == nil {
 			// Bloom-only: nothing measures its false positives; the
 			// formula, from the filter's keys, warns of an overfull one.
@@ -270,7 +317,10 @@ func (e *Engine) durable(ctx context.Context, call commitCall, b *batch, k int, 
 	if e.exact != nil {
 		if fenced, err = e.writeCommits(ctx, call, b, k, now, part); err != nil {
 			// The claims go back to their leased state, and every one
-			// gets the error.
+			// gets the error; the refreshes' claims are dropped.
+			if call.refresh != nil {
+				call.refresh.finish(e, claims, false)
+			}
 			clear(ok)
 			e.mem.Finish(cfps, ctokens, ok, 0, digests)
 			e.stats.errors.Add(1)
@@ -283,6 +333,9 @@ func (e *Engine) durable(ctx context.Context, call commitCall, b *batch, k int, 
 		}
 	}
 	e.settleCommits(b, k, expires, results, now)
+	if call.refresh != nil {
+		call.refresh.finish(e, claims, true)
+	}
 	return fenced, nil
 }
 
@@ -308,12 +361,18 @@ func (e *Engine) writeCommits(ctx context.Context, call commitCall, b *batch, k 
 			reqs[j].Archive = e.arch != nil && c.ns.archiveWindow > 0
 		}
 	}
+	if r := call.refresh; r != nil {
+		// MarkBatch's refreshes, in the same write: the claims hold
+		// distinct keys, so the batch's buffers have room for them.
+		reqs, st = append(reqs, r.reqs...), b.st[:k+len(r.reqs)]
+	}
 	if len(call.writes) > 0 {
 		err = e.writer.CommitWith(ctx, part, reqs, call.writes, st)
 	} else {
 		err = e.exact.Commit(ctx, part, reqs, st)
 	}
 	clear(reqs) // drop references to the caller's keys
+	st = st[:k]
 	if err != nil {
 		// A shared tier may or may not have applied the commits: the
 		// claims stay, so a redelivery finds either the commit or the

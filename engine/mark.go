@@ -1,11 +1,12 @@
 package engine
 
 import (
-	"github.com/tierdedup/tierdedup/tier"
-
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/tierdedup/tierdedup/internal/hooks"
+	"github.com/tierdedup/tierdedup/tier"
 )
 
 // MarkIfAbsent marks key in the default namespace; see
@@ -64,6 +65,9 @@ func (n *Namespace) MarkBatch(ctx context.Context, keys [][]byte, digests []Dige
 	if err := n.e.claim(ctx, n, keys, digests, claims, p); err != nil {
 		return err
 	}
+	if h := hooks.MarkBeforeCommit.Load(); h != nil {
+		(*h)()
+	}
 	if p == forMarkInTier {
 		clear(errs)
 	} else if err := n.e.commitMarks(ctx, claims, errs); err != nil && !errors.Is(err, ErrLeaseLost) {
@@ -75,6 +79,9 @@ func (n *Namespace) MarkBatch(ctx context.Context, keys [][]byte, digests []Dige
 			err = errors.Join(err, fmt.Errorf("giving the claims back: %w", rerr))
 		}
 		cancel()
+		// Sliding duplicates whose refresh no write carried: their claims
+		// go too (those the failed write carried are gone already).
+		n.e.dropRefreshes(claims)
 		return err
 	}
 	for i := range claims {

@@ -84,7 +84,13 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 			e.observeFilters(b, oldest, now)
 		}
 		if err == nil && ns.sliding {
-			err = e.refresh(ctx, b, ns, out, d, now)
+			if p == forMark {
+				// Written with the batch's commits, in their durable
+				// write, before MarkBatch answers (deferRefresh).
+				e.deferRefresh(b, out, d, now)
+			} else {
+				err = e.refresh(ctx, b, ns, out, d, now)
+			}
 		}
 		if err == nil && e.arch != nil {
 			err = e.resolveArchive(ctx, b, ns, out, d, c, now)

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/tierdedup/tierdedup/internal/hooks"
+	"github.com/tierdedup/tierdedup/tier/memory"
 
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
@@ -76,4 +77,145 @@ func (e *Engine) touch(b *batch, ns *Namespace, n int, now int64) {
 		// refreshes.
 		e.stats.refreshes.Add(uint64(e.mem.Touch(fps, now, now+ns.cacheFor)))
 	}
+}
+
+// deferRefresh is refresh for MarkBatch: the re-commits are written in the
+// same durable write as the batch's New keys (commitSpans), so a batch
+// pays one sync, not two. Each refreshed candidate keeps its memory claim
+// (Keep) until that write: no other call of this process decides the key
+// meanwhile, as with refresh, and MarkBatch answers only once the write is
+// durable. The claim is then settled as a commit made at arrival (or
+// dropped, if the write failed; MarkBatch then fails as a whole).
+func (e *Engine) deferRefresh(b *batch, out []Claim, d decision, now int64) {
+	for q, j := range b.qidx {
+		if !d.slide[j] {
+			continue
+		}
+		i := b.cand[j]
+		out[i].refreshAt, out[i].refreshFrom = now, b.ans[q].Partition
+		if out[i].CommittedAt != 0 {
+			out[i].CommittedAt = now // the record it answers from, once MarkBatch returns
+		}
+		d.actions[j] = memory.Keep
+	}
+}
+
+// refreshes is a MarkBatch's deferred refreshes (deferRefresh) that still
+// hold their memory claims, pinned for the write that carries them.
+type refreshes struct {
+	idx    []int // the claims' indices
+	fps    []shard.Fingerprint
+	tokens []uint64
+	reqs   []tier.Request
+	from   []int64 // the partition each key's record was found in
+}
+
+// filterAdds returns the fingerprints the filter of partition part must
+// add: those whose record is in an older partition (the current one's
+// filter holds a key whose record is in it already; each add counts in
+// its keys).
+func (r *refreshes) filterAdds(part int64) []shard.Fingerprint {
+	var fps []shard.Fingerprint
+	for j, p := range r.from {
+		if p < part {
+			fps = append(fps, r.fps[j])
+		}
+	}
+	return fps
+}
+
+// pinRefreshes pins the memory claims of claims' deferred refreshes
+// (memory.Table.Begin) and returns those still held. A claim whose lease
+// ended meanwhile is left out: its refresh is not written (another call
+// may own the key now, and a late re-commit could undo its Forget); its
+// Duplicate stands, decided while the claim was held.
+func (e *Engine) pinRefreshes(claims []Claim, now int64) *refreshes {
+	var r *refreshes
+	for i := range claims {
+		if claims[i].refreshAt == 0 {
+			continue
+		}
+		if r == nil {
+			r = &refreshes{}
+		}
+		r.idx = append(r.idx, i)
+		r.fps = append(r.fps, claims[i].fp)
+		r.tokens = append(r.tokens, claims[i].token)
+	}
+	if r == nil {
+		return nil
+	}
+	st := make([]tier.Status, len(r.idx))
+	e.mem.Begin(r.fps, r.tokens, now, st)
+	k := 0
+	for j, i := range r.idx {
+		if st[j] != tier.OK {
+			continue
+		}
+		c := &claims[i]
+		r.idx[k], r.fps[k], r.tokens[k] = i, r.fps[j], r.tokens[j]
+		r.from = append(r.from, c.refreshFrom)
+		// Dated at arrival: every judge of a commit's age (a namespace
+		// window, one added later, the archive) counts from it.
+		r.reqs = append(r.reqs, tier.Request{NS: c.ns.name, Key: c.Key, Digest: c.digest, Result: c.Result, At: c.refreshAt})
+		k++
+	}
+	r.idx, r.fps, r.tokens = r.idx[:k], r.fps[:k], r.tokens[:k]
+	if k == 0 {
+		return nil
+	}
+	return r
+}
+
+// finish ends the pinned refreshes once their write is known: written,
+// each claim becomes a committed entry, as a commit made at its arrival;
+// not written, each claim is dropped (the call fails, and answers
+// nothing). It clears the requests' references to the caller's keys.
+func (r *refreshes) finish(e *Engine, claims []Claim, written bool) {
+	n := len(r.idx)
+	ok := make([]bool, n)
+	expires := make([]int64, n)
+	digests := make([]tier.Digest, n)
+	var results [][]byte
+	for j, i := range r.idx {
+		c := &claims[i]
+		ok[j], expires[j], digests[j] = written, c.ns.cacheUntil(c.refreshAt), c.digest
+		if len(c.Result) > 0 {
+			if results == nil {
+				results = make([][]byte, n)
+			}
+			results[j] = c.Result
+		}
+	}
+	e.mem.FinishResults(r.fps, r.tokens, ok, expires, digests, results, claims[r.idx[0]].refreshAt)
+	if !written {
+		actions := make([]memory.Action, n)
+		for j := range actions {
+			actions[j] = memory.Drop
+		}
+		e.mem.Settle(r.fps, r.tokens, actions, expires, digests, nil)
+	} else {
+		e.stats.refreshes.Add(uint64(n))
+	}
+	clear(r.reqs)
+}
+
+// dropRefreshes gives back the memory claims of claims' deferred refreshes
+// that no write carried (MarkBatch failed before its commit).
+func (e *Engine) dropRefreshes(claims []Claim) {
+	var fps []shard.Fingerprint
+	var tokens []uint64
+	for i := range claims {
+		if claims[i].refreshAt != 0 {
+			fps, tokens = append(fps, claims[i].fp), append(tokens, claims[i].token)
+		}
+	}
+	if len(fps) == 0 {
+		return
+	}
+	actions := make([]memory.Action, len(fps))
+	for j := range actions {
+		actions[j] = memory.Drop
+	}
+	e.mem.Settle(fps, tokens, actions, make([]int64, len(fps)), make([]tier.Digest, len(fps)), nil)
 }

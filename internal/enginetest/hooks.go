@@ -20,6 +20,10 @@ func SetRebuildGate(gate chan struct{}) {
 // is read and before anything is written; nil removes it.
 func SetBeforeDurable(fn func()) { setHook(&hooks.BeforeDurable, fn) }
 
+// SetMarkBeforeCommit sets (nil: clears) the hook MarkBatch runs between
+// its claim and its commit.
+func SetMarkBeforeCommit(fn func()) { setHook(&hooks.MarkBeforeCommit, fn) }
+
 // SetNoRestore makes every Open after an unclean shutdown rebuild the open
 // partitions' filters by a scan, ignoring the checkpoint and the journal
 // (the path taken when they are damaged).

@@ -34,3 +34,8 @@ var InArchive atomic.Pointer[func(stage string)]
 // (commits, attempt counts, refreshes) after its time is read and before
 // anything is written, so a test can hold one there.
 var BeforeDurable atomic.Pointer[func()]
+
+// MarkBeforeCommit, when set, runs in MarkBatch between its claim (the
+// keys decided, their memory claims held) and its commit, so a test can
+// hold a mark there while leases end.
+var MarkBeforeCommit atomic.Pointer[func()]
