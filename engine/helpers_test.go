@@ -22,9 +22,10 @@ const day = 24 * time.Hour
 // crashtest.Start for a crash or multi-process test) to its code.
 func TestMain(m *testing.M) {
 	crashtest.Main(m, map[string]func(spec string) int{
-		"crash":   enginetest.CrashChild, // TestMatrixKilledChildReopen
-		"nilctx":  nilContextChild,       // TestCommitNilContext
-		"durable": durableChild,          // TestDurableClaimsSurviveSIGKILL
+		"crash":      enginetest.CrashChild,                                  // TestMatrixKilledChildReopen
+		"nilctx":     nilContextChild,                                        // TestCommitNilContext
+		"durable":    durableChild,                                           // TestDurableClaimsSurviveSIGKILL
+		"slidecrash": func(spec string) int { return slideCrashChild(spec) }, // TestSlidingRefreshSurvivesKill
 	})
 }
 

@@ -1,14 +1,22 @@
 package engine_test
 
 import (
+	"bufio"
 	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/crashtest"
 	"github.com/tierdedup/tierdedup/internal/enginetest"
 	"github.com/tierdedup/tierdedup/tier/embedded"
 )
@@ -134,5 +142,127 @@ func TestSlidingRefreshNotWrittenAfterItsLease(t *testing.T) {
 		if g, err := e.MarkIfAbsent(ctx, []byte(k)); g != engine.New || err != nil {
 			t.Errorf("%q marked again: %v %v, want New (no claim left behind)", k, g, err)
 		}
+	}
+}
+
+// slideCrashChild marks batches of a sliding namespace in dir (the spec)
+// on a clock that moves a minute a batch: each batch holds new keys and
+// re-sends of keys first sent 5 minutes to 3.6 hours before (refreshes
+// in later partitions, with the 4-hour window and hourly partitions of
+// TestSlidingRefreshSurvivesKill), and prints, once MarkBatch returned,
+// "A <unix nanos> <outcome> <key>" for each of its keys, until killed.
+func slideCrashChild(dir string) int {
+	clock := enginetest.ClockAt(time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC))
+	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(dir), Window: slideWindow, Partition: slidePart, ExpectedKeys: 100_000,
+		Clock: clock, Namespaces: map[string]engine.NamespaceOptions{"": {Sliding: true}}})
+	if err != nil {
+		fmt.Println("ERR", err)
+		return 1
+	}
+	ctx := context.Background()
+	var sent [][]byte
+	out := make([]engine.Outcome, 24)
+	w := bufio.NewWriter(os.Stdout)
+	for b := 0; ; b++ {
+		keys := make([][]byte, 0, 24)
+		for j := range 16 {
+			keys = append(keys, fmt.Appendf(nil, "k-%d-%d", b, j))
+		}
+		for j := range 8 {
+			if back := 5 + (b*7+j*31)%210; back <= b {
+				keys = append(keys, sent[(b-back)*16+(b+j)%16])
+			}
+		}
+		if err := e.MarkBatch(ctx, keys, nil, out[:len(keys)]); err != nil {
+			fmt.Println("ERR", err)
+			return 1
+		}
+		at := clock.Now().UnixNano()
+		for i, k := range keys {
+			fmt.Fprintf(w, "A %d %d %s\n", at, out[i], k)
+		}
+		w.Flush()
+		sent = append(sent, keys[:16]...)
+		clock.Add(time.Minute)
+	}
+}
+
+// TestSlidingRefreshSurvivesKill: a process marking batches of new keys
+// and refreshing re-sends (slideCrashChild, its refreshes riding in its
+// batches' commits) is killed with SIGKILL at a random batch, three
+// times; the parent reopens the store an hour and a half (simulated)
+// after the last batch and looks up every key: each key whose last
+// acknowledged arrival (New or Duplicate) is less than a window before
+// is Duplicate. A refresh lost with the kill shows as a key re-sent
+// recently, first sent more than a window ago, answered New.
+func TestSlidingRefreshSurvivesKill(t *testing.T) {
+	for round := range 3 {
+		dir := t.TempDir()
+		child := crashtest.Start(t, "slidecrash", dir, &crashtest.Options{Timeout: time.Minute})
+		first, last := map[string]int64{}, map[string]int64{}
+		var latest int64
+		limit := 3000 + rand.IntN(9000)
+		lines := 0
+		for {
+			line, ok := child.Next()
+			if !ok {
+				break
+			}
+			f := strings.Fields(line)
+			if len(f) > 0 && f[0] == "ERR" {
+				t.Fatalf("child: %s", line)
+			}
+			if len(f) != 4 || f[0] != "A" {
+				continue
+			}
+			at, _ := strconv.ParseInt(f[1], 10, 64)
+			o, _ := strconv.Atoi(f[2])
+			if engine.Outcome(o) == engine.New || engine.Outcome(o) == engine.Duplicate {
+				last[f[3]] = max(last[f[3]], at)
+				if _, ok := first[f[3]]; !ok {
+					first[f[3]] = at
+				}
+			}
+			latest = max(latest, at)
+			if lines++; lines == limit {
+				child.Signal(syscall.SIGKILL)
+			}
+		}
+		_ = child.Wait()
+		if lines < limit {
+			t.Fatalf("round %d: the child printed %d lines before it ended\n%s", round, lines, child.Describe())
+		}
+		check := time.Unix(0, latest).Add(90 * time.Minute)
+		e := open(t, engine.Options{Backend: embedded.Dir(dir), Window: slideWindow, Partition: slidePart, ExpectedKeys: 100_000,
+			Clock: enginetest.ClockAt(check), Namespaces: map[string]engine.NamespaceOptions{"": {Sliding: true}}})
+		var keys [][]byte
+		refreshed := 0 // kept alive by a refresh alone: first sent more than a window before the check
+		for k, at := range last {
+			if check.Before(time.Unix(0, at).Add(slideWindow)) {
+				keys = append(keys, []byte(k))
+				if !check.Before(time.Unix(0, first[k]).Add(slideWindow + slidePart)) {
+					refreshed++
+				}
+			}
+		}
+		if refreshed == 0 {
+			t.Fatalf("round %d: no key checked depends on a refresh", round)
+		}
+		info := make([]engine.KeyInfo, len(keys))
+		if err := e.LookupBatch(context.Background(), keys, info); err != nil {
+			t.Fatal(err)
+		}
+		bad := 0
+		for i, in := range info {
+			if in.Outcome != engine.Duplicate {
+				if bad++; bad <= 5 {
+					t.Errorf("round %d: %s, last acknowledged %v before the check, is %v, want Duplicate",
+						round, keys[i], check.Sub(time.Unix(0, last[string(keys[i])])), in.Outcome)
+				}
+			}
+		}
+		t.Logf("round %d: killed after %d lines; %d keys inside their window checked (%d alive by a refresh alone), %d not Duplicate",
+			round, lines, len(keys), refreshed, bad)
+		e.Close()
 	}
 }
