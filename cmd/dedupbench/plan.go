@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -23,8 +22,18 @@ var planFlags = flagNames{strings.NewReplacer(
 // flagNames rewrites an error's field names as the flags they come from.
 type flagNames struct{ r *strings.Replacer }
 
-// Replace returns msg with its field names replaced, as an error.
-func (f flagNames) Replace(msg string) error { return errors.New(f.r.Replace(msg)) }
+// Replace returns err with its field names replaced in its text; it
+// still matches what err matched (errors.Is).
+func (f flagNames) Replace(err error) error { return flagError{f.r.Replace(err.Error()), err} }
+
+// flagError is an error whose text names flags, wrapping the original.
+type flagError struct {
+	msg string
+	err error
+}
+
+func (e flagError) Error() string { return e.msg }
+func (e flagError) Unwrap() error { return e.err }
 
 func planCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
@@ -71,7 +80,7 @@ func planCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	in := bench.PlanInput{IDsPerDay: *ids, Window: *window, Partition: *partition, DupRatio: *dup, DupReach: *reach,
 		Shape: shape, KeySize: *keySize, Sample: sample, FalsePositive: *fp, Tiers: tiers, MemoryCapacity: *memCap, ArchiveWindow: *archiveWindow, Shared: shared, Sliding: *sliding}
 	if _, err := bench.MakePlan(in, bench.Calibration{}); err != nil {
-		return planFlags.Replace(err.Error()) // before the calibration's minutes
+		return planFlags.Replace(err) // before the calibration's minutes
 	}
 	srv, closeShared, err := sf.connect(ctx, shared)
 	if err != nil {

@@ -47,7 +47,8 @@ func MarkIn(t testing.TB, e *engine.Engine, ns, key string) engine.Outcome {
 // CrashFS is a crashable in-memory filesystem whose Link fails, so Pebble
 // copies instead (vfs.LinkOrCopy): Pebble's crashable MemFS takes its
 // clone lock twice in Link, and a CrashClone waiting between the two
-// deadlocks both, which an ingest of a moved partition would hit.
+// deadlocks both, which an ingest of a moved partition would hit. Its
+// ReuseForWrite avoids the same in MemFS's.
 type CrashFS struct{ *vfs.MemFS }
 
 // NewCrashFS returns an empty CrashFS.
@@ -56,6 +57,19 @@ func NewCrashFS() CrashFS { return CrashFS{vfs.NewCrashableMem()} }
 // Link refuses, so the caller copies.
 func (CrashFS) Link(oldname, newname string) error {
 	return errors.New("crashFS: no hard links")
+}
+
+// ReuseForWrite is MemFS.ReuseForWrite without its clone lock taken
+// twice: MemFS's takes it, then calls Rename, which takes it again, and a
+// CrashClone waiting between the two deadlocks all three (a WAL recycled
+// while a test clones the filesystem every few milliseconds did, in
+// TestArchiveAttackCrashWhileArchiving). A clone between the rename and
+// the open is a crash between them, a state a disk can be in.
+func (f CrashFS) ReuseForWrite(oldname, newname string, c vfs.DiskWriteCategory) (vfs.File, error) {
+	if err := f.MemFS.Rename(oldname, newname); err != nil {
+		return nil, err
+	}
+	return f.MemFS.OpenReadWrite(newname, c)
 }
 
 // CrashClone is MemFS.CrashClone, wrapped.
