@@ -240,7 +240,7 @@ type Plan struct {
 	// rotation), the window's keys for Redis (each expires by its TTL).
 	KeysPerPartition, KeysHeld float64
 	// RefreshesPerDay are the refreshing duplicates of a sliding window
-	// (PlanInput.Sliding), each a write: counted in KeysPerPartition and
+	// (PlanInput.Sliding), each a record: counted in KeysPerPartition and
 	// so in the filters and the disk; its cost in keys/s is the
 	// calibration's, which runs with the window sliding.
 	RefreshesPerDay float64

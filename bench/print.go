@@ -65,7 +65,7 @@ func PrintResult(w io.Writer, r *Result) {
 		p("bloom false positives", "%.4f%% measured vs %.4f%% configured (whole window)", 100*r.BloomFPMeasured, 100*r.BloomFPConfigured)
 	}
 	if n := r.Stats.Calls.Refreshes; n > 0 {
-		p("sliding window", "%d duplicates refreshed their key, each a write", n)
+		p("sliding window", "%d duplicates refreshed their key, each a record (in MarkBatch, written with its batch's commits)", n)
 	}
 	if s := r.Shared; s != nil {
 		fate := "deleted after the run"
@@ -143,7 +143,7 @@ func PrintPlan(w io.Writer, pl Plan) {
 	p("load", "%.0f IDs/day, %.0f%% duplicates, %s keys of %.0f bytes, window %v in %d partitions of %v", in.IDsPerDay, 100*in.DupRatio, WorkloadConfig{Shape: in.Shape, Sample: in.Sample}.KeysName(), pl.KeyBytes, in.Window, pl.Live, in.Partition)
 	p("keys held", "%.3g per partition, %.3g at most in the durable tier", pl.KeysPerPartition, pl.KeysHeld)
 	if in.Sliding {
-		p("sliding window", "%.3g refreshes/day (%.0f%% of duplicates land in a later partition than their key's commit): each a write, counted in the keys per partition", pl.RefreshesPerDay, 100*pl.RefreshesPerDay/max(in.IDsPerDay*in.DupRatio, 1))
+		p("sliding window", "%.3g refreshes/day (%.0f%% of duplicates land in a later partition than their key's commit): each a record, counted in the keys per partition", pl.RefreshesPerDay, 100*pl.RefreshesPerDay/max(in.IDsPerDay*in.DupRatio, 1))
 	}
 	if pl.BloomBytes > 0 {
 		p("bloom", "%.1f bits/key, k=%d, %.4f%% per partition, %.4f%% over the window: %s for %d filters",
