@@ -59,7 +59,7 @@ type CallStats struct {
 	// or attempt count Forget removed.
 	Lookups, Forgets uint64
 	// Refreshes counts the duplicates of sliding namespaces that
-	// re-committed their key (NamespaceOptions.Sliding): each one write.
+	// re-committed their key (NamespaceOptions.Sliding): each one record (in MarkBatch, written with the batch's commits).
 	Refreshes uint64
 }
 

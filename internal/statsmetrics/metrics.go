@@ -104,7 +104,7 @@ var Metrics = []Metric{
 	{Name: "bloom_over_target_total", OTel: "tierdedup.bloom.over_target", Kind: Counter, Unit: "{filter}",
 		Help: "Filters found over twice their false-positive target (measured; bloom-only, estimated), each logged once with the ExpectedKeys that would restore it."},
 	{Name: "refreshes_total", OTel: "tierdedup.refreshes", Kind: Counter, Unit: "{key}",
-		Help: "Duplicates of sliding namespaces that refreshed their key (NamespaceOptions.Sliding), each one write."},
+		Help: "Duplicates of sliding namespaces that refreshed their key (NamespaceOptions.Sliding), each one record."},
 	{Name: "window_seconds", OTel: "tierdedup.window.duration", Kind: Gauge, Unit: "s",
 		Help: "The retention window."},
 	{Name: "window_coverage_ratio", OTel: "tierdedup.window.coverage", Kind: Gauge, Unit: "1",
