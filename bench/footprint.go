@@ -5,15 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"runtime"
-	"syscall"
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier/embedded"
+	"github.com/tierdedup/tierdedup/tier/pebble"
 )
 
 // FootprintPoint is what an engine costs once it holds Keys keys, each
@@ -123,22 +121,11 @@ func MeasureFootprint(ctx context.Context, o engine.Options, steps []int64) (*Fo
 }
 
 // Allocated sums the blocks the OS allocated to the files under dir, as du
-// does (st_blocks, 512 bytes each); files that vanish while it walks are
-// skipped.
+// does (pebble.WalkAllocated).
 func Allocated(dir string) uint64 {
-	var n int64
-	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return nil
-		}
-		if info, err := d.Info(); err == nil {
-			if st, ok := info.Sys().(*syscall.Stat_t); ok {
-				n += st.Blocks * 512
-			}
-		}
-		return nil
-	})
-	return uint64(n)
+	var n uint64
+	pebble.WalkAllocated(nil, dir, func(_ string, b uint64) { n += b })
+	return n
 }
 
 // PrintFootprint prints a footprint as a table.

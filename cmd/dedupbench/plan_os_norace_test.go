@@ -8,7 +8,6 @@ package main
 
 import (
 	"encoding/json"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -119,7 +118,7 @@ poll:
 			}
 			break poll
 		case <-tick.C:
-			if b := allocated(tmp); b > 0 {
+			if b := int64(bench.Allocated(tmp)); b > 0 {
 				disks = append(disks, diskAt{time.Since(start), b})
 			}
 		}
@@ -184,25 +183,6 @@ func within(t *testing.T, what string, got, want, tol float64) {
 	if r := got / want; r < 1-tol || r > 1+tol {
 		t.Errorf("%s: %.1f MiB against %.1f MiB, %.2f: beyond %.0f %%", what, got/(1<<20), want/(1<<20), r, 100*tol)
 	}
-}
-
-// allocated sums the blocks the OS allocated to every file under dir, as
-// du does (st_blocks of 512 bytes); files that vanish while it walks are
-// skipped.
-func allocated(dir string) int64 {
-	var n int64
-	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil
-		}
-		if info, err := d.Info(); err == nil {
-			if st, ok := info.Sys().(*syscall.Stat_t); ok && !d.IsDir() {
-				n += st.Blocks * 512
-			}
-		}
-		return nil
-	})
-	return n
 }
 
 // syncBuffer is a buffer a child process writes while the test reads.
