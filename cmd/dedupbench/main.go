@@ -202,6 +202,9 @@ func parseTiers(s string) (engine.Tiers, string, error) {
 // connected to last, once every other flag is known good.
 func (w *workloadFlags) config(ctx context.Context) (bench.RunConfig, func(), error) {
 	none := func() {}
+	if w.memCap < 0 || w.batch < 0 || w.workers < 0 || w.cache < 0 {
+		return bench.RunConfig{}, none, fmt.Errorf("-memory %d, -batch %d, -workers %d and -cache %d must not be negative", w.memCap, w.batch, w.workers, w.cache)
+	}
 	shape, err := bench.ParseKeyShape(w.shape)
 	if err != nil {
 		return bench.RunConfig{}, none, err

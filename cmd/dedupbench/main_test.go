@@ -724,7 +724,8 @@ func TestSampleFlag(t *testing.T) {
 }
 
 // TestPlanErrorsNameTheirFlags: a plan input refused before its
-// calibration names the flag it came from, not the field it fills.
+// calibration names the flag it came from, not the field it fills; so
+// does run's.
 func TestPlanErrorsNameTheirFlags(t *testing.T) {
 	for flag, args := range map[string][]string{
 		"-ids-per-day": {"-ids-per-day", "0"},
@@ -732,10 +733,14 @@ func TestPlanErrorsNameTheirFlags(t *testing.T) {
 		"-fp":          {"-fp", "2"},
 		"-window":      {"-window", "0"},
 		"-segments":    {"-segments", "0"},
+		"-memory":      {"-memory", "-1"},
 	} {
 		err := run(context.Background(), append([]string{"plan"}, args...), io.Discard, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), flag) {
 			t.Errorf("plan %v: %v, want an error naming %s", args, err, flag)
 		}
+	}
+	if err := run(context.Background(), []string{"run", "-keys", "1000", "-memory", "-1"}, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "-memory") {
+		t.Errorf("run -memory -1: %v, want an error naming -memory", err)
 	}
 }
