@@ -147,9 +147,11 @@ func (e *Engine) pinRefreshes(claims []Claim, now int64) *refreshes {
 	}
 	st := make([]tier.Status, len(r.idx))
 	e.mem.Begin(r.fps, r.tokens, now, st)
+	var lost []int // indices into r of the claims whose lease ended
 	k := 0
 	for j, i := range r.idx {
 		if st[j] != tier.OK {
+			lost = append(lost, j)
 			continue
 		}
 		c := &claims[i]
@@ -160,11 +162,31 @@ func (e *Engine) pinRefreshes(claims []Claim, now int64) *refreshes {
 		r.reqs = append(r.reqs, tier.Request{NS: c.ns.name, Key: c.Key, Digest: c.digest, Result: c.Result, At: c.refreshAt})
 		k++
 	}
+	if len(lost) > 0 {
+		// Their claims go, if still theirs: a claim left to expire in
+		// memory would count as a failed attempt at the next mark (with
+		// MaxAttempts, a committed key answered Poison).
+		fps, tokens := make([]shard.Fingerprint, len(lost)), make([]uint64, len(lost))
+		for n, j := range lost {
+			fps[n], tokens[n] = r.fps[j], r.tokens[j]
+		}
+		dropClaims(e, fps, tokens)
+	}
 	r.idx, r.fps, r.tokens = r.idx[:k], r.fps[:k], r.tokens[:k]
 	if k == 0 {
 		return nil
 	}
 	return r
+}
+
+// dropClaims removes the memory claims tokens hold (Settle Drop); a key
+// another call holds now is left alone.
+func dropClaims(e *Engine, fps []shard.Fingerprint, tokens []uint64) {
+	actions := make([]memory.Action, len(fps))
+	for j := range actions {
+		actions[j] = memory.Drop
+	}
+	e.mem.Settle(fps, tokens, actions, make([]int64, len(fps)), make([]tier.Digest, len(fps)), nil)
 }
 
 // finish ends the pinned refreshes once their write is known: written,
@@ -189,11 +211,7 @@ func (r *refreshes) finish(e *Engine, claims []Claim, written bool) {
 	}
 	e.mem.FinishResults(r.fps, r.tokens, ok, expires, digests, results, claims[r.idx[0]].refreshAt)
 	if !written {
-		actions := make([]memory.Action, n)
-		for j := range actions {
-			actions[j] = memory.Drop
-		}
-		e.mem.Settle(r.fps, r.tokens, actions, expires, digests, nil)
+		dropClaims(e, r.fps, r.tokens)
 	} else {
 		e.stats.refreshes.Add(uint64(n))
 	}
@@ -210,12 +228,7 @@ func (e *Engine) dropRefreshes(claims []Claim) {
 			fps, tokens = append(fps, claims[i].fp), append(tokens, claims[i].token)
 		}
 	}
-	if len(fps) == 0 {
-		return
+	if len(fps) > 0 {
+		dropClaims(e, fps, tokens)
 	}
-	actions := make([]memory.Action, len(fps))
-	for j := range actions {
-		actions[j] = memory.Drop
-	}
-	e.mem.Settle(fps, tokens, actions, make([]int64, len(fps)), make([]tier.Digest, len(fps)), nil)
 }
