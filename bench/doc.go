@@ -1,10 +1,12 @@
 // Package bench generates realistic dedup workloads (key shapes and sizes,
 // duplicate ratios and how far back duplicates reach), runs them through an
 // engine and checks every answer (Run), turns a calibration run into a
-// capacity plan (Calibrate, MakePlan), reproduces the crash table (Crash),
+// capacity plan (Calibrate, MakePlan), measures what a default engine
+// costs as it fills (MeasureFootprint), reproduces the crash table (Crash),
 // and holds the go test benchmarks that compare every engine configuration
 // with the tables users replace. The clients of those tables (Redis,
-// PostgreSQL) live in cmd/dedupbench, which drives bench.Baseline; a run
+// PostgreSQL) live in cmd/dedupbench, which drives bench.Baseline; the
+// embedded store's own write path alone is PebbleBaseline; a run
 // on a shared tier takes its server's client from the caller
 // (SharedServer).
 //

@@ -3,7 +3,8 @@
 //
 //	dedupbench [run] [flags]   run the embedded default on a realistic workload
 //	dedupbench plan [flags]    size memory, Bloom filters and disk for a load
-//	dedupbench compare [flags] the engine beside Redis SET NX and PostgreSQL
+//	dedupbench compare [flags] the engine beside Redis SET NX, PostgreSQL and Pebble alone
+//	dedupbench footprint [flags] a default engine's disk, heap and RSS as it fills
 //	dedupbench crash [flags]   the crash table, reproduced with real processes
 //	dedupbench recover [flags] reopening after a kill -9: time to warm filters
 //	dedupbench help [command]  every command and its flags, or one command's
