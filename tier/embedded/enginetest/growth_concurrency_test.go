@@ -17,6 +17,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
+	"github.com/tierdedup/tierdedup/internal/enginetest"
 	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
@@ -254,7 +255,11 @@ func faLeftover() []string {
 // anything but New, and after Close no goroutine of the engine, Pebble
 // or FreeOSMemory is left.
 func TestFootprintAttackConcurrentEnginesGrowAndClose(t *testing.T) {
-	const engines, perEngine = 4, 120_000
+	const engines = 4
+	perEngine := int64(120_000)
+	if enginetest.RaceEnabled() {
+		perEngine = 60_000 // past the growth from an 8 MiB ring, which returns memory to the OS
+	}
 	dirs := make([]string, engines)
 	ledgers := make([]*ledger, engines)
 	es := make([]*engine.Engine, engines)
@@ -276,8 +281,9 @@ func TestFootprintAttackConcurrentEnginesGrowAndClose(t *testing.T) {
 			errs[i] = gaMarkFresh(es[i], ledgers[i], fmt.Sprintf("e%d", i), &next, perEngine, 4, 500, nil)
 		}()
 	}
-	// Close engines 0 and 1 while they grow (after ~40k and ~80k keys).
-	for i, at := range []int{40_000, 80_000} {
+	// Close engines 0 and 1 while they grow (after a third and two thirds
+	// of their keys).
+	for i, at := range []int{int(perEngine / 3), int(2 * perEngine / 3)} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -395,7 +401,11 @@ func faRaceGrowth(t *testing.T, o engine.Options) {
 			}
 		}()
 	}
-	if err := gaMarkFresh(e, &l, "race", &next, 200_000, 24, 256, nil); err != nil {
+	total := int64(200_000)
+	if enginetest.RaceEnabled() {
+		total = 60_000
+	}
+	if err := gaMarkFresh(e, &l, "race", &next, total, 24, 256, nil); err != nil {
 		t.Error(err)
 	}
 	close(stop)
