@@ -122,8 +122,9 @@ func (e *Engine) commitSpans(ctx context.Context, claims []Claim, errs []error, 
 	b.owned(e, claims, !p.marks()) // MarkBatch holds its claims itself: no caller could change their keys
 	m = len(b.cand)
 	var rf *refreshes
-	if p == forMark {
-		// MarkBatch's sliding duplicates: re-committed in this write.
+	if p == forMark && len(claims) > 0 && claims[0].ns != nil && claims[0].ns.sliding {
+		// MarkBatch's sliding duplicates (its claims are of one
+		// namespace): re-committed in this write.
 		rf = e.pinRefreshes(claims, now)
 	}
 	if m == 0 {
@@ -227,39 +228,20 @@ type commitCall struct {
 }
 
 // writeAlone writes, with no New claim to commit, the callers' records and
-// the pinned refreshes (either may be empty) in one durable write (the
-// filter first, as for every record), then settles the refreshes.
+// the pinned refreshes (either may be empty) in one durable write, then
+// settles the refreshes.
 func (e *Engine) writeAlone(ctx context.Context, claims []Claim, writes []Write, rf *refreshes, now int64) error {
 	part := e.parts.Of(now)
-	var reqs []tier.Request
-	var st []tier.Status
-	if rf != nil {
-		e.counts.RLock() // ordered against Forgets, as commits are
-		defer e.counts.RUnlock()
-		if h := hooks.BeforeDurable.Load(); h != nil {
-			(*h)()
+	if rf == nil {
+		if err := e.writer.CommitWith(ctx, part, nil, writes, nil); err != nil {
+			e.stats.errors.Add(1)
+			return e.tierError(err)
 		}
-		if e.local != nil {
-			if fps := rf.filterAdds(part); len(fps) > 0 {
-				e.local.Add(fps, part)
-			}
-		}
-		reqs, st = rf.reqs, make([]tier.Status, len(rf.reqs))
+		return nil
 	}
-	var err error
-	if len(writes) > 0 {
-		err = e.writer.CommitWith(ctx, part, reqs, writes, st)
-	} else {
-		err = e.exact.Commit(ctx, part, reqs, st)
-	}
-	if rf != nil {
-		rf.finish(e, claims, err == nil)
-	}
-	if err != nil {
-		e.stats.errors.Add(1)
-		return e.tierError(err)
-	}
-	return nil
+	err := e.writeRefreshes(ctx, part, rf.reqs, rf.filterAdds(part), writes)
+	rf.finish(e, claims, err == nil)
+	return err
 }
 
 // durable makes the first k claims of b.cand durable (the filter first,

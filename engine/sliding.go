@@ -24,41 +24,65 @@ import (
 // failure does: every candidate is given back.
 func (e *Engine) refresh(ctx context.Context, b *batch, ns *Namespace, out []Claim, d decision, now int64) error {
 	var reqs []tier.Request
-	var fps []shard.Fingerprint
+	var adds []shard.Fingerprint
 	part := e.parts.Of(now)
 	for q, j := range b.qidx {
 		if !d.slide[j] {
 			continue
 		}
 		i := b.cand[j]
-		// Dated now: every judge of a commit's age (a namespace window,
-		// one added later, the archive) counts from its last arrival.
-		reqs = append(reqs, tier.Request{NS: ns.name, Key: out[i].Key, Digest: d.digests[j], Result: out[i].Result, At: now})
+		reqs = append(reqs, refreshRequest(&out[i], now))
 		if out[i].CommittedAt != 0 {
 			out[i].CommittedAt = now // the record it answers from, once this returns
 		}
 		if b.ans[q].Partition < part {
-			// The current partition's filter already holds a key whose
-			// record is in it.
-			fps = append(fps, d.fps[j])
+			adds = append(adds, d.fps[j])
 		}
 	}
 	if len(reqs) == 0 {
 		return nil
 	}
-	e.counts.RLock() // ordered against Forgets, as commits are
+	if err := e.writeRefreshes(ctx, part, reqs, adds, nil); err != nil {
+		return err
+	}
+	e.stats.refreshes.Add(uint64(len(reqs)))
+	return nil
+}
+
+// refreshRequest is the re-commit of c, a duplicate the exact tier
+// answered (its digest and result are the commit's), dated at its arrival
+// at: every judge of a commit's age (a namespace window, one added later,
+// the archive) counts from the last arrival.
+func refreshRequest(c *Claim, at int64) tier.Request {
+	return tier.Request{NS: c.ns.name, Key: c.Key, Digest: c.digest, Result: c.Result, At: at}
+}
+
+// writeRefreshes writes refresh records into partition part, with the
+// callers' records writes (none: nil), in one durable write: ordered
+// against Forgets, as commits are, and the filter of part told first of
+// adds, the keys whose record is in an older partition (the current
+// partition's filter already holds a key whose record is in it; each add
+// counts in its keys).
+func (e *Engine) writeRefreshes(ctx context.Context, part int64, reqs []tier.Request, adds []shard.Fingerprint, writes []Write) error {
+	e.counts.RLock()
 	defer e.counts.RUnlock()
 	if h := hooks.BeforeDurable.Load(); h != nil {
 		(*h)()
 	}
-	if e.local != nil && len(fps) > 0 {
-		e.local.Add(fps, part)
+	if e.local != nil && len(adds) > 0 {
+		e.local.Add(adds, part)
 	}
-	if err := e.exact.Commit(ctx, part, reqs, make([]tier.Status, len(reqs))); err != nil {
+	st := make([]tier.Status, len(reqs))
+	var err error
+	if len(writes) > 0 {
+		err = e.writer.CommitWith(ctx, part, reqs, writes, st)
+	} else {
+		err = e.exact.Commit(ctx, part, reqs, st)
+	}
+	if err != nil {
 		e.stats.errors.Add(1)
 		return e.tierError(err)
 	}
-	e.stats.refreshes.Add(uint64(len(reqs)))
 	return nil
 }
 
@@ -111,9 +135,7 @@ type refreshes struct {
 }
 
 // filterAdds returns the fingerprints the filter of partition part must
-// add: those whose record is in an older partition (the current one's
-// filter holds a key whose record is in it already; each add counts in
-// its keys).
+// add (writeRefreshes): those whose record is in an older partition.
 func (r *refreshes) filterAdds(part int64) []shard.Fingerprint {
 	var fps []shard.Fingerprint
 	for j, p := range r.from {
@@ -157,9 +179,7 @@ func (e *Engine) pinRefreshes(claims []Claim, now int64) *refreshes {
 		c := &claims[i]
 		r.idx[k], r.fps[k], r.tokens[k] = i, r.fps[j], r.tokens[j]
 		r.from = append(r.from, c.refreshFrom)
-		// Dated at arrival: every judge of a commit's age (a namespace
-		// window, one added later, the archive) counts from it.
-		r.reqs = append(r.reqs, tier.Request{NS: c.ns.name, Key: c.Key, Digest: c.digest, Result: c.Result, At: c.refreshAt})
+		r.reqs = append(r.reqs, refreshRequest(c, c.refreshAt))
 		k++
 	}
 	if len(lost) > 0 {

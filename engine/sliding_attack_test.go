@@ -33,16 +33,23 @@ func saMark(t *testing.T, e *engine.Engine, k string) engine.Outcome {
 
 // holdMark arms a one-shot MarkBeforeCommit hold.
 func holdMark(t *testing.T) (entered, release chan struct{}) {
+	return holdOnce(t, enginetest.SetMarkBeforeCommit)
+}
+
+// holdOnce arms a one-shot hold in the hook set sets: the first call to
+// reach it closes entered and waits for release; the hook is cleared when
+// the test ends.
+func holdOnce(t *testing.T, set func(func())) (entered, release chan struct{}) {
 	entered, release = make(chan struct{}), make(chan struct{})
 	var armed atomic.Bool
 	armed.Store(true)
-	enginetest.SetMarkBeforeCommit(func() {
+	set(func() {
 		if armed.CompareAndSwap(true, false) {
 			close(entered)
 			<-release
 		}
 	})
-	t.Cleanup(func() { enginetest.SetMarkBeforeCommit(nil) })
+	t.Cleanup(func() { set(nil) })
 	return
 }
 
@@ -196,16 +203,7 @@ func TestSlideAttackForgetDuringDurable(t *testing.T) {
 				t.Fatal(g)
 			}
 			clock.Add(slidePart + time.Minute)
-			entered, release := make(chan struct{}), make(chan struct{})
-			var armed atomic.Bool
-			armed.Store(true)
-			enginetest.SetBeforeDurable(func() {
-				if armed.CompareAndSwap(true, false) {
-					close(entered)
-					<-release
-				}
-			})
-			defer enginetest.SetBeforeDurable(nil)
+			entered, release := holdOnce(t, enginetest.SetBeforeDurable)
 			keys := [][]byte{[]byte("k")}
 			if withNew {
 				keys = append(keys, []byte("fresh"))

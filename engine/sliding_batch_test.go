@@ -103,16 +103,7 @@ func TestSlidingRefreshNotWrittenAfterItsLease(t *testing.T) {
 	const lease = time.Minute
 	e, _, _, clock := slidingBatchEngine(t, lease)
 	defer e.Close()
-	entered, release := make(chan struct{}), make(chan struct{})
-	var armed atomic.Bool
-	armed.Store(true)
-	enginetest.SetMarkBeforeCommit(func() {
-		if armed.CompareAndSwap(true, false) {
-			close(entered)
-			<-release
-		}
-	})
-	defer enginetest.SetMarkBeforeCommit(nil)
+	entered, release := holdMark(t)
 	keys := [][]byte{[]byte("k"), []byte("fresh")}
 	out := make([]engine.Outcome, len(keys))
 	done := make(chan error, 1)
