@@ -197,10 +197,7 @@ func (s *stripe) growLocked() {
 	if full := slotsFor(s.fullSlab()); len(old) >= full {
 		n = len(old) * 2
 	} else {
-		n = min(n, full)
-	}
-	if n <= len(old) {
-		n = len(old) * 2
+		n = min(n, full) // above len(old): full is
 	}
 	s.slots = make([]uint64, n)
 	for _, v := range old {
