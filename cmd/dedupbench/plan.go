@@ -13,20 +13,14 @@ import (
 
 // planFlags names, in a plan input's errors, the flag each field comes
 // from (the longer names first: ArchiveWindow before Window).
-var planFlags = flagNames{strings.NewReplacer(
+var planFlags = strings.NewReplacer(
 	"IDsPerDay", "-ids-per-day", "DupRatio", "-dup", "DupReach", "-reach", "FalsePositive", "-fp",
 	"ArchiveWindow", "-archive-window", "Window", "-window", "Partition", "-partition",
 	"MemoryCapacity", "-memory", "KeySize", "-key-size", "Sliding", "-sliding",
-	"partitioning: window ", "partitioning: -window ", " and partition ", " and -partition ")}
+	"partitioning: window ", "partitioning: -window ", " and partition ", " and -partition ")
 
-// flagNames rewrites an error's field names as the flags they come from.
-type flagNames struct{ r *strings.Replacer }
-
-// Replace returns err with its field names replaced in its text; it
-// still matches what err matched (errors.Is).
-func (f flagNames) Replace(err error) error { return flagError{f.r.Replace(err.Error()), err} }
-
-// flagError is an error whose text names flags, wrapping the original.
+// flagError is an error whose text names flags (planFlags), wrapping the
+// original: it still matches what that matched (errors.Is).
 type flagError struct {
 	msg string
 	err error
@@ -80,7 +74,7 @@ func planCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	in := bench.PlanInput{IDsPerDay: *ids, Window: *window, Partition: *partition, DupRatio: *dup, DupReach: *reach,
 		Shape: shape, KeySize: *keySize, Sample: sample, FalsePositive: *fp, Tiers: tiers, MemoryCapacity: *memCap, ArchiveWindow: *archiveWindow, Shared: shared, Sliding: *sliding}
 	if _, err := bench.MakePlan(in, bench.Calibration{}); err != nil {
-		return planFlags.Replace(err) // before the calibration's minutes
+		return flagError{planFlags.Replace(err.Error()), err} // before the calibration's minutes
 	}
 	srv, closeShared, err := sf.connect(ctx, shared)
 	if err != nil {
