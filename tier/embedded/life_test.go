@@ -130,8 +130,12 @@ func TestLifeStages(t *testing.T) {
 
 	s.rotate(lifeStart + 1)
 	s.waitStage(lifeStart, embedded.StageSealed)
-	if sealedEvents.Load() == 0 {
-		t.Fatal("partition sealed, OnSealed not called")
+	// OnSealed runs after the sealing pass, so shortly after the stage
+	// shows: waited for, not read at once (CI read it first, once).
+	for deadline := time.Now().Add(10 * time.Second); sealedEvents.Load() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("partition sealed, OnSealed not called")
+		}
 	}
 	s.waitStage(lifeStart, embedded.StageMoved)
 
