@@ -225,15 +225,17 @@ func TestRunRefuses(t *testing.T) {
 // heartbeats long commits its result; under -race its claim is read by
 // nothing but the heartbeat while the handler runs (the result check reads
 // the result alone: a check of the whole claim raced the heartbeat's
-// write of its lease).
+// write of its lease). The lease is long enough that a beat delayed by a
+// loaded machine (half the lease, 150 ms) still comes before it ends: a
+// 20 ms lease lost its claim to a 10 ms scheduling stall under -race.
 func TestDoResultOutlivesHeartbeats(t *testing.T) {
-	o := engine.Options{Lease: 20 * time.Millisecond, Logger: quiet}
+	o := engine.Options{Lease: 300 * time.Millisecond, Logger: quiet}
 	enginetest.SetDir(&o, t.TempDir())
 	e := open(t, o)
 	t.Cleanup(func() { _ = e.Close() })
 	for i := range 3 {
 		out, res, err := e.DoResult(context.Background(), []byte{byte('a' + i)}, func(context.Context) ([]byte, error) {
-			time.Sleep(60 * time.Millisecond) // several beats
+			time.Sleep(400 * time.Millisecond) // outlives its lease: beats at 150 and 300 ms keep it
 			return []byte("r"), nil
 		})
 		if err != nil || out != engine.New || string(res) != "r" {
