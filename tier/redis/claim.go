@@ -191,14 +191,18 @@ func (s *Store) claimNX(ctx context.Context, reqs []Request, lease time.Duration
 func (s *Store) setNX(ctx context.Context, reqs []Request, lease time.Duration, mark bool) (olds []any, lost []bool, err error) {
 	pipe := s.c.Pipeline()
 	cmds := make([]*goredis.StatusCmd, len(reqs))
+	var px any // the last TTL, boxed once for the keys that share it
+	lastMs := int64(-1)
 	for i := range reqs {
 		r := &reqs[i]
 		if !mark {
 			cmds[i] = pipe.SetArgs(ctx, s.Key(r.NS, r.Key), claimPrefix(r.Token), goredis.SetArgs{Mode: "NX", Get: true, TTL: lease})
 			continue
 		}
-		ms := max(s.commitTTL(r).Milliseconds(), 1)
-		cmds[i] = goredis.NewStatusCmd(ctx, "set", s.Key(r.NS, r.Key), commitValue(r), "px", ms, "nx", "get")
+		if ms := max(s.commitTTL(r).Milliseconds(), 1); ms != lastMs {
+			px, lastMs = ms, ms
+		}
+		cmds[i] = goredis.NewStatusCmd(ctx, "set", s.Key(r.NS, r.Key), commitValue(r), "px", px, "nx", "get")
 		_ = pipe.Process(ctx, markOnce{cmds[i]})
 	}
 	err = s.execWrites(ctx, pipe)
@@ -237,7 +241,10 @@ func (s *Store) setNX(ctx context.Context, reqs []Request, lease time.Duration, 
 // commit, or the trace a Forget keeps of it (the fence, and the forgotten
 // set: forgottenKey), and otherwise marks the key as this mark; so every
 // copy of the mark after the first answers as the first applied.
-type markOnce struct{ goredis.Cmder }
+//
+// It holds the command by pointer alone, so passing it as a Cmder
+// allocates nothing.
+type markOnce struct{ *goredis.StatusCmd }
 
 // NoRetry tells the client not to send the command again.
 func (markOnce) NoRetry() bool { return true }
