@@ -3,7 +3,6 @@ package bench_test
 import (
 	"context"
 	"fmt"
-	"os/exec"
 	"regexp"
 	"strconv"
 	"testing"
@@ -55,22 +54,7 @@ func BenchmarkRedis(b *testing.B) {
 		runMark(b, setNX{client, prefix}, 1)
 	})
 	b.Run("tier=baseline-redis-benchmark-P64/batch=64", func(b *testing.B) {
-		tool, err := exec.LookPath("redis-benchmark")
-		if err != nil {
-			b.Skip("redis-benchmark not installed")
-		}
-		n := max(b.N, 10_000)
-		out, err := exec.Command(tool, "-h", "127.0.0.1", "-p", strconv.Itoa(srv.Port), "-n", strconv.Itoa(n),
-			"-c", "50", "-P", "64", "-r", "1000000000", "-q",
-			"SET", "rb:__rand_int__", "1", "NX", "EX", "86400").CombinedOutput()
-		if err != nil {
-			b.Fatalf("redis-benchmark: %v\n%s", err, out)
-		}
-		m := regexp.MustCompile(`([0-9.]+) requests per second`).FindSubmatch(out)
-		if m == nil {
-			b.Fatalf("unexpected redis-benchmark output: %s", out)
-		}
-		rps, _ := strconv.ParseFloat(string(m[1]), 64)
+		rps := srv.Benchmark(b, max(b.N, 10_000), "SET", "rb:__rand_int__", "1", "NX", "EX", "86400")
 		b.ReportMetric(rps, "keys/s")
 	})
 }

@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
-	"regexp"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -16,6 +13,8 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
+
+	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
 // BenchmarkClients sends tierdedup's Redis mark, `SET key value PX ms NX
@@ -42,30 +41,15 @@ func BenchmarkClients(b *testing.B) {
 	b.Run("client=redis-benchmark-P64/batch=64", func(b *testing.B) {
 		// The server's own limit for this command: redis-benchmark, in C,
 		// 50 connections pipelining 64 each.
-		tool, err := exec.LookPath("redis-benchmark")
-		if err != nil {
-			b.Fatal("redis-benchmark is required: ", err)
-		}
 		n := max(b.N, 10_000)
 		srv0 := srv.cpu(b)
-		out, err := exec.Command(tool, "-h", "127.0.0.1", "-p", strconv.Itoa(srv.port), "-n", strconv.Itoa(n),
-			"-c", "50", "-P", "64", "-r", "1000000000", "-q",
-			"SET", "rb:000000000000000000000000__rand_int__", "c0123456789abcdef", "PX", "86400000", "NX", "GET").CombinedOutput()
-		if err != nil {
-			b.Fatalf("redis-benchmark: %v\n%s", err, out)
-		}
-		m := regexp.MustCompile(`([0-9.]+) requests per second`).FindSubmatch(out)
-		if m == nil {
-			b.Fatalf("unexpected redis-benchmark output: %s", out)
-		}
-		rps, _ := strconv.ParseFloat(string(m[1]), 64)
+		rps := srv.Benchmark(b, n, "SET", "rb:000000000000000000000000__rand_int__", "c0123456789abcdef", "PX", "86400000", "NX", "GET")
 		b.ReportMetric(rps, "keys/s")
 		b.ReportMetric(float64(srv.cpu(b)-srv0)/float64(n), "server-cpu-ns/key")
 	})
 	for _, batch := range []int{256, 1} {
 		b.Run(fmt.Sprintf("client=go-redis/batch=%d", batch), func(b *testing.B) {
-			c := goredis.NewClient(&goredis.Options{Addr: srv.addr, PoolSize: 64})
-			defer c.Close()
+			c := srv.ClientWith(b, &goredis.Options{PoolSize: 64})
 			run(b, srv, batch, func(ctx context.Context, keys []string, val string, out []bool) error {
 				if len(keys) == 1 {
 					_, err := c.Do(ctx, "set", keys[0], val, "px", 86400000, "nx", "get").Result()
@@ -94,7 +78,7 @@ func BenchmarkClients(b *testing.B) {
 			})
 		})
 		b.Run(fmt.Sprintf("client=rueidis/batch=%d", batch), func(b *testing.B) {
-			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.addr}, DisableCache: true})
+			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr}, DisableCache: true})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -201,49 +185,19 @@ func selfCPU() int64 {
 	return ru.Utime.Nano() + ru.Stime.Nano()
 }
 
-// server is a redis-server started for the benchmark.
-type server struct {
-	addr string
-	port int
-	cmd  *exec.Cmd
-}
+// server is the benchmark's redis-server, with its CPU time.
+type server struct{ *redistest.Server }
 
 // startRedis starts redis-server (no persistence) on a free loopback port
-// and stops it when b ends. A missing binary fails the benchmark.
+// and stops it when b ends.
 func startRedis(b *testing.B) *server {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		b.Fatal("redis-server is required: ", err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", b.TempDir())
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	s := &server{addr: fmt.Sprintf("127.0.0.1:%d", port), port: port, cmd: cmd}
-	c := goredis.NewClient(&goredis.Options{Addr: s.addr})
-	defer c.Close()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if c.Ping(context.Background()).Err() == nil {
-			return s
-		}
-		if time.Now().After(deadline) {
-			b.Fatal("redis-server did not answer PING within 10 s")
-		}
-	}
+	return &server{redistest.Start(b, "--save", "", "--appendonly", "no")}
 }
 
 // cpu is the server process's user and system CPU time, in nanoseconds
 // (/proc/PID/stat, at 100 ticks a second).
 func (s *server) cpu(b *testing.B) int64 {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.Pid()))
 	if err != nil {
 		b.Fatal(err)
 	}

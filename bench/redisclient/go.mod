@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/redis/rueidis v1.0.80
+	github.com/tierdedup/tierdedup v0.0.0
 )
 
 require (
@@ -12,3 +13,5 @@ require (
 	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/sys v0.50.0 // indirect
 )
+
+replace github.com/tierdedup/tierdedup => ../..

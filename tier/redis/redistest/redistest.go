@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -361,4 +362,35 @@ func StartCluster(t testing.TB, extra ...string) *Cluster {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// Benchmark runs redis-benchmark against s: n requests of the command in
+// args (where __rand_int__ draws from a billion), 50 connections
+// pipelining 64 each, and returns its requests a second. A missing
+// redis-benchmark fails tb when RequireEnv is set and skips it otherwise,
+// as a missing redis-server does.
+func (s *Server) Benchmark(tb testing.TB, n int, args ...string) float64 {
+	tb.Helper()
+	tool, err := exec.LookPath("redis-benchmark")
+	if err != nil {
+		if os.Getenv(RequireEnv) != "" {
+			tb.Fatalf("redis-benchmark is required (%s is set): %v", RequireEnv, err)
+		}
+		tb.Skip("redis-benchmark not installed")
+	}
+	cmd := append([]string{"-h", "127.0.0.1", "-p", strconv.Itoa(s.Port), "-n", strconv.Itoa(n),
+		"-c", "50", "-P", "64", "-r", "1000000000", "-q"}, args...)
+	out, err := exec.Command(tool, cmd...).CombinedOutput()
+	if err != nil {
+		tb.Fatalf("redis-benchmark: %v\n%s", err, out)
+	}
+	m := regexp.MustCompile(`([0-9.]+) requests per second`).FindSubmatch(out)
+	if m == nil {
+		tb.Fatalf("unexpected redis-benchmark output: %s", out)
+	}
+	rps, err := strconv.ParseFloat(string(m[1]), 64)
+	if err != nil {
+		tb.Fatalf("redis-benchmark's rate %q: %v", m[1], err)
+	}
+	return rps
 }
