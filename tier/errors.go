@@ -25,7 +25,7 @@ var (
 	// slower than the caller's deadline, or (the embedded store) a write
 	// into a partition the clock left behind while the call ran:
 	// transient, nothing is known (or, for the last, nothing written).
-	ErrUnavailable = errors.New("tierdedup: shared tier unavailable")
+	ErrUnavailable = errors.New("tierdedup: tier or archive unavailable")
 )
 
 // Classify wraps a backend's error so the engine can tell a caller's
