@@ -281,13 +281,7 @@ func TestReadAttackNewestPartitionWins(t *testing.T) {
 	}
 	e := open(t, o)
 	defer func() { e.Close() }()
-	nsOf := func(name string) *engine.Namespace {
-		n, err := e.Namespace(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	nsOf := func(name string) *engine.Namespace { return raNamespace(t, e, name) }
 	keys := [][]byte{[]byte("k-short-1"), []byte("k-short-2"), raLongKey(1025, "A"), raLongKey(1025, "B"), raLongKey(2000, "C"), raLongKey(5000, "D"), raLongKey(1024, "E")}
 	n := len(keys)
 	res := func(v string, i int) []byte { return fmt.Appendf(nil, "%s-result-%d", v, i) }
@@ -437,24 +431,11 @@ func TestReadAttackSpanBound(t *testing.T) {
 	o.Namespaces = map[string]engine.NamespaceOptions{"short": {ArchiveWindow: 100 * time.Second}, "slide": {Sliding: true}}
 	e := open(t, o)
 	defer func() { e.Close() }()
-	nsOf := func(name string) *engine.Namespace {
-		n, err := e.Namespace(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	nsOf := func(name string) *engine.Namespace { return raNamespace(t, e, name) }
 	offset := func() int64 { return clock.Now().Unix() - base }
 	keys := [][]byte{[]byte("span-a"), []byte("span-b"), raLongKey(1025, "L1"), raLongKey(3000, "L2")}
 	n := len(keys)
-	gen := func(v string) ([][]byte, []engine.Digest) {
-		rs, ds := make([][]byte, n), make([]engine.Digest, n)
-		for i := range rs {
-			rs[i] = fmt.Appendf(nil, "%s-%d", v, i)
-			ds[i] = engine.DigestOf(rs[i])
-		}
-		return rs, ds
-	}
+	gen := func(v string) ([][]byte, []engine.Digest) { return raResults(v, n) }
 	wants := func(v string, at int64) []raWant {
 		rs, ds := gen(v)
 		out := make([]raWant, n)
@@ -488,15 +469,7 @@ func TestReadAttackSpanBound(t *testing.T) {
 		switch o := offset(); {
 		case o == 16253 || o == 16256:
 			_, ds := gen("s1")
-			claims := make([]engine.Claim, n)
-			if err := nsOf("slide").ClaimBatch(ctx, keys, ds, claims); err != nil {
-				t.Fatal(err)
-			}
-			for i, c := range claims {
-				if c.Outcome != engine.Duplicate {
-					t.Fatalf("slide, offset %d: %s: %v", o, raShort(keys[i]), c.Outcome)
-				}
-			}
+			raSlideDuplicates(t, nsOf("slide"), keys, ds, fmt.Sprintf("offset %d", o))
 			atS = clock.Now().UnixNano()
 		case o == 16351:
 			raFail(t, raCheckAll(t, e, nsOf("short"), keys, news, "short, 101 s after its commit"))
@@ -870,6 +843,63 @@ func raNemesis(admin *pgxpool.Pool, app string, every time.Duration, stop <-chan
 	return func() (int64, error) { err := <-done; return n.Load(), err }
 }
 
+// raResults is n results of version v ("v-0" …) and their digests.
+func raResults(v string, n int) ([][]byte, []engine.Digest) {
+	rs, ds := make([][]byte, n), make([]engine.Digest, n)
+	for i := range rs {
+		rs[i] = fmt.Appendf(nil, "%s-%d", v, i)
+		ds[i] = engine.DigestOf(rs[i])
+	}
+	return rs, ds
+}
+
+// raNamespace is e's namespace name, failing t if e refuses it.
+func raNamespace(t *testing.T, e *engine.Engine, name string) *engine.Namespace {
+	t.Helper()
+	n, err := e.Namespace(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// raSlideDuplicates claims keys (with digests ds) in the sliding namespace
+// ns, which refreshes them, and fails t at stage unless each is a
+// Duplicate.
+func raSlideDuplicates(t *testing.T, ns *engine.Namespace, keys [][]byte, ds []engine.Digest, stage string) {
+	t.Helper()
+	claims := make([]engine.Claim, len(keys))
+	if err := ns.ClaimBatch(context.Background(), keys, ds, claims); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range claims {
+		if c.Outcome != engine.Duplicate {
+			t.Fatalf("slide, %s: %s: %v", stage, raShort(keys[i]), c.Outcome)
+		}
+	}
+}
+
+// raSettle waits for the goroutines of wg, stops the nemesis and fails t
+// with every error they reported; it returns how many connections the
+// nemesis ended.
+func raSettle(t *testing.T, wg *sync.WaitGroup, stop chan struct{}, stopped func() (int64, error), errs chan error) int64 {
+	t.Helper()
+	wg.Wait()
+	close(stop)
+	ended, err := stopped()
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	return ended
+}
+
 // TestReadAttackNemesisResults: while a nemesis ends the archive's server
 // connections every 25 ms, five goroutines (each with archived keys of
 // its own) use the archive's read through every call that reaches it:
@@ -1093,19 +1123,7 @@ func TestReadAttackNemesisResults(t *testing.T) {
 			time.Sleep(150 * time.Millisecond)
 		}
 	})
-	wg.Wait()
-	close(stop)
-	ended, err := stopped()
-	if err != nil {
-		t.Fatal(err)
-	}
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	if t.Failed() {
-		t.FailNow()
-	}
+	ended := raSettle(t, &wg, stop, stopped, errs)
 	t.Logf("%d calls, %d failed, %d connections ended, %d keys forgotten, %d fresh keys", calls.Load(), failed.Load(), ended, len(forgotten), len(fresh))
 	if ended == 0 || failed.Load() == 0 {
 		t.Fatalf("the nemesis did not bite: %d connections ended, %d calls failed", ended, failed.Load())
@@ -1307,19 +1325,7 @@ func TestReadAttackConcurrentSameKeys(t *testing.T) {
 			}
 		}
 	})
-	wg.Wait()
-	close(stop)
-	ended, err := stopped()
-	if err != nil {
-		t.Fatal(err)
-	}
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	if t.Failed() {
-		t.FailNow()
-	}
+	ended := raSettle(t, &wg, stop, stopped, errs)
 	t.Logf("%d calls failed, %d connections ended, %d lookups", failed.Load(), ended, lookups.Load())
 	if ended == 0 || failed.Load() == 0 {
 		t.Fatalf("the nemesis did not bite: %d connections ended, %d calls failed", ended, failed.Load())
@@ -1553,19 +1559,7 @@ func testReadAttackDropWhileReading(t *testing.T, nemesis bool) {
 			}
 		})
 	}
-	wg.Wait()
-	close(stop)
-	ended, err := stopped()
-	if err != nil {
-		t.Fatal(err)
-	}
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	if t.Failed() {
-		t.FailNow()
-	}
+	ended := raSettle(t, &wg, stop, stopped, errs)
 	if nemesis {
 		t.Logf("%d calls failed, %d connections ended", failed.Load(), ended)
 		if ended == 0 || failed.Load() == 0 {
@@ -1629,23 +1623,10 @@ func TestReadAttackClockFarAhead(t *testing.T) {
 	}
 	e := open(t, o)
 	defer func() { e.Close() }()
-	nsOf := func(name string) *engine.Namespace {
-		n, err := e.Namespace(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	nsOf := func(name string) *engine.Namespace { return raNamespace(t, e, name) }
 	keys := [][]byte{[]byte("far-1"), []byte("far-2"), raLongKey(1025, "far-3"), raLongKey(6000, "far-4")}
 	n := len(keys)
-	gen := func(v string) ([][]byte, []engine.Digest) {
-		rs, ds := make([][]byte, n), make([]engine.Digest, n)
-		for i := range rs {
-			rs[i] = fmt.Appendf(nil, "%s-%d", v, i)
-			ds[i] = engine.DigestOf(rs[i])
-		}
-		return rs, ds
-	}
+	gen := func(v string) ([][]byte, []engine.Digest) { return raResults(v, n) }
 	commit := func(ns, v string, idx ...int) ([]raWant, int64) {
 		t.Helper()
 		rs, ds := gen(v)
@@ -1758,23 +1739,10 @@ func TestReadAttackWindowWidenedPastBound(t *testing.T) {
 	e := open(t, o)
 	defer func() { e.Close() }()
 	ctx := context.Background()
-	nsOf := func(name string) *engine.Namespace {
-		n, err := e.Namespace(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	nsOf := func(name string) *engine.Namespace { return raNamespace(t, e, name) }
 	keys := [][]byte{[]byte("w-1"), []byte("w-2"), raLongKey(1025, "w-3"), raLongKey(2048, "w-4"), []byte("w-5")}
 	n := len(keys)
-	gen := func(v string) ([][]byte, []engine.Digest) {
-		rs, ds := make([][]byte, n), make([]engine.Digest, n)
-		for i := range rs {
-			rs[i] = fmt.Appendf(nil, "%s-%d", v, i)
-			ds[i] = engine.DigestOf(rs[i])
-		}
-		return rs, ds
-	}
+	gen := func(v string) ([][]byte, []engine.Digest) { return raResults(v, n) }
 	commit := func(ns, v string, idx []int, want []raWant) {
 		t.Helper()
 		rs, ds := gen(v)
@@ -1803,14 +1771,8 @@ func TestReadAttackWindowWidenedPastBound(t *testing.T) {
 		switch s {
 		case 3, 6:
 			_, ds := gen("s1")
-			claims := make([]engine.Claim, n)
-			if err := nsOf("slide").ClaimBatch(ctx, keys, ds, claims); err != nil {
-				t.Fatal(err)
-			}
-			for i, c := range claims {
-				if c.Outcome != engine.Duplicate {
-					t.Fatalf("slide, %d s: %s: %v", s, raShort(keys[i]), c.Outcome)
-				}
+			raSlideDuplicates(t, nsOf("slide"), keys, ds, fmt.Sprintf("%d s", s))
+			for i := range keys {
 				want["slide"][i].at = clock.Now().UnixNano()
 			}
 		case 31:

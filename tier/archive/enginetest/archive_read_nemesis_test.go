@@ -13,8 +13,6 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier"
-	"github.com/tierdedup/tierdedup/tier/postgres"
-	"github.com/tierdedup/tierdedup/tier/postgres/pgtest"
 )
 
 // TestArchiveReadNemesis: MarkBatch from four goroutines, each batch
@@ -29,15 +27,8 @@ import (
 // spans cover (tier/postgres: spanned).
 func TestArchiveReadNemesis(t *testing.T) {
 	app := fmt.Sprintf("archive-nemesis-%d", time.Now().UnixNano())
-	p := pgtest.Pool(t, "application_name="+app)
-	admin := postgresPool(t)
-	table := fmt.Sprintf("engine_archn_%d", time.Now().UnixNano()%1e9)
-	t.Cleanup(func() {
-		for _, s := range []string{"", "_layout", "_parts", "_blobs", "_log", "_open"} {
-			_, _ = admin.Exec(context.Background(), "DROP TABLE IF EXISTS "+table+s+" CASCADE")
-		}
-	})
-	r := newArchiveRun(t, func(vfs.FS) tier.ArchiveBackend { return postgres.Archive{DB: p, Table: table} })
+	archive, admin, _ := raArchive(t, "engine_archn", "application_name="+app)
+	r := newArchiveRun(t, func(vfs.FS) tier.ArchiveBackend { return archive })
 	for range 12 {
 		r.commitDay()
 	}
@@ -45,24 +36,7 @@ func TestArchiveReadNemesis(t *testing.T) {
 
 	ctx := context.Background()
 	stop := make(chan struct{})
-	var terminated atomic.Int64
-	nemesis := make(chan error, 1)
-	go func() {
-		defer close(nemesis)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(30 * time.Millisecond):
-			}
-			var n int64
-			if err := admin.QueryRow(ctx, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&n); err != nil {
-				nemesis <- err
-				return
-			}
-			terminated.Add(n)
-		}
-	}()
+	stopped := raNemesis(admin, app, 30*time.Millisecond, stop)
 
 	var failed, calls atomic.Int64
 	var wg sync.WaitGroup
@@ -106,18 +80,10 @@ func TestArchiveReadNemesis(t *testing.T) {
 			}
 		})
 	}
-	wg.Wait()
-	close(stop)
-	if err := <-nemesis; err != nil {
-		t.Fatal(err)
-	}
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	t.Logf("%d calls, %d failed while the nemesis ended %d connections", calls.Load(), failed.Load(), terminated.Load())
-	if terminated.Load() == 0 || failed.Load() == 0 {
-		t.Fatalf("the nemesis did not bite: %d connections ended, %d calls failed", terminated.Load(), failed.Load())
+	terminated := raSettle(t, &wg, stop, stopped, errs)
+	t.Logf("%d calls, %d failed while the nemesis ended %d connections", calls.Load(), failed.Load(), terminated)
+	if terminated == 0 || failed.Load() == 0 {
+		t.Fatalf("the nemesis did not bite: %d connections ended, %d calls failed", terminated, failed.Load())
 	}
 	if bad := r.check(); len(bad) > 0 {
 		t.Fatalf("%d wrong answers after the nemesis, first: %s", len(bad), bad[0])
