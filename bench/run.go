@@ -260,6 +260,19 @@ func (rc RunConfig) withDefaults() (RunConfig, error) {
 func (r *run) engineOptions() (tmp string, err error) {
 	r.o = r.rc.Engine
 	o := &r.o
+	// While one batch is between claim and commit, the other workers move
+	// the simulated clock by their batches. A lease shorter than that ends
+	// under the run's own claims: their keys answer InFlight, which the
+	// check counts as new keys dropped. Refused, not reported as the
+	// engine's error.
+	lease := o.Lease
+	if lease == 0 {
+		lease = o.WithDefaults().Window / 2
+	}
+	if moved := r.stream.step * time.Duration(r.rc.Batch) * time.Duration(r.rc.Workers); lease > 0 && moved >= lease {
+		return "", fmt.Errorf("%w: %d workers' batches of %d keys move the simulated clock %v while one is in flight, past the claims' lease of %v (half the window): give more keys (-keys), a shorter span (-span) or a longer window (-window)",
+			ErrConfig, r.rc.Workers, r.rc.Batch, moved, lease)
+	}
 	if r.shared != nil {
 		o.Backend = r.shared.Backend()
 	}

@@ -201,3 +201,27 @@ func TestPlanCountsSlidingRefreshes(t *testing.T) {
 		t.Errorf("a sliding plan on Redis: %v, want ErrPlan", err)
 	}
 }
+
+// TestRunRefusesALeaseTheClockOutruns: a run whose workers move the
+// simulated clock past the claims' lease while one batch is in flight
+// (1,000 keys over a day, batches of 256, a 1-hour window) is refused with
+// ErrConfig, naming the flags to change, before anything is opened; it
+// used to run and report its own expired claims as new keys dropped. The
+// same stream with ten times the keys per worker batch runs exact.
+func TestRunRefusesALeaseTheClockOutruns(t *testing.T) {
+	o := engine.Options{Backend: &embedded.Backend{FS: vfs.NewMem(), Dir: "db"}, Window: time.Hour, Partition: 30 * time.Minute, ExpectedKeys: 10_000}
+	w := WorkloadConfig{Keys: 1000, DupRatio: 0.1, DupReach: 10 * time.Minute, Span: 24 * time.Hour, Seed: 5}
+	_, err := Run(context.Background(), RunConfig{Workload: w, Engine: o, Workers: 4})
+	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "-keys") {
+		t.Fatalf("Run: %v, want ErrConfig naming -keys", err)
+	}
+	w.Span = time.Hour
+	w.Keys = 20_000
+	res, err := Run(context.Background(), RunConfig{Workload: w, Engine: o, Workers: 4, Batch: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.WronglyDropped != 0 || res.DupsLetThrough != 0 {
+		t.Fatalf("%d new keys dropped, %d duplicates let through", res.WronglyDropped, res.DupsLetThrough)
+	}
+}
