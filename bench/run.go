@@ -269,9 +269,12 @@ func (r *run) engineOptions() (tmp string, err error) {
 	if lease == 0 {
 		lease = o.WithDefaults().Window / 2
 	}
-	if moved := r.stream.step * time.Duration(r.rc.Batch) * time.Duration(r.rc.Workers); lease > 0 && moved >= lease {
-		return "", fmt.Errorf("%w: %d workers' batches of %d keys move the simulated clock %v while one is in flight, past the claims' lease of %v (half the window): give more keys (-keys), a shorter span (-span) or a longer window (-window)",
-			ErrConfig, r.rc.Workers, r.rc.Batch, moved, lease)
+	// Compared by division: step × batch × workers overflows for a span of
+	// years over a handful of keys.
+	if perKey := lease / time.Duration(r.rc.Batch*r.rc.Workers); lease > 0 && r.stream.step >= perKey {
+		moved := float64(r.stream.step) * float64(r.rc.Batch*r.rc.Workers)
+		return "", fmt.Errorf("%w: %d workers' batches of %d keys move the simulated clock %.0fh while one is in flight, past the claims' lease of %v (half the window): give more keys (-keys), a shorter span (-span) or a longer window (-window)",
+			ErrConfig, r.rc.Workers, r.rc.Batch, moved/float64(time.Hour), lease)
 	}
 	if r.shared != nil {
 		o.Backend = r.shared.Backend()

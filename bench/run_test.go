@@ -215,6 +215,13 @@ func TestRunRefusesALeaseTheClockOutruns(t *testing.T) {
 	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "-keys") {
 		t.Fatalf("Run: %v, want ErrConfig naming -keys", err)
 	}
+	// A span of years over a handful of keys: the clock's move overflows
+	// a Duration, and is still refused.
+	long := w
+	long.Keys, long.Span = 3, 100*365*24*time.Hour
+	if _, err := Run(context.Background(), RunConfig{Workload: long, Engine: o, Workers: 4}); !errors.Is(err, ErrConfig) {
+		t.Fatalf("Run over a century: %v, want ErrConfig", err)
+	}
 	w.Span = time.Hour
 	w.Keys = 20_000
 	res, err := Run(context.Background(), RunConfig{Workload: w, Engine: o, Workers: 4, Batch: 64})
