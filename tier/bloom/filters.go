@@ -150,6 +150,15 @@ type filter struct {
 	// its target (Observe, Overfilled).
 	checked, fps, prevChecked, prevFPs atomic.Uint64
 	turning, warned                    atomic.Bool
+	// keys is what a growth rebuilds the filter from (growth.go): every
+	// fingerprint added to it while the ring is below its full size, in
+	// the order added. unlogged is set once the filter holds bits keys
+	// does not account for (a snapshot's or a merged file's, placed
+	// whole), or once the ring reached its full size and keys was
+	// dropped; a growth then copies the filter's bits up instead.
+	keysMu   sync.Mutex
+	keys     []shard.Fingerprint
+	unlogged bool
 }
 
 // New returns empty Filters whose newest partition is newest.
@@ -285,6 +294,9 @@ func (f *Filters) Add(fps []shard.Fingerprint, p int64) {
 		if f.cur.Load() != r {
 			busy.Add(-1)
 			continue
+		}
+		if r.step < len(f.steps)-1 {
+			fl.log(fps) // before its bits: a growth that waited for this add finds them
 		}
 		bit := uint64(1) << f.slot(p)
 		for i := range fps {

@@ -4,6 +4,8 @@ import (
 	"math"
 	"runtime/debug"
 	"slices"
+
+	"github.com/tierdedup/tierdedup/shard"
 )
 
 // Growth (Options.Grow): a ring starts at a small fraction of its full size
@@ -20,22 +22,32 @@ import (
 // growing never loses a key (no false negative), and answers for the keys
 // it holds exactly as the smaller ring did.
 //
-// What growing cannot do is thin the bits already set: a grown ring keeps
-// the fraction of its bits the smaller one had set, and only the keys
-// added after it spread over the larger ring. A ring therefore grows early,
-// before its fullest filter holds 1/growEarly of the keys its size is
-// meant for (a batch that would pass that grows it first): each doubling
-// then carries about 1/(2·growEarly) of the next size's capacity. Measured
-// (TestGrowthKeepsTheRate, three doublings): a partition filled through the
-// growths meets 1.6 times its per-filter target at capacity, one that
-// opens after the last growth its target (1.06 times). Only the
-// partitions live while the ring grew carry that; a ring grows once in a
-// store's life (a snapshot or checkpoint restores its size), or again
-// after a crash whose filters are rebuilt from the store.
+// What copying cannot do is thin the bits already set: a block's copies
+// also hold its sibling's keys, so a grown ring keeps the fraction of its
+// bits the smaller one had set, and through seven doublings these added
+// up to about a fifth of a partition's capacity (2.5 times the per-filter
+// target at capacity). So the growth to the full size does not copy a
+// filter whose keys it knows: every filter logs the fingerprints added to
+// it while the ring is below its full size (filter.keys, 16 B a key, at
+// most 1/growEarly of its capacity plus a batch), and that growth builds
+// it anew from them, as if it had been full size from the start, then
+// drops the logs. Growths below the full size copy the blocks up: a filter
+// there holds at most 1/growEarly of its keys, far below its target.
 //
-// Each growth copies the ring while adds wait (probes go on): a ring of
-// the default size (≈ 150 MiB) grows from about a MiB through seven
-// doublings, the last copying 74 MiB into 148. After one that replaces a
+// A filter whose bits came from a file (place: a snapshot, a sealed
+// partition or checkpoint read at a smaller size) has no log and is copied
+// up at every growth; it carries that excess until it leaves the window.
+// A ring grows early, before its fullest filter holds 1/growEarly of the
+// keys its size is meant for (a batch that would pass that grows it
+// first), so that such a filter inherits little at each doubling. Measured
+// (TestGrowthKeepsTheRate, three doublings): a partition filled through
+// the growths meets its per-filter target at capacity (1.0 times; 1.6
+// copied), as does one that opens after the last growth.
+//
+// Each growth copies (or, the last, rebuilds) the ring while adds wait
+// (probes go on): a ring of the default size (≈ 150 MiB) grows from about
+// a MiB through seven doublings, the last from 74 MiB into 148 and about
+// 312k logged keys. After one that replaces a
 // ring of releaseBytes or more, the filters ask the runtime, in the
 // background, to collect and return freed memory to the OS
 // (debug.FreeOSMemory): the replaced copies would otherwise stay resident
@@ -132,13 +144,79 @@ func (f *Filters) grow(adds int64) {
 }
 
 // grown returns a copy of r (not shared: its words are read with plain
-// loads) at step to, its blocks copied up.
+// loads) at step to, its blocks copied up. Growing to the full size, a
+// filter whose keys are logged is built anew from them instead, as if it
+// had been that size from the start (when every live filter is logged,
+// nothing is copied), and the logs are dropped: no growth follows. Below
+// the full size the inherited bits are left: a filter there holds at most
+// 1/growEarly of its keys, far below its target, and the last growth
+// rebuilds it from all its keys. No add may write r's words or log a key
+// meanwhile (the caller holds mu, and r is either not yet published or
+// replaced by a marker).
 func (f *Filters) grown(r *ring, to int) *ring {
 	next := &ring{newest: r.newest, lay: &f.steps[to], step: to, slots: slices.Clone(r.slots), valid: r.valid}
-	if r.words != nil {
+	if r.words == nil {
+		return next
+	}
+	full := to == len(f.steps)-1
+	if !full {
 		next.words = r.lay.copyUp(r.words, next.lay)
+		return next
+	}
+	var logged uint64
+	for s, fl := range next.slots {
+		if fl != nil && r.valid>>s&1 == 1 && fl.logged() {
+			logged |= 1 << s
+		}
+	}
+	if logged == r.valid {
+		next.words = make([]uint64, len64(*next.lay))
+	} else {
+		next.words = r.lay.copyUp(r.words, next.lay)
+		next.lay.clear(next.words, logged)
+	}
+	for s, fl := range next.slots {
+		if logged>>s&1 == 1 {
+			fl.replay(next.lay, next.words, 1<<s)
+		}
+		if fl != nil {
+			fl.unlog()
+		}
 	}
 	return next
+}
+
+// log records fps as added to the filter, unless it is unlogged.
+func (fl *filter) log(fps []shard.Fingerprint) {
+	fl.keysMu.Lock()
+	if !fl.unlogged {
+		fl.keys = append(fl.keys, fps...)
+	}
+	fl.keysMu.Unlock()
+}
+
+// logged reports whether the filter's logged keys account for all its bits.
+func (fl *filter) logged() bool {
+	fl.keysMu.Lock()
+	defer fl.keysMu.Unlock()
+	return !fl.unlogged
+}
+
+// unlog drops the filter's log: its bits are no longer all its logged keys'.
+func (fl *filter) unlog() {
+	fl.keysMu.Lock()
+	fl.keys, fl.unlogged = nil, true
+	fl.keysMu.Unlock()
+}
+
+// replay sets the logged keys' bits in words (of layout l, not shared
+// yet) in the lane of bit.
+func (fl *filter) replay(l *layout, words []uint64, bit uint64) {
+	fl.keysMu.Lock()
+	defer fl.keysMu.Unlock()
+	for _, fp := range fl.keys {
+		l.setPlain(words, fp, bit)
+	}
 }
 
 // copyUp returns words (a ring of layout l) as a ring of the larger layout

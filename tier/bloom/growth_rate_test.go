@@ -12,8 +12,10 @@ import (
 
 // TestGrowthKeepsTheRate: a partition that opens after the ring grew to
 // its full size meets the per-filter target at its capacity (it starts
-// clear), and one filled from the smallest step through every growth
-// stays within twice it.
+// clear), and so does one filled from the smallest step through every
+// growth (each growth rebuilds it from its logged keys). Copied up instead
+// (the bits it inherited at each growth are never thinned) it measured
+// 1.6 times the target with three growths, 2.5 with seven.
 func TestGrowthKeepsTheRate(t *testing.T) {
 	const n = 2_000_000
 	f, err := New(&Options{Partitions: parts(t, 2*24*time.Hour, 24*time.Hour), ExpectedKeys: n, Grow: true}, 1)
@@ -38,7 +40,7 @@ func TestGrowthKeepsTheRate(t *testing.T) {
 	}
 	r1, r2 := float64(in1)/float64(len(absent)), float64(in2)/float64(len(absent))
 	t.Logf("steps %d, per-filter target %.4f: grew through the steps %.4f, opened after %.4f", len(f.steps), f.perFP, r1, r2)
-	if r2 > 1.3*f.perFP || r1 > 2*f.perFP {
+	if r2 > 1.3*f.perFP || r1 > 1.3*f.perFP {
 		t.Fatalf("false-positive rates %.4f (grew) and %.4f (after), target %.4f", r1, r2, f.perFP)
 	}
 }

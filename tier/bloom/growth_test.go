@@ -87,7 +87,8 @@ func TestGrowthStartsSmallAndKeepsEveryKey(t *testing.T) {
 // new filters (and grows them on), a partition sealed at one step merges
 // into a ring of a larger one, and a snapshot from a larger ring grows a
 // smaller one; no key is lost either way. A snapshot whose size is no step
-// is refused and changes nothing.
+// is refused and changes nothing. A filter that took a file's bits grows
+// by copying them up.
 func TestGrowthAcrossSnapshots(t *testing.T) {
 	const n = 1_000_000
 	small := growing(t, n, 10)
@@ -141,6 +142,27 @@ func TestGrowthAcrossSnapshots(t *testing.T) {
 	}
 	if m := missing(c, early) + missing(c, late) + missing(c, keys("c", 10)); m > 0 {
 		t.Fatalf("full snapshot merged into a small ring: %d keys lost", m)
+	}
+
+	// A small partition merged into a small ring's filter of the same
+	// partition, which then grows: the merged bits are not in the
+	// filter's logged keys, so the growth copies the filter up instead
+	// of rebuilding it from them (rebuilt, the merged keys were lost).
+	d := growing(t, n, 10)
+	own := keys("own", 300)
+	d.Add(own, 9)
+	if err := d.MergeSnapshot(bytes.NewReader(sealed.Bytes()), int64(sealed.Len()), nil); err != nil {
+		t.Fatal(err)
+	}
+	d.Add(late, 9)
+	if d.Bytes() != d.FullBytes() {
+		t.Fatalf("not grown: %d bytes of %d", d.Bytes(), d.FullBytes())
+	}
+	if m := missing(d, early); m > 0 {
+		t.Fatalf("a partition merged into a logged filter, then grown: %d of its %d keys lost", m, len(early))
+	}
+	if m := missing(d, own) + missing(d, late); m > 0 {
+		t.Fatalf("a filter merged into, then grown: %d of its own keys lost", m)
 	}
 
 	// Other sizes are refused.

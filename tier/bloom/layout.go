@@ -164,6 +164,16 @@ func (l *layout) add(words []uint64, fp shard.Fingerprint, bit uint64) {
 	}
 }
 
+// setPlain sets the key's bits as add does, with plain writes: words must
+// not be shared yet (a ring being built).
+func (l *layout) setPlain(words []uint64, fp shard.Fingerprint, bit uint64) {
+	p := l.start(fp)
+	for i := 0; i < l.k; i++ {
+		w, sh := l.next(&p, i)
+		words[w] |= bit << sh
+	}
+}
+
 // replicate returns slots' bits repeated in every lane of a word.
 func (l *layout) replicate(slots uint64) uint64 {
 	var rep uint64

@@ -202,6 +202,7 @@ func (f *Filters) place(r *ring, rec record) *ring {
 		fl := &filter{part: rec.part}
 		r = f.assign(r, fl) // allocates the words on first use
 	}
+	r.slots[s].unlog() // its bits now include the record's, whose keys are not known
 	if rec.step == r.step {
 		r.lay.scatter(r.words, uint64(s), rec.col)
 	} else {
