@@ -151,8 +151,12 @@ func (r *Result) Warnings() []string {
 		if p.Checked == 0 {
 			rate, how = p.EstimatedFP, "estimated from its keys"
 		}
-		w = append(w, fmt.Sprintf("the Bloom filter of the partition starting %s lets %.4f%% of new keys through to the store (%s), over twice its target %.4f%%: it holds %d keys; ExpectedKeys %d would restore the target",
-			p.Start.UTC().Format(time.RFC3339), 100*rate, how, 100*p.TargetFP, p.Keys, p.RecommendedExpectedKeys))
+		advice := fmt.Sprintf("ExpectedKeys %d would restore the target", p.RecommendedExpectedKeys)
+		if p.RecommendedExpectedKeys == 0 {
+			advice = "it grew from bits restored at a smaller size, which growing does not thin (BloomPartition.Inherited)"
+		}
+		w = append(w, fmt.Sprintf("the Bloom filter of the partition starting %s lets %.4f%% of new keys through to the store (%s), over twice its target %.4f%%: it holds %d keys; %s",
+			p.Start.UTC().Format(time.RFC3339), 100*rate, how, 100*p.TargetFP, p.Keys, advice))
 	}
 	if durable && r.DupsChecked && r.Fresh < r.Keys && r.Stats.Store.Hits == 0 {
 		w = append(w, "no duplicate reached past the memory tier: the durable tier's duplicate check was not exercised (raise -reach or lower -memory)")

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
@@ -233,5 +234,36 @@ func TestAdvFilterRecommendationEarly(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "set ExpectedKeys to ") || st.Bloom.OverTarget != 1 {
 		t.Errorf("no single warning: %d, %q", st.Bloom.OverTarget, logs.String())
+	}
+}
+
+// TestFilterWarningOfAnInheritedFilter: a filter over its target because
+// it grew from bits restored at a smaller size (Inherited) while holding
+// fewer keys than ExpectedKeys is not told to raise ExpectedKeys, which
+// would not thin those bits: no recommendation, and the warning says why.
+// The same figures without Inherited, or with as many keys as
+// ExpectedKeys, get the recommendation.
+func TestFilterWarningOfAnInheritedFilter(t *testing.T) {
+	logs := &syncBuf{}
+	e := open(t, engine.Options{Backend: embedded.Dir(t.TempDir()), ExpectedKeys: 1_000_000, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	defer e.Close()
+	p := tier.FilterStats{Partition: time.Now().UnixNano() / int64(24*time.Hour), Keys: 900_000, Checked: 20_000, FalsePositives: 400, TargetFP: 0.00126, Inherited: true}
+	bp := e.WarnFilter(p)
+	if !bp.OverTarget || !bp.Inherited || bp.RecommendedExpectedKeys != 0 {
+		t.Fatalf("inherited, under ExpectedKeys: %+v, want over target, inherited, no recommendation", bp)
+	}
+	if l := logs.String(); !strings.Contains(l, "ExpectedKeys need not change") || strings.Contains(l, "set ExpectedKeys to") {
+		t.Fatalf("inherited filter's warning: %q", l)
+	}
+	for _, q := range []tier.FilterStats{
+		{Partition: p.Partition, Keys: 900_000, Checked: 20_000, FalsePositives: 400, TargetFP: 0.00126},
+		{Partition: p.Partition, Keys: 1_000_000, Checked: 20_000, FalsePositives: 400, TargetFP: 0.00126, Inherited: true},
+	} {
+		if bp := e.WarnFilter(q); bp.RecommendedExpectedKeys < int(q.Keys) {
+			t.Fatalf("%+v: recommended %d, want at least its keys", q, bp.RecommendedExpectedKeys)
+		}
+	}
+	if !strings.Contains(logs.String(), "set ExpectedKeys to ") {
+		t.Fatalf("no recommendation logged: %q", logs.String())
 	}
 }

@@ -1,6 +1,10 @@
 package engine
 
-import "time"
+import (
+	"time"
+
+	"github.com/tierdedup/tierdedup/tier"
+)
 
 // Capabilities names the optional tier capabilities the engine found.
 func (e *Engine) Capabilities() (dropper, marker bool) { return e.dropper != nil, e.marker != nil }
@@ -17,4 +21,15 @@ func HoldCommits() (release func()) {
 // sealing pass runs.
 func (e *Engine) Sealed(t time.Time) bool {
 	return e.local != nil && e.local.Sealed(e.parts.Of(t.UnixNano()))
+}
+
+// WarnFilter reports p as Stats would at the engine's time, and logs the
+// warning the engine gives a filter found over its target.
+func (e *Engine) WarnFilter(p tier.FilterStats) BloomPartition {
+	now, err := e.now()
+	if err != nil {
+		panic(err)
+	}
+	e.warnFilter(p, now)
+	return e.bloomPartition(p, now)
 }

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"math"
 	"strconv"
 	"sync"
@@ -42,6 +43,14 @@ type BloomPartition struct {
 	// a seal: no write reaches it any more, and a restart loads it rather
 	// than rebuilding it (the embedded store).
 	Sealed bool
+	// Inherited reports a filter that grew to its full size by copying
+	// the bits a file restored at a smaller size (the store reopened
+	// before its filters had grown): copying does not thin them, so it
+	// lets more through than its keys alone would, and a larger
+	// ExpectedKeys is not what it lacks (RecommendedExpectedKeys stays
+	// zero while it holds fewer keys than ExpectedKeys). It meets its
+	// target once its partition leaves the window.
+	Inherited bool
 }
 
 // observeFilters counts, for the filters of the embedded store, the keys of
@@ -82,8 +91,12 @@ func (e *Engine) warnFilter(p bloom.PartitionStats, now int64) {
 		how = "measured: " + strconv.FormatUint(p.FalsePositives, 10) + " of the last " + strconv.FormatUint(p.Checked, 10) + " new keys probed read the store for nothing"
 		rate = bp.MeasuredFP
 	}
-	e.logger.Printf("tierdedup: Bloom filter of the partition starting %s: false-positive rate %.3g, %.1f× its target %.3g (%s); it holds %d keys against ExpectedKeys %d: set ExpectedKeys to %d to restore the target",
-		bp.Start.UTC().Format(time.RFC3339), rate, rate/bp.TargetFP, bp.TargetFP, how, bp.Keys, e.opts.ExpectedKeys, bp.RecommendedExpectedKeys)
+	advice := fmt.Sprintf("set ExpectedKeys to %d to restore the target", bp.RecommendedExpectedKeys)
+	if bp.RecommendedExpectedKeys == 0 {
+		advice = "it grew to its full size from bits restored at a smaller size, which growing does not thin; it meets its target once it leaves the window, and ExpectedKeys need not change"
+	}
+	e.logger.Printf("tierdedup: Bloom filter of the partition starting %s: false-positive rate %.3g, %.1f× its target %.3g (%s); it holds %d keys against ExpectedKeys %d: %s",
+		bp.Start.UTC().Format(time.RFC3339), rate, rate/bp.TargetFP, bp.TargetFP, how, bp.Keys, e.opts.ExpectedKeys, advice)
 }
 
 // bloomPartition is p as Stats reports it at engine time now.
@@ -99,7 +112,8 @@ func (e *Engine) bloomPartition(p bloom.PartitionStats, now int64) BloomPartitio
 		// positive: a filter's keys count refreshes and re-adds too.
 		bp.OverTarget = bloom.MeasuredOverTarget(p.FalsePositives, p.Checked, p.TargetFP)
 	}
-	if bp.OverTarget {
+	bp.Inherited = p.Inherited
+	if bp.OverTarget && !(p.Inherited && p.Keys < int64(e.opts.ExpectedKeys)) {
 		bp.RecommendedExpectedKeys = recommendKeys(p.Keys, now-start, e.parts.Length)
 	}
 	return bp

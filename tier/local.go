@@ -216,6 +216,13 @@ type FilterStats struct {
 	// target: measured, when FalsePositives are enough to say so, else
 	// estimated from Keys with no exact tier to measure against.
 	OverTarget bool
+	// Inherited reports a filter that grew by copying bits it took from a
+	// file at a smaller size (a snapshot, sealed partition or checkpoint
+	// restored before the filters reached their full size): copying does
+	// not thin them, so its rate is above what Keys alone give, and a
+	// larger ExpectedKeys is not what it lacks. It meets its target once
+	// its partition leaves the window.
+	Inherited bool
 }
 
 // MeasuredFP is FalsePositives/Checked, or zero before any check.

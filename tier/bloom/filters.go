@@ -159,6 +159,9 @@ type filter struct {
 	keysMu   sync.Mutex
 	keys     []shard.Fingerprint
 	unlogged bool
+	// inherited is set when a growth copied the filter's bits up without
+	// its log (PartitionStats.Inherited).
+	inherited atomic.Bool
 }
 
 // New returns empty Filters whose newest partition is newest.

@@ -163,6 +163,11 @@ func (f *Filters) grown(r *ring, to int) *ring {
 		next.words = r.lay.copyUp(r.words, next.lay)
 		return next
 	}
+	for s, fl := range next.slots {
+		if fl != nil && r.valid>>s&1 == 1 && !fl.logged() {
+			fl.inherited.Store(true) // copied up from a file's bits, below
+		}
+	}
 	var logged uint64
 	for s, fl := range next.slots {
 		if fl != nil && r.valid>>s&1 == 1 && fl.logged() {

@@ -175,3 +175,38 @@ func TestGrowthAcrossSnapshots(t *testing.T) {
 		t.Fatalf("a growing ring's snapshot into filters that do not grow: %v, want ErrSnapshotParams", err)
 	}
 }
+
+// TestGrowthReportsInherited: a filter restored from a snapshot of a small
+// ring and grown to the full size by copying is reported Inherited (its
+// bits were not thinned); one whose keys were all added since, rebuilt
+// from its log, is not, nor is any filter of a ring that never grew.
+func TestGrowthReportsInherited(t *testing.T) {
+	const n = 1_000_000
+	small := growing(t, n, 10)
+	small.Add(keys("early", 500), 9)
+	var snap bytes.Buffer
+	if _, err := small.WriteSnapshot(&snap, SnapshotMeta{Kind: SnapshotCache}); err != nil {
+		t.Fatal(err)
+	}
+	inherited := func(f *Filters) map[int64]bool {
+		m := map[int64]bool{}
+		for _, p := range f.Partitions() {
+			m[p.Partition] = p.Inherited
+		}
+		return m
+	}
+	if got := inherited(small); got[9] {
+		t.Fatalf("a ring that never grew: %v", got)
+	}
+	g := growing(t, n, 10)
+	if err := g.ReadSnapshot(bytes.NewReader(snap.Bytes()), int64(snap.Len()), nil); err != nil {
+		t.Fatal(err)
+	}
+	g.Add(keys("late", int(g.growAt[len(g.growAt)-2])), 10)
+	if g.Bytes() != g.FullBytes() {
+		t.Fatalf("not grown: %d bytes of %d", g.Bytes(), g.FullBytes())
+	}
+	if got := inherited(g); !got[9] || got[10] {
+		t.Fatalf("restored partition 9 then grown, partition 10 filled through the growths: inherited %v, want 9 only", got)
+	}
+}

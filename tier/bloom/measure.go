@@ -126,7 +126,7 @@ func (fl *filter) measured() (fps, checked uint64) {
 }
 
 func (f *Filters) stats(fl *filter) PartitionStats {
-	s := PartitionStats{Partition: fl.part, Keys: fl.adds.Load(), TargetFP: f.perFP}
+	s := PartitionStats{Partition: fl.part, Keys: fl.adds.Load(), TargetFP: f.perFP, Inherited: fl.inherited.Load()}
 	s.FalsePositives, s.Checked = fl.measured()
 	s.EstimatedFP = f.cur.Load().lay.fp(float64(s.Keys))
 	if s.Checked > 0 {
