@@ -13,16 +13,16 @@ import (
 // and holds a default engine to the footprint a small service expects: at
 // one key at most 16 MiB on disk and 32 MiB of heap, at 100k keys at most
 // 48 MiB on disk; at 1M keys (the filters grown to their full 148 MiB, the
-// memory tier to a million entries, 222 MiB of live heap) at most 440 MiB
-// resident, where the copies growth replaced, kept resident by the
-// runtime, made it 457 MiB (before the filters released them: 341 MiB
-// before they grew at all). The resident memory of a Go process also
-// holds what its heap allocated since the filters released the copies,
-// up to the collector's goal (twice the live heap): 336–338 MiB on an
-// idle machine, 411 MiB once in CI; the bound sits between that and the
-// regression. And at each count the engine's own disk
-// figure within 10 % of the blocks the OS allocated under its directory
-// (du).
+// memory tier to a million entries, 222 MiB of live heap) at most 512 MiB
+// resident. The resident memory of a Go process also holds what its heap
+// allocated since the last time freed memory was returned, up to the
+// collector's goal (twice the live heap): 336–338 MiB on an idle machine,
+// 411 MiB once in CI, so this bound only catches a gross regression. That
+// the filters return the copies growth replaced (457 MiB here while they
+// did not) is held by tier/bloom's TestGrowthReturnsReplacedCopies, from
+// the runtime's own count of free spans kept resident. And at each count
+// the engine's own disk figure within 10 % of the blocks the OS allocated
+// under its directory (du).
 func TestFootprintCommand(t *testing.T) {
 	out, err := command(t, "footprint", "-json", "-keys", "1,1e5,1e6").Output()
 	if err != nil {
@@ -50,7 +50,7 @@ func TestFootprintCommand(t *testing.T) {
 	if h := fp.Points[0].HeapBytes; h > 32<<20 {
 		t.Errorf("one key: %.1f MiB of heap, over 32 MiB", mib(h))
 	}
-	if r := fp.Points[2].RSSBytes; r > 440<<20 {
-		t.Errorf("1M keys: VmRSS %.1f MiB, over 440 MiB", mib(r))
+	if r := fp.Points[2].RSSBytes; r > 512<<20 {
+		t.Errorf("1M keys: VmRSS %.1f MiB, over 512 MiB", mib(r))
 	}
 }
