@@ -237,8 +237,10 @@ func (p FilterStats) MeasuredFP() float64 {
 type LocalStats struct {
 	// Mode is "warm" (a "no" skips the disk), "rebuilding" or "cold".
 	Mode string
-	// Bytes is the filters' memory; TargetFP the configured false-positive
-	// rate over the window; EstimatedFP the rate their fill implies.
+	// Bytes is the filters' memory: their ring (not the keys the newest
+	// partition's filter logs while the ring grows, at most about a
+	// sixteenth of it); TargetFP the configured false-positive rate over
+	// the window; EstimatedFP the rate their fill implies.
 	Bytes                 int64
 	TargetFP, EstimatedFP float64
 	// RebuiltKeys were added to the filters by rebuilds; Sealed partitions

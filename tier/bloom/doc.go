@@ -45,10 +45,10 @@
 //     locations serves every partition. A ring grows whole: every block
 //     copied into the blocks that replace it, where every key added before
 //     finds all its bits (a key's block in a ring d times larger is one of
-//     the d copies of its block), or, growing to the full size, a filter
-//     rebuilt from the log of every key added to it; a filter that holds
-//     bits its log does not account for (placed from a file) has no log
-//     and is copied. Growing never loses a key.
+//     the d copies of its block), or, growing to the full size, the
+//     newest partition's filter rebuilt from the log of every key added to
+//     it; a filter without a complete log (an older partition's, or one
+//     placed from a file) is copied. Growing never loses a key.
 //  2. Rotation only moves forward: a partition number lower than the newest
 //     seen never drops a filter.
 //  3. A snapshot is loaded whole or not at all: its size, checksum, the

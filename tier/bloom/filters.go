@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
@@ -150,15 +151,14 @@ type filter struct {
 	// its target (Observe, Overfilled).
 	checked, fps, prevChecked, prevFPs atomic.Uint64
 	turning, warned                    atomic.Bool
-	// keys is what a growth rebuilds the filter from (growth.go): every
-	// fingerprint added to it while the ring is below its full size, in
-	// the order added. unlogged is set once the filter holds bits keys
-	// does not account for (a snapshot's or a merged file's, placed
-	// whole), or once the ring reached its full size and keys was
-	// dropped; a growth then copies the filter's bits up instead.
+	// keys is what the last growth rebuilds the filter from (growth.go):
+	// every fingerprint added to it while the ring is below its full
+	// size, in the order added, while logState is logging. A filter whose
+	// log was dropped, or that holds a file's bits the log does not
+	// account for, is copied up instead.
 	keysMu   sync.Mutex
 	keys     []shard.Fingerprint
-	unlogged bool
+	logState logState
 	// inherited is set when a growth copied the filter's bits up without
 	// its log (PartitionStats.Inherited).
 	inherited atomic.Bool
@@ -191,9 +191,26 @@ func New(opts *Options, newest int64) (*Filters, error) {
 // false-positive target.
 func (f *Filters) Params() (m uint64, k int, perFilter float64) { return f.lay.m, f.lay.k, f.perFP }
 
-// Bytes returns the memory held by the filters: the whole ring once any
-// filter has been written, nothing before.
+// Bytes returns the memory held by the filters' ring: the whole ring once
+// any filter has been written, nothing before. LogBytes is the memory of
+// their key logs besides.
 func (f *Filters) Bytes() int64 { return int64(len(f.cur.Load().words)) * 8 }
+
+// LogBytes returns the memory of the keys the filters logged while the
+// ring is below its full size (growth.go): 16 B a key the newest
+// partition's filter took, at most about a sixteenth of its capacity at
+// the ring's current size; nothing once the ring is full.
+func (f *Filters) LogBytes() int64 {
+	var n int64
+	for _, fl := range f.cur.Load().slots {
+		if fl != nil {
+			fl.keysMu.Lock()
+			n += int64(cap(fl.keys)) * int64(unsafe.Sizeof(shard.Fingerprint{}))
+			fl.keysMu.Unlock()
+		}
+	}
+	return n
+}
 
 // FullBytes returns the memory the filters take at their full size
 // (ExpectedKeys): Bytes once they have grown to it.
@@ -337,7 +354,19 @@ func (f *Filters) create(p int64) (*ring, *filter) {
 	if p < f.parts.Oldest(r.newest) {
 		return r, nil
 	}
-	next := f.assign(r, &filter{part: p})
+	fl := &filter{part: p}
+	if p < r.newest {
+		fl.logState = dropped // an older partition's: see below
+	}
+	next := f.assign(r, fl)
+	for _, fl := range next.slots {
+		if fl != nil && fl.part < p {
+			// An older partition takes few keys from now on: its bits
+			// copied up at the last growth stay far below its target, and
+			// its log would only hold memory (growth.go).
+			fl.dropLog()
+		}
+	}
 	f.publish(next)
 	return next, next.slots[f.slot(p)]
 }

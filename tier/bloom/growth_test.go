@@ -209,4 +209,29 @@ func TestGrowthReportsInherited(t *testing.T) {
 	if got := inherited(g); !got[9] || got[10] {
 		t.Fatalf("restored partition 9 then grown, partition 10 filled through the growths: inherited %v, want 9 only", got)
 	}
+	var big bytes.Buffer
+	if _, err := g.WritePartition(&big, 10, SnapshotMeta{Kind: SnapshotPartition}); err != nil {
+		t.Fatal(err)
+	}
+	var small9 bytes.Buffer
+	if _, err := small.WritePartition(&small9, 9, SnapshotMeta{Kind: SnapshotPartition}); err != nil {
+		t.Fatal(err)
+	}
+	// The full-size file first grows the ring; the small file is then
+	// copied up into it, as a growth would: Inherited either way.
+	for _, order := range [][]*bytes.Buffer{{&big, &small9}, {&small9, &big}} {
+		h := growing(t, n, 10)
+		var srcs []SnapshotSource
+		for _, b := range order {
+			srcs = append(srcs, SnapshotSource{R: bytes.NewReader(b.Bytes()), Size: int64(b.Len())})
+		}
+		for _, err := range h.MergeSnapshots(srcs) {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := inherited(h); !got[9] || got[10] {
+			t.Fatalf("a small file of 9 and a full one of 10 merged (full first: %v): inherited %v, want 9 only", order[0] == &big, got)
+		}
+	}
 }

@@ -202,10 +202,11 @@ func (f *Filters) place(r *ring, rec record) *ring {
 		fl := &filter{part: rec.part}
 		r = f.assign(r, fl) // allocates the words on first use
 	}
-	r.slots[s].unlog() // its bits now include the record's, whose keys are not known
+	r.slots[s].placed() // its bits now include the record's, whose keys are not known
 	if rec.step == r.step {
 		r.lay.scatter(r.words, uint64(s), rec.col)
 	} else {
+		r.slots[s].inherited.Store(true) // a file's bits copied up, as a growth would
 		small := &f.steps[rec.step]
 		words := make([]uint64, len64(*small))
 		small.scatter(words, uint64(s), rec.col)
