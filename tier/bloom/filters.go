@@ -304,7 +304,7 @@ func (f *Filters) Add(fps []shard.Fingerprint, p int64) {
 			}
 		}
 		if n := fl.adds.Load() + int64(len(fps)); n >= f.growAt[r.step] {
-			f.grow(n) // before the keys land in a ring too small for them
+			f.grow(fl, p, n) // before the keys land in a ring too small for them
 			if f.cur.Load() != r {
 				continue
 			}

@@ -127,11 +127,16 @@ func (f *Filters) stepFor(adds int64) int {
 
 // grow makes the ring at least the step a filter of adds keys needs: the
 // adds wait (a marker ring) while the words are copied up, then start again
-// on the grown ring (Add).
-func (f *Filters) grow(adds int64) {
+// on the grown ring (Add). fl is partition p's filter the count was read
+// from: if the current ring no longer holds it (a Reset or a snapshot
+// read replaced the filters), the count is stale and nothing grows.
+func (f *Filters) grow(fl *filter, p int64, adds int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	cur := f.cur.Load()
+	if cur.filter(f, p) != fl {
+		return // the caller starts again on the current ring
+	}
 	to := f.stepFor(adds)
 	if to <= cur.step {
 		return // another add grew it

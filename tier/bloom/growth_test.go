@@ -235,3 +235,26 @@ func TestGrowthReportsInherited(t *testing.T) {
 		}
 	}
 }
+
+// TestGrowthIgnoresAStaleCount: an add's count read from a filter that a
+// Reset replaced (the add was in flight across it) does not grow the new
+// ring; a count from the current filter does.
+func TestGrowthIgnoresAStaleCount(t *testing.T) {
+	f := growing(t, 1_000_000, 10)
+	f.Add(keys("a", 10), 10)
+	stale := f.cur.Load().filter(f, 10)
+	f.Reset()
+	f.Add(keys("b", 10), 10)
+	small := f.Bytes()
+	f.grow(stale, 10, f.growAt[len(f.growAt)-2])
+	if f.Bytes() != small {
+		t.Fatalf("a stale count grew the ring from %d to %d bytes", small, f.Bytes())
+	}
+	f.grow(f.cur.Load().filter(f, 10), 10, f.growAt[len(f.growAt)-2])
+	if f.Bytes() != f.FullBytes() {
+		t.Fatalf("the current filter's count left the ring at %d of %d bytes", f.Bytes(), f.FullBytes())
+	}
+	if m := missing(f, keys("b", 10)); m > 0 {
+		t.Fatalf("%d keys lost", m)
+	}
+}
