@@ -19,9 +19,23 @@ import (
 // bytes.
 func du(t *testing.T, dir string) uint64 {
 	t.Helper()
-	out, err := exec.Command("du", "-s", "-B1", dir).Output()
-	if err != nil {
-		t.Fatalf("du: %v", err)
+	// du exits 1 when a file it listed is gone before it reads its size
+	// (the store's background work retires a WAL, renames a temporary
+	// file): taken again, up to five times.
+	var out []byte
+	var err error
+	for try := 1; ; try++ {
+		if out, err = exec.Command("du", "-s", "-B1", dir).Output(); err == nil {
+			break
+		}
+		if try == 5 {
+			var stderr []byte
+			if ee, ok := err.(*exec.ExitError); ok {
+				stderr = ee.Stderr
+			}
+			t.Fatalf("du: %v: %s", err, stderr)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	f := strings.Fields(string(out))
 	n, err := strconv.ParseUint(f[0], 10, 64)
