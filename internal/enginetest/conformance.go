@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -128,6 +129,7 @@ func runConformance(t *testing.T, cfg ConformanceConfig, seed uint64, ops int) {
 		t.Fatalf("op %d: "+format, append([]any{op}, args...)...)
 	}
 
+	var heldGate *sync.RWMutex // a move gate held across a faulted engine's Close
 	for op := 0; op < ops; op++ {
 		if testing.Verbose() && os.Getenv("CONFORMANCE_TRACE") != "" {
 			t.Logf("op %d clock %d hw %d", op, clock.Now().UnixNano(), m.hw)
@@ -327,14 +329,20 @@ func runConformance(t *testing.T, cfg ConformanceConfig, seed uint64, ops int) {
 				inj.ArmNth(oneFault[rng.IntN(3)], int64(1+rng.IntN(3)))
 				broken := faultRound(t, op, e, namespaces, m, clock, rng, randKey)
 				inj.Disarm()
-				gate.Unlock()
 				// A fault that hit Pebble's background work (a flush or
 				// compaction) may have failed the store after the round:
 				// reopen then too.
 				if !broken && inj.Hits() == 0 {
+					gate.Unlock()
 					continue
 				}
 				faults++
+				// The gate stays held until the engine is closed: its WAL
+				// may have failed without a call seeing it, and a move's
+				// excise that rotates a failed WAL ends the process (Pebble
+				// panics with its mutex released, and its deferred unlock
+				// is fatal). Close ends the mover's wait for the gate.
+				heldGate = gate
 			}
 			crashed := mem.CrashClone(vfs.CrashCloneCfg{})
 			old := e
@@ -342,6 +350,10 @@ func runConformance(t *testing.T, cfg ConformanceConfig, seed uint64, ops int) {
 			SetFS(&o, wrap(crashed))
 			e = Open(t, o)
 			old.Close() // writes only to the abandoned filesystem
+			if heldGate != nil {
+				heldGate.Unlock()
+				heldGate = nil
+			}
 			mem = crashed
 			SetFS(&opts, BackendOf(&o).FS)
 			m.restart(clock.Now().UnixNano(), true)

@@ -63,7 +63,10 @@ type FS struct {
 // filesystem). A test that arms a WAL fault takes the write side first,
 // so no move runs while the fault is armed: a move's excise makes Pebble
 // rotate its WAL, and Pebble panics when the WAL it closes has failed
-// (rotateWAL), which is Pebble's crash, not an answer of the engine's.
+// (rotateWAL), which is Pebble's crash, not an answer of the engine's. A
+// fault that hit may leave the WAL failed after it is disarmed, unseen by
+// any call: the test then holds the gate until the engine is closed (a
+// move waits for the gate only until the store's Close ends its context).
 func (fs *FS) MoveGate() *sync.RWMutex { return &fs.moves }
 
 // Wrap returns base with injectors consulted, in order, before each file

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -336,14 +337,30 @@ func (s *Store) firstPartition(from, to int64) (p int64, ok bool, err error) {
 }
 
 // moveGater is a filesystem whose user can keep moves out for a while
-// (a test's fault injection: internal/faultfs).
+// (a test's fault injection: internal/faultfs). Open takes the gate from
+// Options.FS, before wrapping it (walFS), which would hide the method. A
+// move waits for the gate until ctx ends: a test may hold it across the
+// Store's Close, which ends ctx and waits for the mover.
 type moveGater interface{ MoveGate() *sync.RWMutex }
+
+// moveGateOf returns fs's move gate, or nil.
+func moveGateOf(fs vfs.FS) *sync.RWMutex {
+	if g, ok := fs.(moveGater); ok {
+		return g.MoveGate()
+	}
+	return nil
+}
 
 // move moves sealed partition p into the cold database (steps 1 to 4).
 func (s *Store) move(ctx context.Context, p int64) (err error) {
-	if g, ok := s.fs.(moveGater); ok {
-		gate := g.MoveGate()
-		gate.RLock()
+	if gate := s.moveGate; gate != nil {
+		for !gate.TryRLock() {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Millisecond):
+			}
+		}
 		defer gate.RUnlock()
 	}
 	s.moveMu.Lock()

@@ -138,6 +138,7 @@ type Store struct {
 	moverDone chan struct{}
 	moved     atomic.Uint64 // partitions moved since Open
 	fs        vfs.FS
+	moveGate  *sync.RWMutex // moveGater's, or nil
 	dir       string
 	logger    *log.Logger
 
@@ -230,6 +231,7 @@ func Open(opts *Options) (*Store, error) {
 		moveWake:    make(chan struct{}, 1),
 		moverDone:   make(chan struct{}),
 		fs:          fs,
+		moveGate:    moveGateOf(o.FS),
 		dir:         o.Dir,
 		logger:      o.Logger,
 		journal:     o.Journal,
