@@ -235,18 +235,56 @@ var spread8 = func() (t [256]uint64) {
 // scatter sets in words (not shared: plain writes) slot s's bits of the
 // filter col (m/64 words, in position order).
 func (l *layout) scatter(words []uint64, s uint64, col []uint64) {
+	l.scatterRange(words, s, col, 0, len(words))
+}
+
+// scatterMany is scatterRange for several filters at once, filter r's
+// bits cols[r] in slot slots[r]: at 8 lanes (the default window's 8 live
+// partitions) each word is read and written once for all of them, not
+// once a filter (BenchmarkMergeSealed, 7 sealed files of 12.5M keys:
+// 469 ms with a pass a file, 314 ms with one); other lane counts take a
+// pass a filter.
+func (l *layout) scatterMany(words []uint64, slots []uint64, cols [][]uint64, lo, hi int) {
+	if l.lanes != 8 || lo%8 != 0 || hi%8 != 0 {
+		for r := range cols {
+			l.scatterRange(words, slots[r], cols[r], lo, hi)
+		}
+		return
+	}
+	for j := lo / 8; j < hi/8; j++ {
+		var acc [8]uint64
+		for r, col := range cols {
+			c := col[j]
+			if c == 0 {
+				continue
+			}
+			s := slots[r]
+			for k := range 8 {
+				acc[k] |= spread8[byte(c>>(8*k))] << s
+			}
+		}
+		w := words[j*8 : j*8+8]
+		for k := range w {
+			w[k] |= acc[k]
+		}
+	}
+}
+
+// scatterRange is scatter over words[lo:hi] only: goroutines given
+// disjoint ranges write disjoint words.
+func (l *layout) scatterRange(words []uint64, s uint64, col []uint64, lo, hi int) {
 	switch l.lanes {
 	case 64:
-		for i, c := range col {
-			words[i] |= c
+		for i := lo; i < hi; i++ {
+			words[i] |= col[i]
 		}
 	case 8:
-		for i := range words {
+		for i := lo; i < hi; i++ {
 			words[i] |= spread8[byte(col[i>>3]>>(8*(i&7)))] << s
 		}
 	default:
-		q := uint64(0)
-		for i := range words {
+		q := uint64(lo) * l.lanes
+		for i := lo; i < hi; i++ {
 			var w uint64
 			for j := uint64(0); j < l.lanes; j++ {
 				w |= (col[q>>6] >> (q & 63) & 1) << (j*l.width + s)

@@ -8,7 +8,9 @@ import (
 	"hash/crc32"
 	"io"
 	"math/bits"
+	"runtime"
 	"slices"
+	"sync"
 
 	bitsbloom "github.com/bits-and-blooms/bloom/v3"
 )
@@ -218,6 +220,77 @@ func (f *Filters) place(r *ring, rec record) *ring {
 	return r
 }
 
+// placeAll places recs into r (not shared) as place does one after
+// another, and returns the ring: grown first to the largest step among
+// them, then the bits of the records at its step scattered in parallel,
+// each goroutine over its own range of words for every record (a word
+// holds a bit of every slot, so two records never write a word at once
+// from two goroutines).
+func (f *Filters) placeAll(r *ring, recs []record) *ring {
+	if len(recs) == 0 {
+		return r
+	}
+	top := r.step
+	for _, rec := range recs {
+		top = max(top, rec.step)
+	}
+	if top > r.step {
+		r = f.grown(r, top)
+	}
+	var same []record
+	for _, rec := range recs {
+		if rec.step < r.step {
+			r = f.place(r, rec) // copied up: rare (a file of a smaller step)
+			continue
+		}
+		s := f.slot(rec.part)
+		if r.slots[s] == nil || r.slots[s].part != rec.part {
+			r = f.assign(r, &filter{part: rec.part}) // allocates the words on first use
+		}
+		r.slots[s].placed()
+		r.slots[s].adds.Add(rec.adds)
+		same = append(same, rec)
+	}
+	if len(same) == 0 {
+		return r
+	}
+	words := r.words
+	chunks := max(1, min(runtime.GOMAXPROCS(0), len(words)/(1<<16)))
+	per := (len(words) + chunks - 1) / chunks
+	per = (per + 63) / 64 * 64 // whole 64-word runs: a byte of a column is 8 words at 8 lanes
+	slots, cols := make([]uint64, len(same)), make([][]uint64, len(same))
+	for i, rec := range same {
+		slots[i], cols[i] = uint64(f.slot(rec.part)), rec.col
+	}
+	parallel(chunks, func(c int) {
+		lo, hi := c*per, min((c+1)*per, len(words))
+		r.lay.scatterMany(words, slots, cols, lo, hi)
+	})
+	return r
+}
+
+// parallel runs fn(0) to fn(n-1), up to GOMAXPROCS at once, and returns
+// when all have.
+func parallel(n int, fn func(i int)) {
+	if n <= 1 {
+		for i := range n {
+			fn(i)
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	for i := range n {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			fn(i)
+		}()
+	}
+	wg.Wait()
+}
+
 // MergeSnapshot adds the filters in r (size bytes long) to the current
 // ones, checked as ReadSnapshot checks them: each becomes the union of
 // itself and the snapshot's filter of its partition. A union keeps every
@@ -250,17 +323,23 @@ type SnapshotSource struct {
 // share one copy of the ring's words, and none is made while no filter has
 // been written yet (an Open merging its sealed files into new filters):
 // copying a ring sized for hundreds of millions of keys once for every file
-// was most of an Open's time to warm (BenchmarkMergeSealed).
+// was most of an Open's time to warm (BenchmarkMergeSealed). The files are
+// verified and decoded in parallel, and their bits scattered in parallel
+// over ranges of the ring (placeAll).
 func (f *Filters) MergeSnapshots(srcs []SnapshotSource) []error {
 	errs := make([]error, len(srcs))
+	recs := make([][]record, len(srcs))
+	// Each file is verified and decoded by itself (a checksum pass and a
+	// decode of its bits, most of an Open's merge of sealed files): up to
+	// GOMAXPROCS of them at once.
+	parallel(len(srcs), func(i int) {
+		_, recs[i], errs[i] = f.read(srcs[i].R, srcs[i].Size, srcs[i].Accept)
+	})
 	var loaded []record
-	for i, src := range srcs {
-		_, recs, err := f.read(src.R, src.Size, src.Accept)
-		if err != nil {
-			errs[i] = err
-			continue
+	for i := range srcs {
+		if errs[i] == nil {
+			loaded = append(loaded, recs[i]...)
 		}
-		loaded = append(loaded, recs...)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -281,9 +360,7 @@ func (f *Filters) MergeSnapshots(srcs []SnapshotSource) []error {
 		// them), and rotation needs mu: a plain copy.
 		next.words = slices.Clone(cur.words)
 	}
-	for _, rec := range keep {
-		next = f.place(next, rec)
-	}
+	next = f.placeAll(next, keep)
 	f.publish(next)
 	return errs
 }

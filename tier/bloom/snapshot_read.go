@@ -64,9 +64,7 @@ func (f *Filters) ReadSnapshot(r io.ReaderAt, size int64, accept func(SnapshotHe
 	}
 	step, _ := f.stepOf(hd.M)
 	next := &ring{newest: hd.Newest, lay: &f.steps[step], step: step, slots: make([]*filter, f.parts.Live)}
-	for _, rec := range loaded {
-		next = f.place(next, rec)
-	}
+	next = f.placeAll(next, loaded)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	cur := f.cur.Load()

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/enginetest"
@@ -217,4 +219,52 @@ func gaOpen(t testing.TB, o engine.Options) *engine.Engine {
 	t.Helper()
 	o.MemoryCapacity = 1
 	return open(t, o)
+}
+
+// gaRemarker re-marks batches of 128 acknowledged keys of l until stop
+// closes, each from the newest recent keys (one in anyEvery from all of
+// them; 0: none), and checks each answers Duplicate; each batch checked
+// counts in checks (if not nil). Its error, or nil once stopped, arrives
+// on the channel it returns.
+func gaRemarker(e *engine.Engine, l *ledger, stop <-chan struct{}, checks *atomic.Int64, recent, anyEvery int, what string) <-chan error {
+	res := make(chan error, 1)
+	go func() {
+		rng := rand.New(rand.NewPCG(11, 12))
+		out := make([]engine.Outcome, 128)
+		for {
+			select {
+			case <-stop:
+				res <- nil
+				return
+			default:
+			}
+			keys := l.snapshot()
+			if len(keys) < 128 {
+				time.Sleep(time.Millisecond)
+				continue
+			}
+			b := make([][]byte, 128)
+			for i := range b {
+				j := len(keys) - 1 - rng.IntN(min(len(keys), recent))
+				if anyEvery > 0 && i%anyEvery == 0 {
+					j = rng.IntN(len(keys))
+				}
+				b[i] = keys[j]
+			}
+			if err := e.MarkBatch(context.Background(), b, nil, out); err != nil {
+				res <- err
+				return
+			}
+			for i, o := range out {
+				if o != engine.Duplicate {
+					res <- fmt.Errorf("%s: acknowledged key %s marked %v (%d acknowledged, filters %d bytes)", what, b[i], o, len(keys), e.Stats().Bloom.Bytes)
+					return
+				}
+			}
+			if checks != nil {
+				checks.Add(1)
+			}
+		}
+	}()
+	return res
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -96,38 +95,7 @@ func TestGrowthAttackMemoryTierGrows(t *testing.T) {
 	var next atomic.Int64
 	total := int64(gaScale(400000, 4))
 	stop := make(chan struct{})
-	checkErr := make(chan error, 1)
-	go func() {
-		rng := rand.New(rand.NewPCG(3, 4))
-		out := make([]engine.Outcome, 128)
-		for {
-			select {
-			case <-stop:
-				checkErr <- nil
-				return
-			default:
-			}
-			keys := l.snapshot()
-			if len(keys) < 128 {
-				time.Sleep(time.Millisecond)
-				continue
-			}
-			b := make([][]byte, 128)
-			for i := range b {
-				b[i] = keys[len(keys)-1-rng.IntN(min(len(keys), 5000))]
-			}
-			if err := e.MarkBatch(context.Background(), b, nil, out); err != nil {
-				checkErr <- err
-				return
-			}
-			for i, o := range out {
-				if o != engine.Duplicate {
-					checkErr <- fmt.Errorf("memory growing: acknowledged key %s marked %v", b[i], o)
-					return
-				}
-			}
-		}
-	}()
+	checkErr := gaRemarker(e, &l, stop, nil, 5000, 0, "memory growing")
 	err := gaMarkFresh(e, &l, "mem", &next, total, 4, 512, nil)
 	close(stop)
 	if cerr := <-checkErr; cerr != nil {

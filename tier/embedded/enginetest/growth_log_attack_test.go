@@ -3,7 +3,6 @@ package enginetest_test
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -68,50 +67,10 @@ func glaOptions(fs vfs.FS, clock *fakeClock) engine.Options {
 	return engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}, Clock: clock, ExpectedKeys: gaExpected(), Window: 4 * time.Hour, Partition: time.Hour}
 }
 
-// glaRemarker re-marks and looks up acknowledged keys of l (mostly the
-// newest) until stop closes; its error (or nil) arrives on the channel
-// it returns.
+// glaRemarker re-marks acknowledged keys of l (mostly among the newest
+// 3000, a quarter from all of them) until stop closes (gaRemarker).
 func glaRemarker(e *engine.Engine, l *ledger, stop <-chan struct{}, checks *atomic.Int64) <-chan error {
-	res := make(chan error, 1)
-	go func() {
-		rng := rand.New(rand.NewPCG(11, 12))
-		out := make([]engine.Outcome, 128)
-		for {
-			select {
-			case <-stop:
-				res <- nil
-				return
-			default:
-			}
-			keys := l.snapshot()
-			if len(keys) < 128 {
-				time.Sleep(time.Millisecond)
-				continue
-			}
-			b := make([][]byte, 128)
-			for i := range b {
-				j := len(keys) - 1 - rng.IntN(min(len(keys), 3000))
-				if i%4 == 0 {
-					j = rng.IntN(len(keys))
-				}
-				b[i] = keys[j]
-			}
-			if err := e.MarkBatch(context.Background(), b, nil, out); err != nil {
-				res <- err
-				return
-			}
-			for i, o := range out {
-				if o != engine.Duplicate {
-					res <- fmt.Errorf("acknowledged key %s marked %v (%d acknowledged, filters %d bytes)", b[i], o, len(keys), e.Stats().Bloom.Bytes)
-					return
-				}
-			}
-			if checks != nil {
-				checks.Add(1)
-			}
-		}
-	}()
-	return res
+	return gaRemarker(e, l, stop, checks, 3000, 4, "growth log")
 }
 
 // TestGrowthLogAttackCrashAroundLastGrowth: an hour partition is filled
