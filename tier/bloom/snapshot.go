@@ -254,8 +254,11 @@ func (f *Filters) placeAll(r *ring, recs []record) *ring {
 	if len(same) == 0 {
 		return r
 	}
+	// Chunks of at least 64k words, several a core: a core busy with
+	// something else (an Open's compactions) leaves its chunks to the
+	// others instead of holding up the merge.
 	words := r.words
-	chunks := max(1, min(runtime.GOMAXPROCS(0), len(words)/(1<<16)))
+	chunks := max(1, min(8*runtime.GOMAXPROCS(0), len(words)/(1<<16)))
 	per := (len(words) + chunks - 1) / chunks
 	per = (per + 63) / 64 * 64 // whole 64-word runs: a byte of a column is 8 words at 8 lanes
 	slots, cols := make([]uint64, len(same)), make([][]uint64, len(same))
