@@ -242,8 +242,8 @@ func (l *layout) scatter(words []uint64, s uint64, col []uint64) {
 // bits cols[r] in slot slots[r]: at 8 lanes (the default window's 8 live
 // partitions) each word is read and written once for all of them, not
 // once a filter (BenchmarkMergeSealed, 7 sealed files of 12.5M keys:
-// 469 ms with a pass a file, 314 ms with one); other lane counts take a
-// pass a filter.
+// 762 ms before, 327 ms with one pass over ranges in parallel); other
+// lane counts take a pass a filter.
 func (l *layout) scatterMany(words []uint64, slots []uint64, cols [][]uint64, lo, hi int) {
 	if l.lanes != 8 || lo%8 != 0 || hi%8 != 0 {
 		for r := range cols {

@@ -326,23 +326,22 @@ type SnapshotSource struct {
 // share one copy of the ring's words, and none is made while no filter has
 // been written yet (an Open merging its sealed files into new filters):
 // copying a ring sized for hundreds of millions of keys once for every file
-// was most of an Open's time to warm (BenchmarkMergeSealed). The files are
-// verified and decoded in parallel, and their bits scattered in parallel
-// over ranges of the ring (placeAll).
+// was most of an Open's time to warm (BenchmarkMergeSealed). Their bits
+// are scattered in one pass over the ring, in parallel over its ranges
+// (placeAll).
 func (f *Filters) MergeSnapshots(srcs []SnapshotSource) []error {
 	errs := make([]error, len(srcs))
-	recs := make([][]record, len(srcs))
-	// Each file is verified and decoded by itself (a checksum pass and a
-	// decode of its bits, most of an Open's merge of sealed files): up to
-	// GOMAXPROCS of them at once.
-	parallel(len(srcs), func(i int) {
-		_, recs[i], errs[i] = f.read(srcs[i].R, srcs[i].Size, srcs[i].Accept)
-	})
+	// The files are read one after another: a source's reader and its
+	// Accept need not be safe to use beside another's (an archive's
+	// accepts write one map).
 	var loaded []record
-	for i := range srcs {
-		if errs[i] == nil {
-			loaded = append(loaded, recs[i]...)
+	for i, src := range srcs {
+		_, recs, err := f.read(src.R, src.Size, src.Accept)
+		if err != nil {
+			errs[i] = err
+			continue
 		}
+		loaded = append(loaded, recs...)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
