@@ -174,15 +174,16 @@ func (f *Filters) grown(r *ring, to int) *ring {
 		next.words = r.lay.copyUp(r.words, next.lay)
 		return next
 	}
-	for s, fl := range next.slots {
-		if fl != nil && r.valid>>s&1 == 1 && fl.state() == fromFile {
-			fl.inherited.Store(true) // a file's bits copied up, below
-		}
-	}
 	var logged uint64
 	for s, fl := range next.slots {
-		if fl != nil && r.valid>>s&1 == 1 && fl.logged() {
+		if fl == nil || r.valid>>s&1 == 0 {
+			continue
+		}
+		switch fl.state() {
+		case logging:
 			logged |= 1 << s
+		case fromFile:
+			fl.inherited.Store(true) // a file's bits copied up, below
 		}
 	}
 	if logged == r.valid {
@@ -231,9 +232,6 @@ func (fl *filter) state() logState {
 	defer fl.keysMu.Unlock()
 	return fl.logState
 }
-
-// logged reports whether the filter's logged keys account for all its bits.
-func (fl *filter) logged() bool { return fl.state() == logging }
 
 // placed drops the filter's log for a file's bits it now holds.
 func (fl *filter) placed() {
