@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,7 +79,10 @@ func fillRedisArchive(b *testing.B, db *pgxpool.Pool, table, prefix string, n in
 // keys, batch 256, with an archive holding ten windows of history and
 // without one (keys/s), and MarkBatch of archived keys, each found in the
 // archive. With the archive each commit also appends to the log in its
-// script, and the engine drains the log into PostgreSQL meanwhile.
+// script (one entry a call), and the engine drains the log into
+// PostgreSQL meanwhile. redis-cpu-µs/key is the server's own CPU time a
+// key (INFO cpu, user and system), what bounds the rate where Redis has
+// cores of its own.
 //
 //	go test -run '^$' -bench ArchiveRedis -benchtime 200000x -cpu 2 ./bench/
 func BenchmarkArchiveRedis(b *testing.B) {
@@ -129,6 +133,10 @@ func BenchmarkArchiveRedis(b *testing.B) {
 		out := make([]engine.Outcome, 256)
 		batch := make([][]byte, 0, 256)
 		before := e.Stats().Archive
+		cpu0 := serverCPU(b, client)
+		if err := client.ConfigResetStat(context.Background()).Err(); err != nil {
+			b.Fatal(err)
+		}
 		b.ResetTimer()
 		t0 := time.Now()
 		for i := 0; i < b.N; i++ {
@@ -146,6 +154,13 @@ func BenchmarkArchiveRedis(b *testing.B) {
 			}
 		}
 		b.ReportMetric(float64(b.N)/time.Since(t0).Seconds(), "keys/s")
+		b.ReportMetric((serverCPU(b, client)-cpu0).Seconds()*1e6/float64(b.N), "redis-cpu-µs/key")
+		// Where the server's time went (INFO commandstats): the scripts'
+		// time includes the commands they call, SET's the SETs called
+		// from scripts too.
+		usec := serverCommandUsec(b, client)
+		b.ReportMetric((usec["evalsha"]+usec["eval"])/float64(b.N), "redis-script-µs/key")
+		b.ReportMetric(usec["set"]/float64(b.N), "redis-set-µs/key")
 		if after := e.Stats().Archive; after != nil && before != nil {
 			b.ReportMetric(float64(after.Reads-before.Reads)/float64(b.N), "archive-reads/key")
 		}
@@ -161,4 +176,51 @@ func BenchmarkArchiveRedis(b *testing.B) {
 		}
 		mark(b, engines[archivePostgres], func(i int) []byte { return dayKey(0, i) }, engine.Duplicate)
 	})
+}
+
+// serverCommandUsec reads the server's time by command since the last
+// CONFIG RESETSTAT (INFO commandstats: cmdstat_<name>:calls=…,usec=…).
+func serverCommandUsec(b *testing.B, c goredis.UniversalClient) map[string]float64 {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(info, "\r\n") {
+		name, stats, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":")
+		if !ok || name == line {
+			continue
+		}
+		for _, kv := range strings.Split(stats, ",") {
+			if v, ok := strings.CutPrefix(kv, "usec="); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					b.Fatalf("commandstats line %q: %v", line, err)
+				}
+				out[name] = f
+			}
+		}
+	}
+	return out
+}
+
+// serverCPU reads the Redis server's CPU time (used_cpu_user +
+// used_cpu_sys, INFO cpu).
+func serverCPU(b *testing.B, c goredis.UniversalClient) time.Duration {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var sum float64
+	for _, line := range strings.Split(info, "\r\n") {
+		k, v, _ := strings.Cut(line, ":")
+		if k == "used_cpu_user" || k == "used_cpu_sys" {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			sum += f
+		}
+	}
+	return time.Duration(sum * float64(time.Second))
 }

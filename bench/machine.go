@@ -1,19 +1,17 @@
 package bench
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
 	"runtime"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/internal/machine"
 )
 
 // Machine is what a plan must fit in: the memory the process may use and
@@ -43,15 +41,9 @@ const FitShare = 0.8
 // parent).
 func DetectMachine(dir string) (Machine, error) {
 	m := Machine{CPUs: runtime.NumCPU()}
-	total, err := memTotal("/proc/meminfo")
-	if err != nil {
+	var err error
+	if m.MemoryBytes, m.MemorySource, err = machine.Memory(); err != nil {
 		return m, err
-	}
-	m.MemoryBytes, m.MemorySource = total, "/proc/meminfo MemTotal"
-	for _, f := range []string{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"} {
-		if limit, ok := cgroupLimit(f); ok && limit < m.MemoryBytes {
-			m.MemoryBytes, m.MemorySource = limit, f
-		}
 	}
 	if dir == "" {
 		dir = "."
@@ -77,51 +69,8 @@ func DetectMachine(dir string) (Machine, error) {
 	return m, nil
 }
 
-// memTotal reads MemTotal from a meminfo file, in bytes.
-func memTotal(path string) (float64, error) {
-	b, err := procKB(path, "MemTotal:")
-	if err != nil {
-		return 0, fmt.Errorf("machine memory: %w", err)
-	}
-	return b, nil
-}
-
-// procKB reads the line "key N kB" of a /proc file (meminfo, status) and
-// returns N KiB in bytes.
-func procKB(path, key string) (float64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) >= 2 && fields[0] == key {
-			kb, err := strconv.ParseFloat(fields[1], 64)
-			if err != nil {
-				return 0, fmt.Errorf("%s: %s: %w", path, key, err)
-			}
-			return kb * 1024, nil
-		}
-	}
-	return 0, fmt.Errorf("no %s in %s", strings.TrimSuffix(key, ":"), path)
-}
-
-// cgroupLimit reads a cgroup memory limit file: false when it is absent or
-// says there is no limit ("max", or cgroup v1's huge number).
-func cgroupLimit(path string) (float64, bool) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, false
-	}
-	s := strings.TrimSpace(string(b))
-	v, err := strconv.ParseFloat(s, 64)
-	if err != nil || v <= 0 || v >= 1<<60 {
-		return 0, false
-	}
-	return v, true
-}
+// procKB reads the line "key N kB" of a /proc file (machine.ProcKB).
+var procKB = machine.ProcKB
 
 // Fit is a plan checked against a machine: what it needs, whether it fits,
 // and, when it does not, the changes that would make it fit.

@@ -10,11 +10,12 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	pebblebloom "github.com/cockroachdb/pebble/v2/bloom"
+	tpebble "github.com/tierdedup/tierdedup/tier/pebble"
 )
 
 // PebbleBaseline is the embedded store's own write path with nothing of
 // the engine around it: Pebble configured as the embedded store configures
-// its hot database (64 MiB memtables, a 64 MiB block cache, 10 bits a key
+// its hot database (its memtable size, a 64 MiB block cache, 10 bits a key
 // of table filter), each call's keys one synced Pebble batch, called from
 // as many goroutines as the engine's run. It is what the default
 // configuration's MarkBatch is measured against (`dedupbench compare`):
@@ -63,7 +64,7 @@ func OpenPebbleBaseline(o PebbleBaselineOptions) (*PebbleBaseline, error) {
 		o.CacheSize = 64 << 20
 	}
 	cache := pebble.NewCache(o.CacheSize)
-	po := &pebble.Options{Cache: cache, MemTableSize: 64 << 20, Logger: quietPebble{}}
+	po := &pebble.Options{Cache: cache, MemTableSize: tpebble.DefaultMemTableSize, Logger: quietPebble{}}
 	for i := range po.Levels {
 		po.Levels[i].FilterPolicy = pebblebloom.FilterPolicy(10)
 	}

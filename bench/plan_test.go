@@ -79,18 +79,20 @@ func TestPlanDiskAndRedisModel(t *testing.T) {
 		pl.DiskBytes != 11_250_000+300e6+pl.BloomBytes+1000 || pl.Derate != 1 || pl.CapacityPerDay != 1000*86400 {
 		t.Fatalf("plan %+v", pl)
 	}
-	// A memtable's WAL over one block (1.1 × 64 MiB): two blocks a file.
+	// A memtable's WAL within one block (1.1 × the memtable size), then
+	// over it: two blocks a file.
+	block := 1.1 * float64(pebble.DefaultMemTableSize)
 	big := cal
-	big.WALBytesPerKey = 400
-	if pl, _ := MakePlan(in, big); pl.WALFileBytes != 400*100_000 || pl.WALBytes != 300e6 {
+	big.WALBytesPerKey = math.Floor(0.9 * block / 100_000)
+	if pl, _ := MakePlan(in, big); pl.WALFileBytes != big.WALBytesPerKey*100_000 || pl.WALBytes != 300e6 {
 		t.Fatalf("WAL file of %v: %v", pl.WALFileBytes, pl.WALBytes)
 	}
-	big.WALBytesPerKey = 1000
+	big.WALBytesPerKey = math.Floor(1.5 * block / 100_000)
 	if pl, _ := MakePlan(in, big); pl.WALBytes != 2*300e6 {
 		t.Fatalf("WAL file of %v: %v, want two blocks a file", pl.WALFileBytes, pl.WALBytes)
 	}
 	big.WALDiskBytes = 0
-	if pl, _ := MakePlan(in, big); pl.WALBytes != (RecycledWALFiles+1)*2*1.1*(64<<20) {
+	if pl, _ := MakePlan(in, big); pl.WALBytes != (RecycledWALFiles+1)*2*block {
 		t.Fatalf("WAL without a calibrated figure: %v", pl.WALBytes)
 	}
 	cal.WALFileKeys = 0 // no flush seen: bounded by the memtable, here beyond a partition

@@ -166,20 +166,63 @@ func (e *Engine) resolveArchive(ctx context.Context, b *batch, ns *Namespace, ou
 		if out[b.cand[j]].Outcome == New {
 			turned = append(turned, b.cand[j])
 		}
-		cl := &out[b.cand[j]]
-		cl.Outcome = Duplicate
-		if conflicts(digests[q], r.Digest) {
-			cl.Outcome = Conflict
-		}
-		d.digests[j], cl.digest = r.Digest, r.Digest
-		cl.Result, cl.CommittedAt = r.Result, r.At
-		if r.Result == nil {
-			cl.CommittedAt = 0
-		}
-		d.actions[j] = memory.Drop // not cached: memory would outlive the hot window's expiry rules
-		c.storeHits++
+		archived(&out[b.cand[j]], d, j, r, digests[q], c)
 	}
 	return nil
+}
+
+// archived answers candidate j (claim cl, sent with digest) Duplicate, or
+// Conflict, from the archive's record r.
+func archived(cl *Claim, d decision, j int, r *tier.Answer, digest Digest, c *tally) {
+	cl.Outcome = Duplicate
+	if conflicts(digest, r.Digest) {
+		cl.Outcome = Conflict
+	}
+	d.digests[j], cl.digest = r.Digest, r.Digest
+	cl.Result, cl.CommittedAt = r.Result, r.At
+	if r.Result == nil {
+		cl.CommittedAt = 0
+	}
+	d.actions[j] = memory.Drop // not cached: memory would outlive the hot window's expiry rules
+	c.storeHits++
+}
+
+// archiveBeforeMark reads the archive for the keys of reqs, before a
+// one-step mark of them behind it (Namespace.marksInTier): the keys it
+// holds inside the namespace's archive window are answered from it and
+// not marked; it returns the requests left to mark (b.reqs and b.qidx
+// compacted), each with Archive set and LogBy, the archive read's time
+// plus tier.LogSkew/2. A commit that left the tier's window before LogBy
+// was sealed into the archive before the read (Find waits for that), so
+// a mark the tier accepts by LogBy and finds the key free is New; one
+// reaching the tier later writes nothing and fails. On an error nothing
+// was written.
+func (e *Engine) archiveBeforeMark(ctx context.Context, b *batch, ns *Namespace, out []Claim, d decision, c *tally, now int64, reqs []tier.Request) ([]tier.Request, error) {
+	at := e.archiveNow(now)
+	keys := make([][]byte, len(reqs))
+	fps := make([]shard.Fingerprint, len(reqs))
+	for q := range reqs {
+		keys[q], fps[q] = reqs[q].Key, d.fps[b.qidx[q]]
+	}
+	ans, err := e.arch.Find(ctx, ns.name, keys, fps, at)
+	if err != nil {
+		return nil, err
+	}
+	logBy := at + int64(tier.LogSkew/2)
+	kept := 0
+	for q := range reqs {
+		j := b.qidx[q]
+		if r := &ans[q]; r.Status == tier.Committed && !ns.archiveExpired(r.Partition, r.At, now) {
+			archived(&out[b.cand[j]], d, j, r, reqs[q].Digest, c)
+			continue
+		}
+		reqs[kept], b.qidx[kept] = reqs[q], j
+		reqs[kept].Archive, reqs[kept].LogBy = true, logBy
+		kept++
+	}
+	clear(reqs[kept:])
+	b.reqs, b.qidx = reqs[:kept], b.qidx[:kept]
+	return b.reqs, nil
 }
 
 // giveBackShared gives back the shared tier's claims of out[i] for each

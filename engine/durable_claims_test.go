@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
+	"github.com/tierdedup/tierdedup/internal/enginetest"
 	"github.com/tierdedup/tierdedup/tier/embedded"
 )
 
@@ -311,5 +313,61 @@ func TestDurableClaimsOutliveTheirPartition(t *testing.T) {
 				t.Fatalf("after five hours of heartbeats and a reopen: %v, want %v", got, want)
 			}
 		})
+	}
+}
+
+// TestDurableClaimGivenBackWhileAnotherClaims: with DurableClaims and
+// MaxAttempts 1 (the HTTP middleware's setup), a claim given back
+// uncounted (UnclaimBatch: its handler failed cleanly) frees its key in
+// memory before its attempt count is restored on disk. A claim of the key
+// in that gap must wait for the restored count and answer New, not read
+// the given-back claim's own durable attempt and answer Poison (a request
+// whose first run failed would then never run).
+func TestDurableClaimGivenBackWhileAnotherClaims(t *testing.T) {
+	ctx := context.Background()
+	opts := durableOpts(t.TempDir(), 1, nil)
+	e, err := engine.Open(&opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	first, o := claimOutcome(t, e, "gap")
+	if o != engine.New {
+		t.Fatalf("first claim: %v", o)
+	}
+	// The give-back's durable write is held until the second claim had
+	// time to read.
+	entered, hold := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	enginetest.SetBeforeDurable(func() {
+		once.Do(func() {
+			close(entered)
+			<-hold
+		})
+	})
+	defer enginetest.SetBeforeDurable(nil)
+	gave := make(chan error, 1)
+	go func() { gave <- e.UnclaimBatch(ctx, []engine.Claim{first}, nil) }()
+	<-entered
+	second := make(chan engine.Claim, 1)
+	go func() {
+		c, err := e.Claim(ctx, []byte("gap"))
+		if err != nil {
+			t.Errorf("second claim: %v", err)
+		}
+		second <- c
+	}()
+	select {
+	case c := <-second:
+		close(hold)
+		t.Fatalf("a claim while the give-back's count was not durable answered %v at once; want it to wait, then New", c.Outcome)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(hold)
+	if err := <-gave; err != nil {
+		t.Fatalf("UnclaimBatch: %v", err)
+	}
+	if c := <-second; c.Outcome != engine.New {
+		t.Fatalf("second claim after the give-back: %v, want New", c.Outcome)
 	}
 }

@@ -57,6 +57,10 @@ type Engine struct {
 	dropper tier.Dropper
 	latch   tier.Latching
 	marker  tier.Marker
+	// logMarks: behind the archive, the exact tier marks keys of archived
+	// namespaces in one step, logged and bound by Request.LogBy
+	// (tier.LogMarker); the engine reads the archive first (archiveBeforeMark).
+	logMarks bool
 	// extender extends leases in the shared tier (nil: none, or claims
 	// live in memory).
 	extender tier.Extender
@@ -88,9 +92,11 @@ type Engine struct {
 	// MaxAttempts). A release frees its claim in memory before its count
 	// is durable, so another claim may take the key meanwhile: the release
 	// write-holds counts across that gap, and commits (their durable
-	// write) and Forgets (fence to delete) read-hold it. So no count lands
-	// after a later commit of its key (and erases it), nor after a Forget
-	// read the key (and brings back what it reported removing).
+	// write), Forgets (fence to delete) and claims (their read of the
+	// exact tier) read-hold it. So no count lands after a later commit of
+	// its key (and erases it), nor after a Forget read the key (and brings
+	// back what it reported removing), and no claim reads the count the
+	// released claim left instead of the one its release writes.
 	counts sync.RWMutex
 	tokens atomic.Uint64
 

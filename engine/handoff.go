@@ -43,7 +43,9 @@ func (e *Engine) Export(ctx context.Context, dir string, version uint64) (Export
 // Compact flushes and compacts the embedded store now, so that dropped
 // partitions leave the disk and its size reflects compacted data; for
 // maintenance windows and capacity measurements. It can take minutes on a
-// large store; calls proceed meanwhile.
+// large store; calls proceed meanwhile. When ctx ends first, Compact
+// returns ctx's error at once and the compaction runs on; Close waits for
+// it.
 func (e *Engine) Compact(ctx context.Context) error {
 	if err := e.serve(NeedHandoff, "Compact"); err != nil {
 		return err

@@ -59,7 +59,7 @@ func (n *Namespace) MarkBatch(ctx context.Context, keys [][]byte, digests []Dige
 	// A tier that marks in one step (Marker) commits every New key in
 	// the claim itself.
 	p := forMark
-	if n.e.marker != nil {
+	if n.marksInTier() {
 		p = forMarkInTier
 	}
 	if err := n.e.claim(ctx, n, keys, digests, claims, p); err != nil {
@@ -178,4 +178,21 @@ func (n *Namespace) markInMemory(ctx context.Context, keys [][]byte, digests []D
 	c.claims = uint64(k)
 	e.stats.add(&c)
 	return nil
+}
+
+// marksInTier reports whether MarkBatch marks through the exact tier's
+// Mark (forMarkInTier): a Marker tier, and behind the archive only a
+// tier that logs its marks (Engine.logMarks), for a namespace of the
+// engine's window that the archive keeps and that does not slide (a
+// sliding refresh, and a window of its own, go the three steps: claim,
+// archive, commit).
+func (n *Namespace) marksInTier() bool {
+	e := n.e
+	if e.marker == nil {
+		return false
+	}
+	if e.arch == nil {
+		return true
+	}
+	return e.logMarks && n.archiveWindow > 0 && n.window == 0 && !n.sliding
 }

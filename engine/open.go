@@ -43,6 +43,14 @@ func Open(opts *Options) (_ *Engine, err error) {
 			opened.close()
 		}
 	}()
+	if o.Archive != nil {
+		// Before any tier is opened: a refused archive leaves nothing
+		// written (a new store directory, a shared tier's layout).
+		c := tier.ArchiverConfig{Partitions: e.parts, Window: o.Window, ArchiveWindow: o.ArchiveWindow, ExpectedKeys: o.ExpectedKeys, FalsePositive: o.ArchiveFalsePositive}
+		if err := tier.CheckArchiver(c); err != nil {
+			return nil, err
+		}
+	}
 	now := e.reading()
 	if now == 0 && !o.local() {
 		// Only a directory may hold a reading to stand on: refused before
@@ -211,8 +219,15 @@ func (e *Engine) assemble(o Options, now int64, opened *closers) error {
 		}
 		e.archiveWindow, e.nsArchiveWindows = o.ArchiveWindow, o.nsArchiveWindows()
 		// A mark must ask the archive before it commits, and commit
-		// through the archive log: claim, archive, commit.
-		e.marker = nil
+		// through the archive log: claim, archive, commit; or, where the
+		// tier logs its marks (tier.LogMarker, not under FailOpen), read
+		// the archive, then mark bound by LogBy (archiveBeforeMark), for
+		// the namespaces that allows (Namespace.marksInTier).
+		lm, ok := e.marker.(tier.LogMarker)
+		e.logMarks = ok && lm.MarksWithLog()
+		if !e.logMarks {
+			e.marker = nil
+		}
 	}
 	e.def = *e.newNamespace("") // now that where claims live, and the archive, are known
 	if err := e.Serves(o.Needs); err != nil {

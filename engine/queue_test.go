@@ -38,6 +38,17 @@ func TestCommitAsyncOrderAndDurability(t *testing.T) {
 	ctx := context.Background()
 	const workers, each = 4, 500
 	gate.Shut()
+	// A first commit holds the writer in its sync before the workers
+	// start: every commit after it waits behind that write (a writer that
+	// took all of them into its first batch would leave none pending).
+	var firstDone atomic.Bool
+	e.CommitAsync(ctx, claimNew(t, e, "first"), func(err error) {
+		if err != nil {
+			t.Errorf("first: %v", err)
+		}
+		firstDone.Store(true)
+	})
+	waitFor(t, "the writer to wait in its sync", func() bool { return gate.Waited() > 0 })
 	var ran atomic.Int64
 	got := make([][]int, workers)
 	var mu sync.Mutex
@@ -59,9 +70,8 @@ func TestCommitAsyncOrderAndDurability(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	waitFor(t, "the writer to wait in its sync", func() bool { return gate.Waited() > 0 })
-	if n := ran.Load(); n != 0 {
-		t.Fatalf("%d dones ran while the write was not yet durable", n)
+	if n := ran.Load(); n != 0 || firstDone.Load() {
+		t.Fatalf("%d dones (first: %v) ran while the write was not yet durable", n, firstDone.Load())
 	}
 	if st := e.Stats(); st.Queue.Pending == 0 {
 		t.Fatalf("no commit waits behind the held write: %+v", st.Queue.Pending)
@@ -70,8 +80,8 @@ func TestCommitAsyncOrderAndDurability(t *testing.T) {
 	if err := e.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := ran.Load(); n != workers*each {
-		t.Fatalf("Flush returned with %d of %d dones run", n, workers*each)
+	if n := ran.Load(); n != workers*each || !firstDone.Load() {
+		t.Fatalf("Flush returned with %d of %d dones run (first: %v)", n, workers*each, firstDone.Load())
 	}
 	checkDoneOrder(t, got)
 	st := e.Stats()

@@ -64,6 +64,16 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 		d.settle(e)
 		return err
 	}
+	if p == forMarkInTier && e.arch != nil {
+		// Behind the archive (Namespace.marksInTier): read it first, then
+		// mark what it does not hold, bound by LogBy.
+		var err error
+		if reqs, err = e.archiveBeforeMark(ctx, b, ns, out, d, c, now, reqs); err != nil {
+			d.dropAll() // nothing was written
+			d.settle(e)
+			return err
+		}
+	}
 	ans := b.ans[:len(reqs)]
 	clear(ans) // a tier may set only some fields
 	c.storeReads += uint64(len(reqs))
@@ -74,9 +84,25 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 			// tier that expires keys itself.
 			reqs[q].Window = time.Duration(ns.window)
 		}
-		err = e.marker.Mark(ctx, reqs, ans)
+		if len(reqs) > 0 {
+			err = e.marker.Mark(ctx, reqs, ans)
+		}
 	} else {
+		// The attempt counts read here are the release's to write: a
+		// release frees its claim in memory before its count is durable
+		// (Engine.counts), and a claim that took the key in that gap would
+		// read the count the released claim left (a durable claim's own
+		// attempt, given back uncounted: Poison under MaxAttempts 1 for a
+		// request whose first run failed cleanly). The read waits for the
+		// release's write.
+		counted := e.where == tier.ClaimsInEngine && e.maxAttempts > 0
+		if counted {
+			e.counts.RLock()
+		}
 		err = e.exact.Claim(ctx, reqs, time.Duration(e.lease), ans)
+		if counted {
+			e.counts.RUnlock()
+		}
 	}
 	if err == nil {
 		err = e.decideAll(d, b, ns, out, c, now, p, proves)
@@ -92,7 +118,7 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 				err = e.refresh(ctx, b, ns, out, d, now)
 			}
 		}
-		if err == nil && e.arch != nil {
+		if err == nil && e.arch != nil && p != forMarkInTier {
 			err = e.resolveArchive(ctx, b, ns, out, d, c, now)
 		}
 	} else {
@@ -264,7 +290,14 @@ func (e *Engine) giveBackMarks(ctx context.Context, b *batch, ns *Namespace, out
 	gctx, cancel := giveBackContext(ctx)
 	defer cancel()
 	if u, ok := e.unmarker(); ok {
-		_ = u.Unmark(gctx, reqs, time.Duration(e.lease), st)
+		fence := time.Duration(e.lease)
+		if len(b.reqs) > 0 && b.reqs[0].LogBy > 0 {
+			// A logged mark's message may still commit until LogBy, by
+			// the tier's clock (within LogSkew of this one's): the fence
+			// outlasts it, whatever the Lease.
+			fence = max(fence, time.Duration(b.reqs[0].LogBy-now)+tier.LogSkew)
+		}
+		_ = u.Unmark(gctx, reqs, fence, st)
 		return
 	}
 	_ = e.exact.Release(gctx, e.parts.Of(now), reqs, true, st)

@@ -169,12 +169,23 @@ type LogEntry struct {
 // makes it, every commit of a Request with Archive set, and every removal
 // of one (Forget, a commit undone by a give-back), to a durable log.
 type ArchiveLog interface {
-	// ReadLog returns up to n entries after position after, in order, and
-	// the log's clock (Unix ns) read before them: every entry appended
-	// later is at or after it.
+	// ReadLog returns the entries of up to n positions after position
+	// after, in order, and the log's clock (Unix ns) read before them:
+	// every entry appended later is at or after it. Several entries may
+	// share a position (commits the tier appended together); a read
+	// returns every entry of each position it returns, so fewer than n
+	// positions means the log held no more.
 	ReadLog(ctx context.Context, after LogPos, n int) (entries []LogEntry, now int64, err error)
-	// TrimLog deletes the entries up to and including upTo.
+	// TrimLog deletes the entries up to and including upTo, which the
+	// archive applied, and forgets the removals among them (Removing).
 	TrimLog(ctx context.Context, upTo LogPos) error
+	// Removing returns, for each key of namespace ns, the position of its
+	// newest removal still in the log (appended, not trimmed: the archive
+	// may not have applied it), or the zero position, and the newest
+	// position trimmed as of that read or later. What the archive holds
+	// for such a key, read when it had applied the log only up to a
+	// position before that removal, is a commit the removal undid.
+	Removing(ctx context.Context, ns string, keys [][]byte) (removed []LogPos, trimmed LogPos, err error)
 	// LogTail returns the position of the newest entry ever appended, the
 	// newest ever trimmed (zero for none), and the number of entries the
 	// log holds.
@@ -191,6 +202,13 @@ type ArchiveLog interface {
 	LogOwner() string
 }
 
+// AppliedLookup is an ArchiveAppender whose lookup can also return the
+// log position it had applied as of the read, of one snapshot with the
+// answers: every entry at or before that position shows in them.
+type AppliedLookup interface {
+	LookupApplied(ctx context.Context, qs []ArchiveQuery, out []Answer) (LogPos, error)
+}
+
 // ArchiveAppender is an archive that takes an ArchiveLog's entries as they
 // come, instead of whole partitions.
 type ArchiveAppender interface {
@@ -198,7 +216,8 @@ type ArchiveAppender interface {
 	// none) and the first partition not sealed (-1 when none was ever).
 	Applied(ctx context.Context) (pos LogPos, sealedNext int64, err error)
 	// Apply applies entries, in order, in one transaction with the new
-	// position: an entry at or before the recorded position is skipped,
+	// position (entries sharing a position come in one call): an entry
+	// at or before the recorded position is skipped,
 	// so a batch applied twice (a drainer that died before trimming the
 	// log, two drainers a lease apart) changes nothing the second time. A
 	// commit adds its record to its partition (or to the first partition

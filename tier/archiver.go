@@ -110,7 +110,8 @@ type ArchiveStats struct {
 	// FilterBytes is the archive filter's memory.
 	FilterBytes int64
 	// Behind a shared tier: LogEntries are the entries of its archive log
-	// not drained yet (commits and removals, as last read), and Drainer
+	// not drained yet, as last read (behind Redis an entry is a removal,
+	// or every commit of one call of the commit script: up to 256), and Drainer
 	// says whether this engine held the drain lease at its last pass.
 	// Lag is then the closed partitions not sealed yet (0 while the drain
 	// keeps up).
@@ -140,6 +141,25 @@ var archiverOpener atomic.Pointer[ArchiverOpener]
 // tier/postgres's Archive import it); an archive backend of another
 // package imports tier/archive too.
 func RegisterArchiver(open ArchiverOpener) { archiverOpener.Store(&open) }
+
+var archiverCheck atomic.Pointer[func(ArchiverConfig) error]
+
+// RegisterArchiverCheck makes check what CheckArchiver runs: the linked
+// archiver's checks of a configuration that need nothing opened. Package
+// tier/archive registers its own beside its opener.
+func RegisterArchiverCheck(check func(ArchiverConfig) error) { archiverCheck.Store(&check) }
+
+// CheckArchiver runs the linked archiver's checks of c that need nothing
+// opened (its Partitions, windows, ExpectedKeys and FalsePositive: the
+// size of its filters), so the engine refuses such a configuration before
+// it opens, or writes, any tier. Nil when no archiver is linked (OpenArchiver
+// refuses then).
+func CheckArchiver(c ArchiverConfig) error {
+	if check := archiverCheck.Load(); check != nil {
+		return (*check)(c)
+	}
+	return nil
+}
 
 // OpenArchiver opens the archiver of backend (ErrOptions when no archiver
 // is linked: see RegisterArchiver).

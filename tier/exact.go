@@ -122,8 +122,17 @@ type Request struct {
 	// claim replaced instead of freeing the key, and counts no attempt.
 	Versioned bool
 	// Archive asks a tier that keeps an ArchiveLog to append this commit
-	// (Commit), or this removal (Forget; Release undoing a commit), to it.
+	// (Commit; Mark of a LogMarker), or this removal (Forget; Release
+	// undoing a commit), to it.
 	Archive bool
+	// LogBy, for a LogMarker's Mark with Archive, is the latest time
+	// (Unix ns, by the tier's clock, which dates the log) at which the
+	// mark may commit: a mark reaching the tier later writes nothing and
+	// the call fails (ErrUnavailable). The engine read the archive for
+	// the key before marking, at time t; a commit of the key that leaves
+	// the tier's window before LogBy = t + LogSkew/2 was sealed into the
+	// archive by then, so that read saw it (see LogSkew).
+	LogBy int64
 	// Window, when positive, is how long Commit keeps the key committed in
 	// a tier that expires keys itself (shorter than its own window: a
 	// namespace's); zero means the tier's window.
@@ -258,6 +267,26 @@ type PartialMarker interface {
 	// keep in this configuration.
 	CanMark() bool
 }
+
+// LogMarker is a Marker that keeps an ArchiveLog and can mark keys of an
+// archived namespace in one step: Mark of requests with Archive set
+// appends each commit it makes to the log in the step that makes it, and
+// refuses to commit past the requests' LogBy. Without it the engine
+// marks behind an archive in three steps (claim, read the archive,
+// commit).
+type LogMarker interface {
+	Marker
+	// MarksWithLog reports whether Mark keeps that promise in this
+	// configuration.
+	MarksWithLog() bool
+}
+
+// LogSkew bounds the difference between an engine's clock and a shared
+// tier's, which dates the archive log and expires the keys: the archive
+// answers a read at time t only once every partition the log filled
+// before t - window + LogSkew is sealed, and a one-step mark behind it
+// commits only until t + LogSkew/2 (Request.LogBy).
+const LogSkew = 2 * time.Second
 
 // Unmarker is a Marker whose marks the engine gives back, after a Mark
 // call failed, through Unmark rather than Release: a mark has no claim for

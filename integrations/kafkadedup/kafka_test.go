@@ -1,6 +1,7 @@
 package kafkadedup_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -50,6 +51,15 @@ type childSpec struct {
 	// killed (the group drops them sooner), long where they leave cleanly
 	// (so that a member slowed by a loaded machine is not dropped).
 	Session time.Duration
+	// Rebalance is the group rebalance timeout (10 s when zero): how long
+	// a rebalance waits for the members to rejoin. kfake drops a member
+	// whose session ends while it waits in JoinGroup or SyncGroup without
+	// answering it (Kafka keeps such a member), and the member then waits
+	// out its request's timeout (Rebalance plus 10 s by default); a
+	// Rebalance well under Session keeps every wait under the session.
+	Rebalance time.Duration
+	// Overhead is kgo.RequestTimeoutOverhead (its default when zero).
+	Overhead time.Duration
 }
 
 var quiet = log.New(io.Discard, "", 0)
@@ -81,12 +91,16 @@ func child(specJSON string) int {
 		say("ERR %v", err)
 		return 1
 	}
-	cl, err := kgo.NewClient(append(m.Opts(),
+	opts := append(m.Opts(),
 		kgo.SeedBrokers(spec.Brokers...), kgo.ConsumeTopics(spec.Topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.SessionTimeout(spec.Session), kgo.HeartbeatInterval(100*time.Millisecond),
-		kgo.RebalanceTimeout(10*time.Second), kgo.FetchMaxWait(50*time.Millisecond),
-	)...)
+		kgo.RebalanceTimeout(cmp.Or(spec.Rebalance, 10*time.Second)), kgo.FetchMaxWait(50*time.Millisecond),
+	)
+	if spec.Overhead > 0 {
+		opts = append(opts, kgo.RequestTimeoutOverhead(spec.Overhead))
+	}
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		say("ERR %v", err)
 		return 1
@@ -329,9 +343,9 @@ func (r *run) caughtUp() bool {
 }
 
 // catchUp bounds how long the consumers may take to process everything
-// produced: a few seconds on a quiet machine, but the race detector on 2
-// cores beside other packages' tests slows kfake's group coordination
-// (joins time out and are retried) by an order of magnitude.
+// produced: under a minute on a quiet machine, but the race detector on 2
+// cores beside other packages' tests slows kfake's group coordination by
+// an order of magnitude.
 const catchUp = 4 * time.Minute
 
 func (r *run) waitCaughtUp(d time.Duration) {
@@ -478,7 +492,8 @@ func TestKafkaKills(t *testing.T) {
 	dir := t.TempDir()
 	cs := []*consumer{}
 	for range 3 {
-		cs = append(cs, r.start(childSpec{Dir: dir, Delay: 20 * time.Microsecond, Session: 3 * time.Second}))
+		cs = append(cs, r.start(childSpec{Dir: dir, Delay: 20 * time.Microsecond,
+			Session: 6 * time.Second, Rebalance: 2 * time.Second, Overhead: 4 * time.Second}))
 	}
 	produced := make(chan struct{})
 	seed := rng.Uint64()

@@ -14,9 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
 	"github.com/tierdedup/tierdedup/tier"
+	"github.com/tierdedup/tierdedup/tier/postgres"
 )
 
 // The mark nemesis: consumer processes mark batches through MarkBatch on
@@ -47,7 +50,23 @@ type Nemesis struct {
 	// Checker is the backend of the engine that checks the acknowledged
 	// keys, with a client that gives up rather than wait.
 	Checker tier.Backend
+	// Archive, when set, puts a PostgreSQL archive (of ArchiveTable, at
+	// the DSN Archive) behind every engine of the run, the checker's too,
+	// and makes the tier's window short (nemesisArchivedWindow; ten minutes
+	// of archive): keys
+	// leave it while the run goes on, and the checks and the consumers'
+	// late marks of shared keys must find them in the archive.
+	Archive, ArchiveTable string
 }
+
+// nemesisArchivedWindow is the tier's window in a run with an archive,
+// in partitions of nemesisArchivedPartition: the archive answers once
+// partitions up to the window less tier.LogSkew are sealed, which the
+// drain must keep up with under -race on a loaded machine too.
+const (
+	nemesisArchivedWindow    = 8 * time.Second
+	nemesisArchivedPartition = 2 * time.Second
+)
 
 // NemesisSpec is what a consumer of RunNemesis is told.
 type NemesisSpec struct {
@@ -56,15 +75,31 @@ type NemesisSpec struct {
 	MaxAttempts int
 	From        int // the first batch to mark
 	Timeout     time.Duration
+	// Archive and ArchiveTable are Nemesis's.
+	Archive, ArchiveTable string
 }
 
 // quiet discards the engines' logs.
 var quiet = slog.New(slog.DiscardHandler)
 
-// nemesisOptions are the options of every engine of a run.
-func nemesisOptions(b tier.Backend, maxAttempts int) *engine.Options {
-	return &engine.Options{Backend: b, Window: time.Hour, Partition: 10 * time.Minute,
-		Lease: 2 * time.Second, MaxAttempts: maxAttempts, Logger: quiet}
+// nemesisOptions are the options of every engine of a run: with an
+// archive (sp.Archive), a pool on it, which close closes after the engine.
+func nemesisOptions(b tier.Backend, sp NemesisSpec) (o *engine.Options, close func(), err error) {
+	o = &engine.Options{Backend: b, Window: time.Hour, Partition: 10 * time.Minute,
+		Lease: 2 * time.Second, MaxAttempts: sp.MaxAttempts, Logger: quiet}
+	if sp.Archive == "" {
+		return o, func() {}, nil
+	}
+	db, err := pgxpool.New(context.Background(), sp.Archive)
+	if err != nil {
+		return nil, nil, err
+	}
+	// Filters sized for the run's rate (a few thousand keys a second):
+	// the archive filter's ring is allocated whole, ExpectedKeys times
+	// the partitions a slot groups (10 here) times its slots.
+	o.Window, o.Partition, o.Lease, o.ExpectedKeys = nemesisArchivedWindow, nemesisArchivedPartition, time.Second, 1<<15
+	o.Archive, o.ArchiveWindow = postgres.Archive{DB: db, Table: sp.ArchiveTable}, 10*time.Minute
+	return o, db.Close, nil
 }
 
 // nemesisBatch is batch b of consumer id: half keys every consumer marks
@@ -105,10 +140,16 @@ func NemesisChild(spec string, backend func(NemesisSpec) (tier.Backend, func(), 
 		return 1
 	}
 	defer closeB()
+	o, closeArchive, err := nemesisOptions(b, sp)
+	if err != nil {
+		say("ERR archive: %v", err)
+		return 1
+	}
+	defer closeArchive()
 	var e *engine.Engine
 	for {
 		var err error
-		e, err = engine.Open(nemesisOptions(b, sp.MaxAttempts))
+		e, err = engine.Open(o)
 		if err == nil {
 			break
 		}
@@ -158,8 +199,12 @@ func NemesisChild(spec string, backend func(NemesisSpec) (tier.Backend, func(), 
 		}
 		say("B %d %s.", b, strings.Join(news, " "))
 	}
+	pace := 30 * time.Millisecond // a consumer's pace: the checks stay short
+	if sp.Archive != "" {
+		pace = 100 * time.Millisecond // and the drain keeps up
+	}
 	for b := sp.From; ; b++ {
-		time.Sleep(30 * time.Millisecond) // a consumer's pace: the checks stay short
+		time.Sleep(pace)
 		mark(b, nemesisBatch(sp.ID, b, nemesisBatchSize))
 		if b%4 == 3 && b-3 >= sp.From {
 			mark(b-3, nemesisBatch(sp.ID, b-3, nemesisBatchSize))
@@ -232,7 +277,8 @@ func RunNemesis(t *testing.T, n Nemesis) {
 		l.mu.Lock()
 		from := l.last[id] + 1
 		l.mu.Unlock()
-		sp, _ := json.Marshal(NemesisSpec{Addr: n.Addr, Name: n.Name, ID: id, Policy: policies[id], MaxAttempts: maxAttempts, From: from, Timeout: time.Second})
+		sp, _ := json.Marshal(NemesisSpec{Addr: n.Addr, Name: n.Name, ID: id, Policy: policies[id], MaxAttempts: maxAttempts, From: from, Timeout: time.Second,
+			Archive: n.Archive, ArchiveTable: n.ArchiveTable})
 		children[id] = crashtest.Start(t, n.Child, string(sp), &crashtest.Options{
 			Timeout: crashtest.NoTimeout, OnLine: func(line string) { l.line(id, line) },
 		})
@@ -247,7 +293,7 @@ func RunNemesis(t *testing.T, n Nemesis) {
 		l.mu.Unlock()
 		start(id)
 	}
-	check := newNemesisChecker(t, n.Checker, maxAttempts)
+	check := newNemesisChecker(t, n.Checker, NemesisSpec{MaxAttempts: maxAttempts, Archive: n.Archive, ArchiveTable: n.ArchiveTable})
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 41))
 	rounds := NemesisRounds()
 	var pauses, kills int
@@ -284,6 +330,11 @@ func RunNemesis(t *testing.T, n Nemesis) {
 	for _, c := range children {
 		_ = c.Kill()
 	}
+	if n.Archive != "" {
+		// Every key acknowledged has left the tier's window: the last
+		// check finds them all in the archive.
+		time.Sleep(nemesisArchivedWindow)
+	}
 	acked := check.acked(l)
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -297,6 +348,15 @@ func RunNemesis(t *testing.T, n Nemesis) {
 	}
 	if l.failures[0]+l.failures[1] == 0 {
 		t.Fatal("no MarkBatch failed: the nemesis never reached a call")
+	}
+	if n.Archive != "" {
+		// The last check ran after most acknowledged keys had left the
+		// tier's window: the archive must have answered for them.
+		st := check.e.Stats().Archive
+		if st == nil || st.Hits == 0 {
+			t.Fatalf("with an archive, the checks found no acknowledged key in it (%+v)", st)
+		}
+		t.Logf("the checks found %d acknowledged keys in the archive", st.Hits)
 	}
 	if dropped := l.neverNew(len(children)); len(dropped) > 0 {
 		t.Fatalf("%d keys of finished batches were New for no consumer (a new message dropped), for example %s", len(dropped), strings.Join(dropped[:min(len(dropped), 5)], ", "))
@@ -335,9 +395,14 @@ type nemesisChecker struct {
 	e *engine.Engine
 }
 
-func newNemesisChecker(t *testing.T, b tier.Backend, maxAttempts int) *nemesisChecker {
+func newNemesisChecker(t *testing.T, b tier.Backend, sp NemesisSpec) *nemesisChecker {
+	o, closeArchive, err := nemesisOptions(b, sp)
+	if err != nil {
+		t.Fatalf("the checker's archive: %v", err)
+	}
+	t.Cleanup(closeArchive)
 	for deadline := time.Now().Add(time.Minute); ; {
-		e, err := engine.Open(nemesisOptions(b, maxAttempts))
+		e, err := engine.Open(o)
 		if err == nil {
 			t.Cleanup(func() { _ = e.Close() })
 			return &nemesisChecker{t: t, e: e}
@@ -360,7 +425,7 @@ func (c *nemesisChecker) acked(l *nemesisLedger) int {
 	}
 	l.mu.Unlock()
 	info := make([]engine.KeyInfo, len(keys))
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(2 * time.Minute) // an archive catching up answers ErrUnavailable meanwhile
 	for lo := 0; lo < len(keys); {
 		hi := min(lo+4096, len(keys))
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

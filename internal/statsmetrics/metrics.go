@@ -124,7 +124,7 @@ var Metrics = []Metric{
 	{Name: "archive_filter_bytes", OTel: "tierdedup.archive.filter.size", Kind: Gauge, Unit: "By",
 		Help: "Memory of the archive's filter."},
 	{Name: "archive_log_entries", OTel: "tierdedup.archive.log.entries", Kind: Gauge, Unit: "{entry}",
-		Help: "Entries of the shared tier's archive log not drained yet (behind Redis)."},
+		Help: "Entries of the shared tier's archive log not drained yet (behind Redis; an entry holds a call's commits, up to 256, or a removal)."},
 	{Name: "archive_drainer", OTel: "tierdedup.archive.drainer", Kind: Gauge, Unit: "1",
 		Help: "1 while this engine holds the drain lease of the shared tier's archive log."},
 	{Name: "disk_bytes", OTel: "tierdedup.disk.usage", Kind: Gauge, Unit: "By", Labels: []string{"kind"},

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tierdedup/tierdedup/internal/hooks"
+	"github.com/tierdedup/tierdedup/internal/machine"
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/bloom"
@@ -37,6 +38,20 @@ func init() {
 		}
 		return a, nil
 	})
+	tier.RegisterArchiverCheck(Check)
+}
+
+// Check refuses (tier.ErrOptions) what Open would refuse of c before it
+// opens anything: filters larger than the memory the process may use.
+func Check(c Config) error {
+	lay := FilterLayout(time.Duration(c.Partitions.Length), c.ArchiveWindow)
+	return fitsMemory(slotKeys(c, lay), c, lay)
+}
+
+// slotKeys is the keys one slot of the archive's filter ring is sized
+// for: ExpectedKeys for each of its partitions, at most maxExpectedKeys.
+func slotKeys(c Config, lay Layout) int {
+	return int(min(int64(c.ExpectedKeys)*int64(lay.Group), maxExpectedKeys))
 }
 
 // The Archiver is the engine's tier.Archiver.
@@ -72,9 +87,14 @@ type Archiver struct {
 	app    tier.ArchiveAppender
 	logLag atomic.Int64
 	holder atomic.Bool
-	// entryBytes is the size of the log's entries as the drain read them
-	// (readCount); only the drain's goroutine uses it.
-	entryBytes int64
+	// entryBytes is the size of the log's positions as the drain read
+	// them, and perPos their entries (readCount); only the drain's
+	// goroutine uses them.
+	entryBytes, perPos int64
+	// trimmedTo is the position the drain last trimmed the log to (zero
+	// before its first trim since Open); only the drain's goroutine uses
+	// it.
+	trimmedTo tier.LogPos
 }
 
 // Layout is how the archive's filter covers an archive window
@@ -93,6 +113,27 @@ func FilterLayout(partition, archiveWindow time.Duration) Layout {
 	return Layout{Partitions: int(live), Group: int(group), Slots: min(Slots, int((live+group-1)/group)+1)}
 }
 
+// fitsMemory refuses (tier.ErrOptions) archive filters whose size, a ring
+// of lay.Slots filters of slotKeys keys each, sized whole at Open (they do
+// not grow: their blobs are of that size), is more than this process may
+// use (machine.Memory; not checked where that is unknown). Such a ring
+// opens, as the OS lends untouched pages, but the first seals, which save
+// a slot's whole filter, or the filters as they fill get the process
+// killed, where an error at Open can name the remedy.
+func fitsMemory(slotKeys int, c Config, lay Layout) error {
+	fp := c.FalsePositive
+	if fp == 0 {
+		fp = bloom.DefaultFalsePositive
+	}
+	need := float64(bloom.Sizing(slotKeys, fp, lay.Slots).Bytes)
+	mem, source, err := machine.Memory()
+	if err != nil || need <= mem {
+		return nil
+	}
+	return fmt.Errorf("%w: the archive's filters would take %.1f GiB (%d partitions of %v in its window, %d a filter, %d filters, each sized for %d keys a partition: ExpectedKeys), more than the %.1f GiB this process may use (%s): set ExpectedKeys to the keys one partition receives, or make Partition longer",
+		tier.ErrOptions, need/(1<<30), lay.Partitions, time.Duration(c.Partitions.Length), lay.Group, lay.Slots, c.ExpectedKeys, mem/(1<<30), source)
+}
+
 // Open opens backend behind the exact tier c describes, loads its filters
 // and starts nothing yet (Start does). Its errors match tier.ErrOptions
 // (a configuration the archive cannot serve), tier.ErrLayout (an archive
@@ -101,6 +142,11 @@ func FilterLayout(partition, archiveWindow time.Duration) Layout {
 // the archive is closed.
 func Open(ctx context.Context, backend tier.ArchiveBackend, env tier.ArchiveEnv, c Config) (_ *Archiver, err error) {
 	a := &Archiver{c: c, name: backend.Name(), hasher: c.Hasher, wake: make(chan struct{}, 1)}
+	lay := FilterLayout(time.Duration(c.Partitions.Length), c.ArchiveWindow)
+	a.live, a.group = int64(lay.Partitions), int64(lay.Group)
+	if err := Check(c); err != nil {
+		return nil, err // before anything is opened or written
+	}
 	if c.Local != nil {
 		if c.Scanner == nil || c.Hot == nil {
 			return nil, fmt.Errorf("%w: an archive behind a local store needs its Scanner and Hot", tier.ErrOptions)
@@ -144,12 +190,10 @@ func Open(ctx context.Context, backend tier.ArchiveBackend, env tier.ArchiveEnv,
 		a.app, a.hasher = app, shard.NewHasher(app.Secret())
 		a.check = hashCheck(a.hasher)
 	}
-	lay := FilterLayout(time.Duration(c.Partitions.Length), c.ArchiveWindow)
-	a.live, a.group = int64(lay.Partitions), int64(lay.Group)
 	cur := c.Current()
 	a.filters, err = bloom.New(&bloom.Options{
 		Partitions:    tier.Partitions{Length: a.group * c.Partitions.Length, Live: lay.Slots},
-		ExpectedKeys:  int(min(int64(c.ExpectedKeys)*a.group, maxExpectedKeys)),
+		ExpectedKeys:  slotKeys(c, lay),
 		FalsePositive: c.FalsePositive,
 	}, cur/a.group)
 	if err != nil {

@@ -97,6 +97,17 @@
 //     two drainers a lease apart) is skipped by that position.
 //  7. A Forget returns only once the archive applied the log up to the
 //     removal it appended, so no drain brings the key back afterwards.
+//  8. A removal the log holds and the drain has not trimmed (a give-back
+//     of a commit whose caller was told it failed, or a Forget that gave
+//     up waiting) hides what the archive answers for its key
+//     (tier.ArchiveLog.Removing) when the archive read had applied the
+//     log only up to a position before it (tier.AppliedLookup: of one
+//     snapshot with the answers), and only then: a removal it had
+//     applied shows in the read, and what the read found is a later
+//     commit. An archive hit of a key the log holds no removal of is read
+//     again when the log was trimmed past that position, so a removal
+//     applied and trimmed in between shows. Find never answers a commit a
+//     removal in the log undid, and never hides a later one.
 //
 // # What a late, duplicated or reordered step can do
 //

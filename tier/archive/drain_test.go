@@ -1,28 +1,50 @@
 package archive
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/tierdedup/tierdedup/tier"
 )
 
-// drainReads returns the counts the archive log's drain asks for, read
-// after read, when every entry it reads carries a result of the size
-// sizes gives for that read (the reads' byte bound, drainBytes).
-func drainReads(sizes []int) []int {
+// drainReads returns the counts of positions the archive log's drain
+// asks for, read after read, when every position it reads holds per
+// entries, each carrying a result of the size sizes gives for that read
+// (the reads' byte bound, drainBytes).
+func drainReads(sizes []int, per int) []int {
 	var a Archiver
 	var counts []int
 	for _, size := range sizes {
 		n := a.readCount()
 		counts = append(counts, n)
-		entries := make([]tier.LogEntry, n)
+		entries := make([]tier.LogEntry, n*per)
 		for i := range entries {
+			entries[i].Pos.Seq = uint64(i / per)
 			entries[i].Record.Result = make([]byte, size)
 		}
-		a.sizeReads(entries)
+		if got := positions(entries); got != n {
+			panic(fmt.Sprintf("positions counted %d of %d", got, n))
+		}
+		a.sizeReads(entries, n)
 	}
 	return counts
+}
+
+// TestDrainReadsOfGroupedCommits: where each log position holds 256
+// commits (a Redis commit script's call), the drain asks for as many
+// positions as keep an Apply near drainBatch entries (16 positions, 4,096
+// commits), not drainBatch positions of 256 commits each (a million rows
+// in one transaction).
+func TestDrainReadsOfGroupedCommits(t *testing.T) {
+	sizes := make([]int, 20)
+	for i := range sizes {
+		sizes[i] = 100
+	}
+	counts := drainReads(sizes, 256)
+	if last := counts[len(counts)-1]; last != drainBatch/256 {
+		t.Errorf("after 20 reads of 256 commits a position the drain asks for %d positions, want %d (counts %v)", last, drainBatch/256, counts)
+	}
 }
 
 // TestDrainReadsAreBounded: the archive log's drain reads as many entries
@@ -36,7 +58,7 @@ func TestDrainReadsAreBounded(t *testing.T) {
 	for range 20 {
 		sizes = append(sizes, 100)
 	}
-	counts := drainReads(sizes)
+	counts := drainReads(sizes, 1)
 	for i, n := range counts[:len(sizes)] {
 		if i < 3 && n*sizes[max(i-1, 0)] > 64<<20+64*n {
 			t.Errorf("read %d of 4 MiB entries asked for %d: %d MiB", i, n, n*4)

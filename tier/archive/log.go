@@ -20,16 +20,18 @@ const (
 	// replaced that long after its last renewal (a quarter of the window
 	// if shorter, at least a second).
 	maxDrainLease = 10 * time.Second
-	// drainBatch is the most log entries one Apply takes; drainBytes
-	// bounds what one read of the log brings (entries times their size
-	// as read so far), and drainFirst is the first read's count, before
-	// any size is known: 16 entries of the largest result are 64 MiB.
+	// drainBatch bounds the log entries one Apply takes (positions times
+	// their entries as read so far: a position may hold a call's
+	// commits); drainBytes bounds what one read of the log brings
+	// (positions times their size as read so far), and drainFirst is the
+	// first read's count of positions, before any size is known: 16
+	// commits of the largest result are 64 MiB (a tier groups commits up
+	// to a bound of its own, 16 MiB of arguments for Redis).
 	drainBatch = 4096
 	drainBytes = 16 << 20
 	drainFirst = 16
-	// logSkew bounds the difference between this engine's clock and the
-	// shared tier's, which dates the log and expires the keys.
-	logSkew = 2 * time.Second
+	// logSkew is tier.LogSkew: see there.
+	logSkew = tier.LogSkew
 	// forgetWait bounds a Forget's wait for the drain when its context
 	// has no deadline.
 	forgetWait = 30 * time.Second
@@ -207,13 +209,23 @@ func (a *Archiver) drain(ctx context.Context, cur int64) error {
 	if err != nil {
 		return err
 	}
+	if a.trimmedTo.Less(pos) {
+		// A trim that failed (or a drainer that died between its apply and
+		// its trim) is made up for now, not at the next entry: the log's
+		// removals stay recorded until a trim passes them. A failure here
+		// does not stop the drain: the next trim tries again.
+		if a.c.Log.TrimLog(ctx, pos) == nil {
+			a.trimmedTo = pos
+		}
+	}
 	for ctx.Err() == nil {
 		n := a.readCount()
 		entries, now, err := a.c.Log.ReadLog(ctx, pos, n)
 		if err != nil {
 			return err
 		}
-		a.sizeReads(entries)
+		read := positions(entries)
+		a.sizeReads(entries, read)
 		if len(entries) > 0 {
 			var commits uint64
 			for i := range entries {
@@ -235,10 +247,11 @@ func (a *Archiver) drain(ctx context.Context, cur int64) error {
 			if err := a.c.Log.TrimLog(ctx, pos); err != nil {
 				return err // trimmed at the next pass: Apply skips what it applied
 			}
+			a.trimmedTo = pos
 		}
 		// Every entry before complete is applied, and none can come.
 		complete := now
-		if len(entries) == n {
+		if read >= n {
 			complete = int64(pos.MS) * int64(time.Millisecond)
 		}
 		for next < cur && (next+1)*a.c.Partitions.Length <= complete {
@@ -247,30 +260,42 @@ func (a *Archiver) drain(ctx context.Context, cur int64) error {
 			}
 			next++
 		}
-		if len(entries) < n {
+		if read < n {
 			return nil
 		}
 	}
 	return ctx.Err()
 }
 
-// readCount is how many log entries the next read of the drain asks for:
-// as many as fit drainBytes at the entry size the reads so far found (a
-// few to start with: entries may carry results of up to MaxResultSize),
-// at most drainBatch. Only the drain's goroutine uses it.
+// positions counts the log positions of entries (in order; entries of
+// one position are adjacent).
+func positions(entries []tier.LogEntry) int {
+	n := 0
+	for i := range entries {
+		if i == 0 || entries[i].Pos != entries[i-1].Pos {
+			n++
+		}
+	}
+	return n
+}
+
+// readCount is how many log positions the next read of the drain asks
+// for: as many as fit drainBytes at the size of a position the reads so
+// far found (a few to start with: entries may carry results of up to
+// MaxResultSize), at most drainBatch. Only the drain's goroutine uses it.
 func (a *Archiver) readCount() int {
 	if a.entryBytes == 0 {
 		return drainFirst
 	}
-	return int(min(max(drainBytes/a.entryBytes, 1), drainBatch))
+	return int(max(min(drainBytes/a.entryBytes, drainBatch/a.perPos), 1))
 }
 
-// sizeReads takes the size of the entries just read into the estimate
-// readCount uses: the larger of their mean and half the earlier estimate,
-// so a run of large results shrinks the reads at once and small ones
-// grow them back, doubling a read.
-func (a *Archiver) sizeReads(entries []tier.LogEntry) {
-	if len(entries) == 0 {
+// sizeReads takes the size of the entries just read, at read positions,
+// into the estimate readCount uses: the larger of their mean a position
+// and half the earlier estimate, so a run of large results shrinks the
+// reads at once and small ones grow them back, doubling a read.
+func (a *Archiver) sizeReads(entries []tier.LogEntry, read int) {
+	if read == 0 {
 		return
 	}
 	var n int64
@@ -278,7 +303,8 @@ func (a *Archiver) sizeReads(entries []tier.LogEntry) {
 		r := &entries[i].Record
 		n += int64(len(r.NS)+len(r.Key)+len(r.Result)) + 64
 	}
-	a.entryBytes = max(n/int64(len(entries)), a.entryBytes/2, 1)
+	a.entryBytes = max(n/int64(read), a.entryBytes/2, 1)
+	a.perPos = max(int64(len(entries))/int64(read), a.perPos/2, 1)
 }
 
 // seal adds partition p's keys to the filter, saves its group's blob,

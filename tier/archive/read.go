@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"time"
 
 	"github.com/tierdedup/tierdedup/shard"
 	"github.com/tierdedup/tierdedup/tier"
@@ -80,17 +81,96 @@ func (a *Archiver) Find(ctx context.Context, ns string, keys [][]byte, fps []sha
 	if len(qs) > 0 {
 		ans := make([]tier.Answer, len(qs))
 		a.reads.Add(uint64(len(qs)))
-		if err := a.store.Lookup(ctx, qs, ans); err != nil {
+		var applied *tier.LogPos
+		var err error
+		if al, ok := a.store.(tier.AppliedLookup); ok && a.c.Log != nil {
+			var pos tier.LogPos
+			pos, err = al.LookupApplied(ctx, qs, ans)
+			applied = &pos
+		} else {
+			err = a.store.Lookup(ctx, qs, ans)
+		}
+		if err != nil {
 			return nil, fmt.Errorf("%w: archive: %w", tier.ErrUnavailable, err)
 		}
 		for k, q := range qidx {
 			if ans[k].Status == tier.Committed {
 				out[q] = ans[k]
+			}
+		}
+		if a.c.Log != nil {
+			if err := a.withoutRemovals(ctx, ns, keys, qs, qidx, out, applied); err != nil {
+				return nil, err
+			}
+		}
+		for _, q := range qidx {
+			if out[q].Status == tier.Committed {
 				a.hits.Add(1)
 			}
 		}
 	}
 	return out, nil
+}
+
+// withoutRemovals takes back, behind a shared tier's log, the archive's
+// answers (out[qidx[k]], read for qs[k]) for keys whose removal the log
+// still holds (appended, not yet trimmed: a give-back of a commit whose
+// caller was told it failed, or a Forget that failed waiting for the
+// drain) after applied, the position the archive read had applied: the
+// commit the archive answered is then one the removal undid (the log
+// applies in order: no later commit was applied before it), Absent. A
+// removal at or before applied shows in the read already, and what it
+// answered is a commit made after it. Without the position (nil) a
+// removal hides a commit up to tier.LogSkew later than it (the engines'
+// clocks against the log's). A removal the drain applied and trimmed
+// between the archive read and the read of the log's removals is in
+// neither: when the log was trimmed past applied (or applied is not
+// known), the keys not taken back are read from the archive again, where
+// it shows.
+func (a *Archiver) withoutRemovals(ctx context.Context, ns string, keys [][]byte, qs []tier.ArchiveQuery, qidx []int, out []tier.Answer, applied *tier.LogPos) error {
+	var hit [][]byte
+	var hk []int
+	for k, q := range qidx {
+		if out[q].Status == tier.Committed {
+			hit, hk = append(hit, keys[q]), append(hk, k)
+		}
+	}
+	if len(hit) == 0 {
+		return nil
+	}
+	hook("removals") // tests: the drain may apply and trim the removals here
+	removed, trimmed, err := a.c.Log.Removing(ctx, ns, hit)
+	if err != nil {
+		return fmt.Errorf("%w: archive: %w", tier.ErrUnavailable, err)
+	}
+	reread := applied == nil || applied.Less(trimmed)
+	var again []tier.ArchiveQuery
+	var aq []int
+	for i, k := range hk {
+		q, r := qidx[k], removed[i]
+		pending := r != (tier.LogPos{}) && (applied == nil && out[q].At <= int64(r.MS)*int64(time.Millisecond)+int64(tier.LogSkew) ||
+			applied != nil && applied.Less(r))
+		if pending {
+			out[q] = tier.Answer{Status: tier.Absent, Partition: -1}
+			continue
+		}
+		again, aq = append(again, qs[k]), append(aq, q)
+	}
+	if len(again) == 0 || !reread {
+		return nil
+	}
+	ans := make([]tier.Answer, len(again))
+	a.reads.Add(uint64(len(again)))
+	if err := a.store.Lookup(ctx, again, ans); err != nil {
+		return fmt.Errorf("%w: archive: %w", tier.ErrUnavailable, err)
+	}
+	for i, q := range aq {
+		out[q] = tier.Answer{Status: tier.Absent, Partition: -1}
+		if ans[i].Status == tier.Committed {
+			out[q] = ans[i]
+		}
+	}
+	return nil
 }
 
 // readLagging reads (or, with forget, removes) each key in the exact

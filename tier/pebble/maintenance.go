@@ -2,6 +2,7 @@ package pebble
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 
@@ -41,18 +42,53 @@ func (s *Store) queueCompaction(db *pebble.DB, start, end []byte) {
 }
 
 func (s *Store) compact(ctx context.Context, c compaction) {
-	var err error
-	defer s.guard(&err)
-	if err = c.db.Compact(ctx, c.start, c.end, false); err != nil && ctx.Err() == nil {
+	// ErrClosed: Close began between the loop's receive and the compaction
+	// (Close cancels ctx just after); nothing failed.
+	if err := s.compactRange(ctx, c.db, c.start, c.end); err != nil && ctx.Err() == nil && !errors.Is(err, ErrClosed) {
 		s.fail(err)
+	}
+}
+
+// compactRange compacts [start, end) of db and returns Pebble's error, or
+// ctx's error as soon as ctx ends. Pebble's Compact itself is never given a
+// context that can end: when that context ends between the compaction
+// scheduler picking the queued manual compaction and running it, Pebble
+// (v2.1.7) removes the compaction from its queue and then panics in a
+// background goroutine ("did not find manual compaction with id"), which no
+// recover of ours can catch and which ends the process. A compaction the
+// caller stopped waiting for runs to its end in the background, and Close
+// waits for it before it closes the databases.
+func (s *Store) compactRange(ctx context.Context, db *pebble.DB, start, end []byte) error {
+	s.compactGate.RLock()
+	if s.closed.Load() {
+		s.compactGate.RUnlock()
+		return ErrClosed
+	}
+	s.compacting.Add(1)
+	s.compactGate.RUnlock()
+	done := make(chan error, 1)
+	go func() {
+		defer s.compacting.Done()
+		var err error
+		defer func() { done <- err }()
+		defer s.guard(&err)
+		err = db.Compact(context.Background(), start, end, false)
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
 // Compact compacts the whole record keyspace of both databases now, so
 // dropped partitions' bytes leave the disk; tests and benchmarks use it to
-// measure. It first moves every sealed partition still in the hot
-// database, so that none is measured in both databases (between a move's
-// ingest and its excise) or moves while they compact.
+// measure. When ctx ends first, Compact returns ctx's error at once and a
+// compaction already asked of Pebble runs on; Close waits for it. It
+// first moves every sealed partition still in the hot database, so that
+// none is measured in both databases (between a move's ingest and its
+// excise) or moves while they compact.
 func (s *Store) Compact(ctx context.Context) (err error) {
 	if err := s.usable(); err != nil {
 		return err
@@ -62,9 +98,11 @@ func (s *Store) Compact(ctx context.Context) (err error) {
 			return err
 		}
 	}
-	defer s.guard(&err)
 	for _, db := range []*pebble.DB{s.db, s.cold} {
-		if err := db.Compact(ctx, []byte{spaceRecords}, []byte{spaceRecords + 1}, false); err != nil {
+		if err := s.compactRange(ctx, db, []byte{spaceRecords}, []byte{spaceRecords + 1}); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
 			return fmt.Errorf("%w: %w", ErrStorage, err)
 		}
 	}

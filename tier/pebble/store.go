@@ -38,9 +38,11 @@ var (
 
 // Defaults for Options fields left zero.
 const (
-	// DefaultMemTableSize matches the measured setup: large enough that a
-	// flush happens every ~3M keys, small enough to replay quickly.
-	DefaultMemTableSize = 64 << 20
+	// DefaultMemTableSize: a flush every ~1.5M keys. Half the 64 MiB it
+	// was: the same sustained MarkBatch rate over 10M keys, and half the
+	// WAL a killed process leaves to replay (docs/performance.md, warm
+	// after a SIGKILL).
+	DefaultMemTableSize = 32 << 20
 	// DefaultCacheSize is the block cache for reads of duplicates.
 	DefaultCacheSize = 64 << 20
 	// diskSlowThreshold is when a disk operation is logged as slow: Pebble's
@@ -123,6 +125,8 @@ type Store struct {
 	records   sync.Pool // *[]Record of a Commit or Release
 
 	compactions chan compaction // ranges to compact after a drop or a move
+	compacting  sync.WaitGroup  // Pebble Compact calls still running (compactRange)
+	compactGate sync.RWMutex    // orders compactRange's Add before Close's Wait
 	stop        context.CancelFunc
 	done        chan struct{}
 
@@ -369,6 +373,8 @@ func (s *Store) Close() (err error) {
 	if !s.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	s.compactGate.Lock() // no compactRange starts after this
+	s.compactGate.Unlock()
 	s.stop()
 	if s.Broken() != nil {
 		// Pebble's commit pipeline is unusable after a failed WAL write:
@@ -380,6 +386,7 @@ func (s *Store) Close() (err error) {
 	}
 	<-s.done
 	<-s.moverDone
+	s.compacting.Wait() // Pebble's Compact is never cancelled (compactRange)
 	defer s.guard(&err)
 	defer s.closeHealth()
 	errCold := s.cold.Close()

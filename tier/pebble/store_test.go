@@ -519,3 +519,88 @@ func TestCancelledCompactionIsNotLogged(t *testing.T) {
 		t.Fatalf("a background error was not logged: %q", buf.String())
 	}
 }
+
+// TestCompactCallerGivesUp runs the background loop's compaction of a
+// partition with a context that has already ended, as Close leaves it,
+// while the partition is still in the memtable and the flush that
+// compaction starts is held writing its table. Pebble's Compact is never
+// handed the ended context (Pebble panics in a background goroutine when a
+// queued manual compaction's context ends at the wrong moment), so the
+// compaction waits for its flush, still runs, and Close waits for it:
+// after a reopen the partition is in the last level and not in L0, where
+// its flush put it. Compact with an ended context returns that context's
+// error, not ErrStorage.
+func TestCompactCallerGivesUp(t *testing.T) {
+	dir := t.TempDir()
+	gate := faultfs.NewGate(faultfs.Match{Kinds: faultfs.Writes, Suffix: ".sst"})
+	s := open(t, Options{Dir: dir, FS: faultfs.Wrap(vfs.Default, gate)})
+	recs := make([]Record, 0, 1000)
+	for i := 0; i < cap(recs); i++ {
+		recs = append(recs, Record{Partition: 5, Key: fmt.Appendf(nil, "%08d", i), Value: Value{State: StateCommitted}})
+	}
+	if err := s.write(recs); err != nil {
+		t.Fatal(err)
+	}
+	gate.Shut()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	s.compact(ctx, compaction{s.db, recordPrefix(5), recordPrefix(6)})
+	waitFor(t, "the compaction's flush", func() bool { return gate.Waited() > 0 })
+	gate.Open()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, Options{Dir: dir})
+	defer s.Close()
+	if l0, last := tables(t, s, 0, 5), tables(t, s, 6, 5); l0 != 0 || last == 0 {
+		t.Fatalf("partition 5 in %d tables of L0 and %d of L6 after Close: the compaction the loop gave up on did not run", l0, last)
+	}
+	if err := s.Compact(ctx); !errors.Is(err, context.Canceled) || errors.Is(err, ErrStorage) {
+		t.Fatalf("Compact with an ended context = %v, want context.Canceled alone", err)
+	}
+}
+
+// tables counts the hot database's tables in level holding keys of
+// partition.
+func tables(t *testing.T, s *Store, level int, partition int64) int {
+	t.Helper()
+	levels, err := s.db.SSTables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lo, hi := recordPrefix(partition), recordPrefix(partition+1)
+	n := 0
+	for _, tb := range levels[level] {
+		if bytes.Compare(tb.Smallest.UserKey, hi) < 0 && bytes.Compare(tb.Largest.UserKey, lo) >= 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// waitFor polls cond for up to 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+	}
+}
+
+// TestCompactAsCloseBegins: a background compaction the loop starts just
+// as Close begins (the store closed, its loop's context not yet
+// cancelled) finds the store closed; that is no storage failure, and
+// Close then closes the databases.
+func TestCompactAsCloseBegins(t *testing.T) {
+	s := open(t, Options{Dir: t.TempDir()})
+	s.closed.Store(true)
+	s.compact(context.Background(), compaction{s.db, recordPrefix(1), recordPrefix(2)})
+	s.closed.Store(false)
+	if err := s.Broken(); err != nil {
+		t.Fatalf("a compaction refused as Close began broke the store: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -55,8 +55,9 @@ func archivedKey(key []byte) (stored, full []byte) {
 }
 
 // found reads rows (i, part, digest, at, result) into out, the newest
-// partition of each query winning.
-func found(rows pgx.Rows, out []tier.Answer) error {
+// partition of each query winning, and, with pos, the row of query -1
+// into pos (LookupApplied).
+func found(rows pgx.Rows, out []tier.Answer, pos *tier.LogPos) error {
 	defer rows.Close()
 	for rows.Next() {
 		var i int32
@@ -65,6 +66,10 @@ func found(rows pgx.Rows, out []tier.Answer) error {
 		var at *int64
 		if err := rows.Scan(&i, &part, &digest, &at, &result); err != nil {
 			return err
+		}
+		if i == -1 && pos != nil && at != nil && part >= 0 && *at >= 0 {
+			*pos = tier.LogPos{MS: uint64(part), Seq: uint64(*at)}
+			continue
 		}
 		if int(i) >= len(out) || i < 0 {
 			return fmt.Errorf("row of query %d", i)
@@ -122,10 +127,26 @@ const maxSpanned = 1 << 14
 // Lookup reads each query's rows in its span, one statement for the batch;
 // found keeps each query's newest.
 func (ar *pgArchive) Lookup(ctx context.Context, qs []tier.ArchiveQuery, out []tier.Answer) error {
-	return ar.queries(ctx, "archive lookup", `SELECT q.i, a.part, a.digest, a.at, a.result
+	return ar.queries(ctx, "archive lookup", ar.lookupSQL(), qs, out, nil)
+}
+
+func (ar *pgArchive) lookupSQL() string {
+	return `SELECT q.i, a.part, a.digest, a.at, a.result
 FROM unnest($1::int[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[]) AS q(i, ns, key, lo, hi)
-JOIN `+ar.t+` a ON a.ns = q.ns AND a.key = q.key AND a.part >= q.lo AND a.part < q.hi
-WHERE ($6::bigint[] IS NULL OR a.part = ANY($6::bigint[]))`, qs, out)
+JOIN ` + ar.t + ` a ON a.ns = q.ns AND a.key = q.key AND a.part >= q.lo AND a.part < q.hi
+WHERE ($6::bigint[] IS NULL OR a.part = ANY($6::bigint[]))`
+}
+
+// LookupApplied is Lookup, whose one statement also reads the log
+// position applied (a row of query -1: the position's ms as its part, its
+// seq as its at), so the answers and the position are of one snapshot:
+// every entry at or before the position is in the answers.
+func (ar *pgArchive) LookupApplied(ctx context.Context, qs []tier.ArchiveQuery, out []tier.Answer) (tier.LogPos, error) {
+	var pos tier.LogPos
+	err := ar.queries(ctx, "archive lookup", `SELECT -1, ms, NULL::bytea, seq, NULL::bytea FROM `+ar.t+`_log WHERE id = 1
+UNION ALL
+`+ar.lookupSQL(), qs, out, &pos)
+	return pos, err
 }
 
 // Forget deletes each query's rows in its span, one statement for the
@@ -135,13 +156,13 @@ func (ar *pgArchive) Forget(ctx context.Context, qs []tier.ArchiveQuery, out []t
 USING unnest($1::int[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[]) AS q(i, ns, key, lo, hi)
 WHERE a.ns = q.ns AND a.key = q.key AND a.part >= q.lo AND a.part < q.hi
   AND ($6::bigint[] IS NULL OR a.part = ANY($6::bigint[]))
-RETURNING q.i, a.part, a.digest, a.at, a.result`, qs, out)
+RETURNING q.i, a.part, a.digest, a.at, a.result`, qs, out, nil)
 }
 
 // queries runs sql, a statement over the arrays of qs (queryArrays) and
 // the partitions they span (spanned) that returns the rows found as found
 // reads them, into out (Absent where none).
-func (ar *pgArchive) queries(ctx context.Context, what, sql string, qs []tier.ArchiveQuery, out []tier.Answer) error {
+func (ar *pgArchive) queries(ctx context.Context, what, sql string, qs []tier.ArchiveQuery, out []tier.Answer, pos *tier.LogPos) error {
 	if len(out) != len(qs) {
 		return fmt.Errorf("%w: %d answers for %d queries", tier.ErrOptions, len(out), len(qs))
 	}
@@ -156,7 +177,7 @@ func (ar *pgArchive) queries(ctx context.Context, what, sql string, qs []tier.Ar
 	if err != nil {
 		return unavailable(what, err)
 	}
-	if err := found(rows, out); err != nil {
+	if err := found(rows, out, pos); err != nil {
 		return unavailable(what, err)
 	}
 	return nil

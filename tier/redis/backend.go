@@ -75,8 +75,8 @@ func (b *Backend) Validate(env tier.Env) error {
 	if _, single := b.client.(*goredis.Client); !single && b.config.WaitReplicas > 0 {
 		errs = append(errs, fmt.Errorf("%w: %w: WaitReplicas needs a single Redis (or Sentinel) deployment: WAIT acknowledges one connection's writes on one server", tier.ErrOptions, ErrOptions))
 	}
-	if _, cluster := b.client.(*goredis.ClusterClient); cluster && env.ArchiveLog {
-		errs = append(errs, fmt.Errorf("%w: %w: an archive behind Redis needs a single Redis (or Sentinel) deployment, not a Cluster: the log is appended in the commit's own script, which touches one slot only", tier.ErrOptions, ErrOptions))
+	if _, single := b.client.(*goredis.Client); !single && env.ArchiveLog {
+		errs = append(errs, fmt.Errorf("%w: %w: an archive behind Redis needs a single Redis (or Sentinel) deployment, not a Cluster or Ring: the log is appended in the commit's own script, which touches one slot or shard only", tier.ErrOptions, ErrOptions))
 	}
 	return errors.Join(errs...)
 }

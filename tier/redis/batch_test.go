@@ -344,7 +344,7 @@ func TestRepeatAcrossChunks(t *testing.T) {
 	}
 	// Marks with MaxAttempts (the claim script's mark form): m at 0 and
 	// 256 by different tokens, at 1 and 257 by the first again.
-	mreqs := base("m")
+	mreqs := mmreqs("m", n, tok(1), false) // a store with MaxAttempts cannot log a mark
 	m := mreqs[0]
 	m2 := m
 	m2.Token = tok(3)
@@ -441,7 +441,15 @@ func TestNoScript(t *testing.T) {
 			// one the forgotten commits carried names calls that did
 			// commit (a mark settling under it answers New, writing
 			// nothing).
-			reqs = mmreqs("k", n, tok(2), true)
+			// Without MaxAttempts the marks are logged ones (the store
+			// keeps the log): their script is sent once, and sent again
+			// after NOSCRIPT, which ran nothing. With it a store cannot
+			// log a mark: plain marks.
+			reqs = mmreqs("k", n, tok(2), max == 0)
+			logBy := time.Now().Add(time.Minute).UnixNano()
+			for i := range reqs {
+				reqs[i].LogBy = logBy
+			}
 			mo := make([]redis.Result, n)
 			if err := s.Mark(ctx, reqs, mo); err != nil {
 				t.Fatal(err)
@@ -455,6 +463,24 @@ func TestNoScript(t *testing.T) {
 			mmstatusAll(t, "unmark", func(ctx context.Context, r []redis.Request, st []redis.Status) error {
 				return s.Unmark(ctx, r, time.Minute, st)
 			}, reqs, tier.OK)
+			if max > 0 {
+				return
+			}
+			// Each logged mark is in the log, and its undoing after it.
+			entries, _, err := s.ReadLog(ctx, tier.LogPos{}, 100000)
+			if err != nil {
+				t.Fatal(err)
+			}
+			last := map[string][]bool{} // key → its entries' Forget flags, in order
+			for _, e := range entries {
+				last[string(e.Record.Key)] = append(last[string(e.Record.Key)], e.Forget)
+			}
+			for _, r := range reqs {
+				ev := last[string(r.Key)]
+				if len(ev) < 2 || ev[len(ev)-2] || !ev[len(ev)-1] {
+					t.Fatalf("key %s: log entries (forget flags) %v, want its mark then its unmark last", r.Key, ev)
+				}
+			}
 		})
 	}
 	// A restart loses every script (and, without persistence, every key).

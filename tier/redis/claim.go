@@ -20,9 +20,9 @@ import (
 func (s *Store) Claim(ctx context.Context, reqs []Request, lease time.Duration, out []Result) error {
 	var err error
 	if s.max == 0 {
-		err = s.claimNX(ctx, reqs, lease, false, out)
+		err = s.claimNX(ctx, reqs, lease, false, 0, out)
 	} else {
-		err = s.claimScripted(ctx, reqs, lease, false, out)
+		err = s.claimScripted(ctx, reqs, lease, false, 0, out)
 	}
 	for i := range out {
 		out[i].Partition = -1
@@ -30,22 +30,46 @@ func (s *Store) Claim(ctx context.Context, reqs []Request, lease time.Duration, 
 	return err
 }
 
-// claimScripted is Claim through claimScript (mark: Mark's).
-func (s *Store) claimScripted(ctx context.Context, reqs []Request, lease time.Duration, mark bool, out []Result) error {
+// claimScripted is Claim through claimScript (mark: Mark's; a logged
+// mark's when logBy is not zero).
+func (s *Store) claimScripted(ctx context.Context, reqs []Request, lease time.Duration, mark bool, logBy int64, out []Result) error {
 	leaseMS, windowMS := max(lease.Milliseconds(), 1), s.window.Milliseconds()
+	logs, deadline := "0", ""
+	if logBy != 0 {
+		logs, deadline = "1", strconv.FormatInt(logBy/int64(time.Millisecond), 10)
+	}
 	return s.evalText(ctx, claimScript, reqs, true, func(r *Request) []any {
 		var earlier string
 		if r.Earlier != (Token{}) {
 			earlier = string(r.Earlier[:])
 		}
 		if mark {
-			return []any{claimPrefix(r.Token), leaseMS, windowMS, s.max, earlier, commitValue(r), s.commitTTL(r).Milliseconds(), s.forgottenInScript()}
+			return []any{claimPrefix(r.Token), leaseMS, windowMS, s.max, earlier, commitValue(r), s.commitTTL(r).Milliseconds(), s.forgottenInScript(), logs, deadline}
 		}
 		return []any{claimPrefix(r.Token), leaseMS, windowMS, s.max, earlier}
 	}, func(i int, v string) (err error) {
+		if err := scriptRefused(v); err != nil {
+			return err
+		}
 		out[i], err = decodeClaim(v)
 		return err
 	})
+}
+
+// errLate is a logged mark's answer past its Request.LogBy.
+var errLate = errors.New("the mark reached Redis after its LogBy (the archive read it relies on is too old): nothing written")
+
+// scriptRefused reads a script's refusal of one key: 'L', past the
+// mark's LogBy (errLate), or 'W', a key holding no string (no value of
+// this layout).
+func scriptRefused(v string) error {
+	switch v {
+	case "L":
+		return errLate
+	case "W":
+		return errors.New("the key holds no string (no value of this layout)")
+	}
+	return nil
 }
 
 // Mark is Claim with every key it acquires committed in the same step
@@ -54,12 +78,20 @@ func (s *Store) claimScripted(ctx context.Context, reqs []Request, lease time.Du
 // it acquires is committed with reqs[i].Token and Digest, for the window
 // or reqs[i].Window. A mark whose reply was lost finds its own commit when
 // retried (Committed with its token).
+//
+// With the archive log, requests with Archive set (every request of the
+// call, with one LogBy) are marked through markLogScript, which appends
+// each commit it makes to the log in the same script run and refuses to
+// commit past LogBy (tier.LogMarker).
 func (s *Store) Mark(ctx context.Context, reqs []Request, out []Result) error {
-	var err error
+	logBy, err := s.markLogBy(reqs)
+	if err != nil {
+		return err
+	}
 	if s.max == 0 {
-		err = s.claimNX(ctx, reqs, 0, true, out)
+		err = s.claimNX(ctx, reqs, 0, true, logBy, out)
 	} else {
-		err = s.claimScripted(ctx, reqs, time.Millisecond, true, out)
+		err = s.claimScripted(ctx, reqs, time.Millisecond, true, logBy, out)
 	}
 	for i := range out {
 		out[i].Partition = -1
@@ -85,9 +117,40 @@ const fenceTag = 'X'
 func (s *Store) Unmark(ctx context.Context, reqs []Request, fence time.Duration, out []Status) error {
 	ms := max(fence.Milliseconds(), 1)
 	set := s.forgottenInScript()
+	logs := s.logsRemovals() // the mark undone may have been a logged one
 	return s.runScript(ctx, unmarkScript, reqs, out, func(r *Request) []any {
-		return []any{string(append([]byte{commitTag}, r.Token[:]...)), string(append([]byte{fenceTag}, r.Token[:]...)), ms, set, forgottenMS}
+		return []any{string(append([]byte{commitTag}, r.Token[:]...)), string(append([]byte{fenceTag}, r.Token[:]...)), ms, set, forgottenMS, logs}
 	})
+}
+
+// MarksWithLog reports whether Mark appends the commits of requests with
+// Archive set to the archive log (tier.LogMarker): with the log and
+// without MaxAttempts.
+func (s *Store) MarksWithLog() bool { return s.logKey != "" && s.max == 0 }
+
+// markLogBy returns the LogBy of a Mark's requests with Archive set, or
+// 0 when none has it; a call mixing them, or differing LogBy, or one the
+// store cannot log, is refused (ErrOptions): a mark with Archive must
+// never commit without its log entry.
+func (s *Store) markLogBy(reqs []Request) (int64, error) {
+	if len(reqs) == 0 || !reqs[0].Archive {
+		for i := range reqs {
+			if reqs[i].Archive {
+				return 0, fmt.Errorf("%w: a Mark mixes requests to archive with others", ErrOptions)
+			}
+		}
+		return 0, nil
+	}
+	if !s.MarksWithLog() {
+		return 0, fmt.Errorf("%w: this store cannot log marks (no archive log, or MaxAttempts)", ErrOptions)
+	}
+	logBy := reqs[0].LogBy
+	for i := range reqs {
+		if !reqs[i].Archive || reqs[i].LogBy != logBy || logBy <= 0 {
+			return 0, fmt.Errorf("%w: a logged Mark's requests need Archive and one positive LogBy", ErrOptions)
+		}
+	}
+	return logBy, nil
 }
 
 // CanMark reports whether the engine may mark through Mark: without
@@ -112,14 +175,28 @@ func (s *Store) commitTTL(r *Request) time.Duration {
 // per batch: a script's call of SET costs the server about 1.3 times the
 // command's own cost (measured with INFO commandstats, docs/shared-tiers.md),
 // and the server's time is what processes sharing it compete for.
-func (s *Store) claimNX(ctx context.Context, reqs []Request, lease time.Duration, mark bool, out []Result) error {
-	olds, lost, err := s.setNX(ctx, reqs, lease, mark)
+//
+// With logBy (a logged mark: Mark) the keys go through markLogScript
+// instead, and the keys the claim script decides are logged and bound by
+// logBy too.
+func (s *Store) claimNX(ctx context.Context, reqs []Request, lease time.Duration, mark bool, logBy int64, out []Result) error {
+	var olds []any
+	var lost []bool
+	var err error
+	if logBy != 0 {
+		olds, lost, err = s.markLogNX(ctx, reqs, logBy)
+	} else {
+		olds, lost, err = s.setNX(ctx, reqs, lease, mark)
+	}
 	if err != nil {
 		return err
 	}
 	var later []int // keys the script must decide
 	for i, a := range olds {
 		old, _ := a.(string)
+		if err := scriptRefused(old); err != nil && logBy != 0 && !lost[i] {
+			return fmt.Errorf("%w: %w at %q", ErrUnavailable, err, s.Key(reqs[i].NS, reqs[i].Key))
+		}
 		if lost[i] {
 			// A mark whose reply was lost: the script finds what it did
 			// (its commit, or a Forget's trace of it) or marks the key now.
@@ -157,7 +234,7 @@ func (s *Store) claimNX(ctx context.Context, reqs []Request, lease time.Duration
 	for j, i := range later {
 		sub[j] = reqs[i]
 	}
-	if err := s.claimScripted(ctx, sub, max(lease, time.Millisecond), mark, subOut); err != nil {
+	if err := s.claimScripted(ctx, sub, max(lease, time.Millisecond), mark, logBy, subOut); err != nil {
 		return err
 	}
 	if s.sharded {
@@ -227,6 +304,84 @@ func (s *Store) setNX(ctx context.Context, reqs []Request, lease time.Duration, 
 		default:
 			olds[i] = old
 		}
+	}
+	return olds, lost, nil
+}
+
+// markLogNX marks reqs through markLogScript (a logged mark, bound by
+// logBy), each call sent once (scriptOnce), and answers as setNX does:
+// each key's old value (or the script's refusal, 'L' or 'W'), nil where
+// the mark committed (and logged) it, lost[i] where the reply was lost.
+// A call the server did not know the script for (NOSCRIPT: not run) is
+// sent again once the scripts are loaded, alone.
+func (s *Store) markLogNX(ctx context.Context, reqs []Request, logBy int64) (olds []any, lost []bool, err error) {
+	olds, lost = make([]any, len(reqs)), make([]bool, len(reqs))
+	deadline := logBy / int64(time.Millisecond)
+	todo := make([]int, len(reqs))
+	for i := range todo {
+		todo[i] = i
+	}
+	settle := s.replicas == 0 // as setNX: with WaitReplicas a lost reply is a failure
+	for attempt := 0; len(todo) > 0; attempt++ {
+		pipe := s.c.Pipeline()
+		var cmds []*goredis.Cmd
+		var sizes []int
+		values := make([]string, len(todo))
+		for k, i := range todo {
+			values[k] = commitValue(&reqs[i])
+		}
+		for lo := 0; lo < len(todo); {
+			hi := nextChunk(len(todo), lo, func(k int) int { return len(reqs[todo[k]].Key) + len(values[k]) + 96 })
+			args := make([]any, 0, 4+(hi-lo)*3)
+			args = append(args, "evalsha", markLogScript.Hash(), 1+hi-lo, s.logKey)
+			for k := lo; k < hi; k++ {
+				r := &reqs[todo[k]]
+				args = append(args, s.Key(r.NS, r.Key))
+			}
+			args = append(args, deadline)
+			for k := lo; k < hi; k++ {
+				args = append(args, values[k], max(s.commitTTL(&reqs[todo[k]]).Milliseconds(), 1))
+			}
+			cmd := goredis.NewCmd(ctx, args...)
+			_ = pipe.Process(ctx, scriptOnce{cmd})
+			cmds, sizes = append(cmds, cmd), append(sizes, hi-lo)
+			lo = hi
+		}
+		err = s.execWrites(ctx, pipe)
+		if err != nil && !errors.Is(err, goredis.Nil) && !goredis.HasErrorPrefix(err, "NOSCRIPT") && (!settle || errors.Is(err, ErrUnavailable) || !lostReply(ctx, err)) {
+			return nil, nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		var again []int
+		at := 0
+		for c, cmd := range cmds {
+			idx := todo[at : at+sizes[c]]
+			at += sizes[c]
+			v, err := cmd.Result()
+			switch {
+			case err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") && attempt == 0:
+				again = append(again, idx...)
+			case err != nil && settle && lostReply(ctx, err):
+				for _, i := range idx {
+					lost[i] = true
+				}
+			case err != nil:
+				return nil, nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+			default:
+				many, ok := v.([]any)
+				if !ok || len(many) != len(idx) {
+					return nil, nil, fmt.Errorf("%w: the mark script answered %T for %d keys", ErrUnavailable, v, len(idx))
+				}
+				for k, i := range idx {
+					olds[i] = many[k]
+				}
+			}
+		}
+		if len(again) > 0 {
+			if err := s.loadScripts(ctx); err != nil {
+				return nil, nil, err
+			}
+		}
+		todo = again
 	}
 	return olds, lost, nil
 }

@@ -35,14 +35,24 @@
 //     two prefixes never share a key.
 //  6. Every call returns by its context's deadline, whatever the client's
 //     own timeouts.
-//  7. With the archive log (Options.ArchiveLog), a commit of a request
-//     marked Archive is appended to the log in the script that commits it,
-//     and every Forget and undone commit appends its removal in the script
+//  7. With the archive log (Options.ArchiveLog), a commit or mark of a
+//     request marked Archive is appended to the log in the script run that
+//     commits it (one entry per call, after its last write; nothing the
+//     script runs after its first write can fail), and every Forget,
+//     undone commit and undone mark appends its removal in the script
 //     that makes it: no commit Redis holds is missing from the log, and a
-//     removal always follows the commit it removes. The prefix's layout
-//     records the log, so no process on it commits without appending.
-//  8. A mark answers as its one copy applied: its SET NX is never resent
-//     by the client (markOnce), and a lost reply is settled by the claim
+//     removal always follows the commit it removes. The same script
+//     records the removal in the log's removals hash (Store.Removing),
+//     which keeps it until the drain's trim passes it, so an archive read
+//     before the drain applied it knows the archive may still hold the
+//     commit it undid. The prefix's layout
+//     records the log, so no process on it commits without appending. A
+//     mark with Archive commits nothing past its Request.LogBy (the
+//     server's clock), and a Mark mixing Archive with plain requests is
+//     refused.
+//  8. A mark answers as its one copy applied: its SET NX (or, with
+//     Archive, its script call) is never resent by the client (markOnce,
+//     scriptOnce), and a lost reply is settled by the claim
 //     script, which answers acquired where the mark's own commit was
 //     removed by a Forget since (the Forget's fence, or the forgotten set
 //     it writes before removing anything) and marks the key only where no

@@ -12,7 +12,7 @@ import (
 
 func (s *Store) loadScripts(ctx context.Context) error {
 	return s.eachServer(ctx, func(ctx context.Context, c goredis.Cmdable) error {
-		scripts := []*goredis.Script{leaseScript, trimScript}
+		scripts := []*goredis.Script{leaseScript, trimScript, markLogScript}
 		for _, ks := range keyScripts {
 			scripts = append(scripts, ks.one, ks.many)
 		}
@@ -67,14 +67,54 @@ func argBytes(key []byte, args []any) int {
 	return n
 }
 
+// logEntryLua buffers a script call's commits for the archive log and
+// appends them as one stream entry, {c: each commit as a 4-byte big-endian
+// length ‖ the record's Redis key ‖ a 4-byte length ‖ its committed
+// value, in the order they were made} (decodeEntry reads it).
+//
+// logRemoval appends the removal of key k to the log at once, {k, f: 1},
+// and records it in the log's removals hash (the log key's prefix ‖ NUL ‖
+// 0xff ‖ "removing": field k, value the entry's ID) until the drain trims
+// it (trimScript), so an archive read for k until the drain has applied
+// it knows the archive may still hold what the removal undoes
+// (Store.Removing). The hash is no declared key of the script: a prefix
+// with a log is on one server (a Cluster or Ring keeps no log).
+const logEntryLua = `
+local logged = {}
+local function logCommit(k, v)
+  logged[#logged + 1] = struct.pack('>I4', #k) .. k .. struct.pack('>I4', #v) .. v
+end
+local function appendLog(log)
+  if #logged > 0 then redis.call('XADD', log, '*', 'c', table.concat(logged)) end
+end
+local function logRemoval(log, k)
+  local id = redis.call('XADD', log, '*', 'k', k, 'f', '1')
+  redis.call('HSET', string.sub(log, 1, -2) .. '\255removing', k, id)
+end
+`
+
 // newKeyScript makes the keyScript of body, a script about KEYS[1] (and
 // KEYS[2]) with its own ARGV. many takes KEYS as each key's nk keys in
 // turn and ARGV as nk, na and then each key's na arguments in turn, and
 // answers an array of body's answers (false for none).
+//
+// A body appends a commit to the archive log by calling logCommit(key,
+// value), not XADD: both forms append every commit of the call as one
+// log entry (logEntryLua) at the end of the call, after the last key, in
+// the same atomic script run. Nothing a body calls after its first write
+// can raise an error (its reads that could are pcalls), so a call that
+// committed a key always reaches its append.
 func newKeyScript(body string) *keyScript {
 	ks := &keyScript{
-		one: goredis.NewScript(body),
-		many: goredis.NewScript(`local function one(KEYS, ARGV)
+		one: goredis.NewScript(logEntryLua + `
+local function one(KEYS, ARGV)
+` + body + `
+end
+local r = one(KEYS, ARGV)
+appendLog(KEYS[2])
+return r`),
+		many: goredis.NewScript(logEntryLua + `
+local function one(KEYS, ARGV)
 ` + body + `
 end
 local nk, na = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -86,6 +126,7 @@ for i = 0, #KEYS / nk - 1 do
   if r == nil then r = false end
   out[i + 1] = r
 end
+appendLog(KEYS[2])
 return out`),
 	}
 	keyScripts = append(keyScripts, ks)
@@ -134,52 +175,13 @@ func (s *Store) runScript(ctx context.Context, sc *keyScript, reqs []Request, ou
 // server runs sc's many form once per chunk of chunkKeys requests; a
 // sharded client (Cluster, Ring) runs its one form once per request.
 func (s *Store) evalBatch(ctx context.Context, sc *keyScript, reqs []Request, writes bool, args func(*Request) []any) ([]any, error) {
-	nk := 1
-	if s.logKey != "" {
-		nk = 2 // a Cluster keeps no log: one server holds both
-	}
 	for attempt := 0; ; attempt++ {
 		pipe := s.c.Pipeline()
-		var cmds []*goredis.Cmd
-		if s.sharded {
-			cmds = make([]*goredis.Cmd, len(reqs))
-			for i := range reqs {
-				r := &reqs[i]
-				cmds[i] = sc.one.EvalSha(ctx, pipe, []string{s.Key(r.NS, r.Key)}, args(r)...)
-			}
-		} else {
-			for lo := 0; lo < len(reqs); {
-				// A call takes at most chunkKeys keys and, past its first
-				// key, chunkBytes of arguments: a batch of large results
-				// would otherwise make one command of up to a GiB, over
-				// the server's query buffer limit, on every retry.
-				keys := make([]string, 0, min(len(reqs)-lo, chunkKeys)*nk)
-				argv := []any{nk, 0}
-				size, i := 0, lo
-				for ; i < min(lo+chunkKeys, len(reqs)); i++ {
-					r := &reqs[i]
-					a := args(r)
-					n := argBytes(r.Key, a)
-					if i > lo && size+n > chunkBytes {
-						break
-					}
-					size += n
-					keys = append(keys, s.Key(r.NS, r.Key))
-					if nk == 2 {
-						keys = append(keys, s.logKey)
-					}
-					if i == lo {
-						argv[1] = len(a)
-					} else if argv[1] != len(a) {
-						return nil, fmt.Errorf("%w: %d script arguments for one key of a batch, %d for another", ErrOptions, argv[1], len(a))
-					}
-					argv = append(argv, a...)
-				}
-				cmds = append(cmds, sc.many.EvalSha(ctx, pipe, keys, argv...))
-				lo = i
-			}
+		cmds, err := s.scriptCalls(ctx, pipe, sc, reqs, args)
+		if err != nil {
+			return nil, err
 		}
-		err := s.execWait(ctx, pipe, writes)
+		err = s.execWait(ctx, pipe, writes)
 		if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") && attempt == 0 {
 			// The server restarted or failed over and lost its scripts;
 			// the scripts are idempotent for the caller's token, so the
@@ -217,3 +219,69 @@ func (s *Store) evalBatch(ctx context.Context, sc *keyScript, reqs []Request, wr
 		return answers, nil
 	}
 }
+
+// scriptCalls adds sc's calls for reqs to pipe: on a single server one
+// call of its many form per chunk (nextChunk), on a sharded client one
+// call of its one form per request. It returns the calls, in order.
+func (s *Store) scriptCalls(ctx context.Context, pipe goredis.Pipeliner, sc *keyScript, reqs []Request, args func(*Request) []any) ([]*goredis.Cmd, error) {
+	if s.sharded {
+		cmds := make([]*goredis.Cmd, len(reqs))
+		for i := range reqs {
+			r := &reqs[i]
+			cmds[i] = sc.one.EvalSha(ctx, pipe, []string{s.Key(r.NS, r.Key)}, args(r)...)
+		}
+		return cmds, nil
+	}
+	nk := 1
+	if s.logKey != "" {
+		nk = 2 // a Cluster keeps no log: one server holds both
+	}
+	all := make([][]any, len(reqs))
+	for i := range reqs {
+		all[i] = args(&reqs[i])
+	}
+	var cmds []*goredis.Cmd
+	for lo := 0; lo < len(reqs); {
+		hi := nextChunk(len(reqs), lo, func(i int) int { return argBytes(reqs[i].Key, all[i]) })
+		keys := make([]string, 0, (hi-lo)*nk)
+		argv := []any{nk, len(all[lo])}
+		for i := lo; i < hi; i++ {
+			r := &reqs[i]
+			keys = append(keys, s.Key(r.NS, r.Key))
+			if nk == 2 {
+				keys = append(keys, s.logKey)
+			}
+			if len(all[i]) != len(all[lo]) {
+				return nil, fmt.Errorf("%w: %d script arguments for one key of a batch, %d for another", ErrOptions, len(all[lo]), len(all[i]))
+			}
+			argv = append(argv, all[i]...)
+		}
+		cmds = append(cmds, sc.many.EvalSha(ctx, pipe, keys, argv...))
+		lo = hi
+	}
+	return cmds, nil
+}
+
+// nextChunk returns the end of the chunk of n requests starting at lo: at
+// most chunkKeys requests and, past its first, chunkBytes of arguments
+// (size weighs request i's key and arguments). A batch of large results would
+// otherwise make one command of up to a GiB, over the server's query
+// buffer limit, on every retry.
+func nextChunk(n, lo int, size func(i int) int) int {
+	hi, total := lo, 0
+	for ; hi < min(lo+chunkKeys, n); hi++ {
+		w := size(hi)
+		if hi > lo && total+w > chunkBytes {
+			break
+		}
+		total += w
+	}
+	return hi
+}
+
+// scriptOnce is a script call the client must not send again by itself
+// after losing its reply (see markOnce).
+type scriptOnce struct{ *goredis.Cmd }
+
+// NoRetry tells the client not to send the command again.
+func (scriptOnce) NoRetry() bool { return true }

@@ -20,7 +20,7 @@ func ClaimScriptHashes() []string {
 // claim script with each mark's committed value, then (Cluster, Ring) the
 // forgotten set.
 func (s *Store) SettleMarks(ctx context.Context, reqs []Request, out []Result) error {
-	if err := s.claimScripted(ctx, reqs, time.Millisecond, true, out); err != nil {
+	if err := s.claimScripted(ctx, reqs, time.Millisecond, true, 0, out); err != nil {
 		return err
 	}
 	if !s.sharded {

@@ -14,6 +14,7 @@ import (
 	"github.com/tierdedup/tierdedup/internal/backendtest"
 	"github.com/tierdedup/tierdedup/internal/crashtest"
 	"github.com/tierdedup/tierdedup/tier"
+	"github.com/tierdedup/tierdedup/tier/postgres/pgtest"
 	"github.com/tierdedup/tierdedup/tier/redis"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
@@ -42,18 +43,42 @@ func markerChild(spec string) int {
 // other none (its context deadline decides). Each round the nemesis
 // pauses the server (SIGSTOP for 0.3–2 s), kills a consumer (SIGKILL; it
 // restarts after its last acknowledged batch, as a consumer group
-// redelivers), or both; the checks are backendtest.RunNemesis's.
+// redelivers), or both; the checks are backendtest.RunNemesis's. With
+// archive=postgres a PostgreSQL archive is behind every engine and
+// Redis's window is 8 s in 2 s partitions: every mark reads the archive,
+// then commits through the mark script and its log entry (one a call),
+// the drain moves it to the archive while the server stalls and drainers
+// die, and the checks (the last once every acknowledged key has left
+// Redis), and consumers that mark shared keys after Redis let them go,
+// must find them there.
 // TIERDEDUP_NEMESIS_ROUNDS sets the rounds (CI runs the default, 6).
 func TestMarkNemesis(t *testing.T) {
-	for _, max := range []int{0, 3} {
-		t.Run(fmt.Sprint("max=", max), func(t *testing.T) {
+	for _, run := range []struct {
+		max     int
+		archive bool
+	}{{0, false}, {3, false}, {0, true}} {
+		name := fmt.Sprint("max=", run.max)
+		if run.archive {
+			name += "/archive=postgres"
+		}
+		t.Run(name, func(t *testing.T) {
 			srv := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
 			prefix := fmt.Sprintf("nemesis-%d:", time.Now().UnixNano())
 			c := srv.ClientWith(t, &goredis.Options{MaxRetries: -1})
-			backendtest.RunNemesis(t, backendtest.Nemesis{
-				Child: "marker", Addr: srv.Addr, Name: prefix, Policies: []int{0, -1}, MaxAttempts: max,
+			n := backendtest.Nemesis{
+				Child: "marker", Addr: srv.Addr, Name: prefix, Policies: []int{0, -1}, MaxAttempts: run.max,
 				Pause: srv.Pause, Resume: srv.Resume, Checker: redis.NewBackend(c, redis.Config{Prefix: prefix}),
-			})
+			}
+			if run.archive {
+				db := pgtest.Pool(t)
+				n.Archive, n.ArchiveTable = pgtest.DSN, fmt.Sprintf("nemesis_arch_%d", time.Now().UnixNano()%1e9)
+				t.Cleanup(func() {
+					for _, s := range []string{"", "_layout", "_parts", "_blobs", "_log", "_open"} {
+						_, _ = db.Exec(context.Background(), "DROP TABLE IF EXISTS "+n.ArchiveTable+s+" CASCADE")
+					}
+				})
+			}
+			backendtest.RunNemesis(t, n)
 		})
 	}
 }

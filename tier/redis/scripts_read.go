@@ -48,19 +48,46 @@ end
 if v and v ~= ARGV[1] then return '0' end -- written since the read: kept
 if not v then out = '' end
 if v then redis.call('SET', KEYS[1], 'X' .. ARGV[2] .. out, 'PX', ` + fenceMS + `) end
-if ARGV[3] == '1' then redis.call('XADD', KEYS[2], '*', 'k', KEYS[1], 'f', '1') end
+if ARGV[3] == '1' then logRemoval(KEYS[2], KEYS[1]) end
 return '1' .. out`)
+
+// trimRemovals bounds the fields of the log's removals hash one trim
+// reads (trimScript).
+const trimRemovals = "20000"
 
 // trimScript trims the archive log KEYS[1] below the ID ARGV[1] and
 // records in KEYS[2] the newest position trimmed, ARGV[2] ‖ '-' ‖ ARGV[3]
 // (ms, seq), unless a later one is recorded (XTRIM does not move the
-// stream's max-deleted-entry-id).
+// stream's max-deleted-entry-id). It deletes from the log's removals
+// hash (logRemoval) every removal at or before that position: the drain
+// trims only what the archive applied, so a removal trimmed is one the
+// archive holds, and a later removal of the same key, which replaced the
+// field's ID, stays. (A late copy of the script trims and deletes only
+// what a newer copy already did.) A trim reads at most about
+// trimRemovals fields of the hash (HSCAN, a thousand at a time), so a
+// backlog of removals (the drain was down) never holds the server long:
+// the rest go at later trims, and a field left meanwhile hides nothing
+// the archive read had applied.
 var trimScript = goredis.NewScript(`
 redis.call('XTRIM', KEYS[1], 'MINID', ARGV[1])
+local a, b = tonumber(ARGV[2]), tonumber(ARGV[3])
+local pending = string.sub(KEYS[1], 1, -2) .. '\255removing'
+local cursor, read = '0', 0
+repeat
+  local r = redis.call('HSCAN', pending, cursor, 'COUNT', 1000)
+  cursor = r[1]
+  local all = r[2]
+  for i = 1, #all, 2 do
+    local ms, seq = string.match(all[i + 1], '^(%d+)-(%d+)$')
+    if not ms or tonumber(ms) < a or (tonumber(ms) == a and tonumber(seq) <= b) then
+      redis.call('HDEL', pending, all[i])
+    end
+  end
+  read = read + #all / 2
+until cursor == '0' or read >= ` + trimRemovals + `
 local v = redis.call('GET', KEYS[2])
 if v then
   local ms, seq = string.match(v, '^(%d+)-(%d+)$')
-  local a, b = tonumber(ARGV[2]), tonumber(ARGV[3])
   if ms and (tonumber(ms) > a or (tonumber(ms) == a and tonumber(seq) >= b)) then return 0 end
 end
 redis.call('SET', KEYS[2], ARGV[2] .. '-' .. ARGV[3])

@@ -67,7 +67,7 @@ type Options struct {
 	// of a Request with Archive set, and every Forget and undone commit,
 	// is appended to a Redis Stream in the script that makes it. The
 	// layout records it, so no process on the prefix commits without
-	// appending. A Cluster keeps no log (ErrOptions): a script may touch
+	// appending. A Cluster or Ring keeps no log (ErrOptions): a script may touch
 	// one slot only.
 	ArchiveLog bool
 	// WaitReplicas, when positive, acknowledges a write (a claim, mark,
@@ -251,8 +251,8 @@ func New(ctx context.Context, client goredis.UniversalClient, opts *Options) (*S
 		s.replicas, s.waitMS = int64(o.WaitReplicas), max(o.WaitTimeout.Milliseconds(), 1)
 	}
 	if o.ArchiveLog {
-		if _, cluster := client.(*goredis.ClusterClient); cluster {
-			return nil, fmt.Errorf("%w: an archive log needs a single Redis (or Sentinel) deployment: a Cluster script touches one slot only", ErrOptions)
+		if s.sharded {
+			return nil, fmt.Errorf("%w: an archive log needs a single Redis (or Sentinel) deployment: a Cluster or Ring script touches one slot or shard only", ErrOptions)
 		}
 		s.logKey = s.prefix + "\x00\x00"
 	}

@@ -890,6 +890,11 @@ func raSettle(t *testing.T, wg *sync.WaitGroup, stop chan struct{}, stopped func
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A connection the nemesis ended while it sat idle in the pool fails
+	// the first statement sent on it (ErrUnavailable), unless it idled
+	// over a second: pgxpool pings those before handing them out. The
+	// checks after the nemesis read the archive once each.
+	time.Sleep(1100 * time.Millisecond)
 	close(errs)
 	for err := range errs {
 		t.Error(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -257,10 +258,29 @@ func TestArchiveOptions(t *testing.T) {
 		"no archive dir":    {Backend: &embedded.Backend{Dir: "s", FS: fs}, Archive: pebble.ArchiveDir{FS: fs}},
 		"detach, memory":    {Tiers: engine.MemoryOnly, DetachArchive: true},
 		"detach, archive":   {Backend: &embedded.Backend{Dir: "s", FS: fs}, Archive: a, DetachArchive: true},
+		// Hourly partitions over 90 days at the largest ExpectedKeys:
+		// about 270 GB of archive filters (without the check, Open
+		// succeeds on lent pages; the first seal's blob is of that size).
+		"filters over memory": {Backend: &embedded.Backend{Dir: "s", FS: fs}, Window: day, Partition: time.Hour, ExpectedKeys: engine.MaxExpectedKeys, Archive: a, ArchiveWindow: 90 * day},
 	} {
 		_, err := engine.Open(&o)
 		if !errors.Is(err, engine.ErrOptions) {
 			t.Errorf("%s: %v, want ErrOptions", name, err)
+		}
+		if name == "filters over memory" && (err == nil || !strings.Contains(err.Error(), "set ExpectedKeys")) {
+			t.Errorf("%s: %v, want the remedy named", name, err)
+		}
+	}
+	// Filters over memory are refused before any tier is opened: a new
+	// store's directory and the archive's are not created.
+	huge := engine.Options{Backend: &embedded.Backend{Dir: "fresh", FS: fs}, Window: day, Partition: time.Hour, ExpectedKeys: engine.MaxExpectedKeys,
+		Archive: pebble.ArchiveDir{Dir: "fresh-archive", FS: fs}, ArchiveWindow: 90 * day}
+	if _, err := engine.Open(&huge); !errors.Is(err, engine.ErrOptions) {
+		t.Fatalf("filters over memory: %v, want ErrOptions", err)
+	}
+	for _, d := range []string{"fresh", "fresh-archive"} {
+		if _, err := fs.Stat(d); err == nil {
+			t.Errorf("%s written by an Open refused for its archive's filters", d)
 		}
 	}
 	// An archive of another store is refused.

@@ -19,6 +19,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -294,7 +295,7 @@ var errMmDropped = errors.New("connection reset (batch)")
 
 func (h *mmpartial) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []goredis.Cmder) error {
-		if !h.armed.Load() || len(cmds) == 0 || len(cmds) < h.min || cmds[0].Name() != h.cmd {
+		if !h.armed.Load() || len(cmds) == 0 || len(cmds) < h.min || cmds[0].Name() != h.cmd || logTrim(cmds) {
 			return next(ctx, cmds)
 		}
 		if h.skip.Add(-1) >= 0 {
@@ -316,6 +317,29 @@ func (h *mmpartial) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredi
 		}
 		return errMmDropped
 	}
+}
+
+// logTrim reports whether cmds is one of the drain's own scripts, which
+// may go through a faulted client too and for which no fault is meant:
+// the trim of an archive log (one script call whose second key is the
+// log's trim mark, Prefix ‖ NUL ‖ 0xff ‖ "trimmed") or the drain lease's
+// renewal (one script call whose key is Prefix ‖ NUL ‖ 0xff ‖ "drain").
+func logTrim(cmds []goredis.Cmder) bool {
+	if len(cmds) != 1 {
+		return false
+	}
+	args := cmds[0].Args()
+	if len(args) < 4 {
+		return false
+	}
+	if key, _ := args[3].(string); len(args) == 4+2 && strings.HasSuffix(key, "\x00\xffdrain") {
+		return true
+	}
+	if len(args) < 5 {
+		return false
+	}
+	key, _ := args[4].(string)
+	return strings.HasSuffix(key, "\x00\xfftrimmed")
 }
 
 // settled checks a MarkBatch whose SET NX replies were lost (some
@@ -635,14 +659,17 @@ func TestRedisPausedMark(t *testing.T) {
 	}
 }
 
-// TestRedisArchiveGiveBack: behind Redis with an archive (marks
-// are a claim and a commit whose script appends each commit to the
-// archive log: two KEYS per key, chunks of 256), a MarkBatch of 600 keys
-// whose commit pipeline the server applied whole, or one chunk of, with
-// every reply lost, is given back: each applied commit is undone and its
-// removal logged after it. Once Redis's window has passed (the keys a
-// MarkBatch acknowledged answer Duplicate from the archive), the given
-// back keys are New for another engine, not Duplicate from the archive.
+// TestRedisArchiveGiveBack: behind Redis with an archive, marks are
+// one script call per chunk of 256 keys that commits each free key and
+// appends the call's commits to the archive log (markLogScript). A
+// MarkBatch of 600 keys whose mark pipeline the server applied whole, or
+// one chunk of, with every reply lost, settles the lost replies through
+// the claim script: every key is New, and after Redis's window Duplicate
+// from the archive. When the settling pipeline is lost too, the call
+// fails and is given back: each applied commit is undone and its removal
+// logged after it. Once Redis's window has passed (the keys a MarkBatch
+// acknowledged answer Duplicate from the archive), the given back keys
+// are New for another engine, not Duplicate from the archive.
 func TestRedisArchiveGiveBack(t *testing.T) {
 	srv := redistest.Start(t)
 	plain := srv.Client(t)
@@ -650,16 +677,17 @@ func TestRedisArchiveGiveBack(t *testing.T) {
 	for _, apply := range []int{-1, 1} {
 		t.Run(fmt.Sprint("apply=", apply), func(t *testing.T) {
 			t.Parallel()
-			h := &mmpartial{min: 3}
+			h, settle := &mmpartial{min: 3}, &mmpartial{}
 			hc := srv.ClientWith(t, &goredis.Options{MaxRetries: -1})
 			hc.AddHook(h)
+			hc.AddHook(settle)
 			prefix := fmt.Sprintf("mmar-%d:", time.Now().UnixNano())
 			arch := redisArchive(t)
 			a := open(t, redisArchiveOptions(hc, prefix, arch))
 			defer a.Close()
 			b := open(t, redisArchiveOptions(plain, prefix, arch))
 			defer b.Close()
-			acked, lost := keysOf("acked", 600), keysOf("lost", 600)
+			acked, lost, settled := keysOf("acked", 600), keysOf("lost", 600), keysOf("settled", 600)
 			out := make([]engine.Outcome, 600)
 			if err := a.MarkBatch(ctx, acked, nil, out); err != nil {
 				t.Fatal(err)
@@ -669,10 +697,23 @@ func TestRedisArchiveGiveBack(t *testing.T) {
 					t.Fatalf("mark of fresh key %d = %v", i, o)
 				}
 			}
+			// The mark's replies lost: settled.
 			h.arm("evalsha", 0, apply)
+			if err := a.MarkBatch(ctx, settled, nil, out); err != nil || h.hits.Load() != 1 {
+				t.Fatalf("MarkBatch with the mark replies lost: %v (fault hits %d), want them settled", err, h.hits.Load())
+			}
+			for i, o := range out {
+				if o != engine.New {
+					t.Fatalf("settled mark of fresh key %d = %v", i, o)
+				}
+			}
+			acked = append(acked, settled...)
+			// The mark's replies and the settling script's lost: given back.
+			h.arm("evalsha", 0, apply)
+			settle.arm("evalsha", 1, 0)
 			err := a.MarkBatch(ctx, lost, nil, out)
-			if h.hits.Load() != 1 || !errors.Is(err, engine.ErrUnavailable) {
-				t.Fatalf("MarkBatch with the commit replies lost: %v (fault hits %d)", err, h.hits.Load())
+			if h.hits.Load() != 2 || settle.hits.Load() != 1 || !errors.Is(err, engine.ErrUnavailable) {
+				t.Fatalf("MarkBatch with the mark and settling replies lost: %v (fault hits %d, %d)", err, h.hits.Load(), settle.hits.Load())
 			}
 			info := make([]engine.KeyInfo, 600)
 			if err := b.LookupBatch(ctx, lost, info); err != nil {
@@ -843,5 +884,82 @@ func TestRedisMarkReplyLostRetried(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// delayHook holds, once armed, the next pipeline whose first command is
+// an EVALSHA of at least three commands (a mark's chunks) for delay
+// before sending it, as a paused connection would.
+type delayHook struct {
+	armed atomic.Bool
+	delay time.Duration
+}
+
+func (h *delayHook) DialHook(next goredis.DialHook) goredis.DialHook          { return next }
+func (h *delayHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook { return next }
+func (h *delayHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		if len(cmds) >= 3 && cmds[0].Name() == "evalsha" && h.armed.CompareAndSwap(true, false) {
+			time.Sleep(h.delay)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestRedisArchiveLateMark: behind Redis with an archive a mark reads
+// the archive first and may commit only until LogBy, half of
+// tier.LogSkew after that read (a commit that left Redis's window later
+// may not be in what the read saw). A mark pipeline held longer than
+// that on its way writes nothing: MarkBatch fails (ErrUnavailable), the
+// keys are New for another engine, and the log holds none of them. The
+// next MarkBatch of the same keys is New.
+func TestRedisArchiveLateMark(t *testing.T) {
+	srv := redistest.Start(t)
+	plain := srv.Client(t)
+	ctx := context.Background()
+	h := &delayHook{delay: tier.LogSkew/2 + 300*time.Millisecond}
+	hc := srv.ClientWith(t, &goredis.Options{MaxRetries: -1})
+	hc.AddHook(h)
+	prefix := fmt.Sprintf("late-%d:", time.Now().UnixNano())
+	arch := redisArchive(t)
+	a := open(t, redisArchiveOptions(hc, prefix, arch))
+	defer a.Close()
+	b := open(t, redisArchiveOptions(plain, prefix, arch))
+	defer b.Close()
+	keys := keysOf("late", 600)
+	out := make([]engine.Outcome, len(keys))
+	before, err := plain.XLen(ctx, prefix+"\x00\x00").Result()
+	if err != nil && !errors.Is(err, goredis.Nil) {
+		t.Fatal(err)
+	}
+	h.armed.Store(true)
+	if err := a.MarkBatch(ctx, keys, nil, out); !errors.Is(err, engine.ErrUnavailable) {
+		t.Fatalf("a mark held %v on its way: %v, want ErrUnavailable", h.delay, err)
+	}
+	info := make([]engine.KeyInfo, len(keys))
+	if err := b.LookupBatch(ctx, keys, info); err != nil {
+		t.Fatal(err)
+	}
+	for i := range info {
+		if info[i].Outcome != engine.New {
+			t.Fatalf("key %s after the late mark = %+v, want New", keys[i], info[i])
+		}
+	}
+	msgs, err := plain.XRange(ctx, prefix+"\x00\x00", "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range msgs {
+		if c, ok := m.Values["c"].(string); ok && strings.Contains(c, "late-") {
+			t.Fatalf("the log holds a commit of the late mark: entry %s (%d entries before)", m.ID, before)
+		}
+	}
+	if err := a.MarkBatch(ctx, keys, nil, out); err != nil {
+		t.Fatal(err)
+	}
+	for i, o := range out {
+		if o != engine.New {
+			t.Fatalf("the next mark of %s = %v, want New", keys[i], o)
+		}
 	}
 }
