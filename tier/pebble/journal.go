@@ -29,6 +29,9 @@ import (
 // scan until its first checkpoint.
 const spaceJournal byte = 0x03
 
+// spaceLast is the last keyspace (Compact compacts up to it).
+const spaceLast = spaceJournal
+
 var keyCheckpoint = []byte{spaceMeta, 'c', 'k'}
 
 const journalKeyLen = 1 + 8 + 8

@@ -249,6 +249,55 @@ func TestDroppedPartitionLeavesDisk(t *testing.T) {
 
 func sstBytes(s *Store) int64 { return int64(s.Disk().Tables) }
 
+// TestCompactLeavesNoTrimmedJournal: the journal entries a filter
+// checkpoint trimmed leave the tables at Compact, as dropped partitions
+// do, so a measurement after Compact counts only what the store holds
+// (with the records' keyspace alone compacted, 200,000 keys' journal,
+// 3.2 MB of fingerprints in tables of their own, stayed until one of
+// Pebble's own compactions reached it, beside 1.1 MB of records).
+func TestCompactLeavesNoTrimmedJournal(t *testing.T) {
+	s := open(t, Options{Dir: t.TempDir(), MemTableSize: 4 << 20, Journal: true})
+	defer s.Close()
+	const n = 200_000
+	recs := make([]Record, 0, 1000)
+	for i := 0; i < n; i++ {
+		recs = append(recs, Record{Partition: 1, Key: fmt.Appendf(nil, "%08d-6ba7b810-9dad-11d1-80b4", i), Value: Value{State: StateCommitted}})
+		if len(recs) == cap(recs) {
+			if err := s.write(recs); err != nil {
+				t.Fatal(err)
+			}
+			recs = recs[:0]
+		}
+	}
+	if err := s.flush(); err != nil {
+		t.Fatal(err)
+	}
+	journal := func() uint64 {
+		u, err := s.db.EstimateDiskUsage([]byte{spaceJournal}, []byte{spaceJournal + 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u
+	}
+	// Compacted once before the checkpoint, the journal lies in tables of
+	// its own at the bottom level, apart from the records' tables.
+	if err := s.Compact(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	written := journal()
+	if err := s.SaveFilterCheckpoint(FilterCheckpoint{Gen: s.NextJournalGen(), Current: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Compact(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	left, tables := journal(), sstBytes(s)
+	t.Logf("journal %d bytes written, %d after the checkpoint and Compact; tables %d bytes", written, left, tables)
+	if written < n*16 || left > written/100 || tables > int64(written) {
+		t.Fatalf("journal %d -> %d bytes, tables %d after Compact: the trimmed journal is still on disk", written, left, tables)
+	}
+}
+
 // TestWriteFailureIsTypedAndSticky injects a WAL sync failure: the write
 // must fail with ErrStorage (not exit), later writes must be refused, and
 // the records acknowledged before must survive a reopen.
