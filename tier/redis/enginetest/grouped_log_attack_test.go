@@ -206,8 +206,18 @@ func TestGroupedLogNamespacesAndResults(t *testing.T) {
 	prefix := fmt.Sprintf("gns-%d:", time.Now().UnixNano())
 	o := redisArchiveOptions(c, prefix, redisArchive(t))
 	o.MaxResultSize = engine.MaxResultSize
-	o.Lease = 4 * time.Second // results of MiBs under -race: the claims outlive their building
-	o.Namespaces = map[string]engine.NamespaceOptions{"long": {ArchiveWindow: 30 * time.Second}, "short": {Window: 5 * time.Second}}
+	// Results of MiBs under -race: the claims outlive their building and
+	// their commit's chunks (a 4 s lease lost one of 288 claims on a
+	// loaded machine), and the drain, stalled until the log is read, may
+	// lag that long behind the window before a claim is refused
+	// (ErrUnavailable: a partition keys may have left Redis from is not
+	// sealed).
+	// The archive windows outlast the whole test (with "long" at 30 s, a
+	// slow run's last claims came after its keys had left the archive's
+	// window, and answered New, as they should).
+	o.Window, o.Lease = 12*time.Second, 8*time.Second
+	o.ArchiveWindow = 3 * time.Minute
+	o.Namespaces = map[string]engine.NamespaceOptions{"long": {ArchiveWindow: 2 * time.Minute}, "short": {Window: 10 * time.Second}}
 	lease := ra2StallDrain(t, c, prefix) // before the engine's first drain pass
 	e := ra2Open(t, o)
 	def, _ := e.Namespace("")
@@ -242,15 +252,30 @@ func TestGroupedLogNamespacesAndResults(t *testing.T) {
 	for i := 0; i < 4; i++ {
 		items = append(items, item{long, fmt.Appendf(nil, "biglong-%d", i), big(i, engine.MaxResultSize), true})
 	}
-	// Claims per namespace, committed in one CommitBatch.
+	// Claims per namespace, one ClaimBatch each (claimed one at a time,
+	// 316 round trips under -race on a loaded machine outlasted the
+	// first claims' lease before their commit), committed in one
+	// CommitBatch.
 	claims := make([]engine.Claim, len(items))
-	for i := range items {
-		cl, err := items[i].ns.Claim(ctx, items[i].key)
-		if err != nil || cl.Outcome != engine.New {
-			t.Fatalf("claim %d: %v, %v", i, cl.Outcome, err)
+	for _, ns := range []*engine.Namespace{def, long, short} {
+		var keys [][]byte
+		var idx []int
+		for i := range items {
+			if items[i].ns == ns {
+				keys, idx = append(keys, items[i].key), append(idx, i)
+			}
 		}
-		cl.Result = items[i].result
-		claims[i] = cl
+		out := make([]engine.Claim, len(keys))
+		if err := ns.ClaimBatch(ctx, keys, nil, out); err != nil {
+			t.Fatalf("ClaimBatch %q: %v", ns.Name(), err)
+		}
+		for q, i := range idx {
+			if out[q].Outcome != engine.New {
+				t.Fatalf("claim %d: %v", i, out[q].Outcome)
+			}
+			out[q].Result = items[i].result
+			claims[i] = out[q]
+		}
 	}
 	var commit []engine.Claim
 	var commitIdx []int
@@ -264,6 +289,12 @@ func TestGroupedLogNamespacesAndResults(t *testing.T) {
 	}
 	errs := make([]error, len(commit))
 	if err := e.CommitBatch(ctx, commit, errs); err != nil {
+		for q, e := range errs {
+			if e != nil {
+				it := items[commitIdx[q]]
+				t.Logf("commit %d: %s/%s (result %d B): %v", q, it.ns.Name(), it.key, len(it.result), e)
+			}
+		}
 		t.Fatalf("CommitBatch: %v (%v)", err, errors.Join(errs...))
 	}
 	log := gReadLog(t, c, prefix)
