@@ -233,6 +233,16 @@ func (e *Engine) assemble(o Options, now int64, opened *closers) error {
 	if err := e.Serves(o.Needs); err != nil {
 		return err // before any goroutine starts: Open closes what it opened
 	}
+	if e.arch != nil {
+		// Only now, with every check of Open passed: a refused Open
+		// leaves the archive's recorded window as it found it.
+		ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+		err := e.arch.Grow(ctx)
+		cancel()
+		if err != nil {
+			return err
+		}
+	}
 
 	if e.local != nil {
 		e.local.Start(e.current.Load(), e.highWater.Load)

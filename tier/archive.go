@@ -30,7 +30,10 @@ type ArchiveBackend interface {
 	Validate(env ArchiveEnv) error
 	// Open connects, checks or records the layout env implies (ErrLayout
 	// for an archive of another owner, secret, partition length or
-	// format), and returns the archive. ctx bounds the opening only.
+	// format, or a shorter window), and returns the archive. A window
+	// longer than the recorded one is recorded only by the archive's
+	// GrowWindow (ArchiveWindowGrower), which the engine calls once its
+	// own Open can no longer fail. ctx bounds the opening only.
 	Open(ctx context.Context, env ArchiveEnv) (Archive, error)
 }
 
@@ -80,6 +83,14 @@ type ArchiveQuery struct {
 	NS       string
 	Key      []byte
 	From, To int64
+}
+
+// ArchiveWindowGrower is an Archive that Open found recording a shorter
+// window than the one asked, and left it so: GrowWindow records the one
+// asked (a window may grow, never shrink). Until then, a process asking
+// for the recorded window still opens it.
+type ArchiveWindowGrower interface {
+	GrowWindow(ctx context.Context) error
 }
 
 // Archive is an opened archive. Its methods are safe for concurrent use;

@@ -22,6 +22,13 @@ type Archiver interface {
 	Start()
 	Poke()
 	Close() error
+	// Grow records in the archive the longer archive window Open found
+	// (ArchiveWindowGrower), and nothing else. The engine calls it once
+	// its Open has passed every check, before anything starts: an Open
+	// refused after the archive opened (a binding, a need) records no
+	// window, and the processes of the configuration before it still
+	// open.
+	Grow(ctx context.Context) error
 	// Next is how far the archive reaches: the first partition not
 	// archived. The exact tier may drop the partitions before it that
 	// left its window, and no other.

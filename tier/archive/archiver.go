@@ -292,6 +292,22 @@ func (a *Archiver) Start() {
 	a.Poke()
 }
 
+// Grow records the longer archive window Open found, where the archive
+// left it to be recorded (tier.ArchiveWindowGrower); see tier.Archiver.
+func (a *Archiver) Grow(ctx context.Context) error {
+	g, ok := a.store.(tier.ArchiveWindowGrower)
+	if !ok {
+		return nil
+	}
+	if err := g.GrowWindow(ctx); err != nil {
+		if errors.Is(err, tier.ErrStorage) {
+			return err
+		}
+		return fmt.Errorf("%w: archive: recording its longer window: %w", tier.ErrUnavailable, err)
+	}
+	return nil
+}
+
 // Poke wakes the loop: a partition closed, or the store sealed one.
 func (a *Archiver) Poke() {
 	select {

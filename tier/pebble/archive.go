@@ -166,6 +166,20 @@ type archive struct {
 	held   atomic.Pointer[[]int64] // the marked partitions, ascending
 	dropMu sync.Mutex              // serialises Drop with itself
 	closed atomic.Bool
+	grow   []byte // the layout with a longer window than recorded, for GrowWindow (nil: none)
+}
+
+// GrowWindow records the longer window init found
+// (tier.ArchiveWindowGrower), synced.
+func (ar *archive) GrowWindow(context.Context) error {
+	if ar.grow == nil {
+		return nil
+	}
+	if err := ar.db.Set(keyArchiveLayout, ar.grow, pebble.Sync); err != nil {
+		return fmt.Errorf("%w: %w", tier.ErrStorage, err)
+	}
+	ar.grow = nil
+	return nil
 }
 
 // archiveLayout encoding: format u32 ‖ partition i64 ‖ window i64 ‖ check
@@ -192,10 +206,8 @@ func (ar *archive) init(env tier.ArchiveEnv) error {
 		if err := checkArchiveLayout(stored, want); err != nil {
 			return fmt.Errorf("%w: archive %s: %w", tier.ErrLayout, ar.dir, err)
 		}
-		if !bytes.Equal(stored, want) { // a longer window: recorded
-			if err := ar.db.Set(keyArchiveLayout, want, pebble.Sync); err != nil {
-				return fmt.Errorf("%w: %w", tier.ErrStorage, err)
-			}
+		if !bytes.Equal(stored, want) {
+			ar.grow = want // a longer window: recorded by GrowWindow, once the engine's Open passed
 		}
 	}
 	held, err := ar.markers()

@@ -148,9 +148,7 @@ func (a Archive) Open(ctx context.Context, env tier.ArchiveEnv) (tier.Archive, e
 	case int64(env.Window) < window:
 		return nil, fmt.Errorf("%w: archive %s: window %d ns recorded, %v asked (a window may grow, never shrink)", tier.ErrLayout, t, window, env.Window)
 	case int64(env.Window) > window:
-		if _, err := a.DB.Exec(ctx, `UPDATE `+t+`_layout SET window_ns = $1 WHERE id = 1`, int64(env.Window)); err != nil {
-			return nil, fmt.Errorf("%w: %s_layout: %w", ErrUnavailable, t, err)
-		}
+		ar.grow = int64(env.Window) // recorded by GrowWindow, once the engine's Open passed
 	}
 	var secret [16]byte
 	if _, err := rand.Read(secret[:]); err != nil {
@@ -197,6 +195,22 @@ type pgArchive struct {
 	t      string
 	putMu  sync.Mutex
 	secret [16]byte
+	grow   int64 // a longer window than recorded, for GrowWindow (0: none)
+}
+
+// GrowWindow records the longer window Open found
+// (tier.ArchiveWindowGrower). The statement never shrinks the recorded
+// one: a late copy, or a process of a longer window that grew it
+// meanwhile, leaves the longer.
+func (ar *pgArchive) GrowWindow(ctx context.Context) error {
+	if ar.grow == 0 {
+		return nil
+	}
+	if _, err := ar.db.Exec(ctx, `UPDATE `+ar.t+`_layout SET window_ns = GREATEST(window_ns, $1) WHERE id = 1`, ar.grow); err != nil {
+		return fmt.Errorf("%w: %s_layout: %w", ErrUnavailable, ar.t, err)
+	}
+	ar.grow = 0
+	return nil
 }
 
 func (ar *pgArchive) part(p int64) string { return ar.t + "_p" + strconv.FormatInt(p, 10) }

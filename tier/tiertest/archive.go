@@ -265,7 +265,8 @@ func archiveBlobs(t *testing.T, open OpenArchive) {
 func archiveLayout(t *testing.T, open OpenArchive) {
 	ctx := context.Background()
 	// "Open ... (ErrLayout for an archive of another owner, secret,
-	// partition length or format)"; a window may grow, never shrink.
+	// partition length or format, or a shorter window)"; a window may
+	// grow, never shrink, and grows only by GrowWindow.
 	b := open(t)
 	a := openArchive(t, b, archiveEnv())
 	_ = a.Close()
@@ -286,7 +287,24 @@ func archiveLayout(t *testing.T, open OpenArchive) {
 	}
 	env := archiveEnv()
 	env.Window = 40 * time.Hour
-	a = openArchive(t, b, env) // longer: recorded
+	// Opened with a longer window and closed without GrowWindow (the
+	// engine's Open refused after the archive opened): nothing recorded,
+	// the recorded window still opens.
+	a = openArchive(t, b, env)
+	_ = a.Close()
+	a = openArchive(t, b, archiveEnv())
+	_ = a.Close()
+	a = openArchive(t, b, env)
+	g, ok := a.(tier.ArchiveWindowGrower)
+	if !ok {
+		t.Fatalf("%T records a window at Open: it must leave a longer one to GrowWindow (tier.ArchiveWindowGrower)", a)
+	}
+	if err := g.GrowWindow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.GrowWindow(ctx); err != nil { // again: nothing more to record
+		t.Fatal(err)
+	}
 	_ = a.Close()
 	if a, err := b.Open(ctx, archiveEnv()); !errors.Is(err, tier.ErrLayout) {
 		if err == nil {
