@@ -69,7 +69,11 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 		// mark what it does not hold, bound by LogBy.
 		var err error
 		if reqs, err = e.archiveBeforeMark(ctx, b, ns, out, d, c, now, reqs); err != nil {
-			d.dropAll() // nothing was written
+			// Nothing was written: the earlier calls' tokens this call
+			// took (exactRequests) were never sent, and their retry must
+			// still find what those calls may have committed.
+			e.retriesBack(b, out, now)
+			d.dropAll()
 			d.settle(e)
 			return err
 		}
@@ -119,7 +123,9 @@ func (e *Engine) resolve(ctx context.Context, b *batch, ns *Namespace, out []Cla
 			}
 		}
 		if err == nil && e.arch != nil && p != forMarkInTier {
-			err = e.resolveArchive(ctx, b, ns, out, d, c, now)
+			if err = e.resolveArchive(ctx, b, ns, out, d, c, now); err != nil {
+				e.rememberAdopted(b, out, now)
+			}
 		}
 	} else {
 		e.claimFailed(b, out, now, p)
@@ -270,6 +276,56 @@ func (e *Engine) claimFailed(b *batch, out []Claim, now int64, p purpose) {
 		}
 	}
 	e.retries.remember(fps, tokens, leases, nil, marks, now)
+}
+
+// retriesBack remembers again the earlier calls' tokens that
+// exactRequests took for this call's requests (b.marks) when the call
+// fails before any request reached the tier: the outcome of those calls
+// is as unknown as before, and a redelivery must still adopt what they
+// may hold (a mark committed with its reply lost), or it would answer
+// Duplicate for a message nobody processed.
+func (e *Engine) retriesBack(b *batch, out []Claim, now int64) {
+	var fps []shard.Fingerprint
+	var tokens []uint64
+	var leases []int64
+	var attempts []uint16
+	var marks []bool
+	for _, j := range b.qidx {
+		if !b.marks[j] {
+			continue
+		}
+		i := b.cand[j]
+		fps, tokens = append(fps, out[i].fp), append(tokens, out[i].earlier)
+		leases, attempts, marks = append(leases, now+e.window), append(attempts, out[i].attempts), append(marks, true)
+	}
+	if len(fps) > 0 {
+		e.retries.remember(fps, tokens, leases, attempts, marks, now)
+	}
+}
+
+// rememberAdopted remembers, when the call fails after its claims were
+// answered, the tokens of the claims that adopted their own lost mark's
+// commit (Claim.undo: the tier moved that commit to this call's token,
+// and nothing gives it back), so that a redelivery adopts it again: the
+// earliest token covers this call's (the tier adopts any token from it up
+// to the caller's). Without it a message nobody processed answered
+// Duplicate at its redelivery.
+func (e *Engine) rememberAdopted(b *batch, out []Claim, now int64) {
+	var fps []shard.Fingerprint
+	var tokens []uint64
+	var leases []int64
+	var attempts []uint16
+	var marks []bool
+	for _, i := range b.cand {
+		if out[i].Outcome != New || !out[i].undo {
+			continue
+		}
+		fps, tokens = append(fps, out[i].fp), append(tokens, out[i].firstToken())
+		leases, attempts, marks = append(leases, now+e.window), append(attempts, out[i].attempts), append(marks, true)
+	}
+	if len(fps) > 0 {
+		e.retries.remember(fps, tokens, leases, attempts, marks, now)
+	}
 }
 
 // giveBackMarks gives back, in a shared tier, the marks of a failed Mark

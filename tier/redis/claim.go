@@ -57,7 +57,7 @@ func (s *Store) claimScripted(ctx context.Context, reqs []Request, lease time.Du
 }
 
 // errLate is a logged mark's answer past its Request.LogBy.
-var errLate = errors.New("the mark reached Redis after its LogBy (the archive read it relies on is too old): nothing written")
+var errLate = errors.New("the mark reached Redis after its LogBy (the archive read it relies on is too old, or this host's clock is behind Redis's): nothing written")
 
 // scriptRefused reads a script's refusal of one key: 'L', past the
 // mark's LogBy (errLate), or 'W', a key holding no string (no value of

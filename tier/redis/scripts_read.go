@@ -40,7 +40,10 @@ end`
 // written since the read (it is kept, and the caller answers Held). A copy of the call retried after a lost reply finds
 // its fence and answers what the first removed; a copy later still finds
 // another value (a commit made since carries another token) and changes
-// nothing: a Forget removes only what it read.
+// nothing: a Forget removes only what it read. (A copy later than the
+// window, after a commit made since has left Redis too, finds the key
+// absent and appends a removal: docs/reliability.md, the residuals behind
+// Redis's archive.)
 var forgetScript = newKeyScript(strings.ReplaceAll(lookBody, "HELD", "'1H'") + `
 if fenced and #fenced > 17 and string.sub(fenced, 2, 17) == ARGV[2] then
   return '1' .. string.sub(fenced, 18) -- a copy of this forget that applied
