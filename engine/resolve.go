@@ -285,22 +285,7 @@ func (e *Engine) claimFailed(b *batch, out []Claim, now int64, p purpose) {
 // may hold (a mark committed with its reply lost), or it would answer
 // Duplicate for a message nobody processed.
 func (e *Engine) retriesBack(b *batch, out []Claim, now int64) {
-	var fps []shard.Fingerprint
-	var tokens []uint64
-	var leases []int64
-	var attempts []uint16
-	var marks []bool
-	for _, j := range b.qidx {
-		if !b.marks[j] {
-			continue
-		}
-		i := b.cand[j]
-		fps, tokens = append(fps, out[i].fp), append(tokens, out[i].earlier)
-		leases, attempts, marks = append(leases, now+e.window), append(attempts, out[i].attempts), append(marks, true)
-	}
-	if len(fps) > 0 {
-		e.retries.remember(fps, tokens, leases, attempts, marks, now)
-	}
+	e.rememberMarks(b, out, now, func(j, _ int) bool { return b.marks[j] })
 }
 
 // rememberAdopted remembers, when the call fails after its claims were
@@ -311,13 +296,21 @@ func (e *Engine) retriesBack(b *batch, out []Claim, now int64) {
 // to the caller's). Without it a message nobody processed answered
 // Duplicate at its redelivery.
 func (e *Engine) rememberAdopted(b *batch, out []Claim, now int64) {
+	e.rememberMarks(b, out, now, func(_, i int) bool { return out[i].Outcome == New && out[i].undo })
+}
+
+// rememberMarks remembers, as calls that may have committed (for the
+// window), the earliest token of each request (candidate j, key i) pick
+// selects.
+func (e *Engine) rememberMarks(b *batch, out []Claim, now int64, pick func(j, i int) bool) {
 	var fps []shard.Fingerprint
 	var tokens []uint64
 	var leases []int64
 	var attempts []uint16
 	var marks []bool
-	for _, i := range b.cand {
-		if out[i].Outcome != New || !out[i].undo {
+	for _, j := range b.qidx {
+		i := b.cand[j]
+		if !pick(j, i) {
 			continue
 		}
 		fps, tokens = append(fps, out[i].fp), append(tokens, out[i].firstToken())

@@ -217,19 +217,7 @@ func TestDroppedPartitionLeavesDisk(t *testing.T) {
 	s := open(t, Options{Dir: t.TempDir(), MemTableSize: 4 << 20})
 	defer s.Close()
 	const n = 200_000
-	recs := make([]Record, 0, 1000)
-	for i := 0; i < n; i++ {
-		recs = append(recs, Record{Partition: 1, Key: fmt.Appendf(nil, "%08d-6ba7b810-9dad-11d1-80b4", i), Value: Value{State: StateCommitted}})
-		if len(recs) == cap(recs) {
-			if err := s.write(recs); err != nil {
-				t.Fatal(err)
-			}
-			recs = recs[:0]
-		}
-	}
-	if err := s.flush(); err != nil {
-		t.Fatal(err)
-	}
+	writeFlushed(t, s, 1, n)
 	if err := s.Compact(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -249,19 +237,13 @@ func TestDroppedPartitionLeavesDisk(t *testing.T) {
 
 func sstBytes(s *Store) int64 { return int64(s.Disk().Tables) }
 
-// TestCompactLeavesNoTrimmedJournal: the journal entries a filter
-// checkpoint trimmed leave the tables at Compact, as dropped partitions
-// do, so a measurement after Compact counts only what the store holds
-// (with the records' keyspace alone compacted, 200,000 keys' journal,
-// 3.2 MB of fingerprints in tables of their own, stayed until one of
-// Pebble's own compactions reached it, beside 1.1 MB of records).
-func TestCompactLeavesNoTrimmedJournal(t *testing.T) {
-	s := open(t, Options{Dir: t.TempDir(), MemTableSize: 4 << 20, Journal: true})
-	defer s.Close()
-	const n = 200_000
+// writeFlushed writes n committed records into partition p, a thousand a
+// batch, and flushes them to a table.
+func writeFlushed(t *testing.T, s *Store, p int64, n int) {
+	t.Helper()
 	recs := make([]Record, 0, 1000)
 	for i := 0; i < n; i++ {
-		recs = append(recs, Record{Partition: 1, Key: fmt.Appendf(nil, "%08d-6ba7b810-9dad-11d1-80b4", i), Value: Value{State: StateCommitted}})
+		recs = append(recs, Record{Partition: p, Key: fmt.Appendf(nil, "%08d-6ba7b810-9dad-11d1-80b4", i), Value: Value{State: StateCommitted}})
 		if len(recs) == cap(recs) {
 			if err := s.write(recs); err != nil {
 				t.Fatal(err)
@@ -272,6 +254,19 @@ func TestCompactLeavesNoTrimmedJournal(t *testing.T) {
 	if err := s.flush(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestCompactLeavesNoTrimmedJournal: the journal entries a filter
+// checkpoint trimmed leave the tables at Compact, as dropped partitions
+// do, so a measurement after Compact counts only what the store holds
+// (with the records' keyspace alone compacted, 200,000 keys' journal,
+// 3.2 MB of fingerprints in tables of their own, stayed until one of
+// Pebble's own compactions reached it, beside 1.1 MB of records).
+func TestCompactLeavesNoTrimmedJournal(t *testing.T) {
+	s := open(t, Options{Dir: t.TempDir(), MemTableSize: 4 << 20, Journal: true})
+	defer s.Close()
+	const n = 200_000
+	writeFlushed(t, s, 1, n)
 	journal := func() uint64 {
 		u, err := s.db.EstimateDiskUsage([]byte{spaceJournal}, []byte{spaceJournal + 1})
 		if err != nil {
