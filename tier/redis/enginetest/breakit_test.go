@@ -727,21 +727,7 @@ func bkRetryAfterLostGiveBack(t *testing.T, variant string) {
 				t.Logf("call 2: %v", err)
 			}
 			// The redelivery, in the same process.
-			var lastErr error
-			for try := 0; try < 20; try++ {
-				if lastErr = b.MarkBatch(ctx, keys, nil, out); lastErr == nil {
-					break
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
-			if lastErr != nil {
-				t.Fatal(lastErr)
-			}
-			for i, o := range out {
-				if o != engine.New {
-					t.Errorf("redelivery of %s, whose every earlier mark failed (ErrUnavailable), to the same process: %v, want New (a message nobody processed is dropped)", keys[i], o)
-				}
-			}
+			bkRedeliverNew(t, b, keys, out, "whose every earlier mark failed (ErrUnavailable), to the same process")
 			// Once answered New, the key is Duplicate for everyone.
 			info := make([]engine.KeyInfo, len(keys))
 			if err := a.LookupBatch(ctx, keys, info); err != nil {
@@ -818,21 +804,30 @@ func TestBreakItRetryAfterLostGiveBackMaxAttempts(t *testing.T) {
 				}
 				t.Logf("call 2: %v", err)
 			}
-			var lastErr error
-			for try := 0; try < 20; try++ {
-				if lastErr = b.MarkBatch(ctx, keys, nil, out); lastErr == nil {
-					break
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
-			if lastErr != nil {
-				t.Fatal(lastErr)
-			}
-			for i, o := range out {
-				if o != engine.New {
-					t.Errorf("redelivery of %s, whose every earlier mark failed (ErrUnavailable), to the same process: %v, want New (a message nobody processed is dropped)", keys[i], o)
-				}
-			}
+			bkRedeliverNew(t, b, keys, out, "whose every earlier mark failed (ErrUnavailable), to the same process")
 		})
+	}
+}
+
+// bkRedeliverNew marks keys on e again (the message redelivered; a call
+// the engine refuses with ErrUnavailable is made again, up to 20 times)
+// and fails t for each key not answered New: nobody processed it before.
+// how says which redelivery it is.
+func bkRedeliverNew(t *testing.T, e *engine.Engine, keys [][]byte, out []engine.Outcome, how string) {
+	t.Helper()
+	var err error
+	for try := 0; try < 20; try++ {
+		if err = e.MarkBatch(context.Background(), keys, nil, out); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, o := range out {
+		if o != engine.New {
+			t.Errorf("redelivery of %s, %s: %v, want New (a message nobody processed is dropped)", keys[i], how, o)
+		}
 	}
 }

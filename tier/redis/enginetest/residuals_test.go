@@ -299,21 +299,7 @@ func TestBreakItPartitionedMarkRedeliveredLater(t *testing.T) {
 				t.Skipf("the failed mark did not stay committed (%q, %v): inconclusive", v[:min(len(v), 1)], gerr)
 			}
 			time.Sleep(wait)
-			var lastErr error
-			for try := 0; try < 20; try++ {
-				if lastErr = b.MarkBatch(ctx, keys, nil, out); lastErr == nil {
-					break
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
-			if lastErr != nil {
-				t.Fatal(lastErr)
-			}
-			for i, o := range out {
-				if o != engine.New {
-					t.Errorf("redelivery of %s, %v after the partition healed, to the process whose MarkBatch of it failed: %v, want New (a message nobody processed is dropped)", keys[i], wait, o)
-				}
-			}
+			bkRedeliverNew(t, b, keys, out, fmt.Sprint(wait, " after the partition healed, to the process whose MarkBatch of it failed"))
 		})
 	}
 }
