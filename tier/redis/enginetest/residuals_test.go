@@ -61,7 +61,7 @@ func bkIsForget(c goredis.Cmder) bool {
 	return fmt.Sprint(args[3+nk]) == "2" && fmt.Sprint(args[4+nk]) == "3"
 }
 
-// TestBreakItLateForgetCopy: a Forget's script call, retried by go-redis
+// TestResidualLateForgetCopy: a Forget's script call, retried by go-redis
 // after a lost reply, whose first copy arrives late. docs/reliability.md:
 // "a copy later still finds another value (a commit made since carries
 // another token) and changes nothing". Behind the archive the commit made
@@ -70,7 +70,7 @@ func bkIsForget(c goredis.Cmder) bool {
 // the acknowledged commit at once (removals hash) and deletes it from
 // the archive once drained. The acknowledged key answers New inside the
 // archive window.
-func TestBreakItLateForgetCopy(t *testing.T) {
+func TestResidualLateForgetCopy(t *testing.T) {
 	srv := redistest.Start(t)
 	plain := srv.Client(t)
 	ctx := context.Background()
@@ -244,7 +244,7 @@ func bkStartPartition(t *testing.T, target string, down time.Duration) *bkPartit
 	return p
 }
 
-// TestBreakItPartitionedMarkRedeliveredLater: the dropped message of
+// TestResidualPartitionedMarkRedeliveredLater: the dropped message of
 // TestBreakItRetryAfterLostGiveBack from an ordinary fault: a network
 // partition of 1.5 s begins right after a MarkBatch's mark reached Redis
 // (it commits and logs the keys, well before LogBy); its reply, its
@@ -258,7 +258,7 @@ func bkStartPartition(t *testing.T, target string, down time.Duration) *bkPartit
 // whether the seal came first, so that variant is left out; a shorter
 // partition lets the give-back through; the control of a redelivery
 // before the seal is TestBreakItRetryAfterLostGiveBack/immediate.)
-func TestBreakItPartitionedMarkRedeliveredLater(t *testing.T) {
+func TestResidualPartitionedMarkRedeliveredLater(t *testing.T) {
 	for _, c := range []struct{ down, wait time.Duration }{{1500 * time.Millisecond, 3 * time.Second}} {
 		wait := c.wait
 		t.Run(fmt.Sprintf("partition=%v/redelivered-after=%v", c.down, c.wait), func(t *testing.T) {
