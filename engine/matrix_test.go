@@ -1506,7 +1506,7 @@ func TestMatrixAllocMemoryMarkBatch(t *testing.T) {
 				// flight are not counted in the capacity): at most one
 				// allocation over the runs, far from one a key.
 				// Up to three over the runs: run after the conformance
-				// tests in one process (.ci/run's second phase) a fresh
+				// tests in one process (.ci/test's pass without -race) a fresh
 				// batch of 1024 was measured at 4 against 2 for one key;
 				// still far from one a key.
 				if many > one+3 || one > 4 {

@@ -6,7 +6,7 @@ package main
 // run without -race: under it they took 61 s and 32 s of the package's
 // 167 s, and they test what a kill leaves on disk, not data races (the
 // code they run is raced by the engine's and the stores' own tests). CI
-// runs them in its pass without -race (.ci/run).
+// runs them in its pass without -race (.ci/test).
 
 import (
 	"context"

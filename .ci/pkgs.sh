@@ -1,0 +1,38 @@
+# Sourced by .ci/run and .ci/test: what the tests cover and how they are
+# split between the two passes.
+#
+# The repository's modules: the root one and the integrations whose
+# libraries an engine-only program must not have its versions raised by
+# (docs/layout.md#modules), and bench/redisclient, whose rueidis is for a
+# measurement only; go.work joins them for one go test run.
+MODULES="integrations/natsdedup integrations/oteldedup integrations/watermilldedup bench/redisclient"
+PKGS="./..."
+for m in $MODULES; do PKGS="$PKGS ./$m/..."; done
+# go test starts packages in the order it is given them (the list keeps
+# each package once), so the longest start first and none is left to run
+# alone at the end: the packages over a minute and a half under -race
+# without LONG (2026-12-07), longest first.
+RACE_FIRST="./tier/redis/enginetest/ ./engine/ ./tier/embedded/enginetest/ ./tier/archive/enginetest/ ./tier/redis/ ./integrations/kafkadedup/ ./tier/postgres/ ./bench/ ./cmd/dedupbench/"
+# LONG: the runs that cost the race detector most. Each took ten seconds or
+# more under -race and at least 1.7 times as long as without it (go test
+# -json of both, 2 cores, 2026-12-07): together 808 s under -race, 117 s
+# without, where .ci/test runs them, once and in full. The race detector
+# still covers their code (every path they drive runs under -race in
+# shorter tests), and the runs whose point is concurrency (TestLinearizability,
+# TestConformance*, TestReadAttackConcurrentSameKeys, TestBreakItForgetRacesMark,
+# the *Races* and *Concurrent* attacks) and the long runs that mostly wait
+# (Redis pauses, kills, lags: as long without -race) stay in the -race pass.
+# Names are unique across the repository; a test named here runs in
+# exactly one pass.
+LONG_TESTS="
+TestCompareAgainstRedis TestPlanJSON TestPlanSaysWhenItDoesNotFit TestRunWithArchive TestSampleFlag
+TestFilterFalsePositivesMeasured TestMemModelGrowFromSmall TestTokenDeadlines
+TestArchiveAttackCrashWhileArchiving TestArchiveKeepsHistory TestKillWhileArchiving TestReadAttackSpanBound TestReadAttackWindowWidenedPastBound
+TestGrowthLogMergeLargerStepGrows TestGrowthLogMergeSealedAroundLastGrowth TestGrowthLogResetDuringGrowth TestGrowthLogRotateDuringLastGrowth
+TestGrowthLogSmallSnapshotThenGrow TestLayoutEveryWidth TestPlaceAllIsPlaceInTurn
+TestCrashRecovery TestDiskOfTheArchive TestFootprintAttackDiskAcrossRotationsAndReopen TestFootprintAttackDiskTinyAndHugeKeys
+TestGrowthAttackCrashDuringGrowth TestGrowthAttackRestartsWithChangedParameters TestGrowthAttackSealSmallThenGrow
+TestGrowthLogAttackCrashAroundLastGrowth TestGrowthLogAttackReopenAcrossLastGrowth TestGrowthLogAttackWindowSlidesAtLastGrowth
+TestGroupedLogNamespacesAndResults
+"
+LONG="^($(echo $LONG_TESTS | tr ' ' '|'))\$"
