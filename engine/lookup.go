@@ -301,6 +301,13 @@ func (e *Engine) lookupExact(ctx context.Context, b *batch, ns *Namespace, keys 
 	} else {
 		oldest, warm = e.filterMasks(b.candidates(), b.probes)
 	}
+	// A Forget behind a shared tier's archive log read the archive at
+	// archiveNow(now) (readBeforeForget): its deletes append no removal
+	// for a key they find absent after LogBy (tier.Request.LogBy).
+	var logBy int64
+	if forget && e.arch != nil && e.arch.Shared() && (ns.archiveWindow > 0 || archiveNS(ns.name)) {
+		logBy = e.archiveNow(now) + int64(tier.LogSkew/2)
+	}
 	reqs, qidx := b.reqs[:0], b.qidx[:0]
 	for j, i := range cand {
 		mask := b.probes[j].Maybe
@@ -314,7 +321,7 @@ func (e *Engine) lookupExact(ctx context.Context, b *batch, ns *Namespace, keys 
 		if out[i].Outcome == New {
 			out[i].Source = SourceStore
 		}
-		r := tier.Request{NS: ns.name, Key: keys[i], Oldest: oldest, Mask: mask}
+		r := tier.Request{NS: ns.name, Key: keys[i], Oldest: oldest, Mask: mask, LogBy: logBy}
 		if forget && e.where == tier.ClaimsInStore {
 			// The call's own token: a copy of the delete that the client
 			// retried after a lost reply answers what the first removed.

@@ -131,7 +131,11 @@ type Request struct {
 	// the call fails (ErrUnavailable). The engine read the archive for
 	// the key before marking, at time t; a commit of the key that leaves
 	// the tier's window before LogBy = t + LogSkew/2 was sealed into the
-	// archive by then, so that read saw it (see LogSkew).
+	// archive by then, so that read saw it (see LogSkew). For a Forget
+	// behind an ArchiveLog it is the same bound on the delete: one that
+	// reaches the tier after LogBy and finds the key absent appends no
+	// removal and fails (a commit made since may have left the tier for
+	// the archive, where the removal would hide it). Zero: no bound.
 	LogBy int64
 	// Window, when positive, is how long Commit keeps the key committed in
 	// a tier that expires keys itself (shorter than its own window: a

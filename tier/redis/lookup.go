@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -30,7 +31,11 @@ func (s *Store) Lookup(ctx context.Context, reqs []Request, out []Result) error 
 // the read (a commit made since carries another token), and a Forget never
 // removes two values. Another process's cached answer is not reached: see
 // the engine's Forget. reqs[i].Token names the call (a copy retried after
-// a lost reply answers what the first removed).
+// a lost reply answers what the first removed). Behind an archive log,
+// reqs[i].LogBy (positive) is when the engine read the archive plus
+// tier.LogSkew/2: a delete reaching Redis after it that finds the key
+// absent appends no removal and fails (ErrUnavailable), as a copy that
+// late could hide a commit made since.
 func (s *Store) Forget(ctx context.Context, reqs []Request, out []Result) error {
 	raw, err := s.raw(ctx, reqs)
 	if err != nil {
@@ -46,9 +51,15 @@ func (s *Store) Forget(ctx context.Context, reqs []Request, out []Result) error 
 		if token == (Token{}) {
 			token = own
 		}
-		return []any{raw[r], string(token[:]), s.logsRemovals()}
+		logBy := "0"
+		if r.LogBy > 0 {
+			logBy = strconv.FormatInt(r.LogBy/int64(time.Millisecond), 10)
+		}
+		return []any{raw[r], string(token[:]), s.logsRemovals(), logBy}
 	}, func(i int, v string) (err error) {
 		switch {
+		case v == "L":
+			return errForgetLate
 		case v == "0":
 			out[i] = Result{Status: tier.Held}
 		case v == "" || v[0] != '1':

@@ -40,15 +40,22 @@ end`
 // written since the read (it is kept, and the caller answers Held). A copy of the call retried after a lost reply finds
 // its fence and answers what the first removed; a copy later still finds
 // another value (a commit made since carries another token) and changes
-// nothing: a Forget removes only what it read. (A copy later than the
-// window, after a commit made since has left Redis too, finds the key
-// absent and appends a removal: docs/reliability.md, the residuals behind
-// Redis's archive.)
+// nothing: a Forget removes only what it read. With ARGV[4] not '0' (ms,
+// the server's clock: the Forget's Request.LogBy), a call that finds the
+// key absent after ARGV[4] and would append a removal answers 'L' and
+// writes nothing: a commit made after the Forget's reads lives in Redis
+// for the window, longer than LogBy is after them, so by LogBy an absent
+// key holds no commit made since; later, one may have left Redis for the
+// archive, where the removal would hide it.
 var forgetScript = newKeyScript(strings.ReplaceAll(lookBody, "HELD", "'1H'") + `
 if fenced and #fenced > 17 and string.sub(fenced, 2, 17) == ARGV[2] then
   return '1' .. string.sub(fenced, 18) -- a copy of this forget that applied
 end
 if v and v ~= ARGV[1] then return '0' end -- written since the read: kept
+if not v and ARGV[3] == '1' and ARGV[4] ~= '0' then
+  local t = redis.call('TIME')
+  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[4]) then return 'L' end
+end
 if not v then out = '' end
 if v then redis.call('SET', KEYS[1], 'X' .. ARGV[2] .. out, 'PX', ` + fenceMS + `) end
 if ARGV[3] == '1' then logRemoval(KEYS[2], KEYS[1]) end

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -379,14 +380,18 @@ func TestBreakItNemesisPausesCloseDrainer(t *testing.T) {
 // Duplicate whose key's Forget succeeded means the Forget came after it:
 // the key is New afterwards, before and after Redis's window.
 func TestBreakItForgetRacesMark(t *testing.T) {
-	t.Run("paused", func(t *testing.T) { bkForgetRacesMark(t, false) })
+	t.Run("paused", func(t *testing.T) { bkForgetRacesMark(t, false, 150*time.Millisecond) })
+	// Pauses longer than a Forget's LogBy (a second after its archive
+	// read): the deletes of keys only the archive holds that reach Redis
+	// after it append nothing and fail; the others hold as above.
+	t.Run("paused-past-logby", func(t *testing.T) { bkForgetRacesMark(t, false, 1300*time.Millisecond) })
 	// The drain stalled during the race, Forgets with a 400 ms deadline:
 	// they fail after appending their removals, which the marks' archive
 	// reads must see pending.
-	t.Run("drain-stalled", func(t *testing.T) { bkForgetRacesMark(t, true) })
+	t.Run("drain-stalled", func(t *testing.T) { bkForgetRacesMark(t, true, 150*time.Millisecond) })
 }
 
-func bkForgetRacesMark(t *testing.T, stall bool) {
+func bkForgetRacesMark(t *testing.T, stall bool, pause time.Duration) {
 	srv := redistest.Start(t)
 	plain := srv.Client(t)
 	ctx := context.Background()
@@ -425,7 +430,7 @@ func bkForgetRacesMark(t *testing.T, stall bool) {
 			case <-time.After(250 * time.Millisecond):
 			}
 			srv.Pause()
-			time.Sleep(150 * time.Millisecond)
+			time.Sleep(pause)
 			srv.Resume()
 		}
 	}()
@@ -462,7 +467,16 @@ func bkForgetRacesMark(t *testing.T, stall bool) {
 			}
 		}
 	}
-	t.Logf("outcomes: %v", counts)
+	late := 0
+	for _, r := range results {
+		if r.forgetErr != nil && strings.Contains(r.forgetErr.Error(), "after its LogBy") {
+			late++
+		}
+	}
+	t.Logf("outcomes: %v; %d Forgets refused past their LogBy", counts, late)
+	if pause > time.Second && late == 0 {
+		t.Errorf("no Forget reached Redis past its LogBy: pauses of %v tested nothing", pause)
+	}
 	verify := func(when string) {
 		info := make([]engine.KeyInfo, len(keys))
 		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
@@ -829,5 +843,117 @@ func bkRedeliverNew(t *testing.T, e *engine.Engine, keys [][]byte, out []engine.
 		if o != engine.New {
 			t.Errorf("redelivery of %s, %s: %v, want New (a message nobody processed is dropped)", keys[i], how, o)
 		}
+	}
+}
+
+// bkLateForget is a go-redis hook that, armed, lets the next Forget
+// script pipeline (the forget script: per request ARGV nk = 2, na = 4)
+// run and keeps a copy of it, to be delivered again later (a copy of the
+// command that go-redis retried, whose first TCP segment arrives late).
+type bkLateForget struct {
+	armed  atomic.Bool
+	mu     sync.Mutex
+	copies [][]any
+}
+
+func (h *bkLateForget) DialHook(next goredis.DialHook) goredis.DialHook          { return next }
+func (h *bkLateForget) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook { return next }
+func (h *bkLateForget) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		if h.armed.Load() && len(cmds) > 0 && bkIsForget(cmds[0]) && h.armed.CompareAndSwap(true, false) {
+			h.mu.Lock()
+			for _, c := range cmds {
+				h.copies = append(h.copies, append([]any(nil), c.Args()...))
+			}
+			h.mu.Unlock()
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func bkIsForget(c goredis.Cmder) bool {
+	args := c.Args()
+	if c.Name() != "evalsha" || len(args) < 4 {
+		return false
+	}
+	nk, err := strconv.Atoi(fmt.Sprint(args[2]))
+	if err != nil || len(args) < 5+nk {
+		return false
+	}
+	return fmt.Sprint(args[3+nk]) == "2" && fmt.Sprint(args[4+nk]) == "4"
+}
+
+// TestBreakItLateForgetCopy: a Forget's script call, retried by go-redis
+// after a lost reply, whose first copy arrives late: after a commit made
+// since (acknowledged) has left Redis for the archive. The copy finds the
+// key absent; before its LogBy it would append a removal, which hid the
+// acknowledged commit at once (removals hash) and deleted it from the
+// archive once drained, so the key answered New inside the archive
+// window. Past its LogBy it writes nothing: the key stays Duplicate.
+func TestBreakItLateForgetCopy(t *testing.T) {
+	srv := redistest.Start(t)
+	plain := srv.Client(t)
+	ctx := context.Background()
+	prefix := fmt.Sprintf("bklf-%d:", time.Now().UnixNano())
+	arch := redisArchive(t)
+	h := &bkLateForget{}
+	hc := srv.Client(t)
+	hc.AddHook(h)
+	a := ra2Open(t, redisArchiveOptions(hc, prefix, arch))
+	b := ra2Open(t, redisArchiveOptions(plain, prefix, arch))
+	keys := keysOf("bklf", 20)
+	gMarkNew(t, a, keys) // C0
+	h.armed.Store(true)
+	info := make([]engine.KeyInfo, len(keys))
+	if err := a.ForgetBatch(ctx, keys, info); err != nil {
+		t.Fatal(err)
+	}
+	h.mu.Lock()
+	copies := h.copies
+	h.mu.Unlock()
+	if len(copies) == 0 {
+		t.Fatal("the hook kept no copy of the forget script call")
+	}
+	gMarkNew(t, b, keys) // C1: acknowledged after the Forget
+	acked := time.Now()
+	waitFromArchive(t, b, keys, 25*time.Second)
+	// The late copy of the Forget's script arrives now.
+	for _, args := range copies {
+		v, err := plain.Do(ctx, args...).Result()
+		t.Logf("late forget copy answered %v, %v", v, err)
+		if vs, ok := v.([]any); !ok || len(vs) == 0 || strings.Trim(fmt.Sprint(vs...), "L ") != "" {
+			t.Errorf("the late copy of the Forget's script answered %v, %v; want its refusal, L, for every key", v, err)
+		}
+	}
+	bad := 0
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(300 * time.Millisecond) {
+		err := b.LookupBatch(ctx, keys, info)
+		if err != nil {
+			if !bkTyped(err) {
+				t.Fatalf("untyped: %v", err)
+			}
+			continue
+		}
+		for i := range info {
+			if info[i].Outcome != engine.Duplicate {
+				bad++
+				if bad <= 3 {
+					t.Errorf("key %s acknowledged New %v ago (archive window 1m), after a late copy of an earlier Forget's script: %v from %v, want Duplicate", keys[i], time.Since(acked).Round(time.Millisecond), info[i].Outcome, info[i].Source)
+				}
+			}
+		}
+	}
+	out := make([]engine.Outcome, len(keys))
+	if err := b.MarkBatch(ctx, keys, nil, out); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, o := range out {
+		if o == engine.New {
+			n++
+		}
+	}
+	if n > 0 {
+		t.Errorf("%d of %d acknowledged keys marked New a second time inside the archive window", n, len(keys))
 	}
 }
