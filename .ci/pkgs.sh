@@ -22,8 +22,10 @@ RACE_FIRST="./tier/redis/enginetest/ ./engine/ ./tier/embedded/enginetest/ ./tie
 # TestConformance*, TestReadAttackConcurrentSameKeys, TestBreakItForgetRacesMark,
 # the *Races* and *Concurrent* attacks) and the long runs that mostly wait
 # (Redis pauses, kills, lags: as long without -race) stay in the -race pass.
-# Names are unique across the repository; a test named here runs in
-# exactly one pass.
+# The attacks on a Forget's LogBy behind Redis's archive (TestFLB*, about
+# three minutes that mostly wait on Redis's window) run without -race too:
+# tier/redis/enginetest already bounds the -race pass. Names are unique
+# across the repository; a test named here runs in exactly one pass.
 LONG_TESTS="
 TestCompareAgainstRedis TestPlanJSON TestPlanSaysWhenItDoesNotFit TestRunWithArchive TestSampleFlag
 TestFilterFalsePositivesMeasured TestMemModelGrowFromSmall TestTokenDeadlines
@@ -34,5 +36,7 @@ TestCrashRecovery TestDiskOfTheArchive TestFootprintAttackDiskAcrossRotationsAnd
 TestGrowthAttackCrashDuringGrowth TestGrowthAttackRestartsWithChangedParameters TestGrowthAttackSealSmallThenGrow
 TestGrowthLogAttackCrashAroundLastGrowth TestGrowthLogAttackReopenAcrossLastGrowth TestGrowthLogAttackWindowSlidesAtLastGrowth
 TestGroupedLogNamespacesAndResults
+TestFLBSkewAheadShortWindow TestFLBLateCopyMoments TestFLBForgetBatchMixedPaused TestFLBCloseWhileForgetStalled
+TestFLBNamespaceArchiveWindow TestFLBMixedBatchLateCopy
 "
 LONG="^($(echo $LONG_TESTS | tr ' ' '|'))\$"

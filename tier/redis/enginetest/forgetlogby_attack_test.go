@@ -1,0 +1,604 @@
+package enginetest_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/redis/redistest"
+)
+
+// Attacks on a Forget's LogBy behind Redis's archive (commit 956e6e3),
+// combined with clock skew, short windows, pauses, late copies and mixed
+// batches.
+
+// flbCheckDup looks keys up on e for a while and fails for any key not
+// Duplicate (each was acknowledged New after the Forget whose late copy
+// was delivered).
+func flbCheckDup(t *testing.T, e *engine.Engine, keys [][]byte, acked time.Time, what string) {
+	t.Helper()
+	ctx := context.Background()
+	info := make([]engine.KeyInfo, len(keys))
+	bad := 0
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(300 * time.Millisecond) {
+		err := e.LookupBatch(ctx, keys, info)
+		if err != nil {
+			if !bkTyped(err) {
+				t.Fatalf("untyped: %v", err)
+			}
+			continue
+		}
+		for i := range info {
+			if info[i].Outcome != engine.Duplicate {
+				bad++
+				if bad <= 3 {
+					t.Errorf("%s: key %s acknowledged New %v ago (inside the archive window) after a late copy of an earlier Forget: %v from %v, want Duplicate", what, keys[i], time.Since(acked).Round(time.Millisecond), info[i].Outcome, info[i].Source)
+				}
+			}
+		}
+	}
+}
+
+// flbShort is o with a 3 s window in Redis (1 s partitions, 300 ms
+// Lease), so keys reach the archive sooner.
+func flbShort(o engine.Options) engine.Options {
+	o.Window, o.Partition, o.Lease = 3*time.Second, time.Second, 300*time.Millisecond
+	o.Logger = quiet
+	return o
+}
+
+// flbMarkNew marks keys on e, retrying while the archive is unavailable
+// (a partition not sealed yet), and wants each New.
+func flbMarkNew(t *testing.T, e *engine.Engine, keys [][]byte) {
+	t.Helper()
+	out := make([]engine.Outcome, len(keys))
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		err := e.MarkBatch(context.Background(), keys, nil, out)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, engine.ErrUnavailable) || time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+	}
+	for i, o := range out {
+		if o != engine.New {
+			t.Fatalf("mark of key %s: %v, want New", keys[i], o)
+		}
+	}
+}
+
+// flbDeliver sends the kept copies of the forget script now and returns
+// what each answered.
+func flbDeliver(t *testing.T, h *bkLateForget, do func(args []any) (any, error)) []string {
+	t.Helper()
+	h.mu.Lock()
+	copies := h.copies
+	h.copies = nil
+	h.mu.Unlock()
+	if len(copies) == 0 {
+		t.Fatal("the hook kept no copy of the forget script call")
+	}
+	var ans []string
+	for _, args := range copies {
+		v, err := do(args)
+		ans = append(ans, fmt.Sprint(v, err))
+	}
+	return ans
+}
+
+// TestFLBSkewAheadShortWindow: the forgetting engine's clock is ahead of
+// Redis's (1.5 s, 1.9 s: within tier.LogSkew) and Redis's window is
+// short (3 s of 1 s partitions; with 2 s every archive read waits for the
+// current partition's seal). LogBy is
+// the forgetter's clock plus a second; a commit made after the Forget by
+// an engine whose clock agrees with Redis leaves Redis a window later. A
+// late copy of the Forget's script delivered once that commit left Redis
+// (but before LogBy by the forgetter's clock) would append a removal that
+// hides it. Last, the marker's clock 0.9 s behind Redis's as well (each
+// engine within tier.LogSkew of Redis, 2.4 s apart).
+func TestFLBSkewAheadShortWindow(t *testing.T) {
+	for _, c := range []struct{ skew, mskew time.Duration }{
+		{0, 0}, {1500 * time.Millisecond, 0}, {1900 * time.Millisecond, 0},
+		{1500 * time.Millisecond, -900 * time.Millisecond},
+	} {
+		skew := c.skew
+		t.Run(fmt.Sprintf("skew=%v,marker=%v", skew, c.mskew), func(t *testing.T) {
+			srv := redistest.Start(t)
+			plain := srv.Client(t)
+			ctx := context.Background()
+			prefix := fmt.Sprintf("flbsw-%d:", time.Now().UnixNano())
+			arch := redisArchive(t)
+			h := &bkLateForget{}
+			hc := srv.Client(t)
+			hc.AddHook(h)
+			short := flbShort
+			of := short(redisArchiveOptions(hc, prefix, arch))
+			of.Clock = bkClock{skew}
+			f := ra2Open(t, of)
+			om := short(redisArchiveOptions(plain, prefix, arch))
+			om.Clock = bkClock{c.mskew}
+			m := ra2Open(t, om)
+			keys := keysOf("flbsw", 20)
+			flbMarkNew(t, m, keys) // C0
+			waitFromArchive(t, m, keys, 20*time.Second)
+			info := make([]engine.KeyInfo, len(keys))
+			start := time.Now()
+			// The Forget must succeed for the attack (a clock far off may
+			// fail one: retried, its copy kept anew each time).
+			for attempt := 1; ; attempt++ {
+				h.mu.Lock()
+				h.copies = nil
+				h.mu.Unlock()
+				h.armed.Store(true)
+				err := f.ForgetBatch(ctx, keys, info)
+				if err == nil {
+					break
+				}
+				if !bkTyped(err) {
+					t.Fatalf("untyped: %v", err)
+				}
+				if attempt == 10 {
+					t.Fatalf("the Forget failed ten times: %v", err)
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			flbMarkNew(t, m, keys) // C1, acknowledged after the Forget
+			acked := time.Now()
+			// Wait until C1 left Redis (answered from the archive).
+			waitFromArchive(t, m, keys, 20*time.Second)
+			ans := flbDeliver(t, h, func(args []any) (any, error) { return plain.Do(ctx, args...).Result() })
+			t.Logf("late copy delivered %v after the Forget started, %v after C1: %v", time.Since(start).Round(time.Millisecond), time.Since(acked).Round(time.Millisecond), ans)
+			flbCheckDup(t, m, keys, acked, fmt.Sprint("skew ", skew))
+		})
+	}
+}
+
+// TestFLBLateCopyMoments: copies of one Forget's script delivered at three
+// moments (before the key is committed again, after the commit while Redis
+// holds it, after it left for the archive), with the forgetter's clock
+// behind or ahead of Redis's (3 s window in Redis). Each commit acknowledged after the Forget
+// must stay Duplicate; the copy before the commit only repeats the
+// Forget's own removal.
+func TestFLBLateCopyMoments(t *testing.T) {
+	for _, skew := range []time.Duration{-500 * time.Millisecond, 500 * time.Millisecond, 1500 * time.Millisecond} {
+		t.Run(fmt.Sprint("skew=", skew), func(t *testing.T) {
+			srv := redistest.Start(t)
+			plain := srv.Client(t)
+			ctx := context.Background()
+			prefix := fmt.Sprintf("flbm-%d:", time.Now().UnixNano())
+			arch := redisArchive(t)
+			h := &bkLateForget{}
+			hc := srv.Client(t)
+			hc.AddHook(h)
+			// m (Redis's clock) drains: with a 3 s window a drainer
+			// 0.5 s behind never seals in time for an archive read.
+			m := ra2Open(t, flbShort(redisArchiveOptions(plain, prefix, arch)))
+			ra2WaitDrainer(t, m, 5*time.Second)
+			of := redisArchiveOptions(hc, prefix, arch)
+			of.Clock = bkClock{skew}
+			f := ra2Open(t, flbShort(of))
+			keys := keysOf("flbm", 12)
+			flbMarkNew(t, m, keys)
+			waitFromArchive(t, m, keys, 20*time.Second)
+			h.armed.Store(true)
+			info := make([]engine.KeyInfo, len(keys))
+			if err := f.ForgetBatch(ctx, keys, info); err != nil {
+				t.Fatalf("forget: %v", err)
+			}
+			h.mu.Lock()
+			copies := h.copies
+			h.mu.Unlock()
+			do := func() []string {
+				var a []string
+				for _, args := range copies {
+					v, err := plain.Do(ctx, args...).Result()
+					a = append(a, fmt.Sprint(v, err))
+				}
+				return a
+			}
+			t.Logf("before the commit: %v", do())
+			// The key must still be New (the copy only removed again).
+			if err := m.LookupBatch(ctx, keys, info); err != nil {
+				t.Fatal(err)
+			}
+			for i := range info {
+				if info[i].Outcome != engine.New {
+					t.Errorf("key %s forgotten, a copy delivered: %v from %v, want New", keys[i], info[i].Outcome, info[i].Source)
+				}
+			}
+			flbMarkNew(t, m, keys)
+			acked := time.Now()
+			t.Logf("after the commit, in Redis: %v", do())
+			flbCheckDup(t, m, keys, acked, "copy while in Redis")
+			waitFromArchive(t, m, keys, 20*time.Second)
+			ans := do()
+			t.Logf("after it left Redis: %v", ans)
+			for _, a := range ans {
+				if strings.Trim(strings.TrimSuffix(a, " <nil>"), "[]L ") != "" {
+					t.Errorf("late copy after the commit was archived answered %s, want L for every key", a)
+				}
+			}
+			flbCheckDup(t, m, keys, acked, "copy after archived")
+			out := make([]engine.Outcome, len(keys))
+			if err := m.MarkBatch(ctx, keys, nil, out); err != nil {
+				t.Fatal(err)
+			}
+			for i, o := range out {
+				if o == engine.New {
+					t.Errorf("key %s marked New a second time inside the archive window", keys[i])
+				}
+			}
+		})
+	}
+}
+
+// TestFLBForgetBatchMixedPaused: a ForgetBatch of keys still in Redis,
+// keys only in the archive and keys never marked, with Redis paused across
+// it (0.5 s, 1.5 s, 2 s; the forgetter's clock 0.5 s behind, 0.5 s or 1.5 s
+// ahead; a 3 s window in Redis) while
+// a second engine on the prefix marks half of the keys once the Forget
+// started. A nil Forget leaves every key it did not race New; every error
+// is typed; a mark acknowledged New after the Forget started stays
+// Duplicate unless the Forget answered it from Redis (it removed that
+// commit).
+func TestFLBForgetBatchMixedPaused(t *testing.T) {
+	for _, c := range []struct {
+		pause, skew time.Duration
+	}{{500 * time.Millisecond, 500 * time.Millisecond}, {2 * time.Second, -500 * time.Millisecond}, {1500 * time.Millisecond, 1500 * time.Millisecond}} {
+		t.Run(fmt.Sprintf("pause=%v,skew=%v", c.pause, c.skew), func(t *testing.T) {
+			srv := redistest.Start(t)
+			ctx := context.Background()
+			prefix := fmt.Sprintf("flbx-%d:", time.Now().UnixNano())
+			arch := redisArchive(t)
+			m := ra2Open(t, flbShort(redisArchiveOptions(bkClient(t, srv), prefix, arch)))
+			ra2WaitDrainer(t, m, 5*time.Second)
+			of := redisArchiveOptions(bkClient(t, srv), prefix, arch)
+			of.Clock = bkClock{c.skew}
+			f := ra2Open(t, flbShort(of))
+			archived := keysOf("flbx-arch", 10)
+			flbMarkNew(t, m, archived)
+			waitFromArchive(t, m, archived, 20*time.Second)
+			inRedis := keysOf("flbx-redis", 10)
+			flbMarkNew(t, m, inRedis)
+			never := keysOf("flbx-never", 10)
+			keys := append(append(append([][]byte{}, archived...), inRedis...), never...)
+			info := make([]engine.KeyInfo, len(keys))
+			var ferr error
+			var wg sync.WaitGroup
+			started := time.Now()
+			srv.Pause()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				fctx, cancel := context.WithTimeout(ctx, 6*time.Second)
+				defer cancel()
+				ferr = f.ForgetBatch(fctx, keys, info)
+			}()
+			time.Sleep(c.pause)
+			srv.Resume()
+			// Marks racing the Forget: every other key.
+			type mk struct {
+				i   int
+				o   engine.Outcome
+				err error
+				at  time.Time
+			}
+			var marks []mk
+			var mu sync.Mutex
+			for i := 0; i < len(keys); i += 2 {
+				wg.Add(1)
+				go func(i int) {
+					defer wg.Done()
+					o, err := m.MarkIfAbsent(ctx, keys[i])
+					mu.Lock()
+					marks = append(marks, mk{i, o, err, time.Now()})
+					mu.Unlock()
+				}(i)
+			}
+			wg.Wait()
+			t.Logf("forget after %v: %v", time.Since(started).Round(time.Millisecond), ferr)
+			if ferr != nil && !bkTyped(ferr) {
+				t.Errorf("untyped forget error: %v", ferr)
+			}
+			marked := map[int]mk{}
+			for _, x := range marks {
+				if x.err != nil && !bkTyped(x.err) {
+					t.Errorf("untyped mark error: %v", x.err)
+				}
+				marked[x.i] = x
+			}
+			verify := func(when string) {
+				got := make([]engine.KeyInfo, len(keys))
+				for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+					err := m.LookupBatch(ctx, keys, got)
+					if err == nil {
+						break
+					}
+					if !errors.Is(err, engine.ErrUnavailable) || time.Now().After(deadline) {
+						t.Fatalf("%s: %v", when, err)
+					}
+				}
+				for i := range keys {
+					x, raced := marked[i]
+					forgotFromRedis := ferr == nil && info[i].Outcome == engine.Duplicate && info[i].Source != engine.SourceArchive
+					switch {
+					case raced && x.err == nil && x.o == engine.New && !forgotFromRedis && got[i].Outcome != engine.Duplicate:
+						t.Errorf("%s: key %s marked New during the Forget (forget %v from %v, %v): %v from %v, want Duplicate", when, keys[i], info[i].Outcome, info[i].Source, ferr, got[i].Outcome, got[i].Source)
+					case raced && x.err == nil && x.o == engine.Duplicate && ferr == nil && got[i].Outcome != engine.New:
+						t.Errorf("%s: key %s Duplicate when marked during the Forget, Forget nil: %v from %v, want New", when, keys[i], got[i].Outcome, got[i].Source)
+					case !raced && ferr == nil && got[i].Outcome != engine.New:
+						t.Errorf("%s: key %s forgotten (nil): %v from %v, want New", when, keys[i], got[i].Outcome, got[i].Source)
+					case !raced && ferr != nil && i >= 20 && got[i].Outcome != engine.New:
+						t.Errorf("%s: key %s never marked: %v from %v", when, keys[i], got[i].Outcome, got[i].Source)
+					}
+				}
+			}
+			verify("at once")
+			time.Sleep(5 * time.Second)
+			verify("past Redis's window")
+		})
+	}
+}
+
+// TestFLBCloseWhileForgetStalled: an engine's Forget of archived keys is
+// stalled by a paused Redis (0.7 s, 1.5 s) and the engine is Closed
+// meanwhile (3 s window in Redis); a second
+// engine then marks the keys (after Redis resumes). The Forget fails with
+// a typed error (or succeeds before the Close); every mark acknowledged
+// New after it stays Duplicate through and past Redis's window.
+func TestFLBCloseWhileForgetStalled(t *testing.T) {
+	for _, pause := range []time.Duration{700 * time.Millisecond, 1500 * time.Millisecond} {
+		t.Run(fmt.Sprint("pause=", pause), func(t *testing.T) { flbCloseWhileForgetStalled(t, pause) })
+	}
+}
+
+func flbCloseWhileForgetStalled(t *testing.T, pause time.Duration) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	prefix := fmt.Sprintf("flbc-%d:", time.Now().UnixNano())
+	arch := redisArchive(t)
+	m := ra2Open(t, flbShort(redisArchiveOptions(bkClient(t, srv), prefix, arch)))
+	ra2WaitDrainer(t, m, 5*time.Second)
+	f := ra2Open(t, flbShort(redisArchiveOptions(bkClient(t, srv), prefix, arch)))
+	keys := keysOf("flbc", 20)
+	flbMarkNew(t, m, keys)
+	waitFromArchive(t, m, keys, 20*time.Second)
+	info := make([]engine.KeyInfo, len(keys))
+	done := make(chan error, 1)
+	srv.Pause()
+	go func() { done <- f.ForgetBatch(ctx, keys, info) }()
+	time.Sleep(300 * time.Millisecond)
+	cerr := make(chan error, 1)
+	go func() { cerr <- f.Close() }()
+	time.Sleep(pause - 300*time.Millisecond)
+	srv.Resume()
+	ferr := <-done
+	t.Logf("forget: %v; close: %v", ferr, <-cerr)
+	if ferr != nil && !bkTyped(ferr) {
+		t.Errorf("untyped forget error: %v", ferr)
+	}
+	out := make([]engine.Outcome, len(keys))
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		err := m.MarkBatch(ctx, keys, nil, out)
+		if err == nil {
+			break
+		}
+		if !bkTyped(err) || time.Now().After(deadline) {
+			t.Fatalf("mark: %v", err)
+		}
+	}
+	var acked [][]byte
+	for i, o := range out {
+		if o == engine.New {
+			acked = append(acked, keys[i])
+		} else if ferr == nil {
+			t.Errorf("key %s: Forget returned nil, then marked %v", keys[i], o)
+		}
+	}
+	at := time.Now()
+	t.Logf("%d of %d keys New after the stalled Forget", len(acked), len(keys))
+	if len(acked) == 0 {
+		return
+	}
+	flbCheckDup(t, m, acked, at, "after the stalled Forget")
+	waitFromArchive(t, m, acked, 20*time.Second)
+	flbCheckDup(t, m, acked, at, "archived, after the stalled Forget")
+}
+
+// flbNSLateCopy: m marks keys of namespace ns, waits for the archive, f
+// forgets them with its script's copy kept, m marks them again
+// (acknowledged New), and once that commit left Redis the copy arrives:
+// every key must stay Duplicate.
+func flbNSLateCopy(t *testing.T, m, f *engine.Engine, ns string, h *bkLateForget, do func(args []any) (any, error)) {
+	t.Helper()
+	ctx := context.Background()
+	mn, err := m.Namespace(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fn, err := f.Namespace(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := keysOf("flbns-"+ns, 12)
+	mark := func() {
+		out := make([]engine.Outcome, len(keys))
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			err := mn.MarkBatch(ctx, keys, nil, out)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, engine.ErrUnavailable) || time.Now().After(deadline) {
+				t.Fatal(err)
+			}
+		}
+		for i, o := range out {
+			if o != engine.New {
+				t.Fatalf("mark of %s in %q: %v, want New", keys[i], ns, o)
+			}
+		}
+	}
+	info := make([]engine.KeyInfo, len(keys))
+	waitArch := func() {
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			err := mn.LookupBatch(ctx, keys, info)
+			done := err == nil
+			for i := range info {
+				if err == nil && info[i].Outcome != engine.Duplicate {
+					t.Fatalf("key %s in %q: %v from %v while waiting for the archive", keys[i], ns, info[i].Outcome, info[i].Source)
+				}
+				done = done && info[i].Source == engine.SourceArchive
+			}
+			if done {
+				return
+			}
+			if err != nil && !bkTyped(err) {
+				t.Fatal(err)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("keys of %q not answered by the archive (last error %v)", ns, err)
+			}
+		}
+	}
+	mark()
+	waitArch()
+	h.armed.Store(true)
+	if err := fn.ForgetBatch(ctx, keys, info); err != nil {
+		t.Fatalf("forget in %q: %v", ns, err)
+	}
+	for i := range info {
+		if info[i].Outcome != engine.Duplicate {
+			t.Fatalf("forget of %s in %q found %v from %v, want Duplicate", keys[i], ns, info[i].Outcome, info[i].Source)
+		}
+	}
+	mark()
+	acked := time.Now()
+	waitArch()
+	t.Logf("late copy in %q: %v", ns, flbDeliver(t, h, do))
+	bad := 0
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(300 * time.Millisecond) {
+		err := mn.LookupBatch(ctx, keys, info)
+		if err != nil {
+			if !bkTyped(err) {
+				t.Fatalf("untyped: %v", err)
+			}
+			continue
+		}
+		for i := range info {
+			if info[i].Outcome != engine.Duplicate {
+				bad++
+				if bad <= 3 {
+					t.Errorf("key %s in %q acknowledged New %v ago, after a late copy of an earlier Forget: %v from %v, want Duplicate", keys[i], ns, time.Since(acked).Round(time.Millisecond), info[i].Outcome, info[i].Source)
+				}
+			}
+		}
+	}
+}
+
+// TestFLBNamespaceArchiveWindow: a Forget's late copy in a namespace with
+// an archive window of its own (the forgetter 1.5 s ahead of Redis), and
+// reopens of the forgetter with that namespace's settings changed (another
+// archive window; a Window of its own, which makes it unarchived for that
+// engine, so its Forgets would carry no LogBy): each such open is refused
+// with a typed error, or the late copy must still hide nothing.
+func TestFLBNamespaceArchiveWindow(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		f    engine.NamespaceOptions
+	}{
+		{"same", engine.NamespaceOptions{ArchiveWindow: 30 * time.Second}},
+		{"other-archive-window", engine.NamespaceOptions{ArchiveWindow: 20 * time.Second}},
+		{"own-window", engine.NamespaceOptions{Window: 2 * time.Second}},
+		{"absent", engine.NamespaceOptions{}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			plain := srv.Client(t)
+			ctx := context.Background()
+			prefix := fmt.Sprintf("flbns-%d:", time.Now().UnixNano())
+			arch := redisArchive(t)
+			om := flbShort(redisArchiveOptions(plain, prefix, arch))
+			om.Namespaces = map[string]engine.NamespaceOptions{"nsa": {ArchiveWindow: 30 * time.Second}}
+			m := ra2Open(t, om)
+			ra2WaitDrainer(t, m, 5*time.Second)
+			h := &bkLateForget{}
+			hc := srv.Client(t)
+			hc.AddHook(h)
+			of := flbShort(redisArchiveOptions(hc, prefix, arch))
+			of.Clock = bkClock{1500 * time.Millisecond}
+			if c.f != (engine.NamespaceOptions{}) {
+				of.Namespaces = map[string]engine.NamespaceOptions{"nsa": c.f}
+			}
+			f, err := engine.Open(&of)
+			if err != nil {
+				if !bkTyped(err) {
+					t.Fatalf("untyped open error: %v", err)
+				}
+				t.Logf("open with nsa %+v refused: %v", c.f, err)
+				if c.name == "same" {
+					t.Fatal("the prefix's own options refused")
+				}
+				// The refused open changed nothing: the attack with m's
+				// options still holds.
+				of.Namespaces = om.Namespaces
+				f = ra2Open(t, of)
+			} else {
+				t.Logf("open with nsa %+v accepted", c.f)
+				t.Cleanup(func() { _ = f.Close() })
+			}
+			flbNSLateCopy(t, m, f, "nsa", h, func(args []any) (any, error) { return plain.Do(ctx, args...).Result() })
+		})
+	}
+}
+
+// TestFLBMixedBatchLateCopy: one ForgetBatch of keys still in Redis, keys
+// only in the archive and keys never marked, its script call kept; every
+// key is then marked (acknowledged New) on a second engine, and once those
+// commits left Redis the copy arrives: each key stays Duplicate (3 s window
+// in Redis, the forgetter 0.5 s ahead of Redis).
+func TestFLBMixedBatchLateCopy(t *testing.T) {
+	srv := redistest.Start(t)
+	plain := srv.Client(t)
+	ctx := context.Background()
+	prefix := fmt.Sprintf("flbmx-%d:", time.Now().UnixNano())
+	arch := redisArchive(t)
+	m := ra2Open(t, flbShort(redisArchiveOptions(plain, prefix, arch)))
+	ra2WaitDrainer(t, m, 5*time.Second)
+	h := &bkLateForget{}
+	hc := srv.Client(t)
+	hc.AddHook(h)
+	of := redisArchiveOptions(hc, prefix, arch)
+	of.Clock = bkClock{500 * time.Millisecond}
+	f := ra2Open(t, flbShort(of))
+	archived := keysOf("flbmx-arch", 8)
+	flbMarkNew(t, m, archived)
+	waitFromArchive(t, m, archived, 20*time.Second)
+	inRedis := keysOf("flbmx-redis", 8)
+	flbMarkNew(t, m, inRedis)
+	keys := append(append(append([][]byte{}, archived...), inRedis...), keysOf("flbmx-never", 8)...)
+	h.armed.Store(true)
+	info := make([]engine.KeyInfo, len(keys))
+	if err := f.ForgetBatch(ctx, keys, info); err != nil {
+		t.Fatalf("forget: %v", err)
+	}
+	for i := range keys {
+		want := engine.Duplicate
+		if i >= 16 {
+			want = engine.New
+		}
+		if info[i].Outcome != want {
+			t.Errorf("forget of %s found %v from %v, want %v", keys[i], info[i].Outcome, info[i].Source, want)
+		}
+	}
+	flbMarkNew(t, m, keys)
+	acked := time.Now()
+	waitFromArchive(t, m, keys, 20*time.Second)
+	t.Logf("late copy: %v", flbDeliver(t, h, func(args []any) (any, error) { return plain.Do(ctx, args...).Result() }))
+	flbCheckDup(t, m, keys, acked, "mixed batch")
+}
