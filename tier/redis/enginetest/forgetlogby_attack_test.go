@@ -17,33 +17,6 @@ import (
 // combined with clock skew, short windows, pauses, late copies and mixed
 // batches.
 
-// flbCheckDup looks keys up on e for a while and fails for any key not
-// Duplicate (each was acknowledged New after the Forget whose late copy
-// was delivered).
-func flbCheckDup(t *testing.T, e *engine.Engine, keys [][]byte, acked time.Time, what string) {
-	t.Helper()
-	ctx := context.Background()
-	info := make([]engine.KeyInfo, len(keys))
-	bad := 0
-	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(300 * time.Millisecond) {
-		err := e.LookupBatch(ctx, keys, info)
-		if err != nil {
-			if !bkTyped(err) {
-				t.Fatalf("untyped: %v", err)
-			}
-			continue
-		}
-		for i := range info {
-			if info[i].Outcome != engine.Duplicate {
-				bad++
-				if bad <= 3 {
-					t.Errorf("%s: key %s acknowledged New %v ago (inside the archive window) after a late copy of an earlier Forget: %v from %v, want Duplicate", what, keys[i], time.Since(acked).Round(time.Millisecond), info[i].Outcome, info[i].Source)
-				}
-			}
-		}
-	}
-}
-
 // flbShort is o with a 3 s window in Redis (1 s partitions, 300 ms
 // Lease), so keys reach the archive sooner.
 func flbShort(o engine.Options) engine.Options {
@@ -154,7 +127,7 @@ func TestFLBSkewAheadShortWindow(t *testing.T) {
 			waitFromArchive(t, m, keys, 20*time.Second)
 			ans := flbDeliver(t, h, func(args []any) (any, error) { return plain.Do(ctx, args...).Result() })
 			t.Logf("late copy delivered %v after the Forget started, %v after C1: %v", time.Since(start).Round(time.Millisecond), time.Since(acked).Round(time.Millisecond), ans)
-			flbCheckDup(t, m, keys, acked, fmt.Sprint("skew ", skew))
+			bkStaysDuplicate(t, m, keys, acked, fmt.Sprint("skew ", skew))
 		})
 	}
 }
@@ -215,7 +188,7 @@ func TestFLBLateCopyMoments(t *testing.T) {
 			flbMarkNew(t, m, keys)
 			acked := time.Now()
 			t.Logf("after the commit, in Redis: %v", do())
-			flbCheckDup(t, m, keys, acked, "copy while in Redis")
+			bkStaysDuplicate(t, m, keys, acked, "copy while in Redis")
 			waitFromArchive(t, m, keys, 20*time.Second)
 			ans := do()
 			t.Logf("after it left Redis: %v", ans)
@@ -224,7 +197,7 @@ func TestFLBLateCopyMoments(t *testing.T) {
 					t.Errorf("late copy after the commit was archived answered %s, want L for every key", a)
 				}
 			}
-			flbCheckDup(t, m, keys, acked, "copy after archived")
+			bkStaysDuplicate(t, m, keys, acked, "copy after archived")
 			out := make([]engine.Outcome, len(keys))
 			if err := m.MarkBatch(ctx, keys, nil, out); err != nil {
 				t.Fatal(err)
@@ -406,9 +379,9 @@ func flbCloseWhileForgetStalled(t *testing.T, pause time.Duration) {
 	if len(acked) == 0 {
 		return
 	}
-	flbCheckDup(t, m, acked, at, "after the stalled Forget")
+	bkStaysDuplicate(t, m, acked, at, "after the stalled Forget")
 	waitFromArchive(t, m, acked, 20*time.Second)
-	flbCheckDup(t, m, acked, at, "archived, after the stalled Forget")
+	bkStaysDuplicate(t, m, acked, at, "archived, after the stalled Forget")
 }
 
 // flbNSLateCopy: m marks keys of namespace ns, waits for the archive, f
@@ -481,24 +454,7 @@ func flbNSLateCopy(t *testing.T, m, f *engine.Engine, ns string, h *bkLateForget
 	acked := time.Now()
 	waitArch()
 	t.Logf("late copy in %q: %v", ns, flbDeliver(t, h, do))
-	bad := 0
-	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(300 * time.Millisecond) {
-		err := mn.LookupBatch(ctx, keys, info)
-		if err != nil {
-			if !bkTyped(err) {
-				t.Fatalf("untyped: %v", err)
-			}
-			continue
-		}
-		for i := range info {
-			if info[i].Outcome != engine.Duplicate {
-				bad++
-				if bad <= 3 {
-					t.Errorf("key %s in %q acknowledged New %v ago, after a late copy of an earlier Forget: %v from %v, want Duplicate", keys[i], ns, time.Since(acked).Round(time.Millisecond), info[i].Outcome, info[i].Source)
-				}
-			}
-		}
-	}
+	bkStaysDuplicate(t, mn, keys, acked, fmt.Sprintf("namespace %q", ns))
 }
 
 // TestFLBNamespaceArchiveWindow: a Forget's late copy in a namespace with
@@ -600,5 +556,5 @@ func TestFLBMixedBatchLateCopy(t *testing.T) {
 	acked := time.Now()
 	waitFromArchive(t, m, keys, 20*time.Second)
 	t.Logf("late copy: %v", flbDeliver(t, h, func(args []any) (any, error) { return plain.Do(ctx, args...).Result() }))
-	flbCheckDup(t, m, keys, acked, "mixed batch")
+	bkStaysDuplicate(t, m, keys, acked, "mixed batch")
 }
