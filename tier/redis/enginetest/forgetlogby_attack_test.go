@@ -25,9 +25,12 @@ func flbShort(o engine.Options) engine.Options {
 	return o
 }
 
-// flbMarkNew marks keys on e, retrying while the archive is unavailable
-// (a partition not sealed yet), and wants each New.
-func flbMarkNew(t *testing.T, e *engine.Engine, keys [][]byte) {
+// flbMarkNew marks keys on e (an engine or a namespace), retrying while
+// the archive is unavailable (a partition not sealed yet), and wants each
+// New.
+func flbMarkNew(t *testing.T, e interface {
+	MarkBatch(context.Context, [][]byte, []engine.Digest, []engine.Outcome) error
+}, keys [][]byte) {
 	t.Helper()
 	out := make([]engine.Outcome, len(keys))
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
@@ -400,23 +403,7 @@ func flbNSLateCopy(t *testing.T, m, f *engine.Engine, ns string, h *bkLateForget
 		t.Fatal(err)
 	}
 	keys := keysOf("flbns-"+ns, 12)
-	mark := func() {
-		out := make([]engine.Outcome, len(keys))
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-			err := mn.MarkBatch(ctx, keys, nil, out)
-			if err == nil {
-				break
-			}
-			if !errors.Is(err, engine.ErrUnavailable) || time.Now().After(deadline) {
-				t.Fatal(err)
-			}
-		}
-		for i, o := range out {
-			if o != engine.New {
-				t.Fatalf("mark of %s in %q: %v, want New", keys[i], ns, o)
-			}
-		}
-	}
+	mark := func() { flbMarkNew(t, mn, keys) }
 	info := make([]engine.KeyInfo, len(keys))
 	waitArch := func() {
 		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
