@@ -25,6 +25,22 @@ func flbShort(o engine.Options) engine.Options {
 	return o
 }
 
+// flbRetry calls do until it succeeds, for up to 5 s while it fails with
+// ErrUnavailable (with a 3 s window in Redis, a read waits for a partition
+// the drain has not sealed yet); any other error fails the test.
+func flbRetry(t *testing.T, what string, do func() error) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		err := do()
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, engine.ErrUnavailable) || time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+}
+
 // flbMarkNew marks keys on e (an engine or a namespace), retrying while
 // the archive is unavailable (a partition not sealed yet), and wants each
 // New.
@@ -33,15 +49,7 @@ func flbMarkNew(t *testing.T, e interface {
 }, keys [][]byte) {
 	t.Helper()
 	out := make([]engine.Outcome, len(keys))
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		err := e.MarkBatch(context.Background(), keys, nil, out)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, engine.ErrUnavailable) || time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-	}
+	flbRetry(t, "mark", func() error { return e.MarkBatch(context.Background(), keys, nil, out) })
 	for i, o := range out {
 		if o != engine.New {
 			t.Fatalf("mark of key %s: %v, want New", keys[i], o)
@@ -164,9 +172,7 @@ func TestFLBLateCopyMoments(t *testing.T) {
 			waitFromArchive(t, m, keys, 20*time.Second)
 			h.armed.Store(true)
 			info := make([]engine.KeyInfo, len(keys))
-			if err := f.ForgetBatch(ctx, keys, info); err != nil {
-				t.Fatalf("forget: %v", err)
-			}
+			flbRetry(t, "forget", func() error { return f.ForgetBatch(ctx, keys, info) })
 			h.mu.Lock()
 			copies := h.copies
 			h.mu.Unlock()
@@ -180,9 +186,7 @@ func TestFLBLateCopyMoments(t *testing.T) {
 			}
 			t.Logf("before the commit: %v", do())
 			// The key must still be New (the copy only removed again).
-			if err := m.LookupBatch(ctx, keys, info); err != nil {
-				t.Fatal(err)
-			}
+			flbRetry(t, "lookup", func() error { return m.LookupBatch(ctx, keys, info) })
 			for i := range info {
 				if info[i].Outcome != engine.New {
 					t.Errorf("key %s forgotten, a copy delivered: %v from %v, want New", keys[i], info[i].Outcome, info[i].Source)
@@ -202,9 +206,7 @@ func TestFLBLateCopyMoments(t *testing.T) {
 			}
 			bkStaysDuplicate(t, m, keys, acked, "copy after archived")
 			out := make([]engine.Outcome, len(keys))
-			if err := m.MarkBatch(ctx, keys, nil, out); err != nil {
-				t.Fatal(err)
-			}
+			flbRetry(t, "mark again", func() error { return m.MarkBatch(ctx, keys, nil, out) })
 			for i, o := range out {
 				if o == engine.New {
 					t.Errorf("key %s marked New a second time inside the archive window", keys[i])
@@ -429,9 +431,7 @@ func flbNSLateCopy(t *testing.T, m, f *engine.Engine, ns string, h *bkLateForget
 	mark()
 	waitArch()
 	h.armed.Store(true)
-	if err := fn.ForgetBatch(ctx, keys, info); err != nil {
-		t.Fatalf("forget in %q: %v", ns, err)
-	}
+	flbRetry(t, "forget in "+ns, func() error { return fn.ForgetBatch(ctx, keys, info) })
 	for i := range info {
 		if info[i].Outcome != engine.Duplicate {
 			t.Fatalf("forget of %s in %q found %v from %v, want Duplicate", keys[i], ns, info[i].Outcome, info[i].Source)
@@ -527,9 +527,7 @@ func TestFLBMixedBatchLateCopy(t *testing.T) {
 	keys := append(append(append([][]byte{}, archived...), inRedis...), keysOf("flbmx-never", 8)...)
 	h.armed.Store(true)
 	info := make([]engine.KeyInfo, len(keys))
-	if err := f.ForgetBatch(ctx, keys, info); err != nil {
-		t.Fatalf("forget: %v", err)
-	}
+	flbRetry(t, "forget", func() error { return f.ForgetBatch(ctx, keys, info) })
 	for i := range keys {
 		want := engine.Duplicate
 		if i >= 16 {
