@@ -45,7 +45,15 @@ func TestForgetFenceOutlivesLease(t *testing.T) {
 	}
 	gate.Shut()
 	forgot := forgetAsync(e, key)
-	waitFor(t, "the Forget's delete to wait on its WAL sync", func() bool { return gate.Waited() > 0 })
+	// Another writer's WAL sync (a background journal or checkpoint) may
+	// be the one the gate holds: wait until the Forget's fence is seen too.
+	waitFor(t, "the Forget's delete to wait on its WAL sync", func() bool {
+		if gate.Waited() == 0 {
+			return false
+		}
+		info, err := e.Lookup(ctx, key)
+		return err == nil && info.Outcome == engine.InFlight
+	})
 	clock.Add(2 * time.Minute) // past the Lease
 	if c, err := e.Claim(ctx, key); err != nil || c.Outcome != engine.InFlight {
 		t.Errorf("a claim while the Forget deletes: %v %v, want InFlight", c.Outcome, err)
