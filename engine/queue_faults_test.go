@@ -89,7 +89,7 @@ func TestCloseKeepsDoneOrder(t *testing.T) {
 	}
 	gate.Shut()
 	e.CommitAsync(ctx, first, note("first"))
-	waitFor(t, "first's write to wait in its sync", func() bool { return gate.Waited() > 0 })
+	waitWriterInSync(t, gate, e, "first's write to wait in its sync")
 	closed := make(chan error, 1)
 	go func() { closed <- e.Close() }()
 	waitFor(t, "Close to refuse new commits", func() bool {
@@ -505,7 +505,7 @@ func TestBoundHoldsRefusedCalls(t *testing.T) {
 	}
 	gate.Shut()
 	e.CommitAsync(ctx, claimNew(t, e, "b"), nil)
-	waitFor(t, "b's write to wait in its sync", func() bool { return gate.Waited() > 0 })
+	waitWriterInSync(t, gate, e, "b's write to wait in its sync")
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -48,7 +48,7 @@ func TestCommitAsyncOrderAndDurability(t *testing.T) {
 		}
 		firstDone.Store(true)
 	})
-	waitFor(t, "the writer to wait in its sync", func() bool { return gate.Waited() > 0 })
+	waitWriterInSync(t, gate, e, "the writer to wait in its sync")
 	var ran atomic.Int64
 	got := make([][]int, workers)
 	var mu sync.Mutex
@@ -153,7 +153,7 @@ func TestCommitQueueBound(t *testing.T) {
 		}
 	}
 	e.CommitAsync(ctx, a, note("a"))
-	waitFor(t, "a's write to wait in its sync", func() bool { return gate.Waited() > 0 })
+	waitWriterInSync(t, gate, e, "a's write to wait in its sync")
 	e.CommitAsync(ctx, b, note("b"))
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
@@ -316,3 +316,13 @@ func TestCommitAsyncSharedTiers(t *testing.T) {
 }
 
 var waitFor = enginetest.WaitFor
+
+// waitWriterInSync waits until the commit queue's writer has taken every
+// pending commit and a WAL sync waits at gate. A WAL sync alone is not
+// enough: the compaction a partition drop queues at Open rotates the WAL,
+// and its sync may be the one the gate holds while the commit still waits
+// in the queue.
+func waitWriterInSync(t *testing.T, gate *faultfs.Gate, e *engine.Engine, what string) {
+	t.Helper()
+	waitFor(t, what, func() bool { return gate.Waited() > 0 && e.Stats().Queue.Pending == 0 })
+}

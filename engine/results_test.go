@@ -281,7 +281,7 @@ func TestCommitAsyncCopiesResult(t *testing.T) {
 	first := claimNew(t, e, "first")
 	gate.Shut() // the writer waits inside the first group's sync
 	e.CommitAsync(ctx, first, nil)
-	waitFor(t, "the writer in its sync", func() bool { return gate.Waited() > 0 })
+	waitWriterInSync(t, gate, e, "the writer in its sync")
 	c := claimNew(t, e, "k")
 	buf := []byte("response-for-k")
 	c.Result = buf
