@@ -161,6 +161,14 @@ func (o *Options) validateArchive(d Options, bad func(format string, args ...any
 		if d.Partition > 0 && d.Window < 2*d.Partition {
 			bad("Archive behind a shared tier needs Window %v of at least two partitions (Partition %v): a partition is sealed in the archive after it ends, and before its first keys leave the shared tier", d.Window, d.Partition)
 		}
+		// A read at t waits until every partition ending before
+		// t - Window + LogSkew is sealed; a partition is sealed only once
+		// it has ended. Below Partition + LogSkew that is never true
+		// for part of every partition, however fast the drain: every
+		// call would answer ErrUnavailable then.
+		if d.Partition > 0 && d.Window < d.Partition+tier.LogSkew {
+			bad("Archive behind a shared tier needs Window %v of at least Partition %v plus the clock skew it allows (%v): a read waits until the partitions its window left are sealed, and a partition is sealed only after it ends", d.Window, d.Partition, tier.LogSkew)
+		}
 		if o.FailOpen {
 			bad("Archive with FailOpen: a claim the archive cannot answer would be New")
 		}

@@ -192,9 +192,12 @@ func TestArchiveBehindRedisRefused(t *testing.T) {
 	arch := redisArchive(t)
 	prefix := fmt.Sprintf("refuse-%d:", time.Now().UnixNano())
 	for name, mod := range map[string]func(*engine.Options){
-		"files archive":     func(o *engine.Options) { o.Archive = pebble.ArchiveDir{Dir: t.TempDir()} },
-		"FailOpen":          func(o *engine.Options) { o.FailOpen = true },
-		"short window":      func(o *engine.Options) { o.Window = 1500 * time.Millisecond },
+		"files archive": func(o *engine.Options) { o.Archive = pebble.ArchiveDir{Dir: t.TempDir()} },
+		"FailOpen":      func(o *engine.Options) { o.FailOpen = true },
+		"short window":  func(o *engine.Options) { o.Window = 1500 * time.Millisecond },
+		"window under skew": func(o *engine.Options) {
+			o.Window, o.Partition, o.Lease = 2*time.Second, time.Second, 500*time.Millisecond
+		},
 		"postgres hot tier": func(o *engine.Options) { o.Backend = pgBackend(postgresPool(t), "rarch_hot") },
 	} {
 		o := redisArchiveOptions(c, prefix, arch)
