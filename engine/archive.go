@@ -245,16 +245,16 @@ func (e *Engine) giveBackShared(ctx context.Context, ns *Namespace, out []Claim,
 	}
 }
 
-// readBeforeForget reads the archive for every key of b.cand, for a Forget
-// behind a shared tier's archive log, before the shared tier appends the
-// removals (see forget).
-func (e *Engine) readBeforeForget(ctx context.Context, b *batch, ns *Namespace, keys [][]byte, now int64) ([]tier.Answer, error) {
+// readBeforeForget reads the archive at at (the engine's time) for every
+// key of b.cand, for a Forget behind a shared tier's archive log, before
+// the shared tier appends the removals (see forget).
+func (e *Engine) readBeforeForget(ctx context.Context, b *batch, ns *Namespace, keys [][]byte, at int64) ([]tier.Answer, error) {
 	ks := make([][]byte, len(b.cand))
 	for j, i := range b.cand {
 		ks[j] = keys[i]
 	}
 	ans := make([]tier.Answer, len(ks))
-	return ans, e.arch.Forget(ctx, ns.name, ks, e.archiveNow(now), ans)
+	return ans, e.arch.Forget(ctx, ns.name, ks, at, ans)
 }
 
 // lookupArchive completes a Lookup from the archive for the keys of b.cand

@@ -121,9 +121,16 @@ func (n *Namespace) LookupBatch(ctx context.Context, keys [][]byte, out []KeyInf
 // out InFlight, and the call returns an error matching ErrInFlight after
 // forgetting the others. out[i] is what the key held before (New with no
 // attempts: there was nothing to forget). The removal is durable as a
-// commit is before ForgetBatch returns. Bloom-only cannot remove a key
-// (ErrOptions); with a shared tier it needs Options.NoSharedCache, so that
-// no other process answers from a cached copy of the commit.
+// commit is before ForgetBatch returns. Any other error (ErrUnavailable,
+// ErrStorage) may come after some of the keys were forgotten: call it
+// again (a key forgotten by the failed call then answers New). Behind
+// Redis with an archive, a delete that reaches Redis more than a second
+// after the call read the archive (a stall, or this host's clock behind
+// Redis's) and finds its key absent there writes nothing for it and
+// fails the call with ErrUnavailable (docs/archive.md). Bloom-only
+// cannot remove a key (ErrOptions); with a shared tier it needs
+// Options.NoSharedCache, so that no other process answers from a cached
+// copy of the commit.
 func (n *Namespace) ForgetBatch(ctx context.Context, keys [][]byte, out []KeyInfo) error {
 	return n.e.lookup(ctx, n, keys, out, true)
 }
@@ -183,11 +190,18 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 	}
 	if e.exact != nil && len(cand) > 0 {
 		var pre []tier.Answer
+		var logBy int64
 		if forget && archived && e.arch.Shared() {
-			pre, err = e.readBeforeForget(ctx, b, ns, keys, now)
+			// One reading of the engine's time: the archive is read at
+			// at, and the shared tier's deletes may append a removal of a
+			// key they find absent only until at + LogSkew/2
+			// (tier.Request.LogBy), not until a later reading.
+			at := e.archiveNow(now)
+			logBy = at + int64(tier.LogSkew/2)
+			pre, err = e.readBeforeForget(ctx, b, ns, keys, at)
 		}
 		if err == nil {
-			err = e.lookupExact(ctx, b, ns, keys, out, forget, &c, now)
+			err = e.lookupExact(ctx, b, ns, keys, out, forget, logBy, &c, now)
 		}
 		if err == nil && archived {
 			err = e.lookupArchive(ctx, b, ns, keys, out, forget, pre, now)
@@ -289,8 +303,10 @@ const callFence = math.MaxInt64
 
 // lookupExact asks the exact tier about the keys of b.cand: a read (Claim
 // of a tier whose claims live in the engine, Lookup of a shared one), or
-// Forget.
-func (e *Engine) lookupExact(ctx context.Context, b *batch, ns *Namespace, keys [][]byte, out []KeyInfo, forget bool, c *tally, now int64) error {
+// Forget. logBy is the Forget's tier.Request.LogBy behind a shared tier's
+// archive log (0 otherwise): its deletes append no removal for a key they
+// find absent after it.
+func (e *Engine) lookupExact(ctx context.Context, b *batch, ns *Namespace, keys [][]byte, out []KeyInfo, forget bool, logBy int64, c *tally, now int64) error {
 	cand := b.cand
 	// Forget deletes in every live partition: a filter's "no" is for
 	// reads, not for what a record may have left.
@@ -300,13 +316,6 @@ func (e *Engine) lookupExact(ctx context.Context, b *batch, ns *Namespace, keys 
 		oldest = e.allLive(b.probes[:len(cand)])
 	} else {
 		oldest, warm = e.filterMasks(b.candidates(), b.probes)
-	}
-	// A Forget behind a shared tier's archive log read the archive at
-	// archiveNow(now) (readBeforeForget): its deletes append no removal
-	// for a key they find absent after LogBy (tier.Request.LogBy).
-	var logBy int64
-	if forget && e.arch != nil && e.arch.Shared() && (ns.archiveWindow > 0 || archiveNS(ns.name)) {
-		logBy = e.archiveNow(now) + int64(tier.LogSkew/2)
 	}
 	reqs, qidx := b.reqs[:0], b.qidx[:0]
 	for j, i := range cand {

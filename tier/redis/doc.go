@@ -49,7 +49,10 @@
 //     records the log, so no process on it commits without appending. A
 //     mark with Archive commits nothing past its Request.LogBy (the
 //     server's clock), and a Mark mixing Archive with plain requests is
-//     refused.
+//     refused. A Forget's delete that finds its key absent appends that
+//     removal only by its Request.LogBy: later it writes nothing for the
+//     key and the call fails (ErrUnavailable), so a late copy cannot hide
+//     a commit made since that has left Redis for the archive.
 //  8. A mark answers as its one copy applied: its SET NX (or, with
 //     Archive, its script call) is never resent by the client (markOnce,
 //     scriptOnce), and a lost reply is settled by the claim
