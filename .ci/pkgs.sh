@@ -31,8 +31,9 @@ RACE_FIRST="./tier/redis/enginetest/ ./engine/ ./tier/embedded/enginetest/ ./tie
 # from the journal", 2026-12-07); it runs without -race, where the load is
 # lighter. The attacks on a Forget's LogBy behind Redis's archive (TestFLB*, about
 # three minutes that mostly wait on Redis's window) run without -race too:
-# tier/redis/enginetest already bounds the -race pass. Names are unique
-# across the repository; a test named here runs in exactly one pass.
+# tier/redis/enginetest already bounds the -race pass; these two are not
+# of the 1.7x rule above. Names are unique across the repository (.ci/test
+# checks each names one test); a test named here runs in exactly one pass.
 LONG_TESTS="
 TestCompareAgainstRedis TestPlanJSON TestPlanSaysWhenItDoesNotFit TestRunWithArchive TestSampleFlag
 TestFilterFalsePositivesMeasured TestMemModelGrowFromSmall TestTokenDeadlines
