@@ -22,9 +22,7 @@ RACE_FIRST="./tier/redis/enginetest/ ./engine/ ./tier/embedded/enginetest/ ./tie
 # TestConformance*, TestReadAttackConcurrentSameKeys, TestBreakItForgetRacesMark,
 # the *Races* and *Concurrent* attacks) and the long runs that mostly wait
 # (Redis pauses, kills, lags: as long without -race) stay in the -race pass.
-# TestKillWhileArchiving stays in the -race pass, where it has always
-# run: once without -race (2026-12-07) it found an acknowledged key New
-# after a kill in the "held" stage, an open fault (docs/reliability.md).
+# TestKillWhileArchiving stays in the -race pass, where it has always run.
 # TestCheckpointRestore counts the keys a reopen reads from the journal
 # after checkpoints that run in the background: under -race, beside three
 # other packages, two slow checkpoints in a row failed it ("330 keys read
