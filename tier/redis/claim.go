@@ -57,11 +57,11 @@ func (s *Store) claimScripted(ctx context.Context, reqs []Request, lease time.Du
 }
 
 // errLate is a logged mark's answer past its Request.LogBy.
-var errLate = errors.New("the mark reached Redis after its LogBy (the archive read it relies on is too old, or this host's clock is behind Redis's): nothing written")
+var errLate = fmt.Errorf("%w: a mark (the archive read it relies on is too old, or this host's clock is behind Redis's): nothing written", ErrPastLogBy)
 
 // errForgetLate is a Forget's answer past its Request.LogBy for a key
 // it found absent.
-var errForgetLate = errors.New("the forget reached Redis after its LogBy (the archive read it relies on is too old, or this host's clock is behind Redis's) and found the key absent: no removal appended")
+var errForgetLate = fmt.Errorf("%w: a forget that found the key absent (the archive read it relies on is too old, or this host's clock is behind Redis's): no removal appended", ErrPastLogBy)
 
 // scriptRefused reads a script's refusal of one key: 'L', past the
 // mark's LogBy (errLate), or 'W', a key holding no string (no value of

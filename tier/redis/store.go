@@ -20,6 +20,11 @@ var (
 	// deadline, or failing a command. It is transient: nothing is known to
 	// have changed, and the call may be retried.
 	ErrUnavailable = errors.New("redis: unavailable")
+	// ErrPastLogBy reports a write behind the archive log that reached
+	// Redis after its Request.LogBy (the archive read it relies on is too
+	// old: a stall, or this host's clock behind Redis's): nothing was
+	// written for that key. It comes wrapped in ErrUnavailable.
+	ErrPastLogBy = errors.New("redis: reached Redis after its LogBy")
 	// ErrEvictionPolicy reports a server whose maxmemory-policy may evict
 	// dedup keys (anything but noeviction), when Options.RequireNoEviction
 	// is set.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tierdedup/tierdedup/engine"
 	"github.com/tierdedup/tierdedup/tier/postgres"
+	"github.com/tierdedup/tierdedup/tier/redis"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -71,6 +72,9 @@ func TestBreakItClockSkew(t *testing.T) {
 				if err != nil {
 					if !bkTyped(err) {
 						t.Errorf("untyped error: %v", err)
+					}
+					if refused && !errors.Is(err, redis.ErrPastLogBy) {
+						t.Errorf("MarkBatch failed, but not past its LogBy: %v", err)
 					}
 					fails++
 					lastErr = err
@@ -469,7 +473,7 @@ func bkForgetRacesMark(t *testing.T, stall bool, pause time.Duration) {
 	}
 	late := 0
 	for _, r := range results {
-		if r.forgetErr != nil && strings.Contains(r.forgetErr.Error(), "after its LogBy") {
+		if r.forgetErr != nil && errors.Is(r.forgetErr, redis.ErrPastLogBy) {
 			late++
 		}
 	}
