@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/redis"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
@@ -266,7 +267,8 @@ func TestFLBLateCopyMoments(t *testing.T) {
 // started. A nil Forget leaves every key it did not race New; every error
 // is typed; a mark acknowledged New after the Forget started stays
 // Duplicate unless the Forget answered it from Redis (it removed that
-// commit).
+// commit). Stalled 2 s, the Forget is refused past its LogBy, and the keys
+// only the archive holds that no mark raced stay Duplicate.
 func TestFLBForgetBatchMixedPaused(t *testing.T) {
 	for _, c := range []struct {
 		pause, skew time.Duration
@@ -326,6 +328,12 @@ func TestFLBForgetBatchMixedPaused(t *testing.T) {
 			if ferr != nil && !bkTyped(ferr) {
 				t.Errorf("untyped forget error: %v", ferr)
 			}
+			// Its deletes reach Redis when it resumes: 2 s after the
+			// archive read, past a LogBy 0.5 s after it by Redis's clock.
+			late := errors.Is(ferr, redis.ErrPastLogBy)
+			if c.pause == 2*time.Second && !late {
+				t.Errorf("a Forget stalled %v: %v, want its refusal past LogBy", c.pause, ferr)
+			}
 			marked := map[int]mk{}
 			for _, x := range marks {
 				if x.err != nil && !bkTyped(x.err) {
@@ -354,6 +362,8 @@ func TestFLBForgetBatchMixedPaused(t *testing.T) {
 						t.Errorf("%s: key %s Duplicate when marked during the Forget, Forget nil: %v from %v, want New", when, keys[i], got[i].Outcome, got[i].Source)
 					case !raced && ferr == nil && got[i].Outcome != engine.New:
 						t.Errorf("%s: key %s forgotten (nil): %v from %v, want New", when, keys[i], got[i].Outcome, got[i].Source)
+					case !raced && late && i < 10 && got[i].Outcome != engine.Duplicate:
+						t.Errorf("%s: key %s held by the archive only, its Forget refused past LogBy: %v from %v, want Duplicate (nothing written)", when, keys[i], got[i].Outcome, got[i].Source)
 					case !raced && ferr != nil && i >= 20 && got[i].Outcome != engine.New:
 						t.Errorf("%s: key %s never marked: %v from %v", when, keys[i], got[i].Outcome, got[i].Source)
 					}
@@ -413,10 +423,21 @@ func flbCloseWhileForgetStalled(t *testing.T, pause time.Duration) {
 			t.Fatalf("mark: %v", err)
 		}
 	}
+	// Refused past its LogBy, the Forget wrote nothing for these keys
+	// (each held by the archive only): every one is still a Duplicate.
+	late := errors.Is(ferr, redis.ErrPastLogBy)
+	if pause > time.Second && !late {
+		// Its reads ran before the pause; its deletes reach Redis past
+		// LogBy, a second after the archive read.
+		t.Errorf("a Forget stalled %v: %v, want its refusal past LogBy", pause, ferr)
+	}
 	var acked [][]byte
 	for i, o := range out {
 		if o == engine.New {
 			acked = append(acked, keys[i])
+			if late {
+				t.Errorf("key %s: the Forget was refused past its LogBy, then the key marked New: it removed something", keys[i])
+			}
 		} else if ferr == nil {
 			t.Errorf("key %s: Forget returned nil, then marked %v", keys[i], o)
 		}
