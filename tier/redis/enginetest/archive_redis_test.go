@@ -46,9 +46,11 @@ func keysOf(prefix string, n int) [][]byte {
 	return keys
 }
 
-// waitArchivedInfo looks keys up on e until each answers Duplicate from
+// waitFromArchive looks keys up on e (an engine or a namespace) until each answers Duplicate from
 // the archive (the shared tier let them go, the archive holds them).
-func waitFromArchive(t *testing.T, e *engine.Engine, keys [][]byte, within time.Duration) []engine.KeyInfo {
+func waitFromArchive(t *testing.T, e interface {
+	LookupBatch(context.Context, [][]byte, []engine.KeyInfo) error
+}, keys [][]byte, within time.Duration) []engine.KeyInfo {
 	t.Helper()
 	out := make([]engine.KeyInfo, len(keys))
 	deadline := time.Now().Add(within)

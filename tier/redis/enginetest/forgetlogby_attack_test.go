@@ -470,27 +470,7 @@ func flbNSLateCopy(t *testing.T, m, f *engine.Engine, ns string, h *bkLateForget
 	keys := keysOf("flbns-"+ns, 12)
 	mark := func() { flbMarkNew(t, mn, keys) }
 	info := make([]engine.KeyInfo, len(keys))
-	waitArch := func() {
-		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-			err := mn.LookupBatch(ctx, keys, info)
-			done := err == nil
-			for i := range info {
-				if err == nil && info[i].Outcome != engine.Duplicate {
-					t.Fatalf("key %s in %q: %v from %v while waiting for the archive", keys[i], ns, info[i].Outcome, info[i].Source)
-				}
-				done = done && info[i].Source == engine.SourceArchive
-			}
-			if done {
-				return
-			}
-			if err != nil && !bkTyped(err) {
-				t.Fatal(err)
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("keys of %q not answered by the archive (last error %v)", ns, err)
-			}
-		}
-	}
+	waitArch := func() { waitFromArchive(t, mn, keys, 20*time.Second) }
 	mark()
 	waitArch()
 	flbForget(t, h, func() error { return fn.ForgetBatch(ctx, keys, info) })
