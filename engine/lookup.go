@@ -192,13 +192,18 @@ func (e *Engine) lookup(ctx context.Context, ns *Namespace, keys [][]byte, out [
 		var pre []tier.Answer
 		var logBy int64
 		if forget && archived && e.arch.Shared() {
-			// One reading of the engine's time: the archive is read at
-			// at, and the shared tier's deletes may append a removal of a
-			// key they find absent only until at + LogSkew/2
-			// (tier.Request.LogBy), not until a later reading.
-			at := e.archiveNow(now)
-			logBy = at + int64(tier.LogSkew/2)
-			pre, err = e.readBeforeForget(ctx, b, ns, keys, at)
+			pre, err = e.readBeforeForget(ctx, b, ns, keys, e.archiveNow(now))
+			// The shared tier's deletes, which follow the archive read,
+			// may append a removal of a key they find absent only until
+			// LogBy (tier.Request.LogBy), counted from a reading of the
+			// clock taken once that read has returned: a commit made after
+			// the deletes' own read of the key stays in the shared tier
+			// for its window, at least LogSkew/2 + LogSkew longer (Open
+			// refuses a shorter one), so a copy of a delete by LogBy
+			// that finds the key absent cannot be hiding it. Counted from
+			// the call's start instead, an archive read slower than
+			// LogSkew/2 failed every such Forget.
+			logBy = e.archiveNow(e.reading()) + int64(tier.LogSkew/2)
 		}
 		if err == nil {
 			err = e.lookupExact(ctx, b, ns, keys, out, forget, logBy, &c, now)

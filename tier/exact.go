@@ -132,10 +132,13 @@ type Request struct {
 	// the key before marking, at time t; a commit of the key that leaves
 	// the tier's window before LogBy = t + LogSkew/2 was sealed into the
 	// archive by then, so that read saw it (see LogSkew). For a Forget
-	// behind an ArchiveLog it is the same bound on the delete: one that
-	// reaches the tier after LogBy and finds the key absent appends no
-	// removal and fails (a commit made since may have left the tier for
-	// the archive, where the removal would hide it). Zero: no bound.
+	// behind an ArchiveLog it bounds the delete: one that reaches the
+	// tier after LogBy and finds the key absent appends no removal and
+	// fails (a commit made since may have left the tier for the archive,
+	// where the removal would hide it). The engine counts it from the end
+	// of its archive read, which the delete's own read of the key
+	// follows: a commit made after that read stays in the tier for its
+	// window, longer than LogSkew/2 plus LogSkew. Zero: no bound.
 	LogBy int64
 	// Window, when positive, is how long Commit keeps the key committed in
 	// a tier that expires keys itself (shorter than its own window: a

@@ -32,7 +32,7 @@ func (s *Store) Lookup(ctx context.Context, reqs []Request, out []Result) error 
 // removes two values. Another process's cached answer is not reached: see
 // the engine's Forget. reqs[i].Token names the call (a copy retried after
 // a lost reply answers what the first removed). Behind an archive log,
-// reqs[i].LogBy (positive) is when the engine read the archive plus
+// reqs[i].LogBy (positive) is when the engine's archive read ended plus
 // tier.LogSkew/2: a delete reaching Redis after it that finds the key
 // absent appends no removal and fails (ErrUnavailable), as a copy that
 // late could hide a commit made since.

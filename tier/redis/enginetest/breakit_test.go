@@ -384,24 +384,28 @@ func TestBreakItNemesisPausesCloseDrainer(t *testing.T) {
 // Duplicate whose key's Forget succeeded means the Forget came after it:
 // the key is New afterwards, before and after Redis's window.
 func TestBreakItForgetRacesMark(t *testing.T) {
-	t.Run("paused", func(t *testing.T) { bkForgetRacesMark(t, false, 150*time.Millisecond) })
-	// Pauses longer than a Forget's LogBy (a second after its archive
-	// read): the deletes of keys only the archive holds that reach Redis
-	// after it append nothing and fail; the others hold as above.
-	t.Run("paused-past-logby", func(t *testing.T) { bkForgetRacesMark(t, false, 1300*time.Millisecond) })
+	t.Run("paused", func(t *testing.T) { bkForgetRacesMark(t, false, 150*time.Millisecond, 0) })
+	// Pauses and stalls longer than a Forget's LogBy (a second after its
+	// archive read), every other Forget's deletes held 1.3 s on their way:
+	// the deletes of keys only the archive holds that reach Redis after
+	// it append nothing and fail; the others hold as above.
+	t.Run("paused-past-logby", func(t *testing.T) { bkForgetRacesMark(t, false, 1300*time.Millisecond, 1300*time.Millisecond) })
 	// The drain stalled during the race, Forgets with a 400 ms deadline:
 	// they fail after appending their removals, which the marks' archive
 	// reads must see pending.
-	t.Run("drain-stalled", func(t *testing.T) { bkForgetRacesMark(t, true, 150*time.Millisecond) })
+	t.Run("drain-stalled", func(t *testing.T) { bkForgetRacesMark(t, true, 150*time.Millisecond, 0) })
 }
 
-func bkForgetRacesMark(t *testing.T, stall bool, pause time.Duration) {
+func bkForgetRacesMark(t *testing.T, stall bool, pause, slow time.Duration) {
 	srv := redistest.Start(t)
 	plain := srv.Client(t)
 	ctx := context.Background()
 	prefix := fmt.Sprintf("bkfm-%d:", time.Now().UnixNano())
 	arch := redisArchive(t)
-	oa := redisArchiveOptions(bkClient(t, srv), prefix, arch)
+	ac := bkClient(t, srv)
+	sh := &bkSlowForget{delay: slow, every: 2}
+	ac.AddHook(sh)
+	oa := redisArchiveOptions(ac, prefix, arch)
 	oa.Logger = quiet
 	a := ra2Open(t, oa)
 	ob := redisArchiveOptions(bkClient(t, srv), prefix, arch)
@@ -410,6 +414,7 @@ func bkForgetRacesMark(t *testing.T, stall bool, pause time.Duration) {
 	keys := keysOf("bkfm", 60)
 	gMarkNew(t, a, keys)
 	waitFromArchive(t, b, keys, 25*time.Second)
+	sh.on.Store(slow > 0)
 	type res struct {
 		mark      engine.Outcome
 		markErr   error
@@ -477,9 +482,9 @@ func bkForgetRacesMark(t *testing.T, stall bool, pause time.Duration) {
 			late++
 		}
 	}
-	t.Logf("outcomes: %v; %d Forgets refused past their LogBy", counts, late)
-	if pause > time.Second && late == 0 {
-		t.Errorf("no Forget reached Redis past its LogBy: pauses of %v tested nothing", pause)
+	t.Logf("outcomes: %v; %d Forgets refused past their LogBy (%d held on their way)", counts, late, sh.held.Load())
+	if slow > time.Second && late == 0 {
+		t.Errorf("no Forget reached Redis past its LogBy: deletes held %v tested nothing", slow)
 	}
 	verify := func(when string) {
 		info := make([]engine.KeyInfo, len(keys))
@@ -870,6 +875,31 @@ func (h *bkLateForget) ProcessPipelineHook(next goredis.ProcessPipelineHook) gor
 				h.copies = append(h.copies, append([]any(nil), c.Args()...))
 			}
 			h.mu.Unlock()
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// bkSlowForget is a go-redis hook that, while on, holds every every-th
+// forget script pipeline (bkIsForget) for delay before sending it: a
+// stall of exactly a Forget's deletes, after its reads (a Redis pause
+// lands anywhere in the call, most often in its reads, and its LogBy
+// counts from the end of its archive read).
+type bkSlowForget struct {
+	on    atomic.Bool
+	delay time.Duration
+	every int64
+	n     atomic.Int64
+	held  atomic.Int64
+}
+
+func (h *bkSlowForget) DialHook(next goredis.DialHook) goredis.DialHook          { return next }
+func (h *bkSlowForget) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook { return next }
+func (h *bkSlowForget) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		if h.on.Load() && len(cmds) > 0 && bkIsForget(cmds[0]) && h.n.Add(1)%max(h.every, 1) == 0 {
+			h.held.Add(1)
+			time.Sleep(h.delay)
 		}
 		return next(ctx, cmds)
 	}

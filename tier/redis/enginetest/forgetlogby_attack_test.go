@@ -267,8 +267,9 @@ func TestFLBLateCopyMoments(t *testing.T) {
 // started. A nil Forget leaves every key it did not race New; every error
 // is typed; a mark acknowledged New after the Forget started stays
 // Duplicate unless the Forget answered it from Redis (it removed that
-// commit). Stalled 2 s, the Forget is refused past its LogBy, and the keys
-// only the archive holds that no mark raced stay Duplicate.
+// commit). With its deletes also held 2 s on their way, the Forget is
+// refused past its LogBy, and the keys only the archive holds that no
+// mark raced stay Duplicate.
 func TestFLBForgetBatchMixedPaused(t *testing.T) {
 	for _, c := range []struct {
 		pause, skew time.Duration
@@ -280,7 +281,10 @@ func TestFLBForgetBatchMixedPaused(t *testing.T) {
 			arch := redisArchive(t)
 			m := ra2Open(t, flbShort(redisArchiveOptions(bkClient(t, srv), prefix, arch)))
 			ra2WaitDrainer(t, m, 5*time.Second)
-			of := redisArchiveOptions(bkClient(t, srv), prefix, arch)
+			fc := bkClient(t, srv)
+			sh := &bkSlowForget{delay: c.pause} // on for the 2 s pause (below)
+			fc.AddHook(sh)
+			of := redisArchiveOptions(fc, prefix, arch)
 			of.Clock = bkClock{c.skew}
 			f := ra2Open(t, flbShort(of))
 			archived := keysOf("flbx-arch", 10)
@@ -294,6 +298,7 @@ func TestFLBForgetBatchMixedPaused(t *testing.T) {
 			var ferr error
 			var wg sync.WaitGroup
 			started := time.Now()
+			sh.on.Store(c.pause == 2*time.Second)
 			srv.Pause()
 			wg.Add(1)
 			go func() {
@@ -328,8 +333,9 @@ func TestFLBForgetBatchMixedPaused(t *testing.T) {
 			if ferr != nil && !bkTyped(ferr) {
 				t.Errorf("untyped forget error: %v", ferr)
 			}
-			// Its deletes reach Redis when it resumes: 2 s after the
-			// archive read, past a LogBy 0.5 s after it by Redis's clock.
+			// Held 2 s on their way as well, its deletes reach Redis 2 s
+			// or more after its archive read ended, past a LogBy 0.5 s
+			// after it by Redis's clock.
 			late := errors.Is(ferr, redis.ErrPastLogBy)
 			if c.pause == 2*time.Second && !late {
 				t.Errorf("a Forget stalled %v: %v, want its refusal past LogBy", c.pause, ferr)
@@ -395,7 +401,14 @@ func flbCloseWhileForgetStalled(t *testing.T, pause time.Duration) {
 	arch := redisArchive(t)
 	m := ra2Open(t, flbShort(redisArchiveOptions(bkClient(t, srv), prefix, arch)))
 	ra2WaitDrainer(t, m, 5*time.Second)
-	f := ra2Open(t, flbShort(redisArchiveOptions(bkClient(t, srv), prefix, arch)))
+	fc := bkClient(t, srv)
+	// Past a second, the Forget's deletes are held on their way for the
+	// pause too: a Redis pause lands mostly in the call's reads, after
+	// which its LogBy counts.
+	sh := &bkSlowForget{delay: pause}
+	sh.on.Store(pause > time.Second)
+	fc.AddHook(sh)
+	f := ra2Open(t, flbShort(redisArchiveOptions(fc, prefix, arch)))
 	keys := keysOf("flbc", 20)
 	flbMarkNew(t, m, keys)
 	waitFromArchive(t, m, keys, 20*time.Second)
@@ -427,8 +440,8 @@ func flbCloseWhileForgetStalled(t *testing.T, pause time.Duration) {
 	// (each held by the archive only): every one is still a Duplicate.
 	late := errors.Is(ferr, redis.ErrPastLogBy)
 	if pause > time.Second && !late {
-		// Its reads ran before the pause; its deletes reach Redis past
-		// LogBy, a second after the archive read.
+		// Its deletes reach Redis at least the pause after its archive
+		// read ended, past LogBy (a second after it).
 		t.Errorf("a Forget stalled %v: %v, want its refusal past LogBy", pause, ferr)
 	}
 	var acked [][]byte
