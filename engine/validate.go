@@ -161,13 +161,17 @@ func (o *Options) validateArchive(d Options, bad func(format string, args ...any
 		if d.Partition > 0 && d.Window < 2*d.Partition {
 			bad("Archive behind a shared tier needs Window %v of at least two partitions (Partition %v): a partition is sealed in the archive after it ends, and before its first keys leave the shared tier", d.Window, d.Partition)
 		}
-		// A read at t waits until every partition ending before
-		// t - Window + LogSkew is sealed; a partition is sealed only once
-		// it has ended. Below Partition + LogSkew that is never true
-		// for part of every partition, however fast the drain: every
-		// call would answer ErrUnavailable then.
-		if d.Partition > 0 && d.Window < d.Partition+tier.LogSkew {
-			bad("Archive behind a shared tier needs Window %v of at least Partition %v plus the clock skew it allows (%v): a read waits until the partitions its window left are sealed, and a partition is sealed only after it ends", d.Window, d.Partition, tier.LogSkew)
+		// A read at t (the engine's clock) waits until every partition
+		// ending before t - Window + LogSkew is sealed; a partition is
+		// sealed once it has ended by the shared tier's clock, which may
+		// be up to LogSkew behind the engine's. Below Partition +
+		// 2*LogSkew an engine whose clock is ahead within that bound
+		// waits for a seal that cannot have come, for part of every
+		// partition or (ahead by Window - LogSkew - Partition or more)
+		// for good, however fast the drain: every call answers
+		// ErrUnavailable then.
+		if d.Partition > 0 && d.Window < d.Partition+2*tier.LogSkew {
+			bad("Archive behind a shared tier needs Window %v of at least Partition %v plus twice the clock skew it allows (%v): a read waits until the partitions its window left are sealed, a partition is sealed only after it ends by the shared tier's clock, and an engine's clock may be up to %v ahead of it", d.Window, d.Partition, 2*tier.LogSkew, tier.LogSkew)
 		}
 		if o.FailOpen {
 			bad("Archive with FailOpen: a claim the archive cannot answer would be New")
