@@ -403,7 +403,8 @@ func bkForgetRacesMark(t *testing.T, stall bool, pause, slow time.Duration) {
 	prefix := fmt.Sprintf("bkfm-%d:", time.Now().UnixNano())
 	arch := redisArchive(t)
 	ac := bkClient(t, srv)
-	sh := &bkSlowForget{delay: slow, every: 2}
+	var slowOn atomic.Bool
+	sh := bkSlowForget(slow, 2, &slowOn)
 	ac.AddHook(sh)
 	oa := redisArchiveOptions(ac, prefix, arch)
 	oa.Logger = quiet
@@ -414,7 +415,7 @@ func bkForgetRacesMark(t *testing.T, stall bool, pause, slow time.Duration) {
 	keys := keysOf("bkfm", 60)
 	gMarkNew(t, a, keys)
 	waitFromArchive(t, b, keys, 25*time.Second)
-	sh.on.Store(slow > 0)
+	slowOn.Store(slow > 0)
 	type res struct {
 		mark      engine.Outcome
 		markErr   error
@@ -880,29 +881,16 @@ func (h *bkLateForget) ProcessPipelineHook(next goredis.ProcessPipelineHook) gor
 	}
 }
 
-// bkSlowForget is a go-redis hook that, while on, holds every every-th
+// bkSlowForget returns a hook that, while on, holds every every-th
 // forget script pipeline (bkIsForget) for delay before sending it: a
 // stall of exactly a Forget's deletes, after its reads (a Redis pause
 // lands anywhere in the call, most often in its reads, and its LogBy
 // counts from the end of its archive read).
-type bkSlowForget struct {
-	on    atomic.Bool
-	delay time.Duration
-	every int64
-	n     atomic.Int64
-	held  atomic.Int64
-}
-
-func (h *bkSlowForget) DialHook(next goredis.DialHook) goredis.DialHook          { return next }
-func (h *bkSlowForget) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook { return next }
-func (h *bkSlowForget) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []goredis.Cmder) error {
-		if h.on.Load() && len(cmds) > 0 && bkIsForget(cmds[0]) && h.n.Add(1)%max(h.every, 1) == 0 {
-			h.held.Add(1)
-			time.Sleep(h.delay)
-		}
-		return next(ctx, cmds)
-	}
+func bkSlowForget(delay time.Duration, every int64, on *atomic.Bool) *holdHook {
+	var n atomic.Int64
+	return &holdHook{delay: delay, take: func(cmds []goredis.Cmder) bool {
+		return on.Load() && bkIsForget(cmds[0]) && n.Add(1)%max(every, 1) == 0
+	}}
 }
 
 func bkIsForget(c goredis.Cmder) bool {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -283,8 +284,8 @@ func TestFLBForgetBatchMixedPaused(t *testing.T) {
 			m := ra2Open(t, flbShort(redisArchiveOptions(bkClient(t, srv), prefix, arch)))
 			ra2WaitDrainer(t, m, 5*time.Second)
 			fc := bkClient(t, srv)
-			sh := &bkSlowForget{delay: c.pause} // on for the 2 s pause (below)
-			fc.AddHook(sh)
+			var slowOn atomic.Bool // on for the 2 s pause (below)
+			fc.AddHook(bkSlowForget(c.pause, 1, &slowOn))
 			of := redisArchiveOptions(fc, prefix, arch)
 			of.Clock = bkClock{c.skew}
 			f := ra2Open(t, flbShort(of))
@@ -299,7 +300,7 @@ func TestFLBForgetBatchMixedPaused(t *testing.T) {
 			var ferr error
 			var wg sync.WaitGroup
 			started := time.Now()
-			sh.on.Store(c.pause == 2*time.Second)
+			slowOn.Store(c.pause == 2*time.Second)
 			srv.Pause()
 			wg.Add(1)
 			go func() {
@@ -410,9 +411,9 @@ func flbCloseWhileForgetStalled(t *testing.T, pause time.Duration) {
 	// Past a second, the Forget's deletes are held on their way for the
 	// pause too: a Redis pause lands mostly in the call's reads, after
 	// which its LogBy counts.
-	sh := &bkSlowForget{delay: pause}
-	sh.on.Store(pause > time.Second)
-	fc.AddHook(sh)
+	var slowOn atomic.Bool
+	slowOn.Store(pause > time.Second)
+	fc.AddHook(bkSlowForget(pause, 1, &slowOn))
 	f := ra2Open(t, flbShort(redisArchiveOptions(fc, prefix, arch)))
 	keys := keysOf("flbc", 20)
 	flbMarkNew(t, m, keys)

@@ -887,19 +887,20 @@ func TestRedisMarkReplyLostRetried(t *testing.T) {
 	}
 }
 
-// delayHook holds, once armed, the next pipeline whose first command is
-// an EVALSHA of at least three commands (a mark's chunks) for delay
-// before sending it, as a paused connection would.
-type delayHook struct {
-	armed atomic.Bool
+// holdHook holds each pipeline that take accepts for delay before
+// sending it, as a paused connection would; held counts them.
+type holdHook struct {
 	delay time.Duration
+	take  func(cmds []goredis.Cmder) bool
+	held  atomic.Int64
 }
 
-func (h *delayHook) DialHook(next goredis.DialHook) goredis.DialHook          { return next }
-func (h *delayHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook { return next }
-func (h *delayHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+func (h *holdHook) DialHook(next goredis.DialHook) goredis.DialHook          { return next }
+func (h *holdHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook { return next }
+func (h *holdHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []goredis.Cmder) error {
-		if len(cmds) >= 3 && cmds[0].Name() == "evalsha" && h.armed.CompareAndSwap(true, false) {
+		if len(cmds) > 0 && h.take(cmds) {
+			h.held.Add(1)
 			time.Sleep(h.delay)
 		}
 		return next(ctx, cmds)
@@ -917,7 +918,12 @@ func TestRedisArchiveLateMark(t *testing.T) {
 	srv := redistest.Start(t)
 	plain := srv.Client(t)
 	ctx := context.Background()
-	h := &delayHook{delay: tier.LogSkew/2 + 300*time.Millisecond}
+	// Once armed, the next pipeline of at least three EVALSHAs (a mark's
+	// chunks) is held.
+	var armed atomic.Bool
+	h := &holdHook{delay: tier.LogSkew/2 + 300*time.Millisecond, take: func(cmds []goredis.Cmder) bool {
+		return len(cmds) >= 3 && cmds[0].Name() == "evalsha" && armed.CompareAndSwap(true, false)
+	}}
 	hc := srv.ClientWith(t, &goredis.Options{MaxRetries: -1})
 	hc.AddHook(h)
 	prefix := fmt.Sprintf("late-%d:", time.Now().UnixNano())
@@ -932,7 +938,7 @@ func TestRedisArchiveLateMark(t *testing.T) {
 	if err != nil && !errors.Is(err, goredis.Nil) {
 		t.Fatal(err)
 	}
-	h.armed.Store(true)
+	armed.Store(true)
 	if err := a.MarkBatch(ctx, keys, nil, out); !errors.Is(err, engine.ErrUnavailable) {
 		t.Fatalf("a mark held %v on its way: %v, want ErrUnavailable", h.delay, err)
 	}
