@@ -37,6 +37,12 @@ func SetCheckpointKeys(n int64) { hooks.CheckpointKeys.Store(n) }
 // call at their critical point (nil: none).
 func SetInCheckpoint(f func()) { setHook(&hooks.InCheckpoint, f) }
 
+// SetBeforeCheckpoint sets (nil: clears) the function the checkpointer
+// calls before each checkpoint of the open partitions' filters starts: a
+// test that blocks in it decides when each checkpoint starts. Release it
+// before the store closes: Close waits for the checkpointer.
+func SetBeforeCheckpoint(f func()) { setHook(&hooks.BeforeCheckpoint, f) }
+
 // SetInMove: see SetInCheckpoint.
 func SetInMove(f func()) { setHook(&hooks.InMove, f) }
 

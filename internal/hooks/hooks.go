@@ -17,6 +17,12 @@ var CheckpointKeys atomic.Int64
 // A kill test stops a process there.
 var InCheckpoint, InMove atomic.Pointer[func()]
 
+// BeforeCheckpoint, when set, is called by the checkpointer before each
+// checkpoint of the open partitions' filters, before it takes a lock or
+// resets its count of keys, so a test decides when each one starts (and
+// so which keys it covers).
+var BeforeCheckpoint atomic.Pointer[func()]
+
 // NoRestore, when set, makes an Open after an unclean shutdown ignore the
 // filter checkpoint and the journal, and rebuild the open partitions by a
 // scan of the store, as it does when the checkpoint is damaged: the tests

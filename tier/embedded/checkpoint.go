@@ -88,6 +88,9 @@ func (s *Store) checkpointWakeup() { wake(s.ckptWake) }
 // checkpointPass takes a checkpoint; a failure is counted and logged (the
 // previous checkpoint stays the one a crash restores from).
 func (s *Store) checkpointPass(ctx context.Context) {
+	if f := hooks.BeforeCheckpoint.Load(); f != nil {
+		(*f)()
+	}
 	if err := s.checkpoint(ctx); err != nil && ctx.Err() == nil {
 		s.ckptFailures.Add(1)
 		s.logger.Printf("tierdedup: checkpoint of the open partitions' bloom filters: %v", err)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,15 +26,60 @@ func checkpointFiles(t *testing.T, fs vfs.FS) []string {
 	return filterFiles(t, fs, ".ckpt", "db/tierdedup-sealed/")
 }
 
+// checkpointGate decides when the checkpointer's checkpoints start: each
+// waits in enginetest.SetBeforeCheckpoint for a permit, until the gate is
+// opened for good (before the store closes: Close waits for the
+// checkpointer).
+type checkpointGate struct {
+	permit chan struct{}
+	open   chan struct{}
+	once   sync.Once
+}
+
+func newCheckpointGate() *checkpointGate {
+	g := &checkpointGate{permit: make(chan struct{}), open: make(chan struct{})}
+	enginetest.SetBeforeCheckpoint(func() {
+		select {
+		case <-g.permit:
+		case <-g.open:
+		}
+	})
+	return g
+}
+
+// allow lets one checkpoint start, waiting for the checkpointer to take
+// the permit.
+func (g *checkpointGate) allow(t *testing.T) {
+	t.Helper()
+	select {
+	case g.permit <- struct{}{}:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no checkpoint waiting to start")
+	}
+}
+
+// release lets every checkpoint start from now on, and removes the hook.
+func (g *checkpointGate) release() {
+	g.once.Do(func() {
+		close(g.open)
+		enginetest.SetBeforeCheckpoint(nil)
+	})
+}
+
 // checkpointedEngine commits keys over two hours with a checkpoint every
-// 100 keys, hour 0 sealed, and 30 keys after the last checkpoint it waited
-// for. It returns the options, every key, and the content of the first
-// checkpoint's file (an earlier state of the open partition's filter).
-func checkpointedEngine(t *testing.T, mem vfs.FS) (*engine.Engine, engine.Options, [][]byte, []byte) {
+// 100 keys, hour 0 sealed, and checkpoints started only where it lets
+// them: the last one after the 300 keys of hour 1 were acknowledged and
+// hour 0 sealed, and 30 keys acknowledged after it. It returns the
+// options, every key, the content of the first checkpoint's file (an
+// earlier state of the open partition's filter), and the function that
+// closes the engine.
+func checkpointedEngine(t *testing.T, mem vfs.FS) (*engine.Engine, engine.Options, [][]byte, []byte, func() error) {
 	t.Helper()
 	clock := newClock()
 	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: mem}, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
 	e := open(t, o)
+	gate := newCheckpointGate()
+	t.Cleanup(gate.release) // before the engine's Close, registered earlier
 	var keys [][]byte
 	mark := func(n int) {
 		batch := make([][]byte, n)
@@ -55,40 +101,29 @@ func checkpointedEngine(t *testing.T, mem vfs.FS) (*engine.Engine, engine.Option
 		}
 	}
 	mark(150)
+	gate.allow(t) // the 150 keys woke it
 	waitCheckpoints(1)
 	files := checkpointFiles(t, mem)
 	if len(files) != 1 {
 		t.Fatalf("after the first checkpoint: files %v", files)
 	}
 	first := readFile(t, mem, files[0])
-	// still returns the count of checkpoints once it has stood still for
-	// 500 ms: no checkpoint is in flight then, as far as a test can see.
-	still := func() uint64 {
-		n := e.Stats().Bloom.Checkpoints
-		for since := time.Now(); time.Since(since) < 500*time.Millisecond; time.Sleep(5 * time.Millisecond) {
-			if m := e.Stats().Bloom.Checkpoints; m != n {
-				n, since = m, time.Now()
-			}
-		}
-		return n
-	}
 	mark(450)
 	clock.Add(time.Hour)
-	// A checkpoint the 450 keys started may still be in flight: counted
-	// after this, it would pass for the one after the 300 keys below,
-	// whose keys would then all be in the journal. Read the count once it
-	// has stood still.
-	before := still()
 	mark(300)
 	waitSealed(t, e, clock.Now().Add(-time.Hour))
-	waitCheckpoints(before + 1)
-	// The one counted may still be the 450 keys' (slower than the wait
-	// above on a loaded machine: once in CI all 330 keys were then in the
-	// journal), and the 300 keys' in flight behind it: wait for the count
-	// to stand still again.
-	still()
-	mark(30)
-	return e, o, keys, first
+	// The 450 keys woke the checkpointer; it starts now, after every key
+	// of hour 1 was acknowledged, and covers them all.
+	gate.allow(t)
+	waitCheckpoints(2)
+	mark(30) // under 100: wakes none; nor would the gate let one start
+	if n := e.Stats().Bloom.Checkpoints; n != 2 {
+		t.Fatalf("%d checkpoints, want 2", n)
+	}
+	return e, o, keys, first, func() error {
+		gate.release()
+		return e.Close()
+	}
 }
 
 // TestCheckpointRestore: after a crash, the open partition's filter is
@@ -143,18 +178,18 @@ func TestCheckpointRestore(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mem := newCrashFS()
-			e, o, keys, first := checkpointedEngine(t, mem)
+			_, o, keys, first, closeEngine := checkpointedEngine(t, mem)
 			crashed := mem.CrashClone(vfs.CrashCloneCfg{})
-			_ = e.Close()
+			_ = closeEngine()
 			otherMem := newCrashFS()
-			other, _, _, _ := checkpointedEngine(t, otherMem)
+			_, _, _, _, closeOther := checkpointedEngine(t, otherMem)
 			otherCrashed := otherMem.CrashClone(vfs.CrashCloneCfg{})
-			_ = other.Close()
+			_ = closeOther()
 			if tc.tamper != nil {
 				tc.tamper(t, crashed, otherCrashed, first)
 			}
 			setFS(&o, crashed)
-			e = open(t, o)
+			e := open(t, o)
 			defer e.Close()
 			s := e.Stats()
 			if tc.restored {
@@ -162,8 +197,8 @@ func TestCheckpointRestore(t *testing.T) {
 					t.Fatalf("after the crash: mode %s, %d restored, %d rebuilt, %d sealed loaded; want warm, 1, 0, 1",
 						s.Bloom.Mode, s.Bloom.Restored, s.Bloom.RebuiltKeys, s.Bloom.SealedLoaded)
 				}
-				if s.Bloom.JournalKeys == 0 || s.Bloom.JournalKeys >= 200 {
-					t.Fatalf("%d keys read from the journal, want the few after the last checkpoint", s.Bloom.JournalKeys)
+				if s.Bloom.JournalKeys != 30 {
+					t.Fatalf("%d keys read from the journal, want the 30 after the last checkpoint", s.Bloom.JournalKeys)
 				}
 			}
 			allDuplicates(t, e, keys)
@@ -328,12 +363,12 @@ func TestImportRestoresFromCheckpoint(t *testing.T) {
 	enginetest.SetCheckpointKeys(100)
 	defer enginetest.SetCheckpointKeys(0)
 	mem := newCrashFS()
-	e, o, keys, _ := checkpointedEngine(t, mem)
+	e, o, keys, _, closeEngine := checkpointedEngine(t, mem)
 	ctx := context.Background()
 	if _, err := e.Export(ctx, "exp", 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.Close(); err != nil {
+	if err := closeEngine(); err != nil {
 		t.Fatal(err)
 	}
 	setDir(&o, "other")
