@@ -28,7 +28,7 @@ func checkpointFiles(t *testing.T, fs vfs.FS) []string {
 
 // checkpointGate decides when the checkpointer's checkpoints start: each
 // waits in enginetest.SetBeforeCheckpoint for a permit, until the gate is
-// opened for good (before the store closes: Close waits for the
+// released for good (before the store closes: Close waits for the
 // checkpointer).
 type checkpointGate struct {
 	permit chan struct{}
@@ -36,33 +36,44 @@ type checkpointGate struct {
 	once   sync.Once
 }
 
-func newCheckpointGate() *checkpointGate {
+// currentGate is the gate the hook holds, so a late release of an earlier
+// gate does not remove a later one's.
+var currentGate atomic.Pointer[checkpointGate]
+
+// newCheckpointGate installs a shut gate; the test's cleanup releases it.
+func newCheckpointGate(t *testing.T) *checkpointGate {
 	g := &checkpointGate{permit: make(chan struct{}), open: make(chan struct{})}
+	currentGate.Store(g)
 	enginetest.SetBeforeCheckpoint(func() {
 		select {
 		case <-g.permit:
 		case <-g.open:
 		}
 	})
+	t.Cleanup(g.release)
 	return g
 }
 
 // allow lets one checkpoint start, waiting for the checkpointer to take
-// the permit.
-func (g *checkpointGate) allow(t *testing.T) {
+// the permit, and then waits for the count of checkpoints to reach want.
+func (g *checkpointGate) allow(t *testing.T, e *engine.Engine, want uint64) {
 	t.Helper()
 	select {
 	case g.permit <- struct{}{}:
 	case <-time.After(10 * time.Second):
 		t.Fatal("no checkpoint waiting to start")
 	}
+	waitFor(t, fmt.Sprintf("checkpoint %d", want), func() bool { return e.Stats().Bloom.Checkpoints >= want })
 }
 
-// release lets every checkpoint start from now on, and removes the hook.
+// release lets every checkpoint start from now on, and removes the hook
+// if it is still this gate's.
 func (g *checkpointGate) release() {
 	g.once.Do(func() {
 		close(g.open)
-		enginetest.SetBeforeCheckpoint(nil)
+		if currentGate.CompareAndSwap(g, nil) {
+			enginetest.SetBeforeCheckpoint(nil)
+		}
 	})
 }
 
@@ -78,8 +89,7 @@ func checkpointedEngine(t *testing.T, mem vfs.FS) (*engine.Engine, engine.Option
 	clock := newClock()
 	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: mem}, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000}
 	e := open(t, o)
-	gate := newCheckpointGate()
-	t.Cleanup(gate.release) // before the engine's Close, registered earlier
+	gate := newCheckpointGate(t) // its cleanup runs before the engine's
 	var keys [][]byte
 	mark := func(n int) {
 		batch := make([][]byte, n)
@@ -91,18 +101,8 @@ func checkpointedEngine(t *testing.T, mem vfs.FS) (*engine.Engine, engine.Option
 		}
 		keys = append(keys, batch...)
 	}
-	waitCheckpoints := func(n uint64) {
-		deadline := time.Now().Add(10 * time.Second)
-		for e.Stats().Bloom.Checkpoints < n {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d checkpoints, want %d", e.Stats().Bloom.Checkpoints, n)
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
 	mark(150)
-	gate.allow(t) // the 150 keys woke it
-	waitCheckpoints(1)
+	gate.allow(t, e, 1) // the 150 keys woke it
 	files := checkpointFiles(t, mem)
 	if len(files) != 1 {
 		t.Fatalf("after the first checkpoint: files %v", files)
@@ -114,8 +114,7 @@ func checkpointedEngine(t *testing.T, mem vfs.FS) (*engine.Engine, engine.Option
 	waitSealed(t, e, clock.Now().Add(-time.Hour))
 	// The 450 keys woke the checkpointer; it starts now, after every key
 	// of hour 1 was acknowledged, and covers them all.
-	gate.allow(t)
-	waitCheckpoints(2)
+	gate.allow(t, e, 2)
 	mark(30) // under 100: wakes none; nor would the gate let one start
 	if n := e.Stats().Bloom.Checkpoints; n != 2 {
 		t.Fatalf("%d checkpoints, want 2", n)

@@ -38,8 +38,10 @@ func dmSealed(h int) string { return hourFile(h) }
 // "short" of 150 minutes; 40 default and 10 short keys marked in each of
 // hours 0..4, hours 0..3 sealed and moved into the cold database; a key of
 // hour 1 (cold), a short key of hour 3 (cold) and a key of hour 4 (hot)
-// forgotten; checkpoints every 25 keys, the last one after the seals, then
-// 7 keys only in the journal; then a machine crash (CrashClone).
+// forgotten; checkpoints every 25 keys, started only where it lets them:
+// one after the seals (an earlier generation) and the last one after 30
+// more keys, then 7 keys only in the journal; then a machine crash
+// (CrashClone).
 func dmBuild(t *testing.T) *dmHist {
 	t.Helper()
 	ctx := context.Background()
@@ -48,7 +50,11 @@ func dmBuild(t *testing.T) *dmHist {
 	o := engine.Options{Backend: &embedded.Backend{Dir: "db", FS: fs}, Clock: clock, Window: 4 * time.Hour, Partition: time.Hour, ExpectedKeys: 1000,
 		Namespaces: map[string]engine.NamespaceOptions{"short": {Window: dmShort}}}
 	e := open(t, o)
-	defer func() { _ = e.Close() }()
+	gate := newCheckpointGate(t)
+	defer func() {
+		gate.release()
+		_ = e.Close()
+	}()
 	short, err := e.Namespace("short")
 	if err != nil {
 		t.Fatal(err)
@@ -89,11 +95,12 @@ func dmBuild(t *testing.T) *dmHist {
 	waitSealed(t, e, start, start.Add(time.Hour), start.Add(2*time.Hour), start.Add(3*time.Hour))
 	waitFor(t, "hours 0..3 moved", func() bool { return e.Stats().Store.ColdPartitions >= 4 })
 	clock.Add(10 * time.Minute)
-	time.Sleep(50 * time.Millisecond) // the checkpoint hour 4's marks woke
-	if files := checkpointFiles(t, fs); len(files) > 0 {
-		h.early = files[0]
-		h.earlyB = read(t, fs, files[0])
+	gate.allow(t, e, 1) // the one hour 4's marks woke: of hour 4 only
+	files := checkpointFiles(t, fs)
+	if len(files) != 1 {
+		t.Fatalf("checkpoint files after the seals: %v", files)
 	}
+	h.early, h.earlyB = files[0], read(t, fs, files[0])
 	// Forget keys in moved partitions and in the open one.
 	for _, f := range []struct {
 		ns  *engine.Namespace
@@ -113,18 +120,16 @@ func dmBuild(t *testing.T) *dmHist {
 		}
 	}
 	h.def = kept
-	before := e.Stats().Bloom.Checkpoints
 	pad := gen("c-pad", 30)
 	mark(def, pad)
 	h.def = append(h.def, pad...)
-	waitFor(t, "a checkpoint after the seals", func() bool { return e.Stats().Bloom.Checkpoints > before })
-	time.Sleep(50 * time.Millisecond) // no checkpoint in flight
+	gate.allow(t, e, 2) // it starts after the pad's keys: it covers them
 	tail := gen("c-tail", 7)
-	mark(def, tail)
+	mark(def, tail) // under 25: wakes none, nor would one start
 	h.def = append(h.def, tail...)
 	h.crash = fs.CrashClone(vfs.CrashCloneCfg{})
-	if h.early != "" && len(checkpointFiles(t, h.crash)) == 1 && checkpointFiles(t, h.crash)[0] == h.early {
-		h.early = "" // no earlier generation: the same file
+	if files := checkpointFiles(t, h.crash); len(files) != 1 || files[0] == h.early {
+		t.Fatalf("checkpoint files at the crash: %v (the earlier one: %s)", files, h.early)
 	}
 	return h
 }
@@ -261,9 +266,6 @@ func TestMixedDamageAfterMoves(t *testing.T) {
 			write(t, h.crash, ck[0], s)
 		}},
 		{name: "an earlier generation left, the current one gone", loaded: 4, restored: false, rebuilt: openHour, tamper: func(t *testing.T, h *dmHist) {
-			if h.early == "" {
-				t.Skip("no earlier checkpoint generation was seen")
-			}
 			for _, n := range checkpointFiles(t, h.crash) {
 				if err := h.crash.Remove(n); err != nil {
 					t.Fatal(err)
@@ -291,7 +293,11 @@ func TestMixedDamageAfterMoves(t *testing.T) {
 			setFS(&o, h.crash)
 			o.Clock = fixedClock(dmStart().Add(4*time.Hour + 10*time.Minute).UnixNano())
 			e := open(t, o)
-			defer func() { _ = e.Close() }()
+			gate := newCheckpointGate(t) // the rebuild's end wakes one
+			defer func() {
+				gate.release()
+				_ = e.Close()
+			}()
 			s := e.Stats()
 			h.check(t, e, "after the crash")
 			s2 := e.Stats()
@@ -302,7 +308,6 @@ func TestMixedDamageAfterMoves(t *testing.T) {
 			// every sealed file.
 			start := dmStart()
 			waitSealed(t, e, start, start.Add(time.Hour), start.Add(2*time.Hour), start.Add(3*time.Hour))
-			before := e.Stats().Bloom.Checkpoints
 			pad := make([][]byte, 30)
 			for i := range pad {
 				pad[i] = fmt.Appendf(nil, "again-%d", i)
@@ -311,9 +316,10 @@ func TestMixedDamageAfterMoves(t *testing.T) {
 				t.Fatal(err)
 			}
 			h.def = append(h.def, pad...)
-			waitFor(t, "a checkpoint", func() bool { return e.Stats().Bloom.Checkpoints > before })
-			time.Sleep(50 * time.Millisecond)
+			// It starts after the seals and the pad: it covers the open hour.
+			gate.allow(t, e, e.Stats().Bloom.Checkpoints+1)
 			again := h.crash.CrashClone(vfs.CrashCloneCfg{})
+			gate.release()
 			_ = e.Close()
 			setFS(&o, again)
 			e = open(t, o)
