@@ -186,7 +186,9 @@ func TestAdvanceRedisLeaseEnded(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Start(t).Client(t)
 	prefix := fmt.Sprintf("adv-%d:", time.Now().UnixNano())
-	o := engine.Options{Lease: 200 * time.Millisecond}
+	// A lease long enough that the check "while held" comes inside it on
+	// a loaded machine.
+	o := engine.Options{Lease: time.Second}
 	a, b := openRedis(t, c, prefix, o), openRedis(t, c, prefix, o)
 	defer a.Close()
 	defer b.Close()
@@ -197,11 +199,12 @@ func TestAdvanceRedisLeaseEnded(t *testing.T) {
 	if cl, _ := a.Advance(ctx, []byte("e"), 6); cl.Outcome != engine.New {
 		t.Fatal(cl.Outcome)
 	}
+	claimed := time.Now() // the claim's TTL started before this
 	// a "crashes": its claim of 6 is never settled.
 	if cl, _ := b.Advance(ctx, []byte("e"), 4); cl.Outcome != engine.InFlight {
 		t.Fatalf("while held: %v", cl.Outcome)
 	}
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(time.Until(claimed.Add(1100 * time.Millisecond)))
 	if cl, _ := b.Advance(ctx, []byte("e"), 4); cl.Outcome != engine.Stale || cl.Version != 5 {
 		t.Fatalf("after the abandoned claim: %v (stored %d), want Stale at 5", cl.Outcome, cl.Version)
 	}

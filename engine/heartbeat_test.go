@@ -14,12 +14,12 @@ import (
 
 // TestDoKeepsItsClaim: a handler running five leases long keeps its key:
 // every claim of it meanwhile is InFlight, never a second New, and Do
-// commits at the end. (Without the heartbeat the lease ends after 200 ms
+// commits at the end. (Without the heartbeat the lease ends after 400 ms
 // and another worker runs the key again. A beat comes every half lease:
 // the lease is long enough that a loaded machine's scheduling stall under
 // -race does not outlast half of it.)
 func TestDoKeepsItsClaim(t *testing.T) {
-	e := open(t, engine.Options{Backend: embedded.Dir(t.TempDir()), Lease: 200 * time.Millisecond, Window: time.Minute, Partition: 10 * time.Second, Logger: quiet})
+	e := open(t, engine.Options{Backend: embedded.Dir(t.TempDir()), Lease: 400 * time.Millisecond, Window: time.Minute, Partition: 10 * time.Second, Logger: quiet})
 	defer e.Close()
 	ctx := context.Background()
 	key := []byte("long-job")
@@ -49,7 +49,7 @@ func TestDoKeepsItsClaim(t *testing.T) {
 		}
 	}()
 	o, err := e.Do(ctx, key, func(ctx context.Context) error {
-		time.Sleep(time.Second)
+		time.Sleep(2 * time.Second)
 		return ctx.Err()
 	})
 	close(stop)

@@ -226,16 +226,16 @@ func TestRunRefuses(t *testing.T) {
 // nothing but the heartbeat while the handler runs (the result check reads
 // the result alone: a check of the whole claim raced the heartbeat's
 // write of its lease). The lease is long enough that a beat delayed by a
-// loaded machine (half the lease, 150 ms) still comes before it ends: a
+// loaded machine (half the lease, 300 ms) still comes before it ends: a
 // 20 ms lease lost its claim to a 10 ms scheduling stall under -race.
 func TestDoResultOutlivesHeartbeats(t *testing.T) {
-	o := engine.Options{Lease: 300 * time.Millisecond, Logger: quiet}
+	o := engine.Options{Lease: 600 * time.Millisecond, Logger: quiet}
 	enginetest.SetDir(&o, t.TempDir())
 	e := open(t, o)
 	t.Cleanup(func() { _ = e.Close() })
 	for i := range 3 {
 		out, res, err := e.DoResult(context.Background(), []byte{byte('a' + i)}, func(context.Context) ([]byte, error) {
-			time.Sleep(400 * time.Millisecond) // outlives its lease: beats at 150 and 300 ms keep it
+			time.Sleep(800 * time.Millisecond) // outlives its lease: beats at 300 and 600 ms keep it
 			return []byte("r"), nil
 		})
 		if err != nil || out != engine.New || string(res) != "r" {

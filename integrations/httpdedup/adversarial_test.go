@@ -641,7 +641,7 @@ func TestAdvWaitFirstFails(t *testing.T) {
 	}
 }
 
-// TestAdvShortLeaseKept: a 250 ms lease and a 1.5 s handler: the heartbeat
+// TestAdvShortLeaseKept: a 500 ms lease and a 3 s handler: the heartbeat
 // keeps the claim, so retries meanwhile are 409 and never run it; the
 // response is stored. (A beat comes every half lease; a shorter lease
 // lost its claim to a scheduling stall of half of it on a loaded machine
@@ -650,18 +650,18 @@ func TestAdvShortLeaseKept(t *testing.T) {
 	var n atomic.Int64
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n.Add(1)
-		time.Sleep(1500 * time.Millisecond)
+		time.Sleep(3 * time.Second)
 		w.WriteHeader(http.StatusCreated)
 	})
 	eo := engineOptions(t.TempDir())
-	eo.Lease = 250 * time.Millisecond
+	eo.Lease = 500 * time.Millisecond
 	e := openEngine(t, eo)
 	s, _ := serveWith(t, httpdedup.Options{Engine: e}, h)
 	done := make(chan response, 1)
 	go func() { done <- do(t, "POST", s.URL+"/x", `"lease-1"`, "") }()
 	start := time.Now()
 	time.Sleep(50 * time.Millisecond)
-	for time.Since(start) < 1200*time.Millisecond { // the run lasts 1.5 s: six leases
+	for time.Since(start) < 2400*time.Millisecond { // the run lasts 3 s: six leases
 		if r := do(t, "POST", s.URL+"/x", `"lease-1"`, ""); r.status != 409 {
 			t.Fatalf("retry during the run: %d replayed=%v %v %q, %d runs", r.status, replayed(r), r.header, r.body, n.Load())
 		}

@@ -468,15 +468,24 @@ func TestClientLeavesMidRequest(t *testing.T) {
 	l := &ledger{}
 	e := openEngine(t, engineOptions(t.TempDir()))
 	s, m := server(t, httpdedup.Options{Engine: e}, l)
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "POST", s.URL+"/orders?sleep=500ms", strings.NewReader("{}"))
+	req, _ := http.NewRequestWithContext(ctx, "POST", s.URL+"/orders?sleep=1s", strings.NewReader("{}"))
 	req.Header.Set(httpdedup.HeaderKey, `"gone-1"`)
 	if _, err := http.DefaultClient.Do(req); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("%v, want the client's deadline", err)
 	}
-	time.Sleep(700 * time.Millisecond)
-	r := do(t, "POST", s.URL+"/orders?sleep=500ms", `"gone-1"`, "{}")
+	// Retries while the handler still runs are 409; the first other
+	// answer must be the stored response.
+	var r response
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if r = do(t, "POST", s.URL+"/orders?sleep=1s", `"gone-1"`, "{}"); r.status != 409 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the request was still running after 10 s")
+		}
+	}
 	if r.status != 201 || r.header.Get(httpdedup.HeaderReplayed) != "true" || l.count(`"gone-1"`) != 1 {
 		t.Fatalf("retry: %d %v, %d runs; stats %+v", r.status, r.header, l.count(`"gone-1"`), m.Stats())
 	}

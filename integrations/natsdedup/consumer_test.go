@@ -88,7 +88,9 @@ func waitAcked(t *testing.T, cons jetstream.Consumer, d time.Duration) {
 // another payload, are terminated.
 func TestOutcomes(t *testing.T) {
 	srv := startNATS(t)
-	const ackWait = 400 * time.Millisecond
+	// InProgress comes every half ack wait: 800 ms takes a 400 ms stall
+	// of the handler's process under -race on a loaded machine.
+	const ackWait = 800 * time.Millisecond
 	_, js, cons := stream(t, srv.URL, ackWait)
 	e, err := engine.Open(&engine.Options{Backend: embedded.Dir(t.TempDir()), Lease: ackWait, MaxAttempts: 2, Logger: quietEngine})
 	if err != nil {

@@ -433,18 +433,26 @@ type fakeClock struct{ off atomic.Int64 }
 
 func (c *fakeClock) Now() time.Time { return time.Now().Add(time.Duration(c.off.Load())) }
 
-// TestLeaseKeptAndLost: a handler running three leases keeps its claim
-// (extended every half lease) and commits; a handler whose claim ends
+// TestLeaseKeptAndLost: a handler running until its claim was extended
+// four times (every half lease: two leases) keeps it and commits; a
+// handler whose claim ends
 // under it (the engine's clock jumps past the lease, another worker takes
 // the key over) sees its context canceled, commits nothing, and the
 // middleware returns ErrLeaseLost.
 func TestLeaseKeptAndLost(t *testing.T) {
 	clock := &fakeClock{}
-	const lease = 200 * time.Millisecond
+	// A beat comes when half the lease is left: a lease of 500 ms takes
+	// a 250 ms scheduling stall under -race on a loaded machine.
+	const lease = 500 * time.Millisecond
 	e := openEngine(t, engine.Options{Lease: lease, Clock: clock})
 	m := newMiddleware(t, e, watermilldedup.Options{})
 	h := m.Middleware(func(in *message.Message) ([]*message.Message, error) {
-		time.Sleep(3 * lease)
+		for deadline := time.Now().Add(10 * time.Second); m.Stats().Extends < 4; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Errorf("%d extends in 10 s", m.Stats().Extends)
+				break
+			}
+		}
 		return nil, watermilldedup.AddWrites(in.Context(), engine.Write{Key: []byte("ledger/slow"), Value: []byte{1}})
 	})
 	if _, err := h(msg("slow", "x")); err != nil {

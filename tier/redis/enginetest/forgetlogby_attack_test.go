@@ -9,12 +9,15 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/tierdedup/tierdedup/engine"
+	"github.com/tierdedup/tierdedup/tier/postgres"
 	"github.com/tierdedup/tierdedup/tier/redis"
 	"github.com/tierdedup/tierdedup/tier/redis/redistest"
 )
 
-// Attacks on a Forget's LogBy behind Redis's archive (commit 956e6e3),
+// Attacks on a Forget's LogBy behind Redis's archive,
 // combined with clock skew, short windows, pauses, late copies and mixed
 // batches.
 
@@ -128,6 +131,36 @@ func flbAllLate(t *testing.T, ans [][]string, when string) {
 	flbEvery(t, ans, when, "L (past LogBy: nothing written)", func(v string) bool { return v == "L" })
 }
 
+// flbRig is the late-Forget attacks' setup: a redis-server of their own,
+// a plain client (the marker's, and the one late copies arrive through), a
+// fresh prefix, a PostgreSQL archive, and a client whose hook keeps the
+// Forget's script calls (the forgetter's).
+type flbRig struct {
+	plain, hooked *goredis.Client
+	h             *bkLateForget
+	prefix        string
+	arch          postgres.Archive
+}
+
+func newFLBRig(t *testing.T, name string) *flbRig {
+	t.Helper()
+	srv := redistest.Start(t)
+	r := &flbRig{plain: srv.Client(t), hooked: srv.Client(t), h: &bkLateForget{},
+		prefix: fmt.Sprintf("%s-%d:", name, time.Now().UnixNano()), arch: redisArchive(t)}
+	r.hooked.AddHook(r.h)
+	return r
+}
+
+// options are the attacks' options (flbShort) over client c.
+func (r *flbRig) options(c goredis.UniversalClient) engine.Options {
+	return flbShort(redisArchiveOptions(c, r.prefix, r.arch))
+}
+
+// send sends one kept copy through the plain client.
+func (r *flbRig) send(args []any) (any, error) {
+	return r.plain.Do(context.Background(), args...).Result()
+}
+
 // TestFLBSkewAheadShortWindow: the forgetting engine's clock is ahead of
 // Redis's (1.5 s, 1.9 s: within tier.LogSkew) and Redis's window is
 // as short as Open takes (5 s of 1 s partitions). LogBy is
@@ -144,19 +177,13 @@ func TestFLBSkewAheadShortWindow(t *testing.T) {
 	} {
 		skew := c.skew
 		t.Run(fmt.Sprintf("skew=%v,marker=%v", skew, c.mskew), func(t *testing.T) {
-			srv := redistest.Start(t)
-			plain := srv.Client(t)
+			r := newFLBRig(t, "flbsw")
+			h := r.h
 			ctx := context.Background()
-			prefix := fmt.Sprintf("flbsw-%d:", time.Now().UnixNano())
-			arch := redisArchive(t)
-			h := &bkLateForget{}
-			hc := srv.Client(t)
-			hc.AddHook(h)
-			short := flbShort
-			of := short(redisArchiveOptions(hc, prefix, arch))
+			of := r.options(r.hooked)
 			of.Clock = bkClock{skew}
 			f := ra2Open(t, of)
-			om := short(redisArchiveOptions(plain, prefix, arch))
+			om := r.options(r.plain)
 			om.Clock = bkClock{c.mskew}
 			m := ra2Open(t, om)
 			keys := keysOf("flbsw", 20)
@@ -187,7 +214,7 @@ func TestFLBSkewAheadShortWindow(t *testing.T) {
 			acked := time.Now()
 			// Wait until C1 left Redis (answered from the archive).
 			waitFromArchive(t, m, keys, 20*time.Second)
-			ans := flbDeliver(t, h, func(args []any) (any, error) { return plain.Do(ctx, args...).Result() })
+			ans := flbDeliver(t, h, r.send)
 			t.Logf("late copy delivered %v after the Forget started, %v after C1: %q", time.Since(start).Round(time.Millisecond), time.Since(acked).Round(time.Millisecond), ans)
 			flbAllLate(t, ans, "after C1 left Redis")
 			bkStaysDuplicate(t, m, keys, acked, fmt.Sprint("skew ", skew))
@@ -204,21 +231,16 @@ func TestFLBSkewAheadShortWindow(t *testing.T) {
 func TestFLBLateCopyMoments(t *testing.T) {
 	for _, skew := range []time.Duration{-500 * time.Millisecond, 500 * time.Millisecond, 1500 * time.Millisecond} {
 		t.Run(fmt.Sprint("skew=", skew), func(t *testing.T) {
-			srv := redistest.Start(t)
-			plain := srv.Client(t)
+			r := newFLBRig(t, "flbm")
+			h := r.h
 			ctx := context.Background()
-			prefix := fmt.Sprintf("flbm-%d:", time.Now().UnixNano())
-			arch := redisArchive(t)
-			h := &bkLateForget{}
-			hc := srv.Client(t)
-			hc.AddHook(h)
 			// m (Redis's clock) drains: a drainer behind Redis seals
 			// late for an archive read.
-			m := ra2Open(t, flbShort(redisArchiveOptions(plain, prefix, arch)))
+			m := ra2Open(t, r.options(r.plain))
 			ra2WaitDrainer(t, m, 5*time.Second)
-			of := redisArchiveOptions(hc, prefix, arch)
+			of := r.options(r.hooked)
 			of.Clock = bkClock{skew}
-			f := ra2Open(t, flbShort(of))
+			f := ra2Open(t, of)
 			keys := keysOf("flbm", 12)
 			flbMarkNew(t, m, keys)
 			waitFromArchive(t, m, keys, 20*time.Second)
@@ -228,7 +250,7 @@ func TestFLBLateCopyMoments(t *testing.T) {
 			copies := h.copies
 			h.mu.Unlock()
 			do := func() [][]string {
-				return flbSend(t, copies, func(args []any) (any, error) { return plain.Do(ctx, args...).Result() })
+				return flbSend(t, copies, r.send)
 			}
 			// The keys were in the archive only: the Forget left no fence
 			// in Redis, so a copy finds them absent and, by LogBy,
@@ -524,19 +546,12 @@ func TestFLBNamespaceArchiveWindow(t *testing.T) {
 		{"absent", engine.NamespaceOptions{}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			srv := redistest.Start(t)
-			plain := srv.Client(t)
-			ctx := context.Background()
-			prefix := fmt.Sprintf("flbns-%d:", time.Now().UnixNano())
-			arch := redisArchive(t)
-			om := flbShort(redisArchiveOptions(plain, prefix, arch))
+			r := newFLBRig(t, "flbns")
+			om := r.options(r.plain)
 			om.Namespaces = map[string]engine.NamespaceOptions{"nsa": {ArchiveWindow: 30 * time.Second}}
 			m := ra2Open(t, om)
 			ra2WaitDrainer(t, m, 5*time.Second)
-			h := &bkLateForget{}
-			hc := srv.Client(t)
-			hc.AddHook(h)
-			of := flbShort(redisArchiveOptions(hc, prefix, arch))
+			of := r.options(r.hooked)
 			of.Clock = bkClock{1500 * time.Millisecond}
 			if c.f != (engine.NamespaceOptions{}) {
 				of.Namespaces = map[string]engine.NamespaceOptions{"nsa": c.f}
@@ -555,7 +570,7 @@ func TestFLBNamespaceArchiveWindow(t *testing.T) {
 				t.Fatalf("the prefix's own options refused: %v", err)
 			}
 			t.Cleanup(func() { _ = f.Close() })
-			flbNSLateCopy(t, m, f, "nsa", h, func(args []any) (any, error) { return plain.Do(ctx, args...).Result() })
+			flbNSLateCopy(t, m, f, "nsa", r.h, r.send)
 		})
 	}
 }
@@ -566,19 +581,14 @@ func TestFLBNamespaceArchiveWindow(t *testing.T) {
 // commits left Redis the copy arrives: each key stays Duplicate (5 s window
 // in Redis, the forgetter 0.5 s ahead of Redis).
 func TestFLBMixedBatchLateCopy(t *testing.T) {
-	srv := redistest.Start(t)
-	plain := srv.Client(t)
+	r := newFLBRig(t, "flbmx")
+	h := r.h
 	ctx := context.Background()
-	prefix := fmt.Sprintf("flbmx-%d:", time.Now().UnixNano())
-	arch := redisArchive(t)
-	m := ra2Open(t, flbShort(redisArchiveOptions(plain, prefix, arch)))
+	m := ra2Open(t, r.options(r.plain))
 	ra2WaitDrainer(t, m, 5*time.Second)
-	h := &bkLateForget{}
-	hc := srv.Client(t)
-	hc.AddHook(h)
-	of := redisArchiveOptions(hc, prefix, arch)
+	of := r.options(r.hooked)
 	of.Clock = bkClock{500 * time.Millisecond}
-	f := ra2Open(t, flbShort(of))
+	f := ra2Open(t, of)
 	archived := keysOf("flbmx-arch", 8)
 	flbMarkNew(t, m, archived)
 	waitFromArchive(t, m, archived, 20*time.Second)
@@ -599,6 +609,6 @@ func TestFLBMixedBatchLateCopy(t *testing.T) {
 	flbMarkNew(t, m, keys)
 	acked := time.Now()
 	waitFromArchive(t, m, keys, 20*time.Second)
-	flbAllLate(t, flbDeliver(t, h, func(args []any) (any, error) { return plain.Do(ctx, args...).Result() }), "mixed batch, after the commits left Redis")
+	flbAllLate(t, flbDeliver(t, h, r.send), "mixed batch, after the commits left Redis")
 	bkStaysDuplicate(t, m, keys, acked, "mixed batch")
 }
