@@ -124,6 +124,11 @@ type ArchiveStats struct {
 	// keeps up).
 	LogEntries uint64
 	Drainer    bool
+	// LogPasses counts this engine's passes over the archive log since
+	// Open that read its length into LogEntries (at the pass's end, drain
+	// lease held or not): LogEntries read with LogPasses two above an
+	// earlier reading is of a pass that began after that reading.
+	LogPasses uint64
 	// DiskBytes is the space the archive's own files take as the OS
 	// allocates them (what du counts of its directory): a files archive
 	// (tier/pebble.ArchiveDir); 0 for one in a server (PostgreSQL: its

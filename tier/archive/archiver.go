@@ -86,6 +86,7 @@ type Archiver struct {
 	// held the drain lease at its last pass.
 	app    tier.ArchiveAppender
 	logLag atomic.Int64
+	passes atomic.Uint64 // log passes that read the log's length, counted after logLag
 	holder atomic.Bool
 	// entryBytes is the size of the log's positions as the drain read
 	// them, and perPos their entries (readCount); only the drain's

@@ -199,6 +199,7 @@ func (a *Archiver) logPass(ctx context.Context) {
 	a.filters.Rotate(cur / a.group)
 	if _, _, n, err := a.c.Log.LogTail(ctx); err == nil {
 		a.logLag.Store(n)
+		a.passes.Add(1)
 	}
 }
 
