@@ -51,6 +51,7 @@
 //	tierdedup_archive_filter_bytes                 tierdedup.archive.filter.size                  By
 //	tierdedup_archive_log_entries                  tierdedup.archive.log.entries                  {entry}
 //	tierdedup_archive_drainer                      tierdedup.archive.drainer                      1
+//	tierdedup_archive_log_passes_total             tierdedup.archive.log.passes                   {pass}
 //	tierdedup_disk_bytes{kind}                     tierdedup.disk.usage                           By
 //
 // The two histograms are exported as their sum and count only, each an

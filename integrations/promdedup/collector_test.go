@@ -240,6 +240,7 @@ func TestScrapeArchive(t *testing.T) {
 		{"tierdedup_archive_filter_bytes", nil, float64(a.FilterBytes)},
 		{"tierdedup_archive_log_entries", nil, 0}, // the embedded store keeps no log
 		{"tierdedup_archive_drainer", nil, 0},
+		{"tierdedup_archive_log_passes_total", nil, 0},
 	} {
 		if got := value(t, fams, c.name, c.labels...); got != c.want {
 			t.Errorf("%s%v = %v, Stats says %v", c.name, c.labels, got, c.want)

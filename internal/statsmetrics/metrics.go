@@ -127,6 +127,8 @@ var Metrics = []Metric{
 		Help: "Entries of the shared tier's archive log not drained yet (behind Redis; an entry holds a call's commits, up to 256, or a removal)."},
 	{Name: "archive_drainer", OTel: "tierdedup.archive.drainer", Kind: Gauge, Unit: "1",
 		Help: "1 while this engine holds the drain lease of the shared tier's archive log."},
+	{Name: "archive_log_passes_total", OTel: "tierdedup.archive.log.passes", Kind: Counter, Unit: "{pass}",
+		Help: "Passes of this engine over the shared tier's archive log that read its length (archive_log_entries): a counter that stops means no pass runs."},
 	{Name: "disk_bytes", OTel: "tierdedup.disk.usage", Kind: Gauge, Unit: "By", Labels: []string{"kind"},
 		Help: "Disk space of the embedded store's directory as the OS allocates it (what du counts), by kind: total, tables, cold_tables, wal (preallocation included), filters, other; and archive, the files archive's own directory (not in total)."},
 }
@@ -242,6 +244,7 @@ func Each(s *engine.Stats, f func(Point)) {
 			drainer = 1
 		}
 		gauge("archive_drainer", drainer)
+		counter("archive_log_passes_total", a.LogPasses)
 	}
 	if s.Config == engine.Default.String() || s.Config == engine.BloomOnly.String() {
 		d := s.Store.Disk
