@@ -28,11 +28,7 @@ RACE_FIRST="./tier/redis/enginetest/ ./engine/ ./tier/embedded/enginetest/ ./tie
 # broker once left three partitions' fetches unanswered for four minutes
 # after the group's joins timed out (2026-12-07, every consumer waiting in
 # PollRecords); kafkadedup's other tests keep its code under -race.
-# TestCheckpointRestore counts the keys a reopen reads from the journal
-# after checkpoints that run in the background: under -race, beside three
-# other packages, two slow checkpoints in a row failed it ("330 keys read
-# from the journal", 2026-12-07); it runs without -race, where the load is
-# lighter. The attacks on a Forget's LogBy behind Redis's archive (TestFLB*, about
+# The attacks on a Forget's LogBy behind Redis's archive (TestFLB*, about
 # three minutes that mostly wait on Redis's window) run without -race too:
 # tier/redis/enginetest already bounds the -race pass; these two are not
 # of the 1.7x rule above. Names are unique across the repository (.ci/test
@@ -46,7 +42,7 @@ TestGrowthLogSmallSnapshotThenGrow TestLayoutEveryWidth TestPlaceAllIsPlaceInTur
 TestCrashRecovery TestDiskOfTheArchive TestFootprintAttackDiskAcrossRotationsAndReopen TestFootprintAttackDiskTinyAndHugeKeys
 TestGrowthAttackCrashDuringGrowth TestGrowthAttackRestartsWithChangedParameters TestGrowthAttackSealSmallThenGrow
 TestGrowthLogAttackCrashAroundLastGrowth TestGrowthLogAttackReopenAcrossLastGrowth TestGrowthLogAttackWindowSlidesAtLastGrowth
-TestGroupedLogNamespacesAndResults TestCheckpointRestore TestKafkaKills
+TestGroupedLogNamespacesAndResults TestKafkaKills
 TestFLBSkewAheadShortWindow TestFLBLateCopyMoments TestFLBForgetBatchMixedPaused TestFLBCloseWhileForgetStalled
 TestFLBNamespaceArchiveWindow TestFLBMixedBatchLateCopy
 "
